@@ -1,0 +1,20 @@
+"""platoon: data-parallel training of one model by many worker processes.
+
+A `Controller` serves control requests over ZeroMQ and owns the central
+parameters in POSIX shared memory; each `Worker` registers its parameters
+and periodically syncs them with the centre under a `ParamSyncRule`.
+"""
+
+from .controller import Controller
+from .errors import (ControllerTimeout, LayoutMismatch, LockTimeout, MinibatchTimeout,
+                     PlatoonError, PortInUse, ProtocolError, RemoteError, ServeTimeout)
+from .rules import ASGD, EASGD, ParamSyncRule
+from .worker import Worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Controller", "Worker", "ParamSyncRule", "EASGD", "ASGD",
+    "PlatoonError", "ControllerTimeout", "LockTimeout", "ServeTimeout", "MinibatchTimeout",
+    "ProtocolError", "RemoteError", "LayoutMismatch", "PortInUse",
+]

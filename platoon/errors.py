@@ -1,0 +1,52 @@
+"""The exceptions platoon raises: one root, each subclass also a fitting builtin."""
+
+
+class PlatoonError(Exception):
+    """Root of every error raised by platoon."""
+
+
+class ControllerTimeout(PlatoonError, TimeoutError):
+    """The controller did not answer in time (it may be down, busy or at another address)."""
+
+
+class LockTimeout(PlatoonError, TimeoutError):
+    """The lock on the central parameters could not be taken in time."""
+
+
+class ServeTimeout(PlatoonError, TimeoutError):
+    """`Controller.serve(timeout)` ran out of time before every worker was done."""
+
+
+class MinibatchTimeout(PlatoonError, TimeoutError):
+    """No minibatch arrived on the data channel in time."""
+
+
+class ProtocolError(PlatoonError, ValueError):
+    """A message on the control or data channel is malformed."""
+
+
+class RemoteError(PlatoonError, RuntimeError):
+    """The controller answered a request with an error.
+
+    `remote_type` is the name of the controller-side exception and
+    `remote_traceback` its formatted traceback (empty for protocol errors).
+    """
+
+    def __init__(self, message, remote_type="", remote_traceback=""):
+        super().__init__(message)
+        self.remote_type = remote_type
+        self.remote_traceback = remote_traceback
+
+    def __str__(self):
+        text = super().__str__()
+        if self.remote_traceback:
+            text += "\n\nController-side traceback:\n" + self.remote_traceback.rstrip()
+        return text
+
+
+class LayoutMismatch(PlatoonError, ValueError):
+    """A worker's parameters differ in count, dtype or shape from the job's centre."""
+
+
+class PortInUse(PlatoonError, OSError):
+    """The controller could not bind its socket because the address is taken."""

@@ -1,0 +1,236 @@
+"""Control and data messages: encode, decode, validate. No sockets here.
+
+A control request is one UTF-8 JSON object
+``{"worker_id": int | null, "req": str, "req_info": <any JSON>, "seq": int}``
+(``seq`` is optional; when present the reply echoes it so a client can drop
+late replies to requests it gave up on). A reply is
+``{"seq": int | null, "ok": true, "result": <any JSON>}`` or
+``{"seq": int | null, "ok": false, "error": {"type", "message", "traceback"}}``.
+
+A minibatch is a multipart message: one JSON header frame
+``[{"dtype": str, "shape": [int, ...], "order": "C" | "F"}, ...]`` followed by
+one raw frame per array.
+"""
+
+import json
+
+import numpy as np
+
+from .errors import ProtocolError, RemoteError
+
+RESERVED_PREFIX = "platoon-"
+REGISTER = "platoon-register"
+INIT_PARAMS = "platoon-init-params"
+PARAMS_READY = "platoon-params-ready"
+BARRIER = "platoon-barrier"
+DONE = "platoon-done"
+
+DEFAULT_MAX_REQUEST_BYTES = 1 << 20
+
+
+class Request:
+    """A decoded, validated control request."""
+
+    __slots__ = ("worker_id", "req", "req_info", "seq")
+
+    def __init__(self, worker_id, req, req_info=None, seq=None):
+        self.worker_id = worker_id
+        self.req = req
+        self.req_info = req_info
+        self.seq = seq
+
+    @property
+    def is_reserved(self):
+        return self.req.startswith(RESERVED_PREFIX)
+
+
+def encode_request(worker_id, req, req_info=None, seq=None):
+    """Serialise a control request; raises ProtocolError if `req_info` is not JSON-serialisable."""
+    if not isinstance(req, str) or not req:
+        raise ProtocolError("request name must be a non-empty string, got %r" % (req,))
+    try:
+        return json.dumps(
+            {"worker_id": worker_id, "req": req, "req_info": req_info, "seq": seq},
+            separators=(",", ":"), allow_nan=True,
+        ).encode()
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(
+            "req_info of request %r is not JSON-serialisable (%s); send only dicts, lists, "
+            "strings, numbers, booleans and None (convert numpy scalars with float()/int())"
+            % (req, exc)) from None
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _loads(payload, what):
+    try:
+        return json.loads(bytes(payload).decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ProtocolError("%s is not UTF-8 text" % what) from None
+    except RecursionError:
+        raise ProtocolError("%s is JSON nested too deeply" % what) from None
+    except ValueError as exc:
+        raise ProtocolError("%s is not valid JSON (%s)" % (what, exc)) from None
+
+
+def decode_request(payload, max_bytes=DEFAULT_MAX_REQUEST_BYTES):
+    """Parse and validate one request frame; raises ProtocolError saying what is wrong."""
+    if len(payload) > max_bytes:
+        raise ProtocolError(
+            "request of %d bytes exceeds the controller's limit of %d bytes; send large data "
+            "through shared parameters or the minibatch channel" % (len(payload), max_bytes))
+    msg = _loads(payload, "request")
+    if not isinstance(msg, dict):
+        raise ProtocolError("request must be a JSON object, got %s" % type(msg).__name__)
+    seq = msg.get("seq")
+    if seq is not None and not _is_int(seq):
+        raise ProtocolError("request field 'seq' must be an integer or null")
+    req = msg.get("req")
+    if not isinstance(req, str) or not req:
+        raise ProtocolError("request field 'req' must be a non-empty string")
+    worker_id = msg.get("worker_id")
+    if worker_id is not None and not _is_int(worker_id):
+        raise ProtocolError("request field 'worker_id' must be an integer or null")
+    return Request(worker_id, req, msg.get("req_info"), seq)
+
+
+def peek_seq(payload):
+    """Best-effort `seq` of a request that failed validation, so its error reply can be matched."""
+    try:
+        seq = json.loads(bytes(payload).decode("utf-8")).get("seq")
+    except Exception:  # any garbage: there is simply no seq to echo
+        return None
+    return seq if _is_int(seq) else None
+
+
+def encode_reply(seq, result):
+    """Serialise a successful reply; raises TypeError/ValueError if `result` is not JSON."""
+    return json.dumps({"seq": seq, "ok": True, "result": result},
+                      separators=(",", ":"), allow_nan=True).encode()
+
+
+def encode_error(seq, exc_type, message, traceback=""):
+    """Serialise an error reply."""
+    return json.dumps({"seq": seq, "ok": False, "error": {
+        "type": exc_type, "message": message, "traceback": traceback}},
+        separators=(",", ":")).encode()
+
+
+def decode_reply(payload):
+    """Return ``(seq, result)``; raises RemoteError for an error reply, ProtocolError for garbage."""
+    msg = _loads(payload, "reply")
+    if not isinstance(msg, dict) or "ok" not in msg:
+        raise ProtocolError("reply is not a platoon reply object")
+    seq = msg.get("seq")
+    if msg["ok"]:
+        return seq, msg.get("result")
+    err = msg.get("error") or {}
+    return seq, RemoteError(str(err.get("message", "unknown error")),
+                            str(err.get("type", "")), str(err.get("traceback", "")))
+
+
+# --- parameter layouts -------------------------------------------------------
+
+def layout_of(arrays):
+    """``[{"dtype": str, "shape": [int]}]`` describing a list of numpy arrays."""
+    return [{"dtype": a.dtype.str, "shape": list(a.shape)} for a in arrays]
+
+
+def validate_layout(layout):
+    """Check a layout received over the wire; returns it normalised or raises ProtocolError."""
+    if not isinstance(layout, list) or not layout:
+        raise ProtocolError("parameter layout must be a non-empty list")
+    clean = []
+    for i, entry in enumerate(layout):
+        if not isinstance(entry, dict):
+            raise ProtocolError("parameter %d: layout entry must be an object" % i)
+        dtype = parse_dtype(entry.get("dtype"), "parameter %d" % i)
+        shape = entry.get("shape")
+        if not isinstance(shape, list) or not all(_is_int(n) and n >= 0 for n in shape):
+            raise ProtocolError("parameter %d: shape must be a list of non-negative integers" % i)
+        clean.append({"dtype": dtype.str, "shape": shape})
+    return clean
+
+
+def describe_mismatch(mine, centre):
+    """Say how layout `mine` differs from `centre`, or return None if they match."""
+    if len(mine) != len(centre):
+        return ("this worker registers %d parameters but the job's centre holds %d"
+                % (len(mine), len(centre)))
+    for i, (a, b) in enumerate(zip(mine, centre)):
+        if a["dtype"] != b["dtype"] or list(a["shape"]) != list(b["shape"]):
+            return ("parameter %d is %s of shape %s here but %s of shape %s in the job's centre"
+                    % (i, np.dtype(a["dtype"]).name, tuple(a["shape"]),
+                       np.dtype(b["dtype"]).name, tuple(b["shape"])))
+    return None
+
+
+def parse_dtype(text, where):
+    """A plain numeric numpy dtype from its string form; raises ProtocolError otherwise."""
+    if not isinstance(text, str) or len(text) > 16:
+        raise ProtocolError("%s: dtype must be a short string such as '<f4'" % where)
+    try:
+        dtype = np.dtype(text)
+    except TypeError:
+        raise ProtocolError("%s: unknown dtype %r" % (where, text)) from None
+    if dtype.kind not in "biufc" or dtype.fields is not None or dtype.subdtype is not None:
+        raise ProtocolError("%s: dtype %r is not a plain numeric type" % (where, text))
+    return dtype
+
+
+# --- minibatches -------------------------------------------------------------
+
+def encode_minibatch(arrays):
+    """Frames for a minibatch: a JSON header, then each array's bytes (no copy if contiguous)."""
+    header, frames = [], []
+    for i, a in enumerate(arrays):
+        a = np.asarray(a)
+        if a.dtype.kind not in "biufc" or a.dtype.fields is not None:
+            raise ProtocolError("minibatch array %d has dtype %s; only plain numeric arrays can "
+                                "be sent" % (i, a.dtype))
+        if a.flags.c_contiguous:
+            order, data = "C", a
+        elif a.flags.f_contiguous:
+            order, data = "F", a.T
+        else:
+            order, data = "C", np.ascontiguousarray(a)
+        header.append({"dtype": a.dtype.str, "shape": list(a.shape), "order": order})
+        frames.append(memoryview(data.reshape(-1)).cast("B") if data.size else b"")
+    return [json.dumps(header, separators=(",", ":")).encode()] + frames
+
+
+def decode_minibatch(frames):
+    """Arrays from minibatch frames, as read-only views of the frames' buffers.
+
+    Raises ProtocolError naming the first inconsistency.
+    """
+    if not frames:
+        raise ProtocolError("empty minibatch message")
+    header = _loads(frames[0], "minibatch header")
+    if not isinstance(header, list):
+        raise ProtocolError("minibatch header must be a JSON list")
+    if len(header) != len(frames) - 1:
+        raise ProtocolError("minibatch header describes %d arrays but %d data frames arrived"
+                            % (len(header), len(frames) - 1))
+    arrays = []
+    for i, (spec, frame) in enumerate(zip(header, frames[1:])):
+        if not isinstance(spec, dict):
+            raise ProtocolError("minibatch array %d: header entry must be an object" % i)
+        dtype = parse_dtype(spec.get("dtype"), "minibatch array %d" % i)
+        shape = spec.get("shape")
+        if not isinstance(shape, list) or not all(_is_int(n) and n >= 0 for n in shape):
+            raise ProtocolError("minibatch array %d: shape must be a list of non-negative "
+                                "integers" % i)
+        order = spec.get("order", "C")
+        if order not in ("C", "F"):
+            raise ProtocolError("minibatch array %d: order must be 'C' or 'F'" % i)
+        buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if len(buf) != expected:
+            raise ProtocolError("minibatch array %d: %d bytes arrived but dtype %s and shape %s "
+                                "need %d" % (i, len(buf), dtype.name, tuple(shape), expected))
+        flat = np.frombuffer(buf, dtype=dtype) if expected else np.empty(0, dtype)
+        arrays.append(flat.reshape(shape, order=order))
+    return arrays

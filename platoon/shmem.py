@@ -1,0 +1,231 @@
+"""The shared-memory centre: a POSIX segment holding the central parameters, and its lock.
+
+Layout of a segment: a 4 KiB header (magic, owner pid, payload size, number of
+parameters), then each parameter's bytes, 64-byte aligned, in registration
+order. Both sides derive the offsets from the parameter layout alone.
+
+The lock is an open-file-description byte-range lock (``F_OFD_SETLK``) on the
+segment's file descriptor: the kernel drops it when its holder dies, so a
+worker killed while syncing never leaves the others blocked.
+"""
+
+import errno
+import fcntl
+import logging
+import mmap
+import os
+import struct
+import threading
+import time
+
+import numpy as np
+import posix_ipc
+
+from .errors import LockTimeout, PlatoonError
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"PLATOON\x01"
+HEADER = struct.Struct("<8sqqq")  # magic, owner pid, payload bytes, number of parameters
+HEADER_BYTES = 4096
+ALIGN = 64
+SEGMENT_PREFIX = "/platoon-"
+
+
+def segment_name(job_id):
+    """The name of a job's centre segment (the job id makes it unique and unguessable)."""
+    return "%s%s-centre" % (SEGMENT_PREFIX, job_id)
+
+
+def param_offsets(layout):
+    """Byte offsets of each parameter and the total segment size for a layout."""
+    offsets, pos = [], HEADER_BYTES
+    for entry in layout:
+        offsets.append(pos)
+        nbytes = int(np.prod(entry["shape"], dtype=np.int64)) * np.dtype(entry["dtype"]).itemsize
+        pos += -(-nbytes // ALIGN) * ALIGN
+    return offsets, max(pos, HEADER_BYTES + ALIGN)
+
+
+class CentreLock:
+    """Exclusive lock on the centre, shared by the threads of one process and between processes.
+
+    Re-entrant within a thread. `acquire(timeout)` takes float seconds, None
+    waits forever; it raises LockTimeout when the time runs out.
+    """
+
+    _OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", None)
+    _OFD_SETLKW = getattr(fcntl, "F_OFD_SETLKW", None)
+
+    def __init__(self, fd, name, start=0, length=1):
+        self._fd = fd
+        self._name = name
+        self._start = start
+        self._length = length
+        self._thread_lock = threading.Lock()
+        self._owner = None
+        self._depth = 0
+
+    def _flock(self, kind):
+        return struct.pack("hhqqi4x", kind, os.SEEK_SET, self._start, self._length, 0)
+
+    def _try_range(self, blocking):
+        if self._OFD_SETLK is None:  # no OFD locks (non-Linux): classic per-process record lock
+            flags = fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB)
+            try:
+                fcntl.lockf(self._fd, flags, self._length, self._start)
+                return True
+            except OSError as exc:
+                if exc.errno in (errno.EAGAIN, errno.EACCES):
+                    return False
+                raise
+        cmd = self._OFD_SETLKW if blocking else self._OFD_SETLK
+        try:
+            fcntl.fcntl(self._fd, cmd, self._flock(fcntl.F_WRLCK))
+            return True
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+
+    def _release_range(self):
+        if self._OFD_SETLK is None:
+            fcntl.lockf(self._fd, fcntl.LOCK_UN, self._length, self._start)
+        else:
+            fcntl.fcntl(self._fd, self._OFD_SETLK, self._flock(fcntl.F_UNLCK))
+
+    def acquire(self, timeout=None):
+        me = threading.get_ident()
+        if self._owner == me:
+            self._depth += 1
+            return
+        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        if not self._thread_lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            raise self._timeout(timeout)
+        try:
+            if timeout is None:
+                self._try_range(blocking=True)
+            else:
+                pause = 20e-6
+                while not self._try_range(blocking=False):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise self._timeout(timeout)
+                    time.sleep(min(pause, left))
+                    pause = min(pause * 2, 1e-3)
+        except BaseException:
+            self._thread_lock.release()
+            raise
+        self._owner = me
+        self._depth = 1
+
+    def release(self):
+        if self._owner != threading.get_ident():
+            raise PlatoonError("unlock() called by a thread that does not hold the centre's lock; "
+                               "call lock() and unlock() from the same thread")
+        self._depth -= 1
+        if self._depth == 0:
+            self._owner = None
+            try:
+                self._release_range()
+            finally:
+                self._thread_lock.release()
+
+    @property
+    def held(self):
+        """True when the calling thread holds the lock."""
+        return self._owner == threading.get_ident()
+
+    def _timeout(self, timeout):
+        return LockTimeout("could not lock the centre %s within %.3g s; another worker holds it "
+                           "(a stopped process?) - raise the timeout or find the holder"
+                           % (self._name, timeout))
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+class SharedCentre:
+    """A job's central parameters in POSIX shared memory, as numpy views.
+
+    `create` makes the segment (mode 0600) and owns it: `unlink` removes it.
+    `attach` maps an existing one. `close` unmaps; it is idempotent.
+    """
+
+    def __init__(self, shm, layout, owner):
+        self.name = shm.name
+        self.layout = layout
+        self.owner = owner
+        self._shm = shm
+        offsets, self.size = param_offsets(layout)
+        self._map = mmap.mmap(shm.fd, self.size)
+        self.arrays = [
+            np.ndarray(tuple(e["shape"]), np.dtype(e["dtype"]), buffer=self._map, offset=off)
+            for e, off in zip(layout, offsets)]
+        self.lock = CentreLock(shm.fd, self.name)
+        self._closed = False
+
+    @classmethod
+    def create(cls, job_id, layout):
+        """Create the job's segment for `layout`; raises PlatoonError if it already exists."""
+        name = segment_name(job_id)
+        _, size = param_offsets(layout)
+        try:
+            shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
+        except posix_ipc.ExistentialError:
+            raise PlatoonError("shared memory %s already exists: another job uses job id %r; "
+                               "give each job its own id" % (name, job_id)) from None
+        try:
+            centre = cls(shm, layout, owner=True)
+        except BaseException:
+            shm.close_fd()
+            posix_ipc.unlink_shared_memory(name)
+            raise
+        HEADER.pack_into(centre._map, 0, MAGIC, os.getpid(), size - HEADER_BYTES, len(layout))
+        return centre
+
+    @classmethod
+    def attach(cls, name, layout):
+        """Map the existing segment `name`; raises PlatoonError if it is gone or too small."""
+        try:
+            shm = posix_ipc.SharedMemory(name)
+        except posix_ipc.ExistentialError:
+            raise PlatoonError("shared memory %s does not exist: the controller has closed the "
+                               "job or died" % name) from None
+        _, size = param_offsets(layout)
+        if shm.size < size:
+            shm.close_fd()
+            raise PlatoonError("shared memory %s holds %d bytes but the layout needs %d"
+                               % (name, shm.size, size))
+        return cls(shm, layout, owner=False)
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        self.arrays = []
+        try:
+            self._map.close()
+        except BufferError:
+            # The user still holds views of the centre: the mapping stays until they are freed.
+            log.debug("centre %s still has live views; its mapping outlives close()", self.name)
+        self._shm.close_fd()
+
+    def unlink(self):
+        """Remove the segment's name (owner only); mappings that exist stay valid."""
+        try:
+            posix_ipc.unlink_shared_memory(self.name)
+        except posix_ipc.ExistentialError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        if self.owner:
+            self.unlink()

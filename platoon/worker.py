@@ -1,0 +1,279 @@
+"""The worker: a client of the controller that shares its parameters through the centre."""
+
+import logging
+import os
+import threading
+import time
+import weakref
+
+import numpy as np
+import zmq
+
+from . import protocol
+from .errors import ControllerTimeout, MinibatchTimeout, PlatoonError, RemoteError
+from .rules import ParamSyncRule
+from .shmem import SharedCentre
+
+log = logging.getLogger(__name__)
+
+_DEFAULT = object()
+
+
+class _Resources:
+    """Sockets and mapping of a worker, closable by a finalizer without the worker itself."""
+
+    def __init__(self):
+        self.context = zmq.Context()
+        self.centre = None
+
+    def close(self):
+        if self.centre is not None:
+            self.centre.close()
+            self.centre = None
+        self.context.destroy(linger=0)
+
+
+class Worker:
+    """One training process of a job.
+
+    Connects to the controller at tcp://host:control_port and registers,
+    learning `worker_id` (0-based), `is_first` and `job_id`.
+
+    Parameters:
+        control_port: the controller's control port.
+        data_port: if given, also connect to the minibatch channel (see `recv_mb`).
+        host: the controller's address.
+        timeout: seconds to wait for any reply (None: forever); a request that
+            times out raises ControllerTimeout and leaves the worker usable.
+
+    Raises ControllerTimeout if no controller answers. Use as a context manager
+    or call `close()`, which tells the controller this worker is done.
+    """
+
+    def __init__(self, control_port, data_port=None, *, host="127.0.0.1", timeout=60.0):
+        self.host = host
+        self.timeout = timeout
+        self.control_address = "tcp://%s:%d" % (host, control_port)
+        self.worker_id = None
+        self.is_first = False
+        self.job_id = None
+        self._res = _Resources()
+        self._finalizer = weakref.finalize(self, self._res.close)
+        self._closed = False
+        self._registered = False
+        self._seq = 0
+        self._req_lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+        self._local = None
+        self._rule = None
+        self._mb = None
+        self._control = self._res.context.socket(zmq.DEALER)
+        self._control.linger = 0
+        self._control.connect(self.control_address)
+        try:
+            info = self.send_req(protocol.REGISTER, {"pid": os.getpid()})
+            self.worker_id = info["worker_id"]
+            self.is_first = info["is_first"]
+            self.job_id = info["job_id"]
+            self._registered = True
+            if data_port is not None:
+                self.init_mb_sock(data_port)
+        except BaseException:
+            self._finalizer()
+            raise
+        log.info("worker %d registered with job %s at %s", self.worker_id, self.job_id,
+                 self.control_address)
+
+    # -- control --
+
+    def send_req(self, req, info=None, *, timeout=_DEFAULT):
+        """Send request `req` with JSON-serialisable `info`; return the controller's reply.
+
+        `timeout` in seconds overrides the worker's default (None: forever).
+        Raises ControllerTimeout when no reply comes in time and RemoteError
+        when the controller answers with an error (its message and traceback
+        included).
+        """
+        timeout = self.timeout if timeout is _DEFAULT else timeout
+        self._check_open()
+        with self._req_lock:
+            self._seq += 1
+            seq = self._seq
+            payload = protocol.encode_request(self.worker_id, req, info, seq)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            sock = self._control
+            try:
+                sock.send(payload, zmq.NOBLOCK)
+            except zmq.Again:
+                raise self._no_reply(req, timeout) from None
+            while True:
+                wait_ms = None
+                if deadline is not None:
+                    wait_ms = max(0, int((deadline - time.monotonic()) * 1000))
+                if not sock.poll(wait_ms):
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise self._no_reply(req, timeout)
+                    continue
+                reply_seq, result = protocol.decode_reply(sock.recv())
+                if reply_seq is not None and reply_seq != seq:
+                    continue  # a late reply to a request that timed out earlier
+                if isinstance(result, RemoteError):
+                    raise result
+                return result
+
+    def _no_reply(self, req, timeout):
+        return ControllerTimeout(
+            "no reply to %r from the controller at %s within %.3g s; check that the controller "
+            "is running and listening there, or raise the worker's timeout"
+            % (req, self.control_address, timeout))
+
+    def barrier(self, *, timeout=_DEFAULT):
+        """Wait until every worker of the job has reached the barrier."""
+        self.send_req(protocol.BARRIER, timeout=timeout)
+
+    # -- shared parameters --
+
+    def init_shared_params(self, params, param_sync_rule, cleanup=False):
+        """Share `params` (a list of writable numpy arrays) through the job's centre.
+
+        The first worker to call this initialises the centre with its values;
+        every later worker's `params` are overwritten with the centre, so all
+        start equal. `param_sync_rule` (a ParamSyncRule such as EASGD(0.5)) is
+        applied by `sync_params`. `cleanup` is accepted for compatibility: the
+        controller always owns and removes the shared memory.
+
+        Raises LayoutMismatch (via RemoteError) when the parameters differ from
+        the centre's in number, dtype or shape, TypeError for unusable arrays.
+        """
+        self._check_open()
+        if self._local is not None:
+            raise PlatoonError("init_shared_params() was already called on worker %d"
+                               % self.worker_id)
+        if not isinstance(param_sync_rule, ParamSyncRule):
+            raise TypeError("param_sync_rule must be a platoon.ParamSyncRule (such as "
+                            "EASGD(alpha=0.5)), got %r" % (param_sync_rule,))
+        params = list(params)
+        if not params:
+            raise ValueError("init_shared_params() needs at least one parameter array")
+        for i, p in enumerate(params):
+            if not isinstance(p, np.ndarray):
+                raise TypeError("parameter %d is a %s, not a numpy array" % (i, type(p).__name__))
+            if not p.flags.writeable:
+                raise TypeError("parameter %d is read-only; sync_params updates parameters in "
+                                "place, so pass writable arrays" % i)
+        param_sync_rule.check(params)
+        layout = protocol.layout_of(params)
+        reply = self.send_req(protocol.INIT_PARAMS, {"layout": layout,
+                                                     "rule": repr(param_sync_rule)})
+        centre = SharedCentre.attach(reply["segment"], layout)
+        self._res.centre = centre
+        with centre.lock:
+            if reply["initialise"]:
+                for c, p in zip(centre.arrays, params):
+                    c[...] = p
+            else:
+                for c, p in zip(centre.arrays, params):
+                    p[...] = c
+        if reply["initialise"]:
+            self.send_req(protocol.PARAMS_READY)
+        param_sync_rule.setup(params)
+        self._local = params
+        self._rule = param_sync_rule
+
+    @property
+    def shared_params(self):
+        """The central parameters as numpy arrays in shared memory (None before init)."""
+        centre = self._res.centre
+        return None if centre is None else centre.arrays
+
+    def sync_params(self, synchronous=True):
+        """Apply the sync rule between this worker's parameters and the centre.
+
+        With synchronous=True (the default) the centre's lock is held during the
+        update (waiting at most the worker's timeout, else LockTimeout); with
+        False the caller is responsible for locking (see `lock`).
+        """
+        if self._local is None:
+            raise PlatoonError("call init_shared_params() before sync_params()")
+        centre = self._res.centre
+        with self._sync_lock:
+            if synchronous:
+                centre.lock.acquire(self.timeout)
+                try:
+                    self._rule.update_params(self._local, centre.arrays)
+                finally:
+                    centre.lock.release()
+            else:
+                self._rule.update_params(self._local, centre.arrays)
+
+    def lock(self, timeout=None):
+        """Take the centre's lock (seconds, None: forever); raises LockTimeout."""
+        if self._res.centre is None:
+            raise PlatoonError("call init_shared_params() before lock()")
+        self._res.centre.lock.acquire(timeout)
+
+    def unlock(self):
+        """Release the centre's lock taken by `lock`."""
+        if self._res.centre is None:
+            raise PlatoonError("call init_shared_params() before unlock()")
+        self._res.centre.lock.release()
+
+    # -- minibatches --
+
+    def init_mb_sock(self, port):
+        """Connect to the controller's minibatch channel on `port`."""
+        self._check_open()
+        if self._mb is not None:
+            raise PlatoonError("the minibatch socket is already connected")
+        sock = self._res.context.socket(zmq.PULL)
+        sock.linger = 0
+        sock.rcvhwm = 2
+        sock.connect("tcp://%s:%d" % (self.host, port))
+        self._mb = sock
+        self._mb_address = "tcp://%s:%d" % (self.host, port)
+
+    def recv_mb(self, *, timeout=_DEFAULT):
+        """Receive one minibatch: the list of arrays given to `Controller.send_mb`.
+
+        The arrays keep dtype, shape and memory order and are read-only views
+        of the received message (no copy); copy one to modify it. Raises
+        MinibatchTimeout after `timeout` seconds (default: the worker's) and
+        ProtocolError for a malformed message.
+        """
+        if self._mb is None:
+            raise PlatoonError("call init_mb_sock(port) (or pass data_port) before recv_mb()")
+        timeout = self.timeout if timeout is _DEFAULT else timeout
+        wait_ms = None if timeout is None else int(timeout * 1000)
+        if not self._mb.poll(wait_ms):
+            raise MinibatchTimeout("no minibatch from %s within %.3g s"
+                                   % (self._mb_address, timeout))
+        return protocol.decode_minibatch(self._mb.recv_multipart(copy=False))
+
+    # -- teardown --
+
+    def _check_open(self):
+        if self._closed:
+            raise PlatoonError("worker %s is closed" % self.worker_id)
+
+    def close(self):
+        """Tell the controller this worker is done, then release everything. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self._registered:
+                timeout = 5.0 if self.timeout is None else min(self.timeout, 5.0)
+                try:
+                    self.send_req(protocol.DONE, timeout=timeout)
+                except PlatoonError as exc:
+                    log.warning("worker %d could not tell the controller it is done: %s",
+                                self.worker_id, exc)
+        finally:
+            self._closed = True
+            self._local = None
+            self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

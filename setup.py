@@ -1,0 +1,19 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="platoon",
+    version="0.1.0",
+    description="Data-parallel training of one model by many worker processes "
+                "(EASGD, ASGD) over ZeroMQ and POSIX shared memory",
+    long_description=open("README.md").read(),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    packages=find_packages(include=["platoon", "platoon.*"]),
+    python_requires=">=3.9",
+    install_requires=["numpy>=1.22", "pyzmq>=22", "posix_ipc>=1.0"],
+    extras_require={
+        "test": ["pytest>=7", "pytest-timeout>=2"],
+        "gpu": ["pycuda"],
+        "mpi": ["mpi4py", "mpich"],
+    },
+)

@@ -1,0 +1,206 @@
+"""Fixtures for tests with real processes, sockets and shared memory, all bounded and cleaned."""
+
+import os
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from platoon.shmem import HEADER, MAGIC
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROCS = os.path.join(HERE, "procs")
+SHM = "/dev/shm"
+
+
+def platoon_segments():
+    try:
+        return {n for n in os.listdir(SHM) if n.startswith("platoon")}
+    except FileNotFoundError:
+        return set()
+
+
+def segment_owner(name):
+    """Owner pid written in a centre's header, or None if unreadable."""
+    try:
+        with open(os.path.join(SHM, name), "rb") as f:
+            magic, pid, _, _ = HEADER.unpack(f.read(HEADER.size))
+    except (OSError, struct.error):
+        return None
+    return pid if magic == MAGIC else None
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def child_pids():
+    """Pids whose parent is this process (zombies included)."""
+    me, found = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:
+            found.append(int(entry))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Fail a test that leaves shared memory of a dead (or this) process, or a child running."""
+    before = platoon_segments()
+    yield
+    leaked = []
+    for name in sorted(platoon_segments() - before):
+        owner = segment_owner(name)
+        # Segments of live processes other than us belong to a suite running beside this one.
+        if owner is None or owner == os.getpid() or not pid_alive(owner):
+            leaked.append(name)
+            os.unlink(os.path.join(SHM, name))
+    children = child_pids()
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+    assert not leaked, "test leaked shared memory: %s" % leaked
+    assert not children, "test left child processes running: %s" % children
+
+
+class Proc:
+    """A child Python process whose output is collected line by line."""
+
+    def __init__(self, args, env=None):
+        full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+                        OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        full_env.update(env or {})
+        self.args = args
+        self.popen = subprocess.Popen([sys.executable] + list(args), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, env=full_env, text=True,
+                                      start_new_session=True)
+        self.pid = self.popen.pid
+        self.lines = []
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.popen.stdout:
+            with self._cond:
+                self.lines.append(line.rstrip("\n"))
+                self._cond.notify_all()
+        with self._cond:
+            self.lines.append(None)  # end of output
+            self._cond.notify_all()
+
+    @property
+    def output(self):
+        return "\n".join(line for line in self.lines if line is not None)
+
+    def wait_for_line(self, prefix, timeout=20.0):
+        """The first output line starting with `prefix`; fails the test after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for line in self.lines:
+                    if line is None:
+                        pytest.fail("%s exited (code %s) before printing %r:\n%s" % (
+                            self.args[0], self.popen.poll(), prefix, self.output))
+                    if line.startswith(prefix):
+                        return line
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    pytest.fail("no line %r from %s within %.3g s:\n%s"
+                                % (prefix, self.args[0], timeout, self.output))
+                self._cond.wait(left)
+
+    def wait(self, timeout=30.0):
+        """Exit code; fails the test (the process is killed in teardown) after `timeout` s."""
+        try:
+            code = self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail("%s still running after %.3g s:\n%s" % (self.args[0], timeout, self.output))
+        self._reader.join(5)
+        return code
+
+    def kill(self):
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            self.popen.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        self._reader.join(5)
+
+
+@pytest.fixture
+def procs():
+    """Start helper scripts from tests/procs as real processes; all are killed at teardown."""
+    started = []
+
+    def start(script, *args, env=None):
+        proc = Proc([os.path.join(PROCS, script)] + [str(a) for a in args], env=env)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.kill()
+
+
+class Serving:
+    """A controller serving in a background thread of the test process."""
+
+    def __init__(self, ctl, timeout):
+        self.ctl = ctl
+        self.error = None
+        self._thread = threading.Thread(target=self._run, args=(timeout,), daemon=True)
+        self._thread.start()
+
+    def _run(self, timeout):
+        try:
+            self.ctl.serve(timeout=timeout)
+        except BaseException as exc:  # reported by join()
+            self.error = exc
+
+    def join(self, timeout=30.0):
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            pytest.fail("controller still serving after %.3g s" % timeout)
+        if self.error is not None:
+            raise self.error
+
+
+@pytest.fixture
+def serve():
+    """serve(ctl, timeout=20) runs ctl.serve in a thread; teardown waits for it and closes ctl."""
+    servings = []
+
+    def start(ctl, timeout=20.0):
+        serving = Serving(ctl, timeout)
+        servings.append(serving)
+        return serving
+
+    yield start
+    for serving in servings:
+        serving._thread.join(25)
+        serving.ctl.close()
