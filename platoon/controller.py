@@ -19,6 +19,7 @@ import zmq
 from . import protocol
 from .errors import LayoutMismatch, MinibatchTimeout, PlatoonError, PortInUse, ProtocolError, \
     ServeTimeout
+from .resources import Resources
 from .shmem import SharedCentre
 
 log = logging.getLogger(__name__)
@@ -49,21 +50,6 @@ class _WorkerRecord:
         self.done = False
 
 
-class _Resources:
-    """What a controller must release, kept apart so a finalizer can close it without `self`."""
-
-    def __init__(self):
-        self.context = zmq.Context()
-        self.centre = None
-
-    def close(self):
-        if self.centre is not None:
-            self.centre.close()
-            self.centre.unlink()
-            self.centre = None
-        self.context.destroy(linger=0)
-
-
 class Controller:
     """Serves a job's workers. Subclass it and override `handle_control`.
 
@@ -92,7 +78,7 @@ class Controller:
         self.max_request_bytes = max_request_bytes
         self.control_port = None
         self.data_port = None
-        self._res = _Resources()
+        self._res = Resources()
         self._finalizer = weakref.finalize(self, self._res.close)
         self._control = None
         self._data = None
@@ -114,8 +100,7 @@ class Controller:
         """Bind the control socket on `port` (0: a free one); returns the port."""
         if self._control is not None:
             raise PlatoonError("the control socket is already bound (port %d)" % self.control_port)
-        sock = self._res.context.socket(zmq.ROUTER)
-        sock.linger = 0
+        sock = self._res.socket(zmq.ROUTER)
         sock.setsockopt(zmq.MAXMSGSIZE, 16 * self.max_request_bytes)
         try:
             self.control_port = _bind(sock, self.host, port)
@@ -131,8 +116,7 @@ class Controller:
         """Bind the minibatch socket on `port` (0: a free one), queueing up to `hwm` minibatches."""
         if self._data is not None:
             raise PlatoonError("the data socket is already bound (port %d)" % self.data_port)
-        sock = self._res.context.socket(zmq.PUSH)
-        sock.linger = 0
+        sock = self._res.socket(zmq.PUSH)
         sock.sndhwm = hwm
         try:
             self.data_port = _bind(sock, self.host, port)

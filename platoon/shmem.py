@@ -207,12 +207,10 @@ class SharedCentre:
         if self._closed:
             return
         self._closed = True
+        # Views the user still holds keep the mapping alive (numpy does not pin an mmap's
+        # buffer, so closing it explicitly could leave them dangling); the last one unmaps.
         self.arrays = []
-        try:
-            self._map.close()
-        except BufferError:
-            # The user still holds views of the centre: the mapping stays until they are freed.
-            log.debug("centre %s still has live views; its mapping outlives close()", self.name)
+        self._map = None
         self._shm.close_fd()
 
     def unlink(self):

@@ -10,27 +10,15 @@ import numpy as np
 import zmq
 
 from . import protocol
-from .errors import ControllerTimeout, MinibatchTimeout, PlatoonError, RemoteError
+from .errors import ControllerTimeout, LayoutMismatch, MinibatchTimeout, PlatoonError, \
+    RemoteError
 from .rules import ParamSyncRule
+from .resources import Resources
 from .shmem import SharedCentre
 
 log = logging.getLogger(__name__)
 
 _DEFAULT = object()
-
-
-class _Resources:
-    """Sockets and mapping of a worker, closable by a finalizer without the worker itself."""
-
-    def __init__(self):
-        self.context = zmq.Context()
-        self.centre = None
-
-    def close(self):
-        if self.centre is not None:
-            self.centre.close()
-            self.centre = None
-        self.context.destroy(linger=0)
 
 
 class Worker:
@@ -57,7 +45,7 @@ class Worker:
         self.worker_id = None
         self.is_first = False
         self.job_id = None
-        self._res = _Resources()
+        self._res = Resources()
         self._finalizer = weakref.finalize(self, self._res.close)
         self._closed = False
         self._registered = False
@@ -67,8 +55,7 @@ class Worker:
         self._local = None
         self._rule = None
         self._mb = None
-        self._control = self._res.context.socket(zmq.DEALER)
-        self._control.linger = 0
+        self._control = self._res.socket(zmq.DEALER)
         self._control.connect(self.control_address)
         try:
             info = self.send_req(protocol.REGISTER, {"pid": os.getpid()})
@@ -142,8 +129,9 @@ class Worker:
         applied by `sync_params`. `cleanup` is accepted for compatibility: the
         controller always owns and removes the shared memory.
 
-        Raises LayoutMismatch (via RemoteError) when the parameters differ from
-        the centre's in number, dtype or shape, TypeError for unusable arrays.
+        Raises LayoutMismatch when the parameters differ from the centre's in
+        number, dtype or shape (the centre is left untouched), TypeError for
+        unusable arrays.
         """
         self._check_open()
         if self._local is not None:
@@ -163,8 +151,13 @@ class Worker:
                                 "place, so pass writable arrays" % i)
         param_sync_rule.check(params)
         layout = protocol.layout_of(params)
-        reply = self.send_req(protocol.INIT_PARAMS, {"layout": layout,
-                                                     "rule": repr(param_sync_rule)})
+        try:
+            reply = self.send_req(protocol.INIT_PARAMS, {"layout": layout,
+                                                         "rule": repr(param_sync_rule)})
+        except RemoteError as exc:
+            if exc.remote_type == LayoutMismatch.__name__:
+                raise LayoutMismatch(str(exc)) from exc
+            raise
         centre = SharedCentre.attach(reply["segment"], layout)
         self._res.centre = centre
         with centre.lock:
@@ -225,8 +218,7 @@ class Worker:
         self._check_open()
         if self._mb is not None:
             raise PlatoonError("the minibatch socket is already connected")
-        sock = self._res.context.socket(zmq.PULL)
-        sock.linger = 0
+        sock = self._res.socket(zmq.PULL)
         sock.rcvhwm = 2
         sock.connect("tcp://%s:%d" % (self.host, port))
         self._mb = sock

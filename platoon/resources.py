@@ -1,0 +1,36 @@
+"""What a controller or worker process must release: its ZeroMQ sockets and its centre."""
+
+import zmq
+
+
+class Resources:
+    """Owns a ZeroMQ context, its sockets and a SharedCentre; `close` releases them all.
+
+    Kept apart from the Controller/Worker so a `weakref.finalize` can release
+    them without keeping that object alive. Sockets are held strongly here:
+    a socket orphaned by the garbage collector would make `Context.term` hang.
+    """
+
+    def __init__(self):
+        self.context = zmq.Context()
+        self.sockets = []
+        self.centre = None
+
+    def socket(self, kind):
+        """A new socket with linger 0, closed by `close`."""
+        sock = self.context.socket(kind)
+        sock.linger = 0
+        self.sockets.append(sock)
+        return sock
+
+    def close(self):
+        """Unmap the centre (unlinking it if we own it) and close every socket."""
+        if self.centre is not None:
+            self.centre.close()
+            if self.centre.owner:
+                self.centre.unlink()
+            self.centre = None
+        for sock in self.sockets:
+            sock.close(linger=0)
+        self.sockets = []
+        self.context.term()

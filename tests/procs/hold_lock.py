@@ -1,0 +1,18 @@
+"""Attach to a centre segment, take its lock, say so, and wait to be killed.
+
+usage: hold_lock.py SEGMENT_NAME
+"""
+
+import signal
+import sys
+
+import numpy as np
+
+from platoon.protocol import layout_of
+from platoon.shmem import SharedCentre
+
+centre = SharedCentre.attach(sys.argv[1], layout_of([np.zeros(4)]))
+centre.lock.acquire()
+centre.arrays[0][:2] = 7.0  # half-way through an update when it dies
+print("LOCKED", flush=True)
+signal.pause()  # until the test kills us

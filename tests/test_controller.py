@@ -1,0 +1,240 @@
+"""The controller against real sockets: reserved requests, user handlers, and bad input."""
+
+import json
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from platoon import (EASGD, Controller, LayoutMismatch, PlatoonError,
+                     PortInUse, RemoteError, ServeTimeout, Worker)
+from platoon.channel import Lieutenant, Soldier
+
+
+class EchoController(Controller):
+    def handle_control(self, req, worker_id, req_info):
+        if req == "echo":
+            return {"worker": worker_id, "info": req_info}
+        if req == "fail":
+            raise KeyError("no such thing: %r" % (req_info,))
+        if req == "unserialisable":
+            return object()
+        raise ValueError("unknown request %r" % req)
+
+
+@pytest.fixture
+def raw_client():
+    """raw_client(ctl, kind=zmq.DEALER): a bare ZeroMQ socket connected to the controller."""
+    ctx = zmq.Context()
+
+    def connect(ctl, kind=zmq.DEALER):
+        sock = ctx.socket(kind)
+        sock.linger = 0
+        sock.rcvtimeo = 5000
+        sock.connect("tcp://127.0.0.1:%d" % ctl.control_port)
+        return sock
+
+    yield connect
+    ctx.destroy(linger=0)
+
+
+def error_of(raw_reply):
+    reply = json.loads(raw_reply)
+    assert reply["ok"] is False
+    return reply["error"]["message"]
+
+
+def test_handler_reply_and_done(serve):
+    ctl = EchoController(control_port=0)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout=5) as w:
+        assert (w.worker_id, w.is_first, w.job_id) == (0, True, ctl.job_id)
+        assert w.send_req("echo", {"x": [1, 2]}) == {"worker": 0, "info": {"x": [1, 2]}}
+    serving.join()
+    assert ctl.all_done()
+
+
+def test_handler_exception_reaches_the_worker_and_serving_goes_on(serve):
+    ctl = EchoController(control_port=0)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout=5) as w:
+        with pytest.raises(RemoteError) as info:
+            w.send_req("fail", 42)
+        err = info.value
+        assert err.remote_type == "KeyError"
+        assert "handle_control('fail') raised KeyError" in str(err) and "42" in str(err)
+        assert "Controller-side traceback" in str(err) and "raise KeyError" in str(err)
+        with pytest.raises(RemoteError, match="not JSON-serialisable"):
+            w.send_req("unserialisable")
+        assert w.send_req("echo", 1)["info"] == 1
+    serving.join()
+
+
+def test_base_controller_says_to_override_handle_control(serve):
+    ctl = Controller(control_port=0)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout=5) as w:
+        with pytest.raises(RemoteError, match="override handle_control"):
+            w.send_req("next")
+    serving.join()
+
+
+MALFORMED = [
+    ([b"\xff\x00garbage"], "not UTF-8"),
+    ([b"not json at all"], "not valid JSON"),
+    ([b"[1, 2, 3]"], "must be a JSON object"),
+    ([b'{"worker_id": 0}'], "'req' must be a non-empty string"),
+    ([b'{"req": {"a": 1}}'], "'req' must be a non-empty string"),
+    ([b'{"req": "x", "worker_id": "zero"}'], "'worker_id' must be an integer"),
+    ([b"[" * 50000], "nested too deeply"),
+    ([b"x" * (2 << 20)], "exceeds the controller's limit"),
+    ([b"a", b"b", b"c"], "expected one request frame, got 3"),
+    ([b'{"req": "echo", "worker_id": 0}'], "has not registered"),
+    ([b'{"req": "platoon-launch-missiles"}'], "has not registered"),
+]
+
+
+def test_malformed_requests_get_error_replies_and_real_workers_carry_on(serve, raw_client):
+    ctl = EchoController(control_port=0, num_workers=1)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout=5) as w:
+        sock = raw_client(ctl)
+        for frames, message in MALFORMED:
+            sock.send_multipart(frames)
+            assert message in error_of(sock.recv()), frames[0][:40]
+            assert w.send_req("echo", "still here")["info"] == "still here"
+        # A raw REQ socket (another language's client) gets replies through its envelope.
+        req = raw_client(ctl, zmq.REQ)
+        req.send(b'{"req": "echo", "seq": 3}')
+        reply = json.loads(req.recv())
+        assert reply["seq"] == 3 and "has not registered" in reply["error"]["message"]
+    serving.join()
+
+
+def test_registered_connection_cannot_pose_as_another_worker_or_use_reserved_names(serve,
+                                                                                  raw_client):
+    ctl = EchoController(control_port=0)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout=5) as w:
+        sock = raw_client(ctl)
+        sock.send(b'{"req": "platoon-register", "req_info": {"pid": 1}}')
+        registered = json.loads(sock.recv())["result"]
+        assert registered["worker_id"] == 1 and not registered["is_first"]
+        sock.send(b'{"req": "echo", "worker_id": 0}')
+        assert "registered as worker 1" in error_of(sock.recv())
+        sock.send(b'{"req": "platoon-launch-missiles", "worker_id": 1}')
+        assert "unknown reserved request" in error_of(sock.recv())
+        sock.send(b'{"req": "platoon-init-params", "worker_id": 1, "req_info": {"layout": 7}}')
+        assert "layout must be a non-empty list" in error_of(sock.recv())
+        sock.send(b'{"req": "platoon-done", "worker_id": 1}')
+        assert json.loads(sock.recv())["ok"]
+        assert w.send_req("echo", 0)["worker"] == 0
+    serving.join()
+
+
+def test_port_in_use_is_a_clear_error():
+    with Controller(control_port=0) as first:
+        with pytest.raises(PortInUse, match="tcp://127.0.0.1:%d: address already in use"
+                           % first.control_port):
+            Controller(control_port=first.control_port)
+
+
+def test_serve_timeout_and_job_full(serve):
+    with Controller(control_port=0, num_workers=1) as ctl:
+        with pytest.raises(ServeTimeout, match="0 worker"):
+            ctl.serve(timeout=0.1)
+    ctl = EchoController(control_port=0, num_workers=1)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout=5):
+        with pytest.raises(RemoteError, match="is full"):
+            Worker(ctl.control_port, timeout=5)
+    serving.join()
+
+
+def test_serve_waits_for_num_workers(serve):
+    ctl = EchoController(control_port=0, num_workers=2)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout=5):
+        pass
+    assert not ctl.all_done()
+    with Worker(ctl.control_port, timeout=5):
+        pass
+    serving.join()
+    assert ctl.workers == [0, 1]
+
+
+def test_barrier_releases_all_workers_together(serve):
+    ctl = EchoController(control_port=0, num_workers=3)
+    serving = serve(ctl)
+    workers = [Worker(ctl.control_port, timeout=10) for _ in range(3)]
+    released = []
+    threads = [threading.Thread(target=lambda w=w: (w.barrier(), released.append(w.worker_id)))
+               for w in workers[:2]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(0.3)
+    assert released == []  # two of three arrived: nobody passes
+    workers[2].barrier()
+    for t in threads:
+        t.join(10)
+    assert sorted(released) == [0, 1]
+    for w in workers:
+        w.close()
+    serving.join()
+
+
+def test_layout_mismatch_is_rejected_and_the_centre_is_untouched(serve):
+    ctl = EchoController(control_port=0)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout=5) as a, Worker(ctl.control_port, timeout=5) as b:
+        a.init_shared_params([np.ones(3), np.ones((2, 2))], EASGD(0.5))
+        with pytest.raises(LayoutMismatch) as info:
+            b.init_shared_params([np.zeros(3), np.zeros((2, 3))], EASGD(0.5))
+        assert "worker 1: parameter 1 is float64 of shape (2, 3) here but float64 of shape " \
+               "(2, 2)" in str(info.value)
+        np.testing.assert_array_equal(ctl.centre[1], np.ones((2, 2)))
+        with pytest.raises(LayoutMismatch, match="registers 1 parameters but the job's centre "
+                                              "holds 2"):
+            b.init_shared_params([np.zeros(3)], EASGD(0.5))
+        mine = [np.zeros(3), np.zeros((2, 2))]
+        b.init_shared_params(mine, EASGD(0.5))  # the right layout still works afterwards
+        np.testing.assert_array_equal(mine[1], np.ones((2, 2)))
+    serving.join()
+
+
+def test_idle_serve_uses_no_cpu(procs, tmp_path):
+    ctl = procs("step_controller.py", 1, tmp_path / "c.npz", 30)
+    ctl.wait_for_line("JOB")
+
+    def cpu_seconds():
+        with open("/proc/%d/stat" % ctl.pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    before, start = cpu_seconds(), time.monotonic()
+    time.sleep(1.0)  # measuring idle time, not synchronising
+    used = (cpu_seconds() - before) / (time.monotonic() - start)
+    assert used < 0.02, "idle controller used %.1f%% of a core" % (100 * used)
+
+
+def test_compatibility_names():
+    assert Lieutenant is Controller and Soldier is Worker
+
+
+def test_controller_close_is_idempotent_and_unlinks(serve):
+    ctl = EchoController(control_port=0)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout=5) as w:
+        w.init_shared_params([np.ones(3)], EASGD(0.5))
+        name = "/dev/shm/platoon-%s-centre" % ctl.job_id
+        assert os.path.exists(name)
+    serving.join()
+    ctl.close()
+    ctl.close()
+    assert not os.path.exists(name)
+    with pytest.raises(PlatoonError):
+        Worker(ctl.control_port, timeout=0.2).close()

@@ -1,0 +1,123 @@
+"""Sync rule arithmetic, exactly, against the plain formulas."""
+
+import numpy as np
+import pytest
+
+from platoon import ASGD, EASGD, ParamSyncRule
+from platoon.rules import BLOCK_ELEMENTS
+
+
+def naive_easgd(x, c, alpha):
+    d = alpha * (x - c)
+    x -= d
+    c += d
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("size", [1, 17, BLOCK_ELEMENTS, 2 * BLOCK_ELEMENTS + 5])
+def test_easgd_is_bit_identical_to_the_formula(dtype, size):
+    rng = np.random.default_rng(size)
+    x = rng.normal(size=size).astype(dtype)
+    c = rng.normal(size=size).astype(dtype)
+    x2, c2 = x.copy(), c.copy()
+    rule = EASGD(0.3)
+    rule.check([x])
+    rule.setup([x])
+    rule.update_params([x], [c])
+    naive_easgd(x2, c2, 0.3)
+    np.testing.assert_array_equal(x, x2)
+    np.testing.assert_array_equal(c, c2)
+
+
+def test_easgd_on_small_arrays_by_hand():
+    x = np.array([1.0, 2.0, 4.0], np.float32)
+    c = np.array([0.0, 2.0, 0.0], np.float32)
+    EASGD(0.5).update_params([x], [c])
+    np.testing.assert_array_equal(x, [0.5, 2.0, 2.0])
+    np.testing.assert_array_equal(c, [0.5, 2.0, 2.0])
+
+
+def test_easgd_handles_non_contiguous_local_views():
+    base = np.arange(40, dtype=np.float64).reshape(5, 8)
+    x = base[:, ::2]
+    c = np.zeros((5, 4))
+    want_x, want_c = x.copy(), c.copy()
+    naive_easgd(want_x, want_c, 0.25)
+    EASGD(0.25).update_params([x], [c])
+    np.testing.assert_array_equal(x, want_x)
+    np.testing.assert_array_equal(c, want_c)
+    np.testing.assert_array_equal(base[:, ::2], want_x)  # written through the view
+
+
+def test_asgd_pushes_changes_since_last_sync_and_takes_the_centre():
+    c = np.array([10.0, 10.0])
+    x = c.copy()
+    rule = ASGD()
+    rule.setup([x])
+    x += [1.0, -2.0]
+    rule.update_params([x], [c])
+    np.testing.assert_array_equal(c, [11.0, 8.0])
+    np.testing.assert_array_equal(x, [11.0, 8.0])
+    c += [5.0, 5.0]  # another worker pushed meanwhile
+    x += [1.0, 1.0]
+    rule.update_params([x], [c])
+    np.testing.assert_array_equal(c, [17.0, 14.0])
+    np.testing.assert_array_equal(x, c)
+
+
+@pytest.mark.parametrize("size", [5, BLOCK_ELEMENTS + 3])
+def test_several_workers_interleaving(size):
+    """Three workers with their own rule instances sync in an arbitrary order."""
+    rng = np.random.default_rng(0)
+    init = rng.normal(size=size)
+    for make in (lambda: EASGD(0.4), ASGD):
+        centre = init.copy()
+        locals_ = [init.copy() for _ in range(3)]
+        rules = [make() for _ in range(3)]
+        for x, rule in zip(locals_, rules):
+            rule.setup([x])
+        # Plain-formula replay of the same schedule.
+        ref_c = init.copy()
+        ref_x = [init.copy() for _ in range(3)]
+        ref_last = [init.copy() for _ in range(3)]
+        order = [0, 2, 1, 1, 0, 2, 2, 0, 1]
+        for step, k in enumerate(order):
+            delta = rng.normal(size=size)
+            locals_[k] += delta
+            ref_x[k] += delta
+            rules[k].update_params([locals_[k]], [centre])
+            if isinstance(rules[k], EASGD):
+                naive_easgd(ref_x[k], ref_c, 0.4)
+            else:
+                ref_c += ref_x[k] - ref_last[k]
+                ref_x[k] = ref_c.copy()
+                ref_last[k] = ref_c.copy()
+        np.testing.assert_array_equal(centre, ref_c)
+        for x, rx in zip(locals_, ref_x):
+            np.testing.assert_array_equal(x, rx)
+
+
+def test_a_user_rule_subclass():
+    class TakeCentre(ParamSyncRule):
+        def update(self, index, local, central):
+            local[...] = central
+
+    x, c = np.zeros(3), np.arange(3.0)
+    TakeCentre().update_params([x], [c])
+    np.testing.assert_array_equal(x, c)
+
+
+def test_base_rule_says_what_to_override():
+    with pytest.raises(NotImplementedError, match="update"):
+        ParamSyncRule().update_params([np.zeros(1)], [np.zeros(1)])
+
+
+@pytest.mark.parametrize("alpha", [0, -0.1, 1.5, float("nan")])
+def test_easgd_rejects_bad_alpha(alpha):
+    with pytest.raises(ValueError, match="alpha"):
+        EASGD(alpha)
+
+
+def test_rules_reject_integer_parameters():
+    with pytest.raises(TypeError, match="parameter 1 is int32"):
+        EASGD(0.5).check([np.zeros(2), np.zeros(2, np.int32)])

@@ -1,0 +1,118 @@
+"""The shared centre segment and its lock, with real POSIX shared memory and processes."""
+
+import os
+import stat
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from platoon import LockTimeout, PlatoonError
+from platoon.protocol import layout_of
+from platoon.shmem import SharedCentre, param_offsets, segment_name
+
+LAYOUT = layout_of([np.zeros(4)])
+
+
+@pytest.fixture
+def centre():
+    c = SharedCentre.create("test%d" % os.getpid() + os.urandom(4).hex(), LAYOUT)
+    yield c
+    c.close()
+    c.unlink()
+
+
+def test_segment_is_private_and_views_are_shared(centre):
+    mode = os.stat("/dev/shm" + centre.name).st_mode
+    assert stat.S_IMODE(mode) == 0o600
+    other = SharedCentre.attach(centre.name, LAYOUT)
+    try:
+        centre.arrays[0][:] = [1, 2, 3, 4]
+        np.testing.assert_array_equal(other.arrays[0], [1, 2, 3, 4])
+    finally:
+        other.close()
+
+
+def test_offsets_are_aligned():
+    layout = layout_of([np.zeros(3, np.float32), np.zeros((5, 7)), np.zeros(1, np.int8)])
+    offsets, size = param_offsets(layout)
+    assert all(off % 64 == 0 for off in offsets)
+    assert offsets[1] - offsets[0] >= 12 and size >= offsets[2] + 1
+
+
+def test_two_jobs_never_share_a_segment():
+    assert segment_name("a1") != segment_name("a2")
+    first = SharedCentre.create("dup" + os.urandom(4).hex(), LAYOUT)
+    try:
+        with pytest.raises(PlatoonError, match="already exists"):
+            SharedCentre.create(first.name[len("/platoon-"):-len("-centre")], LAYOUT)
+    finally:
+        first.close()
+        first.unlink()
+
+
+def test_attach_to_missing_segment():
+    with pytest.raises(PlatoonError, match="does not exist"):
+        SharedCentre.attach(segment_name("nosuchjob"), LAYOUT)
+
+
+def test_close_is_idempotent_and_survives_live_views(centre):
+    other = SharedCentre.attach(centre.name, LAYOUT)
+    view = other.arrays[0]
+    other.close()
+    other.close()
+    view[0] = 3.0  # the mapping lives as long as the view
+    assert centre.arrays[0][0] == 3.0
+
+
+def test_lock_excludes_another_holder_and_times_out(centre):
+    other = SharedCentre.attach(centre.name, LAYOUT)
+    try:
+        centre.lock.acquire()
+        start = time.monotonic()
+        with pytest.raises(LockTimeout, match="within 0.2 s"):
+            other.lock.acquire(timeout=0.2)
+        assert 0.15 < time.monotonic() - start < 2.0
+        centre.lock.release()
+        other.lock.acquire(timeout=1.0)
+        other.lock.release()
+    finally:
+        other.close()
+
+
+def test_lock_is_reentrant_in_a_thread_and_exclusive_between_threads(centre):
+    lock = centre.lock
+    lock.acquire()
+    lock.acquire()
+    got = []
+    t = threading.Thread(target=lambda: got.append(_try(lock, 0.1)))
+    t.start()
+    t.join(5)
+    assert got == [False]
+    lock.release()
+    lock.release()
+    with pytest.raises(PlatoonError, match="does not hold"):
+        lock.release()
+
+
+def _try(lock, timeout):
+    try:
+        lock.acquire(timeout)
+    except LockTimeout:
+        return False
+    lock.release()
+    return True
+
+
+def test_lock_of_a_killed_holder_is_released(centre, procs):
+    holder = procs("hold_lock.py", centre.name)
+    holder.wait_for_line("LOCKED")
+    assert not _try(centre.lock, 0.05)
+    holder.kill()
+    start = time.monotonic()
+    centre.lock.acquire(timeout=5)
+    released_after = time.monotonic() - start
+    centre.lock.release()
+    assert released_after < 1.0
+    np.testing.assert_array_equal(centre.arrays[0], [7, 7, 0, 0])  # its writes stay, nothing else

@@ -1,0 +1,173 @@
+"""The worker against a real controller: timeouts, shared parameters, lock, minibatches."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from platoon import (ASGD, EASGD, Controller, ControllerTimeout, LockTimeout, MinibatchTimeout,
+                     ParamSyncRule, PlatoonError, ProtocolError, Worker)
+
+
+class CountController(Controller):
+    count = 0
+
+    def handle_control(self, req, worker_id, req_info):
+        self.count += 1
+        return [req, self.count]
+
+
+def test_no_controller_fails_within_the_timeout_naming_the_address():
+    with Controller(control_port=0) as ctl:
+        port = ctl.control_port
+    start = time.monotonic()
+    with pytest.raises(ControllerTimeout, match="tcp://127.0.0.1:%d within 0.3 s" % port):
+        Worker(port, timeout=0.3)
+    assert time.monotonic() - start < 2.0
+
+
+def test_timed_out_request_leaves_the_worker_usable(serve):
+    release = threading.Event()
+
+    class SlowOnce(CountController):
+        def handle_control(self, req, worker_id, req_info):
+            if req == "slow":
+                release.wait(10)  # answers only after the worker gave up
+            return super().handle_control(req, worker_id, req_info)
+
+    ctl = SlowOnce(control_port=0)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout=5) as w:
+        with pytest.raises(ControllerTimeout, match="no reply to 'slow'"):
+            w.send_req("slow", timeout=0.2)
+        release.set()  # the late reply to 'slow' now arrives and must be ignored
+        assert w.send_req("second") == ["second", 2]
+        assert w.send_req("third") == ["third", 3]
+    serving.join()
+
+
+def test_closed_worker(serve):
+    ctl = CountController(control_port=0)
+    serving = serve(ctl)
+    w = Worker(ctl.control_port, timeout=5)
+    w.close()
+    w.close()
+    with pytest.raises(PlatoonError, match="closed"):
+        w.send_req("x")
+    serving.join()
+
+
+@pytest.mark.parametrize("params, rule, error, message", [
+    ([], EASGD(0.5), ValueError, "at least one"),
+    ([[1.0, 2.0]], EASGD(0.5), TypeError, "parameter 0 is a list"),
+    ([np.zeros(2), np.frombuffer(b"\0" * 16)], EASGD(0.5), TypeError, "parameter 1 is read-only"),
+    ([np.zeros(2, np.int64)], EASGD(0.5), TypeError, "floating-point"),
+    ([np.zeros(2)], "easgd", TypeError, "ParamSyncRule"),
+])
+def test_unusable_parameters_are_refused_before_anything_is_shared(serve, params, rule, error,
+                                                                   message):
+    ctl = CountController(control_port=0)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout=5) as w:
+        with pytest.raises(error, match=message):
+            w.init_shared_params(params, rule)
+        assert ctl.centre is None
+        with pytest.raises(PlatoonError, match="init_shared_params"):
+            w.sync_params()
+    serving.join()
+
+
+def test_later_workers_start_from_the_centre_and_sync(serve):
+    ctl = CountController(control_port=0)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout=5) as a, Worker(ctl.control_port, timeout=5) as b:
+        pa, pb = [np.full(4, 2.0)], [np.zeros(4)]
+        a.init_shared_params(pa, EASGD(0.5))
+        b.init_shared_params(pb, EASGD(0.5), cleanup=True)
+        np.testing.assert_array_equal(pb[0], 2.0)
+        with pytest.raises(PlatoonError, match="already called"):
+            b.init_shared_params(pb, EASGD(0.5))
+        pa[0] += 4.0
+        a.sync_params()
+        np.testing.assert_array_equal(pa[0], 4.0)
+        np.testing.assert_array_equal(a.shared_params[0], 4.0)
+        np.testing.assert_array_equal(b.shared_params[0], 4.0)
+        b.sync_params()
+        np.testing.assert_array_equal(pb[0], 3.0)
+    serving.join()
+
+
+def test_lock_blocks_other_workers_and_sync_releases_it_on_errors(serve):
+    class Exploding(ParamSyncRule):
+        def update(self, index, local, central):
+            raise RuntimeError("rule failed")
+
+    ctl = CountController(control_port=0)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout=0.2) as a, Worker(ctl.control_port, timeout=5) as b:
+        a.init_shared_params([np.ones(2)], ASGD())
+        b.init_shared_params([np.ones(2)], Exploding())
+        a.lock()
+        with pytest.raises(LockTimeout):
+            b.lock(timeout=0.1)
+        a.unlock()
+        with pytest.raises(RuntimeError, match="rule failed"):
+            b.sync_params()
+        a.sync_params()  # would time out after 0.2 s if b still held the lock
+        a.lock()
+        a.sync_params(synchronous=False)
+        a.unlock()
+    serving.join()
+
+
+def test_minibatches_flow_while_the_controller_serves(serve):
+    ctl = CountController(control_port=0, data_port=0)
+    serving = serve(ctl)
+    batches = [[np.arange(12, dtype=np.float32).reshape(3, 4) + i,
+                np.asfortranarray(np.ones((2, 3), np.int64) * i),
+                np.arange(10.0)[::2]] for i in range(5)]
+    sender = threading.Thread(target=lambda: [ctl.send_mb(b, timeout=10) for b in batches])
+    with Worker(ctl.control_port, data_port=ctl.data_port, timeout=10) as w:
+        sender.start()
+        for i, want in enumerate(batches):
+            got = w.recv_mb()
+            assert w.send_req("progress", i) == ["progress", i + 1]  # control is not blocked
+            for a, b in zip(want, got):
+                assert a.dtype == b.dtype and a.shape == b.shape
+                np.testing.assert_array_equal(a, b)
+            assert got[1].flags.f_contiguous
+        with pytest.raises(MinibatchTimeout, match="within 0.1 s"):
+            w.recv_mb(timeout=0.1)
+    sender.join(10)
+    serving.join()
+
+
+def test_malformed_minibatch_frames_raise(serve):
+    ctx = zmq.Context()
+    try:
+        push = ctx.socket(zmq.PUSH)
+        push.linger = 0
+        port = push.bind_to_random_port("tcp://127.0.0.1")
+        ctl = CountController(control_port=0)
+        serving = serve(ctl)
+        with Worker(ctl.control_port, data_port=port, timeout=5) as w:
+            push.send_multipart([b'[{"dtype": "<f8", "shape": [4]}]', b"short"])
+            with pytest.raises(ProtocolError, match="5 bytes arrived"):
+                w.recv_mb()
+            push.send(b"\x00\x01")
+            with pytest.raises(ProtocolError, match="minibatch header"):
+                w.recv_mb()
+        serving.join()
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_send_mb_needs_a_data_socket_and_times_out_without_workers():
+    with Controller(control_port=0) as ctl:
+        with pytest.raises(PlatoonError, match="init_data"):
+            ctl.send_mb([np.zeros(1)])
+        ctl.init_data(0, hwm=1)
+        with pytest.raises(MinibatchTimeout, match="no worker took"):
+            ctl.send_mb([np.zeros(1)], timeout=0.1)
