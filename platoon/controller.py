@@ -6,7 +6,9 @@ user overrides. Replies can be deferred (barrier, waiting for the centre to be
 initialised), which is why the socket is a ROUTER and not a REP.
 """
 
+import json
 import logging
+import os
 import secrets
 import signal
 import threading
@@ -19,6 +21,7 @@ import zmq
 from . import protocol
 from .errors import LayoutMismatch, MinibatchTimeout, PlatoonError, PortInUse, ProtocolError, \
     ServeTimeout
+from .environment import JobEnvironment
 from .resources import Resources
 from .shmem import SharedCentre
 
@@ -55,10 +58,12 @@ class Controller:
 
     Parameters:
         control_port: port of the control socket; 0 picks a free one (see
-            `control_port` afterwards); None binds nothing until `init_control`.
+            `control_port` afterwards); None binds the launcher's choice when run
+            by platoon-launcher, else nothing until `init_control`.
         data_port: port of the minibatch socket, as for `control_port`.
         num_workers: if given, `serve` returns only once that many workers have
-            registered and all are done, and barriers wait for all of them.
+            registered and all are done, and barriers wait for all of them
+            (under the launcher: the number of workers it starts).
         host: interface to bind; 127.0.0.1 unless the job spans machines.
         job_id: unique id of the job (names its shared memory); random by default.
         max_request_bytes: larger control requests get an error reply.
@@ -69,10 +74,15 @@ class Controller:
 
     def __init__(self, control_port=None, data_port=None, *, num_workers=None, host="127.0.0.1",
                  job_id=None, max_request_bytes=protocol.DEFAULT_MAX_REQUEST_BYTES):
+        self._env = env = JobEnvironment.read()
+        if control_port is None:
+            control_port = env.control_port
+        if num_workers is None:
+            num_workers = env.num_workers
         if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 1):
             raise ValueError("num_workers must be a positive integer or None, got %r"
                              % (num_workers,))
-        self.job_id = job_id or secrets.token_hex(8)
+        self.job_id = job_id or env.job_id or secrets.token_hex(8)
         self.host = host
         self.num_workers = num_workers
         self.max_request_bytes = max_request_bytes
@@ -89,6 +99,9 @@ class Controller:
         self._centre_ready = False
         self._init_waiting = []   # (envelope, seq) of workers waiting for the centre's values
         self._barrier_waiting = {}  # worker id -> (envelope, seq)
+        self.progress = {"minibatches": 0, "syncs": 0, "metrics": {}}
+        self._syncs_by_worker = {}
+        self._status_written = 0.0
         if control_port is not None:
             self.init_control(control_port)
         if data_port is not None:
@@ -112,8 +125,11 @@ class Controller:
                  self.control_port)
         return self.control_port
 
-    def init_data(self, port, hwm=10):
-        """Bind the minibatch socket on `port` (0: a free one), queueing up to `hwm` minibatches."""
+    def init_data(self, port=None, hwm=10):
+        """Bind the minibatch socket on `port` (0: a free one; None: the launcher's choice,
+        else a free one), queueing up to `hwm` minibatches."""
+        if port is None:
+            port = self._env.data_port or 0
         if self._data is not None:
             raise PlatoonError("the data socket is already bound (port %d)" % self.data_port)
         sock = self._res.socket(zmq.PUSH)
@@ -166,6 +182,7 @@ class Controller:
             raise PlatoonError("call init_control(port) (or pass control_port) before serve()")
         deadline = None if timeout is None else time.monotonic() + timeout
         restore = _exit_on_sigterm()
+        self._announce_ready()
         try:
             while not self.all_done():
                 wait_ms = None
@@ -180,7 +197,52 @@ class Controller:
                     continue
                 self._serve_one()
         finally:
+            self._write_status(force=True)
             restore()
+
+    def _announce_ready(self):
+        """Tell a waiting launcher (through the pipe it passed) where we listen, once."""
+        fd = self._env.ready_fd
+        if fd is None or getattr(self, "_announced", False):
+            return
+        self._announced = True
+        message = {"control_port": self.control_port, "data_port": self.data_port,
+                   "job_id": self.job_id, "pid": os.getpid()}
+        try:
+            os.write(fd, (json.dumps(message) + "\n").encode())
+            os.close(fd)
+        except OSError as exc:
+            log.warning("could not tell the launcher that the controller is ready: %s", exc)
+
+    def _report(self, wid, info):
+        if not isinstance(info, dict):
+            raise ProtocolError("platoon-report needs an object with minibatches, syncs, metrics")
+        minibatches, syncs, metrics = info.get("minibatches"), info.get("syncs"), info.get("metrics")
+        if not isinstance(minibatches, int) or not isinstance(syncs, int) or minibatches < 0:
+            raise ProtocolError("platoon-report: minibatches and syncs must be integers >= 0")
+        self.progress["minibatches"] += minibatches
+        self._syncs_by_worker[wid] = syncs
+        self.progress["syncs"] = sum(self._syncs_by_worker.values())
+        if isinstance(metrics, dict):
+            self.progress["metrics"].update(metrics)
+        self._write_status()
+
+    def _write_status(self, force=False):
+        """Write progress for the launcher's status line, at most twice a second."""
+        path = self._env.status_file
+        now = time.monotonic()
+        if path is None or (not force and now - self._status_written < 0.5):
+            return
+        self._status_written = now
+        status = dict(self.progress, workers=len(self._workers),
+                      done=sum(r.done for r in self._workers.values()))
+        tmp = "%s.%d.tmp" % (path, os.getpid())
+        try:
+            with open(tmp, "w") as f:
+                json.dump(status, f)
+            os.replace(tmp, path)
+        except (OSError, TypeError, ValueError) as exc:
+            log.debug("status file %s not written: %s", path, exc)
 
     def _serve_one(self):
         sock = self._control
@@ -236,6 +298,9 @@ class Controller:
             self._release_barrier()
         elif request.req == protocol.DONE:
             self._done(record)
+            self._send(envelope, request.seq, None)
+        elif request.req == protocol.REPORT:
+            self._report(wid, request.req_info)
             self._send(envelope, request.seq, None)
         else:
             raise ProtocolError("unknown reserved request %r; names starting with %r belong to "

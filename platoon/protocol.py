@@ -24,6 +24,7 @@ INIT_PARAMS = "platoon-init-params"
 PARAMS_READY = "platoon-params-ready"
 BARRIER = "platoon-barrier"
 DONE = "platoon-done"
+REPORT = "platoon-report"
 
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 

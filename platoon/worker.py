@@ -9,10 +9,11 @@ import weakref
 import numpy as np
 import zmq
 
-from . import protocol
+from . import adapters, protocol
 from .errors import ControllerTimeout, LayoutMismatch, MinibatchTimeout, PlatoonError, \
     RemoteError
 from .rules import ParamSyncRule
+from .environment import JobEnvironment
 from .resources import Resources
 from .shmem import SharedCentre
 
@@ -25,10 +26,12 @@ class Worker:
     """One training process of a job.
 
     Connects to the controller at tcp://host:control_port and registers,
-    learning `worker_id` (0-based), `is_first` and `job_id`.
+    learning `worker_id` (0-based), `is_first` and `job_id`. `device` is the
+    device the launcher pinned this worker to ("cuda0", "cpu"; "cpu" when run
+    by hand); a pinned GPU is the only one the process sees (cuda:0).
 
     Parameters:
-        control_port: the controller's control port.
+        control_port: the controller's control port (None: the launcher's).
         data_port: if given, also connect to the minibatch channel (see `recv_mb`).
         host: the controller's address.
         timeout: seconds to wait for any reply (None: forever); a request that
@@ -38,9 +41,17 @@ class Worker:
     or call `close()`, which tells the controller this worker is done.
     """
 
-    def __init__(self, control_port, data_port=None, *, host="127.0.0.1", timeout=60.0):
+    def __init__(self, control_port=None, data_port=None, *, host="127.0.0.1", timeout=60.0):
+        env = JobEnvironment.read()
+        if control_port is None:
+            control_port = env.control_port
+            if control_port is None:
+                raise ValueError("Worker needs the controller's control_port, or to run under "
+                                 "platoon-launcher (which sets PLATOON_CONTROL_PORT)")
         self.host = host
         self.timeout = timeout
+        self.device = env.device or "cpu"
+        self.syncs = 0
         self.control_address = "tcp://%s:%d" % (host, control_port)
         self.worker_id = None
         self.is_first = False
@@ -114,6 +125,13 @@ class Worker:
             "is running and listening there, or raise the worker's timeout"
             % (req, self.control_address, timeout))
 
+    def report(self, minibatches=0, **metrics):
+        """Tell the controller about progress: `minibatches` trained since the last report
+        and any JSON metrics (loss=..., error=...). The launcher shows them in its status line.
+        """
+        self.send_req(protocol.REPORT, {"minibatches": minibatches, "syncs": self.syncs,
+                                        "metrics": metrics})
+
     def barrier(self, *, timeout=_DEFAULT):
         """Wait until every worker of the job has reached the barrier."""
         self.send_req(protocol.BARRIER, timeout=timeout)
@@ -121,7 +139,11 @@ class Worker:
     # -- shared parameters --
 
     def init_shared_params(self, params, param_sync_rule, cleanup=False):
-        """Share `params` (a list of writable numpy arrays) through the job's centre.
+        """Share `params` through the job's centre.
+
+        `params` is a list of writable numpy arrays (updated in place), of
+        PyTorch tensors or an nn.Module, of CuPy or pycuda GPU arrays, or of
+        JAX arrays (see `platoon.adapters`).
 
         The first worker to call this initialises the centre with its values;
         every later worker's `params` are overwritten with the centre, so all
@@ -140,12 +162,9 @@ class Worker:
         if not isinstance(param_sync_rule, ParamSyncRule):
             raise TypeError("param_sync_rule must be a platoon.ParamSyncRule (such as "
                             "EASGD(alpha=0.5)), got %r" % (param_sync_rule,))
-        params = list(params)
-        if not params:
-            raise ValueError("init_shared_params() needs at least one parameter array")
+        adapter = adapters.adapt(params)
+        params = adapter.arrays
         for i, p in enumerate(params):
-            if not isinstance(p, np.ndarray):
-                raise TypeError("parameter %d is a %s, not a numpy array" % (i, type(p).__name__))
             if not p.flags.writeable:
                 raise TypeError("parameter %d is read-only; sync_params updates parameters in "
                                 "place, so pass writable arrays" % i)
@@ -160,6 +179,8 @@ class Worker:
             raise
         centre = SharedCentre.attach(reply["segment"], layout)
         self._res.centre = centre
+        if reply["initialise"]:
+            adapter.pull()
         with centre.lock:
             if reply["initialise"]:
                 for c, p in zip(centre.arrays, params):
@@ -169,7 +190,10 @@ class Worker:
                     p[...] = c
         if reply["initialise"]:
             self.send_req(protocol.PARAMS_READY)
+        else:
+            adapter.push()
         param_sync_rule.setup(params)
+        self._adapter = adapter
         self._local = params
         self._rule = param_sync_rule
 
@@ -179,17 +203,21 @@ class Worker:
         centre = self._res.centre
         return None if centre is None else centre.arrays
 
-    def sync_params(self, synchronous=True):
+    def sync_params(self, synchronous=True, *, params=None):
         """Apply the sync rule between this worker's parameters and the centre.
 
         With synchronous=True (the default) the centre's lock is held during the
         update (waiting at most the worker's timeout, else LockTimeout); with
-        False the caller is responsible for locking (see `lock`).
+        False the caller is responsible for locking (see `lock`). Device
+        parameters are copied to host before and back after, outside the lock.
+        For immutable arrays (JAX) pass the current ones as `params`.
+        Returns the parameters (new arrays for JAX, the same objects otherwise).
         """
         if self._local is None:
             raise PlatoonError("call init_shared_params() before sync_params()")
         centre = self._res.centre
         with self._sync_lock:
+            self._adapter.pull(params)
             if synchronous:
                 centre.lock.acquire(self.timeout)
                 try:
@@ -198,6 +226,9 @@ class Worker:
                     centre.lock.release()
             else:
                 self._rule.update_params(self._local, centre.arrays)
+            self._adapter.push()
+            self.syncs += 1
+        return self._adapter.params()
 
     def lock(self, timeout=None):
         """Take the centre's lock (seconds, None: forever); raises LockTimeout."""
@@ -213,9 +244,15 @@ class Worker:
 
     # -- minibatches --
 
-    def init_mb_sock(self, port):
-        """Connect to the controller's minibatch channel on `port`."""
+    def init_mb_sock(self, port=None):
+        """Connect to the controller's minibatch channel on `port` (None: the launcher's)."""
         self._check_open()
+        if port is None:
+            port = JobEnvironment.read().data_port
+            if port is None:
+                raise ValueError("init_mb_sock() needs the controller's data port, or to run "
+                                 "under platoon-launcher with a controller that called "
+                                 "init_data()")
         if self._mb is not None:
             raise PlatoonError("the minibatch socket is already connected")
         sock = self._res.socket(zmq.PULL)
