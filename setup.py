@@ -11,6 +11,7 @@ setup(
     packages=find_packages(include=["platoon", "platoon.*"]),
     python_requires=">=3.9",
     install_requires=["numpy>=1.22", "pyzmq>=22", "posix_ipc>=1.0"],
+    entry_points={"console_scripts": ["platoon-launcher=platoon.launcher:main"]},
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2"],
         "gpu": ["pycuda"],

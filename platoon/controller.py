@@ -220,12 +220,32 @@ class Controller:
         minibatches, syncs, metrics = info.get("minibatches"), info.get("syncs"), info.get("metrics")
         if not isinstance(minibatches, int) or not isinstance(syncs, int) or minibatches < 0:
             raise ProtocolError("platoon-report: minibatches and syncs must be integers >= 0")
+        self.add_progress(wid, minibatches, syncs, **(metrics if isinstance(metrics, dict) else {}))
+
+    def add_progress(self, worker_id, minibatches=0, syncs=None, **metrics):
+        """Count progress shown by the launcher's status line: `minibatches` trained since
+        the last call, the worker's total `syncs`, and the latest JSON `metrics`."""
         self.progress["minibatches"] += minibatches
-        self._syncs_by_worker[wid] = syncs
-        self.progress["syncs"] = sum(self._syncs_by_worker.values())
-        if isinstance(metrics, dict):
-            self.progress["metrics"].update(metrics)
+        if syncs is not None:
+            self._syncs_by_worker[worker_id] = syncs
+            self.progress["syncs"] = sum(self._syncs_by_worker.values())
+        self.progress["metrics"].update(metrics)
         self._write_status()
+
+    def snapshot_centre(self, timeout=10.0):
+        """Copies of the central parameters, taken under the centre's lock.
+
+        Raises PlatoonError before any worker has registered parameters, and
+        LockTimeout if the lock is not free within `timeout` seconds.
+        """
+        centre = self._res.centre
+        if centre is None:
+            raise PlatoonError("no centre yet: no worker has called init_shared_params()")
+        centre.lock.acquire(timeout)
+        try:
+            return [a.copy() for a in centre.arrays]
+        finally:
+            centre.lock.release()
 
     def _write_status(self, force=False):
         """Write progress for the launcher's status line, at most twice a second."""
@@ -454,3 +474,15 @@ def _exit_on_sigterm():
 
     signal.signal(signal.SIGTERM, terminate)
     return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def main():
+    """`python -m platoon.controller`: the default controller, serving until all workers are done."""
+    with Controller() as ctl:
+        if ctl.control_port is None:
+            ctl.init_control(0)
+        ctl.serve()
+
+
+if __name__ == "__main__":
+    main()
