@@ -129,11 +129,11 @@ class Process:
     def __init__(self, label, target, args, env, log_path, pass_fds=()):
         self.label = label
         self.log_path = log_path
-        self.log_file = open(log_path, "w")
         cmd = [sys.executable, "-m", "platoon.child", label, target] + list(args)
-        self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log_file,
-                                      stderr=subprocess.STDOUT, env=env, pass_fds=pass_fds,
-                                      start_new_session=True)
+        with open(log_path, "w") as log_file:
+            self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file,
+                                          stderr=subprocess.STDOUT, env=env,
+                                          pass_fds=pass_fds, start_new_session=True)
         self.pid = self.popen.pid
         self.returncode = None
 
@@ -158,7 +158,6 @@ class Process:
         return "exit code %d" % code
 
     def tail(self, lines=20):
-        self.log_file.flush()
         try:
             with open(self.log_path, errors="replace") as f:
                 return "".join(f.readlines()[-lines:])
@@ -289,6 +288,10 @@ class Launch:
         self.say("job %s: logs in %s" % (self.job_id, self.log_dir))
         ready = self.start_controller(controller_script)
         if ready is None:
+            try:  # the pipe closed: the controller is exiting, collect its code
+                self.controller.popen.wait(self.args.stop_timeout)
+            except subprocess.TimeoutExpired:
+                pass
             self.controller.poll()
             return self.fail(self.controller, "the controller did not become ready (%s)"
                              % (self.controller.describe_exit()
@@ -357,7 +360,6 @@ class Launch:
             proc.signal(signal.SIGKILL)  # stragglers in the groups, if any
             proc.popen.wait()
             proc.poll()
-            proc.log_file.close()
         self.remove_shared_memory()
 
     def remove_shared_memory(self):
