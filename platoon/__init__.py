@@ -6,8 +6,9 @@ and periodically syncs them with the centre under a `ParamSyncRule`.
 """
 
 from .controller import Controller
-from .errors import (ControllerTimeout, LayoutMismatch, LockTimeout, MinibatchTimeout,
-                     PlatoonError, PortInUse, ProtocolError, RemoteError, ServeTimeout)
+from .errors import (ControllerGone, ControllerTimeout, LayoutMismatch, LockTimeout,
+                     MinibatchTimeout, PlatoonError, PortInUse, ProtocolError, RemoteError,
+                     ServeTimeout, WorkerDied)
 from .rules import ASGD, EASGD, ParamSyncRule
 from .worker import Worker
 
@@ -16,5 +17,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Controller", "Worker", "ParamSyncRule", "EASGD", "ASGD",
     "PlatoonError", "ControllerTimeout", "LockTimeout", "ServeTimeout", "MinibatchTimeout",
-    "ProtocolError", "RemoteError", "LayoutMismatch", "PortInUse",
+    "ProtocolError", "RemoteError", "LayoutMismatch", "PortInUse", "WorkerDied",
+    "ControllerGone",
 ]

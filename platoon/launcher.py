@@ -75,10 +75,24 @@ def parse_args(argv):
                         help="seconds for the controller to start serving (default 120)")
     parser.add_argument("--stop-timeout", type=float, default=5.0, metavar="S",
                         help="seconds between SIGTERM and SIGKILL when stopping (default 5)")
+    parser.add_argument("--restart", type=int, default=0, metavar="N",
+                        help="replace up to N failed workers instead of stopping the job")
+    parser.add_argument("--keep-going", action="store_true",
+                        help="a failed worker does not stop the job: the controller's "
+                        "handle_worker_death decides")
+    parser.add_argument("--checkpoint-every", type=float, metavar="S",
+                        help="snapshot the centre to LOG_DIR/centre.npz every S seconds "
+                        "(it is always written when the controller stops)")
+    parser.add_argument("--resume", metavar="DIR",
+                        help="start the centre from a checkpoint (a log directory or .npz)")
     parser.add_argument("--log-level", default=os.environ.get("PLATOON_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("-n must be at least 1")
+    if args.restart < 0:
+        parser.error("--restart must be at least 0")
+    if args.resume and not os.path.exists(args.resume):
+        parser.error("--resume %s: no such checkpoint" % args.resume)
     return args
 
 
@@ -126,8 +140,11 @@ def plan_devices(args, say):
 class Process:
     """A child process in its own session, logging to a file."""
 
-    def __init__(self, label, target, args, env, log_path, pass_fds=()):
+    def __init__(self, label, target, args, env, log_path, pass_fds=(), index=None,
+                 device=None):
         self.label = label
+        self.index = index
+        self.device = device
         self.log_path = log_path
         cmd = [sys.executable, "-m", "platoon.child", label, target] + list(args)
         with open(log_path, "w") as log_file:
@@ -181,6 +198,8 @@ class Launch:
         self.status_file = os.path.join(self.log_dir, "status.json")
         self._status_shown = 0.0
         self._status_len = 0
+        self.restarts_left = args.restart
+        self._failed = set()
 
     # -- output --
 
@@ -229,9 +248,16 @@ class Launch:
 
     def start_controller(self, script):
         read_fd, write_fd = os.pipe()
+        resume = self.args.resume
+        if resume and os.path.isdir(resume):
+            resume = os.path.join(resume, "centre.npz")
         env = self.child_env(control_port=self.args.control_port,
                              data_port=self.args.data_port,
-                             num_workers=self.num_workers, ready_fd=write_fd)
+                             num_workers=self.num_workers, ready_fd=write_fd,
+                             restarts=self.args.restart,
+                             checkpoint_path=os.path.join(self.log_dir, "centre.npz"),
+                             checkpoint_every_s=self.args.checkpoint_every,
+                             resume_from=os.path.abspath(resume) if resume else None)
         for var in THREAD_VARIABLES:
             env[var] = "1"
         target = script if script else "-m:platoon.controller"
@@ -264,25 +290,29 @@ class Launch:
         return json.loads(data.split(b"\n", 1)[0])
 
     def start_workers(self, script, devices, ready):
-        cpu_workers = devices.count("cpu")
-        threads = str(max(1, (os.cpu_count() or 1) // max(cpu_workers, 1)))
+        self.worker_script, self.ready = script, ready
+        self.cpu_threads = str(max(1, (os.cpu_count() or 1) // max(devices.count("cpu"), 1)))
         for index, device in enumerate(devices):
-            env = self.child_env(control_port=ready["control_port"],
-                                 data_port=ready.get("data_port"), num_workers=len(devices),
-                                 device=device, worker_index=index)
-            if device == "cpu":
-                env["CUDA_VISIBLE_DEVICES"] = ""
-                for var in THREAD_VARIABLES:
-                    env[var] = threads
-            else:
-                env["CUDA_VISIBLE_DEVICES"] = device[len("cuda"):]
-            self.workers.append(Process("worker%d" % index, script,
-                                        shlex.split(self.args.worker_args), env,
-                                        os.path.join(self.log_dir, "worker%d.log" % index)))
+            self.start_worker(index, device)
+
+    def start_worker(self, index, device, attempt=0):
+        env = self.child_env(control_port=self.ready["control_port"],
+                             data_port=self.ready.get("data_port"), num_workers=len(self.devices),
+                             device=device, worker_index=index)
+        if device == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+            for var in THREAD_VARIABLES:
+                env[var] = self.cpu_threads
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = device[len("cuda"):]
+        name = "worker%d" % index + (".restart%d" % attempt if attempt else "")
+        self.workers.append(Process(name, self.worker_script, shlex.split(self.args.worker_args),
+                                    env, os.path.join(self.log_dir, name + ".log"),
+                                    index=index, device=device))
 
     def run(self):
         worker_script, controller_script = find_scripts(self.args.experiment)
-        devices = plan_devices(self.args, self.say)
+        self.devices = devices = plan_devices(self.args, self.say)
         self.num_workers = len(devices)
         os.makedirs(self.log_dir, exist_ok=True)
         self.say("job %s: logs in %s" % (self.job_id, self.log_dir))
@@ -303,22 +333,29 @@ class Launch:
         return self.supervise()
 
     def supervise(self):
-        everyone = [self.controller] + self.workers
         wakeup_r, wakeup_w = os.pipe()
         os.set_blocking(wakeup_w, False)
         previous = signal.set_wakeup_fd(wakeup_w)
         signal.signal(signal.SIGCHLD, lambda *a: None)
         try:
             while True:
-                for proc in everyone:
-                    if proc.poll() not in (None, 0):
-                        return self.fail(proc, "%s failed (%s)" % (proc.label,
-                                                                   proc.describe_exit()))
-                if all(proc.poll() == 0 for proc in everyone):
+                if self.controller.poll() not in (None, 0):
+                    return self.fail(self.controller, "the controller failed (%s)"
+                                     % self.controller.describe_exit())
+                for proc in list(self.workers):
+                    if proc.poll() not in (None, 0) and proc not in self._failed:
+                        self._failed.add(proc)
+                        failure = self.worker_failed(proc)
+                        if failure is not None:
+                            return failure
+                if self.controller.poll() == 0 and all(p.poll() is not None
+                                                       for p in self.workers):
                     self.show_status(force=True)
                     self._clear_status()
-                    self.say("job finished: %d worker(s) done; logs in %s"
-                             % (len(self.workers), self.log_dir))
+                    self.say("job finished: %d worker(s) done%s; logs in %s"
+                             % (len(self.workers) - len(self._failed),
+                                ", %d failed" % len(self._failed) if self._failed else "",
+                                self.log_dir))
                     self._echo(self.controller)
                     return EXIT_OK
                 self.show_status()
@@ -332,6 +369,21 @@ class Launch:
             signal.set_wakeup_fd(previous)
             os.close(wakeup_r)
             os.close(wakeup_w)
+
+    def worker_failed(self, proc):
+        """Restart, tolerate or fail the job for a failed worker; returns an exit code to fail."""
+        reason = "%s failed (%s)" % (proc.label, proc.describe_exit())
+        if self.restarts_left > 0:
+            self.restarts_left -= 1
+            attempt = sum(p.index == proc.index for p in self.workers)
+            self.say("%s; starting a replacement (%d restart(s) left). Last lines of %s:\n%s"
+                     % (reason, self.restarts_left, proc.log_path, proc.tail(5).rstrip()))
+            self.start_worker(proc.index, proc.device, attempt)
+            return None
+        if self.args.keep_going:
+            self.say("%s; carrying on without it (--keep-going)" % reason)
+            return None
+        return self.fail(proc, reason)
 
     def _echo(self, proc):
         text = proc.tail(15).rstrip()
