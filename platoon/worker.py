@@ -205,13 +205,16 @@ class Worker:
         self._res.centre = centre
         if reply["initialise"]:
             adapter.pull()
-        with centre.lock:
+        centre.lock.acquire(self.timeout)
+        try:
             if reply["initialise"]:
                 for c, p in zip(centre.arrays, params):
                     c[...] = p
             else:
                 for c, p in zip(centre.arrays, params):
                     p[...] = c
+        finally:
+            centre.lock.release()
         if reply["initialise"]:
             self.send_req(protocol.PARAMS_READY)
         else:
