@@ -10,7 +10,7 @@ import weakref
 import numpy as np
 import zmq
 
-from . import adapters, protocol
+from . import adapters, protocol, security
 from .environment import JobEnvironment
 from .errors import ControllerGone, ControllerTimeout, LayoutMismatch, MinibatchTimeout, \
     PlatoonError, RemoteError
@@ -37,12 +37,15 @@ class Worker:
         host: the controller's address.
         timeout: seconds to wait for any reply (None: forever); a request that
             times out raises ControllerTimeout and leaves the worker usable.
+        keys_file: the job's CURVE keys when the controller requires them
+            (default: the launcher's, if any).
 
     Raises ControllerTimeout if no controller answers. Use as a context manager
     or call `close()`, which tells the controller this worker is done.
     """
 
-    def __init__(self, control_port=None, data_port=None, *, host="127.0.0.1", timeout=60.0):
+    def __init__(self, control_port=None, data_port=None, *, host="127.0.0.1", timeout=60.0,
+                 keys_file=None):
         env = JobEnvironment.read()
         if control_port is None:
             control_port = env.control_port
@@ -69,7 +72,9 @@ class Worker:
         self._local = None
         self._rule = None
         self._mb = None
-        self._control = self._res.socket(zmq.DEALER)
+        keys_file = keys_file or env.keys_file
+        self._keys = security.load_keys(keys_file) if keys_file else None
+        self._control = self._client_socket(zmq.DEALER)
         self._control.connect(self.control_address)
         try:
             info = self.send_req(protocol.REGISTER, {"pid": os.getpid(),
@@ -283,7 +288,7 @@ class Worker:
                                  "init_data()")
         if self._mb is not None:
             raise PlatoonError("the minibatch socket is already connected")
-        sock = self._res.socket(zmq.PULL)
+        sock = self._client_socket(zmq.PULL)
         sock.rcvhwm = 2
         sock.connect("tcp://%s:%d" % (self.host, port))
         self._mb = sock
@@ -308,19 +313,32 @@ class Worker:
 
     # -- teardown --
 
+    def _client_socket(self, kind):
+        sock = self._res.socket(kind)
+        if self._keys is not None:
+            security.make_client(sock, self._keys)
+        return sock
+
     def _check_open(self):
         if self._closed:
             raise PlatoonError("worker %s is closed" % self.worker_id)
 
-    def close(self):
-        """Tell the controller this worker is done, then release everything. Idempotent."""
+    def close(self, error=None):
+        """Tell the controller this worker is done, then release everything. Idempotent.
+
+        With `error` (a message), the worker tells the controller it failed
+        instead; the controller handles that as the worker's death (see
+        `Controller.handle_worker_death`). Leaving a ``with`` block through an
+        exception does this.
+        """
         if self._closed:
             return
         try:
             if self._registered:
                 timeout = 5.0 if self.timeout is None else min(self.timeout, 5.0)
                 try:
-                    self.send_req(protocol.DONE, timeout=timeout)
+                    self.send_req(protocol.DONE, {"error": error} if error else None,
+                                  timeout=timeout)
                 except PlatoonError as exc:
                     log.warning("worker %d could not tell the controller it is done: %s",
                                 self.worker_id, exc)
@@ -332,5 +350,8 @@ class Worker:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None or issubclass(exc_type, (ControllerGone, ControllerTimeout)):
+            self.close()
+        else:
+            self.close(error="%s: %s" % (exc_type.__name__, exc))
