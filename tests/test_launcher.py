@@ -205,3 +205,11 @@ def test_resume_starts_from_the_saved_centre(tmp_path):
                                           "--resume", str(first / "logs")), second)
     assert code == 0, out
     assert "centre initialised from checkpoint" in (second / "logs" / "controller.log").read_text()
+
+
+def test_keep_going_lets_the_controller_carry_on(tmp_path):
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "tolerant"), "-n", "2",
+                                          "--keep-going"), tmp_path)
+    assert code == 0, out
+    assert "carrying on without it (--keep-going)" in out
+    assert "SURVIVED the loss of worker 1: RuntimeError: deliberate crash in worker 1" in out
