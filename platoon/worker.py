@@ -137,16 +137,17 @@ class Worker:
 
         Checked at most once a second unless `force`, so syncs stay cheap.
         """
-        if self._controller_pid is None:
-            return
         now = time.monotonic()
         if not force and now - self._controller_checked < 1.0:
             return
         self._controller_checked = now
-        if not pid_alive(self._controller_pid):
+        if not self._controller_alive():
             raise ControllerGone("the controller of job %s (pid %d, %s) has exited; worker %s "
                                  "cannot go on" % (self.job_id, self._controller_pid,
                                                    self.control_address, self.worker_id))
+
+    def _controller_alive(self):
+        return self._controller_pid is None or pid_alive(self._controller_pid)
 
     def _no_reply(self, req, timeout):
         return ControllerTimeout(
@@ -334,7 +335,7 @@ class Worker:
         if self._closed:
             return
         try:
-            if self._registered:
+            if self._registered and self._controller_alive():
                 timeout = 5.0 if self.timeout is None else min(self.timeout, 5.0)
                 try:
                     self.send_req(protocol.DONE, {"error": error} if error else None,
