@@ -23,6 +23,7 @@ REGISTER = "platoon-register"
 INIT_PARAMS = "platoon-init-params"
 PARAMS_READY = "platoon-params-ready"
 BARRIER = "platoon-barrier"
+BARRIER_CANCEL = "platoon-barrier-cancel"
 DONE = "platoon-done"
 REPORT = "platoon-report"
 

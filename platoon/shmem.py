@@ -4,19 +4,23 @@ Layout of a segment: a 4 KiB header (magic, owner pid, payload size, number of
 parameters), then each parameter's bytes, 64-byte aligned, in registration
 order. Both sides derive the offsets from the parameter layout alone.
 
-The lock is an open-file-description byte-range lock (``F_OFD_SETLK``) on the
-segment's file descriptor: the kernel drops it when its holder dies, so a
-worker killed while syncing never leaves the others blocked.
+The lock is an open-file-description byte-range lock (``F_OFD_SETLK``) on a
+file descriptor of its own: the kernel drops it when its holder dies, so a
+worker killed while syncing never leaves the others blocked. Forked children
+(data-loader processes, say) close their copy of that descriptor at once, so
+they never keep a dead parent's lock alive.
 """
 
 import errno
 import fcntl
 import logging
+import math
 import mmap
 import os
 import struct
 import threading
 import time
+import weakref
 
 import numpy as np
 import posix_ipc
@@ -30,6 +34,21 @@ HEADER = struct.Struct("<8sqqq")  # magic, owner pid, payload bytes, number of p
 HEADER_BYTES = 4096
 ALIGN = 64
 SEGMENT_PREFIX = "/platoon-"
+
+
+_LOCKS = weakref.WeakSet()
+
+
+def _forget_locks_after_fork():
+    for lock in list(_LOCKS):
+        lock._forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_forget_locks_after_fork)
+
+
+def _path(name):
+    return "/dev/shm" + name
 
 
 def segment_name(job_id):
@@ -94,7 +113,7 @@ def param_offsets(layout):
     offsets, pos = [], HEADER_BYTES
     for entry in layout:
         offsets.append(pos)
-        nbytes = int(np.prod(entry["shape"], dtype=np.int64)) * np.dtype(entry["dtype"]).itemsize
+        nbytes = math.prod(entry["shape"]) * np.dtype(entry["dtype"]).itemsize
         pos += -(-nbytes // ALIGN) * ALIGN
     return offsets, max(pos, HEADER_BYTES + ALIGN)
 
@@ -112,6 +131,7 @@ class CentreLock:
     def __init__(self, fd, name, start=0, length=1):
         self._fd = fd
         self._name = name
+        _LOCKS.add(self)
         self._start = start
         self._length = length
         self._thread_lock = threading.Lock()
@@ -146,7 +166,28 @@ class CentreLock:
         else:
             fcntl.fcntl(self._fd, self._OFD_SETLK, self._flock(fcntl.F_UNLCK))
 
+    def _forget_after_fork(self):
+        """In a forked child: drop the inherited descriptor and the parent's lock state."""
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass
+        self._fd = None
+        self._thread_lock = threading.Lock()
+        self._owner = None
+        self._depth = 0
+
+    def close(self):
+        """Release the descriptor (and with it any lock it holds). Idempotent."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        _LOCKS.discard(self)
+
     def acquire(self, timeout=None):
+        if self._fd is None:
+            raise PlatoonError("the centre's lock %s is closed (or this process was forked "
+                               "from its owner); attach to the centre again" % self._name)
         me = threading.get_ident()
         if self._owner == me:
             self._depth += 1
@@ -218,7 +259,8 @@ class SharedCentre:
         self.arrays = [
             np.ndarray(tuple(e["shape"]), np.dtype(e["dtype"]), buffer=self._map, offset=off)
             for e, off in zip(layout, offsets)]
-        self.lock = CentreLock(shm.fd, self.name)
+        # A descriptor of its own for the lock (the mapping keeps a duplicate of shm.fd).
+        self.lock = CentreLock(os.open(_path(self.name), os.O_RDWR | os.O_CLOEXEC), self.name)
         self._closed = False
 
     @classmethod
@@ -232,6 +274,12 @@ class SharedCentre:
             raise PlatoonError("shared memory %s already exists: another job uses job id %r; "
                                "give each job its own id" % (name, job_id)) from None
         try:
+            try:
+                os.posix_fallocate(shm.fd, 0, size)  # fail now, not with SIGBUS on first touch
+            except OSError as exc:
+                raise PlatoonError("cannot allocate %d bytes of shared memory for the centre "
+                                   "(%s); free space in /dev/shm or share fewer parameters"
+                                   % (size, os.strerror(exc.errno))) from None
             centre = cls(shm, layout, owner=True)
         except BaseException:
             shm.close_fd()
@@ -263,6 +311,7 @@ class SharedCentre:
         # buffer, so closing it explicitly could leave them dangling); the last one unmaps.
         self.arrays = []
         self._map = None
+        self.lock.close()
         self._shm.close_fd()
 
     def unlink(self):

@@ -1,8 +1,10 @@
 """The worker: a client of the controller that shares its parameters through the centre."""
 
+import functools
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -90,6 +92,9 @@ class Worker:
         except BaseException:
             self._finalizer()
             raise
+        _record_uncaught_exceptions()
+        self._res.farewell = (self._control, functools.partial(
+            _farewell, self.worker_id, self._controller_pid))
         log.info("worker %d registered with job %s at %s", self.worker_id, self.job_id,
                  self.control_address)
 
@@ -163,8 +168,19 @@ class Worker:
                                         "metrics": metrics})
 
     def barrier(self, *, timeout=_DEFAULT):
-        """Wait until every worker of the job has reached the barrier."""
-        self.send_req(protocol.BARRIER, timeout=timeout)
+        """Wait until every worker of the job has reached the barrier.
+
+        On ControllerTimeout the worker withdraws from the barrier, so the
+        others do not pass it without this worker.
+        """
+        try:
+            self.send_req(protocol.BARRIER, timeout=timeout)
+        except ControllerTimeout:
+            try:
+                self.send_req(protocol.BARRIER_CANCEL, timeout=1.0)
+            except PlatoonError:
+                pass  # the controller is unreachable: nobody passes the barrier anyway
+            raise
 
     # -- shared parameters --
 
@@ -306,11 +322,17 @@ class Worker:
         if self._mb is None:
             raise PlatoonError("call init_mb_sock(port) (or pass data_port) before recv_mb()")
         timeout = self.timeout if timeout is _DEFAULT else timeout
-        wait_ms = None if timeout is None else int(timeout * 1000)
-        if not self._mb.poll(wait_ms):
-            raise MinibatchTimeout("no minibatch from %s within %.3g s"
-                                   % (self._mb_address, timeout))
-        return protocol.decode_minibatch(self._mb.recv_multipart(copy=False))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:  # in slices of a second, checking that the controller still lives
+            wait_ms = 1000
+            if deadline is not None:
+                wait_ms = min(wait_ms, max(0, int((deadline - time.monotonic()) * 1000)))
+            if self._mb.poll(wait_ms):
+                return protocol.decode_minibatch(self._mb.recv_multipart(copy=False))
+            self._check_controller(force=True)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise MinibatchTimeout("no minibatch from %s within %.3g s"
+                                       % (self._mb_address, timeout))
 
     # -- teardown --
 
@@ -346,13 +368,40 @@ class Worker:
         finally:
             self._closed = True
             self._local = None
+            self._res.farewell = None
             self._finalizer()
 
     def __enter__(self):
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is None or issubclass(exc_type, (ControllerGone, ControllerTimeout)):
+        if exc_type is None or issubclass(exc_type, ControllerGone):
             self.close()
         else:
             self.close(error="%s: %s" % (exc_type.__name__, exc))
+
+
+_uncaught = []
+_previous_excepthook = None
+
+
+def _record_uncaught(exc_type, exc, tb):
+    _uncaught.append("%s: %s" % (exc_type.__name__, exc))
+    _previous_excepthook(exc_type, exc, tb)
+
+
+def _farewell(worker_id, controller_pid):
+    """DONE, sent without waiting when a worker is collected or its process exits with the
+    worker unclosed: with the error that ended the script, if one did."""
+    if controller_pid is not None and not pid_alive(controller_pid):
+        return None
+    return protocol.encode_request(worker_id, protocol.DONE,
+                                   {"error": _uncaught[-1]} if _uncaught else None)
+
+
+def _record_uncaught_exceptions():
+    """Note an exception that ends the script (Python calls sys.excepthook before exit
+    handlers), so an unclosed worker reports it as its failure."""
+    global _previous_excepthook
+    if sys.excepthook is not _record_uncaught:
+        _previous_excepthook, sys.excepthook = sys.excepthook, _record_uncaught

@@ -137,7 +137,8 @@ def test_a_crashing_worker_stops_the_job(tmp_path):
     code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "crash"), "-n", "2"),
                              tmp_path)
     assert code == 1, out
-    assert re.search(r"worker\d failed \(exit code 1\); stopped the job", out), out
+    assert re.search(r"worker\d failed \(exit code 1\)(, and the controller failed "
+                     r"\(exit code 1\))?; stopped the job", out), out
     assert "deliberate crash in worker 1" in out  # the tail of its log
     assert_job_gone(job_id_of(out))
 
@@ -156,6 +157,10 @@ def test_usage_errors(tmp_path):
     code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"), "-D", "tpu0"),
                              tmp_path)
     assert code == 2 and "unknown device 'tpu0'" in out
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "controller.log").write_text("an earlier job")
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck")), tmp_path)
+    assert code == 2 and "already holds a job's logs" in out
     code, out = run_launcher(launcher_cmd("--help"), tmp_path)
     assert code == 0 and "exit codes" in out and "130" in out
 
@@ -213,3 +218,10 @@ def test_keep_going_lets_the_controller_carry_on(tmp_path):
     assert code == 0, out
     assert "carrying on without it (--keep-going)" in out
     assert "SURVIVED the loss of worker 1: RuntimeError: deliberate crash in worker 1" in out
+
+
+def test_a_worker_ending_without_close_counts_as_done(tmp_path):
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "noclose"), "-n", "2",
+                                          "--restart", "1"), tmp_path, timeout=60)
+    assert code == 0, out
+    assert "replacement" not in out
