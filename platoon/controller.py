@@ -348,18 +348,20 @@ class Controller:
             raise ProtocolError("platoon-report needs an object with minibatches, syncs, metrics")
         minibatches, syncs = info.get("minibatches"), info.get("syncs")
         metrics = info.get("metrics")
-        if not isinstance(minibatches, int) or not isinstance(syncs, int) or minibatches < 0:
-            raise ProtocolError("platoon-report: minibatches and syncs must be integers >= 0")
-        self.add_progress(wid, minibatches, syncs, **(metrics if isinstance(metrics, dict) else {}))
+        if not (type(minibatches) is int and type(syncs) is int and minibatches >= 0
+                and syncs >= 0 and isinstance(metrics, dict)):
+            raise ProtocolError("platoon-report needs minibatches and syncs (integers >= 0) "
+                                "and metrics (an object)")
+        self.add_progress(wid, minibatches, syncs, metrics)
 
-    def add_progress(self, worker_id, minibatches=0, syncs=None, **metrics):
+    def add_progress(self, worker_id, minibatches=0, syncs=None, metrics=None):
         """Count progress shown by the launcher's status line: `minibatches` trained since
-        the last call, the worker's total `syncs`, and the latest JSON `metrics`."""
+        the last call, the worker's total `syncs`, and the latest JSON `metrics` (a dict)."""
         self.progress["minibatches"] += minibatches
         if syncs is not None:
             self._syncs_by_worker[worker_id] = syncs
             self.progress["syncs"] = sum(self._syncs_by_worker.values())
-        self.progress["metrics"].update(metrics)
+        self.progress["metrics"].update(metrics or {})
         self._write_status()
 
     def snapshot_centre(self, timeout=10.0):
@@ -607,8 +609,9 @@ class Controller:
         seconds (None: wait forever). With copy=False the arrays are sent
         without a copy and must not be modified afterwards.
         """
-        if self._data is None:
-            raise PlatoonError("call init_data(port) (or pass data_port) before send_mb()")
+        if self._data is None or self._data.closed:
+            raise PlatoonError("call init_data(port) (or pass data_port) before send_mb(), "
+                               "and keep the controller open")
         frames = protocol.encode_minibatch(arrays)
         with self._data_lock:
             wait_ms = None if timeout is None else int(timeout * 1000)
@@ -630,17 +633,18 @@ class Controller:
         self.close()
 
 
+def raise_system_exit(signum, frame):
+    """Signal handler: exit through SystemExit (code 128 + signum), running `finally` blocks."""
+    raise SystemExit(128 + signum)
+
+
 def _exit_on_sigterm():
     """Make SIGTERM raise SystemExit while serving, so `finally` blocks and finalizers run."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return lambda: None
-
-    def terminate(signum, frame):
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGTERM, raise_system_exit)
     return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
