@@ -49,7 +49,11 @@ def run_launcher(args, tmp_path, env=None, timeout=120):
     full_env = dict(os.environ, **(env or {}))
     proc = subprocess.run(args + ["--log-dir", str(tmp_path / "logs")], capture_output=True,
                           text=True, timeout=timeout, env=full_env, cwd=str(tmp_path))
-    return proc.returncode, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    job = re.search(r"job ([0-9a-f]{16})", out)
+    if job:  # whatever happened, the job's shared memory is gone once the launcher exits
+        assert not os.path.exists("/dev/shm" + segment_name(job.group(1))), out
+    return proc.returncode, out
 
 
 def job_id_of(output):
