@@ -73,6 +73,7 @@ class Worker:
         self._sync_lock = threading.Lock()
         self._local = None
         self._rule = None
+        self._adapter = None
         self._mb = None
         keys_file = keys_file or env.keys_file
         self._keys = security.load_keys(keys_file) if keys_file else None
@@ -121,21 +122,27 @@ class Worker:
             except zmq.Again:
                 raise self._no_reply(req, timeout) from None
             while True:
-                # Wait in slices of at most a second, checking that the controller still lives.
-                wait_ms = 1000
-                if deadline is not None:
-                    wait_ms = min(wait_ms, max(0, int((deadline - time.monotonic()) * 1000)))
-                if not sock.poll(wait_ms):
-                    self._check_controller(force=True)
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise self._no_reply(req, timeout)
-                    continue
+                if not self._wait_readable(sock, deadline):
+                    raise self._no_reply(req, timeout)
                 reply_seq, result = protocol.decode_reply(sock.recv())
                 if reply_seq is not None and reply_seq != seq:
                     continue  # a late reply to a request that timed out earlier
                 if isinstance(result, RemoteError):
                     raise result
                 return result
+
+    def _wait_readable(self, sock, deadline):
+        """True once `sock` has a message, False at `deadline` (None: never). Waits in slices
+        of a second, raising ControllerGone if the controller dies meanwhile."""
+        while True:
+            wait_ms = 1000
+            if deadline is not None:
+                wait_ms = min(wait_ms, max(0, int((deadline - time.monotonic()) * 1000)))
+            if sock.poll(wait_ms):
+                return True
+            self._check_controller(force=True)
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
 
     def _check_controller(self, force=False):
         """Raise ControllerGone if the controller (on this machine) has exited.
@@ -223,6 +230,8 @@ class Worker:
             if exc.remote_type == LayoutMismatch.__name__:
                 raise LayoutMismatch(str(exc)) from exc
             raise
+        if self._res.centre is not None:  # left by an earlier attempt that failed
+            self._res.centre.close()
         centre = SharedCentre.attach(reply["segment"], layout)
         self._res.centre = centre
         if reply["initialise"]:
@@ -323,16 +332,10 @@ class Worker:
             raise PlatoonError("call init_mb_sock(port) (or pass data_port) before recv_mb()")
         timeout = self.timeout if timeout is _DEFAULT else timeout
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:  # in slices of a second, checking that the controller still lives
-            wait_ms = 1000
-            if deadline is not None:
-                wait_ms = min(wait_ms, max(0, int((deadline - time.monotonic()) * 1000)))
-            if self._mb.poll(wait_ms):
-                return protocol.decode_minibatch(self._mb.recv_multipart(copy=False))
-            self._check_controller(force=True)
-            if deadline is not None and time.monotonic() >= deadline:
-                raise MinibatchTimeout("no minibatch from %s within %.3g s"
-                                       % (self._mb_address, timeout))
+        if not self._wait_readable(self._mb, deadline):
+            raise MinibatchTimeout("no minibatch from %s within %.3g s"
+                                   % (self._mb_address, timeout))
+        return protocol.decode_minibatch(self._mb.recv_multipart(copy=False))
 
     # -- teardown --
 
