@@ -19,6 +19,7 @@ import weakref
 import zmq
 
 from . import protocol
+from .collectives import NodeCollectives
 from .errors import LayoutMismatch, MinibatchTimeout, PlatoonError, PortInUse, ProtocolError, \
     ServeTimeout
 from .environment import JobEnvironment
@@ -102,6 +103,10 @@ class Controller:
         self.progress = {"minibatches": 0, "syncs": 0, "metrics": {}}
         self._syncs_by_worker = {}
         self._status_written = 0.0
+        # Collectives and multi-node (platoon.collectives, platoon.mpi)
+        self.node_link = None  # a platoon.mpi.NodeLink when the job spans nodes
+        self._collectives = NodeCollectives(self)
+        self._collectives_finalizer = weakref.finalize(self, self._collectives.close)
         if control_port is not None:
             self.init_control(control_port)
         if data_port is not None:
@@ -302,6 +307,12 @@ class Controller:
         elif request.req == protocol.REPORT:
             self._report(wid, request.req_info)
             self._send(envelope, request.seq, None)
+        elif request.req == protocol.ALLREDUCE:
+            self._collectives.join(envelope, request.seq, wid, request.req_info)
+        elif request.req == protocol.ALLREDUCE_SETUP:
+            self._send(envelope, request.seq, self._collectives.setup(wid, request.req_info))
+        elif request.req == protocol.INIT_STATE:
+            self._send(envelope, request.seq, self._collectives.state(request.req_info))
         else:
             raise ProtocolError("unknown reserved request %r; names starting with %r belong to "
                                 "platoon, pick another name" % (request.req,
@@ -336,8 +347,11 @@ class Controller:
             self._workers[record.worker_id] = record
             self._by_identity[identity] = record
             log.info("worker %d registered (pid %s)", record.worker_id, pid)
-        return {"worker_id": record.worker_id, "is_first": record.worker_id == 0,
-                "job_id": self.job_id, "num_workers": self.num_workers}
+        reply = {"worker_id": record.worker_id, "is_first": record.worker_id == 0,
+                 "job_id": self.job_id, "num_workers": self.num_workers}
+        if self.node_link is not None:
+            reply.update(self.node_link.topology(record.worker_id))
+        return reply
 
     def _init_params(self, envelope, request, wid):
         info = request.req_info if isinstance(request.req_info, dict) else {}
@@ -378,6 +392,7 @@ class Controller:
         log.info("worker %d is done", record.worker_id)
         self._barrier_waiting.pop(record.worker_id, None)
         self._release_barrier()
+        self._collectives.worker_left(record.worker_id)
         if record.worker_id == self._initialiser and not self._centre_ready:
             # The initialising worker left before writing: the next waiting one takes over.
             self._initialiser = None
@@ -393,6 +408,8 @@ class Controller:
         expected = (self.num_workers or len(self._workers)) - done
         if len(self._barrier_waiting) >= expected:
             waiting, self._barrier_waiting = self._barrier_waiting, {}
+            if self.node_link is not None:
+                self.node_link.barrier()  # the whole job, across nodes
             for envelope, seq in waiting.values():
                 self._send(envelope, seq, None)
 
@@ -431,8 +448,14 @@ class Controller:
 
     # -- teardown --
 
+    @property
+    def shared_states(self):
+        """Shared state segments (a Downpour optimizer's) as {name: [numpy arrays]}."""
+        return self._collectives.states
+
     def close(self):
         """Close the sockets and unlink the shared centre. Idempotent."""
+        self._collectives_finalizer()
         self._finalizer()
 
     def __enter__(self):

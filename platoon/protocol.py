@@ -25,6 +25,10 @@ PARAMS_READY = "platoon-params-ready"
 BARRIER = "platoon-barrier"
 DONE = "platoon-done"
 REPORT = "platoon-report"
+# Collectives and shared state (platoon.collectives)
+ALLREDUCE_SETUP = "platoon-allreduce-setup"
+ALLREDUCE = "platoon-allreduce"
+INIT_STATE = "platoon-init-state"
 
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 
