@@ -9,6 +9,9 @@ from .controller import Controller
 from .errors import (ControllerTimeout, LayoutMismatch, LockTimeout, MinibatchTimeout,
                      PlatoonError, PortInUse, ProtocolError, RemoteError, ServeTimeout)
 from .rules import ASGD, EASGD, ParamSyncRule
+from .collectives import average_gradients
+from .downpour import SGD, Adam, Downpour
+from .sharding import shard
 from .worker import Worker
 
 __version__ = "0.1.0"
@@ -17,4 +20,5 @@ __all__ = [
     "Controller", "Worker", "ParamSyncRule", "EASGD", "ASGD",
     "PlatoonError", "ControllerTimeout", "LockTimeout", "ServeTimeout", "MinibatchTimeout",
     "ProtocolError", "RemoteError", "LayoutMismatch", "PortInUse",
+    "Downpour", "SGD", "Adam", "average_gradients", "shard",
 ]
