@@ -409,7 +409,12 @@ class Controller:
         if len(self._barrier_waiting) >= expected:
             waiting, self._barrier_waiting = self._barrier_waiting, {}
             if self.node_link is not None:
-                self.node_link.barrier()  # the whole job, across nodes
+                try:
+                    self.node_link.barrier()  # the whole job, across nodes
+                except PlatoonError as exc:
+                    for envelope, seq in waiting.values():
+                        self._send_error(envelope, seq, exc)
+                    return
             for envelope, seq in waiting.values():
                 self._send(envelope, seq, None)
 

@@ -1,0 +1,366 @@
+"""Jobs across nodes: one controller per MPI rank, linked through mpi4py.
+
+Everything that imports mpi4py lives here, and imports it lazily: platoon
+works without it on one node. Run one controller per node with::
+
+    mpiexec -n NODES python -m platoon.mpi --workers N [--controller MOD:CLASS]
+        [--tie-every-s S --tie-beta B] -- WORKER_COMMAND...
+
+Each rank creates the controller, starts N workers (``WORKER_COMMAND`` with the
+``PLATOON_*`` variables of `platoon.environment`), serves them, and links to the
+other ranks with a `NodeLink`: all_reduce and barrier span the job, every
+worker learns its global rank, and an optional `CentreTie` keeps the node
+centres elastically tied (hierarchical EASGD).
+
+A failure anywhere ends the job: a worker that exits non-zero or a controller
+error makes the rank call MPI_Abort; a rank that dies makes ``mpiexec`` kill
+the others; a `platoon.reaper` per rank then stops that rank's workers and
+unlinks its shared memory.
+
+MPI calls of the controller run in its serve thread (collectives, which block
+it only while all of the node's workers wait in that collective anyway) and
+in the tie thread, on separate duplicated communicators; this needs
+MPI_THREAD_MULTIPLE, which mpi4py requests by default.
+"""
+
+import argparse
+import importlib
+import importlib.util
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from .errors import PlatoonError
+from .environment import JobEnvironment
+
+log = logging.getLogger(__name__)
+
+_MPI_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
+_AGREE_BYTES = 96
+
+
+def _wait(request):
+    """Complete a non-blocking MPI request without spinning a core while a peer is late.
+
+    MPI's blocking calls busy-poll; a controller waiting for a slower node would
+    take a core from its own workers. Polling with a backoff capped at 1 ms
+    costs a few microseconds of latency when the peer is already there.
+    """
+    pause = 5e-6
+    while not request.Test():
+        time.sleep(pause)
+        pause = min(pause * 2, 1e-3)
+
+
+def import_mpi():
+    """mpi4py's MPI module; raises PlatoonError saying how to install it."""
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise PlatoonError("multi-node platoon needs mpi4py and an MPI library: pip install "
+                           "'platoon[mpi]' (mpi4py and mpich) - %s" % exc) from None
+    return MPI
+
+
+@dataclass
+class CentreTie:
+    """Hierarchical EASGD between node centres.
+
+    Every `every_s` seconds the controllers average their centres over MPI and
+    move each centre toward the mean: ``c += beta * (mean - c)``, with `c`
+    and `mean` taken at the same instant, so syncs made meanwhile are kept.
+    beta=1 makes the centres equal. Raises ValueError for bad values.
+    """
+
+    every_s: float = 1.0
+    beta: float = 0.5
+
+    def __post_init__(self):
+        if not self.every_s > 0:
+            raise ValueError("CentreTie every_s must be > 0 seconds, got %r" % self.every_s)
+        if not 0 < self.beta <= 1:
+            raise ValueError("CentreTie beta must be in (0, 1], got %r" % self.beta)
+
+
+class NodeLink:
+    """A controller's link to the other nodes' controllers.
+
+    Parameters:
+        num_workers: workers on this node.
+        comm: the communicator with one rank per node (default COMM_WORLD).
+        tie: a CentreTie, or None for independent node centres.
+
+    Collective: every rank must create it. Set it as ``controller.node_link``
+    before serving, then call `start(controller)`; `close()` ends the tie
+    (collectively) and frees the communicators.
+    """
+
+    def __init__(self, num_workers, comm=None, tie=None):
+        MPI = self.MPI = import_mpi()
+        world = comm if comm is not None else MPI.COMM_WORLD
+        if tie is not None and MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            raise PlatoonError("the centre tie needs MPI_THREAD_MULTIPLE but MPI gives level %d; "
+                               "use an MPI built with thread support (mpich is)"
+                               % MPI.Query_thread())
+        self._comm = world.Dup()
+        self._tie_comm = world.Dup() if tie is not None else None
+        self.rank, self.size = self._comm.Get_rank(), self._comm.Get_size()
+        counts = self._comm.allgather(int(num_workers))
+        self.worker_offset = sum(counts[:self.rank])
+        self.global_size = sum(counts)
+        self.tie = tie
+        self.tie_rounds = 0
+        self._stop = threading.Event()
+        self._thread = None
+        self._closed = False
+
+    def topology(self, worker_id):
+        """What a worker learns at registration, beyond its local id."""
+        return {"global_rank": self.worker_offset + worker_id, "global_size": self.global_size,
+                "node_rank": self.rank, "num_nodes": self.size}
+
+    def _agree(self, what):
+        """Check that every rank is entering the same collective; raise PlatoonError if not."""
+        text = repr(what).encode()[:_AGREE_BYTES]
+        mine = np.zeros(_AGREE_BYTES, np.uint8)
+        mine[:len(text)] = np.frombuffer(text, np.uint8)
+        seen = np.empty((self.size, _AGREE_BYTES), np.uint8)
+        _wait(self._comm.Iallgather(mine, seen))
+        if (seen != mine).any():
+            raise PlatoonError("the nodes' workers called different collectives: %s; every worker "
+                               "must call the same collectives in the same order" % "; ".join(
+                                   "node %d: %s" % (r, bytes(row).rstrip(b"\0").decode())
+                                   for r, row in enumerate(seen)))
+
+    def all_reduce(self, array, op):
+        """Combine this node's reduced `array` with the other nodes' in place; return the
+        number of workers it now covers (the divisor of a mean)."""
+        self._agree(("all_reduce", array.dtype.str, array.size, op))
+        _wait(self._comm.Iallreduce(self.MPI.IN_PLACE, array.reshape(-1),
+                                    getattr(self.MPI, _MPI_OPS[op])))
+        return self.global_size
+
+    def barrier(self):
+        """Wait for every node's controller (each calls it when its workers are all in)."""
+        self._agree(("barrier",))
+
+    def abort(self, code=1):
+        """End the whole job now: every rank, hence every controller and worker."""
+        log.error("node %d aborts the job (exit code %d)", self.rank, code)
+        self._comm.Abort(code)
+
+    # -- hierarchical EASGD --
+
+    def start(self, controller):
+        """Start the centre tie (if any) for `controller`'s centre."""
+        if self.tie is not None and self._thread is None:
+            self._thread = threading.Thread(target=self._tie_loop, args=(controller,),
+                                            name="platoon-centre-tie", daemon=True)
+            self._thread.start()
+
+    def _tie_loop(self, ctl):
+        comm, MPI, tie = self._tie_comm, self.MPI, self.tie
+        try:
+            while True:
+                self._stop.wait(tie.every_s)
+                flags = np.array([ctl._centre_ready, self._stop.is_set()], np.int32)
+                _wait(comm.Iallreduce(MPI.IN_PLACE, flags, MPI.MIN))
+                if flags[1]:  # every node is done
+                    return
+                if flags[0]:
+                    self._tie_round(ctl)
+        except Exception:
+            log.exception("the centre tie failed on node %d", self.rank)
+            self.abort(1)
+
+    def _tie_round(self, ctl):
+        comm, MPI = self._tie_comm, self.MPI
+        centre = ctl._res.centre
+        if self.tie_rounds == 0:
+            layouts = comm.allgather(centre.layout)
+            if any(lay != centre.layout for lay in layouts):
+                raise PlatoonError("the nodes' centres differ in layout: %s" % layouts)
+        with centre.lock:
+            snaps = [np.array(c, copy=True) for c in centre.arrays]
+        means = [s.copy() for s in snaps]
+        for m in means:
+            _wait(comm.Iallreduce(MPI.IN_PLACE, m.reshape(-1), MPI.SUM))
+            m /= self.size
+        with centre.lock:
+            for c, s, m in zip(centre.arrays, snaps, means):
+                m -= s
+                m *= self.tie.beta
+                c += m
+        self.tie_rounds += 1
+        log.debug("node %d: centre tie round %d", self.rank, self.tie_rounds)
+
+    def close(self):
+        """Tell the other nodes this one is done, wait for the tie to end, free the
+        communicators. Collective; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._agree(("done",))  # a node still in a collective fails it instead of hanging
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._comm.Free()
+        if self._tie_comm is not None:
+            self._tie_comm.Free()
+
+
+# -- running one node --------------------------------------------------------
+
+def _die_with_parent():
+    """Child side of Popen: SIGKILL this process when the controller's thread dies."""
+    import ctypes
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def load_controller_class(spec):
+    """``module:Class`` or ``path/file.py:Class`` to the class; raises PlatoonError."""
+    from .controller import Controller
+    if not spec:
+        return Controller
+    target, _, name = spec.rpartition(":")
+    if not target or not name:
+        raise PlatoonError("controller %r: give it as module:Class or path/file.py:Class" % spec)
+    try:
+        if target.endswith(".py"):
+            mod_spec = importlib.util.spec_from_file_location("platoon_user_controller", target)
+            module = importlib.util.module_from_spec(mod_spec)
+            mod_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+        return getattr(module, name)
+    except (ImportError, OSError, AttributeError) as exc:
+        raise PlatoonError("cannot load controller %r: %s" % (spec, exc)) from None
+
+
+def run_node(worker_argv, num_workers, *, controller_class=None, tie=None, host="127.0.0.1",
+             serve_timeout=None, worker_env=None):
+    """Run this MPI rank's part of a job; return its exit code (0: every worker succeeded).
+
+    Collective: call it on every rank of COMM_WORLD. Creates
+    ``controller_class(control_port=0, num_workers=..., host=..., job_id=...)``
+    (job id: one random id for the job, with ``-nRANK`` per node), links it
+    with a NodeLink, starts `num_workers` processes running `worker_argv` with
+    PLATOON_CONTROL_PORT, PLATOON_JOB_ID, PLATOON_NUM_WORKERS and
+    PLATOON_WORKER_INDEX set (plus `worker_env`), serves until they are done,
+    and on any failure aborts the whole job.
+    """
+    MPI = import_mpi()
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    job = world.bcast(JobEnvironment.read().job_id or secrets.token_hex(6), root=0)
+    job_id = "%s-n%d" % (job, rank)
+    from . import reaper
+    from .controller import Controller
+    reaper_fd = reaper.start(job_id)
+    cls = controller_class or Controller
+    ctl = link = None
+    procs = []
+    try:
+        link = NodeLink(num_workers, world, tie)
+        ctl = cls(control_port=0, num_workers=num_workers, host=host, job_id=job_id)
+        ctl.node_link = link
+        print("platoon.mpi: node %d of %d, controller pid %d, job %s, port %d"
+              % (rank, size, os.getpid(), job_id, ctl.control_port), file=sys.stderr, flush=True)
+        for index in range(num_workers):
+            env = dict(os.environ, **(worker_env or {}))
+            env.update(PLATOON_CONTROL_PORT=str(ctl.control_port), PLATOON_JOB_ID=job_id,
+                       PLATOON_NUM_WORKERS=str(num_workers), PLATOON_WORKER_INDEX=str(index),
+                       PLATOON_HOST=host)
+            proc = subprocess.Popen(worker_argv, env=env, preexec_fn=_die_with_parent)
+            reaper.watch(reaper_fd, proc.pid)
+            procs.append(proc)
+        for proc in procs:
+            threading.Thread(target=_supervise, args=(proc, link, rank), daemon=True,
+                             name="platoon-supervisor").start()
+        link.start(ctl)
+        ctl.serve(timeout=serve_timeout)
+        _stop(procs, grace_s=30.0)  # they said they are done: give them time to exit
+        failed = [p for p in procs if p.returncode != 0]
+        if failed:
+            raise PlatoonError("worker pid %d exited with code %d"
+                               % (failed[0].pid, failed[0].returncode))
+        link.close()
+        return 0
+    except BaseException as exc:
+        log.error("node %d failed: %s", rank, exc)
+        print("platoon.mpi: node %d failed: %s: %s" % (rank, type(exc).__name__, exc),
+              file=sys.stderr, flush=True)
+        _stop(procs)
+        if ctl is not None:
+            ctl.close()
+        world.Abort(1)
+        raise
+    finally:
+        if ctl is not None:
+            ctl.close()
+
+
+def _supervise(proc, link, rank):
+    """Abort the job as soon as this worker fails (one thread per worker, blocked in wait)."""
+    code = proc.wait()
+    if code != 0:
+        print("platoon.mpi: node %d: worker pid %d exited with code %d; aborting the job"
+              % (rank, proc.pid, code), file=sys.stderr, flush=True)
+        link.abort(1)
+
+
+def _stop(procs, grace_s=0.0, term_s=3.0):
+    """Wait up to `grace_s` for `procs` to exit, SIGTERM the rest, SIGKILL them after `term_s`."""
+    for wait_s, signal_them in ((grace_s, "terminate"), (term_s, "kill")):
+        deadline = time.monotonic() + wait_s
+        for proc in procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                getattr(proc, signal_them)()
+    for proc in procs:
+        proc.wait()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m platoon.mpi",
+        description="One node of a multi-node platoon job; run under mpiexec, one rank per node.")
+    parser.add_argument("--workers", type=int, required=True, help="workers on each node")
+    parser.add_argument("--controller", default=None,
+                        help="module:Class or file.py:Class (default platoon.Controller)")
+    parser.add_argument("--host", default="127.0.0.1", help="interface the controller binds")
+    parser.add_argument("--tie-every-s", type=float, default=None,
+                        help="tie the node centres every so many seconds (hierarchical EASGD)")
+    parser.add_argument("--tie-beta", type=float, default=0.5,
+                        help="how far each centre moves toward the mean at a tie (0, 1]")
+    parser.add_argument("--serve-timeout-s", type=float, default=None)
+    parser.add_argument("worker", nargs=argparse.REMAINDER,
+                        help="-- then the worker command (python is sys.executable if omitted)")
+    args = parser.parse_args(argv)
+    command = args.worker[1:] if args.worker[:1] == ["--"] else args.worker
+    if not command:
+        parser.error("give the worker command after --")
+    if command[0].endswith(".py"):
+        command = [sys.executable] + command
+    logging.basicConfig(level=os.environ.get("PLATOON_LOG_LEVEL", "WARNING").upper(),
+                        format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    tie = None if args.tie_every_s is None else CentreTie(args.tie_every_s, args.tie_beta)
+    return run_node(command, args.workers, controller_class=load_controller_class(args.controller),
+                    tie=tie, host=args.host, serve_timeout=args.serve_timeout_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

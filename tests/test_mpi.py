@@ -1,0 +1,135 @@
+"""Multi-node jobs under `mpiexec -n 2` on this machine: two controllers stand in for two nodes,
+each with two workers and its own centre."""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import PROCS, Proc, pid_alive, platoon_segments
+
+try:
+    import mpi4py.MPI  # noqa: F401  (fails without an MPI library)
+    MPI_ERROR = None
+except ImportError as exc:
+    MPI_ERROR = str(exc)
+MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+
+pytestmark = [
+    pytest.mark.skipif(MPI_ERROR is not None, reason="mpi4py cannot be imported (%s): pip install "
+                       "'platoon[mpi]' to run the multi-node tests" % MPI_ERROR),
+    pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec next to python or on PATH: pip "
+                       "install 'platoon[mpi]' (the mpich wheel provides it)"),
+]
+
+WORKER = os.path.join(PROCS, "mpi_worker.py")
+
+
+class MpiJob(Proc):
+    """`mpiexec -n 2 python -m platoon.mpi --workers 2 ... -- mpi_worker.py SCENARIO`."""
+
+    def __init__(self, scenario, *options):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PLATOON_")}
+        env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        self.args = [MPIEXEC, "-n", "2", sys.executable, "-m", "platoon.mpi", "--workers", "2"]
+        self.args += list(options) + ["--", WORKER, scenario]
+        self.popen = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      env=env, text=True, start_new_session=True)
+        self.pid = self.popen.pid
+        self.lines = []
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def count(self, word):
+        return self.output.count(word)
+
+    def wait_for_count(self, word, n, timeout=20.0):
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self.count(word) < n:
+                if None in self.lines or time.monotonic() >= deadline:
+                    pytest.fail("expected %d x %r:\n%s" % (n, word, self.output))
+                self._cond.wait(max(0.0, deadline - time.monotonic()))
+
+    def job_id(self):
+        return re.search(r"job (\w+)-n0", self.output).group(1)
+
+
+@pytest.fixture
+def mpi_job():
+    jobs = []
+
+    def start(scenario, *options):
+        job = MpiJob(scenario, *options)
+        jobs.append(job)
+        return job
+
+    yield start
+    for job in jobs:
+        job.kill()
+
+
+def wait_until(predicate, timeout, what):
+    """Poll `predicate` (things outside our control: reaped pids, unlinked files) to a deadline."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            pytest.fail("still %s after %.3g s" % (what, timeout))
+        time.sleep(0.02)
+
+
+def test_all_reduce_every_op_and_dtype_exact_across_nodes_and_barrier(mpi_job):
+    job = mpi_job("collectives")
+    assert job.wait(60) == 0, job.output
+    assert job.count("OK node") == 4, job.output
+    for g in range(4):
+        assert "global %d of 4" % g in job.output
+    assert not [s for s in platoon_segments() if job.job_id() in s]
+
+
+def test_hierarchical_easgd_pulls_the_node_centres_together(mpi_job):
+    job = mpi_job("tie", "--tie-every-s", "0.02", "--tie-beta", "0.5")
+    assert job.wait(60) == 0, job.output
+    centres = [float(c) for c in re.findall(r"TIED \d+ spread \S+ centre (\S+)", job.output)]
+    assert len(centres) == 4, job.output
+    # The centres start at +1 and -1; each tie halves their distance and keeps their mean at 0.
+    assert all(abs(c) < 1e-6 for c in centres), centres
+    assert sorted(centres)[0] == -sorted(centres)[-1]
+
+
+def test_workers_calling_different_collectives_get_an_error_not_a_hang(mpi_job):
+    job = mpi_job("mismatch")
+    assert job.wait(60) == 0, job.output
+    assert job.count("MISMATCH the nodes' workers called different collectives: node 0: "
+                     "('barrier',); node 1: ('all_reduce', '<f8', 3, 'sum')") == 4, job.output
+
+
+@pytest.mark.parametrize("how", ["controller killed", "worker fails"])
+def test_a_failure_on_one_node_ends_the_job_everywhere(mpi_job, how):
+    job = mpi_job("forever" if how == "controller killed" else "fail")
+    job.wait_for_count("READY", 4)
+    job_id = job.job_id()
+    workers = [int(re.search(r"READY node %d worker %d .* pid (\d+)\)" % (g // 2, g % 2),
+                             job.output).group(1)) for g in range(4)]
+    assert len(workers) == 4
+    start = time.monotonic()
+    if how == "controller killed":
+        os.kill(int(re.search(r"node 1 of 2, controller pid (\d+)", job.output).group(1)),
+                signal.SIGKILL)
+    assert job.wait(20) != 0, job.output
+    elapsed = time.monotonic() - start
+    assert elapsed < 10, "the job took %.1f s to end" % elapsed
+    if how == "worker fails":
+        # Worker 3 exits with code 3; its neighbour's all_reduce fails, and either may be seen first.
+        assert re.search(r"node 1: worker pid (%d|%d) exited with code [13]; aborting the job"
+                         % (workers[2], workers[3]), job.output), job.output
+    wait_until(lambda: not any(pid_alive(p) for p in workers), 10, "workers alive")
+    wait_until(lambda: not [s for s in platoon_segments() if job_id in s], 10,
+               "shared memory of job %s left" % job_id)
