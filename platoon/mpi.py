@@ -70,7 +70,7 @@ def import_mpi():
     """mpi4py's MPI module; raises PlatoonError saying how to install it."""
     try:
         from mpi4py import MPI
-    except ImportError as exc:
+    except (ImportError, RuntimeError) as exc:  # RuntimeError: mpi4py without an MPI library
         raise PlatoonError("multi-node platoon needs mpi4py and an MPI library: pip install "
                            "'platoon[mpi]' (mpi4py and mpich) - %s" % exc) from None
     return MPI
@@ -80,18 +80,29 @@ def import_mpi():
 class CentreTie:
     """Hierarchical EASGD between node centres.
 
-    Every `every_s` seconds the controllers average their centres over MPI and
-    move each centre toward the mean: ``c += beta * (mean - c)``, with `c`
-    and `mean` taken at the same instant, so syncs made meanwhile are kept.
-    beta=1 makes the centres equal. Raises ValueError for bad values.
+    A tie round comes every `every_s` seconds, or once every node's workers
+    have made `every_syncs` syncs since the last round (counted from their
+    `Worker.report()` calls, which carry the worker's sync count), whichever
+    is set (both: whichever comes first on each node). In a round the
+    controllers average their centres over MPI and move each toward the mean:
+    ``c += beta * (mean - c)``, with `c` and `mean` taken at the same instant
+    so syncs made meanwhile are kept; beta=1 makes the centres equal. Raises
+    ValueError for bad values.
     """
 
-    every_s: float = 1.0
+    every_s: Optional[float] = 1.0
     beta: float = 0.5
+    every_syncs: Optional[int] = None
 
     def __post_init__(self):
-        if not self.every_s > 0:
+        if self.every_s is None and self.every_syncs is None:
+            raise ValueError("CentreTie needs every_s (seconds) or every_syncs (syncs per node)")
+        if self.every_s is not None and not self.every_s > 0:
             raise ValueError("CentreTie every_s must be > 0 seconds, got %r" % self.every_s)
+        if self.every_syncs is not None and (not isinstance(self.every_syncs, int)
+                                             or self.every_syncs < 1):
+            raise ValueError("CentreTie every_syncs must be an integer >= 1, got %r"
+                             % (self.every_syncs,))
         if not 0 < self.beta <= 1:
             raise ValueError("CentreTie beta must be in (0, 1], got %r" % self.beta)
 
@@ -176,7 +187,7 @@ class NodeLink:
         comm, MPI, tie = self._tie_comm, self.MPI, self.tie
         try:
             while True:
-                self._stop.wait(tie.every_s)
+                self._wait_for_round(ctl)
                 flags = np.array([ctl._centre_ready, self._stop.is_set()], np.int32)
                 _wait(comm.Iallreduce(MPI.IN_PLACE, flags, MPI.MIN))
                 if flags[1]:  # every node is done
@@ -186,6 +197,20 @@ class NodeLink:
         except Exception:
             log.exception("the centre tie failed on node %d", self.rank)
             self.abort(1)
+
+    def _wait_for_round(self, ctl):
+        """Return when this node is due for a tie round (or is done)."""
+        tie, start = self.tie, time.monotonic()
+        syncs = ctl.progress["syncs"]
+        while not self._stop.is_set():
+            left = None if tie.every_s is None else start + tie.every_s - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            if tie.every_syncs is not None:
+                if ctl.progress["syncs"] - syncs >= tie.every_syncs:
+                    return
+                left = 0.01 if left is None else min(left, 0.01)  # reports arrive in serve()
+            self._stop.wait(left)
 
     def _tie_round(self, ctl):
         comm, MPI = self._tie_comm, self.MPI
@@ -349,6 +374,9 @@ def main(argv=None):
     parser.add_argument("--host", default="127.0.0.1", help="interface the controller binds")
     parser.add_argument("--tie-every-s", type=float, default=None,
                         help="tie the node centres every so many seconds (hierarchical EASGD)")
+    parser.add_argument("--tie-every-syncs", type=int, default=None,
+                        help="tie the node centres once every node's workers have reported so "
+                             "many syncs (Worker.report)")
     parser.add_argument("--tie-beta", type=float, default=0.5,
                         help="how far each centre moves toward the mean at a tie (0, 1]")
     parser.add_argument("--serve-timeout-s", type=float, default=None)
@@ -362,7 +390,9 @@ def main(argv=None):
         command = [sys.executable] + command
     logging.basicConfig(level=os.environ.get("PLATOON_LOG_LEVEL", "WARNING").upper(),
                         format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    tie = None if args.tie_every_s is None else CentreTie(args.tie_every_s, args.tie_beta)
+    tie = None
+    if args.tie_every_s is not None or args.tie_every_syncs is not None:
+        tie = CentreTie(args.tie_every_s, args.tie_beta, args.tie_every_syncs)
     return run_node(command, args.workers, controller_class=load_controller_class(args.controller),
                     tie=tie, host=args.host, serve_timeout=args.serve_timeout_s)
 

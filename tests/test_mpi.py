@@ -38,7 +38,9 @@ class MpiJob(Proc):
         env = {k: v for k, v in os.environ.items() if not k.startswith("PLATOON_")}
         env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         self.args = [MPIEXEC, "-n", "2", sys.executable, "-m", "platoon.mpi", "--workers", "2"]
-        self.args += list(options) + ["--", WORKER, scenario]
+        self.args += list(options)
+        if "--" not in options:
+            self.args += ["--", WORKER, scenario]
         self.popen = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       env=env, text=True, start_new_session=True)
         self.pid = self.popen.pid
@@ -86,7 +88,8 @@ def wait_until(predicate, timeout, what):
 
 
 def test_all_reduce_every_op_and_dtype_exact_across_nodes_and_barrier(mpi_job):
-    job = mpi_job("collectives")
+    job = mpi_job("collectives", "--controller",
+                  os.path.join(PROCS, "step_controller.py") + ":StepController")
     assert job.wait(60) == 0, job.output
     assert job.count("OK node") == 4, job.output
     for g in range(4):
@@ -94,8 +97,11 @@ def test_all_reduce_every_op_and_dtype_exact_across_nodes_and_barrier(mpi_job):
     assert not [s for s in platoon_segments() if job.job_id() in s]
 
 
-def test_hierarchical_easgd_pulls_the_node_centres_together(mpi_job):
-    job = mpi_job("tie", "--tie-every-s", "0.02", "--tie-beta", "0.5")
+@pytest.mark.parametrize("every", [["--tie-every-s", "0.02"], ["--tie-every-syncs", "3"]])
+def test_hierarchical_easgd_pulls_the_node_centres_together(mpi_job, every):
+    if "--tie-every-syncs" in every:
+        every = every + ["--", WORKER, "tie", "report"]  # workers report a sync per loop
+    job = mpi_job("tie", "--tie-beta", "0.5", *every)
     assert job.wait(60) == 0, job.output
     centres = [float(c) for c in re.findall(r"TIED \d+ spread \S+ centre (\S+)", job.output)]
     assert len(centres) == 4, job.output

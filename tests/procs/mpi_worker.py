@@ -70,6 +70,9 @@ def main():
             w.sync_params()  # alpha 1: the centre takes this node's value
             w.barrier()
             for i in range(2000):
+                if len(sys.argv) > 2 and sys.argv[2] == "report":  # drives --tie-every-syncs
+                    w.syncs += 1
+                    w.report()
                 with_lock = np.array(w.shared_params[0][:1])
                 spread = w.all_reduce(with_lock.copy(), "max") - w.all_reduce(with_lock, "min")
                 if spread[0] < 1e-6:
