@@ -6,8 +6,9 @@ and periodically syncs them with the centre under a `ParamSyncRule`.
 """
 
 from .controller import Controller
-from .errors import (ControllerTimeout, LayoutMismatch, LockTimeout, MinibatchTimeout,
-                     PlatoonError, PortInUse, ProtocolError, RemoteError, ServeTimeout)
+from .errors import (ControllerGone, ControllerTimeout, LayoutMismatch, LockTimeout,
+                     MinibatchTimeout, PlatoonError, PortInUse, ProtocolError, RemoteError,
+                     ServeTimeout, WorkerDied)
 from .rules import ASGD, EASGD, ParamSyncRule
 from .collectives import average_gradients
 from .downpour import SGD, Adam, Downpour
@@ -19,6 +20,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Controller", "Worker", "ParamSyncRule", "EASGD", "ASGD",
     "PlatoonError", "ControllerTimeout", "LockTimeout", "ServeTimeout", "MinibatchTimeout",
-    "ProtocolError", "RemoteError", "LayoutMismatch", "PortInUse",
+    "ProtocolError", "RemoteError", "LayoutMismatch", "PortInUse", "WorkerDied",
+    "ControllerGone",
     "Downpour", "SGD", "Adam", "average_gradients", "shard",
 ]

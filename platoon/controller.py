@@ -11,6 +11,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import threading
 import time
 import traceback
@@ -19,14 +20,17 @@ import weakref
 import zmq
 
 from . import protocol
+from .checkpoint import load as load_checkpoint, save as save_checkpoint
 from .collectives import NodeCollectives
-from .errors import LayoutMismatch, MinibatchTimeout, PlatoonError, PortInUse, ProtocolError, \
-    ServeTimeout
 from .environment import JobEnvironment
+from .errors import LayoutMismatch, MinibatchTimeout, PlatoonError, PortInUse, ProtocolError, \
+    ServeTimeout, WorkerDied
 from .resources import Resources
-from .shmem import SharedCentre
+from .shmem import SharedCentre, pid_alive, remove_stale_segments
 
 log = logging.getLogger(__name__)
+
+_HOSTNAME = socket.gethostname()
 
 
 def _bind(sock, host, port):
@@ -45,13 +49,15 @@ def _bind(sock, host, port):
 
 
 class _WorkerRecord:
-    __slots__ = ("worker_id", "identity", "pid", "done")
+    __slots__ = ("worker_id", "identity", "pid", "local", "done", "dead")
 
-    def __init__(self, worker_id, identity, pid):
+    def __init__(self, worker_id, identity, pid, local):
         self.worker_id = worker_id
         self.identity = identity
         self.pid = pid
+        self.local = local  # on this machine, so its pid can be watched
         self.done = False
+        self.dead = False
 
 
 class Controller:
@@ -68,14 +74,27 @@ class Controller:
         host: interface to bind; 127.0.0.1 unless the job spans machines.
         job_id: unique id of the job (names its shared memory); random by default.
         max_request_bytes: larger control requests get an error reply.
+        restarts: how many dead workers a replacement is expected for (the
+            launcher's --restart); a death within that budget is not an error.
+        checkpoint_path: file to snapshot the centre to, atomically, every
+            `checkpoint_every_s` seconds (if given) and when `serve` ends.
+        resume_from: a checkpoint (file or directory) to initialise the centre from.
+        liveness_interval_s: how often local workers' pids are checked.
 
+    Worker processes on this machine are watched: one that exits without
+    saying it is done is reported to `handle_worker_death` within about
+    `liveness_interval_s`. Centres left in /dev/shm by dead jobs are removed
+    at start.
     Raises PortInUse if a port is taken. Use as a context manager or call
     `close()`, which also unlinks the shared centre.
     """
 
     def __init__(self, control_port=None, data_port=None, *, num_workers=None, host="127.0.0.1",
-                 job_id=None, max_request_bytes=protocol.DEFAULT_MAX_REQUEST_BYTES):
+                 job_id=None, max_request_bytes=protocol.DEFAULT_MAX_REQUEST_BYTES,
+                 restarts=None, checkpoint_path=None, checkpoint_every_s=None, resume_from=None,
+                 liveness_interval_s=0.5):
         self._env = env = JobEnvironment.read()
+        remove_stale_segments()
         if control_port is None:
             control_port = env.control_port
         if num_workers is None:
@@ -103,6 +122,13 @@ class Controller:
         self.progress = {"minibatches": 0, "syncs": 0, "metrics": {}}
         self._syncs_by_worker = {}
         self._status_written = 0.0
+        self.restarts_left = restarts if restarts is not None else (env.restarts or 0)
+        self._replacements_expected = 0
+        self.checkpoint_path = checkpoint_path or env.checkpoint_path
+        self.checkpoint_every_s = checkpoint_every_s or env.checkpoint_every_s
+        self.resume_from = resume_from or env.resume_from
+        self._checkpointed = time.monotonic()
+        self.liveness_interval_s = liveness_interval_s
         # Collectives and multi-node (platoon.collectives, platoon.mpi)
         self.node_link = None  # a platoon.mpi.NodeLink when the job spans nodes
         self._collectives = NodeCollectives(self)
@@ -170,9 +196,24 @@ class Controller:
         """The central parameters as numpy arrays (None until a worker registers them)."""
         return None if self._res.centre is None else self._res.centre.arrays
 
+    def handle_worker_death(self, worker_id, exit_info):
+        """Called when a worker on this machine exits without saying it is done.
+
+        `exit_info` holds its `pid` and `detected_after_s` (seconds since the last
+        check that saw it alive). The default raises WorkerDied, which ends
+        `serve` and so the job; return instead to carry on with the others (the
+        dead worker then counts as done). Within the `restarts` budget a
+        replacement is expected and this hook is not called.
+        """
+        raise WorkerDied("worker %d (pid %s) died without saying it was done; the job stops. "
+                         "Override handle_worker_death to carry on without it, or run the "
+                         "launcher with --restart N to replace it" % (worker_id,
+                                                                     exit_info["pid"]))
+
     def all_done(self):
-        """True once the expected workers have registered and all have said they are done."""
-        expected = self.num_workers or 1
+        """True once the expected workers have registered and all have said they are done
+        (dead workers count as done; a replacement expected for one must register too)."""
+        expected = (self.num_workers or 1) + self._replacements_expected
         return (len(self._workers) >= expected
                 and all(rec.done for rec in self._workers.values()))
 
@@ -190,20 +231,71 @@ class Controller:
         self._announce_ready()
         try:
             while not self.all_done():
-                wait_ms = None
+                now = time.monotonic()
+                wake = now + self.liveness_interval_s
                 if deadline is not None:
-                    wait_ms = max(0, int((deadline - time.monotonic()) * 1000))
-                if not self._control.poll(wait_ms):
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise ServeTimeout(
-                            "serve() timed out after %.3g s with %d worker(s) registered, %d done"
-                            % (timeout, len(self._workers),
-                               sum(r.done for r in self._workers.values())))
-                    continue
-                self._serve_one()
+                    wake = min(wake, deadline)
+                if self._control.poll(max(0, int((wake - now) * 1000))):
+                    self._serve_one()
+                    while self._control.poll(0) and not self.all_done():
+                        self._serve_one()
+                now = time.monotonic()
+                if now >= self._next_tick:
+                    self._tick(now)
+                if deadline is not None and now >= deadline and not self.all_done():
+                    raise ServeTimeout(
+                        "serve() timed out after %.3g s with %d worker(s) registered, %d done"
+                        % (timeout, len(self._workers),
+                           sum(r.done for r in self._workers.values())))
         finally:
-            self._write_status(force=True)
-            restore()
+            try:
+                if self._res.centre is not None and self.checkpoint_path:
+                    self.checkpoint()
+            finally:
+                self._write_status(force=True)
+                restore()
+
+    _next_tick = 0.0
+
+    def _tick(self, now):
+        """Periodic duties while serving: watch local workers' pids, checkpoint."""
+        self._next_tick = now + self.liveness_interval_s
+        for record in list(self._workers.values()):
+            if not record.done and record.local and record.pid and not pid_alive(record.pid):
+                self._worker_died(record, now)
+        if (self.checkpoint_every_s and self.checkpoint_path and self._res.centre is not None
+                and now - self._checkpointed >= self.checkpoint_every_s):
+            self.checkpoint()
+
+    def _worker_died(self, record, now):
+        exit_info = {"pid": record.pid, "detected_after_s": self.liveness_interval_s}
+        log.error("worker %d (pid %d) died without saying it was done", record.worker_id,
+                  record.pid)
+        record.dead = True
+        if self.restarts_left > 0:
+            self.restarts_left -= 1
+            self._replacements_expected += 1
+            log.info("expecting a replacement for worker %d (%d restart(s) left)",
+                     record.worker_id, self.restarts_left)
+        else:
+            self.handle_worker_death(record.worker_id, exit_info)
+        self._done(record)
+
+    def checkpoint(self, path=None):
+        """Write the centre to `path` (default: `checkpoint_path`) atomically; returns the path.
+
+        Taken under the centre's lock, so it is consistent. Raises PlatoonError
+        when there is no centre or no path.
+        """
+        path = path or self.checkpoint_path
+        if not path:
+            raise PlatoonError("no checkpoint path: pass checkpoint_path to the Controller")
+        arrays = self.snapshot_centre()
+        save_checkpoint(path, arrays, {"job_id": self.job_id, "time": time.time(),
+                                       "layout": self._res.centre.layout})
+        self._checkpointed = time.monotonic()
+        log.info("centre checkpointed to %s", path)
+        return path
 
     def _announce_ready(self):
         """Tell a waiting launcher (through the pipe it passed) where we listen, once."""
@@ -225,12 +317,32 @@ class Controller:
         minibatches, syncs, metrics = info.get("minibatches"), info.get("syncs"), info.get("metrics")
         if not isinstance(minibatches, int) or not isinstance(syncs, int) or minibatches < 0:
             raise ProtocolError("platoon-report: minibatches and syncs must be integers >= 0")
+        self.add_progress(wid, minibatches, syncs, **(metrics if isinstance(metrics, dict) else {}))
+
+    def add_progress(self, worker_id, minibatches=0, syncs=None, **metrics):
+        """Count progress shown by the launcher's status line: `minibatches` trained since
+        the last call, the worker's total `syncs`, and the latest JSON `metrics`."""
         self.progress["minibatches"] += minibatches
-        self._syncs_by_worker[wid] = syncs
-        self.progress["syncs"] = sum(self._syncs_by_worker.values())
-        if isinstance(metrics, dict):
-            self.progress["metrics"].update(metrics)
+        if syncs is not None:
+            self._syncs_by_worker[worker_id] = syncs
+            self.progress["syncs"] = sum(self._syncs_by_worker.values())
+        self.progress["metrics"].update(metrics)
         self._write_status()
+
+    def snapshot_centre(self, timeout=10.0):
+        """Copies of the central parameters, taken under the centre's lock.
+
+        Raises PlatoonError before any worker has registered parameters, and
+        LockTimeout if the lock is not free within `timeout` seconds.
+        """
+        centre = self._res.centre
+        if centre is None:
+            raise PlatoonError("no centre yet: no worker has called init_shared_params()")
+        centre.lock.acquire(timeout)
+        try:
+            return [a.copy() for a in centre.arrays]
+        finally:
+            centre.lock.release()
 
     def _write_status(self, force=False):
         """Write progress for the launcher's status line, at most twice a second."""
@@ -337,18 +449,22 @@ class Controller:
     # -- reserved requests --
 
     def _register(self, identity, info):
-        pid = info.get("pid") if isinstance(info, dict) else None
+        info = info if isinstance(info, dict) else {}
+        pid = info.get("pid") if isinstance(info.get("pid"), int) else None
+        local = info.get("host") == _HOSTNAME
         record = self._by_identity.get(identity)
         if record is None:
-            if self.num_workers is not None and len(self._workers) >= self.num_workers:
+            live = sum(not r.dead for r in self._workers.values())
+            if self.num_workers is not None and live >= self.num_workers:
                 raise PlatoonError("job %s is full: num_workers=%d workers have registered"
                                    % (self.job_id, self.num_workers))
-            record = _WorkerRecord(len(self._workers), identity, pid)
+            record = _WorkerRecord(len(self._workers), identity, pid, local)
             self._workers[record.worker_id] = record
             self._by_identity[identity] = record
             log.info("worker %d registered (pid %s)", record.worker_id, pid)
         reply = {"worker_id": record.worker_id, "is_first": record.worker_id == 0,
-                 "job_id": self.job_id, "num_workers": self.num_workers}
+                 "job_id": self.job_id, "num_workers": self.num_workers,
+                 "controller_pid": os.getpid(), "controller_host": _HOSTNAME}
         if self.node_link is not None:
             reply.update(self.node_link.topology(record.worker_id))
         return reply
@@ -358,9 +474,15 @@ class Controller:
         layout = protocol.validate_layout(info.get("layout"))
         centre = self._res.centre
         if centre is None:
+            resumed = self._load_resume(layout, wid)
             self._res.centre = centre = SharedCentre.create(self.job_id, layout)
             log.info("centre %s created by worker %d: %d parameters, %d bytes",
                      centre.name, wid, len(layout), centre.size)
+            if resumed is not None:
+                for dst, src in zip(centre.arrays, resumed):
+                    dst[...] = src
+                self._centre_ready = True
+                log.info("centre initialised from checkpoint %s", self.resume_from)
         else:
             mismatch = protocol.describe_mismatch(layout, centre.layout)
             if mismatch:
@@ -373,6 +495,18 @@ class Controller:
             self._send(envelope, request.seq, {"segment": centre.name, "initialise": True})
         else:
             self._init_waiting.append((envelope, request.seq))
+
+    def _load_resume(self, layout, wid):
+        """The checkpoint's arrays if resuming (checked against `layout`), else None."""
+        if not self.resume_from:
+            return None
+        arrays, _ = load_checkpoint(self.resume_from)
+        mismatch = protocol.describe_mismatch(layout, protocol.layout_of(arrays))
+        if mismatch:
+            raise LayoutMismatch("worker %d: %s (the centre comes from checkpoint %s)"
+                                 % (wid, mismatch.replace("job's centre", "checkpoint"),
+                                    self.resume_from))
+        return arrays
 
     def _params_ready(self, envelope, request, wid):
         if wid != self._initialiser:
@@ -404,9 +538,10 @@ class Controller:
     def _release_barrier(self):
         if not self._barrier_waiting:
             return
-        done = sum(r.done for r in self._workers.values())
-        expected = (self.num_workers or len(self._workers)) - done
-        if len(self._barrier_waiting) >= expected:
+        expected = (self.num_workers or len(self._workers)) + self._replacements_expected
+        not_registered = max(0, expected - len(self._workers))
+        running = sum(not r.done for r in self._workers.values())
+        if len(self._barrier_waiting) >= running + not_registered:
             waiting, self._barrier_waiting = self._barrier_waiting, {}
             if self.node_link is not None:
                 try:
@@ -482,3 +617,15 @@ def _exit_on_sigterm():
 
     signal.signal(signal.SIGTERM, terminate)
     return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def main():
+    """`python -m platoon.controller`: the default controller, serving until all workers are done."""
+    with Controller() as ctl:
+        if ctl.control_port is None:
+            ctl.init_control(0)
+        ctl.serve()
+
+
+if __name__ == "__main__":
+    main()

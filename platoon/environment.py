@@ -20,6 +20,16 @@ def _int(name):
         raise ValueError("environment variable %s=%r is not an integer" % (name, text)) from None
 
 
+def _float(name):
+    text = os.environ.get(name, "")
+    if not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError("environment variable %s=%r is not a number" % (name, text)) from None
+
+
 @dataclass(frozen=True)
 class JobEnvironment:
     """What the launcher told this process. Fields are None when not launched."""
@@ -33,6 +43,11 @@ class JobEnvironment:
     worker_index: Optional[int] = None
     status_file: Optional[str] = None
     ready_fd: Optional[int] = None
+    restarts: Optional[int] = None
+    checkpoint_path: Optional[str] = None
+    checkpoint_every_s: Optional[float] = None
+    resume_from: Optional[str] = None
+    keys_file: Optional[str] = None
 
     @classmethod
     def read(cls):
@@ -47,6 +62,11 @@ class JobEnvironment:
             worker_index=_int("PLATOON_WORKER_INDEX"),
             status_file=os.environ.get("PLATOON_STATUS_FILE") or None,
             ready_fd=_int("PLATOON_READY_FD"),
+            restarts=_int("PLATOON_RESTARTS"),
+            checkpoint_path=os.environ.get("PLATOON_CHECKPOINT_PATH") or None,
+            checkpoint_every_s=_float("PLATOON_CHECKPOINT_EVERY_S"),
+            resume_from=os.environ.get("PLATOON_RESUME_FROM") or None,
+            keys_file=os.environ.get("PLATOON_KEYS_FILE") or None,
         )
 
     def to_env(self):
@@ -55,6 +75,9 @@ class JobEnvironment:
                  "host": "PLATOON_HOST", "job_id": "PLATOON_JOB_ID",
                  "num_workers": "PLATOON_NUM_WORKERS", "device": "PLATOON_DEVICE",
                  "worker_index": "PLATOON_WORKER_INDEX", "status_file": "PLATOON_STATUS_FILE",
-                 "ready_fd": "PLATOON_READY_FD"}
+                 "ready_fd": "PLATOON_READY_FD", "restarts": "PLATOON_RESTARTS",
+                 "checkpoint_path": "PLATOON_CHECKPOINT_PATH",
+                 "checkpoint_every_s": "PLATOON_CHECKPOINT_EVERY_S",
+                 "resume_from": "PLATOON_RESUME_FROM", "keys_file": "PLATOON_KEYS_FILE"}
         return {env: str(getattr(self, field)) for field, env in names.items()
                 if getattr(self, field) is not None}

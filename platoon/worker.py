@@ -2,6 +2,7 @@
 
 import logging
 import os
+import socket
 import threading
 import time
 import weakref
@@ -10,13 +11,13 @@ import numpy as np
 import zmq
 
 from . import adapters, protocol
-from .errors import ControllerTimeout, LayoutMismatch, MinibatchTimeout, PlatoonError, \
-    RemoteError
-from .rules import ParamSyncRule
 from .collectives import WorkerCollectives, check_op
 from .environment import JobEnvironment
+from .errors import ControllerGone, ControllerTimeout, LayoutMismatch, MinibatchTimeout, \
+    PlatoonError, RemoteError
+from .rules import ParamSyncRule
 from .resources import Resources
-from .shmem import SharedCentre
+from .shmem import SharedCentre, pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ class Worker:
         self._closed = False
         self._registered = False
         self._seq = 0
+        self._controller_pid = None  # watched when the controller runs on this machine
+        self._controller_checked = 0.0
         self._req_lock = threading.Lock()
         self._sync_lock = threading.Lock()
         self._local = None
@@ -72,7 +75,10 @@ class Worker:
         self._control = self._res.socket(zmq.DEALER)
         self._control.connect(self.control_address)
         try:
-            info = self.send_req(protocol.REGISTER, {"pid": os.getpid()})
+            info = self.send_req(protocol.REGISTER, {"pid": os.getpid(),
+                                                     "host": socket.gethostname()})
+            if info.get("controller_host") == socket.gethostname():
+                self._controller_pid = info.get("controller_pid")
             self.worker_id = info["worker_id"]
             self.is_first = info["is_first"]
             self.job_id = info["job_id"]
@@ -109,10 +115,12 @@ class Worker:
             except zmq.Again:
                 raise self._no_reply(req, timeout) from None
             while True:
-                wait_ms = None
+                # Wait in slices of at most a second, checking that the controller still lives.
+                wait_ms = 1000
                 if deadline is not None:
-                    wait_ms = max(0, int((deadline - time.monotonic()) * 1000))
+                    wait_ms = min(wait_ms, max(0, int((deadline - time.monotonic()) * 1000)))
                 if not sock.poll(wait_ms):
+                    self._check_controller(force=True)
                     if deadline is not None and time.monotonic() >= deadline:
                         raise self._no_reply(req, timeout)
                     continue
@@ -122,6 +130,22 @@ class Worker:
                 if isinstance(result, RemoteError):
                     raise result
                 return result
+
+    def _check_controller(self, force=False):
+        """Raise ControllerGone if the controller (on this machine) has exited.
+
+        Checked at most once a second unless `force`, so syncs stay cheap.
+        """
+        if self._controller_pid is None:
+            return
+        now = time.monotonic()
+        if not force and now - self._controller_checked < 1.0:
+            return
+        self._controller_checked = now
+        if not pid_alive(self._controller_pid):
+            raise ControllerGone("the controller of job %s (pid %d, %s) has exited; worker %s "
+                                 "cannot go on" % (self.job_id, self._controller_pid,
+                                                   self.control_address, self.worker_id))
 
     def _no_reply(self, req, timeout):
         return ControllerTimeout(
@@ -279,6 +303,7 @@ class Worker:
         """
         if self._local is None:
             raise PlatoonError("call init_shared_params() before sync_params()")
+        self._check_controller()
         centre = self._res.centre
         with self._sync_lock:
             self._adapter.pull(params)

@@ -2,7 +2,7 @@
 
 usage: mpi_worker.py SCENARIO
   collectives: all_reduce every op and dtype, checks exact results, barrier; prints OK
-  tie: writes a node-specific value into its node's centre, then all_reduces the centre
+  tie: starts its node's centre at +1 (node 0) or -1 (node 1), then all_reduces the centre
        until the node centres agree; prints TIED and the rounds it took
   forever: prints READY, then all_reduces until killed
   fail: worker 1 of node 1 exits with code 3 after a barrier; the others all_reduce forever
@@ -63,18 +63,15 @@ def main():
             w.barrier()
             say("OK " + tag)
         elif scenario == "tie":
-            params = [np.zeros(1000)]
-            w.init_shared_params(params, EASGD(1.0))
-            w.barrier()
-            params[0][...] = 1.0 if w.node_rank == 0 else -1.0
-            w.sync_params()  # alpha 1: the centre takes this node's value
-            w.barrier()
+            # Node 0's centre starts at +1, node 1's at -1; ties begin once both exist.
+            params = [np.full(1000, 1.0 if w.node_rank == 0 else -1.0)]
+            w.init_shared_params(params, EASGD(0.5))
             for i in range(2000):
                 if len(sys.argv) > 2 and sys.argv[2] == "report":  # drives --tie-every-syncs
                     w.syncs += 1
                     w.report()
-                with_lock = np.array(w.shared_params[0][:1])
-                spread = w.all_reduce(with_lock.copy(), "max") - w.all_reduce(with_lock, "min")
+                mine = np.array(w.shared_params[0][:1])
+                spread = w.all_reduce(mine.copy(), "max") - w.all_reduce(mine, "min")
                 if spread[0] < 1e-6:
                     break
             centre = float(w.shared_params[0][0])
