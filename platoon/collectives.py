@@ -22,6 +22,7 @@ import numpy as np
 import posix_ipc
 
 from . import protocol
+from .checkpoint import load_states
 from .errors import PlatoonError, ProtocolError
 from .shmem import HEADER, HEADER_BYTES, MAGIC, SEGMENT_PREFIX, SharedCentre, param_offsets
 
@@ -187,14 +188,49 @@ class NodeCollectives:
         name = info["name"]
         seg = self._states.get(name)
         if seg is None:
-            seg = self._states[name] = create_segment(
-                "%s%s-state-%s" % (SEGMENT_PREFIX, self._ctl.job_id, name), layout)
+            seg = create_segment("%s%s-state-%s" % (SEGMENT_PREFIX, self._ctl.job_id, name),
+                                 layout)
+            try:
+                self._resume_state(name, seg)
+            except BaseException:
+                seg.close()
+                seg.unlink()
+                raise
+            self._states[name] = seg
             log.info("shared state %r created: %d arrays, %d bytes", name, len(layout), seg.size)
         else:
             mismatch = protocol.describe_mismatch(layout, seg.layout)
             if mismatch:
                 raise PlatoonError("shared state %r: %s" % (name, mismatch))
         return {"segment": seg.name}
+
+    def snapshot_states(self, lock, timeout=10.0):
+        """Copies of the shared states, taken under the centre's `lock` (Downpour updates
+        its optimizer's state under it)."""
+        if not self._states:
+            return {}
+        lock.acquire(timeout)
+        try:
+            return {name: [a.copy() for a in seg.arrays] for name, seg in self._states.items()}
+        finally:
+            lock.release()
+
+    def _resume_state(self, name, seg):
+        """Fill a new state segment from the controller's `resume_from` checkpoint, if any."""
+        path = getattr(self._ctl, "resume_from", None)
+        if not path:
+            return
+        saved = load_states(path).get(name)
+        if saved is None:
+            log.warning("checkpoint %s holds no shared state %r: it starts from zero", path, name)
+            return
+        mismatch = protocol.describe_mismatch(seg.layout, protocol.layout_of(saved))
+        if mismatch:
+            raise PlatoonError("shared state %r in checkpoint %s does not fit: %s"
+                               % (name, path, mismatch))
+        for dst, src in zip(seg.arrays, saved):
+            dst[...] = src
+        log.info("shared state %r resumed from %s", name, path)
 
     @property
     def states(self):

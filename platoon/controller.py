@@ -291,8 +291,9 @@ class Controller:
         if not path:
             raise PlatoonError("no checkpoint path: pass checkpoint_path to the Controller")
         arrays = self.snapshot_centre()
+        states = self._collectives.snapshot_states(self._res.centre.lock)
         save_checkpoint(path, arrays, {"job_id": self.job_id, "time": time.time(),
-                                       "layout": self._res.centre.layout})
+                                       "layout": self._res.centre.layout}, states)
         self._checkpointed = time.monotonic()
         log.info("centre checkpointed to %s", path)
         return path

@@ -119,3 +119,31 @@ def test_bad_settings_say_what_fits():
         Adam(lr=0)
     with pytest.raises(TypeError, match="Downpour needs an optimizer such as"):
         Downpour("adam")
+
+
+def test_optimizer_state_is_checkpointed_and_resumed(serve, tmp_path):
+    path = str(tmp_path / "centre.npz")
+    dtype = np.float64
+    ctl = Controller(control_port=0, num_workers=1, checkpoint_path=path)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout=10) as w:
+        params = initial(dtype)
+        w.init_shared_params(params, Downpour(Adam(0.01)))
+        for r in range(3):
+            for p, d in zip(params, delta(0, r, dtype)):
+                p += d
+            w.sync_params()
+        saved = [a.copy() for a in ctl.shared_states["downpour"]]
+    serving.join()  # serve() checkpoints when it ends
+    np.testing.assert_array_equal(saved[-1], [3, 3])
+
+    ctl = Controller(control_port=0, num_workers=1, resume_from=str(tmp_path))
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout=10) as w:
+        params = initial(dtype)
+        w.init_shared_params(params, Downpour(Adam(0.01)))
+        for got, want in zip(ctl.shared_states["downpour"], saved):
+            np.testing.assert_array_equal(got, want)  # m, v and t carry on
+        w.sync_params()
+        assert list(ctl.shared_states["downpour"][-1]) == [4, 4]
+    serving.join()
