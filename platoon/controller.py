@@ -133,6 +133,9 @@ class Controller:
         self.node_link = None  # a platoon.mpi.NodeLink when the job spans nodes
         self._collectives = NodeCollectives(self)
         self._collectives_finalizer = weakref.finalize(self, self._collectives.close)
+        if os.environ.get("PLATOON_MPI_NODE"):  # run by `python -m platoon.mpi`: join the job
+            from .mpi import node_link_for
+            self.node_link = node_link_for(self)
         if control_port is not None:
             self.init_control(control_port)
         if data_port is not None:
@@ -229,6 +232,8 @@ class Controller:
         deadline = None if timeout is None else time.monotonic() + timeout
         restore = _exit_on_sigterm()
         self._announce_ready()
+        if self.node_link is not None:
+            self.node_link.start(self)  # the centre tie, if any
         try:
             while not self.all_done():
                 now = time.monotonic()
@@ -247,6 +252,8 @@ class Controller:
                         "serve() timed out after %.3g s with %d worker(s) registered, %d done"
                         % (timeout, len(self._workers),
                            sum(r.done for r in self._workers.values())))
+            if self.node_link is not None:
+                self.node_link.finish()  # waits for the other nodes to be done too
         finally:
             try:
                 if self._res.centre is not None and self.checkpoint_path:

@@ -131,12 +131,14 @@ class NodeLink:
         self._tie_comm = world.Dup() if tie is not None else None
         self.rank, self.size = self._comm.Get_rank(), self._comm.Get_size()
         counts = self._comm.allgather(int(num_workers))
+        self.num_workers = int(num_workers)
         self.worker_offset = sum(counts[:self.rank])
         self.global_size = sum(counts)
         self.tie = tie
         self.tie_rounds = 0
         self._stop = threading.Event()
         self._thread = None
+        self._finished = False
         self._closed = False
 
     def topology(self, worker_id):
@@ -184,7 +186,7 @@ class NodeLink:
             self._thread.start()
 
     def _tie_loop(self, ctl):
-        comm, MPI, tie = self._tie_comm, self.MPI, self.tie
+        comm, MPI = self._tie_comm, self.MPI
         try:
             while True:
                 self._wait_for_round(ctl)
@@ -233,16 +235,24 @@ class NodeLink:
         self.tie_rounds += 1
         log.debug("node %d: centre tie round %d", self.rank, self.tie_rounds)
 
-    def close(self):
-        """Tell the other nodes this one is done, wait for the tie to end, free the
-        communicators. Collective; idempotent."""
-        if self._closed:
+    def finish(self):
+        """This node is done: check that every node is (a node still in a collective gets an
+        error instead of a hang), then end the centre tie. The controller calls it when
+        serve() ends, before its centre goes away. Collective; idempotent."""
+        if self._finished:
             return
-        self._closed = True
-        self._agree(("done",))  # a node still in a collective fails it instead of hanging
+        self._finished = True
+        self._agree(("done",))
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+
+    def close(self):
+        """`finish`, then free the communicators. Collective; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.finish()
         self._comm.Free()
         if self._tie_comm is not None:
             self._tie_comm.Free()
@@ -250,8 +260,25 @@ class NodeLink:
 
 # -- running one node --------------------------------------------------------
 
+_RUNNER_LINK = None  # the NodeLink that `run_node` made for this process's controller
+
+
+def node_link_for(controller):
+    """The NodeLink of this rank, for a Controller created under `python -m platoon.mpi`
+    (which sets PLATOON_MPI_NODE). Raises PlatoonError elsewhere."""
+    link = _RUNNER_LINK
+    if link is None:
+        raise PlatoonError("PLATOON_MPI_NODE is set but this process was not started by "
+                           "python -m platoon.mpi (or platoon.mpi.run_node); unset it")
+    if controller.num_workers != link.num_workers:
+        raise PlatoonError("the controller expects %s workers but platoon.mpi starts %d on this "
+                           "node; leave num_workers to the environment (PLATOON_NUM_WORKERS)"
+                           % (controller.num_workers, link.num_workers))
+    return link
+
+
 def _die_with_parent():
-    """Child side of Popen: SIGKILL this process when the controller's thread dies."""
+    """Child side of Popen: SIGKILL this process when the thread that started it dies."""
     import ctypes
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
@@ -279,76 +306,146 @@ def load_controller_class(spec):
         raise PlatoonError("cannot load controller %r: %s" % (spec, exc)) from None
 
 
-def run_node(worker_argv, num_workers, *, controller_class=None, tie=None, host="127.0.0.1",
-             serve_timeout=None, worker_env=None):
+class _Workers:
+    """Starts this node's workers once the controller announces its ports, and aborts the
+    whole job as soon as one fails. Runs in its own thread, which lives as long as the
+    workers (they die with it: PR_SET_PDEATHSIG)."""
+
+    def __init__(self, argv, count, host, ready_fd, reaper_fd, world, ready_timeout_s, env):
+        self.argv, self.count, self.host = argv, count, host
+        self.ready_fd, self.reaper_fd, self.world = ready_fd, reaper_fd, world
+        self.ready_timeout_s, self.env = ready_timeout_s, env
+        self.procs = []
+        self.started = threading.Event()
+        self.finished = threading.Event()
+        self.error = None
+        self.thread = threading.Thread(target=self._run, name="platoon-workers", daemon=True)
+        self.thread.start()
+
+    def _fail(self, message):
+        print("platoon.mpi: node %d: %s; aborting the job" % (self.world.Get_rank(), message),
+              file=sys.stderr, flush=True)
+        self.world.Abort(1)
+
+    def _run(self):
+        try:
+            ready = _read_announcement(self.ready_fd, self.ready_timeout_s)
+            if ready is None:
+                return self._fail("the controller did not start serving within %.3g s (does "
+                                  "the controller script call serve()?)" % self.ready_timeout_s)
+            from . import reaper
+            for index in range(self.count):
+                env = dict(self.env, PLATOON_CONTROL_PORT=str(ready["control_port"]),
+                           PLATOON_WORKER_INDEX=str(index), PLATOON_HOST=self.host)
+                env.pop("PLATOON_READY_FD", None)
+                env.pop("PLATOON_MPI_NODE", None)
+                if ready.get("data_port"):
+                    env["PLATOON_DATA_PORT"] = str(ready["data_port"])
+                proc = subprocess.Popen(self.argv, env=env, preexec_fn=_die_with_parent)
+                reaper.watch(self.reaper_fd, proc.pid)
+                self.procs.append(proc)
+            self.started.set()
+            watchers = [threading.Thread(target=self._watch, args=(p,), daemon=True)
+                        for p in self.procs]
+            for w in watchers:
+                w.start()
+            for w in watchers:
+                w.join()
+        except BaseException as exc:
+            self.error = exc
+            self._fail("could not start the workers: %s" % exc)
+        finally:
+            self.finished.set()
+
+    def _watch(self, proc):
+        code = proc.wait()
+        if code != 0:
+            self._fail("worker pid %d exited with code %d" % (proc.pid, code))
+
+
+def _read_announcement(fd, timeout_s):
+    """The controller's JSON line on the ready pipe, or None (timeout, or closed first)."""
+    import json
+    import select
+    deadline, data = time.monotonic() + timeout_s, b""
+    try:
+        while b"\n" not in data:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return None
+            data += chunk
+    finally:
+        os.close(fd)
+    return json.loads(data.split(b"\n", 1)[0])
+
+
+def run_node(worker_argv, num_workers, *, controller=None, controller_args=(), tie=None,
+             host="127.0.0.1", serve_timeout=None, ready_timeout_s=120.0, worker_env=None):
     """Run this MPI rank's part of a job; return its exit code (0: every worker succeeded).
 
-    Collective: call it on every rank of COMM_WORLD. Creates
-    ``controller_class(control_port=0, num_workers=..., host=..., job_id=...)``
-    (job id: one random id for the job, with ``-nRANK`` per node), links it
-    with a NodeLink, starts `num_workers` processes running `worker_argv` with
-    PLATOON_CONTROL_PORT, PLATOON_JOB_ID, PLATOON_NUM_WORKERS and
-    PLATOON_WORKER_INDEX set (plus `worker_env`), serves until they are done,
-    and on any failure aborts the whole job.
+    Collective: call it on every rank of COMM_WORLD. `controller` is a
+    controller script (``file.py``, run as ``__main__`` with `controller_args`,
+    as platoon-launcher runs EXPERIMENT_controller.py) or a class (or
+    ``module:Class`` / ``file.py:Class``, default platoon.Controller) that is
+    created and served. Either way the Controller finds its settings in the
+    ``PLATOON_*`` environment (job id: one random id per job plus ``-nRANK``;
+    a free port; `num_workers`) and its NodeLink through PLATOON_MPI_NODE.
+    Once it serves, `num_workers` processes run `worker_argv` with the
+    launcher's PLATOON_* variables (plus `worker_env`). Any failure (a worker
+    exiting non-zero, the controller raising, no controller within
+    `ready_timeout_s`) aborts the whole job.
     """
+    global _RUNNER_LINK
+    import runpy
     MPI = import_mpi()
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     job = world.bcast(JobEnvironment.read().job_id or secrets.token_hex(6), root=0)
     job_id = "%s-n%d" % (job, rank)
     from . import reaper
-    from .controller import Controller
     reaper_fd = reaper.start(job_id)
-    cls = controller_class or Controller
-    ctl = link = None
-    procs = []
+    read_fd, write_fd = os.pipe()
+    env = dict(os.environ, **(worker_env or {}))
+    env.update(PLATOON_JOB_ID=job_id, PLATOON_NUM_WORKERS=str(num_workers))
+    os.environ.update(PLATOON_MPI_NODE="1", PLATOON_JOB_ID=job_id, PLATOON_CONTROL_PORT="0",
+                      PLATOON_NUM_WORKERS=str(num_workers), PLATOON_READY_FD=str(write_fd))
+    workers = None
     try:
-        link = NodeLink(num_workers, world, tie)
-        ctl = cls(control_port=0, num_workers=num_workers, host=host, job_id=job_id)
-        ctl.node_link = link
-        print("platoon.mpi: node %d of %d, controller pid %d, job %s, port %d"
-              % (rank, size, os.getpid(), job_id, ctl.control_port), file=sys.stderr, flush=True)
-        for index in range(num_workers):
-            env = dict(os.environ, **(worker_env or {}))
-            env.update(PLATOON_CONTROL_PORT=str(ctl.control_port), PLATOON_JOB_ID=job_id,
-                       PLATOON_NUM_WORKERS=str(num_workers), PLATOON_WORKER_INDEX=str(index),
-                       PLATOON_HOST=host)
-            proc = subprocess.Popen(worker_argv, env=env, preexec_fn=_die_with_parent)
-            reaper.watch(reaper_fd, proc.pid)
-            procs.append(proc)
-        for proc in procs:
-            threading.Thread(target=_supervise, args=(proc, link, rank), daemon=True,
-                             name="platoon-supervisor").start()
-        link.start(ctl)
-        ctl.serve(timeout=serve_timeout)
-        _stop(procs, grace_s=30.0)  # they said they are done: give them time to exit
-        failed = [p for p in procs if p.returncode != 0]
+        _RUNNER_LINK = link = NodeLink(num_workers, world, tie)
+        print("platoon.mpi: node %d of %d, controller pid %d, job %s"
+              % (rank, size, os.getpid(), job_id), file=sys.stderr, flush=True)
+        workers = _Workers(worker_argv, num_workers, host, read_fd, reaper_fd, world,
+                           ready_timeout_s, env)
+        if isinstance(controller, str) and controller.endswith(".py"):
+            sys.argv = [controller] + list(controller_args)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(controller)))
+            runpy.run_path(controller, run_name="__main__")
+        else:
+            cls = controller if isinstance(controller, type) else \
+                load_controller_class(controller)
+            with cls(host=host) as ctl:
+                ctl.serve(timeout=serve_timeout)
+        if not workers.started.is_set():
+            raise PlatoonError("the controller returned before serving its workers")
+        _stop(workers.procs, grace_s=30.0)  # they said they are done: let them exit
+        failed = [p for p in workers.procs if p.returncode != 0]
         if failed:
             raise PlatoonError("worker pid %d exited with code %d"
                                % (failed[0].pid, failed[0].returncode))
         link.close()
         return 0
     except BaseException as exc:
-        log.error("node %d failed: %s", rank, exc)
-        print("platoon.mpi: node %d failed: %s: %s" % (rank, type(exc).__name__, exc),
-              file=sys.stderr, flush=True)
-        _stop(procs)
-        if ctl is not None:
-            ctl.close()
+        print("platoon.mpi: node %d failed: %s: %s; aborting the job"
+              % (rank, type(exc).__name__, exc), file=sys.stderr, flush=True)
+        if workers is not None:
+            _stop(workers.procs)
         world.Abort(1)
         raise
     finally:
-        if ctl is not None:
-            ctl.close()
-
-
-def _supervise(proc, link, rank):
-    """Abort the job as soon as this worker fails (one thread per worker, blocked in wait)."""
-    code = proc.wait()
-    if code != 0:
-        print("platoon.mpi: node %d: worker pid %d exited with code %d; aborting the job"
-              % (rank, proc.pid, code), file=sys.stderr, flush=True)
-        link.abort(1)
+        _RUNNER_LINK = None
 
 
 def _stop(procs, grace_s=0.0, term_s=3.0):
@@ -370,7 +467,11 @@ def main(argv=None):
         description="One node of a multi-node platoon job; run under mpiexec, one rank per node.")
     parser.add_argument("--workers", type=int, required=True, help="workers on each node")
     parser.add_argument("--controller", default=None,
-                        help="module:Class or file.py:Class (default platoon.Controller)")
+                        help="controller script file.py (run as __main__, like "
+                             "EXPERIMENT_controller.py), or module:Class or file.py:Class "
+                             "(created and served); default platoon.Controller")
+    parser.add_argument("--controller-args", default="",
+                        help="arguments of a controller script (one shell-quoted string)")
     parser.add_argument("--host", default="127.0.0.1", help="interface the controller binds")
     parser.add_argument("--tie-every-s", type=float, default=None,
                         help="tie the node centres every so many seconds (hierarchical EASGD)")
@@ -381,7 +482,7 @@ def main(argv=None):
                         help="how far each centre moves toward the mean at a tie (0, 1]")
     parser.add_argument("--serve-timeout-s", type=float, default=None)
     parser.add_argument("worker", nargs=argparse.REMAINDER,
-                        help="-- then the worker command (python is sys.executable if omitted)")
+                        help="-- then the worker command (python is sys.executable for a .py)")
     args = parser.parse_args(argv)
     command = args.worker[1:] if args.worker[:1] == ["--"] else args.worker
     if not command:
@@ -393,9 +494,13 @@ def main(argv=None):
     tie = None
     if args.tie_every_s is not None or args.tie_every_syncs is not None:
         tie = CentreTie(args.tie_every_s, args.tie_beta, args.tie_every_syncs)
-    return run_node(command, args.workers, controller_class=load_controller_class(args.controller),
-                    tie=tie, host=args.host, serve_timeout=args.serve_timeout_s)
+    import shlex
+    return run_node(command, args.workers, controller=args.controller,
+                    controller_args=shlex.split(args.controller_args), tie=tie, host=args.host,
+                    serve_timeout=args.serve_timeout_s)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the copy that `import platoon.mpi` gives, which the Controller consults.
+    from platoon.mpi import main as _main
+    sys.exit(_main())
