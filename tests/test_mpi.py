@@ -138,3 +138,14 @@ def test_a_failure_on_one_node_ends_the_job_everywhere(mpi_job, how):
     wait_until(lambda: not any(pid_alive(p) for p in workers), 10, "workers alive")
     wait_until(lambda: not [s for s in platoon_segments() if job_id in s], 10,
                "shared memory of job %s left" % job_id)
+
+
+def test_a_launcher_style_controller_script_runs_as_each_node(mpi_job):
+    """The linear example, unchanged, as a 2-node job: its controller script is each rank."""
+    example = os.path.join(os.path.dirname(os.path.dirname(PROCS)), "examples", "linear")
+    job = mpi_job("-", "--controller", os.path.join(example, "linear_controller.py"),
+                  "--controller-args", "--steps 400", "--tie-every-s", "0.05",
+                  "--", os.path.join(example, "linear_worker.py"))
+    assert job.wait(60) == 0, job.output
+    assert job.count("trained ") == 2 and job.count("distance to the true weights") == 4, \
+        job.output
