@@ -107,6 +107,10 @@ class NodeCollectives:
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise ProtocolError("platoon-allreduce-setup: count must be an integer >= 0")
         slots = self._expected()
+        if wid >= slots:
+            raise PlatoonError("worker %d is a replacement (ids 0-%d started the job): all_reduce "
+                               "needs the same workers throughout, so do not combine it with "
+                               "worker restarts" % (wid, slots - 1))
         name = "%s%s-ar-%s-%d" % (SEGMENT_PREFIX, self._ctl.job_id, dtype.str[1:], count)
         red = self._reductions.get(name)
         if red is None:
