@@ -4,10 +4,11 @@
 from PLATOON_LOG_LEVEL, lines tagged with LABEL), makes the process die with
 the launcher (PR_SET_PDEATHSIG), turns SIGTERM into SystemExit so `finally`
 blocks and finalizers release sockets and shared memory, then runs SCRIPT as
-``__main__`` (SCRIPT ``-m:MODULE`` runs a module instead).
+``__main__`` (SCRIPT ``-m:MODULE`` calls ``MODULE.main()`` instead).
 """
 
 import ctypes
+import importlib
 import logging
 import os
 import runpy
@@ -43,7 +44,7 @@ def main():
         format="%(asctime)s " + label + " %(levelname)s %(name)s: %(message)s")
     if target.startswith("-m:"):
         sys.argv = [target[3:]] + args
-        runpy.run_module(target[3:], run_name="__main__", alter_sys=True)
+        importlib.import_module(target[3:]).main()
     else:
         sys.argv = [target] + args
         sys.path.insert(0, os.path.dirname(os.path.abspath(target)))

@@ -19,7 +19,7 @@ import weakref
 
 import zmq
 
-from . import protocol
+from . import protocol, security
 from .checkpoint import load as load_checkpoint, save as save_checkpoint
 from .collectives import NodeCollectives
 from .environment import JobEnvironment
@@ -80,6 +80,9 @@ class Controller:
             `checkpoint_every_s` seconds (if given) and when `serve` ends.
         resume_from: a checkpoint (file or directory) to initialise the centre from.
         liveness_interval_s: how often local workers' pids are checked.
+        keys_file: CURVE keys (see `platoon.security`): only peers holding the
+            job's client key may connect. Binding beyond loopback without them
+            logs a warning.
 
     Worker processes on this machine are watched: one that exits without
     saying it is done is reported to `handle_worker_death` within about
@@ -92,7 +95,7 @@ class Controller:
     def __init__(self, control_port=None, data_port=None, *, num_workers=None, host="127.0.0.1",
                  job_id=None, max_request_bytes=protocol.DEFAULT_MAX_REQUEST_BYTES,
                  restarts=None, checkpoint_path=None, checkpoint_every_s=None, resume_from=None,
-                 liveness_interval_s=0.5):
+                 liveness_interval_s=0.5, keys_file=None):
         self._env = env = JobEnvironment.read()
         remove_stale_segments()
         if control_port is None:
@@ -129,6 +132,13 @@ class Controller:
         self.resume_from = resume_from or env.resume_from
         self._checkpointed = time.monotonic()
         self.liveness_interval_s = liveness_interval_s
+        keys_file = keys_file or env.keys_file
+        self._keys = security.load_keys(keys_file) if keys_file else None
+        if self._keys is not None:
+            self._res.authenticator = security.start_authenticator(self._res.context, self._keys)
+        elif not security.is_loopback(host):
+            log.warning("controller binds %s without authentication: anyone who can reach this "
+                        "machine can join the job; use keys (platoon-launcher --curve)", host)
         # Collectives and multi-node (platoon.collectives, platoon.mpi)
         self.node_link = None  # a platoon.mpi.NodeLink when the job spans nodes
         self._collectives = NodeCollectives(self)
@@ -147,7 +157,7 @@ class Controller:
         """Bind the control socket on `port` (0: a free one); returns the port."""
         if self._control is not None:
             raise PlatoonError("the control socket is already bound (port %d)" % self.control_port)
-        sock = self._res.socket(zmq.ROUTER)
+        sock = self._server_socket(zmq.ROUTER)
         sock.setsockopt(zmq.MAXMSGSIZE, 16 * self.max_request_bytes)
         try:
             self.control_port = _bind(sock, self.host, port)
@@ -159,6 +169,12 @@ class Controller:
                  self.control_port)
         return self.control_port
 
+    def _server_socket(self, kind):
+        sock = self._res.socket(kind)
+        if self._keys is not None:
+            security.make_server(sock, self._keys)
+        return sock
+
     def init_data(self, port=None, hwm=10):
         """Bind the minibatch socket on `port` (0: a free one; None: the launcher's choice,
         else a free one), queueing up to `hwm` minibatches."""
@@ -166,7 +182,7 @@ class Controller:
             port = self._env.data_port or 0
         if self._data is not None:
             raise PlatoonError("the data socket is already bound (port %d)" % self.data_port)
-        sock = self._res.socket(zmq.PUSH)
+        sock = self._server_socket(zmq.PUSH)
         sock.sndhwm = hwm
         try:
             self.data_port = _bind(sock, self.host, port)
@@ -200,18 +216,21 @@ class Controller:
         return None if self._res.centre is None else self._res.centre.arrays
 
     def handle_worker_death(self, worker_id, exit_info):
-        """Called when a worker on this machine exits without saying it is done.
+        """Called when a worker fails: it reported an error as it closed, or (on this
+        machine) its process exited without saying it was done.
 
-        `exit_info` holds its `pid` and `detected_after_s` (seconds since the last
-        check that saw it alive). The default raises WorkerDied, which ends
-        `serve` and so the job; return instead to carry on with the others (the
+        `exit_info` holds its `pid`, and `error` (the worker's exception) or
+        `detected_after_s` (the pid-check interval). The default raises WorkerDied,
+        which ends `serve` and so the job; return instead to carry on with the others (the
         dead worker then counts as done). Within the `restarts` budget a
         replacement is expected and this hook is not called.
         """
-        raise WorkerDied("worker %d (pid %s) died without saying it was done; the job stops. "
-                         "Override handle_worker_death to carry on without it, or run the "
-                         "launcher with --restart N to replace it" % (worker_id,
-                                                                     exit_info["pid"]))
+        raise WorkerDied("worker %d (pid %s) %s; the job stops. Override handle_worker_death "
+                         "to carry on without it, or run the launcher with --restart N to "
+                         "replace it" % (worker_id, exit_info["pid"],
+                                         "failed: %s" % exit_info["error"]
+                                         if "error" in exit_info
+                                         else "died without saying it was done"))
 
     def all_done(self):
         """True once the expected workers have registered and all have said they are done
@@ -269,15 +288,15 @@ class Controller:
         self._next_tick = now + self.liveness_interval_s
         for record in list(self._workers.values()):
             if not record.done and record.local and record.pid and not pid_alive(record.pid):
-                self._worker_died(record, now)
+                self._worker_died(record, {"pid": record.pid,
+                                           "detected_after_s": self.liveness_interval_s})
         if (self.checkpoint_every_s and self.checkpoint_path and self._res.centre is not None
                 and now - self._checkpointed >= self.checkpoint_every_s):
             self.checkpoint()
 
-    def _worker_died(self, record, now):
-        exit_info = {"pid": record.pid, "detected_after_s": self.liveness_interval_s}
-        log.error("worker %d (pid %d) died without saying it was done", record.worker_id,
-                  record.pid)
+    def _worker_died(self, record, exit_info):
+        log.error("worker %d (pid %s) failed: %s", record.worker_id, record.pid,
+                  exit_info.get("error", "exited without saying it was done"))
         record.dead = True
         if self.restarts_left > 0:
             self.restarts_left -= 1
@@ -322,7 +341,8 @@ class Controller:
     def _report(self, wid, info):
         if not isinstance(info, dict):
             raise ProtocolError("platoon-report needs an object with minibatches, syncs, metrics")
-        minibatches, syncs, metrics = info.get("minibatches"), info.get("syncs"), info.get("metrics")
+        minibatches, syncs = info.get("minibatches"), info.get("syncs")
+        metrics = info.get("metrics")
         if not isinstance(minibatches, int) or not isinstance(syncs, int) or minibatches < 0:
             raise ProtocolError("platoon-report: minibatches and syncs must be integers >= 0")
         self.add_progress(wid, minibatches, syncs, **(metrics if isinstance(metrics, dict) else {}))
@@ -422,8 +442,12 @@ class Controller:
             self._barrier_waiting[wid] = (envelope, request.seq)
             self._release_barrier()
         elif request.req == protocol.DONE:
-            self._done(record)
+            info = request.req_info if isinstance(request.req_info, dict) else {}
             self._send(envelope, request.seq, None)
+            if info.get("error") and not record.done:
+                self._worker_died(record, {"pid": record.pid, "error": str(info["error"])})
+            else:
+                self._done(record)
         elif request.req == protocol.REPORT:
             self._report(wid, request.req_info)
             self._send(envelope, request.seq, None)
@@ -628,7 +652,7 @@ def _exit_on_sigterm():
 
 
 def main():
-    """`python -m platoon.controller`: the default controller, serving until all workers are done."""
+    """`python -m platoon.controller`: the default controller; serves until all workers are done."""
     with Controller() as ctl:
         if ctl.control_port is None:
             ctl.init_control(0)

@@ -24,6 +24,7 @@ import sys
 import time
 
 from .environment import JobEnvironment
+from .security import generate_keys
 from .shmem import SEGMENT_PREFIX
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,9 @@ def parse_args(argv):
                         "(it is always written when the controller stops)")
     parser.add_argument("--resume", metavar="DIR",
                         help="start the centre from a checkpoint (a log directory or .npz)")
+    parser.add_argument("--curve", action="store_true",
+                        help="authenticate every connection with CURVE keys made for this job "
+                        "(written 0600 to LOG_DIR/curve_keys.json)")
     parser.add_argument("--log-level", default=os.environ.get("PLATOON_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
     if args.workers < 1:
@@ -199,6 +203,7 @@ class Launch:
         self._status_shown = 0.0
         self._status_len = 0
         self.restarts_left = args.restart
+        self.keys_file = None
         self._failed = set()
 
     # -- output --
@@ -243,7 +248,7 @@ class Launch:
         env = dict(os.environ, PLATOON_LAUNCHER_PID=str(os.getpid()),
                    PLATOON_LOG_LEVEL=self.args.log_level, PYTHONUNBUFFERED="1")
         env.update(JobEnvironment(job_id=self.job_id, status_file=self.status_file,
-                                  **settings).to_env())
+                                  keys_file=self.keys_file, **settings).to_env())
         return env
 
     def start_controller(self, script):
@@ -315,6 +320,8 @@ class Launch:
         self.devices = devices = plan_devices(self.args, self.say)
         self.num_workers = len(devices)
         os.makedirs(self.log_dir, exist_ok=True)
+        if self.args.curve:
+            self.keys_file = generate_keys(os.path.join(self.log_dir, "curve_keys.json"))
         self.say("job %s: logs in %s" % (self.job_id, self.log_dir))
         ready = self.start_controller(controller_script)
         if ready is None:

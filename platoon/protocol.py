@@ -124,7 +124,10 @@ def encode_error(seq, exc_type, message, traceback=""):
 
 
 def decode_reply(payload):
-    """Return ``(seq, result)``; raises RemoteError for an error reply, ProtocolError for garbage."""
+    """``(seq, result)``, where result is a RemoteError for an error reply.
+
+    Raises ProtocolError for garbage.
+    """
     msg = _loads(payload, "reply")
     if not isinstance(msg, dict) or "ok" not in msg:
         raise ProtocolError("reply is not a platoon reply object")

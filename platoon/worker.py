@@ -10,7 +10,7 @@ import weakref
 import numpy as np
 import zmq
 
-from . import adapters, protocol
+from . import adapters, protocol, security
 from .collectives import WorkerCollectives, check_op
 from .environment import JobEnvironment
 from .errors import ControllerGone, ControllerTimeout, LayoutMismatch, MinibatchTimeout, \
@@ -38,12 +38,15 @@ class Worker:
         host: the controller's address.
         timeout: seconds to wait for any reply (None: forever); a request that
             times out raises ControllerTimeout and leaves the worker usable.
+        keys_file: the job's CURVE keys when the controller requires them
+            (default: the launcher's, if any).
 
     Raises ControllerTimeout if no controller answers. Use as a context manager
     or call `close()`, which tells the controller this worker is done.
     """
 
-    def __init__(self, control_port=None, data_port=None, *, host="127.0.0.1", timeout=60.0):
+    def __init__(self, control_port=None, data_port=None, *, host="127.0.0.1", timeout=60.0,
+                 keys_file=None):
         env = JobEnvironment.read()
         if control_port is None:
             control_port = env.control_port
@@ -72,7 +75,9 @@ class Worker:
         self._mb = None
         self._coll = WorkerCollectives()
         self._coll_finalizer = weakref.finalize(self, self._coll.close)
-        self._control = self._res.socket(zmq.DEALER)
+        keys_file = keys_file or env.keys_file
+        self._keys = security.load_keys(keys_file) if keys_file else None
+        self._control = self._client_socket(zmq.DEALER)
         self._control.connect(self.control_address)
         try:
             info = self.send_req(protocol.REGISTER, {"pid": os.getpid(),
@@ -136,16 +141,17 @@ class Worker:
 
         Checked at most once a second unless `force`, so syncs stay cheap.
         """
-        if self._controller_pid is None:
-            return
         now = time.monotonic()
         if not force and now - self._controller_checked < 1.0:
             return
         self._controller_checked = now
-        if not pid_alive(self._controller_pid):
+        if not self._controller_alive():
             raise ControllerGone("the controller of job %s (pid %d, %s) has exited; worker %s "
                                  "cannot go on" % (self.job_id, self._controller_pid,
                                                    self.control_address, self.worker_id))
+
+    def _controller_alive(self):
+        return self._controller_pid is None or pid_alive(self._controller_pid)
 
     def _no_reply(self, req, timeout):
         return ControllerTimeout(
@@ -266,13 +272,16 @@ class Worker:
         self._res.centre = centre
         if reply["initialise"]:
             adapter.pull()
-        with centre.lock:
+        centre.lock.acquire(self.timeout)
+        try:
             if reply["initialise"]:
                 for c, p in zip(centre.arrays, params):
                     c[...] = p
             else:
                 for c, p in zip(centre.arrays, params):
                     p[...] = c
+        finally:
+            centre.lock.release()
         if reply["initialise"]:
             self.send_req(protocol.PARAMS_READY)
         else:
@@ -344,7 +353,7 @@ class Worker:
                                  "init_data()")
         if self._mb is not None:
             raise PlatoonError("the minibatch socket is already connected")
-        sock = self._res.socket(zmq.PULL)
+        sock = self._client_socket(zmq.PULL)
         sock.rcvhwm = 2
         sock.connect("tcp://%s:%d" % (self.host, port))
         self._mb = sock
@@ -369,19 +378,32 @@ class Worker:
 
     # -- teardown --
 
+    def _client_socket(self, kind):
+        sock = self._res.socket(kind)
+        if self._keys is not None:
+            security.make_client(sock, self._keys)
+        return sock
+
     def _check_open(self):
         if self._closed:
             raise PlatoonError("worker %s is closed" % self.worker_id)
 
-    def close(self):
-        """Tell the controller this worker is done, then release everything. Idempotent."""
+    def close(self, error=None):
+        """Tell the controller this worker is done, then release everything. Idempotent.
+
+        With `error` (a message), the worker tells the controller it failed
+        instead; the controller handles that as the worker's death (see
+        `Controller.handle_worker_death`). Leaving a ``with`` block through an
+        exception does this.
+        """
         if self._closed:
             return
         try:
-            if self._registered:
+            if self._registered and self._controller_alive():
                 timeout = 5.0 if self.timeout is None else min(self.timeout, 5.0)
                 try:
-                    self.send_req(protocol.DONE, timeout=timeout)
+                    self.send_req(protocol.DONE, {"error": error} if error else None,
+                                  timeout=timeout)
                 except PlatoonError as exc:
                     log.warning("worker %d could not tell the controller it is done: %s",
                                 self.worker_id, exc)
@@ -394,5 +416,8 @@ class Worker:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None or issubclass(exc_type, (ControllerGone, ControllerTimeout)):
+            self.close()
+        else:
+            self.close(error="%s: %s" % (exc_type.__name__, exc))

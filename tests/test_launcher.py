@@ -180,3 +180,36 @@ def test_workers_die_with_a_killed_launcher(launched):
     os.kill(launch.popen.pid, signal.SIGKILL)
     launch.popen.wait(10)
     assert_job_gone(job_id)  # PDEATHSIG: each child gets SIGTERM and cleans up
+
+
+def test_restart_replaces_a_crashed_worker_and_the_job_completes(tmp_path):
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "crash"), "-n", "2",
+                                          "--restart", "1"), tmp_path)
+    assert code == 0, out
+    assert re.search(r"worker\d failed \(exit code 1\); starting a replacement", out), out
+    assert "job finished: 2 worker(s) done, 1 failed" in out
+    assert list((tmp_path / "logs").glob("worker*.restart1.log"))
+    assert_job_gone(job_id_of(out))
+
+
+def test_resume_starts_from_the_saved_centre(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"), "-n", "2"),
+                             first)
+    assert code == 0, out
+    saved = first / "logs" / "centre.npz"
+    assert saved.exists()
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"), "-n", "2",
+                                          "--resume", str(first / "logs")), second)
+    assert code == 0, out
+    assert "centre initialised from checkpoint" in (second / "logs" / "controller.log").read_text()
+
+
+def test_keep_going_lets_the_controller_carry_on(tmp_path):
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "tolerant"), "-n", "2",
+                                          "--keep-going"), tmp_path)
+    assert code == 0, out
+    assert "carrying on without it (--keep-going)" in out
+    assert "SURVIVED the loss of worker 1: RuntimeError: deliberate crash in worker 1" in out
