@@ -3,21 +3,23 @@
 Everything that imports mpi4py lives here, and imports it lazily: platoon
 works without it on one node. Run one controller per node with::
 
-    mpiexec -n NODES python -m platoon.mpi --workers N [--controller MOD:CLASS]
-        [--tie-every-s S --tie-beta B] -- WORKER_COMMAND...
+    mpiexec -n NODES python -m platoon.mpi --workers N [--controller SCRIPT.py | MOD:CLASS]
+        [--tie-every-s S] [--tie-every-syncs K] [--tie-beta B] -- WORKER_COMMAND...
 
-Each rank creates the controller, starts N workers (``WORKER_COMMAND`` with the
-``PLATOON_*`` variables of `platoon.environment`), serves them, and links to the
-other ranks with a `NodeLink`: all_reduce and barrier span the job, every
-worker learns its global rank, and an optional `CentreTie` keeps the node
-centres elastically tied (hierarchical EASGD).
+Each rank (`run_node`) sets the ``PLATOON_*`` environment and runs the
+controller (a script as platoon-launcher runs it, or a class); the Controller
+sees PLATOON_MPI_NODE and takes this rank's `NodeLink`. Once it serves, the
+rank starts N workers running WORKER_COMMAND. Through the link, all_reduce
+and barrier span the job, every worker learns its global rank, and an
+optional `CentreTie` keeps the node centres elastically tied (hierarchical
+EASGD).
 
 A failure anywhere ends the job: a worker that exits non-zero or a controller
 error makes the rank call MPI_Abort; a rank that dies makes ``mpiexec`` kill
 the others; a `platoon.reaper` per rank then stops that rank's workers and
 unlinks its shared memory.
 
-MPI calls of the controller run in its serve thread (collectives, which block
+The controller's MPI calls run in its serve thread (collectives, which block
 it only while all of the node's workers wait in that collective anyway) and
 in the tie thread, on separate duplicated communicators; this needs
 MPI_THREAD_MULTIPLE, which mpi4py requests by default.
@@ -115,9 +117,9 @@ class NodeLink:
         comm: the communicator with one rank per node (default COMM_WORLD).
         tie: a CentreTie, or None for independent node centres.
 
-    Collective: every rank must create it. Set it as ``controller.node_link``
-    before serving, then call `start(controller)`; `close()` ends the tie
-    (collectively) and frees the communicators.
+    Collective: every rank must create it. As ``controller.node_link`` it is
+    used by the controller: `start` when serve() begins, `finish` when it
+    ends; `close()` then frees the communicators.
     """
 
     def __init__(self, num_workers, comm=None, tie=None):
