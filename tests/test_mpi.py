@@ -118,9 +118,9 @@ def test_workers_calling_different_collectives_get_an_error_not_a_hang(mpi_job):
                      "('barrier',); node 1: ('all_reduce', '<f8', 3, 'sum')") == 4, job.output
 
 
-@pytest.mark.parametrize("how", ["controller killed", "worker fails"])
+@pytest.mark.parametrize("how", ["controller killed", "worker fails", "mpiexec terminated"])
 def test_a_failure_on_one_node_ends_the_job_everywhere(mpi_job, how):
-    job = mpi_job("forever" if how == "controller killed" else "fail")
+    job = mpi_job("fail" if how == "worker fails" else "forever")
     job.wait_for_count("READY", 4)
     job_id = job.job_id()
     workers = [int(re.search(r"READY node %d worker %d .* pid (\d+)\)" % (g // 2, g % 2),
@@ -130,6 +130,8 @@ def test_a_failure_on_one_node_ends_the_job_everywhere(mpi_job, how):
     if how == "controller killed":
         os.kill(int(re.search(r"node 1 of 2, controller pid (\d+)", job.output).group(1)),
                 signal.SIGKILL)
+    elif how == "mpiexec terminated":
+        job.popen.terminate()
     assert job.wait(20) != 0, job.output
     elapsed = time.monotonic() - start
     assert elapsed < 10, "the job took %.1f s to end" % elapsed
