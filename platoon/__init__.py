@@ -10,6 +10,9 @@ from .errors import (ControllerGone, ControllerTimeout, LayoutMismatch, LockTime
                      MinibatchTimeout, PlatoonError, PortInUse, ProtocolError, RemoteError,
                      ServeTimeout, WorkerDied)
 from .rules import ASGD, EASGD, ParamSyncRule
+from .collectives import average_gradients
+from .downpour import SGD, Adam, Downpour
+from .sharding import shard
 from .worker import Worker
 
 __version__ = "0.1.0"
@@ -19,4 +22,5 @@ __all__ = [
     "PlatoonError", "ControllerTimeout", "LockTimeout", "ServeTimeout", "MinibatchTimeout",
     "ProtocolError", "RemoteError", "LayoutMismatch", "PortInUse", "WorkerDied",
     "ControllerGone",
+    "Downpour", "SGD", "Adam", "average_gradients", "shard",
 ]

@@ -21,6 +21,7 @@ import zmq
 
 from . import protocol, security
 from .checkpoint import load as load_checkpoint, save as save_checkpoint
+from .collectives import NodeCollectives
 from .environment import JobEnvironment
 from .errors import LayoutMismatch, MinibatchTimeout, PlatoonError, PortInUse, ProtocolError, \
     ServeTimeout, WorkerDied
@@ -144,6 +145,13 @@ class Controller:
         elif not security.is_loopback(host):
             log.warning("controller binds %s without authentication: anyone who can reach this "
                         "machine can join the job; use keys (platoon-launcher --curve)", host)
+        # Collectives and multi-node (platoon.collectives, platoon.mpi)
+        self.node_link = None  # a platoon.mpi.NodeLink when the job spans nodes
+        self._collectives = NodeCollectives(self)
+        self._collectives_finalizer = weakref.finalize(self, self._collectives.close)
+        if os.environ.get("PLATOON_MPI_NODE"):  # run by `python -m platoon.mpi`: join the job
+            from .mpi import node_link_for
+            self.node_link = node_link_for(self)
         if control_port is not None:
             self.init_control(control_port)
         if data_port is not None:
@@ -251,6 +259,8 @@ class Controller:
         deadline = None if timeout is None else time.monotonic() + timeout
         restore = _exit_on_sigterm()
         self._announce_ready()
+        if self.node_link is not None:
+            self.node_link.start(self)  # the centre tie, if any
         try:
             while not self.all_done():
                 now = time.monotonic()
@@ -271,6 +281,8 @@ class Controller:
                         "serve() timed out after %.3g s with %d worker(s) registered, %d done"
                         % (timeout, len(self._workers),
                            sum(r.done for r in self._workers.values())))
+            if self.node_link is not None:
+                self.node_link.finish()  # waits for the other nodes to be done too
         finally:
             try:
                 if self._res.centre is not None and self.checkpoint_path:
@@ -323,8 +335,9 @@ class Controller:
         if not path:
             raise PlatoonError("no checkpoint path: pass checkpoint_path to the Controller")
         arrays = self.snapshot_centre()
+        states = self._collectives.snapshot_states(self._res.centre.lock)
         save_checkpoint(path, arrays, {"job_id": self.job_id, "time": time.time(),
-                                       "layout": self._res.centre.layout})
+                                       "layout": self._res.centre.layout}, states)
         self._checkpointed = time.monotonic()
         log.info("centre checkpointed to %s", path)
         return path
@@ -462,6 +475,12 @@ class Controller:
         elif request.req == protocol.REPORT:
             self._report(wid, request.req_info)
             self._send(envelope, request.seq, None)
+        elif request.req == protocol.ALLREDUCE:
+            self._collectives.join(envelope, request.seq, wid, request.req_info)
+        elif request.req == protocol.ALLREDUCE_SETUP:
+            self._send(envelope, request.seq, self._collectives.setup(wid, request.req_info))
+        elif request.req == protocol.INIT_STATE:
+            self._send(envelope, request.seq, self._collectives.state(request.req_info))
         else:
             raise ProtocolError("unknown reserved request %r; names starting with %r belong to "
                                 "platoon, pick another name" % (request.req,
@@ -502,9 +521,12 @@ class Controller:
             self._workers[record.worker_id] = record
             self._by_identity[identity] = record
             log.info("worker %d registered (pid %s)", record.worker_id, pid)
-        return {"worker_id": record.worker_id, "is_first": record.worker_id == 0,
-                "job_id": self.job_id, "num_workers": self.num_workers,
-                "controller_pid": os.getpid(), "controller_host": _HOSTNAME}
+        reply = {"worker_id": record.worker_id, "is_first": record.worker_id == 0,
+                 "job_id": self.job_id, "num_workers": self.num_workers,
+                 "controller_pid": os.getpid(), "controller_host": _HOSTNAME}
+        if self.node_link is not None:
+            reply.update(self.node_link.topology(record.worker_id))
+        return reply
 
     def _running(self):
         return sum(not r.done for r in self._workers.values())
@@ -566,6 +588,7 @@ class Controller:
         log.info("worker %d is done", record.worker_id)
         self._barrier_waiting.pop(record.worker_id, None)
         self._release_barrier()
+        self._collectives.worker_left(record.worker_id)
         if record.worker_id == self._initialiser and not self._centre_ready:
             # The initialising worker left before writing: the next waiting one takes over.
             self._initialiser = None
@@ -583,6 +606,13 @@ class Controller:
         not_registered = max(0, (self.num_workers or 0) - len(self._workers)) + len(self._awaiting)
         if len(self._barrier_waiting) >= self._running() + not_registered:
             waiting, self._barrier_waiting = self._barrier_waiting, {}
+            if self.node_link is not None:
+                try:
+                    self.node_link.barrier()  # the whole job, across nodes
+                except PlatoonError as exc:
+                    for envelope, seq in waiting.values():
+                        self._send_error(envelope, seq, exc)
+                    return
             for envelope, seq in waiting.values():
                 self._send(envelope, seq, None)
 
@@ -622,8 +652,14 @@ class Controller:
 
     # -- teardown --
 
+    @property
+    def shared_states(self):
+        """Shared state segments (a Downpour optimizer's) as {name: [numpy arrays]}."""
+        return self._collectives.states
+
     def close(self):
         """Close the sockets and unlink the shared centre. Idempotent."""
+        self._collectives_finalizer()
         self._finalizer()
 
     def __enter__(self):

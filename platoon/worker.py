@@ -13,6 +13,7 @@ import numpy as np
 import zmq
 
 from . import adapters, protocol, security
+from .collectives import WorkerCollectives, check_op
 from .environment import JobEnvironment
 from .errors import ControllerGone, ControllerTimeout, LayoutMismatch, MinibatchTimeout, \
     PlatoonError, RemoteError
@@ -75,6 +76,8 @@ class Worker:
         self._rule = None
         self._adapter = None
         self._mb = None
+        self._coll = WorkerCollectives()
+        self._coll_finalizer = weakref.finalize(self, self._coll.close)
         keys_file = keys_file or env.keys_file
         self._keys = security.load_keys(keys_file) if keys_file else None
         self._control = self._client_socket(zmq.DEALER)
@@ -87,6 +90,7 @@ class Worker:
             self.worker_id = info["worker_id"]
             self.is_first = info["is_first"]
             self.job_id = info["job_id"]
+            self._set_topology(info)
             self._registered = True
             if data_port is not None:
                 self.init_mb_sock(data_port)
@@ -189,6 +193,63 @@ class Worker:
                 pass  # the controller is unreachable: nobody passes the barrier anyway
             raise
 
+    # -- topology and collectives (platoon.collectives, platoon.mpi) --
+
+    def _set_topology(self, info):
+        self.local_rank = self.worker_id
+        self.local_size = info.get("num_workers") or 1
+        self.global_rank = info.get("global_rank", self.local_rank)
+        self.global_size = info.get("global_size", self.local_size)
+        self.node_rank = info.get("node_rank", 0)
+        self.num_nodes = info.get("num_nodes", 1)
+
+    def all_reduce(self, array, op="sum", *, out=None, timeout=_DEFAULT):
+        """Reduce `array` over every worker of the job; return the result.
+
+        `op` is "sum", "mean" (floats only), "max" or "min" (not complex). The
+        result goes into `out` (same shape and dtype) or, by default, into
+        `array` itself. Every worker must call the same all_reduces in the same
+        order. Workers of a node reduce through shared memory in worker-id
+        order, so results are identical on every worker; the controllers
+        combine nodes over MPI. Raises ValueError/TypeError for a bad op or
+        array, ControllerTimeout after `timeout` s (default: the worker's),
+        RemoteError if a worker left or the workers' ops differ.
+        """
+        self._check_open()
+        array = np.asarray(array)
+        check_op(op, array.dtype)
+        out = array if out is None else out
+        if not isinstance(out, np.ndarray) or out.shape != array.shape \
+                or out.dtype != array.dtype or not out.flags.writeable:
+            raise ValueError("all_reduce writes into a writable numpy array of the input's shape "
+                             "%s and dtype %s; got %r" % (array.shape, array.dtype, out))
+        key = (array.dtype.str, array.size)
+        entry = self._coll.reductions.get(key)
+        if entry is None:
+            reply = self.send_req(protocol.ALLREDUCE_SETUP,
+                                  {"dtype": array.dtype.str, "count": array.size})
+            seg = self._coll.attach(reply["segment"], [
+                {"dtype": array.dtype.str, "shape": [reply["slots"] + 1, array.size]}])
+            buf = seg.arrays[0]
+            entry = self._coll.reductions[key] = (reply["segment"], buf[reply["slot"]],
+                                                  buf[reply["slots"]])
+        name, mine, result = entry
+        np.copyto(mine.reshape(array.shape), array)
+        self.send_req(protocol.ALLREDUCE, {"segment": name, "op": op}, timeout=timeout)
+        np.copyto(out, result.reshape(array.shape))
+        return out
+
+    def shared_state(self, name, layout):
+        """Zero-initialised arrays in shared memory, one set per job and `name`.
+
+        `layout` is ``[{"dtype": str, "shape": [int]}]`` (see
+        `platoon.protocol.layout_of`); every worker asking for `name` gets the
+        same memory. The controller owns it (`Controller.shared_states`).
+        """
+        self._check_open()
+        reply = self.send_req(protocol.INIT_STATE, {"name": name, "layout": layout})
+        return self._coll.attach(reply["segment"], protocol.validate_layout(layout)).arrays
+
     # -- shared parameters --
 
     def init_shared_params(self, params, param_sync_rule, cleanup=False):
@@ -250,6 +311,9 @@ class Worker:
             self.send_req(protocol.PARAMS_READY)
         else:
             adapter.push()
+        bind = getattr(param_sync_rule, "bind_worker", None)
+        if bind is not None:  # rules with shared state (Downpour's optimizer)
+            bind(self)
         param_sync_rule.setup(params)
         self._adapter = adapter
         self._local = params
@@ -372,6 +436,7 @@ class Worker:
             self._closed = True
             self._local = None
             self._res.farewell = None
+            self._coll_finalizer()
             self._finalizer()
 
     def __enter__(self):
