@@ -10,24 +10,15 @@ from dataclasses import dataclass
 from typing import Optional
 
 
-def _int(name):
+def _number(name, kind=int):
     text = os.environ.get(name, "")
     if not text:
         return None
     try:
-        return int(text)
+        return kind(text)
     except ValueError:
-        raise ValueError("environment variable %s=%r is not an integer" % (name, text)) from None
-
-
-def _float(name):
-    text = os.environ.get(name, "")
-    if not text:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError("environment variable %s=%r is not a number" % (name, text)) from None
+        raise ValueError("environment variable %s=%r is not %s" % (
+            name, text, "an integer" if kind is int else "a number")) from None
 
 
 @dataclass(frozen=True)
@@ -52,17 +43,17 @@ class JobEnvironment:
     def read(cls):
         """The settings in this process's environment."""
         return cls(
-            control_port=_int("PLATOON_CONTROL_PORT"),
-            data_port=_int("PLATOON_DATA_PORT"),
+            control_port=_number("PLATOON_CONTROL_PORT"),
+            data_port=_number("PLATOON_DATA_PORT"),
             job_id=os.environ.get("PLATOON_JOB_ID") or None,
-            num_workers=_int("PLATOON_NUM_WORKERS"),
+            num_workers=_number("PLATOON_NUM_WORKERS"),
             device=os.environ.get("PLATOON_DEVICE") or None,
-            worker_index=_int("PLATOON_WORKER_INDEX"),
+            worker_index=_number("PLATOON_WORKER_INDEX"),
             status_file=os.environ.get("PLATOON_STATUS_FILE") or None,
-            ready_fd=_int("PLATOON_READY_FD"),
-            restarts=_int("PLATOON_RESTARTS"),
+            ready_fd=_number("PLATOON_READY_FD"),
+            restarts=_number("PLATOON_RESTARTS"),
             checkpoint_path=os.environ.get("PLATOON_CHECKPOINT_PATH") or None,
-            checkpoint_every_s=_float("PLATOON_CHECKPOINT_EVERY_S"),
+            checkpoint_every_s=_number("PLATOON_CHECKPOINT_EVERY_S", float),
             resume_from=os.environ.get("PLATOON_RESUME_FROM") or None,
             keys_file=os.environ.get("PLATOON_KEYS_FILE") or None,
         )

@@ -38,6 +38,24 @@ class Adapter:
         return self._params
 
 
+class StagedAdapter(Adapter):
+    """Device arrays mirrored in page-locked host buffers: one copy each way per sync."""
+
+    def __init__(self, params, staging, download, upload):
+        super().__init__(params, staging)
+        self._download = download  # download(device_array, host_buffer)
+        self._upload = upload      # upload(device_array, host_buffer)
+
+    def pull(self, params=None):
+        super().pull(params)
+        for host, p in zip(self.arrays, self._params):
+            self._download(p, host)
+
+    def push(self):
+        for host, p in zip(self.arrays, self._params):
+            self._upload(p, host)
+
+
 def _framework(obj):
     """Which adapter module handles `obj`, judged by its type's module, without importing any."""
     module = type(obj).__module__ or ""

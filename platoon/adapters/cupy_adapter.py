@@ -2,22 +2,10 @@
 
 import cupyx
 
-from . import Adapter
-
-
-class CupyAdapter(Adapter):
-    def __init__(self, params):
-        super().__init__(params, [cupyx.empty_pinned(p.shape, p.dtype) for p in params])
-
-    def pull(self, params=None):
-        super().pull(params)
-        for host, p in zip(self.arrays, self._params):
-            p.get(out=host)
-
-    def push(self):
-        for host, p in zip(self.arrays, self._params):
-            p.set(host)
+from . import StagedAdapter
 
 
 def adapt(params):
-    return CupyAdapter(params)
+    return StagedAdapter(params, [cupyx.empty_pinned(p.shape, p.dtype) for p in params],
+                         download=lambda p, host: p.get(out=host),
+                         upload=lambda p, host: p.set(host))

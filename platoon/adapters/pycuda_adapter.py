@@ -2,22 +2,10 @@
 
 import pycuda.driver as cuda
 
-from . import Adapter
-
-
-class PycudaAdapter(Adapter):
-    def __init__(self, params):
-        super().__init__(params, [cuda.pagelocked_empty(p.shape, p.dtype) for p in params])
-
-    def pull(self, params=None):
-        super().pull(params)
-        for host, p in zip(self.arrays, self._params):
-            p.get(ary=host)
-
-    def push(self):
-        for host, p in zip(self.arrays, self._params):
-            p.set(host)
+from . import StagedAdapter
 
 
 def adapt(params):
-    return PycudaAdapter(params)
+    return StagedAdapter(params, [cuda.pagelocked_empty(p.shape, p.dtype) for p in params],
+                         download=lambda p, host: p.get(ary=host),
+                         upload=lambda p, host: p.set(host))
