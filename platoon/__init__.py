@@ -7,14 +7,16 @@ and periodically syncs them with the centre under a `ParamSyncRule`.
 
 from .controller import Controller
 from .errors import (ControllerTimeout, LayoutMismatch, LockTimeout, MinibatchTimeout,
-                     PlatoonError, PortInUse, ProtocolError, RemoteError, ServeTimeout)
+                     PlatoonError, PortInUse, ProtocolError, RemoteError, ServeTimeout,
+                     SyncTimeout)
+from .exchange import SyncHandle, SyncStats
 from .rules import ASGD, EASGD, ParamSyncRule
 from .worker import Worker
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Controller", "Worker", "ParamSyncRule", "EASGD", "ASGD",
+    "Controller", "Worker", "ParamSyncRule", "EASGD", "ASGD", "SyncHandle", "SyncStats",
     "PlatoonError", "ControllerTimeout", "LockTimeout", "ServeTimeout", "MinibatchTimeout",
-    "ProtocolError", "RemoteError", "LayoutMismatch", "PortInUse",
+    "ProtocolError", "RemoteError", "LayoutMismatch", "PortInUse", "SyncTimeout",
 ]

@@ -4,9 +4,15 @@ Layout of a segment: a 4 KiB header (magic, owner pid, payload size, number of
 parameters), then each parameter's bytes, 64-byte aligned, in registration
 order. Both sides derive the offsets from the parameter layout alone.
 
-The lock is an open-file-description byte-range lock (``F_OFD_SETLK``) on the
-segment's file descriptor: the kernel drops it when its holder dies, so a
-worker killed while syncing never leaves the others blocked.
+The payload is also cut into stripes (`stripe_ranges`, derived from the layout
+alone): element ranges of about equal size, each with its own lock, so workers
+update different stripes at the same time.
+
+Locks are open-file-description byte-range locks (``F_OFD_SETLK``): the kernel
+drops them when their holder dies, so a worker killed while syncing never
+leaves the others blocked. Stripe k locks byte 1 + k through one open file
+description; the whole-centre lock covers bytes 0 .. stripes through another, so
+it excludes every stripe, also between the threads of one process.
 """
 
 import errno
@@ -30,6 +36,9 @@ HEADER = struct.Struct("<8sqqq")  # magic, owner pid, payload bytes, number of p
 HEADER_BYTES = 4096
 ALIGN = 64
 SEGMENT_PREFIX = "/platoon-"
+MAX_STRIPES = 64
+MIN_STRIPE_BYTES = 1 << 20  # smaller stripes cost more in lock calls than they gain
+STRIPE_ALIGN_ELEMENTS = 16  # stripes of float32 never share a 64-byte cache line
 
 
 def segment_name(job_id):
@@ -45,6 +54,34 @@ def param_offsets(layout):
         nbytes = int(np.prod(entry["shape"], dtype=np.int64)) * np.dtype(entry["dtype"]).itemsize
         pos += -(-nbytes // ALIGN) * ALIGN
     return offsets, max(pos, HEADER_BYTES + ALIGN)
+
+
+def stripe_ranges(layout, max_stripes=MAX_STRIPES, min_bytes=MIN_STRIPE_BYTES):
+    """Cut a layout's payload into stripes of about equal bytes.
+
+    Returns a list of stripes, each a list of ``(param_index, start, stop)``
+    ranges of flat element indices; together they cover every element once.
+    """
+    sizes = [(int(np.prod(e["shape"], dtype=np.int64)), np.dtype(e["dtype"]).itemsize)
+             for e in layout]
+    total = sum(n * size for n, size in sizes)
+    count = int(max(1, min(max_stripes, total // min_bytes)))
+    stripes = [[] for _ in range(count)]
+    pos = 0
+    for index, (n, size) in enumerate(sizes):
+        start = 0
+        while start < n:
+            k = min(count - 1, (pos + start * size) * count // total)
+            if k == count - 1:
+                stop = n
+            else:  # up to the stripe's end byte, rounded up to whole aligned elements
+                end = -(-(k + 1) * total // count)
+                stop = -(-(end - pos) // size)
+                stop = min(n, -(-stop // STRIPE_ALIGN_ELEMENTS) * STRIPE_ALIGN_ELEMENTS)
+            stripes[k].append((index, start, stop))
+            start = stop
+        pos += n * size
+    return [s for s in stripes if s] or [[]]
 
 
 class CentreLock:
@@ -119,6 +156,26 @@ class CentreLock:
         self._owner = me
         self._depth = 1
 
+    def try_acquire(self):
+        """Take the lock if nobody holds it; True if taken. Never waits."""
+        me = threading.get_ident()
+        if self._owner == me:
+            self._depth += 1
+            return True
+        if not self._thread_lock.acquire(blocking=False):
+            return False
+        try:
+            taken = self._try_range(blocking=False)
+        except BaseException:
+            self._thread_lock.release()
+            raise
+        if not taken:
+            self._thread_lock.release()
+            return False
+        self._owner = me
+        self._depth = 1
+        return True
+
     def release(self):
         if self._owner != threading.get_ident():
             raise PlatoonError("unlock() called by a thread that does not hold the centre's lock; "
@@ -166,7 +223,14 @@ class SharedCentre:
         self.arrays = [
             np.ndarray(tuple(e["shape"]), np.dtype(e["dtype"]), buffer=self._map, offset=off)
             for e, off in zip(layout, offsets)]
-        self.lock = CentreLock(shm.fd, self.name)
+        self.stripes = stripe_ranges(layout)
+        self.lock = CentreLock(shm.fd, self.name, 0, 1 + len(self.stripes))
+        # A second open file description, so stripe locks and the whole-centre lock
+        # exclude each other even between threads of this process.
+        self._stripe_shm = posix_ipc.SharedMemory(shm.name)
+        self.stripe_locks = [CentreLock(self._stripe_shm.fd, "%s stripe %d" % (self.name, k),
+                                        1 + k, 1)
+                             for k in range(len(self.stripes))]
         self._closed = False
 
     @classmethod
@@ -212,6 +276,7 @@ class SharedCentre:
         self.arrays = []
         self._map = None
         self._shm.close_fd()
+        self._stripe_shm.close_fd()
 
     def unlink(self):
         """Remove the segment's name (owner only); mappings that exist stay valid."""

@@ -12,6 +12,7 @@ import zmq
 from . import protocol
 from .errors import ControllerTimeout, LayoutMismatch, MinibatchTimeout, PlatoonError, \
     RemoteError
+from .exchange import Exchange
 from .rules import ParamSyncRule
 from .resources import Resources
 from .shmem import SharedCentre
@@ -54,6 +55,7 @@ class Worker:
         self._sync_lock = threading.Lock()
         self._local = None
         self._rule = None
+        self._exchange = None
         self._mb = None
         self._control = self._res.socket(zmq.DEALER)
         self._control.connect(self.control_address)
@@ -172,6 +174,7 @@ class Worker:
         param_sync_rule.setup(params)
         self._local = params
         self._rule = param_sync_rule
+        self._exchange = Exchange(param_sync_rule, params, centre, self.worker_id, self.timeout)
 
     @property
     def shared_params(self):
@@ -180,24 +183,44 @@ class Worker:
         return None if centre is None else centre.arrays
 
     def sync_params(self, synchronous=True):
-        """Apply the sync rule between this worker's parameters and the centre.
+        """Apply the sync rule between this worker's parameters and the centre, in place.
 
-        With synchronous=True (the default) the centre's lock is held during the
-        update (waiting at most the worker's timeout, else LockTimeout); with
-        False the caller is responsible for locking (see `lock`).
+        With synchronous=True (the default) each stripe of the centre is
+        updated under its own lock (waiting at most the worker's timeout, else
+        LockTimeout); rules that are not elementwise, and a caller holding
+        `lock()`, update the whole centre under the whole lock. With False the
+        caller is responsible for locking (see `lock`).
         """
         if self._local is None:
             raise PlatoonError("call init_shared_params() before sync_params()")
-        centre = self._res.centre
         with self._sync_lock:
             if synchronous:
-                centre.lock.acquire(self.timeout)
-                try:
-                    self._rule.update_params(self._local, centre.arrays)
-                finally:
-                    centre.lock.release()
+                self._exchange.sync()
             else:
-                self._rule.update_params(self._local, centre.arrays)
+                self._rule.update_params(self._local, self._res.centre.arrays)
+
+    def start_sync(self):
+        """Start a sync in a background thread; returns a SyncHandle: call its `wait()`.
+
+        The parameters are copied (a snapshot) before this returns; until
+        `wait()` platoon does not touch them, so the worker may go on computing
+        and updating them. `wait()` applies the sync's effect on top of those
+        updates: EASGD ``x += -alpha * (x_snap - c)``, ASGD
+        ``x = c_new + (x - x_snap)``, where ``x_snap`` is the snapshot and ``c``
+        each stripe of the centre when it was pushed. When the parameters did
+        not change in between, the result equals `sync_params()` bit for bit.
+        One sync at a time: raises PlatoonError while one is in flight, TypeError
+        for rules without push/pull.
+        """
+        if self._local is None:
+            raise PlatoonError("call init_shared_params() before start_sync()")
+        with self._sync_lock:
+            return self._exchange.start()
+
+    @property
+    def sync_stats(self):
+        """A SyncStats: sync count and lock hold/wait times (None before init)."""
+        return None if self._exchange is None else self._exchange.stats
 
     def lock(self, timeout=None):
         """Take the centre's lock (seconds, None: forever); raises LockTimeout."""
@@ -260,6 +283,8 @@ class Worker:
                     log.warning("worker %d could not tell the controller it is done: %s",
                                 self.worker_id, exc)
         finally:
+            if self._exchange is not None:
+                self._exchange.close(timeout=30.0 if self.timeout is None else self.timeout)
             self._closed = True
             self._local = None
             self._finalizer()
