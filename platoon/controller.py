@@ -7,8 +7,11 @@ initialised), which is why the socket is a ROUTER and not a REP.
 """
 
 import logging
+import os
 import secrets
+import shutil
 import signal
+import tempfile
 import threading
 import time
 import traceback
@@ -60,6 +63,10 @@ class Controller:
         num_workers: if given, `serve` returns only once that many workers have
             registered and all are done, and barriers wait for all of them.
         host: interface to bind; 127.0.0.1 unless the job spans machines.
+        transport: "tcp", or "ipc" for Unix-domain sockets (one machine only, faster):
+            pass port 0, and give workers `control_address` / `data_address`
+            instead of ports; the socket files live in a private temporary
+            directory removed by `close`.
         job_id: unique id of the job (names its shared memory); random by default.
         max_request_bytes: larger control requests get an error reply.
 
@@ -68,7 +75,10 @@ class Controller:
     """
 
     def __init__(self, control_port=None, data_port=None, *, num_workers=None, host="127.0.0.1",
-                 job_id=None, max_request_bytes=protocol.DEFAULT_MAX_REQUEST_BYTES):
+                 job_id=None, max_request_bytes=protocol.DEFAULT_MAX_REQUEST_BYTES,
+                 transport="tcp"):
+        if transport not in ("tcp", "ipc"):
+            raise ValueError("transport must be 'tcp' or 'ipc', got %r" % (transport,))
         if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 1):
             raise ValueError("num_workers must be a positive integer or None, got %r"
                              % (num_workers,))
@@ -76,8 +86,12 @@ class Controller:
         self.host = host
         self.num_workers = num_workers
         self.max_request_bytes = max_request_bytes
+        self.transport = transport
         self.control_port = None
         self.data_port = None
+        self.control_address = None  # the endpoint workers connect to, e.g. tcp://127.0.0.1:5567
+        self.data_address = None
+        self._ipc_dir = None
         self._res = Resources()
         self._finalizer = weakref.finalize(self, self._res.close)
         self._control = None
@@ -103,13 +117,12 @@ class Controller:
         sock = self._res.socket(zmq.ROUTER)
         sock.setsockopt(zmq.MAXMSGSIZE, 16 * self.max_request_bytes)
         try:
-            self.control_port = _bind(sock, self.host, port)
+            self.control_port, self.control_address = self._bind(sock, port, "control")
         except PlatoonError:
             sock.close()
             raise
         self._control = sock
-        log.info("controller of job %s listening on tcp://%s:%d", self.job_id, self.host,
-                 self.control_port)
+        log.info("controller of job %s listening on %s", self.job_id, self.control_address)
         return self.control_port
 
     def init_data(self, port, hwm=10):
@@ -119,12 +132,30 @@ class Controller:
         sock = self._res.socket(zmq.PUSH)
         sock.sndhwm = hwm
         try:
-            self.data_port = _bind(sock, self.host, port)
+            self.data_port, self.data_address = self._bind(sock, port, "data")
         except PlatoonError:
             sock.close()
             raise
         self._data = sock
         return self.data_port
+
+    def _bind(self, sock, port, name):
+        """Bind on the controller's transport; returns (port or None, endpoint)."""
+        if self.transport == "tcp":
+            port = _bind(sock, self.host, port)
+            return port, "tcp://%s:%d" % (self.host, port)
+        if port:
+            raise ValueError("with transport='ipc' the controller picks its socket paths: pass "
+                             "port 0, and give workers controller.%s_address" % name)
+        if self._ipc_dir is None:
+            self._ipc_dir = tempfile.mkdtemp(prefix="platoon-%s-" % self.job_id)  # mode 0700
+            self._ipc_cleanup = weakref.finalize(self, shutil.rmtree, self._ipc_dir, True)
+        address = "ipc://%s" % os.path.join(self._ipc_dir, name)
+        try:
+            sock.bind(address)
+        except zmq.ZMQError as exc:
+            raise PlatoonError("cannot listen on %s: %s" % (address, exc)) from None
+        return None, address
 
     # -- the user's part --
 
@@ -360,8 +391,8 @@ class Controller:
         with self._data_lock:
             wait_ms = None if timeout is None else int(timeout * 1000)
             if not self._data.poll(wait_ms, zmq.POLLOUT):
-                raise MinibatchTimeout("no worker took a minibatch from tcp://%s:%d within %.3g s"
-                                       % (self.host, self.data_port, timeout))
+                raise MinibatchTimeout("no worker took a minibatch from %s within %.3g s"
+                                       % (self.data_address, timeout))
             self._data.send_multipart(frames, copy=copy)
 
     # -- teardown --
@@ -369,6 +400,8 @@ class Controller:
     def close(self):
         """Close the sockets and unlink the shared centre. Idempotent."""
         self._finalizer()
+        if self._ipc_dir is not None:
+            self._ipc_cleanup()
 
     def __enter__(self):
         return self

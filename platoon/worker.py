@@ -22,15 +22,23 @@ log = logging.getLogger(__name__)
 _DEFAULT = object()
 
 
+def _endpoint(host, port):
+    """tcp://host:port for a port number; an endpoint string (ipc://..., tcp://...) as is."""
+    return port if isinstance(port, str) else "tcp://%s:%d" % (host, port)
+
+
 class Worker:
     """One training process of a job.
 
-    Connects to the controller at tcp://host:control_port and registers,
+    Connects to the controller at tcp://host:control_port (or at the endpoint
+    `control_port` when it is a string, such as a controller's
+    `control_address` on the ipc transport) and registers,
     learning `worker_id` (0-based), `is_first` and `job_id`.
 
     Parameters:
         control_port: the controller's control port.
-        data_port: if given, also connect to the minibatch channel (see `recv_mb`).
+        data_port: if given (a port or an endpoint string), also connect to the
+            minibatch channel (see `recv_mb`).
         host: the controller's address.
         timeout: seconds to wait for any reply (None: forever); a request that
             times out raises ControllerTimeout and leaves the worker usable.
@@ -42,7 +50,7 @@ class Worker:
     def __init__(self, control_port, data_port=None, *, host="127.0.0.1", timeout=60.0):
         self.host = host
         self.timeout = timeout
-        self.control_address = "tcp://%s:%d" % (host, control_port)
+        self.control_address = _endpoint(host, control_port)
         self.worker_id = None
         self.is_first = False
         self.job_id = None
@@ -237,15 +245,15 @@ class Worker:
     # -- minibatches --
 
     def init_mb_sock(self, port):
-        """Connect to the controller's minibatch channel on `port`."""
+        """Connect to the controller's minibatch channel on `port` (or endpoint string)."""
         self._check_open()
         if self._mb is not None:
             raise PlatoonError("the minibatch socket is already connected")
         sock = self._res.socket(zmq.PULL)
         sock.rcvhwm = 2
-        sock.connect("tcp://%s:%d" % (self.host, port))
+        self._mb_address = _endpoint(self.host, port)
+        sock.connect(self._mb_address)
         self._mb = sock
-        self._mb_address = "tcp://%s:%d" % (self.host, port)
 
     def recv_mb(self, *, timeout=_DEFAULT):
         """Receive one minibatch: the list of arrays given to `Controller.send_mb`.
