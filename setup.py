@@ -13,6 +13,7 @@ setup(
     install_requires=["numpy>=1.22", "pyzmq>=22", "posix_ipc>=1.0"],
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2"],
+        "bench": ["scikit-learn"],
         "gpu": ["pycuda"],
         "mpi": ["mpi4py", "mpich"],
     },

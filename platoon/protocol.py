@@ -27,6 +27,9 @@ DONE = "platoon-done"
 
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 
+# One compact encoder, made once: json.dumps builds a new one per call when given options.
+_encode_json = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
+
 
 class Request:
     """A decoded, validated control request."""
@@ -49,10 +52,8 @@ def encode_request(worker_id, req, req_info=None, seq=None):
     if not isinstance(req, str) or not req:
         raise ProtocolError("request name must be a non-empty string, got %r" % (req,))
     try:
-        return json.dumps(
-            {"worker_id": worker_id, "req": req, "req_info": req_info, "seq": seq},
-            separators=(",", ":"), allow_nan=True,
-        ).encode()
+        return _encode_json(
+            {"worker_id": worker_id, "req": req, "req_info": req_info, "seq": seq}).encode()
     except (TypeError, ValueError) as exc:
         raise ProtocolError(
             "req_info of request %r is not JSON-serialisable (%s); send only dicts, lists, "
@@ -107,8 +108,7 @@ def peek_seq(payload):
 
 def encode_reply(seq, result):
     """Serialise a successful reply; raises TypeError/ValueError if `result` is not JSON."""
-    return json.dumps({"seq": seq, "ok": True, "result": result},
-                      separators=(",", ":"), allow_nan=True).encode()
+    return _encode_json({"seq": seq, "ok": True, "result": result}).encode()
 
 
 def encode_error(seq, exc_type, message, traceback=""):

@@ -66,6 +66,7 @@ class Worker:
         self._exchange = None
         self._mb = None
         self._control = self._res.socket(zmq.DEALER)
+        self._rcvtimeo_ms = -1
         self._control.connect(self.control_address)
         try:
             info = self.send_req(protocol.REGISTER, {"pid": os.getpid()})
@@ -104,14 +105,19 @@ class Worker:
             except zmq.Again:
                 raise self._no_reply(req, timeout) from None
             while True:
-                wait_ms = None
+                # Blocking recv with a receive timeout: cheaper than poll + recv.
+                wait_ms = -1
                 if deadline is not None:
-                    wait_ms = max(0, int((deadline - time.monotonic()) * 1000))
-                if not sock.poll(wait_ms):
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise self._no_reply(req, timeout)
-                    continue
-                reply_seq, result = protocol.decode_reply(sock.recv())
+                    wait_ms = max(0, int((deadline - time.monotonic()) * 1000 + 0.5))
+                    if wait_ms <= self._rcvtimeo_ms <= wait_ms + 50:
+                        wait_ms = self._rcvtimeo_ms  # close enough: skip a setsockopt
+                if wait_ms != self._rcvtimeo_ms:
+                    sock.rcvtimeo = self._rcvtimeo_ms = wait_ms
+                try:
+                    data = sock.recv()
+                except zmq.Again:
+                    raise self._no_reply(req, timeout) from None
+                reply_seq, result = protocol.decode_reply(data)
                 if reply_seq is not None and reply_seq != seq:
                     continue  # a late reply to a request that timed out earlier
                 if isinstance(result, RemoteError):
@@ -266,11 +272,19 @@ class Worker:
         if self._mb is None:
             raise PlatoonError("call init_mb_sock(port) (or pass data_port) before recv_mb()")
         timeout = self.timeout if timeout is _DEFAULT else timeout
-        wait_ms = None if timeout is None else int(timeout * 1000)
-        if not self._mb.poll(wait_ms):
+        wait_ms = -1 if timeout is None else int(timeout * 1000)
+        sock = self._mb
+        if sock.rcvtimeo != wait_ms:
+            sock.rcvtimeo = wait_ms
+        try:
+            first = sock.recv(copy=False)
+        except zmq.Again:
             raise MinibatchTimeout("no minibatch from %s within %.3g s"
-                                   % (self._mb_address, timeout))
-        return protocol.decode_minibatch(self._mb.recv_multipart(copy=False))
+                                   % (self._mb_address, timeout)) from None
+        frames = [first]
+        while frames[-1].more:  # the rest of a message is there once its first frame is
+            frames.append(sock.recv(copy=False))
+        return protocol.decode_minibatch(frames)
 
     # -- teardown --
 
