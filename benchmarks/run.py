@@ -54,14 +54,14 @@ def measure(names, quick, log):
         for transport in ("tcp", "ipc"):
             log("control round trip, %s" % transport)
             results["control_" + transport] = bench_transport.control_round_trip(
-                transport, count=1000 if quick else 3000, rounds=3 if quick else 6)
+                transport, count=500, rounds=4 if quick else 16)
     if "minibatch" in names:
-        for transport, shape, count in (("tcp", (256, 1024), 400), ("ipc", (256, 1024), 400),
-                                        ("ipc", (64, 64), 3000)):
+        for transport, shape, count in (("tcp", (256, 1024), 150), ("ipc", (256, 1024), 150),
+                                        ("tcp", (64, 64), 1000), ("ipc", (64, 64), 1000)):
             log("minibatches, %s, %s" % (transport, shape))
             key = "minibatch_%s_%dx%d" % (transport, shape[0], shape[1])
             results[key] = bench_transport.minibatch_throughput(
-                transport, shape, count // (4 if quick else 1), rounds=1 if quick else 3)
+                transport, shape, count // (2 if quick else 1), rounds=2 if quick else 10)
     if "idle" in names:
         log("idle controller")
         results["idle"] = bench_transport.idle_controller_cpu(1.0 if quick else 3.0)

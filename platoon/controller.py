@@ -137,6 +137,7 @@ class Controller:
             sock.close()
             raise
         self._data = sock
+        self._data_timeout_ms = -1
         return self.data_port
 
     def _bind(self, sock, port, name):
@@ -397,8 +398,8 @@ class Controller:
         with self._data_lock:
             sock = self._data
             wait_ms = -1 if timeout is None else int(timeout * 1000)
-            if sock.sndtimeo != wait_ms:
-                sock.sndtimeo = wait_ms
+            if self._data_timeout_ms != wait_ms:
+                sock.sndtimeo = self._data_timeout_ms = wait_ms
             try:  # a whole multipart message is queued once its first frame is
                 sock.send_multipart(frames, copy=copy)
             except zmq.Again:

@@ -258,6 +258,7 @@ class Worker:
         sock = self._res.socket(zmq.PULL)
         sock.rcvhwm = 2
         self._mb_address = _endpoint(self.host, port)
+        self._mb_timeout_ms = -1
         sock.connect(self._mb_address)
         self._mb = sock
 
@@ -274,8 +275,8 @@ class Worker:
         timeout = self.timeout if timeout is _DEFAULT else timeout
         wait_ms = -1 if timeout is None else int(timeout * 1000)
         sock = self._mb
-        if sock.rcvtimeo != wait_ms:
-            sock.rcvtimeo = wait_ms
+        if self._mb_timeout_ms != wait_ms:
+            sock.rcvtimeo = self._mb_timeout_ms = wait_ms
         try:
             first = sock.recv(copy=False)
         except zmq.Again:
