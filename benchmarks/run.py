@@ -70,17 +70,17 @@ def measure(names, quick, log):
         try:
             mlp.load_digits_split(data)
             if "scaling" in names:
-                steps, rounds = (100, 1) if quick else (400, 2)
+                steps, rounds = (100, 1) if quick else (400, 3)
                 log("scaling, %d minibatches, best of %d" % (steps, rounds))
                 best = None
                 for _ in range(rounds):
                     rows = bench_training.scaling(data, steps)
                     if best is None:
                         best = rows
-                    else:
+                    else:  # best wall time and best CPU time of each column, separately
                         for name, row in rows.items():
-                            if row["seconds"] < best[name]["seconds"]:
-                                best[name] = row
+                            for key in ("seconds", "cpu_seconds"):
+                                best[name][key] = min(best[name][key], row[key])
                 base = best["normal"]["seconds"]
                 for row in best.values():
                     row["speedup"] = base / row["seconds"]
@@ -156,9 +156,12 @@ def table(results):
     if "scaling" in results:
         s = results["scaling"]["rows"]
         for name, target in (("1 worker", 0.98), ("2 workers", 1.9)):
-            _row(rows, "scaling: %s vs Normal" % name, "%.2f s" % s[name]["seconds"],
+            _row(rows, "scaling: %s vs Normal, wall time" % name, "%.2f s" % s[name]["seconds"],
                  "%.2f s" % s["normal"]["seconds"], s[name]["speedup"], "≥ %.2fx" % target,
                  s[name]["speedup"] >= target)
+            _row(rows, "scaling: %s vs Normal, CPU time of the slowest process" % name,
+                 "%.2f s" % s[name]["cpu_seconds"], "%.2f s" % s["normal"]["cpu_seconds"],
+                 s["normal"]["cpu_seconds"] / s[name]["cpu_seconds"], "", None)
     if "accuracy" in results:
         a = results["accuracy"]
         _row(rows, "time to %.0f%% test accuracy: 2-worker EASGD vs SGD" % (100 * a["target"]),
@@ -181,7 +184,9 @@ def markdown(results, meta):
             "| wall time | %s |" % " | ".join("%.2f s" % rows[k]["seconds"]
                                           for k in ("normal", "1 worker", "2 workers")),
             "| speedup | %s |" % " | ".join("%.2fx" % rows[k]["speedup"]
-                                          for k in ("normal", "1 worker", "2 workers"))]
+                                          for k in ("normal", "1 worker", "2 workers")),
+            "| CPU time of the slowest process | %s |" % " | ".join(
+                "%.2f s" % rows[k]["cpu_seconds"] for k in ("normal", "1 worker", "2 workers"))]
     lines += ["", "Machine: %s, %d cores; load average %.2f at start, %.2f at end; "
               "suite ran in %.0f s." % (meta["cpu"], meta["cores"], meta["load_start"],
                                         meta["load_end"], meta["seconds"])]

@@ -253,3 +253,22 @@ def test_three_workers_sync_stripes_concurrently_without_losing_updates(procs, s
         else:  # EASGD moves x and c by opposite amounts: the sum moves by local changes only
             total = c.astype(np.float64) + sum(f["arr_%d" % i] for f in locals_)
             np.testing.assert_allclose(total, n * rounds, rtol=1e-5)
+
+
+def test_worker_start_sync_end_to_end_and_close_with_a_sync_in_flight(serve):
+    ctl = Controller(control_port=0, num_workers=2)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout=10) as a, Worker(ctl.control_port, timeout=10) as b:
+        pa, pb = [np.full(5, 2.0)], [np.zeros(5)]
+        a.init_shared_params(pa, EASGD(0.5))
+        b.init_shared_params(pb, EASGD(0.5))
+        pb[0] += 2.0
+        handle = b.start_sync()
+        pb[0] += 1.0                      # trained while in flight: kept
+        handle.wait(timeout=10)
+        np.testing.assert_array_equal(ctl.centre[0], 3.0)
+        np.testing.assert_array_equal(pb[0], 4.0)  # 5 - 0.5 * (4 - 2)
+        assert b.sync_stats.syncs == 1
+        a.start_sync()                    # never waited for: close() finishes it
+    serving.join()
+    np.testing.assert_array_equal(pa[0], 2.5)
