@@ -1,7 +1,6 @@
 """Striped and asynchronous syncs: exact results, per-stripe atomicity, errors, locks."""
 
 import os
-import sys
 
 import numpy as np
 import pytest
