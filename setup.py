@@ -11,8 +11,13 @@ setup(
     packages=find_packages(include=["platoon", "platoon.*"]),
     python_requires=">=3.9",
     install_requires=["numpy>=1.22", "pyzmq>=22", "posix_ipc>=1.0"],
+    entry_points={"console_scripts": ["platoon-launcher=platoon.launcher:main"]},
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout>=2"],
+        # torch is pinned: that release has a CPU build; an unpinned one pulls a CUDA build.
+        "test": ["pytest>=7", "pytest-timeout>=2", "scikit-learn", "matplotlib",
+                 "torch==2.13.0"],
+        "examples": ["scikit-learn", "matplotlib"],
+        "torch": ["torch"],
         "bench": ["scikit-learn"],
         "gpu": ["pycuda"],
         "mpi": ["mpi4py", "mpich"],

@@ -6,9 +6,9 @@ and periodically syncs them with the centre under a `ParamSyncRule`.
 """
 
 from .controller import Controller
-from .errors import (ControllerTimeout, LayoutMismatch, LockTimeout, MinibatchTimeout,
-                     PlatoonError, PortInUse, ProtocolError, RemoteError, ServeTimeout,
-                     SyncTimeout)
+from .errors import (ControllerGone, ControllerTimeout, LayoutMismatch, LockTimeout,
+                     MinibatchTimeout, PlatoonError, PortInUse, ProtocolError, RemoteError,
+                     ServeTimeout, SyncTimeout, WorkerDied)
 from .exchange import SyncHandle, SyncStats
 from .rules import ASGD, EASGD, ParamSyncRule
 from .worker import Worker
@@ -18,5 +18,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Controller", "Worker", "ParamSyncRule", "EASGD", "ASGD", "SyncHandle", "SyncStats",
     "PlatoonError", "ControllerTimeout", "LockTimeout", "ServeTimeout", "MinibatchTimeout",
-    "ProtocolError", "RemoteError", "LayoutMismatch", "PortInUse", "SyncTimeout",
+    "ProtocolError", "RemoteError", "LayoutMismatch", "PortInUse", "WorkerDied",
+    "ControllerGone", "SyncTimeout",
 ]

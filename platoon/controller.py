@@ -6,12 +6,14 @@ user overrides. Replies can be deferred (barrier, waiting for the centre to be
 initialised), which is why the socket is a ROUTER and not a REP.
 """
 
+import json
 import logging
 import os
 import secrets
 import shutil
 import signal
 import tempfile
+import socket
 import threading
 import time
 import traceback
@@ -19,13 +21,17 @@ import weakref
 
 import zmq
 
-from . import protocol
+from . import protocol, security
+from .checkpoint import load as load_checkpoint, save as save_checkpoint
+from .environment import JobEnvironment
 from .errors import LayoutMismatch, MinibatchTimeout, PlatoonError, PortInUse, ProtocolError, \
-    ServeTimeout
+    ServeTimeout, WorkerDied
 from .resources import Resources
-from .shmem import SharedCentre
+from .shmem import SharedCentre, pid_alive, remove_stale_segments
 
 log = logging.getLogger(__name__)
+
+_HOSTNAME = socket.gethostname()
 
 
 def _bind(sock, host, port):
@@ -44,13 +50,15 @@ def _bind(sock, host, port):
 
 
 class _WorkerRecord:
-    __slots__ = ("worker_id", "identity", "pid", "done")
+    __slots__ = ("worker_id", "identity", "pid", "local", "done", "dead")
 
-    def __init__(self, worker_id, identity, pid):
+    def __init__(self, worker_id, identity, pid, local):
         self.worker_id = worker_id
         self.identity = identity
         self.pid = pid
+        self.local = local  # on this machine, so its pid can be watched
         self.done = False
+        self.dead = False
 
 
 class Controller:
@@ -58,10 +66,12 @@ class Controller:
 
     Parameters:
         control_port: port of the control socket; 0 picks a free one (see
-            `control_port` afterwards); None binds nothing until `init_control`.
+            `control_port` afterwards); None binds the launcher's choice when run
+            by platoon-launcher, else nothing until `init_control`.
         data_port: port of the minibatch socket, as for `control_port`.
         num_workers: if given, `serve` returns only once that many workers have
-            registered and all are done, and barriers wait for all of them.
+            registered and all are done, and barriers wait for all of them
+            (under the launcher: the number of workers it starts).
         host: interface to bind; 127.0.0.1 unless the job spans machines.
         transport: "tcp", or "ipc" for Unix-domain sockets (one machine only, faster):
             pass port 0, and give workers `control_address` / `data_address`
@@ -69,20 +79,40 @@ class Controller:
             directory removed by `close`.
         job_id: unique id of the job (names its shared memory); random by default.
         max_request_bytes: larger control requests get an error reply.
+        restarts: how many dead workers a replacement is expected for (the
+            launcher's --restart); a death within that budget is not an error.
+        checkpoint_path: file to snapshot the centre to, atomically, every
+            `checkpoint_every_s` seconds (if given) and when `serve` ends.
+        resume_from: a checkpoint (file or directory) to initialise the centre from.
+        liveness_interval_s: how often local workers' pids are checked.
+        keys_file: CURVE keys (see `platoon.security`): only peers holding the
+            job's client key may connect. Binding beyond loopback without them
+            logs a warning.
 
+    Worker processes on this machine are watched: one that exits without
+    saying it is done is reported to `handle_worker_death` within about
+    `liveness_interval_s`. Centres left in /dev/shm by dead jobs are removed
+    at start.
     Raises PortInUse if a port is taken. Use as a context manager or call
     `close()`, which also unlinks the shared centre.
     """
 
     def __init__(self, control_port=None, data_port=None, *, num_workers=None, host="127.0.0.1",
                  job_id=None, max_request_bytes=protocol.DEFAULT_MAX_REQUEST_BYTES,
-                 transport="tcp"):
+                 restarts=None, checkpoint_path=None, checkpoint_every_s=None, resume_from=None,
+                 liveness_interval_s=0.5, keys_file=None, transport="tcp"):
         if transport not in ("tcp", "ipc"):
             raise ValueError("transport must be 'tcp' or 'ipc', got %r" % (transport,))
+        self._env = env = JobEnvironment.read()
+        remove_stale_segments()
+        if control_port is None:
+            control_port = env.control_port
+        if num_workers is None:
+            num_workers = env.num_workers
         if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 1):
             raise ValueError("num_workers must be a positive integer or None, got %r"
                              % (num_workers,))
-        self.job_id = job_id or secrets.token_hex(8)
+        self.job_id = job_id or env.job_id or secrets.token_hex(8)
         self.host = host
         self.num_workers = num_workers
         self.max_request_bytes = max_request_bytes
@@ -103,6 +133,23 @@ class Controller:
         self._centre_ready = False
         self._init_waiting = []   # (envelope, seq) of workers waiting for the centre's values
         self._barrier_waiting = {}  # worker id -> (envelope, seq)
+        self.progress = {"minibatches": 0, "syncs": 0, "metrics": {}}
+        self._syncs_by_worker = {}
+        self._status_written = 0.0
+        self.restarts_left = restarts if restarts is not None else (env.restarts or 0)
+        self._replacements_expected = 0
+        self.checkpoint_path = checkpoint_path or env.checkpoint_path
+        self.checkpoint_every_s = checkpoint_every_s or env.checkpoint_every_s
+        self.resume_from = resume_from or env.resume_from
+        self._checkpointed = time.monotonic()
+        self.liveness_interval_s = liveness_interval_s
+        keys_file = keys_file or env.keys_file
+        self._keys = security.load_keys(keys_file) if keys_file else None
+        if self._keys is not None:
+            self._res.authenticator = security.start_authenticator(self._res.context, self._keys)
+        elif not security.is_loopback(host):
+            log.warning("controller binds %s without authentication: anyone who can reach this "
+                        "machine can join the job; use keys (platoon-launcher --curve)", host)
         if control_port is not None:
             self.init_control(control_port)
         if data_port is not None:
@@ -114,7 +161,7 @@ class Controller:
         """Bind the control socket on `port` (0: a free one); returns the port."""
         if self._control is not None:
             raise PlatoonError("the control socket is already bound (port %d)" % self.control_port)
-        sock = self._res.socket(zmq.ROUTER)
+        sock = self._server_socket(zmq.ROUTER)
         sock.setsockopt(zmq.MAXMSGSIZE, 16 * self.max_request_bytes)
         try:
             self.control_port, self.control_address = self._bind(sock, port, "control")
@@ -125,11 +172,20 @@ class Controller:
         log.info("controller of job %s listening on %s", self.job_id, self.control_address)
         return self.control_port
 
-    def init_data(self, port, hwm=10):
-        """Bind the minibatch socket on `port` (0: a free one), queueing up to `hwm` minibatches."""
+    def _server_socket(self, kind):
+        sock = self._res.socket(kind)
+        if self._keys is not None:
+            security.make_server(sock, self._keys)
+        return sock
+
+    def init_data(self, port=None, hwm=10):
+        """Bind the minibatch socket on `port` (0: a free one; None: the launcher's choice,
+        else a free one), queueing up to `hwm` minibatches."""
+        if port is None:
+            port = self._env.data_port or 0
         if self._data is not None:
             raise PlatoonError("the data socket is already bound (port %d)" % self.data_port)
-        sock = self._res.socket(zmq.PUSH)
+        sock = self._server_socket(zmq.PUSH)
         sock.sndhwm = hwm
         try:
             self.data_port, self.data_address = self._bind(sock, port, "data")
@@ -181,9 +237,27 @@ class Controller:
         """The central parameters as numpy arrays (None until a worker registers them)."""
         return None if self._res.centre is None else self._res.centre.arrays
 
+    def handle_worker_death(self, worker_id, exit_info):
+        """Called when a worker fails: it reported an error as it closed, or (on this
+        machine) its process exited without saying it was done.
+
+        `exit_info` holds its `pid`, and `error` (the worker's exception) or
+        `detected_after_s` (the pid-check interval). The default raises WorkerDied,
+        which ends `serve` and so the job; return instead to carry on with the others (the
+        dead worker then counts as done). Within the `restarts` budget a
+        replacement is expected and this hook is not called.
+        """
+        raise WorkerDied("worker %d (pid %s) %s; the job stops. Override handle_worker_death "
+                         "to carry on without it, or run the launcher with --restart N to "
+                         "replace it" % (worker_id, exit_info["pid"],
+                                         "failed: %s" % exit_info["error"]
+                                         if "error" in exit_info
+                                         else "died without saying it was done"))
+
     def all_done(self):
-        """True once the expected workers have registered and all have said they are done."""
-        expected = self.num_workers or 1
+        """True once the expected workers have registered and all have said they are done
+        (dead workers count as done; a replacement expected for one must register too)."""
+        expected = (self.num_workers or 1) + self._replacements_expected
         return (len(self._workers) >= expected
                 and all(rec.done for rec in self._workers.values()))
 
@@ -198,27 +272,149 @@ class Controller:
             raise PlatoonError("call init_control(port) (or pass control_port) before serve()")
         deadline = None if timeout is None else time.monotonic() + timeout
         restore = _exit_on_sigterm()
+        self._announce_ready()
         sock = self._control
-        # Block in recv with a receive timeout rather than in poll: a poll costs two
-        # system calls and a Python Poller per request (about 10 us a round trip).
-        sock.rcvtimeo = -1
+        rcvtimeo = None
         try:
             while not self.all_done():
+                now = time.monotonic()
+                wake = now + self.liveness_interval_s
                 if deadline is not None:
-                    sock.rcvtimeo = max(0, int((deadline - time.monotonic()) * 1000))
+                    wake = min(wake, deadline)
+                # Block in recv with a receive timeout rather than in poll: a poll costs two
+                # system calls and a Python Poller per request (about 10 us a round trip).
+                wait_ms = max(0, int((wake - now) * 1000))
+                if rcvtimeo is None or not wait_ms - 50 <= rcvtimeo <= wait_ms:
+                    sock.rcvtimeo = rcvtimeo = wait_ms
                 try:
                     first = sock.recv(copy=False)
                 except zmq.Again:
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise ServeTimeout(
-                            "serve() timed out after %.3g s with %d worker(s) registered, %d done"
-                            % (timeout, len(self._workers),
-                               sum(r.done for r in self._workers.values()))) from None
-                    continue
-                self._serve_one(first)
+                    first = None
+                if first is not None:
+                    self._serve_one(first)
+                now = time.monotonic()
+                if now >= self._next_tick:
+                    self._tick(now)
+                if deadline is not None and now >= deadline and not self.all_done():
+                    raise ServeTimeout(
+                        "serve() timed out after %.3g s with %d worker(s) registered, %d done"
+                        % (timeout, len(self._workers),
+                           sum(r.done for r in self._workers.values())))
         finally:
             sock.rcvtimeo = -1
-            restore()
+            try:
+                if self._res.centre is not None and self.checkpoint_path:
+                    self.checkpoint()
+            finally:
+                self._write_status(force=True)
+                restore()
+
+    _next_tick = 0.0
+
+    def _tick(self, now):
+        """Periodic duties while serving: watch local workers' pids, checkpoint."""
+        self._next_tick = now + self.liveness_interval_s
+        for record in list(self._workers.values()):
+            if not record.done and record.local and record.pid and not pid_alive(record.pid):
+                self._worker_died(record, {"pid": record.pid,
+                                           "detected_after_s": self.liveness_interval_s})
+        if (self.checkpoint_every_s and self.checkpoint_path and self._res.centre is not None
+                and now - self._checkpointed >= self.checkpoint_every_s):
+            self.checkpoint()
+
+    def _worker_died(self, record, exit_info):
+        log.error("worker %d (pid %s) failed: %s", record.worker_id, record.pid,
+                  exit_info.get("error", "exited without saying it was done"))
+        record.dead = True
+        if self.restarts_left > 0:
+            self.restarts_left -= 1
+            self._replacements_expected += 1
+            log.info("expecting a replacement for worker %d (%d restart(s) left)",
+                     record.worker_id, self.restarts_left)
+        else:
+            self.handle_worker_death(record.worker_id, exit_info)
+        self._done(record)
+
+    def checkpoint(self, path=None):
+        """Write the centre to `path` (default: `checkpoint_path`) atomically; returns the path.
+
+        Taken under the centre's lock, so it is consistent. Raises PlatoonError
+        when there is no centre or no path.
+        """
+        path = path or self.checkpoint_path
+        if not path:
+            raise PlatoonError("no checkpoint path: pass checkpoint_path to the Controller")
+        arrays = self.snapshot_centre()
+        save_checkpoint(path, arrays, {"job_id": self.job_id, "time": time.time(),
+                                       "layout": self._res.centre.layout})
+        self._checkpointed = time.monotonic()
+        log.info("centre checkpointed to %s", path)
+        return path
+
+    def _announce_ready(self):
+        """Tell a waiting launcher (through the pipe it passed) where we listen, once."""
+        fd = self._env.ready_fd
+        if fd is None or getattr(self, "_announced", False):
+            return
+        self._announced = True
+        message = {"control_port": self.control_port, "data_port": self.data_port,
+                   "job_id": self.job_id, "pid": os.getpid()}
+        try:
+            os.write(fd, (json.dumps(message) + "\n").encode())
+            os.close(fd)
+        except OSError as exc:
+            log.warning("could not tell the launcher that the controller is ready: %s", exc)
+
+    def _report(self, wid, info):
+        if not isinstance(info, dict):
+            raise ProtocolError("platoon-report needs an object with minibatches, syncs, metrics")
+        minibatches, syncs = info.get("minibatches"), info.get("syncs")
+        metrics = info.get("metrics")
+        if not isinstance(minibatches, int) or not isinstance(syncs, int) or minibatches < 0:
+            raise ProtocolError("platoon-report: minibatches and syncs must be integers >= 0")
+        self.add_progress(wid, minibatches, syncs, **(metrics if isinstance(metrics, dict) else {}))
+
+    def add_progress(self, worker_id, minibatches=0, syncs=None, **metrics):
+        """Count progress shown by the launcher's status line: `minibatches` trained since
+        the last call, the worker's total `syncs`, and the latest JSON `metrics`."""
+        self.progress["minibatches"] += minibatches
+        if syncs is not None:
+            self._syncs_by_worker[worker_id] = syncs
+            self.progress["syncs"] = sum(self._syncs_by_worker.values())
+        self.progress["metrics"].update(metrics)
+        self._write_status()
+
+    def snapshot_centre(self, timeout=10.0):
+        """Copies of the central parameters, taken under the centre's lock.
+
+        Raises PlatoonError before any worker has registered parameters, and
+        LockTimeout if the lock is not free within `timeout` seconds.
+        """
+        centre = self._res.centre
+        if centre is None:
+            raise PlatoonError("no centre yet: no worker has called init_shared_params()")
+        centre.lock.acquire(timeout)
+        try:
+            return [a.copy() for a in centre.arrays]
+        finally:
+            centre.lock.release()
+
+    def _write_status(self, force=False):
+        """Write progress for the launcher's status line, at most twice a second."""
+        path = self._env.status_file
+        now = time.monotonic()
+        if path is None or (not force and now - self._status_written < 0.5):
+            return
+        self._status_written = now
+        status = dict(self.progress, workers=len(self._workers),
+                      done=sum(r.done for r in self._workers.values()))
+        tmp = "%s.%d.tmp" % (path, os.getpid())
+        try:
+            with open(tmp, "w") as f:
+                json.dump(status, f)
+            os.replace(tmp, path)
+        except (OSError, TypeError, ValueError) as exc:
+            log.debug("status file %s not written: %s", path, exc)
 
     def _serve_one(self, first):
         sock = self._control
@@ -273,7 +469,14 @@ class Controller:
             self._barrier_waiting[wid] = (envelope, request.seq)
             self._release_barrier()
         elif request.req == protocol.DONE:
-            self._done(record)
+            info = request.req_info if isinstance(request.req_info, dict) else {}
+            self._send(envelope, request.seq, None)
+            if info.get("error") and not record.done:
+                self._worker_died(record, {"pid": record.pid, "error": str(info["error"])})
+            else:
+                self._done(record)
+        elif request.req == protocol.REPORT:
+            self._report(wid, request.req_info)
             self._send(envelope, request.seq, None)
         else:
             raise ProtocolError("unknown reserved request %r; names starting with %r belong to "
@@ -299,27 +502,37 @@ class Controller:
     # -- reserved requests --
 
     def _register(self, identity, info):
-        pid = info.get("pid") if isinstance(info, dict) else None
+        info = info if isinstance(info, dict) else {}
+        pid = info.get("pid") if isinstance(info.get("pid"), int) else None
+        local = info.get("host") == _HOSTNAME
         record = self._by_identity.get(identity)
         if record is None:
-            if self.num_workers is not None and len(self._workers) >= self.num_workers:
+            live = sum(not r.dead for r in self._workers.values())
+            if self.num_workers is not None and live >= self.num_workers:
                 raise PlatoonError("job %s is full: num_workers=%d workers have registered"
                                    % (self.job_id, self.num_workers))
-            record = _WorkerRecord(len(self._workers), identity, pid)
+            record = _WorkerRecord(len(self._workers), identity, pid, local)
             self._workers[record.worker_id] = record
             self._by_identity[identity] = record
             log.info("worker %d registered (pid %s)", record.worker_id, pid)
         return {"worker_id": record.worker_id, "is_first": record.worker_id == 0,
-                "job_id": self.job_id, "num_workers": self.num_workers}
+                "job_id": self.job_id, "num_workers": self.num_workers,
+                "controller_pid": os.getpid(), "controller_host": _HOSTNAME}
 
     def _init_params(self, envelope, request, wid):
         info = request.req_info if isinstance(request.req_info, dict) else {}
         layout = protocol.validate_layout(info.get("layout"))
         centre = self._res.centre
         if centre is None:
+            resumed = self._load_resume(layout, wid)
             self._res.centre = centre = SharedCentre.create(self.job_id, layout)
             log.info("centre %s created by worker %d: %d parameters, %d bytes",
                      centre.name, wid, len(layout), centre.size)
+            if resumed is not None:
+                for dst, src in zip(centre.arrays, resumed):
+                    dst[...] = src
+                self._centre_ready = True
+                log.info("centre initialised from checkpoint %s", self.resume_from)
         else:
             mismatch = protocol.describe_mismatch(layout, centre.layout)
             if mismatch:
@@ -332,6 +545,18 @@ class Controller:
             self._send(envelope, request.seq, {"segment": centre.name, "initialise": True})
         else:
             self._init_waiting.append((envelope, request.seq))
+
+    def _load_resume(self, layout, wid):
+        """The checkpoint's arrays if resuming (checked against `layout`), else None."""
+        if not self.resume_from:
+            return None
+        arrays, _ = load_checkpoint(self.resume_from)
+        mismatch = protocol.describe_mismatch(layout, protocol.layout_of(arrays))
+        if mismatch:
+            raise LayoutMismatch("worker %d: %s (the centre comes from checkpoint %s)"
+                                 % (wid, mismatch.replace("job's centre", "checkpoint"),
+                                    self.resume_from))
+        return arrays
 
     def _params_ready(self, envelope, request, wid):
         if wid != self._initialiser:
@@ -362,9 +587,10 @@ class Controller:
     def _release_barrier(self):
         if not self._barrier_waiting:
             return
-        done = sum(r.done for r in self._workers.values())
-        expected = (self.num_workers or len(self._workers)) - done
-        if len(self._barrier_waiting) >= expected:
+        expected = (self.num_workers or len(self._workers)) + self._replacements_expected
+        not_registered = max(0, expected - len(self._workers))
+        running = sum(not r.done for r in self._workers.values())
+        if len(self._barrier_waiting) >= running + not_registered:
             waiting, self._barrier_waiting = self._barrier_waiting, {}
             for envelope, seq in waiting.values():
                 self._send(envelope, seq, None)
@@ -433,3 +659,15 @@ def _exit_on_sigterm():
 
     signal.signal(signal.SIGTERM, terminate)
     return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def main():
+    """`python -m platoon.controller`: the default controller; serves until all workers are done."""
+    with Controller() as ctl:
+        if ctl.control_port is None:
+            ctl.init_control(0)
+        ctl.serve()
+
+
+if __name__ == "__main__":
+    main()

@@ -54,3 +54,12 @@ class LayoutMismatch(PlatoonError, ValueError):
 
 class PortInUse(PlatoonError, OSError):
     """The controller could not bind its socket because the address is taken."""
+
+
+class WorkerDied(PlatoonError, RuntimeError):
+    """A worker process exited without saying it was done (raised by the default
+    `Controller.handle_worker_death`)."""
+
+
+class ControllerGone(PlatoonError, ConnectionError):
+    """The controller process has exited; the worker cannot go on."""

@@ -95,6 +95,8 @@ class Exchange:
         self.stats = SyncStats()
         self._inflight = None
         self._snapshots = None
+        self.before_pull = None  # called by SyncHandle.wait before / after it applies a sync
+        self.after_pull = None   # (the worker copies device parameters to host and back)
         self._central = [c.reshape(-1) for c in centre.arrays]
         self._contiguous = all(p.flags.c_contiguous for p in local)
         self._striped = rule.elementwise and self._contiguous
@@ -205,6 +207,8 @@ class Exchange:
         self._each_stripe(lambda i, a, b: rule.push(i, a, snaps[i][a:b], central[i][a:b]))
 
     def _pull_all(self):
+        if self.before_pull is not None:
+            self.before_pull()
         for index, (p, snap) in enumerate(zip(self.local, self._snapshots)):
             if p.flags.c_contiguous:
                 self.rule.pull(index, 0, p.reshape(-1), snap)
@@ -213,6 +217,8 @@ class Exchange:
                 self.rule.pull(index, 0, flat, snap)
                 p[...] = flat.reshape(p.shape)
         self.stats.syncs += 1
+        if self.after_pull is not None:
+            self.after_pull()
 
     def close(self, timeout):
         """Finish a sync in flight (waiting at most `timeout` s); log its error, if any."""

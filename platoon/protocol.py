@@ -25,6 +25,7 @@ INIT_PARAMS = "platoon-init-params"
 PARAMS_READY = "platoon-params-ready"
 BARRIER = "platoon-barrier"
 DONE = "platoon-done"
+REPORT = "platoon-report"
 
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 
@@ -120,7 +121,10 @@ def encode_error(seq, exc_type, message, traceback=""):
 
 
 def decode_reply(payload):
-    """Return ``(seq, result)``; raises RemoteError for an error reply, ProtocolError for garbage."""
+    """``(seq, result)``, where result is a RemoteError for an error reply.
+
+    Raises ProtocolError for garbage.
+    """
     msg = _loads(payload, "reply")
     if not isinstance(msg, dict) or "ok" not in msg:
         raise ProtocolError("reply is not a platoon reply object")

@@ -15,6 +15,7 @@ class Resources:
         self.context = zmq.Context()
         self.sockets = []
         self.centre = None
+        self.authenticator = None
 
     def socket(self, kind):
         """A new socket with linger 0, closed by `close`."""
@@ -33,4 +34,7 @@ class Resources:
         for sock in self.sockets:
             sock.close(linger=0)
         self.sockets = []
+        if self.authenticator is not None:
+            self.authenticator.stop()
+            self.authenticator = None
         self.context.term()

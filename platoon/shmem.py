@@ -46,6 +46,58 @@ def segment_name(job_id):
     return "%s%s-centre" % (SEGMENT_PREFIX, job_id)
 
 
+def pid_alive(pid):
+    """False once process `pid` has exited (zombies count as exited)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
+
+def segment_owner(path):
+    """Owner pid recorded in a centre segment's header, or None if it is not one of ours."""
+    try:
+        with open(path, "rb") as f:
+            magic, pid, _, _ = HEADER.unpack(f.read(HEADER.size))
+    except (OSError, struct.error):
+        return None
+    return pid if magic == MAGIC and pid > 0 else None
+
+
+def remove_stale_segments(shm_dir="/dev/shm"):
+    """Unlink centres whose owner process is dead (left by a job that crashed); returns them.
+
+    Segments of live owners, and files that are not platoon centres, are never touched.
+    """
+    removed = []
+    try:
+        names = os.listdir(shm_dir)
+    except OSError:
+        return removed
+    for name in names:
+        if not name.startswith(SEGMENT_PREFIX[1:]):
+            continue
+        path = os.path.join(shm_dir, name)
+        owner = segment_owner(path)
+        if owner is not None and owner != os.getpid() and not pid_alive(owner):
+            try:
+                os.unlink(path)
+            except OSError:
+                continue
+            log.warning("removed %s, left by a dead job (owner pid %d)", path, owner)
+            removed.append(path)
+    return removed
+
+
 def param_offsets(layout):
     """Byte offsets of each parameter and the total segment size for a layout."""
     offsets, pos = [], HEADER_BYTES

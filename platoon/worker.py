@@ -2,6 +2,7 @@
 
 import logging
 import os
+import socket
 import threading
 import time
 import weakref
@@ -9,13 +10,14 @@ import weakref
 import numpy as np
 import zmq
 
-from . import protocol
-from .errors import ControllerTimeout, LayoutMismatch, MinibatchTimeout, PlatoonError, \
-    RemoteError
+from . import adapters, protocol, security
+from .environment import JobEnvironment
+from .errors import ControllerGone, ControllerTimeout, LayoutMismatch, MinibatchTimeout, \
+    PlatoonError, RemoteError
 from .exchange import Exchange
 from .rules import ParamSyncRule
 from .resources import Resources
-from .shmem import SharedCentre
+from .shmem import SharedCentre, pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -33,23 +35,37 @@ class Worker:
     Connects to the controller at tcp://host:control_port (or at the endpoint
     `control_port` when it is a string, such as a controller's
     `control_address` on the ipc transport) and registers,
-    learning `worker_id` (0-based), `is_first` and `job_id`.
+    learning `worker_id` (0-based), `is_first` and `job_id`. `device` is the
+    device the launcher pinned this worker to ("cuda0", "cpu"; "cpu" when run
+    by hand); a pinned GPU is the only one the process sees (cuda:0).
 
     Parameters:
-        control_port: the controller's control port.
+        control_port: the controller's control port or endpoint string (None: the
+            launcher's).
         data_port: if given (a port or an endpoint string), also connect to the
             minibatch channel (see `recv_mb`).
         host: the controller's address.
         timeout: seconds to wait for any reply (None: forever); a request that
             times out raises ControllerTimeout and leaves the worker usable.
+        keys_file: the job's CURVE keys when the controller requires them
+            (default: the launcher's, if any).
 
     Raises ControllerTimeout if no controller answers. Use as a context manager
     or call `close()`, which tells the controller this worker is done.
     """
 
-    def __init__(self, control_port, data_port=None, *, host="127.0.0.1", timeout=60.0):
+    def __init__(self, control_port=None, data_port=None, *, host="127.0.0.1", timeout=60.0,
+                 keys_file=None):
+        env = JobEnvironment.read()
+        if control_port is None:
+            control_port = env.control_port
+            if control_port is None:
+                raise ValueError("Worker needs the controller's control_port, or to run under "
+                                 "platoon-launcher (which sets PLATOON_CONTROL_PORT)")
         self.host = host
         self.timeout = timeout
+        self.device = env.device or "cpu"
+        self.syncs = 0
         self.control_address = _endpoint(host, control_port)
         self.worker_id = None
         self.is_first = False
@@ -59,17 +75,24 @@ class Worker:
         self._closed = False
         self._registered = False
         self._seq = 0
+        self._controller_pid = None  # watched when the controller runs on this machine
+        self._controller_checked = 0.0
         self._req_lock = threading.Lock()
         self._sync_lock = threading.Lock()
         self._local = None
         self._rule = None
         self._exchange = None
         self._mb = None
-        self._control = self._res.socket(zmq.DEALER)
+        keys_file = keys_file or env.keys_file
+        self._keys = security.load_keys(keys_file) if keys_file else None
+        self._control = self._client_socket(zmq.DEALER)
         self._rcvtimeo_ms = -1
         self._control.connect(self.control_address)
         try:
-            info = self.send_req(protocol.REGISTER, {"pid": os.getpid()})
+            info = self.send_req(protocol.REGISTER, {"pid": os.getpid(),
+                                                     "host": socket.gethostname()})
+            if info.get("controller_host") == socket.gethostname():
+                self._controller_pid = info.get("controller_pid")
             self.worker_id = info["worker_id"]
             self.is_first = info["is_first"]
             self.job_id = info["job_id"]
@@ -105,18 +128,21 @@ class Worker:
             except zmq.Again:
                 raise self._no_reply(req, timeout) from None
             while True:
-                # Blocking recv with a receive timeout: cheaper than poll + recv.
-                wait_ms = -1
+                # Wait in slices of at most a second, checking that the controller still lives;
+                # block in recv with a receive timeout, cheaper than poll + recv.
+                wait_ms = 1000
                 if deadline is not None:
-                    wait_ms = max(0, int((deadline - time.monotonic()) * 1000 + 0.5))
-                    if wait_ms <= self._rcvtimeo_ms <= wait_ms + 50:
-                        wait_ms = self._rcvtimeo_ms  # close enough: skip a setsockopt
-                if wait_ms != self._rcvtimeo_ms:
-                    sock.rcvtimeo = self._rcvtimeo_ms = wait_ms
+                    wait_ms = min(wait_ms, max(0, int((deadline - time.monotonic()) * 1000)))
+                if not 0 <= wait_ms - 50 <= self._rcvtimeo_ms <= wait_ms:
+                    if self._rcvtimeo_ms != wait_ms:
+                        sock.rcvtimeo = self._rcvtimeo_ms = wait_ms
                 try:
                     data = sock.recv()
                 except zmq.Again:
-                    raise self._no_reply(req, timeout) from None
+                    self._check_controller(force=True)
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise self._no_reply(req, timeout) from None
+                    continue
                 reply_seq, result = protocol.decode_reply(data)
                 if reply_seq is not None and reply_seq != seq:
                     continue  # a late reply to a request that timed out earlier
@@ -124,11 +150,35 @@ class Worker:
                     raise result
                 return result
 
+    def _check_controller(self, force=False):
+        """Raise ControllerGone if the controller (on this machine) has exited.
+
+        Checked at most once a second unless `force`, so syncs stay cheap.
+        """
+        now = time.monotonic()
+        if not force and now - self._controller_checked < 1.0:
+            return
+        self._controller_checked = now
+        if not self._controller_alive():
+            raise ControllerGone("the controller of job %s (pid %d, %s) has exited; worker %s "
+                                 "cannot go on" % (self.job_id, self._controller_pid,
+                                                   self.control_address, self.worker_id))
+
+    def _controller_alive(self):
+        return self._controller_pid is None or pid_alive(self._controller_pid)
+
     def _no_reply(self, req, timeout):
         return ControllerTimeout(
             "no reply to %r from the controller at %s within %.3g s; check that the controller "
             "is running and listening there, or raise the worker's timeout"
             % (req, self.control_address, timeout))
+
+    def report(self, minibatches=0, **metrics):
+        """Tell the controller about progress: `minibatches` trained since the last report
+        and any JSON metrics (loss=..., error=...). The launcher shows them in its status line.
+        """
+        self.send_req(protocol.REPORT, {"minibatches": minibatches, "syncs": self.syncs,
+                                        "metrics": metrics})
 
     def barrier(self, *, timeout=_DEFAULT):
         """Wait until every worker of the job has reached the barrier."""
@@ -137,7 +187,11 @@ class Worker:
     # -- shared parameters --
 
     def init_shared_params(self, params, param_sync_rule, cleanup=False):
-        """Share `params` (a list of writable numpy arrays) through the job's centre.
+        """Share `params` through the job's centre.
+
+        `params` is a list of writable numpy arrays (updated in place), of
+        PyTorch tensors or an nn.Module, of CuPy or pycuda GPU arrays, or of
+        JAX arrays (see `platoon.adapters`).
 
         The first worker to call this initialises the centre with its values;
         every later worker's `params` are overwritten with the centre, so all
@@ -156,12 +210,9 @@ class Worker:
         if not isinstance(param_sync_rule, ParamSyncRule):
             raise TypeError("param_sync_rule must be a platoon.ParamSyncRule (such as "
                             "EASGD(alpha=0.5)), got %r" % (param_sync_rule,))
-        params = list(params)
-        if not params:
-            raise ValueError("init_shared_params() needs at least one parameter array")
+        adapter = adapters.adapt(params)
+        params = adapter.arrays
         for i, p in enumerate(params):
-            if not isinstance(p, np.ndarray):
-                raise TypeError("parameter %d is a %s, not a numpy array" % (i, type(p).__name__))
             if not p.flags.writeable:
                 raise TypeError("parameter %d is read-only; sync_params updates parameters in "
                                 "place, so pass writable arrays" % i)
@@ -176,19 +227,29 @@ class Worker:
             raise
         centre = SharedCentre.attach(reply["segment"], layout)
         self._res.centre = centre
-        with centre.lock:
+        if reply["initialise"]:
+            adapter.pull()
+        centre.lock.acquire(self.timeout)
+        try:
             if reply["initialise"]:
                 for c, p in zip(centre.arrays, params):
                     c[...] = p
             else:
                 for c, p in zip(centre.arrays, params):
                     p[...] = c
+        finally:
+            centre.lock.release()
         if reply["initialise"]:
             self.send_req(protocol.PARAMS_READY)
+        else:
+            adapter.push()
         param_sync_rule.setup(params)
+        self._adapter = adapter
         self._local = params
         self._rule = param_sync_rule
         self._exchange = Exchange(param_sync_rule, params, centre, self.worker_id, self.timeout)
+        self._exchange.before_pull = adapter.pull
+        self._exchange.after_pull = self._after_async_pull
 
     @property
     def shared_params(self):
@@ -196,22 +257,30 @@ class Worker:
         centre = self._res.centre
         return None if centre is None else centre.arrays
 
-    def sync_params(self, synchronous=True):
+    def sync_params(self, synchronous=True, *, params=None):
         """Apply the sync rule between this worker's parameters and the centre, in place.
 
         With synchronous=True (the default) each stripe of the centre is
         updated under its own lock (waiting at most the worker's timeout, else
         LockTimeout); rules that are not elementwise, and a caller holding
         `lock()`, update the whole centre under the whole lock. With False the
-        caller is responsible for locking (see `lock`).
+        caller is responsible for locking (see `lock`). Device parameters are
+        copied to host before and back after, outside any lock. For immutable
+        arrays (JAX) pass the current ones as `params`. Returns the parameters
+        (new arrays for JAX, the same objects otherwise).
         """
         if self._local is None:
             raise PlatoonError("call init_shared_params() before sync_params()")
+        self._check_controller()
         with self._sync_lock:
+            self._adapter.pull(params)
             if synchronous:
                 self._exchange.sync()
             else:
                 self._rule.update_params(self._local, self._res.centre.arrays)
+            self._adapter.push()
+            self.syncs += 1
+        return self._adapter.params()
 
     def start_sync(self):
         """Start a sync in a background thread; returns a SyncHandle: call its `wait()`.
@@ -223,13 +292,24 @@ class Worker:
         ``x = c_new + (x - x_snap)``, where ``x_snap`` is the snapshot and ``c``
         each stripe of the centre when it was pushed. When the parameters did
         not change in between, the result equals `sync_params()` bit for bit.
-        One sync at a time: raises PlatoonError while one is in flight, TypeError
-        for rules without push/pull.
+        Device parameters are copied to host at the start and at `wait()`, and
+        back after it. One sync at a time: raises PlatoonError while one is in
+        flight; TypeError for rules without push/pull and for immutable (JAX)
+        parameters, which need `sync_params(params=...)`.
         """
         if self._local is None:
             raise PlatoonError("call init_shared_params() before start_sync()")
+        if type(self._adapter).__name__ == "JaxAdapter":
+            raise TypeError("start_sync() updates parameters in place, which JAX arrays do not "
+                            "allow; call sync_params(params=...) instead")
+        self._check_controller()
         with self._sync_lock:
+            self._adapter.pull()
             return self._exchange.start()
+
+    def _after_async_pull(self):
+        self._adapter.push()
+        self.syncs += 1
 
     @property
     def sync_stats(self):
@@ -250,12 +330,19 @@ class Worker:
 
     # -- minibatches --
 
-    def init_mb_sock(self, port):
-        """Connect to the controller's minibatch channel on `port` (or endpoint string)."""
+    def init_mb_sock(self, port=None):
+        """Connect to the controller's minibatch channel on `port` (an endpoint string, or
+        None: the launcher's)."""
         self._check_open()
+        if port is None:
+            port = JobEnvironment.read().data_port
+            if port is None:
+                raise ValueError("init_mb_sock() needs the controller's data port, or to run "
+                                 "under platoon-launcher with a controller that called "
+                                 "init_data()")
         if self._mb is not None:
             raise PlatoonError("the minibatch socket is already connected")
-        sock = self._res.socket(zmq.PULL)
+        sock = self._client_socket(zmq.PULL)
         sock.rcvhwm = 2
         self._mb_address = _endpoint(self.host, port)
         self._mb_timeout_ms = -1
@@ -289,19 +376,32 @@ class Worker:
 
     # -- teardown --
 
+    def _client_socket(self, kind):
+        sock = self._res.socket(kind)
+        if self._keys is not None:
+            security.make_client(sock, self._keys)
+        return sock
+
     def _check_open(self):
         if self._closed:
             raise PlatoonError("worker %s is closed" % self.worker_id)
 
-    def close(self):
-        """Tell the controller this worker is done, then release everything. Idempotent."""
+    def close(self, error=None):
+        """Tell the controller this worker is done, then release everything. Idempotent.
+
+        With `error` (a message), the worker tells the controller it failed
+        instead; the controller handles that as the worker's death (see
+        `Controller.handle_worker_death`). Leaving a ``with`` block through an
+        exception does this.
+        """
         if self._closed:
             return
         try:
-            if self._registered:
+            if self._registered and self._controller_alive():
                 timeout = 5.0 if self.timeout is None else min(self.timeout, 5.0)
                 try:
-                    self.send_req(protocol.DONE, timeout=timeout)
+                    self.send_req(protocol.DONE, {"error": error} if error else None,
+                                  timeout=timeout)
                 except PlatoonError as exc:
                     log.warning("worker %d could not tell the controller it is done: %s",
                                 self.worker_id, exc)
@@ -315,5 +415,8 @@ class Worker:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None or issubclass(exc_type, (ControllerGone, ControllerTimeout)):
+            self.close()
+        else:
+            self.close(error="%s: %s" % (exc_type.__name__, exc))

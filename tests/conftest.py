@@ -2,7 +2,6 @@
 
 import os
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -10,7 +9,7 @@ import time
 
 import pytest
 
-from platoon.shmem import HEADER, MAGIC
+from platoon.shmem import pid_alive, segment_owner
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROCS = os.path.join(HERE, "procs")
@@ -22,26 +21,6 @@ def platoon_segments():
         return {n for n in os.listdir(SHM) if n.startswith("platoon")}
     except FileNotFoundError:
         return set()
-
-
-def segment_owner(name):
-    """Owner pid written in a centre's header, or None if unreadable."""
-    try:
-        with open(os.path.join(SHM, name), "rb") as f:
-            magic, pid, _, _ = HEADER.unpack(f.read(HEADER.size))
-    except (OSError, struct.error):
-        return None
-    return pid if magic == MAGIC else None
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def child_pids():
@@ -67,7 +46,7 @@ def no_leaks():
     yield
     leaked = []
     for name in sorted(platoon_segments() - before):
-        owner = segment_owner(name)
+        owner = segment_owner(os.path.join(SHM, name))
         # Segments of live processes other than us belong to a suite running beside this one.
         if owner is None or owner == os.getpid() or not pid_alive(owner):
             leaked.append(name)

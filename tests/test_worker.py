@@ -61,7 +61,7 @@ def test_closed_worker(serve):
 
 @pytest.mark.parametrize("params, rule, error, message", [
     ([], EASGD(0.5), ValueError, "at least one"),
-    ([[1.0, 2.0]], EASGD(0.5), TypeError, "parameter 0 is a list"),
+    ([[1.0, 2.0]], EASGD(0.5), TypeError, "parameter 0 is a builtins.list"),
     ([np.zeros(2), np.frombuffer(b"\0" * 16)], EASGD(0.5), TypeError, "parameter 1 is read-only"),
     ([np.zeros(2, np.int64)], EASGD(0.5), TypeError, "floating-point"),
     ([np.zeros(2)], "easgd", TypeError, "ParamSyncRule"),

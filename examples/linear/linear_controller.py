@@ -4,6 +4,7 @@ Run by hand:  python linear_controller.py --port 5567 --workers 2
 """
 
 import argparse
+import os
 import logging
 
 import numpy as np
@@ -28,7 +29,8 @@ class LinearController(Controller):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--port", type=int, default=5567)
+    parser.add_argument("--port", type=int,
+                        default=int(os.environ.get("PLATOON_CONTROL_PORT", 5567)))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=4000, help="minibatches in total")
     args = parser.parse_args()

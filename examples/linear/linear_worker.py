@@ -4,6 +4,7 @@ Run by hand (several times):  python linear_worker.py --port 5567
 """
 
 import argparse
+import os
 
 import numpy as np
 
@@ -14,7 +15,8 @@ FEATURES = 20
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--port", type=int, default=5567)
+    parser.add_argument("--port", type=int,
+                        default=int(os.environ.get("PLATOON_CONTROL_PORT", 5567)))
     parser.add_argument("--sync-every", type=int, default=10, help="minibatches between syncs")
     parser.add_argument("--lr", type=float, default=0.05)
     args = parser.parse_args()

@@ -1,0 +1,45 @@
+"""A digits worker: SGD on minibatches of the training set, EASGD with the centre.
+
+Run by the launcher:  platoon-launcher examples/digits/digits -n 2
+"""
+
+import argparse
+import os
+
+import numpy as np
+
+import mlp
+from platoon import EASGD, Worker
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, default=None, help="by hand: the controller's port")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--sync-every", type=int, default=10, help="minibatches between syncs")
+    parser.add_argument("--alpha", type=float, default=None,
+                        help="EASGD elastic force (default 0.9 / number of workers)")
+    args = parser.parse_args()
+    num_workers = int(os.environ.get("PLATOON_NUM_WORKERS", "2"))
+    alpha = args.alpha if args.alpha is not None else min(0.9 / num_workers, 1.0)
+
+    (x_train, y_train), (x_valid, y_valid), _ = mlp.load_split()
+    params = mlp.init_params()
+    with Worker(control_port=args.port) as w:
+        rng = np.random.default_rng(1000 + w.worker_id)
+        w.init_shared_params(params, param_sync_rule=EASGD(alpha))
+        print("worker %d on %s, alpha %.3g" % (w.worker_id, w.device, alpha), flush=True)
+        while w.send_req("next") == "train":
+            for _ in range(args.sync_every):
+                idx = rng.integers(0, len(y_train), args.batch_size)
+                loss, grads = mlp.loss_and_grads(params, x_train[idx], y_train[idx])
+                for p, g in zip(params, grads):
+                    p -= args.lr * g
+            w.sync_params()
+            w.send_req("done", {"n": args.sync_every, "syncs": w.syncs, "loss": loss,
+                                "valid_error": mlp.error_rate(params, x_valid, y_valid)})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Adapters let `Worker.init_shared_params` take any framework's parameters.
+
+An adapter exposes the parameters as host numpy arrays that the sync rule
+updates (`arrays`), with `pull()` to bring device values into them before a
+sync and `push()` to install the result afterwards. numpy arrays and PyTorch
+CPU tensors are shared without any copy; CUDA tensors, CuPy and pycuda arrays
+go through one device-to-host and one host-to-device copy per sync into
+pinned staging buffers; JAX arrays are immutable, so `push()` builds new ones
+(`params()` returns them). Each framework's module is imported only when its
+arrays are seen, so none is a dependency.
+"""
+
+import sys
+
+import numpy as np
+
+
+class Adapter:
+    """Host numpy views of a list of parameters, with device transfers around a sync."""
+
+    def __init__(self, params, arrays):
+        self._params = params
+        self.arrays = arrays
+
+    def pull(self, params=None):
+        """Bring the parameters' current values into `arrays` (no-op when they share memory).
+
+        `params` replaces the parameters first (immutable frameworks make new ones each step).
+        """
+        if params is not None:
+            self._params = list(params)
+
+    def push(self):
+        """Install `arrays` as the parameters' values (no-op when they share memory)."""
+
+    def params(self):
+        """The user's parameters (new objects for immutable frameworks)."""
+        return self._params
+
+
+def _framework(obj):
+    """Which adapter module handles `obj`, judged by its type's module, without importing any."""
+    module = type(obj).__module__ or ""
+    root = module.split(".", 1)[0]
+    if root in ("torch",):
+        return "torch"
+    if root in ("cupy",):
+        return "cupy"
+    if root in ("jax", "jaxlib"):
+        return "jax"
+    if root in ("pycuda",):
+        return "pycuda"
+    if isinstance(obj, np.ndarray):
+        return "numpy"
+    if "torch" in sys.modules:
+        import torch
+        if isinstance(obj, torch.nn.Module):
+            return "torch"
+    return None
+
+
+def adapt(params):
+    """An Adapter for `params`: a list of arrays of one framework, or a torch nn.Module.
+
+    Raises TypeError naming the first parameter of an unsupported type.
+    """
+    if _framework(params) == "torch":  # an nn.Module
+        from . import torch_adapter
+        return torch_adapter.adapt(list(params.parameters()))
+    params = list(params)
+    if not params:
+        raise ValueError("init_shared_params() needs at least one parameter array")
+    kinds = [_framework(p) for p in params]
+    for i, kind in enumerate(kinds):
+        if kind is None:
+            raise TypeError("parameter %d is a %s.%s, which platoon cannot share; pass numpy "
+                            "arrays, torch tensors (or an nn.Module), CuPy, pycuda or JAX arrays"
+                            % (i, type(params[i]).__module__, type(params[i]).__name__))
+    if len(set(kinds)) > 1:
+        raise TypeError("parameters mix frameworks (%s); pass arrays of one framework"
+                        % ", ".join(sorted(set(kinds))))
+    kind = kinds[0]
+    if kind == "numpy":
+        return Adapter(params, params)
+    if kind == "torch":
+        from . import torch_adapter as module
+    elif kind == "cupy":
+        from . import cupy_adapter as module
+    elif kind == "pycuda":
+        from . import pycuda_adapter as module
+    else:
+        from . import jax_adapter as module
+    return module.adapt(params)

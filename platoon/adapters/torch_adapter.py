@@ -1,0 +1,42 @@
+"""PyTorch tensors: CPU tensors shared in place, CUDA tensors through pinned staging buffers."""
+
+import torch
+
+from . import Adapter
+
+
+def _check(i, t):
+    if t.dtype in (torch.bfloat16, getattr(torch, "complex32", torch.bfloat16)):
+        raise TypeError("parameter %d is %s, which numpy cannot hold; keep a float32 master copy "
+                        "of it for syncing" % (i, t.dtype))
+    if not t.is_contiguous():
+        raise TypeError("parameter %d is a non-contiguous tensor; pass .contiguous() tensors" % i)
+
+
+class TorchCUDAAdapter(Adapter):
+    def __init__(self, params):
+        self._staging = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in params]
+        super().__init__(params, [s.numpy() for s in self._staging])
+
+    def pull(self, params=None):
+        super().pull(params)
+        with torch.no_grad():
+            for s, p in zip(self._staging, self._params):
+                s.copy_(p.detach())  # device to host; synchronous into pinned memory
+
+    def push(self):
+        with torch.no_grad():
+            for s, p in zip(self._staging, self._params):
+                p.copy_(s)
+
+
+def adapt(params):
+    for i, t in enumerate(params):
+        _check(i, t)
+    devices = {t.device.type for t in params}
+    if devices == {"cpu"}:
+        return Adapter(params, [t.detach().numpy() for t in params])
+    if devices == {"cuda"}:
+        return TorchCUDAAdapter(params)
+    raise TypeError("parameters live on %s; put them all on the CPU or all on the worker's GPU"
+                    % ", ".join(sorted(devices)))

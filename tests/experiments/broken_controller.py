@@ -1,0 +1,1 @@
+raise ImportError("deliberately broken controller script")

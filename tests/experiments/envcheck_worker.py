@@ -1,0 +1,15 @@
+"""Prints what the launcher told this worker, shares a parameter, reports, and exits."""
+
+import os
+
+import numpy as np
+
+from platoon import EASGD, Worker
+
+with Worker() as w:
+    print("DEVICE %s CUDA_VISIBLE_DEVICES=%r OMP_NUM_THREADS=%s"
+          % (w.device, os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("OMP_NUM_THREADS")))
+    w.init_shared_params([np.zeros(10)], EASGD(0.5))
+    w.sync_params()
+    w.report(minibatches=5, loss=0.5)
+    w.barrier()

@@ -1,0 +1,183 @@
+"""Faults with real processes: workers and controllers killed, stale memory, checkpoints."""
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from platoon import (EASGD, Controller, ControllerGone, LayoutMismatch, PlatoonError, Worker,
+                     WorkerDied)
+from platoon import checkpoint
+from platoon.protocol import layout_of
+from platoon.shmem import HEADER, MAGIC, SharedCentre, remove_stale_segments, segment_name
+
+
+class Tolerant(Controller):
+    """Carries on when a worker dies, remembering when it heard of it."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.deaths = []
+
+    def handle_control(self, req, worker_id, req_info):
+        return None
+
+    def handle_worker_death(self, worker_id, exit_info):
+        self.deaths.append((worker_id, exit_info, time.monotonic()))
+
+
+def test_worker_killed_holding_the_lock_mid_update(serve, procs):
+    ctl = Tolerant(control_port=0, liveness_interval_s=0.2)
+    serving = serve(ctl)
+    victim = procs("die_worker.py", ctl.control_port, "hold")
+    victim.wait_for_line("HOLDING")
+    with Worker(ctl.control_port, timeout=10) as survivor:
+        params = [np.zeros(100000)]
+        init = threading.Thread(target=survivor.init_shared_params, args=(params, EASGD(0.5)))
+        init.start()
+        init.join(0.3)
+        assert init.is_alive()  # waiting for the lock: the victim holds it
+        killed_at = time.monotonic()
+        victim.kill()
+        init.join(10)
+        assert not init.is_alive()
+        params[0] += 2.0
+        survivor.sync_params()  # the kernel released the dead holder's lock
+        lock_recovered_s = time.monotonic() - killed_at
+        # Each element of the centre was either written by the victim (5) or not (0); the
+        # survivor started from it, added 2 and synced halfway: 5 -> 6, 0 -> 1.
+        centre = survivor.shared_params[0]
+        assert lock_recovered_s < 2.0
+        wait = time.monotonic() + 5
+        while not ctl.deaths and time.monotonic() < wait:
+            survivor.send_req("poke")  # request-driven and bounded: no sleep
+        assert ctl.deaths, "controller did not notice the death"
+        worker_id, info, noticed_at = ctl.deaths[0]
+        assert info["pid"] == victim.pid and worker_id == 0
+        assert noticed_at - killed_at < 2.0
+        np.testing.assert_array_equal(centre[:50000], 6.0)
+        np.testing.assert_array_equal(centre[50000:], 1.0)
+    serving.join()  # the dead worker counts as done, so serve returns
+
+
+def test_by_default_a_dead_worker_ends_serve(procs):
+    with Controller(control_port=0, liveness_interval_s=0.2) as ctl:
+        victim = procs("die_worker.py", ctl.control_port, "sync")
+        errors = []
+
+        def run():
+            try:
+                ctl.serve(timeout=20)
+            except WorkerDied as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=run)
+        t.start()
+        victim.wait_for_line("READY")
+        victim.kill()
+        t.join(10)
+        assert errors and "worker 0 (pid %d) died" % victim.pid in str(errors[0])
+        assert "--restart" in str(errors[0])
+
+
+@pytest.mark.parametrize("mode", ["barrier", "sync"])
+def test_workers_notice_a_dead_controller(procs, tmp_path, mode):
+    ctl = procs("step_controller.py", 2, tmp_path / "c.npz", 30)
+    port = int(ctl.wait_for_line("PORT").split()[1])
+    segment = "/dev/shm" + segment_name(ctl.wait_for_line("JOB").split()[1])
+    worker = procs("die_worker.py", port, mode)
+    worker.wait_for_line("READY")
+    killed_at = time.monotonic()
+    ctl.kill()
+    assert worker.wait(10) != 0
+    line = worker.wait_for_line("RAISED")
+    assert "ControllerGone" in line and "has exited" in line, worker.output
+    assert time.monotonic() - killed_at < 5.0
+    # A SIGKILLed controller cannot clean up; the next controller to start on this machine
+    # does (possibly one of a suite running beside this one).
+    with Controller():
+        assert not os.path.exists(segment)
+
+
+def test_stale_segments_of_dead_jobs_are_removed_live_ones_kept(procs, tmp_path):
+    dead = procs("step_controller.py", 1, tmp_path / "c.npz", 0.01)
+    dead.wait()
+    live = procs("step_controller.py", 1, tmp_path / "d.npz", 30)
+    live.wait_for_line("PORT")
+    layout = layout_of([np.zeros(3)])
+    made = {}
+    for owner, proc in (("dead", dead), ("live", live)):
+        centre = SharedCentre.create("stale%s%s" % (owner, os.urandom(4).hex()), layout)
+        HEADER.pack_into(centre._map, 0, MAGIC, proc.pid, 64, 1)  # as if that process owned it
+        made[owner] = centre
+    try:
+        removed = remove_stale_segments()
+        assert "/dev/shm" + made["dead"].name in removed
+        assert os.path.exists("/dev/shm" + made["live"].name)
+        with Controller():  # a new controller cleans up on start, too
+            pass
+    finally:
+        for centre in made.values():
+            centre.close()
+            centre.unlink()
+
+
+def test_checkpoint_and_bit_identical_resume(serve, tmp_path):
+    path = str(tmp_path / "ckpt" / "centre.npz")
+    ctl = Tolerant(control_port=0, checkpoint_path=path)
+    serving = serve(ctl)
+    rng = np.random.default_rng(3)
+    saved = [rng.normal(size=(30, 7)).astype(np.float32), rng.normal(size=5)]
+    with Worker(ctl.control_port, timeout=5) as w:
+        w.init_shared_params([a.copy() for a in saved], EASGD(0.5))
+    serving.join()
+    arrays, meta = checkpoint.load(str(tmp_path / "ckpt"))
+    assert meta["job_id"] == ctl.job_id
+    for a, b in zip(arrays, saved):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+
+    resumed = Tolerant(control_port=0, resume_from=path)
+    serving = serve(resumed)
+    with Worker(resumed.control_port, timeout=5) as w:
+        mine = [np.zeros((30, 7), np.float32), np.zeros(5)]
+        w.init_shared_params(mine, EASGD(0.5))  # the checkpoint, not these zeros, is the centre
+        for a, b in zip(mine, saved):
+            assert a.tobytes() == b.tobytes()
+        with Worker(resumed.control_port, timeout=5) as other:
+            with pytest.raises(LayoutMismatch):
+                other.init_shared_params([np.zeros(3)], EASGD(0.5))
+    serving.join()
+
+
+def test_a_crash_while_writing_leaves_the_last_checkpoint(tmp_path, monkeypatch):
+    path = str(tmp_path / "centre.npz")
+    checkpoint.save(path, [np.arange(4.0)], {"n": 1})
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full (simulated crash mid-write)")
+
+    monkeypatch.setattr(np, "savez", crash)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.save(path, [np.zeros(4)], {"n": 2})
+    arrays, meta = checkpoint.load(path)
+    np.testing.assert_array_equal(arrays[0], np.arange(4.0))
+    assert meta == {"n": 1} and os.listdir(tmp_path) == ["centre.npz"]
+    with pytest.raises(PlatoonError, match="cannot read checkpoint"):
+        checkpoint.load(str(tmp_path / "missing.npz"))
+
+
+def test_sigterm_to_a_serving_controller_cleans_up(procs, tmp_path):
+    ctl = procs("step_controller.py", 2, tmp_path / "c.npz", 30)
+    port = int(ctl.wait_for_line("PORT").split()[1])
+    job_id = ctl.wait_for_line("JOB").split()[1]
+    worker = procs("die_worker.py", port, "barrier")
+    worker.wait_for_line("READY")
+    assert os.path.exists("/dev/shm" + segment_name(job_id))
+    os.kill(ctl.pid, signal.SIGTERM)
+    assert ctl.wait(10) == 128 + signal.SIGTERM
+    assert not os.path.exists("/dev/shm" + segment_name(job_id))
+    assert worker.wait(10) != 0  # the worker noticed

@@ -1,0 +1,215 @@
+"""platoon-launcher with real controller and worker processes: success, failure, signals."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from platoon.shmem import segment_name
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+EXPERIMENTS = os.path.join(HERE, "experiments")
+
+
+def job_processes(job_id):
+    """Pids of live processes started for a job (they carry PLATOON_JOB_ID)."""
+    needle = ("PLATOON_JOB_ID=%s" % job_id).encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/%s/environ" % entry, "rb") as f:
+                    if needle in f.read().split(b"\0"):
+                        with open("/proc/%s/stat" % entry) as s:
+                            if s.read().rsplit(")", 1)[1].split()[0] != "Z":
+                                found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def wait_until(condition, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail("timed out after %.3g s waiting for %s" % (timeout, what))
+        time.sleep(0.05)  # polling state owned by other processes, bounded by the deadline
+
+
+def launcher_cmd(*args):
+    return [sys.executable, "-m", "platoon.launcher"] + list(args)
+
+
+def run_launcher(args, tmp_path, env=None, timeout=120):
+    full_env = dict(os.environ, **(env or {}))
+    proc = subprocess.run(args + ["--log-dir", str(tmp_path / "logs")], capture_output=True,
+                          text=True, timeout=timeout, env=full_env, cwd=str(tmp_path))
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def job_id_of(output):
+    match = re.search(r"job ([0-9a-f]{16})", output)
+    assert match, output
+    return match.group(1)
+
+
+def assert_job_gone(job_id):
+    wait_until(lambda: not job_processes(job_id), 15, "the job's processes to exit")
+    assert not os.path.exists("/dev/shm" + segment_name(job_id))
+
+
+class Launched:
+    """A launcher running in the background, for signal tests."""
+
+    def __init__(self, args, tmp_path):
+        self.log = open(tmp_path / "launcher.out", "w+")
+        self.popen = subprocess.Popen(args + ["--log-dir", str(tmp_path / "logs")],
+                                      stdout=self.log, stderr=subprocess.STDOUT,
+                                      cwd=str(tmp_path), start_new_session=True)
+
+    def output(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def job_id(self):
+        wait_until(lambda: re.search(r"job [0-9a-f]{16}", self.output()), 20, "the job id")
+        return job_id_of(self.output())
+
+    def close(self):
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait(10)
+        self.log.close()
+
+
+@pytest.fixture
+def launched(tmp_path):
+    started = []
+
+    def start(*args):
+        launch = Launched(launcher_cmd(*args), tmp_path)
+        started.append(launch)
+        return launch
+
+    yield start
+    for launch in started:
+        job = re.search(r"job ([0-9a-f]{16})", launch.output())
+        launch.close()
+        if job:  # nothing of the job may survive a failed test either
+            for pid in job_processes(job.group(1)):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_digits_example_trains_through_the_console_script(tmp_path):
+    script = os.path.join(os.path.dirname(sys.executable), "platoon-launcher")
+    code, out = run_launcher([script, os.path.join(ROOT, "examples", "digits", "digits"),
+                              "-n", "2", "-c", "--max-minibatches 1500"], tmp_path,
+                             env={"CUDA_VISIBLE_DEVICES": ""})
+    assert code == 0, out
+    assert "no CUDA GPU visible: starting 2 CPU worker(s)" in out
+    accuracy = float(re.search(r"test accuracy ([\d.]+)%", out).group(1))
+    assert accuracy > 80.0, out  # a short run; the full one reaches 95%+
+    assert (tmp_path / "logs" / "digits_curves.png").stat().st_size > 1000
+    for name in ("controller.log", "worker0.log", "worker1.log", "status.json"):
+        assert (tmp_path / "logs" / name).exists()
+    assert not job_processes(job_id_of(out))
+
+
+def test_devices_environment_and_thread_caps(tmp_path):
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"),
+                                          "-D", "cuda3", "cpu"), tmp_path)
+    assert code == 0, out
+    logs = tmp_path / "logs"
+    assert "DEVICE cuda3 CUDA_VISIBLE_DEVICES='3'" in (logs / "worker0.log").read_text()
+    cpu_threads = max(1, (os.cpu_count() or 1) // 1)
+    assert ("DEVICE cpu CUDA_VISIBLE_DEVICES='' OMP_NUM_THREADS=%d" % cpu_threads
+            in (logs / "worker1.log").read_text())
+    assert '"minibatches": 10' in (logs / "status.json").read_text()
+
+
+def test_a_crashing_worker_stops_the_job(tmp_path):
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "crash"), "-n", "2"),
+                             tmp_path)
+    assert code == 1, out
+    assert re.search(r"worker\d failed \(exit code 1\); stopped the job", out), out
+    assert "deliberate crash in worker 1" in out  # the tail of its log
+    assert_job_gone(job_id_of(out))
+
+
+def test_a_controller_that_never_gets_ready(tmp_path):
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "broken"), "-n", "1"),
+                             tmp_path)
+    assert code == 1, out
+    assert "the controller did not become ready (exit code 1)" in out
+    assert "deliberately broken controller script" in out
+
+
+def test_usage_errors(tmp_path):
+    code, out = run_launcher(launcher_cmd(str(tmp_path / "nothing")), tmp_path)
+    assert code == 2 and "no worker script" in out
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"), "-D", "tpu0"),
+                             tmp_path)
+    assert code == 2 and "unknown device 'tpu0'" in out
+    code, out = run_launcher(launcher_cmd("--help"), tmp_path)
+    assert code == 0 and "exit codes" in out and "130" in out
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupting_the_launcher_stops_everything(launched, signum, code):
+    launch = launched(os.path.join(EXPERIMENTS, "forever"), "-n", "2")
+    job_id = launch.job_id()
+    wait_until(lambda: os.path.exists("/dev/shm" + segment_name(job_id)), 20,
+               "the workers to share their parameters")
+    launch.popen.send_signal(signum)
+    assert launch.popen.wait(20) == code, launch.output()
+    assert "received: stopping the job" in launch.output()
+    assert_job_gone(job_id)
+
+
+def test_workers_die_with_a_killed_launcher(launched):
+    launch = launched(os.path.join(EXPERIMENTS, "forever"), "-n", "2")
+    job_id = launch.job_id()
+    wait_until(lambda: os.path.exists("/dev/shm" + segment_name(job_id)), 20,
+               "the workers to share their parameters")
+    os.kill(launch.popen.pid, signal.SIGKILL)
+    launch.popen.wait(10)
+    assert_job_gone(job_id)  # PDEATHSIG: each child gets SIGTERM and cleans up
+
+
+def test_restart_replaces_a_crashed_worker_and_the_job_completes(tmp_path):
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "crash"), "-n", "2",
+                                          "--restart", "1"), tmp_path)
+    assert code == 0, out
+    assert re.search(r"worker\d failed \(exit code 1\); starting a replacement", out), out
+    assert "job finished: 2 worker(s) done, 1 failed" in out
+    assert list((tmp_path / "logs").glob("worker*.restart1.log"))
+    assert_job_gone(job_id_of(out))
+
+
+def test_resume_starts_from_the_saved_centre(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"), "-n", "2"),
+                             first)
+    assert code == 0, out
+    saved = first / "logs" / "centre.npz"
+    assert saved.exists()
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"), "-n", "2",
+                                          "--resume", str(first / "logs")), second)
+    assert code == 0, out
+    assert "centre initialised from checkpoint" in (second / "logs" / "controller.log").read_text()
+
+
+def test_keep_going_lets_the_controller_carry_on(tmp_path):
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "tolerant"), "-n", "2",
+                                          "--keep-going"), tmp_path)
+    assert code == 0, out
+    assert "carrying on without it (--keep-going)" in out
+    assert "SURVIVED the loss of worker 1: RuntimeError: deliberate crash in worker 1" in out

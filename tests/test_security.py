@@ -1,0 +1,77 @@
+"""CURVE authentication: only holders of the job's keys get in; keys stay private."""
+
+import os
+import stat
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import zmq
+
+from platoon import ControllerTimeout, EASGD, Controller, PlatoonError, Worker
+from platoon.security import generate_keys, is_loopback, load_keys
+
+EXPERIMENTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "experiments")
+
+
+class Echo(Controller):
+    def handle_control(self, req, worker_id, req_info):
+        return req_info
+
+
+@pytest.fixture
+def keys(tmp_path):
+    return generate_keys(str(tmp_path / "keys.json"))
+
+
+def test_keys_file_is_private_and_checked(keys, tmp_path):
+    assert stat.S_IMODE(os.stat(keys).st_mode) == 0o600
+    assert set(load_keys(keys)) == {"server_public", "server_secret", "client_public",
+                                    "client_secret"}
+    os.chmod(keys, 0o644)
+    with pytest.raises(PlatoonError, match="chmod 600"):
+        load_keys(keys)
+    with pytest.raises(FileExistsError):
+        generate_keys(keys)  # never overwritten
+
+
+def test_only_key_holders_get_in(keys, tmp_path, serve):
+    ctl = Echo(control_port=0, data_port=0, keys_file=keys)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, ctl.data_port, timeout=5, keys_file=keys) as w:
+        assert w.send_req("hello", [1]) == [1]
+        w.init_shared_params([np.ones(3)], EASGD(0.5))
+        with pytest.raises(ControllerTimeout):
+            Worker(ctl.control_port, timeout=0.5)  # no keys: the handshake never completes
+        stranger = generate_keys(str(tmp_path / "other.json"))
+        with pytest.raises(ControllerTimeout):
+            Worker(ctl.control_port, timeout=0.5, keys_file=stranger)  # wrong keys
+        ctx = zmq.Context()
+        try:
+            thief = ctx.socket(zmq.PULL)
+            thief.linger = 0
+            thief.connect("tcp://127.0.0.1:%d" % ctl.data_port)
+            for i in range(4):
+                ctl.send_mb([np.full(2, i)], timeout=5)
+            got = [int(w.recv_mb()[0][0]) for _ in range(4)]
+            assert got == [0, 1, 2, 3]  # all of them reached the authenticated worker
+            assert thief.poll(300) == 0  # and none the stranger
+        finally:
+            ctx.destroy(linger=0)
+    serving.join()
+
+
+def test_loopback_detection():
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
+
+
+def test_launcher_curve_job(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "platoon.launcher",
+                          os.path.join(EXPERIMENTS, "envcheck"), "-n", "2", "--curve",
+                          "--log-dir", str(tmp_path / "logs")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    keys = tmp_path / "logs" / "curve_keys.json"
+    assert stat.S_IMODE(os.stat(keys).st_mode) == 0o600
