@@ -271,3 +271,22 @@ def test_worker_start_sync_end_to_end_and_close_with_a_sync_in_flight(serve):
         a.start_sync()                    # never waited for: close() finishes it
     serving.join()
     np.testing.assert_array_equal(pa[0], 2.5)
+
+
+def test_start_sync_with_torch_tensors_keeps_changes_made_in_flight(serve):
+    torch = pytest.importorskip("torch", reason="needs PyTorch")
+    ctl = Controller(control_port=0, num_workers=2)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout=10) as a, Worker(ctl.control_port, timeout=10) as b:
+        a.init_shared_params([np.full(4, 2.0, np.float32)], EASGD(0.5))
+        t = torch.zeros(4)
+        b.init_shared_params([t], EASGD(0.5))
+        torch.testing.assert_close(t, torch.full((4,), 2.0))
+        t += 2.0
+        handle = b.start_sync()
+        t += 1.0
+        handle.wait(timeout=10)
+        torch.testing.assert_close(t, torch.full((4,), 4.0))  # 5 - 0.5 * (4 - 2)
+        np.testing.assert_array_equal(ctl.centre[0], 3.0)
+        assert b.syncs == 1
+    serving.join()
