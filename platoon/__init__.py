@@ -11,6 +11,9 @@ from .errors import (ControllerGone, ControllerTimeout, LayoutMismatch, LockTime
                      ServeTimeout, SyncTimeout, WorkerDied)
 from .exchange import SyncHandle, SyncStats
 from .rules import ASGD, EASGD, ParamSyncRule
+from .collectives import average_gradients
+from .downpour import SGD, Adam, Downpour
+from .sharding import shard
 from .worker import Worker
 
 __version__ = "0.1.0"
@@ -20,4 +23,5 @@ __all__ = [
     "PlatoonError", "ControllerTimeout", "LockTimeout", "ServeTimeout", "MinibatchTimeout",
     "ProtocolError", "RemoteError", "LayoutMismatch", "PortInUse", "WorkerDied",
     "ControllerGone", "SyncTimeout",
+    "Downpour", "SGD", "Adam", "average_gradients", "shard",
 ]

@@ -15,6 +15,8 @@ import runpy
 import signal
 import sys
 
+from .controller import raise_system_exit
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -29,16 +31,12 @@ def _die_with_parent():
         sys.exit("platoon: the launcher is gone; exiting")
 
 
-def _terminate(signum, frame):
-    raise SystemExit(128 + signum)
-
-
 def main():
     if len(sys.argv) < 3:
         sys.exit("usage: python -m platoon.child LABEL SCRIPT [ARGS...]")
     label, target, args = sys.argv[1], sys.argv[2], sys.argv[3:]
     _die_with_parent()
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, raise_system_exit)
     logging.basicConfig(
         level=os.environ.get("PLATOON_LOG_LEVEL", "INFO").upper(),
         format="%(asctime)s " + label + " %(levelname)s %(name)s: %(message)s")

@@ -23,6 +23,7 @@ import zmq
 
 from . import protocol, security
 from .checkpoint import load as load_checkpoint, save as save_checkpoint
+from .collectives import NodeCollectives
 from .environment import JobEnvironment
 from .errors import LayoutMismatch, MinibatchTimeout, PlatoonError, PortInUse, ProtocolError, \
     ServeTimeout, WorkerDied
@@ -85,6 +86,8 @@ class Controller:
             `checkpoint_every_s` seconds (if given) and when `serve` ends.
         resume_from: a checkpoint (file or directory) to initialise the centre from.
         liveness_interval_s: how often local workers' pids are checked.
+        replacement_timeout_s: how long to wait for the replacement of a dead
+            worker (within `restarts`) before carrying on without it.
         keys_file: CURVE keys (see `platoon.security`): only peers holding the
             job's client key may connect. Binding beyond loopback without them
             logs a warning.
@@ -100,7 +103,8 @@ class Controller:
     def __init__(self, control_port=None, data_port=None, *, num_workers=None, host="127.0.0.1",
                  job_id=None, max_request_bytes=protocol.DEFAULT_MAX_REQUEST_BYTES,
                  restarts=None, checkpoint_path=None, checkpoint_every_s=None, resume_from=None,
-                 liveness_interval_s=0.5, keys_file=None, transport="tcp"):
+                 liveness_interval_s=0.5, keys_file=None, replacement_timeout_s=120.0,
+                 transport="tcp"):
         if transport not in ("tcp", "ipc"):
             raise ValueError("transport must be 'tcp' or 'ipc', got %r" % (transport,))
         self._env = env = JobEnvironment.read()
@@ -137,7 +141,11 @@ class Controller:
         self._syncs_by_worker = {}
         self._status_written = 0.0
         self.restarts_left = restarts if restarts is not None else (env.restarts or 0)
-        self._replacements_expected = 0
+        self.replacement_timeout_s = replacement_timeout_s
+        self._awaiting = []       # deadlines of replacements expected for dead workers
+        self._deaths = []         # (worker id, exit info) for handle_worker_death, in order
+        self._next_tick = 0.0
+        self._announced = False
         self.checkpoint_path = checkpoint_path or env.checkpoint_path
         self.checkpoint_every_s = checkpoint_every_s or env.checkpoint_every_s
         self.resume_from = resume_from or env.resume_from
@@ -150,6 +158,13 @@ class Controller:
         elif not security.is_loopback(host):
             log.warning("controller binds %s without authentication: anyone who can reach this "
                         "machine can join the job; use keys (platoon-launcher --curve)", host)
+        # Collectives and multi-node (platoon.collectives, platoon.mpi)
+        self.node_link = None  # a platoon.mpi.NodeLink when the job spans nodes
+        self._collectives = NodeCollectives(self)
+        self._collectives_finalizer = weakref.finalize(self, self._collectives.close)
+        if os.environ.get("PLATOON_MPI_NODE"):  # run by `python -m platoon.mpi`: join the job
+            from .mpi import node_link_for
+            self.node_link = node_link_for(self)
         if control_port is not None:
             self.init_control(control_port)
         if data_port is not None:
@@ -162,7 +177,9 @@ class Controller:
         if self._control is not None:
             raise PlatoonError("the control socket is already bound (port %d)" % self.control_port)
         sock = self._server_socket(zmq.ROUTER)
-        sock.setsockopt(zmq.MAXMSGSIZE, 16 * self.max_request_bytes)
+        # Frames up to twice the limit get an error reply; larger ones drop the connection.
+        sock.setsockopt(zmq.MAXMSGSIZE, 2 * self.max_request_bytes)
+        sock.rcvhwm = 100
         try:
             self.control_port, self.control_address = self._bind(sock, port, "control")
         except PlatoonError:
@@ -245,7 +262,8 @@ class Controller:
         `detected_after_s` (the pid-check interval). The default raises WorkerDied,
         which ends `serve` and so the job; return instead to carry on with the others (the
         dead worker then counts as done). Within the `restarts` budget a
-        replacement is expected and this hook is not called.
+        replacement is expected instead and this hook is not called. It runs in
+        `serve`, outside request handling, so what it raises ends `serve`.
         """
         raise WorkerDied("worker %d (pid %s) %s; the job stops. Override handle_worker_death "
                          "to carry on without it, or run the launcher with --restart N to "
@@ -257,8 +275,7 @@ class Controller:
     def all_done(self):
         """True once the expected workers have registered and all have said they are done
         (dead workers count as done; a replacement expected for one must register too)."""
-        expected = (self.num_workers or 1) + self._replacements_expected
-        return (len(self._workers) >= expected
+        return (len(self._workers) >= (self.num_workers or 1) and not self._awaiting
                 and all(rec.done for rec in self._workers.values()))
 
     def serve(self, timeout=None):
@@ -273,6 +290,8 @@ class Controller:
         deadline = None if timeout is None else time.monotonic() + timeout
         restore = _exit_on_sigterm()
         self._announce_ready()
+        if self.node_link is not None:
+            self.node_link.start(self)  # the centre tie, if any
         sock = self._control
         rcvtimeo = None
         try:
@@ -295,11 +314,15 @@ class Controller:
                 now = time.monotonic()
                 if now >= self._next_tick:
                     self._tick(now)
+                while self._deaths:  # outside request handling: what the hook raises ends serve
+                    self.handle_worker_death(*self._deaths.pop(0))
                 if deadline is not None and now >= deadline and not self.all_done():
                     raise ServeTimeout(
                         "serve() timed out after %.3g s with %d worker(s) registered, %d done"
                         % (timeout, len(self._workers),
                            sum(r.done for r in self._workers.values())))
+            if self.node_link is not None:
+                self.node_link.finish()  # waits for the other nodes to be done too
         finally:
             sock.rcvtimeo = -1
             try:
@@ -309,30 +332,38 @@ class Controller:
                 self._write_status(force=True)
                 restore()
 
-    _next_tick = 0.0
-
     def _tick(self, now):
-        """Periodic duties while serving: watch local workers' pids, checkpoint."""
+        """Periodic duties while serving: watch local workers' pids, give up on overdue
+        replacements, checkpoint."""
         self._next_tick = now + self.liveness_interval_s
-        for record in list(self._workers.values()):
-            if not record.done and record.local and record.pid and not pid_alive(record.pid):
-                self._worker_died(record, {"pid": record.pid,
-                                           "detected_after_s": self.liveness_interval_s})
+        self._check_pids()
+        while self._awaiting and self._awaiting[0] <= now:
+            self._awaiting.pop(0)
+            log.warning("no replacement worker registered within %.3g s; carrying on without "
+                        "it", self.replacement_timeout_s)
+            self._release_barrier()
         if (self.checkpoint_every_s and self.checkpoint_path and self._res.centre is not None
                 and now - self._checkpointed >= self.checkpoint_every_s):
             self.checkpoint()
 
+    def _check_pids(self):
+        for record in list(self._workers.values()):
+            if not record.done and record.local and record.pid and not pid_alive(record.pid):
+                self._worker_died(record, {"pid": record.pid,
+                                           "detected_after_s": self.liveness_interval_s})
+
     def _worker_died(self, record, exit_info):
+        """Count a failed worker as done; expect a replacement or queue the death hook."""
         log.error("worker %d (pid %s) failed: %s", record.worker_id, record.pid,
                   exit_info.get("error", "exited without saying it was done"))
         record.dead = True
         if self.restarts_left > 0:
             self.restarts_left -= 1
-            self._replacements_expected += 1
+            self._awaiting.append(time.monotonic() + self.replacement_timeout_s)
             log.info("expecting a replacement for worker %d (%d restart(s) left)",
                      record.worker_id, self.restarts_left)
         else:
-            self.handle_worker_death(record.worker_id, exit_info)
+            self._deaths.append((record.worker_id, exit_info))
         self._done(record)
 
     def checkpoint(self, path=None):
@@ -345,8 +376,9 @@ class Controller:
         if not path:
             raise PlatoonError("no checkpoint path: pass checkpoint_path to the Controller")
         arrays = self.snapshot_centre()
+        states = self._collectives.snapshot_states(self._res.centre.lock)
         save_checkpoint(path, arrays, {"job_id": self.job_id, "time": time.time(),
-                                       "layout": self._res.centre.layout})
+                                       "layout": self._res.centre.layout}, states)
         self._checkpointed = time.monotonic()
         log.info("centre checkpointed to %s", path)
         return path
@@ -354,7 +386,7 @@ class Controller:
     def _announce_ready(self):
         """Tell a waiting launcher (through the pipe it passed) where we listen, once."""
         fd = self._env.ready_fd
-        if fd is None or getattr(self, "_announced", False):
+        if fd is None or self._announced:
             return
         self._announced = True
         message = {"control_port": self.control_port, "data_port": self.data_port,
@@ -370,18 +402,20 @@ class Controller:
             raise ProtocolError("platoon-report needs an object with minibatches, syncs, metrics")
         minibatches, syncs = info.get("minibatches"), info.get("syncs")
         metrics = info.get("metrics")
-        if not isinstance(minibatches, int) or not isinstance(syncs, int) or minibatches < 0:
-            raise ProtocolError("platoon-report: minibatches and syncs must be integers >= 0")
-        self.add_progress(wid, minibatches, syncs, **(metrics if isinstance(metrics, dict) else {}))
+        if not (type(minibatches) is int and type(syncs) is int and minibatches >= 0
+                and syncs >= 0 and isinstance(metrics, dict)):
+            raise ProtocolError("platoon-report needs minibatches and syncs (integers >= 0) "
+                                "and metrics (an object)")
+        self.add_progress(wid, minibatches, syncs, metrics)
 
-    def add_progress(self, worker_id, minibatches=0, syncs=None, **metrics):
+    def add_progress(self, worker_id, minibatches=0, syncs=None, metrics=None):
         """Count progress shown by the launcher's status line: `minibatches` trained since
-        the last call, the worker's total `syncs`, and the latest JSON `metrics`."""
+        the last call, the worker's total `syncs`, and the latest JSON `metrics` (a dict)."""
         self.progress["minibatches"] += minibatches
         if syncs is not None:
             self._syncs_by_worker[worker_id] = syncs
             self.progress["syncs"] = sum(self._syncs_by_worker.values())
-        self.progress["metrics"].update(metrics)
+        self.progress["metrics"].update(metrics or {})
         self._write_status()
 
     def snapshot_centre(self, timeout=10.0):
@@ -459,6 +493,8 @@ class Controller:
             raise ProtocolError("request says worker_id %d but this connection registered as "
                                 "worker %d" % (request.worker_id, record.worker_id))
         wid = record.worker_id
+        if request.req != protocol.BARRIER:  # it gave up waiting at the barrier
+            self._barrier_waiting.pop(wid, None)
         if not request.is_reserved:
             self._handle_user(envelope, request, wid)
         elif request.req == protocol.INIT_PARAMS:
@@ -468,6 +504,8 @@ class Controller:
         elif request.req == protocol.BARRIER:
             self._barrier_waiting[wid] = (envelope, request.seq)
             self._release_barrier()
+        elif request.req == protocol.BARRIER_CANCEL:
+            self._send(envelope, request.seq, None)
         elif request.req == protocol.DONE:
             info = request.req_info if isinstance(request.req_info, dict) else {}
             self._send(envelope, request.seq, None)
@@ -478,6 +516,12 @@ class Controller:
         elif request.req == protocol.REPORT:
             self._report(wid, request.req_info)
             self._send(envelope, request.seq, None)
+        elif request.req == protocol.ALLREDUCE:
+            self._collectives.join(envelope, request.seq, wid, request.req_info)
+        elif request.req == protocol.ALLREDUCE_SETUP:
+            self._send(envelope, request.seq, self._collectives.setup(wid, request.req_info))
+        elif request.req == protocol.INIT_STATE:
+            self._send(envelope, request.seq, self._collectives.state(request.req_info))
         else:
             raise ProtocolError("unknown reserved request %r; names starting with %r belong to "
                                 "platoon, pick another name" % (request.req,
@@ -507,17 +551,26 @@ class Controller:
         local = info.get("host") == _HOSTNAME
         record = self._by_identity.get(identity)
         if record is None:
-            live = sum(not r.dead for r in self._workers.values())
-            if self.num_workers is not None and live >= self.num_workers:
-                raise PlatoonError("job %s is full: num_workers=%d workers have registered"
+            if self._running() >= (self.num_workers or float("inf")):
+                self._check_pids()  # a replacement may come before the tick notices a death
+            if self._running() >= (self.num_workers or float("inf")):
+                raise PlatoonError("job %s is full: num_workers=%d workers are running"
                                    % (self.job_id, self.num_workers))
+            if self._awaiting:
+                self._awaiting.pop(0)
             record = _WorkerRecord(len(self._workers), identity, pid, local)
             self._workers[record.worker_id] = record
             self._by_identity[identity] = record
             log.info("worker %d registered (pid %s)", record.worker_id, pid)
-        return {"worker_id": record.worker_id, "is_first": record.worker_id == 0,
-                "job_id": self.job_id, "num_workers": self.num_workers,
-                "controller_pid": os.getpid(), "controller_host": _HOSTNAME}
+        reply = {"worker_id": record.worker_id, "is_first": record.worker_id == 0,
+                 "job_id": self.job_id, "num_workers": self.num_workers,
+                 "controller_pid": os.getpid(), "controller_host": _HOSTNAME}
+        if self.node_link is not None:
+            reply.update(self.node_link.topology(record.worker_id))
+        return reply
+
+    def _running(self):
+        return sum(not r.done for r in self._workers.values())
 
     def _init_params(self, envelope, request, wid):
         info = request.req_info if isinstance(request.req_info, dict) else {}
@@ -540,7 +593,7 @@ class Controller:
                                      "in the same order to init_shared_params" % (wid, mismatch))
         if self._centre_ready:
             self._send(envelope, request.seq, {"segment": centre.name, "initialise": False})
-        elif self._initialiser is None:
+        elif self._initialiser in (None, wid):  # (again, after a failed first attempt)
             self._initialiser = wid
             self._send(envelope, request.seq, {"segment": centre.name, "initialise": True})
         else:
@@ -576,22 +629,31 @@ class Controller:
         log.info("worker %d is done", record.worker_id)
         self._barrier_waiting.pop(record.worker_id, None)
         self._release_barrier()
+        self._collectives.worker_left(record.worker_id)
         if record.worker_id == self._initialiser and not self._centre_ready:
             # The initialising worker left before writing: the next waiting one takes over.
             self._initialiser = None
-            if self._init_waiting:
+            while self._init_waiting and self._initialiser is None:
                 envelope, seq = self._init_waiting.pop(0)
-                self._initialiser = self._by_identity[envelope[0]].worker_id
-                self._send(envelope, seq, {"segment": self._res.centre.name, "initialise": True})
+                waiting = self._by_identity[envelope[0]]
+                if not waiting.done:
+                    self._initialiser = waiting.worker_id
+                    self._send(envelope, seq, {"segment": self._res.centre.name,
+                                               "initialise": True})
 
     def _release_barrier(self):
         if not self._barrier_waiting:
             return
-        expected = (self.num_workers or len(self._workers)) + self._replacements_expected
-        not_registered = max(0, expected - len(self._workers))
-        running = sum(not r.done for r in self._workers.values())
-        if len(self._barrier_waiting) >= running + not_registered:
+        not_registered = max(0, (self.num_workers or 0) - len(self._workers)) + len(self._awaiting)
+        if len(self._barrier_waiting) >= self._running() + not_registered:
             waiting, self._barrier_waiting = self._barrier_waiting, {}
+            if self.node_link is not None:
+                try:
+                    self.node_link.barrier()  # the whole job, across nodes
+                except PlatoonError as exc:
+                    for envelope, seq in waiting.values():
+                        self._send_error(envelope, seq, exc)
+                    return
             for envelope, seq in waiting.values():
                 self._send(envelope, seq, None)
 
@@ -618,8 +680,9 @@ class Controller:
         seconds (None: wait forever). With copy=False the arrays are sent
         without a copy and must not be modified afterwards.
         """
-        if self._data is None:
-            raise PlatoonError("call init_data(port) (or pass data_port) before send_mb()")
+        if self._data is None or self._data.closed:
+            raise PlatoonError("call init_data(port) (or pass data_port) before send_mb(), "
+                               "and keep the controller open")
         frames = protocol.encode_minibatch(arrays)
         with self._data_lock:
             sock = self._data
@@ -634,8 +697,14 @@ class Controller:
 
     # -- teardown --
 
+    @property
+    def shared_states(self):
+        """Shared state segments (a Downpour optimizer's) as {name: [numpy arrays]}."""
+        return self._collectives.states
+
     def close(self):
         """Close the sockets and unlink the shared centre. Idempotent."""
+        self._collectives_finalizer()
         self._finalizer()
         if self._ipc_dir is not None:
             self._ipc_cleanup()
@@ -647,17 +716,18 @@ class Controller:
         self.close()
 
 
+def raise_system_exit(signum, frame):
+    """Signal handler: exit through SystemExit (code 128 + signum), running `finally` blocks."""
+    raise SystemExit(128 + signum)
+
+
 def _exit_on_sigterm():
     """Make SIGTERM raise SystemExit while serving, so `finally` blocks and finalizers run."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return lambda: None
-
-    def terminate(signum, frame):
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGTERM, raise_system_exit)
     return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 

@@ -36,7 +36,6 @@ class JobEnvironment:
 
     control_port: Optional[int] = None
     data_port: Optional[int] = None
-    host: Optional[str] = None
     job_id: Optional[str] = None
     num_workers: Optional[int] = None
     device: Optional[str] = None
@@ -55,7 +54,6 @@ class JobEnvironment:
         return cls(
             control_port=_int("PLATOON_CONTROL_PORT"),
             data_port=_int("PLATOON_DATA_PORT"),
-            host=os.environ.get("PLATOON_HOST") or None,
             job_id=os.environ.get("PLATOON_JOB_ID") or None,
             num_workers=_int("PLATOON_NUM_WORKERS"),
             device=os.environ.get("PLATOON_DEVICE") or None,
@@ -72,7 +70,7 @@ class JobEnvironment:
     def to_env(self):
         """The environment variables that carry these settings (None fields left out)."""
         names = {"control_port": "PLATOON_CONTROL_PORT", "data_port": "PLATOON_DATA_PORT",
-                 "host": "PLATOON_HOST", "job_id": "PLATOON_JOB_ID",
+                 "job_id": "PLATOON_JOB_ID",
                  "num_workers": "PLATOON_NUM_WORKERS", "device": "PLATOON_DEVICE",
                  "worker_index": "PLATOON_WORKER_INDEX", "status_file": "PLATOON_STATUS_FILE",
                  "ready_fd": "PLATOON_READY_FD", "restarts": "PLATOON_RESTARTS",

@@ -74,6 +74,9 @@ def parse_args(argv):
     parser.add_argument("--data-port", type=int, default=0, help="default: a free port")
     parser.add_argument("--ready-timeout", type=float, default=120.0, metavar="S",
                         help="seconds for the controller to start serving (default 120)")
+    parser.add_argument("--finish-timeout", type=float, default=60.0, metavar="S",
+                        help="seconds workers may run on after the controller finished "
+                        "(default 60); then they are stopped and the job fails")
     parser.add_argument("--stop-timeout", type=float, default=5.0, metavar="S",
                         help="seconds between SIGTERM and SIGKILL when stopping (default 5)")
     parser.add_argument("--restart", type=int, default=0, metavar="N",
@@ -204,6 +207,7 @@ class Launch:
         self._status_len = 0
         self.restarts_left = args.restart
         self.keys_file = None
+        self._finished_at = None
         self._failed = set()
 
     # -- output --
@@ -319,6 +323,9 @@ class Launch:
         worker_script, controller_script = find_scripts(self.args.experiment)
         self.devices = devices = plan_devices(self.args, self.say)
         self.num_workers = len(devices)
+        if os.path.exists(os.path.join(self.log_dir, "controller.log")):
+            raise UsageError("log directory %s already holds a job's logs; choose another "
+                             "--log-dir or remove it" % self.log_dir)
         os.makedirs(self.log_dir, exist_ok=True)
         if self.args.curve:
             self.keys_file = generate_keys(os.path.join(self.log_dir, "curve_keys.json"))
@@ -347,14 +354,20 @@ class Launch:
         try:
             while True:
                 if self.controller.poll() not in (None, 0):
-                    return self.fail(self.controller, "the controller failed (%s)"
-                                     % self.controller.describe_exit())
+                    return self.controller_failed()
                 for proc in list(self.workers):
                     if proc.poll() not in (None, 0) and proc not in self._failed:
                         self._failed.add(proc)
                         failure = self.worker_failed(proc)
                         if failure is not None:
                             return failure
+                if self.controller.poll() == 0 and self._finished_at is None:
+                    self._finished_at = time.monotonic()
+                if (self._finished_at is not None and any(p.poll() is None for p in self.workers)
+                        and time.monotonic() - self._finished_at > self.args.finish_timeout):
+                    straggler = next(p for p in self.workers if p.poll() is None)
+                    return self.fail(straggler, "%s still runs %.3g s after the controller "
+                                     "finished" % (straggler.label, self.args.finish_timeout))
                 if self.controller.poll() == 0 and all(p.poll() is not None
                                                        for p in self.workers):
                     self.show_status(force=True)
@@ -376,6 +389,21 @@ class Launch:
             signal.set_wakeup_fd(previous)
             os.close(wakeup_r)
             os.close(wakeup_w)
+
+    def controller_failed(self):
+        """Blame a worker that failed too (the controller usually stops because of it)."""
+        reason = "the controller failed (%s)" % self.controller.describe_exit()
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            failed = [p for p in self.workers if p.poll() not in (None, 0)
+                      and p not in self._failed]
+            if failed:
+                return self.fail(failed[0], "%s failed (%s), and %s" % (
+                    failed[0].label, failed[0].describe_exit(), reason))
+            if all(p.poll() is not None for p in self.workers):
+                break
+            time.sleep(0.05)  # workers are exiting after their controller; bounded above
+        return self.fail(self.controller, reason)
 
     def worker_failed(self, proc):
         """Restart, tolerate or fail the job for a failed worker; returns an exit code to fail."""
@@ -405,10 +433,10 @@ class Launch:
 
     def stop_all(self):
         """SIGTERM every live process group, SIGKILL what is left at the deadline, reap all."""
-        everyone = [p for p in self.workers + [self.controller] if p is not None]
+        everyone = [p for p in self.workers + [self.controller]
+                    if p is not None and p.poll() is None]  # reaped pids may be reused
         for proc in everyone:
-            if proc.poll() is None:
-                proc.signal(signal.SIGTERM)
+            proc.signal(signal.SIGTERM)
         deadline = time.monotonic() + self.args.stop_timeout
         for proc in everyone:
             try:

@@ -24,8 +24,13 @@ REGISTER = "platoon-register"
 INIT_PARAMS = "platoon-init-params"
 PARAMS_READY = "platoon-params-ready"
 BARRIER = "platoon-barrier"
+BARRIER_CANCEL = "platoon-barrier-cancel"
 DONE = "platoon-done"
 REPORT = "platoon-report"
+# Collectives and shared state (platoon.collectives)
+ALLREDUCE_SETUP = "platoon-allreduce-setup"
+ALLREDUCE = "platoon-allreduce"
+INIT_STATE = "platoon-init-state"
 
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 

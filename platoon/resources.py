@@ -16,6 +16,7 @@ class Resources:
         self.sockets = []
         self.centre = None
         self.authenticator = None
+        self.farewell = None  # (socket, function returning a last message or None)
 
     def socket(self, kind):
         """A new socket with linger 0, closed by `close`."""
@@ -25,14 +26,27 @@ class Resources:
         return sock
 
     def close(self):
-        """Unmap the centre (unlinking it if we own it) and close every socket."""
+        """Unmap the centre (unlinking it if we own it) and close every socket.
+
+        A `farewell` message is sent first, with a second to leave.
+        """
+        if self.farewell is not None:
+            sock, message = self.farewell
+            self.farewell = None
+            payload = message()
+            if payload is not None:
+                try:
+                    sock.send(payload, zmq.NOBLOCK)
+                    sock.linger = 1000
+                except zmq.ZMQError:
+                    pass
         if self.centre is not None:
             self.centre.close()
             if self.centre.owner:
                 self.centre.unlink()
             self.centre = None
         for sock in self.sockets:
-            sock.close(linger=0)
+            sock.close()
         self.sockets = []
         if self.authenticator is not None:
             self.authenticator.stop()

@@ -8,21 +8,26 @@ The payload is also cut into stripes (`stripe_ranges`, derived from the layout
 alone): element ranges of about equal size, each with its own lock, so workers
 update different stripes at the same time.
 
-Locks are open-file-description byte-range locks (``F_OFD_SETLK``): the kernel
-drops them when their holder dies, so a worker killed while syncing never
-leaves the others blocked. Stripe k locks byte 1 + k through one open file
-description; the whole-centre lock covers bytes 0 .. stripes through another, so
-it excludes every stripe, also between the threads of one process.
+Locks are open-file-description byte-range locks (``F_OFD_SETLK``), each on a
+file descriptor of its own: the kernel drops them when their holder dies, so a
+worker killed while syncing never leaves the others blocked. Forked children
+(data-loader processes, say) close their copies of those descriptors at once, so
+they never keep a dead parent's lock alive. Stripe k locks byte 1 + k; the
+whole-centre lock covers bytes 0 .. stripes, so it excludes every stripe, also
+between the threads of one process (each lock's descriptor is its own open file
+description).
 """
 
 import errno
 import fcntl
 import logging
+import math
 import mmap
 import os
 import struct
 import threading
 import time
+import weakref
 
 import numpy as np
 import posix_ipc
@@ -39,6 +44,21 @@ SEGMENT_PREFIX = "/platoon-"
 MAX_STRIPES = 64
 MIN_STRIPE_BYTES = 1 << 20  # smaller stripes cost more in lock calls than they gain
 STRIPE_ALIGN_ELEMENTS = 16  # stripes of float32 never share a 64-byte cache line
+
+
+_LOCKS = weakref.WeakSet()
+
+
+def _forget_locks_after_fork():
+    for lock in list(_LOCKS):
+        lock._forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_forget_locks_after_fork)
+
+
+def _path(name):
+    return "/dev/shm" + name
 
 
 def segment_name(job_id):
@@ -103,7 +123,7 @@ def param_offsets(layout):
     offsets, pos = [], HEADER_BYTES
     for entry in layout:
         offsets.append(pos)
-        nbytes = int(np.prod(entry["shape"], dtype=np.int64)) * np.dtype(entry["dtype"]).itemsize
+        nbytes = math.prod(entry["shape"]) * np.dtype(entry["dtype"]).itemsize
         pos += -(-nbytes // ALIGN) * ALIGN
     return offsets, max(pos, HEADER_BYTES + ALIGN)
 
@@ -149,6 +169,7 @@ class CentreLock:
     def __init__(self, fd, name, start=0, length=1):
         self._fd = fd
         self._name = name
+        _LOCKS.add(self)
         self._start = start
         self._length = length
         self._thread_lock = threading.Lock()
@@ -183,7 +204,28 @@ class CentreLock:
         else:
             fcntl.fcntl(self._fd, self._OFD_SETLK, self._flock(fcntl.F_UNLCK))
 
+    def _forget_after_fork(self):
+        """In a forked child: drop the inherited descriptor and the parent's lock state."""
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass
+        self._fd = None
+        self._thread_lock = threading.Lock()
+        self._owner = None
+        self._depth = 0
+
+    def close(self):
+        """Release the descriptor (and with it any lock it holds). Idempotent."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        _LOCKS.discard(self)
+
     def acquire(self, timeout=None):
+        if self._fd is None:
+            raise PlatoonError("the centre's lock %s is closed (or this process was forked "
+                               "from its owner); attach to the centre again" % self._name)
         me = threading.get_ident()
         if self._owner == me:
             self._depth += 1
@@ -275,15 +317,16 @@ class SharedCentre:
         self.arrays = [
             np.ndarray(tuple(e["shape"]), np.dtype(e["dtype"]), buffer=self._map, offset=off)
             for e, off in zip(layout, offsets)]
+        # Each lock has a descriptor of its own (the mapping keeps a duplicate of shm.fd).
         self.stripes = stripe_ranges(layout)
-        self.lock = CentreLock(shm.fd, self.name, 0, 1 + len(self.stripes))
-        # A second open file description, so stripe locks and the whole-centre lock
-        # exclude each other even between threads of this process.
-        self._stripe_shm = posix_ipc.SharedMemory(shm.name)
-        self.stripe_locks = [CentreLock(self._stripe_shm.fd, "%s stripe %d" % (self.name, k),
+        self.lock = CentreLock(self._open_fd(), self.name, 0, 1 + len(self.stripes))
+        self.stripe_locks = [CentreLock(self._open_fd(), "%s stripe %d" % (self.name, k),
                                         1 + k, 1)
                              for k in range(len(self.stripes))]
         self._closed = False
+
+    def _open_fd(self):
+        return os.open(_path(self.name), os.O_RDWR | os.O_CLOEXEC)
 
     @classmethod
     def create(cls, job_id, layout):
@@ -296,6 +339,12 @@ class SharedCentre:
             raise PlatoonError("shared memory %s already exists: another job uses job id %r; "
                                "give each job its own id" % (name, job_id)) from None
         try:
+            try:
+                os.posix_fallocate(shm.fd, 0, size)  # fail now, not with SIGBUS on first touch
+            except OSError as exc:
+                raise PlatoonError("cannot allocate %d bytes of shared memory for the centre "
+                                   "(%s); free space in /dev/shm or share fewer parameters"
+                                   % (size, os.strerror(exc.errno))) from None
             centre = cls(shm, layout, owner=True)
         except BaseException:
             shm.close_fd()
@@ -327,8 +376,10 @@ class SharedCentre:
         # buffer, so closing it explicitly could leave them dangling); the last one unmaps.
         self.arrays = []
         self._map = None
+        self.lock.close()
+        for lock in self.stripe_locks:
+            lock.close()
         self._shm.close_fd()
-        self._stripe_shm.close_fd()
 
     def unlink(self):
         """Remove the segment's name (owner only); mappings that exist stay valid."""

@@ -1,8 +1,10 @@
 """The worker: a client of the controller that shares its parameters through the centre."""
 
+import functools
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -11,6 +13,7 @@ import numpy as np
 import zmq
 
 from . import adapters, protocol, security
+from .collectives import WorkerCollectives, check_op
 from .environment import JobEnvironment
 from .errors import ControllerGone, ControllerTimeout, LayoutMismatch, MinibatchTimeout, \
     PlatoonError, RemoteError
@@ -82,11 +85,14 @@ class Worker:
         self._local = None
         self._rule = None
         self._exchange = None
+        self._adapter = None
         self._mb = None
+        self._coll = WorkerCollectives()
+        self._coll_finalizer = weakref.finalize(self, self._coll.close)
         keys_file = keys_file or env.keys_file
         self._keys = security.load_keys(keys_file) if keys_file else None
         self._control = self._client_socket(zmq.DEALER)
-        self._rcvtimeo_ms = -1
+        self._rcvtimeo_ms = {}  # socket -> the receive timeout set on it
         self._control.connect(self.control_address)
         try:
             info = self.send_req(protocol.REGISTER, {"pid": os.getpid(),
@@ -96,12 +102,16 @@ class Worker:
             self.worker_id = info["worker_id"]
             self.is_first = info["is_first"]
             self.job_id = info["job_id"]
+            self._set_topology(info)
             self._registered = True
             if data_port is not None:
                 self.init_mb_sock(data_port)
         except BaseException:
             self._finalizer()
             raise
+        _record_uncaught_exceptions()
+        self._res.farewell = (self._control, functools.partial(
+            _farewell, self.worker_id, self._controller_pid))
         log.info("worker %d registered with job %s at %s", self.worker_id, self.job_id,
                  self.control_address)
 
@@ -128,27 +138,35 @@ class Worker:
             except zmq.Again:
                 raise self._no_reply(req, timeout) from None
             while True:
-                # Wait in slices of at most a second, checking that the controller still lives;
-                # block in recv with a receive timeout, cheaper than poll + recv.
-                wait_ms = 1000
-                if deadline is not None:
-                    wait_ms = min(wait_ms, max(0, int((deadline - time.monotonic()) * 1000)))
-                if not 0 <= wait_ms - 50 <= self._rcvtimeo_ms <= wait_ms:
-                    if self._rcvtimeo_ms != wait_ms:
-                        sock.rcvtimeo = self._rcvtimeo_ms = wait_ms
-                try:
-                    data = sock.recv()
-                except zmq.Again:
-                    self._check_controller(force=True)
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise self._no_reply(req, timeout) from None
-                    continue
+                data = self._recv_within(sock, deadline)
+                if data is None:
+                    raise self._no_reply(req, timeout)
                 reply_seq, result = protocol.decode_reply(data)
                 if reply_seq is not None and reply_seq != seq:
                     continue  # a late reply to a request that timed out earlier
                 if isinstance(result, RemoteError):
                     raise result
                 return result
+
+    def _recv_within(self, sock, deadline, copy=True):
+        """The next frame from `sock`, or None at `deadline` (None: never). Waits in slices
+        of a second, raising ControllerGone if the controller dies meanwhile; blocks in
+        recv with a receive timeout, which costs less than poll + recv."""
+        while True:
+            wait_ms = 1000
+            if deadline is not None:
+                wait_ms = min(wait_ms, max(0, int((deadline - time.monotonic()) * 1000)))
+            current = self._rcvtimeo_ms.get(sock)
+            if current is None or not 0 <= wait_ms - 50 <= current <= wait_ms:
+                if current != wait_ms:  # a setsockopt costs a few us: only when it changes
+                    sock.rcvtimeo = self._rcvtimeo_ms[sock] = wait_ms
+            try:
+                return sock.recv(copy=copy)
+            except zmq.Again:
+                pass
+            self._check_controller(force=True)
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
 
     def _check_controller(self, force=False):
         """Raise ControllerGone if the controller (on this machine) has exited.
@@ -181,8 +199,76 @@ class Worker:
                                         "metrics": metrics})
 
     def barrier(self, *, timeout=_DEFAULT):
-        """Wait until every worker of the job has reached the barrier."""
-        self.send_req(protocol.BARRIER, timeout=timeout)
+        """Wait until every worker of the job has reached the barrier.
+
+        On ControllerTimeout the worker withdraws from the barrier, so the
+        others do not pass it without this worker.
+        """
+        try:
+            self.send_req(protocol.BARRIER, timeout=timeout)
+        except ControllerTimeout:
+            try:
+                self.send_req(protocol.BARRIER_CANCEL, timeout=1.0)
+            except PlatoonError:
+                pass  # the controller is unreachable: nobody passes the barrier anyway
+            raise
+
+    # -- topology and collectives (platoon.collectives, platoon.mpi) --
+
+    def _set_topology(self, info):
+        self.local_rank = self.worker_id
+        self.local_size = info.get("num_workers") or 1
+        self.global_rank = info.get("global_rank", self.local_rank)
+        self.global_size = info.get("global_size", self.local_size)
+        self.node_rank = info.get("node_rank", 0)
+        self.num_nodes = info.get("num_nodes", 1)
+
+    def all_reduce(self, array, op="sum", *, out=None, timeout=_DEFAULT):
+        """Reduce `array` over every worker of the job; return the result.
+
+        `op` is "sum", "mean" (floats only), "max" or "min" (not complex). The
+        result goes into `out` (same shape and dtype) or, by default, into
+        `array` itself. Every worker must call the same all_reduces in the same
+        order. Workers of a node reduce through shared memory in worker-id
+        order, so results are identical on every worker; the controllers
+        combine nodes over MPI. Raises ValueError/TypeError for a bad op or
+        array, ControllerTimeout after `timeout` s (default: the worker's),
+        RemoteError if a worker left or the workers' ops differ.
+        """
+        self._check_open()
+        array = np.asarray(array)
+        check_op(op, array.dtype)
+        out = array if out is None else out
+        if not isinstance(out, np.ndarray) or out.shape != array.shape \
+                or out.dtype != array.dtype or not out.flags.writeable:
+            raise ValueError("all_reduce writes into a writable numpy array of the input's shape "
+                             "%s and dtype %s; got %r" % (array.shape, array.dtype, out))
+        key = (array.dtype.str, array.size)
+        entry = self._coll.reductions.get(key)
+        if entry is None:
+            reply = self.send_req(protocol.ALLREDUCE_SETUP,
+                                  {"dtype": array.dtype.str, "count": array.size})
+            seg = self._coll.attach(reply["segment"], [
+                {"dtype": array.dtype.str, "shape": [reply["slots"] + 1, array.size]}])
+            buf = seg.arrays[0]
+            entry = self._coll.reductions[key] = (reply["segment"], buf[reply["slot"]],
+                                                  buf[reply["slots"]])
+        name, mine, result = entry
+        np.copyto(mine.reshape(array.shape), array)
+        self.send_req(protocol.ALLREDUCE, {"segment": name, "op": op}, timeout=timeout)
+        np.copyto(out, result.reshape(array.shape))
+        return out
+
+    def shared_state(self, name, layout):
+        """Zero-initialised arrays in shared memory, one set per job and `name`.
+
+        `layout` is ``[{"dtype": str, "shape": [int]}]`` (see
+        `platoon.protocol.layout_of`); every worker asking for `name` gets the
+        same memory. The controller owns it (`Controller.shared_states`).
+        """
+        self._check_open()
+        reply = self.send_req(protocol.INIT_STATE, {"name": name, "layout": layout})
+        return self._coll.attach(reply["segment"], protocol.validate_layout(layout)).arrays
 
     # -- shared parameters --
 
@@ -225,6 +311,8 @@ class Worker:
             if exc.remote_type == LayoutMismatch.__name__:
                 raise LayoutMismatch(str(exc)) from exc
             raise
+        if self._res.centre is not None:  # left by an earlier attempt that failed
+            self._res.centre.close()
         centre = SharedCentre.attach(reply["segment"], layout)
         self._res.centre = centre
         if reply["initialise"]:
@@ -243,6 +331,9 @@ class Worker:
             self.send_req(protocol.PARAMS_READY)
         else:
             adapter.push()
+        bind = getattr(param_sync_rule, "bind_worker", None)
+        if bind is not None:  # rules with shared state (Downpour's optimizer)
+            bind(self)
         param_sync_rule.setup(params)
         self._adapter = adapter
         self._local = params
@@ -345,7 +436,6 @@ class Worker:
         sock = self._client_socket(zmq.PULL)
         sock.rcvhwm = 2
         self._mb_address = _endpoint(self.host, port)
-        self._mb_timeout_ms = -1
         sock.connect(self._mb_address)
         self._mb = sock
 
@@ -360,13 +450,10 @@ class Worker:
         if self._mb is None:
             raise PlatoonError("call init_mb_sock(port) (or pass data_port) before recv_mb()")
         timeout = self.timeout if timeout is _DEFAULT else timeout
-        wait_ms = -1 if timeout is None else int(timeout * 1000)
+        deadline = None if timeout is None else time.monotonic() + timeout
         sock = self._mb
-        if self._mb_timeout_ms != wait_ms:
-            sock.rcvtimeo = self._mb_timeout_ms = wait_ms
-        try:
-            first = sock.recv(copy=False)
-        except zmq.Again:
+        first = self._recv_within(sock, deadline, copy=False)
+        if first is None:
             raise MinibatchTimeout("no minibatch from %s within %.3g s"
                                    % (self._mb_address, timeout)) from None
         frames = [first]
@@ -410,13 +497,41 @@ class Worker:
                 self._exchange.close(timeout=30.0 if self.timeout is None else self.timeout)
             self._closed = True
             self._local = None
+            self._res.farewell = None
+            self._coll_finalizer()
             self._finalizer()
 
     def __enter__(self):
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is None or issubclass(exc_type, (ControllerGone, ControllerTimeout)):
+        if exc_type is None or issubclass(exc_type, ControllerGone):
             self.close()
         else:
             self.close(error="%s: %s" % (exc_type.__name__, exc))
+
+
+_uncaught = []
+_previous_excepthook = None
+
+
+def _record_uncaught(exc_type, exc, tb):
+    _uncaught.append("%s: %s" % (exc_type.__name__, exc))
+    _previous_excepthook(exc_type, exc, tb)
+
+
+def _farewell(worker_id, controller_pid):
+    """DONE, sent without waiting when a worker is collected or its process exits with the
+    worker unclosed: with the error that ended the script, if one did."""
+    if controller_pid is not None and not pid_alive(controller_pid):
+        return None
+    return protocol.encode_request(worker_id, protocol.DONE,
+                                   {"error": _uncaught[-1]} if _uncaught else None)
+
+
+def _record_uncaught_exceptions():
+    """Note an exception that ends the script (Python calls sys.excepthook before exit
+    handlers), so an unclosed worker reports it as its failure."""
+    global _previous_excepthook
+    if sys.excepthook is not _record_uncaught:
+        _previous_excepthook, sys.excepthook = sys.excepthook, _record_uncaught

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from platoon.shmem import pid_alive, segment_owner
+from platoon.shmem import segment_owner
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROCS = os.path.join(HERE, "procs")
@@ -39,16 +39,19 @@ def child_pids():
     return found
 
 
+SPAWNED = set()  # pids of the processes this session started
+
+
 @pytest.fixture(autouse=True)
 def no_leaks():
-    """Fail a test that leaves shared memory of a dead (or this) process, or a child running."""
+    """Fail a test that leaves shared memory of this process or of one it started, or a
+    child running. (Segments of other owners belong to a suite running beside this one.)"""
     before = platoon_segments()
     yield
     leaked = []
     for name in sorted(platoon_segments() - before):
         owner = segment_owner(os.path.join(SHM, name))
-        # Segments of live processes other than us belong to a suite running beside this one.
-        if owner is None or owner == os.getpid() or not pid_alive(owner):
+        if owner == os.getpid() or owner in SPAWNED:
             leaked.append(name)
             os.unlink(os.path.join(SHM, name))
     children = child_pids()
@@ -74,6 +77,7 @@ class Proc:
                                       stderr=subprocess.STDOUT, env=full_env, text=True,
                                       start_new_session=True)
         self.pid = self.popen.pid
+        SPAWNED.add(self.pid)
         self.lines = []
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)

@@ -129,6 +129,10 @@ def test_registered_connection_cannot_pose_as_another_worker_or_use_reserved_nam
         assert "unknown reserved request" in error_of(sock.recv())
         sock.send(b'{"req": "platoon-init-params", "worker_id": 1, "req_info": {"layout": 7}}')
         assert "layout must be a non-empty list" in error_of(sock.recv())
+        huge = json.dumps({"req": "platoon-init-params", "worker_id": 1, "req_info": {
+            "layout": [{"dtype": "<f8", "shape": [1 << 40]}]}}).encode()
+        sock.send(huge)  # 8 TiB: refused at once, nothing left behind
+        assert "cannot allocate" in error_of(sock.recv())
         sock.send(b'{"req": "platoon-done", "worker_id": 1}')
         assert json.loads(sock.recv())["ok"]
         assert w.send_req("echo", 0)["worker"] == 0

@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from platoon import (EASGD, Controller, ControllerGone, LayoutMismatch, PlatoonError, Worker,
-                     WorkerDied)
+from platoon import (EASGD, Controller, ControllerGone, ControllerTimeout, LayoutMismatch,
+                     PlatoonError, Worker, WorkerDied)
 from platoon import checkpoint
 from platoon.protocol import layout_of
 from platoon.shmem import HEADER, MAGIC, SharedCentre, remove_stale_segments, segment_name
@@ -181,3 +181,78 @@ def test_sigterm_to_a_serving_controller_cleans_up(procs, tmp_path):
     assert ctl.wait(10) == 128 + signal.SIGTERM
     assert not os.path.exists("/dev/shm" + segment_name(job_id))
     assert worker.wait(10) != 0  # the worker noticed
+
+
+def test_a_worker_failing_in_its_with_block_ends_serve_by_default(serve):
+    ctl = Controller(control_port=0, num_workers=2)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout=1):
+        with pytest.raises(RuntimeError):
+            with Worker(ctl.control_port, timeout=5):
+                raise RuntimeError("training diverged")
+        with pytest.raises(WorkerDied, match="worker 1 .* failed: RuntimeError: training "
+                                             "diverged"):
+            serving.join(10)
+        serving.error = None
+
+
+def test_replacement_registering_before_the_death_is_noticed(serve, procs):
+    ctl = Tolerant(control_port=0, num_workers=1, restarts=1, liveness_interval_s=5)
+    serving = serve(ctl)
+    victim = procs("die_worker.py", ctl.control_port, "sync")
+    victim.wait_for_line("READY")
+    victim.kill()
+    with Worker(ctl.control_port, timeout=5) as replacement:  # long before the next pid check
+        params = [np.zeros(100000)]
+        replacement.init_shared_params(params, EASGD(0.5))
+    serving.join()
+    assert ctl.workers == [0, 1] and not ctl.deaths  # within the restart budget
+
+
+def test_a_worker_that_gives_up_on_a_barrier_withdraws(serve):
+    ctl = Tolerant(control_port=0, num_workers=3)
+    serving = serve(ctl)
+    workers = [Worker(ctl.control_port, timeout=10) for _ in range(3)]
+    try:
+        with pytest.raises(ControllerTimeout):
+            workers[0].barrier(timeout=0.3)
+        passed = []
+        others = [threading.Thread(target=lambda w=w: passed.append(_barrier(w, 0.5)))
+                  for w in workers[1:]]
+        for t in others:
+            t.start()
+        for t in others:
+            t.join(10)
+        assert passed == [False, False]  # worker 0 is not waiting any more
+        everyone = [threading.Thread(target=lambda w=w: passed.append(_barrier(w, 10)))
+                    for w in workers]
+        for t in everyone:
+            t.start()
+        for t in everyone:
+            t.join(15)
+        assert passed[2:] == [True, True, True]
+    finally:
+        for w in workers:
+            w.close()
+    serving.join()
+
+
+def _barrier(worker, timeout):
+    try:
+        worker.barrier(timeout=timeout)
+        return True
+    except ControllerTimeout:
+        return False
+
+
+def test_recv_mb_notices_a_dead_controller(procs, tmp_path):
+    ctl = procs("step_controller.py", 1, tmp_path / "c.npz", 30)
+    port = int(ctl.wait_for_line("PORT").split()[1])
+    data_port = int(ctl.wait_for_line("DATA").split()[1])
+    with Worker(port, data_port, timeout=10) as w:
+        ctl.kill()
+        start = time.monotonic()
+        with pytest.raises(ControllerGone):
+            w.recv_mb(timeout=None)
+        assert time.monotonic() - start < 3.0
+    Controller().close()  # the next controller removes what the killed one left

@@ -49,7 +49,11 @@ def run_launcher(args, tmp_path, env=None, timeout=120):
     full_env = dict(os.environ, **(env or {}))
     proc = subprocess.run(args + ["--log-dir", str(tmp_path / "logs")], capture_output=True,
                           text=True, timeout=timeout, env=full_env, cwd=str(tmp_path))
-    return proc.returncode, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    job = re.search(r"job ([0-9a-f]{16})", out)
+    if job:  # whatever happened, the job's shared memory is gone once the launcher exits
+        assert not os.path.exists("/dev/shm" + segment_name(job.group(1))), out
+    return proc.returncode, out
 
 
 def job_id_of(output):
@@ -137,7 +141,8 @@ def test_a_crashing_worker_stops_the_job(tmp_path):
     code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "crash"), "-n", "2"),
                              tmp_path)
     assert code == 1, out
-    assert re.search(r"worker\d failed \(exit code 1\); stopped the job", out), out
+    assert re.search(r"worker\d failed \(exit code 1\)(, and the controller failed "
+                     r"\(exit code 1\))?; stopped the job", out), out
     assert "deliberate crash in worker 1" in out  # the tail of its log
     assert_job_gone(job_id_of(out))
 
@@ -156,6 +161,10 @@ def test_usage_errors(tmp_path):
     code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"), "-D", "tpu0"),
                              tmp_path)
     assert code == 2 and "unknown device 'tpu0'" in out
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "controller.log").write_text("an earlier job")
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck")), tmp_path)
+    assert code == 2 and "already holds a job's logs" in out
     code, out = run_launcher(launcher_cmd("--help"), tmp_path)
     assert code == 0 and "exit codes" in out and "130" in out
 
@@ -213,3 +222,10 @@ def test_keep_going_lets_the_controller_carry_on(tmp_path):
     assert code == 0, out
     assert "carrying on without it (--keep-going)" in out
     assert "SURVIVED the loss of worker 1: RuntimeError: deliberate crash in worker 1" in out
+
+
+def test_a_worker_ending_without_close_counts_as_done(tmp_path):
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "noclose"), "-n", "2",
+                                          "--restart", "1"), tmp_path, timeout=60)
+    assert code == 0, out
+    assert "replacement" not in out

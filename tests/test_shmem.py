@@ -1,6 +1,7 @@
 """The shared centre segment and its lock, with real POSIX shared memory and processes."""
 
 import os
+import signal
 import stat
 import threading
 import time
@@ -105,11 +106,16 @@ def _try(lock, timeout):
     return True
 
 
-def test_lock_of_a_killed_holder_is_released(centre, procs):
-    holder = procs("hold_lock.py", centre.name)
+@pytest.mark.parametrize("fork", [False, True])
+def test_lock_of_a_killed_holder_is_released(centre, procs, fork):
+    holder = procs("hold_lock.py", centre.name, *(["fork"] if fork else []))
     holder.wait_for_line("LOCKED")
     assert not _try(centre.lock, 0.05)
-    holder.kill()
+    if fork:  # kill the holder alone: its forked child lives on
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.popen.wait(5)
+    else:
+        holder.kill()
     start = time.monotonic()
     centre.lock.acquire(timeout=5)
     released_after = time.monotonic() - start

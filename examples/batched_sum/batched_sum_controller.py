@@ -27,7 +27,7 @@ class BatchedSumController(Controller):
             self.checked += 1
             if not np.isclose(req_info["sum"], want):
                 self.wrong.append((req_info["batch"], req_info["sum"], want))
-            self.add_progress(worker_id, 1, checked=self.checked)
+            self.add_progress(worker_id, 1, metrics={"checked": self.checked})
             return None
         raise ValueError("unknown request %r" % (req,))
 

@@ -42,8 +42,8 @@ class DigitsController(Controller):
         if req == "done":
             now = time.monotonic() - self.start
             self.minibatches += req_info["n"]
-            self.add_progress(worker_id, req_info["n"], syncs=req_info["syncs"],
-                              loss=req_info["loss"], valid_error=req_info["valid_error"])
+            self.add_progress(worker_id, req_info["n"], req_info["syncs"],
+                              {"loss": req_info["loss"], "valid_error": req_info["valid_error"]})
             self.curves.setdefault("worker %d" % worker_id, []).append(
                 (now, req_info["valid_error"]))
             if self.minibatches >= self.next_eval:

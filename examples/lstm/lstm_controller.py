@@ -22,8 +22,8 @@ class LSTMController(Controller):
             return "stop" if stop else "train"
         if req == "done":
             self.minibatches += req_info["n"]
-            self.add_progress(worker_id, req_info["n"], syncs=req_info["syncs"],
-                              loss=req_info["loss"], valid_error=req_info["valid_error"])
+            self.add_progress(worker_id, req_info["n"], req_info["syncs"],
+                              {"loss": req_info["loss"], "valid_error": req_info["valid_error"]})
             if req_info["valid_error"] < self.best_error:
                 self.best_error, self.bad_reports = req_info["valid_error"], 0
             else:

@@ -25,8 +25,9 @@ class StepController(Controller):
 def main():
     num_workers, centre_out = int(sys.argv[1]), sys.argv[2]
     timeout = float(sys.argv[3]) if len(sys.argv) > 3 else 30.0
-    with StepController(control_port=0, num_workers=num_workers) as ctl:
+    with StepController(control_port=0, data_port=0, num_workers=num_workers) as ctl:
         print("PORT %d" % ctl.control_port, flush=True)
+        print("DATA %d" % ctl.data_port, flush=True)
         print("JOB %s" % ctl.job_id, flush=True)
         ctl.serve(timeout=timeout)
         if ctl.centre is not None:

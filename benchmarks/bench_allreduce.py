@@ -1,0 +1,136 @@
+"""all_reduce latency and bandwidth: platoon's Worker.all_reduce against raw mpi4py Allreduce.
+
+usage: python benchmarks/bench_allreduce.py [--iters N] [--json]
+
+Runs, in this one invocation (so the figures share the machine's state):
+  mpi4py      mpiexec -n 2: Comm.Allreduce between two ranks (the floor for two nodes)
+  1 node      one controller, 2 workers: shared memory only, no MPI
+  2 nodes     mpiexec -n 2 python -m platoon.mpi --workers W: W workers per node
+for 1 float32 (latency) and 1M float32 (4 MB: time and algorithm bandwidth, bytes per second
+of result). Each figure is the median over --iters calls after a warm-up.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+SIZES = {"1 float": 1, "1M floats": 1 << 20}
+HERE = os.path.abspath(__file__)
+
+
+def timed(fn, iters):
+    for _ in range(max(3, iters // 10)):
+        fn()
+    samples = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def raw_mpi(iters):
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    out = {}
+    for label, n in SIZES.items():
+        buf = np.ones(n, np.float32)
+        comm.Barrier()
+        out[label] = timed(lambda: comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM), iters)
+    if comm.Get_rank() == 0:
+        print("RESULT " + json.dumps(out), flush=True)
+
+
+def platoon_worker(iters):
+    from platoon import Worker
+    with Worker(timeout=60) as w:
+        out = {}
+        for label, n in SIZES.items():
+            buf = np.ones(n, np.float32)
+            w.barrier()
+            out[label] = timed(lambda: w.all_reduce(buf, "sum"), iters)
+        if w.global_rank == 0:
+            print("RESULT " + json.dumps(out), flush=True)
+
+
+def result_of(output):
+    for line in output.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise SystemExit("no result in:\n" + output)
+
+
+def run(cmd, env=None):
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=env, timeout=600)
+    if proc.returncode != 0:
+        raise SystemExit("%s failed:\n%s" % (" ".join(cmd), proc.stdout))
+    return result_of(proc.stdout)
+
+
+def one_node(iters, workers=2):
+    from platoon import Controller
+    with Controller(control_port=0, num_workers=workers) as ctl:
+        thread = threading.Thread(target=ctl.serve, kwargs={"timeout": 600}, daemon=True)
+        thread.start()
+        env = dict(os.environ, PLATOON_CONTROL_PORT=str(ctl.control_port),
+                   PLATOON_NUM_WORKERS=str(workers))
+        procs = [subprocess.Popen([sys.executable, HERE, "--worker", "--iters", str(iters)],
+                                  env=env, stdout=subprocess.PIPE, text=True)
+                 for _ in range(workers)]
+        outputs = [p.communicate(timeout=600)[0] for p in procs]
+        thread.join(60)
+    return result_of("".join(outputs))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--raw", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.raw:
+        return raw_mpi(args.iters)
+    if args.worker:
+        return platoon_worker(args.iters)
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) \
+        or shutil.which("mpiexec")
+    if mpiexec is None:
+        raise SystemExit("no mpiexec: pip install 'platoon[mpi]'")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLATOON_")}
+    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    iters = ["--iters", str(args.iters)]
+    rows = {
+        "mpi4py Allreduce, 2 ranks": run([mpiexec, "-n", "2", sys.executable, HERE, "--raw"]
+                                         + iters, env),
+        "platoon, 1 node x 2 workers (no MPI)": one_node(args.iters),
+        "platoon, 2 nodes x 1 worker": run([mpiexec, "-n", "2", sys.executable, "-m",
+                                            "platoon.mpi", "--workers", "1", "--", HERE,
+                                            "--worker"] + iters, env),
+        "platoon, 2 nodes x 2 workers": run([mpiexec, "-n", "2", sys.executable, "-m",
+                                             "platoon.mpi", "--workers", "2", "--", HERE,
+                                             "--worker"] + iters, env),
+    }
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    nbytes = 4 * SIZES["1M floats"]
+    print("%-40s %14s %14s %12s" % ("all_reduce (float32 sum)", "1 float", "1M floats",
+                                    "1M: GB/s"))
+    for name, r in rows.items():
+        print("%-40s %11.1f us %11.2f ms %12.2f" % (name, r["1 float"] * 1e6,
+                                                    r["1M floats"] * 1e3,
+                                                    nbytes / r["1M floats"] / 1e9))
+
+
+if __name__ == "__main__":
+    main()

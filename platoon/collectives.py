@@ -1,0 +1,296 @@
+"""Synchronous collectives of a node's workers, through shared memory.
+
+`Worker.all_reduce` writes its array into its own slot of a controller-owned
+segment and sends one ``platoon-allreduce`` request. When every worker of the
+node has arrived, the controller reduces the slots in worker-id order into the
+result slot (so every worker gets bit-identical results, run after run), hands
+the result to the node link (MPI across nodes) if there is one, and replies to
+all; each worker copies the result out. One segment per (dtype, size) is
+created on first use and reused; a worker writes its slot again only after the
+previous round's reply, so no lock is needed.
+
+Also here: controller-owned named state segments (`platoon-init-state`, used by
+Downpour's optimizer) and `average_gradients`, synchronous data-parallel SGD.
+"""
+
+import logging
+import os
+import re
+import weakref
+
+import numpy as np
+import posix_ipc
+
+from . import protocol
+from .checkpoint import load_states
+from .errors import PlatoonError, ProtocolError
+from .shmem import HEADER, HEADER_BYTES, MAGIC, SEGMENT_PREFIX, SharedCentre, param_offsets
+
+log = logging.getLogger(__name__)
+
+OPS = ("sum", "mean", "max", "min")
+_UFUNCS = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def check_op(op, dtype):
+    """Validate reduction `op` for `dtype`; raises ValueError or TypeError saying what fits."""
+    if op not in OPS:
+        raise ValueError("all_reduce op must be one of %s, got %r" % (", ".join(OPS), op))
+    dtype = np.dtype(dtype)
+    if dtype.kind not in "iufc":
+        raise TypeError("all_reduce needs a numeric array (integer, float or complex), got %s"
+                        % dtype)
+    if op == "mean" and dtype.kind in "iu":
+        raise TypeError("all_reduce op 'mean' needs a float array, got %s: reduce with 'sum' "
+                        "and divide, or convert to float first" % dtype)
+    if op in ("max", "min") and dtype.kind == "c":
+        raise TypeError("all_reduce op %r is not defined for complex %s" % (op, dtype))
+
+
+def create_segment(name, layout):
+    """A new zero-filled controller-owned segment `name` holding `layout` (a SharedCentre)."""
+    _, size = param_offsets(layout)
+    try:
+        shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
+    except posix_ipc.ExistentialError:
+        raise PlatoonError("shared memory %s already exists: another job uses this job id; "
+                           "give each job its own id" % name) from None
+    try:
+        seg = SharedCentre(shm, layout, owner=True)
+    except BaseException:
+        shm.close_fd()
+        posix_ipc.unlink_shared_memory(name)
+        raise
+    HEADER.pack_into(seg._map, 0, MAGIC, os.getpid(), size - HEADER_BYTES, len(layout))
+    return seg
+
+
+class _Reduction:
+    """One all_reduce buffer: a slot per worker, then the result."""
+
+    def __init__(self, name, dtype, count, slots):
+        self.dtype, self.count, self.slots = dtype, count, slots
+        self.seg = create_segment(name, [{"dtype": dtype.str, "shape": [slots + 1, count]}])
+        self.buffer = self.seg.arrays[0]
+        self.waiting = {}  # worker id -> (envelope, seq, op)
+
+
+class NodeCollectives:
+    """The controller's side of all_reduce and of shared state segments.
+
+    `ctl` (held weakly) supplies `job_id`, `num_workers`, `node_link` and the
+    reply methods `_send(envelope, seq, result)`, `_send_error(envelope, seq, exc)`.
+    """
+
+    def __init__(self, ctl):
+        self._ctl = weakref.proxy(ctl)
+        self._reductions = {}  # segment name -> _Reduction
+        self._states = {}      # state name -> SharedCentre
+        self.rounds = 0
+
+    def _expected(self):
+        n = self._ctl.num_workers
+        if n is None:
+            raise PlatoonError("all_reduce needs the controller to know how many workers take "
+                               "part: pass num_workers=N to the Controller (the launcher does)")
+        return n
+
+    # -- all_reduce --
+
+    def setup(self, wid, info):
+        """``platoon-allreduce-setup`` {dtype, count}: the segment and slot for this worker."""
+        if not isinstance(info, dict):
+            raise ProtocolError("platoon-allreduce-setup needs an object {dtype, count}")
+        dtype = protocol.parse_dtype(info.get("dtype"), "all_reduce")
+        count = info.get("count")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise ProtocolError("platoon-allreduce-setup: count must be an integer >= 0")
+        slots = self._expected()
+        if wid >= slots:
+            raise PlatoonError("worker %d is a replacement (ids 0-%d started the job): all_reduce "
+                               "needs the same workers throughout, so do not combine it with "
+                               "worker restarts" % (wid, slots - 1))
+        name = "%s%s-ar-%s-%d" % (SEGMENT_PREFIX, self._ctl.job_id, dtype.str[1:], count)
+        red = self._reductions.get(name)
+        if red is None:
+            red = self._reductions[name] = _Reduction(name, dtype, count, slots)
+            log.info("all_reduce buffer %s: %d slots of %d x %s", name, slots + 1, count, dtype)
+        return {"segment": name, "slots": slots, "slot": wid}
+
+    def join(self, envelope, seq, wid, info):
+        """``platoon-allreduce`` {segment, op}: deferred until every worker has joined."""
+        if not isinstance(info, dict) or info.get("segment") not in self._reductions:
+            raise ProtocolError("platoon-allreduce: unknown segment; call "
+                                "platoon-allreduce-setup first (Worker.all_reduce does)")
+        red = self._reductions[info["segment"]]
+        op = info.get("op")
+        check_op(op, red.dtype)
+        gone = sorted(w for w, rec in self._ctl._workers.items() if rec.done)
+        if gone:
+            raise PlatoonError("worker %d has left the job, so all_reduce cannot complete; "
+                               "every worker must call the same collectives" % gone[0])
+        if wid in red.waiting:
+            raise ProtocolError("worker %d joined the same all_reduce twice" % wid)
+        red.waiting[wid] = (envelope, seq, op)
+        self._maybe_reduce(red)
+
+    def _maybe_reduce(self, red):
+        if len(red.waiting) < self._expected():
+            return
+        waiting, red.waiting = red.waiting, {}
+        ops = {op for _, _, op in waiting.values()}
+        try:
+            if len(ops) != 1:
+                raise PlatoonError("the workers called all_reduce with different ops: %s; every "
+                                   "worker must call the same collectives with the same op"
+                                   % ", ".join("worker %d: %s" % (w, o) for w, (_, _, o)
+                                               in sorted(waiting.items())))
+            op = ops.pop()
+            self._reduce(red, sorted(waiting), op)
+        except Exception as exc:
+            log.warning("all_reduce failed: %s", exc)
+            for envelope, seq, _ in waiting.values():
+                self._ctl._send_error(envelope, seq, exc)
+            return
+        self.rounds += 1
+        for envelope, seq, _ in waiting.values():
+            self._ctl._send(envelope, seq, None)
+
+    def _reduce(self, red, slots, op):
+        buf = red.buffer
+        result = buf[red.slots]
+        ufunc = _UFUNCS[op]
+        result[...] = buf[slots[0]]
+        for k in slots[1:]:
+            ufunc(result, buf[k], out=result)
+        total = len(slots)
+        link = self._ctl.node_link
+        if link is not None:
+            total = link.all_reduce(result, op)
+        if op == "mean":
+            np.divide(result, total, out=result, casting="unsafe")
+
+    def worker_left(self, wid):
+        """Worker `wid` is done: fail every all_reduce that waits for it."""
+        for red in self._reductions.values():
+            if red.waiting:
+                waiting, red.waiting = red.waiting, {}
+                exc = PlatoonError("worker %d has left the job while the others waited in all_reduce; "
+                                   "every worker must call the same collectives" % wid)
+                for envelope, seq, _ in waiting.values():
+                    self._ctl._send_error(envelope, seq, exc)
+
+    # -- named state segments --
+
+    def state(self, info):
+        """``platoon-init-state`` {name, layout}: a zero-filled segment, created once per name."""
+        if not isinstance(info, dict) or not isinstance(info.get("name"), str) \
+                or not _NAME.match(info["name"]):
+            raise ProtocolError("platoon-init-state needs a name of letters, digits, '_.-'")
+        layout = protocol.validate_layout(info.get("layout"))
+        name = info["name"]
+        seg = self._states.get(name)
+        if seg is None:
+            seg = create_segment("%s%s-state-%s" % (SEGMENT_PREFIX, self._ctl.job_id, name),
+                                 layout)
+            try:
+                self._resume_state(name, seg)
+            except BaseException:
+                seg.close()
+                seg.unlink()
+                raise
+            self._states[name] = seg
+            log.info("shared state %r created: %d arrays, %d bytes", name, len(layout), seg.size)
+        else:
+            mismatch = protocol.describe_mismatch(layout, seg.layout)
+            if mismatch:
+                raise PlatoonError("shared state %r: %s" % (name, mismatch))
+        return {"segment": seg.name}
+
+    def snapshot_states(self, lock, timeout=10.0):
+        """Copies of the shared states, taken under the centre's `lock` (Downpour updates
+        its optimizer's state under it)."""
+        if not self._states:
+            return {}
+        lock.acquire(timeout)
+        try:
+            return {name: [a.copy() for a in seg.arrays] for name, seg in self._states.items()}
+        finally:
+            lock.release()
+
+    def _resume_state(self, name, seg):
+        """Fill a new state segment from the controller's `resume_from` checkpoint, if any."""
+        path = getattr(self._ctl, "resume_from", None)
+        if not path:
+            return
+        saved = load_states(path).get(name)
+        if saved is None:
+            log.warning("checkpoint %s holds no shared state %r: it starts from zero", path, name)
+            return
+        mismatch = protocol.describe_mismatch(seg.layout, protocol.layout_of(saved))
+        if mismatch:
+            raise PlatoonError("shared state %r in checkpoint %s does not fit: %s"
+                               % (name, path, mismatch))
+        for dst, src in zip(seg.arrays, saved):
+            dst[...] = src
+        log.info("shared state %r resumed from %s", name, path)
+
+    @property
+    def states(self):
+        """Shared state arrays by name (for checkpoints)."""
+        return {name: seg.arrays for name, seg in self._states.items()}
+
+    def close(self):
+        """Unmap and unlink every segment. Idempotent."""
+        for seg in [r.seg for r in self._reductions.values()] + list(self._states.values()):
+            seg.close()
+            seg.unlink()
+        self._reductions = {}
+        self._states = {}
+
+
+class WorkerCollectives:
+    """The worker's side: attached all_reduce and state segments, released by `close`."""
+
+    def __init__(self):
+        self.reductions = {}  # (dtype str, count) -> (name, result array, my slot array)
+        self.segments = []
+
+    def attach(self, name, layout):
+        seg = SharedCentre.attach(name, layout)
+        self.segments.append(seg)
+        return seg
+
+    def close(self):
+        for seg in self.segments:
+            seg.close()
+        self.segments = []
+        self.reductions = {}
+
+
+def average_gradients(worker, grads, *, timeout=None):
+    """Synchronous data-parallel SGD: replace each array in `grads` by its mean over all workers.
+
+    Arrays of one dtype travel together in one all_reduce. Call it every step on
+    every worker, after the backward pass, before the optimizer step. Returns
+    `grads`. Raises as `Worker.all_reduce`.
+    """
+    grads = list(grads)
+    by_dtype = {}
+    for g in grads:
+        if not isinstance(g, np.ndarray) or not g.flags.writeable:
+            raise TypeError("average_gradients needs writable numpy arrays, got %r" % type(g))
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for dtype, group in by_dtype.items():
+        flat = np.concatenate([g.reshape(-1) for g in group]) if len(group) > 1 \
+            else np.ascontiguousarray(group[0]).reshape(-1).copy()
+        worker.all_reduce(flat, "mean", timeout=timeout)
+        pos = 0
+        for g in group:
+            g[...] = flat[pos:pos + g.size].reshape(g.shape)
+            pos += g.size
+    return grads
+
+
+__all__ = ["OPS", "NodeCollectives", "average_gradients", "check_op", "create_segment"]

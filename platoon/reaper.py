@@ -1,0 +1,61 @@
+"""A watchdog that cleans up after a controller killed without warning.
+
+When one MPI rank dies, ``mpiexec`` SIGKILLs every other rank: their
+controllers get no chance to unlink shared memory or stop their workers. Each
+controller therefore starts ``python -m platoon.reaper FD JOB_ID`` in its own
+session. The reaper blocks reading the pipe FD, on which the controller writes
+its workers' pids; at end of file (the controller exited, however it exited) it
+SIGKILLs those still alive and unlinks ``/dev/shm/platoon-JOB_ID-*``. After a
+clean exit there is nothing left and it does nothing.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+
+from .shmem import SEGMENT_PREFIX
+
+SHM = "/dev/shm"
+
+
+def start(job_id):
+    """Start a reaper for `job_id`; return the pipe's write end (write pids, never close it)."""
+    read_fd, write_fd = os.pipe()
+    os.set_inheritable(read_fd, True)
+    subprocess.Popen([sys.executable, "-m", "platoon.reaper", str(read_fd), job_id],
+                     pass_fds=(read_fd,), start_new_session=True, stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(read_fd)
+    return write_fd
+
+
+def watch(write_fd, pid):
+    """Tell the reaper to kill `pid` if the controller dies."""
+    os.write(write_fd, b"%d\n" % pid)
+
+
+def reap(read_fd, job_id):
+    data = b""
+    while True:
+        chunk = os.read(read_fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    for line in data.split():
+        try:
+            os.kill(int(line), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, ValueError):
+            pass
+    prefix = (SEGMENT_PREFIX + job_id + "-").lstrip("/")
+    for name in os.listdir(SHM):
+        if name.startswith(prefix):
+            try:
+                os.unlink(os.path.join(SHM, name))
+            except FileNotFoundError:
+                pass
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C to the job must not skip the cleanup
+    reap(int(sys.argv[1]), sys.argv[2])

@@ -1,0 +1,36 @@
+"""Deterministic data sharding: each worker of the job gets a disjoint part of the inputs."""
+
+import numpy as np
+
+
+def shard(items, rank, size, *, epoch=0, seed=0, shuffle=True, drop_last=False):
+    """The part of `items` that worker `rank` of `size` reads in `epoch`.
+
+    `items` is a sequence (file names, ...) or an int n meaning ``range(n)``.
+    With shuffle=True the items are permuted by a generator seeded with
+    (`seed`, `epoch`), the same on every worker, then dealt round-robin, so
+    the shards of one epoch are disjoint and cover every item; each epoch
+    deals a new permutation. drop_last=True drops the remainder so every
+    worker gets exactly ``len(items) // size`` items (equal step counts for
+    synchronous SGD). Pass ``worker.global_rank, worker.global_size`` to
+    split across every worker of every node. Returns a list (an int array
+    for an int `items`). Raises ValueError for a bad rank or size.
+    """
+    if not isinstance(size, (int, np.integer)) or size < 1:
+        raise ValueError("shard size must be a positive integer, got %r" % (size,))
+    if not isinstance(rank, (int, np.integer)) or not 0 <= rank < size:
+        raise ValueError("shard rank must be in [0, %d), got %r" % (size, rank))
+    if isinstance(items, (int, np.integer)):
+        if items < 0:
+            raise ValueError("shard of a negative number of items: %r" % (items,))
+        n, pick = int(items), None
+    else:
+        items = list(items)
+        n, pick = len(items), items
+    order = np.arange(n)
+    if shuffle:
+        order = np.random.default_rng([int(seed), int(epoch)]).permutation(n)
+    if drop_last:
+        order = order[:n - n % size]
+    mine = order[rank::size]
+    return mine if pick is None else [pick[i] for i in mine]

@@ -1,0 +1,98 @@
+"""A worker of a multi-node test job (started by python -m platoon.mpi under mpiexec).
+
+usage: mpi_worker.py SCENARIO
+  collectives: all_reduce every op and dtype, checks exact results, barrier; prints OK
+  tie: starts its node's centre at +1 (node 0) or -1 (node 1), then all_reduces the centre
+       until the node centres agree; prints TIED and the rounds it took
+  forever: prints READY, then all_reduces until killed
+  fail: worker 1 of node 1 exits with code 3 after a barrier; the others all_reduce forever
+  mismatch: node 0 calls barrier while node 1 calls all_reduce; prints the error
+"""
+
+import os
+import sys
+
+import numpy as np
+
+from platoon import EASGD, RemoteError, Worker
+
+CASES = [(op, dt) for dt in ["float32", "float64", "int32", "int64", "uint8", "complex128"]
+         for op in ["sum", "mean", "max", "min"]
+         if not (op == "mean" and dt[0] in "iu") and not (op in ("max", "min") and dt[0] == "c")]
+
+
+def contribution(k, dtype, shape=(5, 7)):
+    base = np.arange(int(np.prod(shape))).reshape(shape) % 11 - 5
+    values = base * (k + 1) + k  # small integers: exact in every dtype
+    if np.dtype(dtype).kind == "c":
+        return (values + 1j * (values - k)).astype(dtype)
+    if np.dtype(dtype).kind == "u":
+        return np.abs(values).astype(dtype)
+    return values.astype(dtype)
+
+
+def expected(op, dt, n):
+    parts = [contribution(k, dt) for k in range(n)]
+    total = parts[0].copy()
+    for p in parts[1:]:
+        total += p
+    return {"sum": total, "mean": total / np.array(n, dt), "max": np.maximum.reduce(parts),
+            "min": np.minimum.reduce(parts)}[op].astype(dt)
+
+
+def say(text):
+    """One write per line: the workers of a node share one pipe, and print() writes in parts."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def main():
+    scenario = sys.argv[1]
+    with Worker(timeout=30) as w:
+        tag = "node %d worker %d (global %d of %d, pid %d)" % (
+            w.node_rank, w.local_rank, w.global_rank, w.global_size, os.getpid())
+        if scenario == "collectives":
+            assert w.global_size == w.num_nodes * w.local_size, tag
+            ranks = np.array([w.global_rank], np.int64)
+            w.all_reduce(ranks, "sum")
+            assert ranks[0] == sum(range(w.global_size)), (tag, ranks)
+            for op, dt in CASES:
+                got = w.all_reduce(contribution(w.global_rank, dt), op)
+                want = expected(op, dt, w.global_size)
+                assert got.dtype == want.dtype and np.array_equal(got, want), (tag, op, dt)
+            w.barrier()
+            say("OK " + tag)
+        elif scenario == "tie":
+            # Node 0's centre starts at +1, node 1's at -1; ties begin once both exist.
+            params = [np.full(1000, 1.0 if w.node_rank == 0 else -1.0)]
+            w.init_shared_params(params, EASGD(0.5))
+            for i in range(2000):
+                if len(sys.argv) > 2 and sys.argv[2] == "report":  # drives --tie-every-syncs
+                    w.syncs += 1
+                    w.report()
+                mine = np.array(w.shared_params[0][:1])
+                spread = w.all_reduce(mine.copy(), "max") - w.all_reduce(mine, "min")
+                if spread[0] < 1e-6:
+                    break
+            centre = float(w.shared_params[0][0])
+            say("TIED %d spread %.3g centre %.9f %s" % (i, spread[0], centre, tag))
+        elif scenario in ("forever", "fail"):
+            buf = np.ones(1000)
+            w.all_reduce(buf)
+            say("READY " + tag)
+            w.barrier()
+            if scenario == "fail" and w.node_rank == 1 and w.local_rank == 1:
+                sys.exit(3)
+            while True:
+                w.all_reduce(buf, "max")
+        elif scenario == "mismatch":
+            try:
+                w.barrier() if w.node_rank == 0 else w.all_reduce(np.ones(3))
+            except RemoteError as exc:
+                say("MISMATCH " + str(exc).splitlines()[0])
+        else:
+            raise SystemExit("unknown scenario %r" % scenario)
+
+
+if __name__ == "__main__":
+    main()

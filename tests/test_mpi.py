@@ -1,0 +1,155 @@
+"""Multi-node jobs under `mpiexec -n 2` on this machine: two controllers stand in for two nodes,
+each with two workers and its own centre."""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import PROCS, Proc, platoon_segments
+
+from platoon.shmem import pid_alive
+
+try:
+    from mpi4py import MPI  # noqa: F401  (fails without an MPI library)
+    MPI_ERROR = None
+except ImportError as exc:
+    MPI_ERROR = str(exc)
+MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+
+pytestmark = [
+    pytest.mark.skipif(MPI_ERROR is not None, reason="mpi4py cannot be imported (%s): pip install "
+                       "'platoon[mpi]' to run the multi-node tests" % MPI_ERROR),
+    pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec next to python or on PATH: pip "
+                       "install 'platoon[mpi]' (the mpich wheel provides it)"),
+]
+
+WORKER = os.path.join(PROCS, "mpi_worker.py")
+
+
+class MpiJob(Proc):
+    """`mpiexec -n 2 python -m platoon.mpi --workers 2 ... -- mpi_worker.py SCENARIO`."""
+
+    def __init__(self, scenario, *options):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PLATOON_")}
+        env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        self.args = [MPIEXEC, "-n", "2", sys.executable, "-m", "platoon.mpi", "--workers", "2"]
+        self.args += list(options)
+        if "--" not in options:
+            self.args += ["--", WORKER, scenario]
+        self.popen = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      env=env, text=True, start_new_session=True)
+        self.pid = self.popen.pid
+        self.lines = []
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def count(self, word):
+        return self.output.count(word)
+
+    def wait_for_count(self, word, n, timeout=20.0):
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self.count(word) < n:
+                if None in self.lines or time.monotonic() >= deadline:
+                    pytest.fail("expected %d x %r:\n%s" % (n, word, self.output))
+                self._cond.wait(max(0.0, deadline - time.monotonic()))
+
+    def job_id(self):
+        return re.search(r"job (\w+)-n0", self.output).group(1)
+
+
+@pytest.fixture
+def mpi_job():
+    jobs = []
+
+    def start(scenario, *options):
+        job = MpiJob(scenario, *options)
+        jobs.append(job)
+        return job
+
+    yield start
+    for job in jobs:
+        job.kill()
+
+
+def wait_until(predicate, timeout, what):
+    """Poll `predicate` (things outside our control: reaped pids, unlinked files) to a deadline."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            pytest.fail("still %s after %.3g s" % (what, timeout))
+        time.sleep(0.02)
+
+
+def test_all_reduce_every_op_and_dtype_exact_across_nodes_and_barrier(mpi_job):
+    job = mpi_job("collectives", "--controller",
+                  os.path.join(PROCS, "step_controller.py") + ":StepController")
+    assert job.wait(60) == 0, job.output
+    assert job.count("OK node") == 4, job.output
+    for g in range(4):
+        assert "global %d of 4" % g in job.output
+    assert not [s for s in platoon_segments() if job.job_id() in s]
+
+
+@pytest.mark.parametrize("every", [["--tie-every-s", "0.02"], ["--tie-every-syncs", "3"]])
+def test_hierarchical_easgd_pulls_the_node_centres_together(mpi_job, every):
+    if "--tie-every-syncs" in every:
+        every = every + ["--", WORKER, "tie", "report"]  # workers report a sync per loop
+    job = mpi_job("tie", "--tie-beta", "0.5", *every)
+    assert job.wait(60) == 0, job.output
+    found = re.findall(r"TIED \d+ spread \S+ centre (\S+) node (\d)", job.output)
+    assert len(found) == 4, job.output
+    # The centres start at +1 and -1; each tie halves their distance and keeps their mean at
+    # exactly 0, so each nears 0 from its own side (workers read them a round apart at most).
+    for centre, node in found:
+        assert abs(float(centre)) < 1e-6 and (float(centre) > 0) == (node == "0"), found
+
+
+def test_workers_calling_different_collectives_get_an_error_not_a_hang(mpi_job):
+    job = mpi_job("mismatch")
+    assert job.wait(60) == 0, job.output
+    assert job.count("MISMATCH the nodes' workers called different collectives: node 0: "
+                     "('barrier',); node 1: ('all_reduce', '<f8', 3, 'sum')") == 4, job.output
+
+
+@pytest.mark.parametrize("how", ["controller killed", "worker fails", "mpiexec terminated"])
+def test_a_failure_on_one_node_ends_the_job_everywhere(mpi_job, how):
+    job = mpi_job("fail" if how == "worker fails" else "forever")
+    job.wait_for_count("READY", 4)
+    job_id = job.job_id()
+    workers = [int(re.search(r"READY node %d worker %d .* pid (\d+)\)" % (g // 2, g % 2),
+                             job.output).group(1)) for g in range(4)]
+    assert len(workers) == 4
+    start = time.monotonic()
+    if how == "controller killed":
+        os.kill(int(re.search(r"node 1 of 2, controller pid (\d+)", job.output).group(1)),
+                signal.SIGKILL)
+    elif how == "mpiexec terminated":
+        job.popen.terminate()
+    assert job.wait(20) != 0, job.output
+    elapsed = time.monotonic() - start
+    assert elapsed < 10, "the job took %.1f s to end" % elapsed
+    if how == "worker fails":
+        assert "aborting the job" in job.output, job.output
+    wait_until(lambda: not any(pid_alive(p) for p in workers), 10, "workers alive")
+    wait_until(lambda: not [s for s in platoon_segments() if job_id in s], 10,
+               "shared memory of job %s left" % job_id)
+
+
+def test_a_launcher_style_controller_script_runs_as_each_node(mpi_job):
+    """The linear example, unchanged, as a 2-node job: its controller script is each rank."""
+    example = os.path.join(os.path.dirname(os.path.dirname(PROCS)), "examples", "linear")
+    job = mpi_job("-", "--controller", os.path.join(example, "linear_controller.py"),
+                  "--controller-args", "--steps 400", "--tie-every-s", "0.05",
+                  "--", os.path.join(example, "linear_worker.py"))
+    assert job.wait(60) == 0, job.output
+    assert job.count("trained ") == 2 and job.count("distance to the true weights") == 4, \
+        job.output

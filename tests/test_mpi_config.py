@@ -1,0 +1,30 @@
+"""Settings of multi-node jobs that need no MPI: tie configuration, controller loading."""
+
+import os
+
+import pytest
+
+from conftest import PROCS
+from platoon import Controller, PlatoonError
+from platoon.mpi import CentreTie, load_controller_class
+
+
+def test_centre_tie_validates_its_settings():
+    assert CentreTie(every_s=None, every_syncs=4).every_syncs == 4
+    with pytest.raises(ValueError, match="needs every_s .* or every_syncs"):
+        CentreTie(every_s=None)
+    with pytest.raises(ValueError, match="beta must be in"):
+        CentreTie(beta=0)
+    with pytest.raises(ValueError, match="every_syncs must be an integer >= 1"):
+        CentreTie(every_syncs=0)
+
+
+def test_controller_class_from_module_or_file():
+    assert load_controller_class(None) is Controller
+    assert load_controller_class("platoon:Controller") is Controller
+    cls = load_controller_class(os.path.join(PROCS, "step_controller.py") + ":StepController")
+    assert issubclass(cls, Controller) and cls.__name__ == "StepController"
+    with pytest.raises(PlatoonError, match="module:Class or path/file.py:Class"):
+        load_controller_class("platoon")
+    with pytest.raises(PlatoonError, match="cannot load controller 'platoon:Nope'"):
+        load_controller_class("platoon:Nope")
