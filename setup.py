@@ -18,6 +18,7 @@ setup(
                  "torch==2.13.0"],
         "examples": ["scikit-learn", "matplotlib"],
         "torch": ["torch"],
+        "bench": ["scikit-learn"],
         "gpu": ["pycuda"],
         "mpi": ["mpi4py", "mpich"],
     },

@@ -8,7 +8,8 @@ and periodically syncs them with the centre under a `ParamSyncRule`.
 from .controller import Controller
 from .errors import (ControllerGone, ControllerTimeout, LayoutMismatch, LockTimeout,
                      MinibatchTimeout, PlatoonError, PortInUse, ProtocolError, RemoteError,
-                     ServeTimeout, WorkerDied)
+                     ServeTimeout, SyncTimeout, WorkerDied)
+from .exchange import SyncHandle, SyncStats
 from .rules import ASGD, EASGD, ParamSyncRule
 from .collectives import average_gradients
 from .downpour import SGD, Adam, Downpour
@@ -18,9 +19,9 @@ from .worker import Worker
 __version__ = "0.1.0"
 
 __all__ = [
-    "Controller", "Worker", "ParamSyncRule", "EASGD", "ASGD",
+    "Controller", "Worker", "ParamSyncRule", "EASGD", "ASGD", "SyncHandle", "SyncStats",
     "PlatoonError", "ControllerTimeout", "LockTimeout", "ServeTimeout", "MinibatchTimeout",
     "ProtocolError", "RemoteError", "LayoutMismatch", "PortInUse", "WorkerDied",
-    "ControllerGone",
+    "ControllerGone", "SyncTimeout",
     "Downpour", "SGD", "Adam", "average_gradients", "shard",
 ]

@@ -13,6 +13,10 @@ class LockTimeout(PlatoonError, TimeoutError):
     """The lock on the central parameters could not be taken in time."""
 
 
+class SyncTimeout(PlatoonError, TimeoutError):
+    """`SyncHandle.wait(timeout)` ran out of time; the sync is still in flight."""
+
+
 class ServeTimeout(PlatoonError, TimeoutError):
     """`Controller.serve(timeout)` ran out of time before every worker was done."""
 

@@ -13,6 +13,7 @@ one raw frame per array.
 """
 
 import json
+import math
 
 import numpy as np
 
@@ -32,6 +33,9 @@ ALLREDUCE = "platoon-allreduce"
 INIT_STATE = "platoon-init-state"
 
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
+
+# One compact encoder, made once: json.dumps builds a new one per call when given options.
+_encode_json = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
 
 
 class Request:
@@ -55,10 +59,8 @@ def encode_request(worker_id, req, req_info=None, seq=None):
     if not isinstance(req, str) or not req:
         raise ProtocolError("request name must be a non-empty string, got %r" % (req,))
     try:
-        return json.dumps(
-            {"worker_id": worker_id, "req": req, "req_info": req_info, "seq": seq},
-            separators=(",", ":"), allow_nan=True,
-        ).encode()
+        return _encode_json(
+            {"worker_id": worker_id, "req": req, "req_info": req_info, "seq": seq}).encode()
     except (TypeError, ValueError) as exc:
         raise ProtocolError(
             "req_info of request %r is not JSON-serialisable (%s); send only dicts, lists, "
@@ -113,8 +115,7 @@ def peek_seq(payload):
 
 def encode_reply(seq, result):
     """Serialise a successful reply; raises TypeError/ValueError if `result` is not JSON."""
-    return json.dumps({"seq": seq, "ok": True, "result": result},
-                      separators=(",", ":"), allow_nan=True).encode()
+    return _encode_json({"seq": seq, "ok": True, "result": result}).encode()
 
 
 def encode_error(seq, exc_type, message, traceback=""):
@@ -176,8 +177,14 @@ def describe_mismatch(mine, centre):
     return None
 
 
+_DTYPES = {}  # dtype strings already parsed: minibatch headers repeat the same few
+
+
 def parse_dtype(text, where):
     """A plain numeric numpy dtype from its string form; raises ProtocolError otherwise."""
+    dtype = _DTYPES.get(text) if isinstance(text, str) else None
+    if dtype is not None:
+        return dtype
     if not isinstance(text, str) or len(text) > 16:
         raise ProtocolError("%s: dtype must be a short string such as '<f4'" % where)
     try:
@@ -186,14 +193,30 @@ def parse_dtype(text, where):
         raise ProtocolError("%s: unknown dtype %r" % (where, text)) from None
     if dtype.kind not in "biufc" or dtype.fields is not None or dtype.subdtype is not None:
         raise ProtocolError("%s: dtype %r is not a plain numeric type" % (where, text))
+    _DTYPES[text] = dtype
     return dtype
 
 
 # --- minibatches -------------------------------------------------------------
 
+_HEADER_CACHE_SIZE = 64  # minibatch headers repeat: parse or encode each distinct one once
+_encoded_headers = {}
+_parsed_headers = {}
+
+
+def _cached(cache, key, make):
+    value = cache.get(key)
+    if value is None:
+        value = make()
+        if len(cache) >= _HEADER_CACHE_SIZE:
+            cache.clear()
+        cache[key] = value
+    return value
+
+
 def encode_minibatch(arrays):
     """Frames for a minibatch: a JSON header, then each array's bytes (no copy if contiguous)."""
-    header, frames = [], []
+    specs, frames = [], []
     for i, a in enumerate(arrays):
         a = np.asarray(a)
         if a.dtype.kind not in "biufc" or a.dtype.fields is not None:
@@ -205,26 +228,21 @@ def encode_minibatch(arrays):
             order, data = "F", a.T
         else:
             order, data = "C", np.ascontiguousarray(a)
-        header.append({"dtype": a.dtype.str, "shape": list(a.shape), "order": order})
+        specs.append((a.dtype.str, a.shape, order))
         frames.append(memoryview(data.reshape(-1)).cast("B") if data.size else b"")
-    return [json.dumps(header, separators=(",", ":")).encode()] + frames
+    specs = tuple(specs)
+    header = _cached(_encoded_headers, specs, lambda: _encode_json(
+        [{"dtype": d, "shape": list(shape), "order": o} for d, shape, o in specs]).encode())
+    return [header] + frames
 
 
-def decode_minibatch(frames):
-    """Arrays from minibatch frames, as read-only views of the frames' buffers.
-
-    Raises ProtocolError naming the first inconsistency.
-    """
-    if not frames:
-        raise ProtocolError("empty minibatch message")
-    header = _loads(frames[0], "minibatch header")
+def _parse_minibatch_header(payload):
+    """[(dtype, shape, order, nbytes)] from a header frame; raises ProtocolError."""
+    header = _loads(payload, "minibatch header")
     if not isinstance(header, list):
         raise ProtocolError("minibatch header must be a JSON list")
-    if len(header) != len(frames) - 1:
-        raise ProtocolError("minibatch header describes %d arrays but %d data frames arrived"
-                            % (len(header), len(frames) - 1))
-    arrays = []
-    for i, (spec, frame) in enumerate(zip(header, frames[1:])):
+    specs = []
+    for i, spec in enumerate(header):
         if not isinstance(spec, dict):
             raise ProtocolError("minibatch array %d: header entry must be an object" % i)
         dtype = parse_dtype(spec.get("dtype"), "minibatch array %d" % i)
@@ -235,11 +253,29 @@ def decode_minibatch(frames):
         order = spec.get("order", "C")
         if order not in ("C", "F"):
             raise ProtocolError("minibatch array %d: order must be 'C' or 'F'" % i)
+        specs.append((dtype, tuple(shape), order, math.prod(shape) * dtype.itemsize))
+    return specs
+
+
+def decode_minibatch(frames):
+    """Arrays from minibatch frames, as read-only views of the frames' buffers.
+
+    Raises ProtocolError naming the first inconsistency.
+    """
+    if not frames:
+        raise ProtocolError("empty minibatch message")
+    first = frames[0]
+    payload = first.bytes if hasattr(first, "bytes") else bytes(first)
+    specs = _cached(_parsed_headers, payload, lambda: _parse_minibatch_header(payload))
+    if len(specs) != len(frames) - 1:
+        raise ProtocolError("minibatch header describes %d arrays but %d data frames arrived"
+                            % (len(specs), len(frames) - 1))
+    arrays = []
+    for i, ((dtype, shape, order, expected), frame) in enumerate(zip(specs, frames[1:])):
         buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
-        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if len(buf) != expected:
             raise ProtocolError("minibatch array %d: %d bytes arrived but dtype %s and shape %s "
-                                "need %d" % (i, len(buf), dtype.name, tuple(shape), expected))
+                                "need %d" % (i, len(buf), dtype.name, shape, expected))
         flat = np.frombuffer(buf, dtype=dtype) if expected else np.empty(0, dtype)
         arrays.append(flat.reshape(shape, order=order))
     return arrays

@@ -1,7 +1,8 @@
 """Parameter synchronisation rules: how a worker's parameters and the centre move together.
 
 A rule updates numpy arrays in place and knows nothing of sockets or locks; the
-worker calls it while holding the centre's lock. Built-in rules walk the arrays
+worker calls it while holding the lock of the part of the centre it updates.
+Built-in rules walk the arrays
 in cache-sized blocks with one preallocated scratch buffer, so a sync reads and
 writes each byte of local and central parameters once, with no temporaries,
 and gives bit-for-bit the result of the plain formula.
@@ -18,7 +19,36 @@ class ParamSyncRule:
     One instance belongs to one worker; `Worker.init_shared_params` calls
     `check` before sharing, `setup` once the worker's parameters equal the centre, then every
     `sync_params` calls `update_params` under the centre's lock.
+
+    A rule whose update of each element depends only on that element (and
+    per-element state) sets ``elementwise = True``: the worker may then call
+    `update` on flat, contiguous slices ``local[start:stop]`` of each parameter,
+    one stripe of the centre at a time, passing `start` so per-element state can
+    be sliced alike. `start_sync` additionally needs `push` and `pull`.
     """
+
+    elementwise = False
+
+    def update_range(self, index, start, local, central):
+        """Update elements ``start:start+len(local)`` of parameter `index` (1-D slices)."""
+        self.update(index, local, central)
+
+    def push(self, index, start, snapshot, central):
+        """Background half of an asynchronous sync, run under the stripe's lock.
+
+        `snapshot` is a copy of the worker's elements when the sync started;
+        update `central` in place, and leave in `snapshot` what `pull` needs.
+        """
+        raise NotImplementedError("%s does not support start_sync(); implement push() and "
+                                  "pull(), or call sync_params()" % type(self).__name__)
+
+    def pull(self, index, start, local, snapshot):
+        """Caller half of an asynchronous sync: apply the pushed result to `local` in place.
+
+        `local` may have moved since the snapshot; keep that movement.
+        """
+        raise NotImplementedError("%s does not support start_sync(); implement push() and "
+                                  "pull(), or call sync_params()" % type(self).__name__)
 
     def check(self, local_params):
         """Raise TypeError or ValueError if this rule cannot sync these arrays."""
@@ -83,6 +113,23 @@ class EASGD(ParamSyncRule):
     def check(self, local_params):
         _require_float(self, local_params)
 
+    elementwise = True
+
+    def update_range(self, index, start, local, central):
+        self.update(index, local, central)
+
+    def push(self, index, start, snapshot, central):
+        # snapshot <- -d with d = alpha * (x_snap - c); c += d
+        alpha = self.alpha
+        for s, c, _ in self._blocks(snapshot, central):
+            np.subtract(s, c, out=s)
+            s *= alpha
+            c += s
+            np.negative(s, out=s)
+
+    def pull(self, index, start, local, snapshot):
+        local += snapshot  # x - d, exactly (negation is exact)
+
     def update(self, index, local, central):
         alpha = self.alpha
         if not _all_contiguous(local, central):
@@ -109,6 +156,30 @@ class ASGD(ParamSyncRule):
 
     def setup(self, local_params):
         self._last = [np.array(p, copy=True, order="C") for p in local_params]
+
+    elementwise = True
+
+    def update_range(self, index, start, local, central):
+        last = self._last[index].reshape(-1)[start:start + local.size]
+        for x, c, x_last, d in self._blocks(local, central, last):
+            np.subtract(x, x_last, out=d)
+            c += d
+            x[...] = c
+            x_last[...] = c
+
+    def push(self, index, start, snapshot, central):
+        # c += x_snap - x_last; x_last = c   (snapshot kept for pull)
+        last = self._last[index].reshape(-1)[start:start + snapshot.size]
+        for s, c, x_last, d in self._blocks(snapshot, central, last):
+            np.subtract(s, x_last, out=d)
+            c += d
+            x_last[...] = c
+
+    def pull(self, index, start, local, snapshot):
+        # x = c_new + (x - x_snap): exactly c_new when x did not move
+        last = self._last[index].reshape(-1)[start:start + local.size]
+        local -= snapshot
+        local += last
 
     def update(self, index, local, central):
         last = self._last[index]

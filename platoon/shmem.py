@@ -4,11 +4,18 @@ Layout of a segment: a 4 KiB header (magic, owner pid, payload size, number of
 parameters), then each parameter's bytes, 64-byte aligned, in registration
 order. Both sides derive the offsets from the parameter layout alone.
 
-The lock is an open-file-description byte-range lock (``F_OFD_SETLK``) on a
-file descriptor of its own: the kernel drops it when its holder dies, so a
+The payload is also cut into stripes (`stripe_ranges`, derived from the layout
+alone): element ranges of about equal size, each with its own lock, so workers
+update different stripes at the same time.
+
+Locks are open-file-description byte-range locks (``F_OFD_SETLK``), each on a
+file descriptor of its own: the kernel drops them when their holder dies, so a
 worker killed while syncing never leaves the others blocked. Forked children
-(data-loader processes, say) close their copy of that descriptor at once, so
-they never keep a dead parent's lock alive.
+(data-loader processes, say) close their copies of those descriptors at once, so
+they never keep a dead parent's lock alive. Stripe k locks byte 1 + k; the
+whole-centre lock covers bytes 0 .. stripes, so it excludes every stripe, also
+between the threads of one process (each lock's descriptor is its own open file
+description).
 """
 
 import errno
@@ -34,6 +41,9 @@ HEADER = struct.Struct("<8sqqq")  # magic, owner pid, payload bytes, number of p
 HEADER_BYTES = 4096
 ALIGN = 64
 SEGMENT_PREFIX = "/platoon-"
+MAX_STRIPES = 64
+MIN_STRIPE_BYTES = 1 << 20  # smaller stripes cost more in lock calls than they gain
+STRIPE_ALIGN_ELEMENTS = 16  # stripes of float32 never share a 64-byte cache line
 
 
 _LOCKS = weakref.WeakSet()
@@ -116,6 +126,34 @@ def param_offsets(layout):
         nbytes = math.prod(entry["shape"]) * np.dtype(entry["dtype"]).itemsize
         pos += -(-nbytes // ALIGN) * ALIGN
     return offsets, max(pos, HEADER_BYTES + ALIGN)
+
+
+def stripe_ranges(layout, max_stripes=MAX_STRIPES, min_bytes=MIN_STRIPE_BYTES):
+    """Cut a layout's payload into stripes of about equal bytes.
+
+    Returns a list of stripes, each a list of ``(param_index, start, stop)``
+    ranges of flat element indices; together they cover every element once.
+    """
+    sizes = [(int(np.prod(e["shape"], dtype=np.int64)), np.dtype(e["dtype"]).itemsize)
+             for e in layout]
+    total = sum(n * size for n, size in sizes)
+    count = int(max(1, min(max_stripes, total // min_bytes)))
+    stripes = [[] for _ in range(count)]
+    pos = 0
+    for index, (n, size) in enumerate(sizes):
+        start = 0
+        while start < n:
+            k = min(count - 1, (pos + start * size) * count // total)
+            if k == count - 1:
+                stop = n
+            else:  # up to the stripe's end byte, rounded up to whole aligned elements
+                end = -(-(k + 1) * total // count)
+                stop = -(-(end - pos) // size)
+                stop = min(n, -(-stop // STRIPE_ALIGN_ELEMENTS) * STRIPE_ALIGN_ELEMENTS)
+            stripes[k].append((index, start, stop))
+            start = stop
+        pos += n * size
+    return [s for s in stripes if s] or [[]]
 
 
 class CentreLock:
@@ -212,6 +250,26 @@ class CentreLock:
         self._owner = me
         self._depth = 1
 
+    def try_acquire(self):
+        """Take the lock if nobody holds it; True if taken. Never waits."""
+        me = threading.get_ident()
+        if self._owner == me:
+            self._depth += 1
+            return True
+        if not self._thread_lock.acquire(blocking=False):
+            return False
+        try:
+            taken = self._try_range(blocking=False)
+        except BaseException:
+            self._thread_lock.release()
+            raise
+        if not taken:
+            self._thread_lock.release()
+            return False
+        self._owner = me
+        self._depth = 1
+        return True
+
     def release(self):
         if self._owner != threading.get_ident():
             raise PlatoonError("unlock() called by a thread that does not hold the centre's lock; "
@@ -259,9 +317,16 @@ class SharedCentre:
         self.arrays = [
             np.ndarray(tuple(e["shape"]), np.dtype(e["dtype"]), buffer=self._map, offset=off)
             for e, off in zip(layout, offsets)]
-        # A descriptor of its own for the lock (the mapping keeps a duplicate of shm.fd).
-        self.lock = CentreLock(os.open(_path(self.name), os.O_RDWR | os.O_CLOEXEC), self.name)
+        # Each lock has a descriptor of its own (the mapping keeps a duplicate of shm.fd).
+        self.stripes = stripe_ranges(layout)
+        self.lock = CentreLock(self._open_fd(), self.name, 0, 1 + len(self.stripes))
+        self.stripe_locks = [CentreLock(self._open_fd(), "%s stripe %d" % (self.name, k),
+                                        1 + k, 1)
+                             for k in range(len(self.stripes))]
         self._closed = False
+
+    def _open_fd(self):
+        return os.open(_path(self.name), os.O_RDWR | os.O_CLOEXEC)
 
     @classmethod
     def create(cls, job_id, layout):
@@ -312,6 +377,8 @@ class SharedCentre:
         self.arrays = []
         self._map = None
         self.lock.close()
+        for lock in self.stripe_locks:
+            lock.close()
         self._shm.close_fd()
 
     def unlink(self):

@@ -17,6 +17,7 @@ from .collectives import WorkerCollectives, check_op
 from .environment import JobEnvironment
 from .errors import ControllerGone, ControllerTimeout, LayoutMismatch, MinibatchTimeout, \
     PlatoonError, RemoteError
+from .exchange import Exchange
 from .rules import ParamSyncRule
 from .resources import Resources
 from .shmem import SharedCentre, pid_alive
@@ -26,17 +27,26 @@ log = logging.getLogger(__name__)
 _DEFAULT = object()
 
 
+def _endpoint(host, port):
+    """tcp://host:port for a port number; an endpoint string (ipc://..., tcp://...) as is."""
+    return port if isinstance(port, str) else "tcp://%s:%d" % (host, port)
+
+
 class Worker:
     """One training process of a job.
 
-    Connects to the controller at tcp://host:control_port and registers,
+    Connects to the controller at tcp://host:control_port (or at the endpoint
+    `control_port` when it is a string, such as a controller's
+    `control_address` on the ipc transport) and registers,
     learning `worker_id` (0-based), `is_first` and `job_id`. `device` is the
     device the launcher pinned this worker to ("cuda0", "cpu"; "cpu" when run
     by hand); a pinned GPU is the only one the process sees (cuda:0).
 
     Parameters:
-        control_port: the controller's control port (None: the launcher's).
-        data_port: if given, also connect to the minibatch channel (see `recv_mb`).
+        control_port: the controller's control port or endpoint string (None: the
+            launcher's).
+        data_port: if given (a port or an endpoint string), also connect to the
+            minibatch channel (see `recv_mb`).
         host: the controller's address.
         timeout: seconds to wait for any reply (None: forever); a request that
             times out raises ControllerTimeout and leaves the worker usable.
@@ -59,7 +69,7 @@ class Worker:
         self.timeout = timeout
         self.device = env.device or "cpu"
         self.syncs = 0
-        self.control_address = "tcp://%s:%d" % (host, control_port)
+        self.control_address = _endpoint(host, control_port)
         self.worker_id = None
         self.is_first = False
         self.job_id = None
@@ -74,6 +84,7 @@ class Worker:
         self._sync_lock = threading.Lock()
         self._local = None
         self._rule = None
+        self._exchange = None
         self._adapter = None
         self._mb = None
         self._coll = WorkerCollectives()
@@ -81,6 +92,7 @@ class Worker:
         keys_file = keys_file or env.keys_file
         self._keys = security.load_keys(keys_file) if keys_file else None
         self._control = self._client_socket(zmq.DEALER)
+        self._rcvtimeo_ms = {}  # socket -> the receive timeout set on it
         self._control.connect(self.control_address)
         try:
             info = self.send_req(protocol.REGISTER, {"pid": os.getpid(),
@@ -126,27 +138,35 @@ class Worker:
             except zmq.Again:
                 raise self._no_reply(req, timeout) from None
             while True:
-                if not self._wait_readable(sock, deadline):
+                data = self._recv_within(sock, deadline)
+                if data is None:
                     raise self._no_reply(req, timeout)
-                reply_seq, result = protocol.decode_reply(sock.recv())
+                reply_seq, result = protocol.decode_reply(data)
                 if reply_seq is not None and reply_seq != seq:
                     continue  # a late reply to a request that timed out earlier
                 if isinstance(result, RemoteError):
                     raise result
                 return result
 
-    def _wait_readable(self, sock, deadline):
-        """True once `sock` has a message, False at `deadline` (None: never). Waits in slices
-        of a second, raising ControllerGone if the controller dies meanwhile."""
+    def _recv_within(self, sock, deadline, copy=True):
+        """The next frame from `sock`, or None at `deadline` (None: never). Waits in slices
+        of a second, raising ControllerGone if the controller dies meanwhile; blocks in
+        recv with a receive timeout, which costs less than poll + recv."""
         while True:
             wait_ms = 1000
             if deadline is not None:
                 wait_ms = min(wait_ms, max(0, int((deadline - time.monotonic()) * 1000)))
-            if sock.poll(wait_ms):
-                return True
+            current = self._rcvtimeo_ms.get(sock)
+            if current is None or not 0 <= wait_ms - 50 <= current <= wait_ms:
+                if current != wait_ms:  # a setsockopt costs a few us: only when it changes
+                    sock.rcvtimeo = self._rcvtimeo_ms[sock] = wait_ms
+            try:
+                return sock.recv(copy=copy)
+            except zmq.Again:
+                pass
             self._check_controller(force=True)
             if deadline is not None and time.monotonic() >= deadline:
-                return False
+                return None
 
     def _check_controller(self, force=False):
         """Raise ControllerGone if the controller (on this machine) has exited.
@@ -318,6 +338,9 @@ class Worker:
         self._adapter = adapter
         self._local = params
         self._rule = param_sync_rule
+        self._exchange = Exchange(param_sync_rule, params, centre, self.worker_id, self.timeout)
+        self._exchange.before_pull = adapter.pull
+        self._exchange.after_pull = self._after_async_pull
 
     @property
     def shared_params(self):
@@ -326,32 +349,63 @@ class Worker:
         return None if centre is None else centre.arrays
 
     def sync_params(self, synchronous=True, *, params=None):
-        """Apply the sync rule between this worker's parameters and the centre.
+        """Apply the sync rule between this worker's parameters and the centre, in place.
 
-        With synchronous=True (the default) the centre's lock is held during the
-        update (waiting at most the worker's timeout, else LockTimeout); with
-        False the caller is responsible for locking (see `lock`). Device
-        parameters are copied to host before and back after, outside the lock.
-        For immutable arrays (JAX) pass the current ones as `params`.
-        Returns the parameters (new arrays for JAX, the same objects otherwise).
+        With synchronous=True (the default) each stripe of the centre is
+        updated under its own lock (waiting at most the worker's timeout, else
+        LockTimeout); rules that are not elementwise, and a caller holding
+        `lock()`, update the whole centre under the whole lock. With False the
+        caller is responsible for locking (see `lock`). Device parameters are
+        copied to host before and back after, outside any lock. For immutable
+        arrays (JAX) pass the current ones as `params`. Returns the parameters
+        (new arrays for JAX, the same objects otherwise).
         """
         if self._local is None:
             raise PlatoonError("call init_shared_params() before sync_params()")
         self._check_controller()
-        centre = self._res.centre
         with self._sync_lock:
             self._adapter.pull(params)
             if synchronous:
-                centre.lock.acquire(self.timeout)
-                try:
-                    self._rule.update_params(self._local, centre.arrays)
-                finally:
-                    centre.lock.release()
+                self._exchange.sync()
             else:
-                self._rule.update_params(self._local, centre.arrays)
+                self._rule.update_params(self._local, self._res.centre.arrays)
             self._adapter.push()
             self.syncs += 1
         return self._adapter.params()
+
+    def start_sync(self):
+        """Start a sync in a background thread; returns a SyncHandle: call its `wait()`.
+
+        The parameters are copied (a snapshot) before this returns; until
+        `wait()` platoon does not touch them, so the worker may go on computing
+        and updating them. `wait()` applies the sync's effect on top of those
+        updates: EASGD ``x += -alpha * (x_snap - c)``, ASGD
+        ``x = c_new + (x - x_snap)``, where ``x_snap`` is the snapshot and ``c``
+        each stripe of the centre when it was pushed. When the parameters did
+        not change in between, the result equals `sync_params()` bit for bit.
+        Device parameters are copied to host at the start and at `wait()`, and
+        back after it. One sync at a time: raises PlatoonError while one is in
+        flight; TypeError for rules without push/pull and for immutable (JAX)
+        parameters, which need `sync_params(params=...)`.
+        """
+        if self._local is None:
+            raise PlatoonError("call init_shared_params() before start_sync()")
+        if type(self._adapter).__name__ == "JaxAdapter":
+            raise TypeError("start_sync() updates parameters in place, which JAX arrays do not "
+                            "allow; call sync_params(params=...) instead")
+        self._check_controller()
+        with self._sync_lock:
+            self._adapter.pull()
+            return self._exchange.start()
+
+    def _after_async_pull(self):
+        self._adapter.push()
+        self.syncs += 1
+
+    @property
+    def sync_stats(self):
+        """A SyncStats: sync count and lock hold/wait times (None before init)."""
+        return None if self._exchange is None else self._exchange.stats
 
     def lock(self, timeout=None):
         """Take the centre's lock (seconds, None: forever); raises LockTimeout."""
@@ -368,7 +422,8 @@ class Worker:
     # -- minibatches --
 
     def init_mb_sock(self, port=None):
-        """Connect to the controller's minibatch channel on `port` (None: the launcher's)."""
+        """Connect to the controller's minibatch channel on `port` (an endpoint string, or
+        None: the launcher's)."""
         self._check_open()
         if port is None:
             port = JobEnvironment.read().data_port
@@ -380,9 +435,9 @@ class Worker:
             raise PlatoonError("the minibatch socket is already connected")
         sock = self._client_socket(zmq.PULL)
         sock.rcvhwm = 2
-        sock.connect("tcp://%s:%d" % (self.host, port))
+        self._mb_address = _endpoint(self.host, port)
+        sock.connect(self._mb_address)
         self._mb = sock
-        self._mb_address = "tcp://%s:%d" % (self.host, port)
 
     def recv_mb(self, *, timeout=_DEFAULT):
         """Receive one minibatch: the list of arrays given to `Controller.send_mb`.
@@ -396,10 +451,15 @@ class Worker:
             raise PlatoonError("call init_mb_sock(port) (or pass data_port) before recv_mb()")
         timeout = self.timeout if timeout is _DEFAULT else timeout
         deadline = None if timeout is None else time.monotonic() + timeout
-        if not self._wait_readable(self._mb, deadline):
+        sock = self._mb
+        first = self._recv_within(sock, deadline, copy=False)
+        if first is None:
             raise MinibatchTimeout("no minibatch from %s within %.3g s"
-                                   % (self._mb_address, timeout))
-        return protocol.decode_minibatch(self._mb.recv_multipart(copy=False))
+                                   % (self._mb_address, timeout)) from None
+        frames = [first]
+        while frames[-1].more:  # the rest of a message is there once its first frame is
+            frames.append(sock.recv(copy=False))
+        return protocol.decode_minibatch(frames)
 
     # -- teardown --
 
@@ -433,6 +493,8 @@ class Worker:
                     log.warning("worker %d could not tell the controller it is done: %s",
                                 self.worker_id, exc)
         finally:
+            if self._exchange is not None:
+                self._exchange.close(timeout=30.0 if self.timeout is None else self.timeout)
             self._closed = True
             self._local = None
             self._res.farewell = None

@@ -1,0 +1,123 @@
+"""Sync throughput against numpy's copy and the naive formula; syncs/s with concurrent workers."""
+
+import os
+
+import numpy as np
+
+from platoon import EASGD
+from platoon.exchange import Exchange
+from platoon.protocol import layout_of
+from platoon.shmem import SharedCentre
+
+from ._util import Children, interleaved
+
+ALPHA = 0.5
+
+
+def _values(n, seed):
+    # In [1, 2): EASGD's differences stay normal floats however often it runs (no denormals).
+    return np.random.default_rng(seed).random(n, dtype=np.float32) + 1
+
+
+def naive_easgd(x, c, alpha=ALPHA):
+    d = alpha * (x - c)
+    x -= d
+    c += d
+
+
+def sync_throughput(n, rounds):
+    """GB/s (4x the parameter bytes per sync) of platoon's sync vs copy and the naive formula."""
+    x = _values(n, 1)
+    centre = SharedCentre.create("bench%d%s" % (os.getpid(), os.urandom(4).hex()),
+                                 layout_of([x]))
+    try:
+        c = centre.arrays[0]
+        c[...] = _values(n, 2)
+        y = np.empty_like(x)
+        rule = EASGD(ALPHA)
+        rule.setup([x])
+        ex = Exchange(rule, [x], centre, timeout=60)
+        xn, cn = x.copy(), c.copy()
+
+        def start_wait():
+            ex.start().wait()
+
+        number = max(1, 4_000_000 // n)
+        t_copy, t_naive, t_sync, t_async = interleaved(
+            [lambda: np.copyto(y, x), lambda: naive_easgd(xn, cn), ex.sync, start_wait],
+            rounds, number)
+        nbytes = x.nbytes
+        return {"n": n, "stripes": len(centre.stripes),
+                "copy_gbs": 2 * nbytes / t_copy / 1e9, "naive_gbs": 4 * nbytes / t_naive / 1e9,
+                "sync_gbs": 4 * nbytes / t_sync / 1e9, "async_gbs": 4 * nbytes / t_async / 1e9,
+                "sync_ms": t_sync * 1e3,
+                "mean_hold_ms": ex.stats.lock_hold_s / max(ex.stats.syncs, 1) * 1e3,
+                "max_stripe_hold_ms": ex.stats.max_hold_s * 1e3}
+    finally:
+        centre.close()
+        centre.unlink()
+
+
+def concurrent_syncs(n, workers, duration_s, kind="stripes"):
+    """Aggregate syncs/s of `workers` processes syncing one centre of n float32 for duration_s.
+
+    kind: "stripes" (platoon), "one_lock" (one lock around the whole sync, as
+    before stripes), or "copy" (each process copies 2 arrays of n float32 instead
+    of syncing: the machine's ceiling for memory-bound work in parallel).
+    """
+    layout = layout_of([np.zeros(n, np.float32)])
+    centre = SharedCentre.create("bench%d%s" % (os.getpid(), os.urandom(4).hex()), layout)
+    try:
+        centre.arrays[0][...] = _values(n, 3)
+        with Children() as children:
+            procs = [children.start("syncer", centre.name, n, k, duration_s, kind)
+                     for k in range(workers)]
+            for p in procs:
+                p.line("READY")
+            for p in procs:
+                p.send("go")
+            results = [[float(v) for v in p.line("RESULT", timeout=duration_s + 60)]
+                       for p in procs]
+            for p in procs:
+                p.wait(30)
+    finally:
+        centre.close()
+        centre.unlink()
+    syncs = sum(r[0] for r in results)
+    return {"workers": workers, "kind": kind,
+            "syncs_per_s": sum(r[0] / r[1] for r in results),
+            "mean_hold_ms": sum(r[2] for r in results) / syncs * 1e3,
+            "mean_wait_ms": sum(r[3] for r in results) / syncs * 1e3}
+
+
+def syncer(segment, n, worker_id, duration_s, kind):
+    """Child: sync as often as possible for duration_s after 'go' on stdin."""
+    import sys
+    import time
+    n, worker_id, duration_s = int(n), int(worker_id), float(duration_s)
+    x = _values(n, 10 + worker_id)
+    centre = SharedCentre.attach(segment, layout_of([x]))
+    rule = EASGD(ALPHA)
+    if kind == "one_lock":
+        rule.elementwise = False  # one lock around the whole centre, as before stripes
+    ex = Exchange(rule, [x], centre, worker_id=worker_id, timeout=60)
+    ex.sync()
+    if kind == "copy":  # as much memory traffic as a sync: read 2 arrays, write 2
+        y, z, c2 = np.empty_like(x), np.empty_like(x), x + 1
+
+        def step():
+            np.copyto(y, x)
+            np.copyto(z, c2)
+        ex.sync = step
+    ex.stats.__init__()
+    print("READY", flush=True)
+    sys.stdin.readline()
+    start = time.perf_counter()
+    count = 0
+    while time.perf_counter() - start < duration_s:
+        ex.sync()
+        count += 1
+    elapsed = time.perf_counter() - start
+    print("RESULT %d %.6f %.6f %.6f" % (count, elapsed, ex.stats.lock_hold_s,
+                                        ex.stats.lock_wait_s), flush=True)
+    centre.close()

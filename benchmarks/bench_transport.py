@@ -1,0 +1,178 @@
+"""Control round trips and minibatch throughput against raw pyzmq; the idle controller's CPU."""
+
+import json
+import os
+import time
+
+import numpy as np
+import zmq
+
+from platoon import Worker, protocol
+
+from ._util import Children
+
+REQUEST = {"worker_id": 0, "req": "ping", "req_info": None, "seq": 1}
+REPLY = {"seq": 1, "ok": True, "result": None}
+
+
+def control_round_trip(transport, count=500, rounds=12):
+    """Best µs per round trip: Worker.send_req to a Controller vs a raw pyzmq REQ/REP of the
+    same JSON messages (each side encoding and decoding them with the json module)."""
+    with Children() as children:
+        raw = children.start("raw_rep", transport)
+        ctl = children.start("ping_controller", transport)
+        raw_addr, ctl_addr = raw.line("ADDR")[0], ctl.line("ADDR")[0]
+        ctx = zmq.Context()
+        try:
+            sock = ctx.socket(zmq.REQ)
+            sock.linger = 0
+            sock.connect(raw_addr)
+            with Worker(ctl_addr, timeout=30) as w:
+                best_raw = best_ours = float("inf")
+                for _ in range(rounds):
+                    start = time.perf_counter()
+                    for _ in range(count):
+                        sock.send(json.dumps(REQUEST).encode())
+                        json.loads(sock.recv())
+                    best_raw = min(best_raw, (time.perf_counter() - start) / count)
+                    start = time.perf_counter()
+                    for _ in range(count):
+                        w.send_req("ping")
+                    best_ours = min(best_ours, (time.perf_counter() - start) / count)
+            sock.close(0)
+        finally:
+            ctx.destroy(0)
+        ctl.wait(30)
+    return {"transport": transport, "raw_us": best_raw * 1e6, "platoon_us": best_ours * 1e6}
+
+
+def minibatch_throughput(transport, shape, count, rounds=3):
+    """Best MB/s receiving `count` minibatches [float32 shape, int64 labels]: raw vs platoon.
+
+    Raw: pyzmq PUSH/PULL of the same frames, encoded once, received with
+    recv_multipart(copy=False) and not decoded. Platoon: Controller.send_mb(copy=False)
+    to Worker.recv_mb, which returns the arrays (zero-copy views). Both senders stay
+    up; the runs alternate.
+    """
+    nbytes = int(np.prod(shape)) * 4 + shape[0] * 8
+    best = {"raw": 0.0, "platoon": 0.0}
+    with Children() as children:
+        raw = children.start("mb_sender", "raw", transport, shape[0], shape[1], count)
+        ours = children.start("mb_sender", "platoon", transport, shape[0], shape[1], count)
+        raw_addr, (ctl_addr, data_addr) = raw.line("ADDR")[0], ours.line("ADDR")
+        ctx = zmq.Context()
+        try:
+            pull = ctx.socket(zmq.PULL)
+            pull.linger = 0
+            pull.connect(raw_addr)
+            with Worker(ctl_addr, data_port=data_addr, timeout=60) as w:
+                receive = {"raw": lambda: pull.recv_multipart(copy=False), "platoon": w.recv_mb}
+                for _ in range(rounds):
+                    for mode, sender in (("raw", raw), ("platoon", ours)):
+                        sender.send("go")
+                        recv = receive[mode]
+                        recv()
+                        start = time.perf_counter()
+                        for _ in range(count - 1):
+                            recv()
+                        elapsed = time.perf_counter() - start
+                        best[mode] = max(best[mode], (count - 1) * nbytes / elapsed / 1e6)
+            pull.close(0)
+        finally:
+            ctx.destroy(0)
+        raw.wait(30)
+        ours.wait(30)
+    return {"transport": transport, "batch_bytes": nbytes, "raw_mbs": best["raw"],
+            "platoon_mbs": best["platoon"]}
+
+
+def _cpu_seconds(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_controller_cpu(duration_s=2.0):
+    """Percent of one core used by a serving controller with one registered, idle worker."""
+    with Children() as children:
+        ctl = children.start("ping_controller", "tcp")
+        with Worker(ctl.line("ADDR")[0], timeout=30):
+            time.sleep(0.2)  # let start-up work finish before measuring
+            before, start = _cpu_seconds(ctl.popen.pid), time.monotonic()
+            time.sleep(duration_s)  # measuring idleness: nothing to wait for
+            used = _cpu_seconds(ctl.popen.pid) - before
+            elapsed = time.monotonic() - start
+        ctl.wait(30)
+    return {"cpu_percent": 100.0 * used / elapsed, "seconds": elapsed}
+
+
+# -- children --
+
+def raw_rep(transport):
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.REP)
+    sock.linger = 0
+    address = _bind(sock, transport)
+    print("ADDR %s" % address, flush=True)
+    try:
+        while True:
+            json.loads(sock.recv())
+            sock.send(json.dumps(REPLY).encode())
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def _bind(sock, transport):
+    if transport == "tcp":
+        return "tcp://127.0.0.1:%d" % sock.bind_to_random_port("tcp://127.0.0.1")
+    import tempfile
+    path = os.path.join(tempfile.mkdtemp(prefix="platoon-bench-"), "sock")
+    sock.bind("ipc://" + path)
+    import atexit
+    import shutil
+    atexit.register(shutil.rmtree, os.path.dirname(path), True)
+    return "ipc://" + path
+
+
+def ping_controller(transport):
+    from platoon import Controller
+
+    class Ping(Controller):
+        def handle_control(self, req, worker_id, req_info):
+            return req_info
+
+    with Ping(control_port=0, num_workers=1, transport=transport) as ctl:
+        print("ADDR %s" % ctl.control_address, flush=True)
+        ctl.serve()
+
+
+def mb_sender(mode, transport, rows, cols, count):
+    """Child: send `count` minibatches for each 'go' line on stdin, until stdin closes."""
+    import sys
+    rows, cols, count = int(rows), int(cols), int(count)
+    batch = [np.ones((rows, cols), np.float32), np.arange(rows, dtype=np.int64)]
+    if mode == "raw":
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.PUSH)
+        sock.linger = 0
+        print("ADDR %s" % _bind(sock, transport), flush=True)
+        frames = protocol.encode_minibatch(batch)
+        while sys.stdin.readline():
+            for _ in range(count):
+                sock.send_multipart(frames, copy=False)
+        sock.close(0)
+        ctx.term()
+        return
+    from platoon import Controller
+    import threading
+    with Controller(control_port=0, data_port=0, num_workers=1, transport=transport) as ctl:
+        print("ADDR %s %s" % (ctl.control_address, ctl.data_address), flush=True)
+
+        def send():
+            while sys.stdin.readline():
+                for _ in range(count):
+                    ctl.send_mb(batch, copy=False, timeout=60)
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        ctl.serve(timeout=300)

@@ -1,0 +1,233 @@
+"""The sync path: a worker's parameters meet the centre, one locked stripe at a time.
+
+`Exchange.sync` updates the worker's parameters and the centre in place.
+`Exchange.start` snapshots the parameters and pushes the snapshot to the
+centre in a background thread; `SyncHandle.wait` then pulls the result into
+the parameters, keeping whatever the worker changed in the meantime.
+
+Only the centre's own reads and writes happen under a lock, and only under the
+lock of the stripe being updated. Each stripe's update is atomic with respect
+to other workers; a whole sync is not (another worker may sync stripe 2 between
+this worker's stripes 1 and 3), exactly as independent syncs of smaller models.
+"""
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import PlatoonError, SyncTimeout
+from .rules import ParamSyncRule
+
+log = logging.getLogger(__name__)
+
+_STRIPE_PAUSE_S = (5e-6, 200e-6)  # back-off while every wanted stripe is busy
+
+
+@dataclass
+class SyncStats:
+    """Counters of a worker's syncs (times in seconds, from `time.perf_counter`)."""
+
+    syncs: int = 0           # completed syncs, synchronous or not
+    lock_hold_s: float = 0.0  # total time a lock of the centre was held
+    lock_wait_s: float = 0.0  # total time spent waiting for busy stripes
+    max_hold_s: float = 0.0   # longest single hold
+
+    @property
+    def mean_hold_s(self):
+        """Mean time a lock was held per sync."""
+        return self.lock_hold_s / self.syncs if self.syncs else 0.0
+
+
+class SyncHandle:
+    """An asynchronous sync started by `Worker.start_sync`; call `wait` to finish it."""
+
+    def __init__(self, exchange):
+        self._exchange = exchange
+        self._error = None
+        self._finished = False
+        self._thread = threading.Thread(target=self._run, name="platoon-sync", daemon=True)
+
+    def _run(self):
+        try:
+            self._exchange._push_all()
+        except BaseException as exc:  # raised again by wait()
+            self._error = exc
+
+    def done(self):
+        """True once the background part has finished (`wait` will not block)."""
+        return not self._thread.is_alive()
+
+    def wait(self, timeout=None):
+        """Finish the sync: apply its result to the worker's parameters.
+
+        `timeout` in float seconds (None: forever); raises SyncTimeout if the
+        background part is still running then (the sync stays in flight; call
+        `wait` again). Raises the background part's error, if any (LockTimeout
+        when a stripe stayed locked past the worker's timeout); the parameters
+        are then left as the worker last wrote them and the lock is released.
+        Calling `wait` again after it returned or raised does nothing.
+        """
+        if self._finished:
+            return
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise SyncTimeout("the sync started by start_sync() is still running after %.3g s; "
+                              "call wait() again, or wait longer" % timeout)
+        self._finished = True
+        self._exchange._inflight = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        self._exchange._pull_all()
+
+
+class Exchange:
+    """Syncs one worker's parameters with the centre under a rule (see module docstring)."""
+
+    def __init__(self, rule, local, centre, worker_id=0, timeout=None):
+        self.rule = rule
+        self.local = local
+        self.centre = centre
+        self.timeout = timeout
+        self.stats = SyncStats()
+        self._inflight = None
+        self._snapshots = None
+        self.before_pull = None  # called by SyncHandle.wait before / after it applies a sync
+        self.after_pull = None   # (the worker copies device parameters to host and back)
+        self._central = [c.reshape(-1) for c in centre.arrays]
+        self._contiguous = all(p.flags.c_contiguous for p in local)
+        self._striped = rule.elementwise and self._contiguous
+        self._flat_local = [p.reshape(-1) for p in local] if self._contiguous else None
+        # Workers start on different stripes, so two of them rarely want the same one.
+        count = len(centre.stripes)
+        first = (worker_id * (count // 2 + 1)) % count if count else 0
+        self._order = list(range(first, count)) + list(range(first))
+
+    # -- synchronous --
+
+    def sync(self):
+        """Apply the rule in place to the worker's parameters and the centre."""
+        if self._inflight is not None:
+            raise PlatoonError("a sync started by start_sync() is in flight; call its wait() "
+                               "before syncing again")
+        if not self._striped or self.centre.lock.held:
+            self._whole(lambda: self.rule.update_params(self.local, self.centre.arrays))
+        else:
+            local, central, rule = self._flat_local, self._central, self.rule
+            self._each_stripe(lambda i, a, b: rule.update_range(i, a, local[i][a:b],
+                                                                central[i][a:b]))
+        self.stats.syncs += 1
+
+    def _whole(self, update):
+        lock = self.centre.lock
+        if lock.held:  # the caller holds the whole centre (Worker.lock)
+            update()
+            return
+        start = time.perf_counter()
+        lock.acquire(self.timeout)
+        got = time.perf_counter()
+        try:
+            update()
+        finally:
+            lock.release()
+            self._count_hold(got, start)
+
+    def _count_hold(self, got, asked):
+        held = time.perf_counter() - got
+        stats = self.stats
+        stats.lock_hold_s += held
+        stats.lock_wait_s += got - asked
+        stats.max_hold_s = max(stats.max_hold_s, held)
+
+    def _each_stripe(self, update):
+        """Call update(index, start, stop) for every range, each stripe under its lock.
+
+        Takes whichever pending stripe is free; waits (with back-off, up to the
+        timeout) only when all pending stripes are busy.
+        """
+        stripes, locks = self.centre.stripes, self.centre.stripe_locks
+        pending = list(self._order)
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        pause = _STRIPE_PAUSE_S[0]
+        waited_since = None
+        while pending:
+            for pos, k in enumerate(pending):
+                if locks[k].try_acquire():
+                    break
+            else:
+                if waited_since is None:
+                    waited_since = time.perf_counter()
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise locks[pending[0]]._timeout(self.timeout)
+                time.sleep(pause)
+                pause = min(2 * pause, _STRIPE_PAUSE_S[1])
+                continue
+            got = time.perf_counter()
+            if waited_since is not None:
+                self.stats.lock_wait_s += got - waited_since
+                waited_since = None
+            pause = _STRIPE_PAUSE_S[0]
+            del pending[pos]
+            try:
+                for index, start, stop in stripes[k]:
+                    update(index, start, stop)
+            finally:
+                locks[k].release()
+                self._count_hold(got, got)
+
+    # -- asynchronous --
+
+    def start(self):
+        """Snapshot the parameters and push them in a background thread; returns a SyncHandle."""
+        if self._inflight is not None:
+            raise PlatoonError("a sync started by start_sync() is already in flight; call its "
+                               "wait() before starting another")
+        rule = self.rule
+        if not rule.elementwise or type(rule).push is ParamSyncRule.push:
+            raise TypeError("%r does not support start_sync(): it needs an elementwise rule "
+                            "with push() and pull() (EASGD and ASGD have them); call "
+                            "sync_params() instead" % (rule,))
+        if self.centre.lock.held:
+            raise PlatoonError("start_sync() called while this thread holds the centre's lock "
+                               "(Worker.lock); unlock() first, or call sync_params()")
+        if self._snapshots is None:
+            self._snapshots = [np.empty(p.size, p.dtype) for p in self.local]
+        for snap, p in zip(self._snapshots, self.local):
+            snap.reshape(p.shape)[...] = p
+        handle = SyncHandle(self)
+        self._inflight = handle
+        handle._thread.start()
+        return handle
+
+    def _push_all(self):
+        snaps, central, rule = self._snapshots, self._central, self.rule
+        self._each_stripe(lambda i, a, b: rule.push(i, a, snaps[i][a:b], central[i][a:b]))
+
+    def _pull_all(self):
+        if self.before_pull is not None:
+            self.before_pull()
+        for index, (p, snap) in enumerate(zip(self.local, self._snapshots)):
+            if p.flags.c_contiguous:
+                self.rule.pull(index, 0, p.reshape(-1), snap)
+            else:
+                flat = p.reshape(-1)  # a copy
+                self.rule.pull(index, 0, flat, snap)
+                p[...] = flat.reshape(p.shape)
+        self.stats.syncs += 1
+        if self.after_pull is not None:
+            self.after_pull()
+
+    def close(self, timeout):
+        """Finish a sync in flight (waiting at most `timeout` s); log its error, if any."""
+        handle = self._inflight
+        if handle is None:
+            return
+        try:
+            handle.wait(timeout)
+        except PlatoonError as exc:
+            log.warning("a sync in flight at close() failed: %s", exc)
+        except Exception as exc:
+            log.warning("a sync in flight at close() raised %s: %s", type(exc).__name__, exc)

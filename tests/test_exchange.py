@@ -1,0 +1,292 @@
+"""Striped and asynchronous syncs: exact results, per-stripe atomicity, errors, locks."""
+
+import os
+
+import numpy as np
+import pytest
+
+from platoon import (ASGD, EASGD, Controller, LockTimeout, ParamSyncRule, PlatoonError,
+                     SyncTimeout, Worker)
+from platoon.protocol import layout_of
+from platoon.shmem import MIN_STRIPE_BYTES, SharedCentre, stripe_ranges
+
+# 12 MB of float32 (11 stripes) over three parameters: several stripes, some spanning two parameters.
+SHAPES = [(1000, 1500), (7,), (1_500_000,)]
+
+
+def make_params(seed, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=s).astype(dtype) for s in SHAPES]
+
+
+def naive(rule, xs, cs, lasts=None):
+    for i, (x, c) in enumerate(zip(xs, cs)):
+        if isinstance(rule, EASGD):
+            d = rule.alpha * (x - c)
+            x -= d
+            c += d
+        else:
+            c += x - lasts[i]
+            x[...] = c
+            lasts[i][...] = c
+
+
+@pytest.mark.parametrize("layout", [
+    layout_of([np.zeros(3)]),
+    layout_of([np.zeros((1000, 1500), np.float32), np.zeros(7, np.float32),
+               np.zeros(1_500_000, np.float32)]),
+    layout_of([np.zeros(300_001, np.float64), np.zeros(0), np.zeros((3, 4, 5), np.float16)]),
+    layout_of([np.zeros(40_000_000, np.float32)]),
+])
+def test_stripes_cover_every_element_once_in_balanced_aligned_ranges(layout):
+    stripes = stripe_ranges(layout)
+    seen = [np.zeros(int(np.prod(e["shape"])), np.int8) for e in layout]
+    sizes = []
+    for stripe in stripes:
+        nbytes = 0
+        for index, start, stop in stripe:
+            assert 0 <= start < stop
+            seen[index][start:stop] += 1
+            nbytes += (stop - start) * np.dtype(layout[index]["dtype"]).itemsize
+            assert start % 16 == 0
+        sizes.append(nbytes)
+    assert all((s == 1).all() for s in seen)
+    total = sum(sizes)
+    assert len(stripes) == max(1, min(64, total // MIN_STRIPE_BYTES))
+    assert max(sizes) - min(sizes) <= 64 * 8 + 0.01 * total
+
+
+@pytest.fixture
+def centre_pair():
+    """A centre of SHAPES and a second attachment of it (another worker, as far as locks go)."""
+    layout = layout_of(make_params(0))
+    centre = SharedCentre.create("xchg%d" % os.getpid() + os.urandom(4).hex(), layout)
+    other = SharedCentre.attach(centre.name, layout)
+    yield centre, other
+    other.close()
+    centre.close()
+    centre.unlink()
+
+
+def attach_worker(centre, rule, params, timeout=5.0):
+    """An Exchange as Worker.init_shared_params builds it, without the control round trips."""
+    from platoon.exchange import Exchange
+    rule.check(params)
+    rule.setup(params)
+    return Exchange(rule, params, centre, worker_id=1, timeout=timeout)
+
+
+@pytest.mark.parametrize("rule_class", [lambda: EASGD(0.3), ASGD])
+def test_striped_sync_is_bit_identical_to_the_formula(centre_pair, rule_class):
+    centre, _ = centre_pair
+    assert len(centre.stripes) == 11
+    for c, v in zip(centre.arrays, make_params(1)):
+        c[...] = v
+    xs = make_params(1)
+    rule = rule_class()
+    ex = attach_worker(centre, rule, xs)
+    want_x, want_c = make_params(1), make_params(1)
+    lasts = make_params(1)
+    for r in range(3):
+        for x, wx, d in zip(xs, want_x, make_params(10 + r)):
+            x += d
+            wx += d
+        ex.sync()
+        naive(rule, want_x, want_c, lasts)
+    for got, want in zip(xs + centre.arrays, want_x + want_c):
+        np.testing.assert_array_equal(got, want)
+    assert ex.stats.syncs == 3 and ex.stats.lock_hold_s > 0
+
+
+@pytest.mark.parametrize("rule_class", [lambda: EASGD(0.3), ASGD])
+def test_async_sync_with_no_local_change_equals_sync_params(centre_pair, rule_class):
+    centre, _ = centre_pair
+    for c, v in zip(centre.arrays, make_params(2)):
+        c[...] = v
+    xs_async, xs_sync = make_params(3), make_params(3)
+    ex = attach_worker(centre, rule_class(), xs_async)
+    handle = ex.start()
+    handle.wait(timeout=20)
+    handle.wait()  # a second wait does nothing
+    got_centre = [c.copy() for c in centre.arrays]
+    for c, v in zip(centre.arrays, make_params(2)):
+        c[...] = v
+    ex_sync = attach_worker(centre, rule_class(), xs_sync)
+    ex_sync.sync()
+    for got, want in zip(xs_async + got_centre, xs_sync + centre.arrays):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("rule_class", [lambda: EASGD(0.5), ASGD])
+def test_params_are_untouched_in_flight_and_keep_local_changes_after_wait(centre_pair,
+                                                                          rule_class):
+    centre, other = centre_pair
+    for c in centre.arrays:
+        c[...] = 2.0
+    xs = [np.zeros(s, np.float32) for s in SHAPES]
+    rule = rule_class()
+    ex = attach_worker(centre, rule, xs, timeout=20)
+    for x in xs:
+        x[...] = 4.0                     # trained locally since the last sync
+    other.lock.acquire()                 # another worker holds the whole centre
+    try:
+        handle = ex.start()
+        with pytest.raises(SyncTimeout, match="still running"):
+            handle.wait(timeout=0.05)
+        assert not handle.done()
+        with pytest.raises(PlatoonError, match="in flight"):
+            ex.sync()
+        with pytest.raises(PlatoonError, match="in flight"):
+            ex.start()
+        for x in xs:
+            np.testing.assert_array_equal(x, 4.0)  # the snapshot is taken; x is ours
+            x += 1.0                             # keep training while the sync is in flight
+        for c in centre.arrays:
+            np.testing.assert_array_equal(c, 2.0)  # nothing pushed yet
+    finally:
+        other.lock.release()
+    handle.wait(timeout=20)
+    for x, c in zip(xs, centre.arrays):
+        if isinstance(rule, EASGD):  # c += 0.5 * (4 - 2); x = 5 - 0.5 * (4 - 2)
+            np.testing.assert_array_equal(c, 3.0)
+            np.testing.assert_array_equal(x, 4.0)
+        else:  # ASGD: c += 4 - 0 (since setup saw zeros); x = c + (5 - 4)
+            np.testing.assert_array_equal(c, 6.0)
+            np.testing.assert_array_equal(x, 7.0)
+
+
+def _all_stripes_free(centre):
+    taken = [lock.try_acquire() for lock in centre.stripe_locks]
+    for ok, lock in zip(taken, centre.stripe_locks):
+        if ok:
+            lock.release()
+    return all(taken)
+
+
+def test_async_errors_surface_at_wait_and_release_the_locks(centre_pair):
+    centre, other = centre_pair
+
+    class Failing(EASGD):
+        calls = 0
+
+        def push(self, index, start, snapshot, central):
+            Failing.calls += 1
+            if Failing.calls == 5:
+                raise RuntimeError("push failed on stripe call 5")
+            super().push(index, start, snapshot, central)
+
+    xs = make_params(4)
+    ex = attach_worker(centre, Failing(0.5), xs)
+    before = [x.copy() for x in xs]
+    handle = ex.start()
+    with pytest.raises(RuntimeError, match="push failed"):
+        handle.wait(timeout=20)
+    handle.wait()  # the error was reported once; the handle is finished
+    for x, b in zip(xs, before):
+        np.testing.assert_array_equal(x, b)  # nothing pulled
+    assert _all_stripes_free(other)
+    ex.start().wait(timeout=20)  # the worker can sync again
+
+    # A stripe held past the worker's timeout: LockTimeout at wait(), locks released.
+    ex.timeout = 0.1
+    other.stripe_locks[3].acquire()
+    try:
+        handle = ex.start()
+        with pytest.raises(LockTimeout, match="stripe 3"):
+            handle.wait(timeout=20)
+    finally:
+        other.stripe_locks[3].release()
+    assert _all_stripes_free(other)
+
+
+def test_rules_without_push_cannot_start_async_syncs(centre_pair):
+    centre, _ = centre_pair
+
+    class Custom(ParamSyncRule):
+        def update(self, index, local, central):
+            central[...] = local
+
+    ex = attach_worker(centre, Custom(), make_params(5))
+    with pytest.raises(TypeError, match="sync_params"):
+        ex.start()
+    ex.sync()  # non-elementwise: the whole centre under the whole lock
+    for c, x in zip(centre.arrays, make_params(5)):
+        np.testing.assert_array_equal(c, x)
+
+
+def test_whole_lock_excludes_stripes_within_one_process(centre_pair):
+    centre, other = centre_pair
+    centre.lock.acquire()
+    try:
+        assert not _all_stripes_free(centre)   # same process, other thread/fd: still excluded
+        assert not other.stripe_locks[0].try_acquire()
+    finally:
+        centre.lock.release()
+    assert _all_stripes_free(centre)
+    other.stripe_locks[5].acquire()
+    try:
+        with pytest.raises(LockTimeout):
+            centre.lock.acquire(timeout=0.05)
+    finally:
+        other.stripe_locks[5].release()
+
+
+@pytest.mark.parametrize("mode, rule", [("sync", "asgd"), ("async", "asgd"),
+                                        ("async", "easgd")])
+def test_three_workers_sync_stripes_concurrently_without_losing_updates(procs, serve, tmp_path,
+                                                                        mode, rule):
+    n, rounds = 3, 15
+    ctl = Controller(control_port=0, num_workers=n)
+    serving = serve(ctl, timeout=60)
+    out = str(tmp_path / "worker%d.npz")
+    workers = [procs("stripe_worker.py", ctl.control_port, rounds, mode, rule, out)
+               for _ in range(n)]
+    for w in workers:
+        assert w.wait(60) == 0, w.output
+    centre = [c.copy() for c in ctl.centre]
+    serving.join()
+    locals_ = [np.load(out % k) for k in range(n)]
+    for i, c in enumerate(centre):
+        if rule == "asgd":  # every +1 of every worker reaches the centre exactly once
+            np.testing.assert_array_equal(c, n * rounds)
+        else:  # EASGD moves x and c by opposite amounts: the sum moves by local changes only
+            total = c.astype(np.float64) + sum(f["arr_%d" % i] for f in locals_)
+            np.testing.assert_allclose(total, n * rounds, rtol=1e-5)
+
+
+def test_worker_start_sync_end_to_end_and_close_with_a_sync_in_flight(serve):
+    ctl = Controller(control_port=0, num_workers=2)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout=10) as a, Worker(ctl.control_port, timeout=10) as b:
+        pa, pb = [np.full(5, 2.0)], [np.zeros(5)]
+        a.init_shared_params(pa, EASGD(0.5))
+        b.init_shared_params(pb, EASGD(0.5))
+        pb[0] += 2.0
+        handle = b.start_sync()
+        pb[0] += 1.0                      # trained while in flight: kept
+        handle.wait(timeout=10)
+        np.testing.assert_array_equal(ctl.centre[0], 3.0)
+        np.testing.assert_array_equal(pb[0], 4.0)  # 5 - 0.5 * (4 - 2)
+        assert b.sync_stats.syncs == 1
+        a.start_sync()                    # never waited for: close() finishes it
+    serving.join()
+    np.testing.assert_array_equal(pa[0], 2.5)
+
+
+def test_start_sync_with_torch_tensors_keeps_changes_made_in_flight(serve):
+    torch = pytest.importorskip("torch", reason="needs PyTorch")
+    ctl = Controller(control_port=0, num_workers=2)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout=10) as a, Worker(ctl.control_port, timeout=10) as b:
+        a.init_shared_params([np.full(4, 2.0, np.float32)], EASGD(0.5))
+        t = torch.zeros(4)
+        b.init_shared_params([t], EASGD(0.5))
+        torch.testing.assert_close(t, torch.full((4,), 2.0))
+        t += 2.0
+        handle = b.start_sync()
+        t += 1.0
+        handle.wait(timeout=10)
+        torch.testing.assert_close(t, torch.full((4,), 4.0))  # 5 - 0.5 * (4 - 2)
+        np.testing.assert_array_equal(ctl.centre[0], 3.0)
+        assert b.syncs == 1
+    serving.join()
