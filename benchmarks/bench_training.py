@@ -24,8 +24,9 @@ def _run_job(mode, data, workers, steps, target, seed):
     """Run one job; returns (wall seconds to the end or to the target, best accuracy,
     CPU seconds of the slowest process)."""
     with Children() as children:
-        if mode == "normal":
-            procs = [children.start("train", "normal", "-", data, 0, 1, steps, target, seed)]
+        if mode == "normal":  # one process, or several independent ones (no platoon)
+            procs = [children.start("train", "normal", "-", data, k, workers, steps, target,
+                                    seed) for k in range(workers)]
         else:
             ctl = children.start("train_controller", workers)
             address = ctl.line("ADDR")[0]
@@ -46,10 +47,12 @@ def _run_job(mode, data, workers, steps, target, seed):
 
 
 def scaling(data, steps):
-    """Wall time of `steps` minibatches in all: plain SGD, platoon with 1 and 2 workers."""
+    """Wall time of `steps` minibatches in all: plain SGD, platoon with 1 and 2 workers, and
+    two independent plain processes (the most two processes get from this machine)."""
     rows = {}
     for name, mode, workers in (("normal", "normal", 1), ("1 worker", "platoon", 1),
-                                ("2 workers", "platoon", 2)):
+                                ("2 workers", "platoon", 2),
+                                ("2 independent processes", "normal", 2)):
         wall, acc, cpu = _run_job(mode, data, workers, steps // workers, 0.0, 0)
         rows[name] = {"seconds": wall, "accuracy": acc, "cpu_seconds": cpu}
     base = rows["normal"]["seconds"]

@@ -162,6 +162,13 @@ def table(results):
             _row(rows, "scaling: %s vs Normal, CPU time of the slowest process" % name,
                  "%.2f s" % s[name]["cpu_seconds"], "%.2f s" % s["normal"]["cpu_seconds"],
                  s["normal"]["cpu_seconds"] / s[name]["cpu_seconds"], "", None)
+        ceiling = s["2 independent processes"]
+        _row(rows, "scaling: 2 independent processes (no platoon) vs Normal: the machine's "
+             "ceiling", "%.2f s" % ceiling["seconds"], "%.2f s" % s["normal"]["seconds"],
+             ceiling["speedup"], "", None)
+        _row(rows, "scaling: 2 workers vs that ceiling", "%.2f s" % s["2 workers"]["seconds"],
+             "%.2f s" % ceiling["seconds"], ceiling["seconds"] / s["2 workers"]["seconds"],
+             "", None)
     if "accuracy" in results:
         a = results["accuracy"]
         _row(rows, "time to %.0f%% test accuracy: 2-worker EASGD vs SGD" % (100 * a["target"]),
@@ -177,16 +184,16 @@ def markdown(results, meta):
     if "scaling" in results:
         s = results["scaling"]
         rows = s["rows"]
+        columns = ("normal", "1 worker", "2 workers", "2 independent processes")
         lines += ["", "Scaling, digits MLP %s, %d minibatches of %d in all, sync every %d:" % (
             "-".join(map(str, bench_training.SIZES)), s["minibatches"], bench_training.BATCH,
             s["sync_every"]), "",
-            "| | Normal | 1 worker | 2 workers |", "|---|---|---|---|",
-            "| wall time | %s |" % " | ".join("%.2f s" % rows[k]["seconds"]
-                                          for k in ("normal", "1 worker", "2 workers")),
-            "| speedup | %s |" % " | ".join("%.2fx" % rows[k]["speedup"]
-                                          for k in ("normal", "1 worker", "2 workers")),
+            "| | Normal | 1 worker | 2 workers | 2 independent processes |",
+            "|---|---|---|---|---|",
+            "| wall time | %s |" % " | ".join("%.2f s" % rows[k]["seconds"] for k in columns),
+            "| speedup | %s |" % " | ".join("%.2fx" % rows[k]["speedup"] for k in columns),
             "| CPU time of the slowest process | %s |" % " | ".join(
-                "%.2f s" % rows[k]["cpu_seconds"] for k in ("normal", "1 worker", "2 workers"))]
+                "%.2f s" % rows[k]["cpu_seconds"] for k in columns)]
     lines += ["", "Machine: %s, %d cores; load average %.2f at start, %.2f at end; "
               "suite ran in %.0f s." % (meta["cpu"], meta["cores"], meta["load_start"],
                                         meta["load_end"], meta["seconds"])]
