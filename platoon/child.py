@@ -4,7 +4,8 @@
 from PLATOON_LOG_LEVEL, lines tagged with LABEL), makes the process die with
 the launcher (PR_SET_PDEATHSIG), turns SIGTERM into SystemExit so `finally`
 blocks and finalizers release sockets and shared memory, then runs SCRIPT as
-``__main__`` (SCRIPT ``-m:MODULE`` calls ``MODULE.main()`` instead).
+``__main__`` (SCRIPT ``-m:MODULE`` calls ``MODULE.main()`` instead, and
+``-x:PROGRAM`` executes that program, which keeps the death signal).
 """
 
 import ctypes
@@ -40,6 +41,8 @@ def main():
     logging.basicConfig(
         level=os.environ.get("PLATOON_LOG_LEVEL", "INFO").upper(),
         format="%(asctime)s " + label + " %(levelname)s %(name)s: %(message)s")
+    if target.startswith("-x:"):
+        os.execv(target[3:], [target[3:]] + args)
     if target.startswith("-m:"):
         sys.argv = [target[3:]] + args
         importlib.import_module(target[3:]).main()

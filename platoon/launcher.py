@@ -89,6 +89,13 @@ def parse_args(argv):
                         "(it is always written when the controller stops)")
     parser.add_argument("--resume", metavar="DIR",
                         help="start the centre from a checkpoint (a log directory or .npz)")
+    parser.add_argument("--hosts", nargs="+", metavar="HOST",
+                        help="one controller per host, as MPI ranks (mpiexec from "
+                        "platoon[mpi]), each running -n workers; see README, Multi-node jobs")
+    parser.add_argument("--tie-every-s", type=float, metavar="S",
+                        help="with --hosts: tie the node centres every S seconds")
+    parser.add_argument("--tie-every-syncs", type=int, metavar="K",
+                        help="with --hosts: tie the node centres every K reported syncs")
     parser.add_argument("--curve", action="store_true",
                         help="authenticate every connection with CURVE keys made for this job "
                         "(written 0600 to LOG_DIR/curve_keys.json)")
@@ -319,8 +326,35 @@ class Launch:
                                     env, os.path.join(self.log_dir, name + ".log"),
                                     index=index, device=device))
 
+    def run_hosts(self, worker_script, controller_script):
+        """A multi-node job: mpiexec runs `platoon.mpi` once per host; it is the one child."""
+        mpiexec = (shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+                   or shutil.which("mpiexec"))
+        if mpiexec is None:
+            raise UsageError("--hosts needs mpiexec: pip install 'platoon[mpi]'")
+        args = self.args
+        cmd = ["-hosts", ",".join(args.hosts), "-n", str(len(args.hosts)), "-ppn", "1",
+               sys.executable, "-m", "platoon.mpi", "--workers", str(args.workers)]
+        if controller_script:
+            cmd += ["--controller", controller_script, "--controller-args", args.controller_args]
+        if args.tie_every_s:
+            cmd += ["--tie-every-s", str(args.tie_every_s)]
+        if args.tie_every_syncs:
+            cmd += ["--tie-every-syncs", str(args.tie_every_syncs)]
+        cmd += ["--", worker_script] + shlex.split(args.worker_args)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PLATOON_")}
+        env.update(PLATOON_LAUNCHER_PID=str(os.getpid()), PLATOON_LOG_LEVEL=args.log_level)
+        self.controller = Process("mpiexec", "-x:" + mpiexec, cmd, env,
+                                  os.path.join(self.log_dir, "mpiexec.log"))
+        self.say("mpiexec: %d node(s) (%s), %d worker(s) each"
+                 % (len(args.hosts), ", ".join(args.hosts), args.workers))
+        return self.supervise()
+
     def run(self):
         worker_script, controller_script = find_scripts(self.args.experiment)
+        if self.args.hosts:
+            os.makedirs(self.log_dir, exist_ok=True)
+            return self.run_hosts(worker_script, controller_script)
         self.devices = devices = plan_devices(self.args, self.say)
         self.num_workers = len(devices)
         if os.path.exists(os.path.join(self.log_dir, "controller.log")):
@@ -370,15 +404,21 @@ class Launch:
                                      "finished" % (straggler.label, self.args.finish_timeout))
                 if self.controller.poll() == 0 and all(p.poll() is not None
                                                        for p in self.workers):
-                    self.show_status(force=True)
+                    if not self.args.hosts:
+                        self.show_status(force=True)
                     self._clear_status()
-                    self.say("job finished: %d worker(s) done%s; logs in %s"
-                             % (len(self.workers) - len(self._failed),
-                                ", %d failed" % len(self._failed) if self._failed else "",
-                                self.log_dir))
+                    if self.args.hosts:
+                        self.say("job finished on %d node(s); logs in %s"
+                                 % (len(self.args.hosts), self.log_dir))
+                    else:
+                        self.say("job finished: %d worker(s) done%s; logs in %s"
+                                 % (len(self.workers) - len(self._failed),
+                                    ", %d failed" % len(self._failed) if self._failed else "",
+                                    self.log_dir))
                     self._echo(self.controller)
                     return EXIT_OK
-                self.show_status()
+                if not self.args.hosts:
+                    self.show_status()
                 select.select([wakeup_r], [], [], 0.5)
                 try:
                     os.read(wakeup_r, 4096)
@@ -392,7 +432,8 @@ class Launch:
 
     def controller_failed(self):
         """Blame a worker that failed too (the controller usually stops because of it)."""
-        reason = "the controller failed (%s)" % self.controller.describe_exit()
+        reason = "%s failed (%s)" % ("mpiexec" if self.args.hosts else "the controller",
+                                     self.controller.describe_exit())
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline:
             failed = [p for p in self.workers if p.poll() not in (None, 0)

@@ -180,3 +180,30 @@ def test_a_launcher_style_controller_script_runs_as_each_node(mpi_job):
     assert job.wait(60) == 0, job.output
     assert job.count("trained ") == 2 and job.count("distance to the true weights") == 4, \
         job.output
+
+
+def _launch_hosts(tmp_path, experiment, *args):
+    out = subprocess.run([sys.executable, "-m", "platoon.launcher", experiment, "--hosts",
+                          "localhost", "localhost", "--log-dir", str(tmp_path / "logs")]
+                         + list(args), capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items()
+                              if not k.startswith("PLATOON_")})
+    return out.returncode, out.stdout + out.stderr, (tmp_path / "logs" / "mpiexec.log")
+
+
+def test_launcher_hosts_runs_one_controller_per_host(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code, out, log = _launch_hosts(tmp_path, os.path.join(root, "examples", "linear", "linear"),
+                                   "-n", "2", "-c", "--steps 1000", "--tie-every-s", "0.1")
+    assert code == 0, out + log.read_text()
+    assert "job finished on 2 node(s)" in out
+    assert log.read_text().count("trained ") == 2  # each node's controller reports
+
+
+def test_launcher_hosts_fails_cleanly_when_a_worker_fails(tmp_path):
+    experiments = os.path.join(os.path.dirname(os.path.abspath(__file__)), "experiments")
+    before = platoon_segments()
+    code, out, log = _launch_hosts(tmp_path, os.path.join(experiments, "crash"), "-n", "2")
+    assert code != 0, out
+    assert "mpiexec failed" in out and "deliberate crash in worker 1" in out
+    assert not platoon_segments() - before
