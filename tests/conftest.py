@@ -24,7 +24,8 @@ def platoon_segments():
 
 
 def child_pids():
-    """Pids whose parent is this process (zombies included)."""
+    """Pids whose parent is this process (zombies included), or that live in the session of a
+    process this session started (a forked child outliving its parent)."""
     me, found = os.getpid(), []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -34,7 +35,7 @@ def child_pids():
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == me:
+        if int(fields[1]) == me or (int(fields[3]) in SPAWNED and fields[0] != "Z"):
             found.append(int(entry))
     return found
 
@@ -60,7 +61,7 @@ def no_leaks():
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
         except (ProcessLookupError, ChildProcessError):
-            pass
+            pass  # gone already, or not our child (the kill was enough)
     assert not leaked, "test leaked shared memory: %s" % leaked
     assert not children, "test left child processes running: %s" % children
 
@@ -123,11 +124,11 @@ class Proc:
         return code
 
     def kill(self):
-        if self.popen.poll() is None:
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        """SIGKILL the process and everything in its session (a forked child outlives it)."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         try:
             self.popen.wait(5)
         except subprocess.TimeoutExpired:
