@@ -66,8 +66,9 @@ class SyncHandle:
         `timeout` in float seconds (None: forever); raises SyncTimeout if the
         background part is still running then (the sync stays in flight; call
         `wait` again). Raises the background part's error, if any (LockTimeout
-        when a stripe stayed locked past the worker's timeout); the parameters
-        are then left as the worker last wrote them and the lock is released.
+        when a stripe stayed locked past the worker's timeout), after applying
+        the stripes it did push (their effect on the centre is not lost); every
+        lock is released.
         Calling `wait` again after it returned or raised does nothing.
         """
         if self._finished:
@@ -78,10 +79,12 @@ class SyncHandle:
                               "call wait() again, or wait longer" % timeout)
         self._finished = True
         self._exchange._inflight = None
+        # Even when the push failed part-way, the stripes it finished moved the centre (and
+        # the rule's state): their effect reaches the parameters before the error does.
+        self._exchange._pull(complete=self._error is None)
         if self._error is not None:
             error, self._error = self._error, None
             raise error
-        self._exchange._pull_all()
 
 
 class Exchange:
@@ -95,6 +98,7 @@ class Exchange:
         self.stats = SyncStats()
         self._inflight = None
         self._snapshots = None
+        self._pushed = []  # (index, start, stop) of the ranges the push in flight has done
         self.before_pull = None  # called by SyncHandle.wait before / after it applies a sync
         self.after_pull = None   # (the worker copies device parameters to host and back)
         self._central = [c.reshape(-1) for c in centre.arrays]
@@ -108,12 +112,15 @@ class Exchange:
 
     # -- synchronous --
 
-    def sync(self):
-        """Apply the rule in place to the worker's parameters and the centre."""
+    def sync(self, lock=True):
+        """Apply the rule in place to the worker's parameters and the centre (with
+        lock=False, without taking any lock: the caller holds the centre's)."""
         if self._inflight is not None:
             raise PlatoonError("a sync started by start_sync() is in flight; call its wait() "
                                "before syncing again")
-        if not self._striped or self.centre.lock.held:
+        if not lock:
+            self.rule.update_params(self.local, self.centre.arrays)
+        elif not self._striped or self.centre.lock.held:
             self._whole(lambda: self.rule.update_params(self.local, self.centre.arrays))
         else:
             local, central, rule = self._flat_local, self._central, self.rule
@@ -203,20 +210,30 @@ class Exchange:
         return handle
 
     def _push_all(self):
-        snaps, central, rule = self._snapshots, self._central, self.rule
-        self._each_stripe(lambda i, a, b: rule.push(i, a, snaps[i][a:b], central[i][a:b]))
+        snaps, central, rule, pushed = self._snapshots, self._central, self.rule, self._pushed
+        pushed.clear()
 
-    def _pull_all(self):
+        def push(i, a, b):
+            rule.push(i, a, snaps[i][a:b], central[i][a:b])
+            pushed.append((i, a, b))
+
+        self._each_stripe(push)
+
+    def _pull(self, complete):
+        """Apply the pushed ranges to the parameters (all of them when `complete`)."""
         if self.before_pull is not None:
             self.before_pull()
         for index, (p, snap) in enumerate(zip(self.local, self._snapshots)):
-            if p.flags.c_contiguous:
-                self.rule.pull(index, 0, p.reshape(-1), snap)
-            else:
-                flat = p.reshape(-1)  # a copy
-                self.rule.pull(index, 0, flat, snap)
+            ranges = [(a, b) for i, a, b in self._pushed if i == index]
+            if not ranges:
+                continue
+            flat = p.reshape(-1)  # a view, or a copy written back below
+            for a, b in ranges:
+                self.rule.pull(index, a, flat[a:b], snap[a:b])
+            if not p.flags.c_contiguous:
                 p[...] = flat.reshape(p.shape)
-        self.stats.syncs += 1
+        if complete:
+            self.stats.syncs += 1
         if self.after_pull is not None:
             self.after_pull()
 

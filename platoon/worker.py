@@ -365,10 +365,7 @@ class Worker:
         self._check_controller()
         with self._sync_lock:
             self._adapter.pull(params)
-            if synchronous:
-                self._exchange.sync()
-            else:
-                self._rule.update_params(self._local, self._res.centre.arrays)
+            self._exchange.sync(lock=synchronous)
             self._adapter.push()
             self.syncs += 1
         return self._adapter.params()
@@ -390,7 +387,7 @@ class Worker:
         """
         if self._local is None:
             raise PlatoonError("call init_shared_params() before start_sync()")
-        if type(self._adapter).__name__ == "JaxAdapter":
+        if not self._adapter.in_place:
             raise TypeError("start_sync() updates parameters in place, which JAX arrays do not "
                             "allow; call sync_params(params=...) instead")
         self._check_controller()
@@ -484,6 +481,8 @@ class Worker:
         if self._closed:
             return
         try:
+            if self._exchange is not None:  # its last push lands before the controller hears
+                self._exchange.close(timeout=30.0 if self.timeout is None else self.timeout)
             if self._registered and self._controller_alive():
                 timeout = 5.0 if self.timeout is None else min(self.timeout, 5.0)
                 try:
@@ -493,8 +492,6 @@ class Worker:
                     log.warning("worker %d could not tell the controller it is done: %s",
                                 self.worker_id, exc)
         finally:
-            if self._exchange is not None:
-                self._exchange.close(timeout=30.0 if self.timeout is None else self.timeout)
             self._closed = True
             self._local = None
             self._res.farewell = None

@@ -178,12 +178,18 @@ def test_async_errors_surface_at_wait_and_release_the_locks(centre_pair):
     xs = make_params(4)
     ex = attach_worker(centre, Failing(0.5), xs)
     before = [x.copy() for x in xs]
+    centre_before = [c.copy() for c in centre.arrays]
     handle = ex.start()
     with pytest.raises(RuntimeError, match="push failed"):
         handle.wait(timeout=20)
     handle.wait()  # the error was reported once; the handle is finished
-    for x, b in zip(xs, before):
-        np.testing.assert_array_equal(x, b)  # nothing pulled
+    # The 4 stripes pushed before the failure moved worker and centre by the same d (x - d,
+    # c + d); the others moved neither.
+    moved = 0
+    for x, b, c, cb in zip(xs, before, centre.arrays, centre_before):
+        np.testing.assert_allclose(x + c, b + cb, rtol=1e-5, atol=1e-5)
+        moved += int((x != b).sum())
+    assert 0 < moved < sum(x.size for x in xs)
     assert _all_stripes_free(other)
     ex.start().wait(timeout=20)  # the worker can sync again
 
@@ -197,6 +203,49 @@ def test_async_errors_surface_at_wait_and_release_the_locks(centre_pair):
     finally:
         other.stripe_locks[3].release()
     assert _all_stripes_free(other)
+
+
+def test_asgd_push_failing_part_way_loses_no_change(centre_pair):
+    """Each change reaches the centre exactly once, even across an async sync that failed."""
+    centre, _ = centre_pair
+
+    class FailingOnce(ASGD):
+        calls = 0
+
+        def push(self, index, start, snapshot, central):
+            FailingOnce.calls += 1
+            if FailingOnce.calls == 3:
+                raise RuntimeError("push failed once")
+            super().push(index, start, snapshot, central)
+
+    for c in centre.arrays:
+        c[...] = 10.0
+    xs = [np.full(c.shape, 10.0, c.dtype) for c in centre.arrays]
+    ex = attach_worker(centre, FailingOnce(), xs)
+    for x in xs:
+        x += 1.0
+    with pytest.raises(RuntimeError, match="push failed once"):
+        ex.start().wait(timeout=20)
+    for c in centre.arrays:
+        c += 5.0  # another worker pushes meanwhile
+    ex.sync()
+    for x, c in zip(xs, centre.arrays):
+        np.testing.assert_array_equal(c, 16.0)  # 10, +1 from this worker, +5 from the other
+        np.testing.assert_array_equal(x, c)
+
+
+def test_sync_without_lock_is_refused_while_an_async_sync_is_in_flight(centre_pair):
+    centre, other = centre_pair
+    xs = make_params(6)
+    ex = attach_worker(centre, EASGD(0.5), xs)
+    other.stripe_locks[0].acquire()  # keeps the async sync in flight
+    try:
+        handle = ex.start()
+        with pytest.raises(PlatoonError, match="in flight"):
+            ex.sync(lock=False)
+    finally:
+        other.stripe_locks[0].release()
+    handle.wait(timeout=20)
 
 
 def test_rules_without_push_cannot_start_async_syncs(centre_pair):

@@ -18,6 +18,8 @@ import numpy as np
 class Adapter:
     """Host numpy views of a list of parameters, with device transfers around a sync."""
 
+    in_place = True  # False where push() makes new parameters (immutable arrays)
+
     def __init__(self, params, arrays):
         self._params = params
         self.arrays = arrays

@@ -7,6 +7,8 @@ from . import Adapter
 
 
 class JaxAdapter(Adapter):
+    in_place = False
+
     def __init__(self, params):
         self._devices = [p.sharding for p in params]
         super().__init__(params, [np.array(p) for p in params])
