@@ -14,17 +14,15 @@ Downpour's optimizer) and `average_gradients`, synchronous data-parallel SGD.
 """
 
 import logging
-import os
 import re
 import weakref
 
 import numpy as np
-import posix_ipc
 
 from . import protocol
 from .checkpoint import load_states
 from .errors import PlatoonError, ProtocolError
-from .shmem import HEADER, HEADER_BYTES, MAGIC, SEGMENT_PREFIX, SharedCentre, param_offsets
+from .shmem import SEGMENT_PREFIX, SharedCentre
 
 log = logging.getLogger(__name__)
 
@@ -48,22 +46,14 @@ def check_op(op, dtype):
         raise TypeError("all_reduce op %r is not defined for complex %s" % (op, dtype))
 
 
+# A registered worker can ask for buffers and states; these bound what it can make us hold.
+MAX_REDUCTION_BUFFERS = 64
+MAX_STATES = 16
+
+
 def create_segment(name, layout):
-    """A new zero-filled controller-owned segment `name` holding `layout` (a SharedCentre)."""
-    _, size = param_offsets(layout)
-    try:
-        shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
-    except posix_ipc.ExistentialError:
-        raise PlatoonError("shared memory %s already exists: another job uses this job id; "
-                           "give each job its own id" % name) from None
-    try:
-        seg = SharedCentre(shm, layout, owner=True)
-    except BaseException:
-        shm.close_fd()
-        posix_ipc.unlink_shared_memory(name)
-        raise
-    HEADER.pack_into(seg._map, 0, MAGIC, os.getpid(), size - HEADER_BYTES, len(layout))
-    return seg
+    """A new zero-filled controller-owned segment `name` holding `layout`, without stripes."""
+    return SharedCentre.create_named(name, layout, striped=False)
 
 
 class _Reduction:
@@ -114,6 +104,10 @@ class NodeCollectives:
         name = "%s%s-ar-%s-%d" % (SEGMENT_PREFIX, self._ctl.job_id, dtype.str[1:], count)
         red = self._reductions.get(name)
         if red is None:
+            if len(self._reductions) >= MAX_REDUCTION_BUFFERS:
+                raise PlatoonError("this job already has %d all_reduce buffers (one per dtype "
+                                   "and size); reduce fewer distinct shapes, e.g. concatenate "
+                                   "arrays first" % MAX_REDUCTION_BUFFERS)
             red = self._reductions[name] = _Reduction(name, dtype, count, slots)
             log.info("all_reduce buffer %s: %d slots of %d x %s", name, slots + 1, count, dtype)
         return {"segment": name, "slots": slots, "slot": wid}
@@ -135,20 +129,26 @@ class NodeCollectives:
         red.waiting[wid] = (envelope, seq, op)
         self._maybe_reduce(red)
 
+    def cancel(self, wid, info):
+        """``platoon-allreduce-cancel`` {segment}: the worker gave up waiting (its timeout)."""
+        red = self._reductions.get(info.get("segment")) if isinstance(info, dict) else None
+        if red is not None:
+            red.waiting.pop(wid, None)
+
     def _maybe_reduce(self, red):
         if len(red.waiting) < self._expected():
             return
         waiting, red.waiting = red.waiting, {}
         ops = {op for _, _, op in waiting.values()}
+        if len(ops) != 1:
+            self._fail(waiting, PlatoonError(
+                "the workers called all_reduce with different ops: %s; every worker must call "
+                "the same collectives with the same op" % ", ".join(
+                    "worker %d: %s" % (w, o) for w, (_, _, o) in sorted(waiting.items()))))
+            return
         try:
-            if len(ops) != 1:
-                raise PlatoonError("the workers called all_reduce with different ops: %s; every "
-                                   "worker must call the same collectives with the same op"
-                                   % ", ".join("worker %d: %s" % (w, o) for w, (_, _, o)
-                                               in sorted(waiting.items())))
-            op = ops.pop()
-            self._reduce(red, sorted(waiting), op)
-        except Exception as exc:
+            self._reduce(red, sorted(waiting), ops.pop())
+        except Exception as exc:  # the other nodes, if any, failed this round too
             log.warning("all_reduce failed: %s", exc)
             for envelope, seq, _ in waiting.values():
                 self._ctl._send_error(envelope, seq, exc)
@@ -171,15 +171,24 @@ class NodeCollectives:
         if op == "mean":
             np.divide(result, total, out=result, casting="unsafe")
 
+    def _fail(self, waiting, exc):
+        """Fail a round before it reached the other nodes: they must fail it too, or they
+        would pair their round with this node's next one."""
+        log.warning("all_reduce failed: %s", exc)
+        link = self._ctl.node_link
+        if link is not None:
+            link.fail_round(str(exc))
+        for envelope, seq, _ in waiting.values():
+            self._ctl._send_error(envelope, seq, exc)
+
     def worker_left(self, wid):
         """Worker `wid` is done: fail every all_reduce that waits for it."""
         for red in self._reductions.values():
             if red.waiting:
                 waiting, red.waiting = red.waiting, {}
-                exc = PlatoonError("worker %d has left the job while the others waited in all_reduce; "
-                                   "every worker must call the same collectives" % wid)
-                for envelope, seq, _ in waiting.values():
-                    self._ctl._send_error(envelope, seq, exc)
+                self._fail(waiting, PlatoonError(
+                    "worker %d has left the job while the others waited in all_reduce; every "
+                    "worker must call the same collectives" % wid))
 
     # -- named state segments --
 
@@ -192,6 +201,8 @@ class NodeCollectives:
         name = info["name"]
         seg = self._states.get(name)
         if seg is None:
+            if len(self._states) >= MAX_STATES:
+                raise PlatoonError("this job already has %d shared states" % MAX_STATES)
             seg = create_segment("%s%s-state-%s" % (SEGMENT_PREFIX, self._ctl.job_id, name),
                                  layout)
             try:
@@ -258,7 +269,7 @@ class WorkerCollectives:
         self.segments = []
 
     def attach(self, name, layout):
-        seg = SharedCentre.attach(name, layout)
+        seg = SharedCentre.attach(name, layout, striped=False)
         self.segments.append(seg)
         return seg
 

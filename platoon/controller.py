@@ -518,6 +518,9 @@ class Controller:
             self._send(envelope, request.seq, None)
         elif request.req == protocol.ALLREDUCE:
             self._collectives.join(envelope, request.seq, wid, request.req_info)
+        elif request.req == protocol.ALLREDUCE_CANCEL:
+            self._collectives.cancel(wid, request.req_info)
+            self._send(envelope, request.seq, None)
         elif request.req == protocol.ALLREDUCE_SETUP:
             self._send(envelope, request.seq, self._collectives.setup(wid, request.req_info))
         elif request.req == protocol.INIT_STATE:

@@ -161,6 +161,14 @@ class NodeLink:
                                    "node %d: %s" % (r, bytes(row).rstrip(b"\0").decode())
                                    for r, row in enumerate(seen)))
 
+    def fail_round(self, reason):
+        """This node's round failed before its data was ready: enter the agreement anyway, so
+        the other nodes fail the same round instead of pairing it with our next one."""
+        try:
+            self._agree(("failed", reason))
+        except PlatoonError:
+            pass  # expected: the others entered a real collective
+
     def all_reduce(self, array, op):
         """Combine this node's reduced `array` with the other nodes' in place; return the
         number of workers it now covers (the divisor of a mean)."""

@@ -30,6 +30,7 @@ REPORT = "platoon-report"
 # Collectives and shared state (platoon.collectives)
 ALLREDUCE_SETUP = "platoon-allreduce-setup"
 ALLREDUCE = "platoon-allreduce"
+ALLREDUCE_CANCEL = "platoon-allreduce-cancel"
 INIT_STATE = "platoon-init-state"
 
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20

@@ -307,7 +307,7 @@ class SharedCentre:
     `attach` maps an existing one. `close` unmaps; it is idempotent.
     """
 
-    def __init__(self, shm, layout, owner):
+    def __init__(self, shm, layout, owner, striped=True):
         self.name = shm.name
         self.layout = layout
         self.owner = owner
@@ -318,11 +318,17 @@ class SharedCentre:
             np.ndarray(tuple(e["shape"]), np.dtype(e["dtype"]), buffer=self._map, offset=off)
             for e, off in zip(layout, offsets)]
         # Each lock has a descriptor of its own (the mapping keeps a duplicate of shm.fd).
-        self.stripes = stripe_ranges(layout)
+        self.stripes = stripe_ranges(layout) if striped else []
+        self.stripe_locks = []
         self.lock = CentreLock(self._open_fd(), self.name, 0, 1 + len(self.stripes))
-        self.stripe_locks = [CentreLock(self._open_fd(), "%s stripe %d" % (self.name, k),
-                                        1 + k, 1)
-                             for k in range(len(self.stripes))]
+        try:
+            for k in range(len(self.stripes)):
+                self.stripe_locks.append(CentreLock(
+                    self._open_fd(), "%s stripe %d" % (self.name, k), 1 + k, 1))
+        except BaseException:  # out of descriptors, say: give back those already opened
+            for lock in [self.lock] + self.stripe_locks:
+                lock.close()
+            raise
         self._closed = False
 
     def _open_fd(self):
@@ -330,22 +336,27 @@ class SharedCentre:
 
     @classmethod
     def create(cls, job_id, layout):
-        """Create the job's segment for `layout`; raises PlatoonError if it already exists."""
-        name = segment_name(job_id)
+        """Create the job's centre for `layout`; raises PlatoonError if it already exists."""
+        return cls.create_named(segment_name(job_id), layout)
+
+    @classmethod
+    def create_named(cls, name, layout, striped=True):
+        """Create segment `name` (mode 0600, fully allocated, header naming this process as
+        owner); raises PlatoonError if it exists or does not fit in /dev/shm."""
         _, size = param_offsets(layout)
         try:
             shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
         except posix_ipc.ExistentialError:
-            raise PlatoonError("shared memory %s already exists: another job uses job id %r; "
-                               "give each job its own id" % (name, job_id)) from None
+            raise PlatoonError("shared memory %s already exists: another job uses this job id; "
+                               "give each job its own id" % name) from None
         try:
             try:
                 os.posix_fallocate(shm.fd, 0, size)  # fail now, not with SIGBUS on first touch
             except OSError as exc:
-                raise PlatoonError("cannot allocate %d bytes of shared memory for the centre "
-                                   "(%s); free space in /dev/shm or share fewer parameters"
-                                   % (size, os.strerror(exc.errno))) from None
-            centre = cls(shm, layout, owner=True)
+                raise PlatoonError("cannot allocate %d bytes of shared memory for %s (%s); "
+                                   "free space in /dev/shm or share less"
+                                   % (size, name, os.strerror(exc.errno))) from None
+            centre = cls(shm, layout, owner=True, striped=striped)
         except BaseException:
             shm.close_fd()
             posix_ipc.unlink_shared_memory(name)
@@ -354,7 +365,7 @@ class SharedCentre:
         return centre
 
     @classmethod
-    def attach(cls, name, layout):
+    def attach(cls, name, layout, striped=True):
         """Map the existing segment `name`; raises PlatoonError if it is gone or too small."""
         try:
             shm = posix_ipc.SharedMemory(name)
@@ -366,7 +377,11 @@ class SharedCentre:
             shm.close_fd()
             raise PlatoonError("shared memory %s holds %d bytes but the layout needs %d"
                                % (name, shm.size, size))
-        return cls(shm, layout, owner=False)
+        try:
+            return cls(shm, layout, owner=False, striped=striped)
+        except BaseException:
+            shm.close_fd()
+            raise
 
     def close(self):
         if self._closed:

@@ -255,7 +255,14 @@ class Worker:
                                                   buf[reply["slots"]])
         name, mine, result = entry
         np.copyto(mine.reshape(array.shape), array)
-        self.send_req(protocol.ALLREDUCE, {"segment": name, "op": op}, timeout=timeout)
+        try:
+            self.send_req(protocol.ALLREDUCE, {"segment": name, "op": op}, timeout=timeout)
+        except ControllerTimeout:  # withdraw, so the others do not reduce without us
+            try:
+                self.send_req(protocol.ALLREDUCE_CANCEL, {"segment": name}, timeout=1.0)
+            except PlatoonError:
+                pass
+            raise
         np.copyto(out, result.reshape(array.shape))
         return out
 

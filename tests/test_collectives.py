@@ -171,3 +171,27 @@ def test_all_reduce_needs_num_workers(serve):
         with pytest.raises(RemoteError, match="pass num_workers=N to the Controller"):
             w.all_reduce(np.ones(2))
     serving.join()
+
+
+def test_a_worker_that_times_out_withdraws_from_the_round(job):
+    from platoon import ControllerTimeout
+    _, workers = job
+    with pytest.raises(ControllerTimeout):
+        workers[0].all_reduce(np.full(4, 100.0), timeout=0.3)  # the others are not there yet
+    # Worker 0 withdrew: a round of the other two must not complete without it ...
+    with pytest.raises(ControllerTimeout):
+        run_all(workers[1:], lambda w: w.all_reduce(np.full(4, 1.0), timeout=0.5))
+    # ... and a full round afterwards sums exactly the three new contributions.
+    results = run_all(workers, lambda w: w.all_reduce(np.full(4, float(w.worker_id + 1))))
+    for r in results:
+        np.testing.assert_array_equal(r, 6.0)
+
+
+def test_the_number_of_buffers_a_worker_can_make_is_bounded(job, monkeypatch):
+    from platoon import collectives
+    monkeypatch.setattr(collectives, "MAX_REDUCTION_BUFFERS", 2)
+    _, workers = job
+    for size in (1, 2):
+        run_all(workers, lambda w: w.all_reduce(np.zeros(size)))
+    with pytest.raises(RemoteError, match="already has 2 all_reduce buffers"):
+        run_all(workers, lambda w: w.all_reduce(np.zeros(3)))

@@ -1,12 +1,10 @@
 """A live controller under malformed input and under load from many real worker processes."""
 
 import json
-import os
 import random
 import threading
 
 import numpy as np
-import pytest
 import zmq
 
 from platoon import EASGD, Controller, ProtocolError, Worker
