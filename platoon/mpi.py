@@ -50,6 +50,9 @@ _MPI_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
 _AGREE_BYTES = 96
 
 
+_TIE_LOCK_TIMEOUT_S = 60.0  # a worker stopped while holding the centre fails the tie
+
+
 def _wait(request, spin_s=100e-6):
     """Complete a small non-blocking MPI request without spinning a core while a peer is late.
 
@@ -231,17 +234,19 @@ class NodeLink:
             layouts = comm.allgather(centre.layout)
             if any(lay != centre.layout for lay in layouts):
                 raise PlatoonError("the nodes' centres differ in layout: %s" % layouts)
-        with centre.lock:
-            snaps = [np.array(c, copy=True) for c in centre.arrays]
+        snaps = ctl.snapshot_centre(timeout=_TIE_LOCK_TIMEOUT_S)  # a stopped holder: error
         means = [s.copy() for s in snaps]
         for m in means:
             comm.Allreduce(MPI.IN_PLACE, m.reshape(-1), MPI.SUM)  # peers are here: blocking
             m /= self.size
-        with centre.lock:
+        centre.lock.acquire(_TIE_LOCK_TIMEOUT_S)
+        try:
             for c, s, m in zip(centre.arrays, snaps, means):
                 m -= s
                 m *= self.tie.beta
                 c += m
+        finally:
+            centre.lock.release()
         self.tie_rounds += 1
         log.debug("node %d: centre tie round %d", self.rank, self.tie_rounds)
 

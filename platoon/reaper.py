@@ -4,9 +4,11 @@ When one MPI rank dies, ``mpiexec`` SIGKILLs every other rank: their
 controllers get no chance to unlink shared memory or stop their workers. Each
 controller therefore starts ``python -m platoon.reaper FD JOB_ID`` in its own
 session. The reaper blocks reading the pipe FD, on which the controller writes
-its workers' pids; at end of file (the controller exited, however it exited) it
-SIGKILLs those still alive and unlinks ``/dev/shm/platoon-JOB_ID-*``. After a
-clean exit there is nothing left and it does nothing.
+its workers' pids with their start times; at end of file (the controller
+exited, however it exited) it SIGKILLs those still alive (the same processes:
+a pid reused since has another start time) and unlinks
+``/dev/shm/platoon-JOB_ID-*``. After a clean exit there is nothing left and it
+does nothing.
 """
 
 import os
@@ -30,9 +32,18 @@ def start(job_id):
     return write_fd
 
 
+def _start_time(pid):
+    """The start time of process `pid` (clock ticks since boot), or None if it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def watch(write_fd, pid):
     """Tell the reaper to kill `pid` if the controller dies."""
-    os.write(write_fd, b"%d\n" % pid)
+    os.write(write_fd, b"%d %s\n" % (pid, (_start_time(pid) or "-").encode()))
 
 
 def reap(read_fd, job_id):
@@ -42,9 +53,11 @@ def reap(read_fd, job_id):
         if not chunk:
             break
         data += chunk
-    for line in data.split():
+    for line in data.splitlines():
         try:
-            os.kill(int(line), signal.SIGKILL)
+            pid, started = line.decode().split()
+            if _start_time(int(pid)) == started:  # still the process we were told about
+                os.kill(int(pid), signal.SIGKILL)
         except (ProcessLookupError, PermissionError, ValueError):
             pass
     prefix = (SEGMENT_PREFIX + job_id + "-").lstrip("/")
