@@ -21,22 +21,22 @@ from .controller import raise_system_exit
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent():
-    launcher = os.environ.get("PLATOON_LAUNCHER_PID")
+def die_with_parent(signum=signal.SIGTERM):
+    """Have the kernel send `signum` to this process when its parent dies (Linux only;
+    elsewhere the parent's own cleanup still applies). Returns whether it took effect."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the launcher's own cleanup still applies
-        return
-    if launcher and os.getppid() != int(launcher):  # it died before prctl took effect
-        sys.exit("platoon: the launcher is gone; exiting")
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def main():
     if len(sys.argv) < 3:
         sys.exit("usage: python -m platoon.child LABEL SCRIPT [ARGS...]")
     label, target, args = sys.argv[1], sys.argv[2], sys.argv[3:]
-    _die_with_parent()
+    launcher = os.environ.get("PLATOON_LAUNCHER_PID")
+    if die_with_parent() and launcher and os.getppid() != int(launcher):
+        sys.exit("platoon: the launcher is gone; exiting")  # it died before prctl took effect
     signal.signal(signal.SIGTERM, raise_system_exit)
     logging.basicConfig(
         level=os.environ.get("PLATOON_LOG_LEVEL", "INFO").upper(),

@@ -43,6 +43,7 @@ import numpy as np
 
 from .errors import PlatoonError
 from .environment import JobEnvironment
+from .child import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -292,13 +293,9 @@ def node_link_for(controller):
     return link
 
 
-def _die_with_parent():
+def _kill_with_parent():
     """Child side of Popen: SIGKILL this process when the thread that started it dies."""
-    import ctypes
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    die_with_parent(signal.SIGKILL)
 
 
 def load_controller_class(spec):
@@ -356,7 +353,7 @@ class _Workers:
                 env.pop("PLATOON_MPI_NODE", None)
                 if ready.get("data_port"):
                     env["PLATOON_DATA_PORT"] = str(ready["data_port"])
-                proc = subprocess.Popen(self.argv, env=env, preexec_fn=_die_with_parent)
+                proc = subprocess.Popen(self.argv, env=env, preexec_fn=_kill_with_parent)
                 reaper.watch(self.reaper_fd, proc.pid)
                 self.procs.append(proc)
             self.started.set()
