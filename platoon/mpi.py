@@ -41,9 +41,9 @@ from typing import Optional
 
 import numpy as np
 
-from .errors import PlatoonError
-from .environment import JobEnvironment
 from .child import die_with_parent
+from .environment import JobEnvironment
+from .errors import PlatoonError
 
 log = logging.getLogger(__name__)
 
