@@ -136,4 +136,6 @@ def test_soak_sixteen_workers(procs, tmp_path):
     # ASGD: each worker's change reaches the centre exactly once, whatever the interleaving.
     np.testing.assert_allclose(result["centre"], result["total_change"], rtol=1e-9, atol=1e-9)
     first, last = result["rss_kib"]
+    print("soak: %d requests answered, controller RSS %d -> %d KiB" % (result["steps"], first,
+                                                                       last))
     assert last - first < 4096, "controller memory grew by %d KiB under load" % (last - first)
