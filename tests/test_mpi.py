@@ -147,6 +147,14 @@ def test_workers_calling_different_collectives_get_an_error_not_a_hang(mpi_job):
                      "('barrier',); node 1: ('all_reduce', '<f8', 3, 'sum')") == 4, job.output
 
 
+def test_a_round_failing_on_one_node_fails_on_every_node(mpi_job):
+    """Otherwise the other node would pair that round with the next one, silently wrong."""
+    job = mpi_job("localfail")
+    assert job.wait(60) == 0, job.output
+    assert job.count("ROUND1 error") == 4, job.output
+    assert job.count("ROUND2 4 ") == 4, job.output
+
+
 @pytest.mark.parametrize("how", ["controller killed", "worker fails", "mpiexec terminated"])
 def test_a_failure_on_one_node_ends_the_job_everywhere(mpi_job, how):
     job = mpi_job("fail" if how == "worker fails" else "forever")

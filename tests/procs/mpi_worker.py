@@ -7,6 +7,8 @@ usage: mpi_worker.py SCENARIO
   forever: prints READY, then all_reduces until killed
   fail: worker 1 of node 1 exits with code 3 after a barrier; the others all_reduce forever
   mismatch: node 0 calls barrier while node 1 calls all_reduce; prints the error
+  localfail: node 0's workers call all_reduce with different ops (its round fails there),
+       node 1's agree; then everyone all_reduces ones: prints ROUND1 and ROUND2 results
 """
 
 import os
@@ -90,6 +92,14 @@ def main():
                 w.barrier() if w.node_rank == 0 else w.all_reduce(np.ones(3))
             except RemoteError as exc:
                 say("MISMATCH " + str(exc).splitlines()[0])
+        elif scenario == "localfail":
+            op = ("max" if w.local_rank == 0 else "sum") if w.node_rank == 0 else "sum"
+            try:
+                w.all_reduce(np.ones(3), op)
+                say("ROUND1 ok " + tag)
+            except RemoteError:
+                say("ROUND1 error " + tag)
+            say("ROUND2 %g %s" % (w.all_reduce(np.ones(3))[0], tag))
         else:
             raise SystemExit("unknown scenario %r" % scenario)
 
