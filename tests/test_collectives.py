@@ -1,12 +1,18 @@
 """all_reduce within one node: exact results for every op and dtype, and its failures."""
 
+import sys
 import threading
 
 import numpy as np
 import pytest
 
+from conftest import PROCS
+
 from platoon import Controller, RemoteError, Worker
 from platoon.collectives import average_gradients
+
+sys.path.insert(0, PROCS)
+from mpi_worker import CASES, contribution  # noqa: E402  (the same contributions on one node and many)
 
 N = 3
 
@@ -43,20 +49,6 @@ def job(serve):
         w.close()
     serving.join()
 
-
-def contribution(k, dtype, shape=(5, 7)):
-    base = np.arange(int(np.prod(shape))).reshape(shape) % 11 - 5
-    values = base * (k + 1) + k  # small integers: exact in every dtype
-    if np.dtype(dtype).kind == "c":
-        return (values + 1j * (values - k)).astype(dtype)
-    if np.dtype(dtype).kind == "u":
-        return np.abs(values).astype(dtype)
-    return values.astype(dtype)
-
-
-CASES = [(op, dt) for dt in ["float32", "float64", "int32", "int64", "uint8", "complex128"]
-         for op in ["sum", "mean", "max", "min"]
-         if not (op == "mean" and dt[0] in "iu") and not (op in ("max", "min") and dt[0] == "c")]
 
 
 def test_every_op_and_dtype_is_exact_on_every_worker(job):
