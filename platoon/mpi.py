@@ -54,22 +54,27 @@ _AGREE_BYTES = 96
 _TIE_LOCK_TIMEOUT_S = 60.0  # a worker stopped while holding the centre fails the tie
 
 
-def _wait(request, spin_s=100e-6):
+def _wait(request, timeout_s=None, spin_s=100e-6):
     """Complete a small non-blocking MPI request without spinning a core while a peer is late.
 
     MPI's blocking calls busy-poll; a controller waiting for a slower node would
     take a core from its own workers. So: poll for `spin_s`, then sleep between
     polls with a backoff capped at 0.5 ms. Used to meet the peers; the data then
     moves with a blocking call, which progresses faster once everyone is there.
+    Returns False if the peers did not all arrive within `timeout_s` (None: forever).
     """
     spin_until = time.perf_counter() + spin_s
     while time.perf_counter() < spin_until:
         if request.Test():
-            return
+            return True
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     pause = 20e-6
     while not request.Test():
+        if deadline is not None and time.monotonic() > deadline:
+            return False
         time.sleep(pause)
         pause = min(pause * 2, 0.5e-3)
+    return True
 
 
 def import_mpi():
@@ -121,6 +126,10 @@ class NodeLink:
         comm: the communicator with one rank per node (default COMM_WORLD).
         tie: a CentreTie, or None for independent node centres.
 
+    A node that does not reach a collective within `collective_timeout_s`
+    (PLATOON_MPI_TIMEOUT_S, default 1800) is taken to hang: the job is
+    aborted rather than left waiting forever.
+
     Collective: every rank must create it. As ``controller.node_link`` it is
     used by the controller: `start` when serve() begins, `finish` when it
     ends; `close()` then frees the communicators.
@@ -146,6 +155,7 @@ class NodeLink:
         self._thread = None
         self._finished = False
         self._closed = False
+        self.collective_timeout_s = float(os.environ.get("PLATOON_MPI_TIMEOUT_S", "1800"))
 
     def topology(self, worker_id):
         """What a worker learns at registration, beyond its local id."""
@@ -158,7 +168,10 @@ class NodeLink:
         mine = np.zeros(_AGREE_BYTES, np.uint8)
         mine[:len(text)] = np.frombuffer(text, np.uint8)
         seen = np.empty((self.size, _AGREE_BYTES), np.uint8)
-        _wait(self._comm.Iallgather(mine, seen))
+        if not _wait(self._comm.Iallgather(mine, seen), self.collective_timeout_s):
+            log.error("node %d: the other nodes did not reach %r within %.0f s (a node "
+                      "hangs?)", self.rank, what, self.collective_timeout_s)
+            self.abort(1)
         if (seen != mine).any():
             raise PlatoonError("the nodes' workers called different collectives: %s; every worker "
                                "must call the same collectives in the same order" % "; ".join(

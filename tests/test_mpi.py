@@ -63,8 +63,9 @@ def no_stale_mpich_files():
 class MpiJob(Proc):
     """`mpiexec -n 2 python -m platoon.mpi --workers 2 ... -- mpi_worker.py SCENARIO`."""
 
-    def __init__(self, scenario, *options):
+    def __init__(self, scenario, *options, env_extra=None):
         env = {k: v for k, v in os.environ.items() if not k.startswith("PLATOON_")}
+        env.update(env_extra or {})
         env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         self.args = [MPIEXEC, "-n", "2", sys.executable, "-m", "platoon.mpi", "--workers", "2"]
         self.args += list(options)
@@ -97,8 +98,8 @@ class MpiJob(Proc):
 def mpi_job():
     jobs = []
 
-    def start(scenario, *options):
-        job = MpiJob(scenario, *options)
+    def start(scenario, *options, env_extra=None):
+        job = MpiJob(scenario, *options, env_extra=env_extra)
         jobs.append(job)
         return job
 
@@ -153,6 +154,15 @@ def test_a_round_failing_on_one_node_fails_on_every_node(mpi_job):
     assert job.wait(60) == 0, job.output
     assert job.count("ROUND1 error") == 4, job.output
     assert job.count("ROUND2 4 ") == 4, job.output
+
+
+def test_a_hanging_node_ends_the_job_after_the_collective_timeout(mpi_job):
+    job = mpi_job("hang", env_extra={"PLATOON_MPI_TIMEOUT_S": "2"})
+    job.wait_for_count("READY", 4)
+    start = time.monotonic()
+    assert job.wait(30) != 0, job.output
+    assert time.monotonic() - start < 15
+    assert "did not reach" in job.output
 
 
 @pytest.mark.parametrize("how", ["controller killed", "worker fails", "mpiexec terminated"])

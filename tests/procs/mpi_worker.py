@@ -7,12 +7,14 @@ usage: mpi_worker.py SCENARIO
   forever: prints READY, then all_reduces until killed
   fail: worker 1 of node 1 exits with code 3 after a barrier; the others all_reduce forever
   mismatch: node 0 calls barrier while node 1 calls all_reduce; prints the error
+  hang: prints READY; node 1's workers then stop (sleep 60 s) instead of the next all_reduce
   localfail: node 0's workers call all_reduce with different ops (its round fails there),
        node 1's agree; then everyone all_reduces ones: prints ROUND1 and ROUND2 results
 """
 
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -92,6 +94,12 @@ def main():
                 w.barrier() if w.node_rank == 0 else w.all_reduce(np.ones(3))
             except RemoteError as exc:
                 say("MISMATCH " + str(exc).splitlines()[0])
+        elif scenario == "hang":
+            w.all_reduce(np.ones(3))
+            say("READY " + tag)
+            if w.node_rank == 1:
+                time.sleep(60)  # a node that hangs, alive: node 0 must give up on it
+            w.all_reduce(np.ones(3))
         elif scenario == "localfail":
             op = ("max" if w.local_rank == 0 else "sum") if w.node_rank == 0 else "sum"
             try:
