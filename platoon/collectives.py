@@ -265,7 +265,7 @@ class WorkerCollectives:
     """The worker's side: attached all_reduce and state segments, released by `close`."""
 
     def __init__(self):
-        self.reductions = {}  # (dtype str, count) -> (name, result array, my slot array)
+        self.reductions = {}  # (dtype str, count) -> (name, my slot array, result array)
         self.segments = []
 
     def attach(self, name, layout):
