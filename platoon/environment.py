@@ -5,7 +5,9 @@ The launcher sets ``PLATOON_*`` environment variables; `Controller()` and
 launcher and by hand with explicit arguments.
 """
 
+import dataclasses
 import os
+import typing
 from dataclasses import dataclass
 from typing import Optional
 
@@ -42,31 +44,20 @@ class JobEnvironment:
     @classmethod
     def read(cls):
         """The settings in this process's environment."""
-        return cls(
-            control_port=_number("PLATOON_CONTROL_PORT"),
-            data_port=_number("PLATOON_DATA_PORT"),
-            job_id=os.environ.get("PLATOON_JOB_ID") or None,
-            num_workers=_number("PLATOON_NUM_WORKERS"),
-            device=os.environ.get("PLATOON_DEVICE") or None,
-            worker_index=_number("PLATOON_WORKER_INDEX"),
-            status_file=os.environ.get("PLATOON_STATUS_FILE") or None,
-            ready_fd=_number("PLATOON_READY_FD"),
-            restarts=_number("PLATOON_RESTARTS"),
-            checkpoint_path=os.environ.get("PLATOON_CHECKPOINT_PATH") or None,
-            checkpoint_every_s=_number("PLATOON_CHECKPOINT_EVERY_S", float),
-            resume_from=os.environ.get("PLATOON_RESUME_FROM") or None,
-            keys_file=os.environ.get("PLATOON_KEYS_FILE") or None,
-        )
+        values = {}
+        for field in dataclasses.fields(cls):
+            kind = typing.get_args(field.type)[0]  # Optional[kind]
+            name = _variable(field.name)
+            values[field.name] = (os.environ.get(name) or None) if kind is str \
+                else _number(name, kind)
+        return cls(**values)
 
     def to_env(self):
         """The environment variables that carry these settings (None fields left out)."""
-        names = {"control_port": "PLATOON_CONTROL_PORT", "data_port": "PLATOON_DATA_PORT",
-                 "job_id": "PLATOON_JOB_ID",
-                 "num_workers": "PLATOON_NUM_WORKERS", "device": "PLATOON_DEVICE",
-                 "worker_index": "PLATOON_WORKER_INDEX", "status_file": "PLATOON_STATUS_FILE",
-                 "ready_fd": "PLATOON_READY_FD", "restarts": "PLATOON_RESTARTS",
-                 "checkpoint_path": "PLATOON_CHECKPOINT_PATH",
-                 "checkpoint_every_s": "PLATOON_CHECKPOINT_EVERY_S",
-                 "resume_from": "PLATOON_RESUME_FROM", "keys_file": "PLATOON_KEYS_FILE"}
-        return {env: str(getattr(self, field)) for field, env in names.items()
-                if getattr(self, field) is not None}
+        return {_variable(field.name): str(getattr(self, field.name))
+                for field in dataclasses.fields(self) if getattr(self, field.name) is not None}
+
+
+def _variable(field_name):
+    """The environment variable of a setting: PLATOON_ and its name in capitals."""
+    return "PLATOON_" + field_name.upper()

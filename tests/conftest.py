@@ -188,3 +188,17 @@ def serve():
     for serving in servings:
         serving._thread.join(25)
         serving.ctl.close()
+
+
+@pytest.fixture
+def raw_push():
+    """(socket, port): a bare ZeroMQ PUSH socket on a free port, for feeding workers garbage."""
+    import zmq
+
+    ctx = zmq.Context()
+    try:
+        push = ctx.socket(zmq.PUSH)
+        push.linger = 0
+        yield push, push.bind_to_random_port("tcp://127.0.0.1")
+    finally:
+        ctx.destroy(linger=0)

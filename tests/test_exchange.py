@@ -163,20 +163,26 @@ def _all_stripes_free(centre):
     return all(taken)
 
 
-def test_async_errors_surface_at_wait_and_release_the_locks(centre_pair):
-    centre, other = centre_pair
+def failing_push(rule_class, call, message):
+    """A subclass of `rule_class` whose push raises RuntimeError(message) on its call-th call."""
 
-    class Failing(EASGD):
+    class Failing(rule_class):
         calls = 0
 
         def push(self, index, start, snapshot, central):
             Failing.calls += 1
-            if Failing.calls == 5:
-                raise RuntimeError("push failed on stripe call 5")
+            if Failing.calls == call:
+                raise RuntimeError(message)
             super().push(index, start, snapshot, central)
 
+    return Failing
+
+
+def test_async_errors_surface_at_wait_and_release_the_locks(centre_pair):
+    centre, other = centre_pair
+
     xs = make_params(4)
-    ex = attach_worker(centre, Failing(0.5), xs)
+    ex = attach_worker(centre, failing_push(EASGD, 5, "push failed on stripe call 5")(0.5), xs)
     before = [x.copy() for x in xs]
     centre_before = [c.copy() for c in centre.arrays]
     handle = ex.start()
@@ -209,19 +215,10 @@ def test_asgd_push_failing_part_way_loses_no_change(centre_pair):
     """Each change reaches the centre exactly once, even across an async sync that failed."""
     centre, _ = centre_pair
 
-    class FailingOnce(ASGD):
-        calls = 0
-
-        def push(self, index, start, snapshot, central):
-            FailingOnce.calls += 1
-            if FailingOnce.calls == 3:
-                raise RuntimeError("push failed once")
-            super().push(index, start, snapshot, central)
-
     for c in centre.arrays:
         c[...] = 10.0
     xs = [np.full(c.shape, 10.0, c.dtype) for c in centre.arrays]
-    ex = attach_worker(centre, FailingOnce(), xs)
+    ex = attach_worker(centre, failing_push(ASGD, 3, "push failed once")(), xs)
     for x in xs:
         x += 1.0
     with pytest.raises(RuntimeError, match="push failed once"):

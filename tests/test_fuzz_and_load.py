@@ -8,6 +8,7 @@ import numpy as np
 import zmq
 
 from platoon import EASGD, Controller, ProtocolError, Worker
+from platoon.protocol import encode_minibatch
 
 
 class Counting(Controller):
@@ -91,35 +92,28 @@ def test_fuzzing_the_control_socket_never_stops_real_workers(serve):
         ctx.destroy(linger=0)
 
 
-def test_malformed_minibatches_raise_and_good_ones_still_arrive(serve):
-    ctx = zmq.Context()
-    try:
-        push = ctx.socket(zmq.PUSH)
-        push.linger = 0
-        port = push.bind_to_random_port("tcp://127.0.0.1")
-        ctl = Counting(control_port=0)
-        serving = serve(ctl)
-        rng = random.Random(99)
-        with Worker(ctl.control_port, data_port=port, timeout=10) as w:
-            for i in range(500):
-                header = rng.choice([b"junk", b"[]", b'[{"dtype": "<f8", "shape": [3]}]',
-                                     b'[{"dtype": "|O", "shape": [1]}]', b"{}", b"[5]"])
-                push.send_multipart([header] + [rng.randbytes(rng.randrange(0, 40))
-                                                for _ in range(rng.randrange(0, 3))])
-                try:
-                    arrays = w.recv_mb()
-                except ProtocolError:
-                    continue
-                # Only a header and data that happen to agree may decode, and then exactly.
-                specs = json.loads(header)
-                assert [a.shape for a in arrays] == [tuple(sp["shape"]) for sp in specs]
-            ctl_arrays = [np.arange(6.0).reshape(2, 3)]
-            from platoon.protocol import encode_minibatch
-            push.send_multipart([bytes(f) for f in encode_minibatch(ctl_arrays)])
-            np.testing.assert_array_equal(w.recv_mb()[0], ctl_arrays[0])
-        serving.join()
-    finally:
-        ctx.destroy(linger=0)
+def test_malformed_minibatches_raise_and_good_ones_still_arrive(serve, raw_push):
+    push, port = raw_push
+    ctl = Counting(control_port=0)
+    serving = serve(ctl)
+    rng = random.Random(99)
+    with Worker(ctl.control_port, data_port=port, timeout=10) as w:
+        for i in range(500):
+            header = rng.choice([b"junk", b"[]", b'[{"dtype": "<f8", "shape": [3]}]',
+                                 b'[{"dtype": "|O", "shape": [1]}]', b"{}", b"[5]"])
+            push.send_multipart([header] + [rng.randbytes(rng.randrange(0, 40))
+                                            for _ in range(rng.randrange(0, 3))])
+            try:
+                arrays = w.recv_mb()
+            except ProtocolError:
+                continue
+            # Only a header and data that happen to agree may decode, and then exactly.
+            specs = json.loads(header)
+            assert [a.shape for a in arrays] == [tuple(sp["shape"]) for sp in specs]
+        ctl_arrays = [np.arange(6.0).reshape(2, 3)]
+        push.send_multipart([bytes(f) for f in encode_minibatch(ctl_arrays)])
+        np.testing.assert_array_equal(w.recv_mb()[0], ctl_arrays[0])
+    serving.join()
 
 
 def test_soak_sixteen_workers(procs, tmp_path):

@@ -5,7 +5,6 @@ import time
 
 import numpy as np
 import pytest
-import zmq
 
 from platoon import (ASGD, EASGD, Controller, ControllerTimeout, LockTimeout, MinibatchTimeout,
                      ParamSyncRule, PlatoonError, ProtocolError, Worker)
@@ -144,24 +143,18 @@ def test_minibatches_flow_while_the_controller_serves(serve):
     serving.join()
 
 
-def test_malformed_minibatch_frames_raise(serve):
-    ctx = zmq.Context()
-    try:
-        push = ctx.socket(zmq.PUSH)
-        push.linger = 0
-        port = push.bind_to_random_port("tcp://127.0.0.1")
-        ctl = CountController(control_port=0)
-        serving = serve(ctl)
-        with Worker(ctl.control_port, data_port=port, timeout=5) as w:
-            push.send_multipart([b'[{"dtype": "<f8", "shape": [4]}]', b"short"])
-            with pytest.raises(ProtocolError, match="5 bytes arrived"):
-                w.recv_mb()
-            push.send(b"\x00\x01")
-            with pytest.raises(ProtocolError, match="minibatch header"):
-                w.recv_mb()
-        serving.join()
-    finally:
-        ctx.destroy(linger=0)
+def test_malformed_minibatch_frames_raise(serve, raw_push):
+    push, port = raw_push
+    ctl = CountController(control_port=0)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, data_port=port, timeout=5) as w:
+        push.send_multipart([b'[{"dtype": "<f8", "shape": [4]}]', b"short"])
+        with pytest.raises(ProtocolError, match="5 bytes arrived"):
+            w.recv_mb()
+        push.send(b"\x00\x01")
+        with pytest.raises(ProtocolError, match="minibatch header"):
+            w.recv_mb()
+    serving.join()
 
 
 def test_send_mb_needs_a_data_socket_and_times_out_without_workers():
