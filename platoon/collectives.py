@@ -22,7 +22,7 @@ import numpy as np
 from . import protocol
 from .checkpoint import load_states
 from .errors import PlatoonError, ProtocolError
-from .shmem import SEGMENT_PREFIX, SharedCentre
+from .shmem import SEGMENT_PREFIX, SharedCentre, param_offsets
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +59,9 @@ def create_segment(name, layout):
 class _Reduction:
     """One all_reduce buffer: a slot per worker, then the result."""
 
-    def __init__(self, name, dtype, count, slots):
+    def __init__(self, seg, dtype, count, slots):
         self.dtype, self.count, self.slots = dtype, count, slots
-        self.seg = create_segment(name, [{"dtype": dtype.str, "shape": [slots + 1, count]}])
+        self.seg = seg
         self.buffer = self.seg.arrays[0]
         self.waiting = {}  # worker id -> (envelope, seq, op)
 
@@ -86,6 +86,15 @@ class NodeCollectives:
                                "part: pass num_workers=N to the Controller (the launcher does)")
         return n
 
+    def _create(self, name, layout, what):
+        self._ctl._reserve_shared(param_offsets(layout)[1], what)
+        return create_segment(name, layout)
+
+    def shared_bytes(self):
+        """Bytes of shared memory held by all_reduce buffers and shared states."""
+        return sum(seg.size for seg in [r.seg for r in self._reductions.values()]
+                   + list(self._states.values()))
+
     # -- all_reduce --
 
     def setup(self, wid, info):
@@ -108,7 +117,9 @@ class NodeCollectives:
                 raise PlatoonError("this job already has %d all_reduce buffers (one per dtype "
                                    "and size); reduce fewer distinct shapes, e.g. concatenate "
                                    "arrays first" % MAX_REDUCTION_BUFFERS)
-            red = self._reductions[name] = _Reduction(name, dtype, count, slots)
+            seg = self._create(name, [{"dtype": dtype.str, "shape": [slots + 1, count]}],
+                               "an all_reduce buffer")
+            red = self._reductions[name] = _Reduction(seg, dtype, count, slots)
             log.info("all_reduce buffer %s: %d slots of %d x %s", name, slots + 1, count, dtype)
         return {"segment": name, "slots": slots, "slot": wid}
 
@@ -203,8 +214,8 @@ class NodeCollectives:
         if seg is None:
             if len(self._states) >= MAX_STATES:
                 raise PlatoonError("this job already has %d shared states" % MAX_STATES)
-            seg = create_segment("%s%s-state-%s" % (SEGMENT_PREFIX, self._ctl.job_id, name),
-                                 layout)
+            seg = self._create("%s%s-state-%s" % (SEGMENT_PREFIX, self._ctl.job_id, name),
+                               layout, "shared state %r" % name)
             try:
                 self._resume_state(name, seg)
             except BaseException:

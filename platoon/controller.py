@@ -6,6 +6,7 @@ user overrides. Replies can be deferred (barrier, waiting for the centre to be
 initialised), which is why the socket is a ROUTER and not a REP.
 """
 
+import hmac
 import json
 import logging
 import os
@@ -25,10 +26,11 @@ from . import protocol, security
 from .checkpoint import load as load_checkpoint, save as save_checkpoint
 from .collectives import NodeCollectives
 from .environment import JobEnvironment
-from .errors import LayoutMismatch, MinibatchTimeout, PlatoonError, PortInUse, ProtocolError, \
-    ServeTimeout, WorkerDied
+from .errors import LayoutMismatch, MinibatchTimeout, NotRegistered, PlatoonError, PortInUse, \
+    ProtocolError, ServeTimeout, WorkerDied
+from .peers import count_connections, is_loopback_address
 from .resources import Resources
-from .shmem import SharedCentre, pid_alive, remove_stale_segments
+from .shmem import SharedCentre, param_offsets, pid_alive, remove_stale_segments
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +52,32 @@ def _bind(sock, host, port):
         raise PlatoonError("cannot listen on tcp://%s:%s: %s" % (host, port, exc)) from None
 
 
+def default_max_shared_bytes():
+    """Half of the smaller of physical memory and /dev/shm: what one job may hold."""
+    sizes = []
+    try:
+        sizes.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError):
+        pass
+    try:
+        stat = os.statvfs("/dev/shm")
+        sizes.append(stat.f_blocks * stat.f_frsize)
+    except OSError:
+        pass
+    return min(sizes) // 2 if sizes else 1 << 34
+
+
 class _WorkerRecord:
-    __slots__ = ("worker_id", "identity", "pid", "local", "done", "dead")
+    __slots__ = ("worker_id", "identity", "pid", "local", "token", "done", "dead")
 
     def __init__(self, worker_id, identity, pid, local):
         self.worker_id = worker_id
         self.identity = identity
         self.pid = pid
         self.local = local  # on this machine, so its pid can be watched
+        self.token = secrets.token_hex(16)  # proves the worker's identity when it reconnects
         self.done = False
-        self.dead = False
+        self.dead = False  # failed: a replacement may take its id
 
 
 class Controller:
@@ -79,7 +97,12 @@ class Controller:
             instead of ports; the socket files live in a private temporary
             directory removed by `close`.
         job_id: unique id of the job (names its shared memory); random by default.
-        max_request_bytes: larger control requests get an error reply.
+        max_request_bytes: larger control requests get an error reply (a Worker
+            refuses to send them, naming the limit).
+        max_shared_bytes: shared memory the job's workers may have the controller
+            allocate, centre, shared states and all_reduce buffers together
+            (default: half of the smaller of RAM and /dev/shm); a request that
+            would exceed it gets an error reply.
         restarts: how many dead workers a replacement is expected for (the
             launcher's --restart); a death within that budget is not an error.
         checkpoint_path: file to snapshot the centre to, atomically, every
@@ -102,6 +125,7 @@ class Controller:
 
     def __init__(self, control_port=None, data_port=None, *, num_workers=None, host="127.0.0.1",
                  job_id=None, max_request_bytes=protocol.DEFAULT_MAX_REQUEST_BYTES,
+                 max_shared_bytes=None,
                  restarts=None, checkpoint_path=None, checkpoint_every_s=None, resume_from=None,
                  liveness_interval_s=0.5, keys_file=None, replacement_timeout_s=120.0,
                  transport="tcp"):
@@ -120,6 +144,7 @@ class Controller:
         self.host = host
         self.num_workers = num_workers
         self.max_request_bytes = max_request_bytes
+        self.max_shared_bytes = max_shared_bytes or default_max_shared_bytes()
         self.transport = transport
         self.control_port = None
         self.data_port = None
@@ -142,7 +167,7 @@ class Controller:
         self._status_written = 0.0
         self.restarts_left = restarts if restarts is not None else (env.restarts or 0)
         self.replacement_timeout_s = replacement_timeout_s
-        self._awaiting = []       # deadlines of replacements expected for dead workers
+        self._awaiting = []       # [deadline, worker id] of replacements expected for dead workers
         self._deaths = []         # (worker id, exit info) for handle_worker_death, in order
         self._next_tick = 0.0
         self._announced = False
@@ -337,7 +362,7 @@ class Controller:
         replacements, checkpoint."""
         self._next_tick = now + self.liveness_interval_s
         self._check_pids()
-        while self._awaiting and self._awaiting[0] <= now:
+        while self._awaiting and self._awaiting[0][0] <= now:
             self._awaiting.pop(0)
             log.warning("no replacement worker registered within %.3g s; carrying on without "
                         "it", self.replacement_timeout_s)
@@ -359,7 +384,7 @@ class Controller:
         record.dead = True
         if self.restarts_left > 0:
             self.restarts_left -= 1
-            self._awaiting.append(time.monotonic() + self.replacement_timeout_s)
+            self._awaiting.append([time.monotonic() + self.replacement_timeout_s, record.worker_id])
             log.info("expecting a replacement for worker %d (%d restart(s) left)",
                      record.worker_id, self.restarts_left)
         else:
@@ -473,7 +498,7 @@ class Controller:
             self._send_error(envelope, protocol.peek_seq(payload), exc)
             return
         try:
-            self._dispatch(envelope, identity, request)
+            self._dispatch(envelope, identity, request, frames[0])
         except (PlatoonError, ValueError, TypeError) as exc:
             log.warning("request %r rejected: %s", request.req, exc)
             self._send_error(envelope, request.seq, exc)
@@ -481,14 +506,15 @@ class Controller:
             log.exception("request %r failed in the controller", request.req)
             self._send_error(envelope, request.seq, exc)
 
-    def _dispatch(self, envelope, identity, request):
+    def _dispatch(self, envelope, identity, request, identity_frame):
         if request.req == protocol.REGISTER:
-            self._send(envelope, request.seq, self._register(identity, request.req_info))
+            self._send(envelope, request.seq,
+                       self._register(identity, request.req_info, identity_frame))
             return
         record = self._by_identity.get(identity)
         if record is None:
-            raise ProtocolError("request %r comes from a connection that has not registered; "
-                                "create a platoon.Worker, which registers first" % request.req)
+            raise NotRegistered("request %r comes from a connection that has not registered; "
+                                "create a platoon.Worker, which registers first" % (request.req,))
         if request.worker_id is not None and request.worker_id != record.worker_id:
             raise ProtocolError("request says worker_id %d but this connection registered as "
                                 "worker %d" % (request.worker_id, record.worker_id))
@@ -548,29 +574,113 @@ class Controller:
 
     # -- reserved requests --
 
-    def _register(self, identity, info):
+    def _register(self, identity, info, identity_frame):
+        """A worker's registration (or, with its token, its return after a reconnect)."""
         info = info if isinstance(info, dict) else {}
-        pid = info.get("pid") if isinstance(info.get("pid"), int) else None
-        local = info.get("host") == _HOSTNAME
         record = self._by_identity.get(identity)
-        if record is None:
+        if record is None and "token" in info:
+            record = self._reconnect(identity, info)
+        elif record is None:
+            pid, local = self._check_peer(info, identity_frame)
             if self._running() >= (self.num_workers or float("inf")):
                 self._check_pids()  # a replacement may come before the tick notices a death
             if self._running() >= (self.num_workers or float("inf")):
                 raise PlatoonError("job %s is full: num_workers=%d workers are running"
                                    % (self.job_id, self.num_workers))
-            if self._awaiting:
-                self._awaiting.pop(0)
-            record = _WorkerRecord(len(self._workers), identity, pid, local)
+            record = _WorkerRecord(self._assign_id(info.get("index")), identity, pid, local)
+            replaced = self._workers.get(record.worker_id)
+            if replaced is not None:
+                self._by_identity.pop(replaced.identity, None)
             self._workers[record.worker_id] = record
             self._by_identity[identity] = record
-            log.info("worker %d registered (pid %s)", record.worker_id, pid)
-        reply = {"worker_id": record.worker_id, "is_first": record.worker_id == 0,
+            if self._initialiser is None and not self._centre_ready and not self.resume_from:
+                self._initialiser = record.worker_id  # its values will initialise the centre
+            log.info("worker %d registered (pid %s)%s", record.worker_id, pid,
+                     " as the replacement of a failed one" if replaced is not None else "")
+        reply = {"worker_id": record.worker_id, "is_first": record.worker_id == self._initialiser,
                  "job_id": self.job_id, "num_workers": self.num_workers,
-                 "controller_pid": os.getpid(), "controller_host": _HOSTNAME}
+                 "controller_pid": os.getpid(), "controller_host": _HOSTNAME,
+                 "token": record.token, "max_request_bytes": self.max_request_bytes}
         if self.node_link is not None:
             reply.update(self.node_link.topology(record.worker_id))
         return reply
+
+    def _check_peer(self, info, identity_frame):
+        """(pid, local) of a registering peer, its claimed pid checked with the kernel when
+        the peer is on this machine; raises PlatoonError for a claim that does not hold."""
+        pid, host = info.get("pid"), info.get("host")
+        if not isinstance(pid, int) or isinstance(pid, bool):
+            pid = None
+        if self.transport == "ipc":
+            local = True
+        else:
+            try:
+                peer = identity_frame.get("Peer-Address")
+            except (zmq.ZMQError, AttributeError):
+                peer = None
+            if is_loopback_address(peer) and host != _HOSTNAME:
+                raise PlatoonError("registration refused: a connection from this machine (%s) "
+                                   "says it runs on host %r; a platoon.Worker registers with "
+                                   "its own pid and host name" % (peer, host))
+            local = host == _HOSTNAME
+        if not local:
+            return pid, False  # another machine: its pid means nothing here
+        if pid is None:
+            raise PlatoonError("registration refused: a worker on this machine must give its "
+                               "pid (platoon.Worker does)")
+        registered = sum(other.local and other.pid == pid and not other.done
+                         for other in self._workers.values())
+        if self.transport == "ipc":  # only this user can reach the 0700 socket directory
+            reason = None if pid_alive(pid) else "no process %d runs on this machine" % pid
+        else:  # each registration needs a connection of its own from that process
+            try:
+                held = count_connections(pid, self.control_port)
+                reason = None if held > registered else (
+                    "process %d holds %d connection(s) to port %d, %d of them registered"
+                    % (pid, held, self.control_port, registered))
+            except LookupError as exc:
+                reason = str(exc)
+        if reason is not None:
+            raise PlatoonError("registration refused: it claims pid %d, but %s; a worker "
+                               "registers with its own pid (platoon.Worker does)" % (pid, reason))
+        return pid, True
+
+    def _assign_id(self, requested):
+        """The launcher's index for this worker if it is free (or belongs to a failed worker
+        awaiting a replacement), else the id of a failed worker awaiting one, else the
+        lowest free id."""
+        ok = isinstance(requested, int) and not isinstance(requested, bool) and requested >= 0 \
+            and (self.num_workers is None or requested < self.num_workers)
+        if ok:
+            for entry in self._awaiting:
+                if entry[1] == requested:
+                    self._awaiting.remove(entry)
+                    return requested
+            if requested not in self._workers:
+                return requested
+        if self._awaiting:
+            return self._awaiting.pop(0)[1]
+        wid = 0
+        while wid in self._workers:
+            wid += 1
+        return wid
+
+    def _reconnect(self, identity, info):
+        """A registered worker's new connection (after a reset), proven by its token."""
+        wid, token = info.get("worker_id"), info.get("token")
+        record = self._workers.get(wid) if isinstance(wid, int) else None
+        if record is None or not isinstance(token, str) \
+                or not hmac.compare_digest(record.token.encode(), token.encode()):
+            raise ProtocolError("re-registration refused: no registered worker has that id and "
+                                "token")
+        if record.done:
+            raise PlatoonError("worker %d has already left job %s; create a new Worker"
+                               % (wid, self.job_id))
+        self._by_identity.pop(record.identity, None)
+        record.identity = identity
+        self._by_identity[identity] = record
+        log.warning("worker %d reconnected (its connection was reset)", wid)
+        return record
 
     def _running(self):
         return sum(not r.done for r in self._workers.values())
@@ -580,6 +690,7 @@ class Controller:
         layout = protocol.validate_layout(info.get("layout"))
         centre = self._res.centre
         if centre is None:
+            self._reserve_shared(param_offsets(layout)[1], "the centre")
             resumed = self._load_resume(layout, wid)
             self._res.centre = centre = SharedCentre.create(self.job_id, layout)
             log.info("centre %s created by worker %d: %d parameters, %d bytes",
@@ -614,6 +725,16 @@ class Controller:
                                     self.resume_from))
         return arrays
 
+    def _reserve_shared(self, nbytes, what):
+        """Raise PlatoonError if allocating `nbytes` more would exceed `max_shared_bytes`."""
+        used = self._collectives.shared_bytes()
+        if self._res.centre is not None:
+            used += self._res.centre.size
+        if used + nbytes > self.max_shared_bytes:
+            raise PlatoonError("%s needs %d bytes of shared memory, but this job may hold %d "
+                               "(%d in use); share less, or raise the Controller's "
+                               "max_shared_bytes" % (what, nbytes, self.max_shared_bytes, used))
+
     def _params_ready(self, envelope, request, wid):
         if wid != self._initialiser:
             raise ProtocolError("worker %d reported the centre's values but worker %s writes them"
@@ -638,8 +759,8 @@ class Controller:
             self._initialiser = None
             while self._init_waiting and self._initialiser is None:
                 envelope, seq = self._init_waiting.pop(0)
-                waiting = self._by_identity[envelope[0]]
-                if not waiting.done:
+                waiting = self._by_identity.get(envelope[0])
+                if waiting is not None and not waiting.done:
                     self._initialiser = waiting.worker_id
                     self._send(envelope, seq, {"segment": self._res.centre.name,
                                                "initialise": True})

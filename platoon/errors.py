@@ -29,6 +29,11 @@ class ProtocolError(PlatoonError, ValueError):
     """A message on the control or data channel is malformed."""
 
 
+class NotRegistered(ProtocolError):
+    """A request came on a connection the controller does not know (never registered, or
+    reset since); a Worker registers again with its token and retries."""
+
+
 class RemoteError(PlatoonError, RuntimeError):
     """The controller answered a request with an error.
 

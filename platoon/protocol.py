@@ -1,8 +1,9 @@
 """Control and data messages: encode, decode, validate. No sockets here.
 
 A control request is one UTF-8 JSON object
-``{"worker_id": int | null, "req": str, "req_info": <any JSON>, "seq": int}``
-(``seq`` is optional; when present the reply echoes it so a client can drop
+``{"worker_id": int | null, "req": str | object, "req_info": <any JSON>, "seq": int}``
+(``req`` is a name, or any other JSON value but null and "" as
+the original Platoon sent; ``seq`` is optional; when present the reply echoes it so a client can drop
 late replies to requests it gave up on). A reply is
 ``{"seq": int | null, "ok": true, "result": <any JSON>}`` or
 ``{"seq": int | null, "ok": false, "error": {"type", "message", "traceback"}}``.
@@ -52,19 +53,21 @@ class Request:
 
     @property
     def is_reserved(self):
-        return self.req.startswith(RESERVED_PREFIX)
+        return isinstance(self.req, str) and self.req.startswith(RESERVED_PREFIX)
 
 
 def encode_request(worker_id, req, req_info=None, seq=None):
-    """Serialise a control request; raises ProtocolError if `req_info` is not JSON-serialisable."""
-    if not isinstance(req, str) or not req:
-        raise ProtocolError("request name must be a non-empty string, got %r" % (req,))
+    """Serialise a control request; raises ProtocolError if `req` or `req_info` is not
+    JSON-serialisable, or `req` is None or empty."""
+    if req is None or req == "":
+        raise ProtocolError("a request must be a non-empty string (or another JSON value), "
+                            "got %r" % (req,))
     try:
         return _encode_json(
             {"worker_id": worker_id, "req": req, "req_info": req_info, "seq": seq}).encode()
     except (TypeError, ValueError) as exc:
         raise ProtocolError(
-            "req_info of request %r is not JSON-serialisable (%s); send only dicts, lists, "
+            "request %.60r or its req_info is not JSON-serialisable (%s); send only dicts, lists, "
             "strings, numbers, booleans and None (convert numpy scalars with float()/int())"
             % (req, exc)) from None
 
@@ -97,8 +100,9 @@ def decode_request(payload, max_bytes=DEFAULT_MAX_REQUEST_BYTES):
     if seq is not None and not _is_int(seq):
         raise ProtocolError("request field 'seq' must be an integer or null")
     req = msg.get("req")
-    if not isinstance(req, str) or not req:
-        raise ProtocolError("request field 'req' must be a non-empty string")
+    if req is None or req == "":
+        raise ProtocolError("request field 'req' must be a non-empty string (or another JSON "
+                            "value)")
     worker_id = msg.get("worker_id")
     if worker_id is not None and not _is_int(worker_id):
         raise ProtocolError("request field 'worker_id' must be an integer or null")

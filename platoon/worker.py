@@ -16,7 +16,7 @@ from . import adapters, protocol, security
 from .collectives import WorkerCollectives, check_op
 from .environment import JobEnvironment
 from .errors import ControllerGone, ControllerTimeout, LayoutMismatch, MinibatchTimeout, \
-    PlatoonError, RemoteError
+    NotRegistered, PlatoonError, ProtocolError, RemoteError
 from .exchange import Exchange
 from .rules import ParamSyncRule
 from .resources import Resources
@@ -78,6 +78,9 @@ class Worker:
         self._closed = False
         self._registered = False
         self._seq = 0
+        self._token = None  # issued at registration; proves who we are after a reconnect
+        self._max_request_bytes = None  # the controller's limit, learnt at registration
+        self._index = env.worker_index  # the launcher's number for this worker
         self._controller_pid = None  # watched when the controller runs on this machine
         self._controller_checked = 0.0
         self._req_lock = threading.Lock()
@@ -95,13 +98,14 @@ class Worker:
         self._rcvtimeo_ms = {}  # socket -> the receive timeout set on it
         self._control.connect(self.control_address)
         try:
-            info = self.send_req(protocol.REGISTER, {"pid": os.getpid(),
-                                                     "host": socket.gethostname()})
+            info = self.send_req(protocol.REGISTER, self._registration())
             if info.get("controller_host") == socket.gethostname():
                 self._controller_pid = info.get("controller_pid")
             self.worker_id = info["worker_id"]
             self.is_first = info["is_first"]
             self.job_id = info["job_id"]
+            self._token = info.get("token")
+            self._max_request_bytes = info.get("max_request_bytes")
             self._set_topology(info)
             self._registered = True
             if data_port is not None:
@@ -120,33 +124,62 @@ class Worker:
     def send_req(self, req, info=None, *, timeout=_DEFAULT):
         """Send request `req` with JSON-serialisable `info`; return the controller's reply.
 
+        `req` is usually a string; any JSON value (such as a dict, as the
+        original Platoon sent) reaches `handle_control` as it is.
         `timeout` in seconds overrides the worker's default (None: forever).
-        Raises ControllerTimeout when no reply comes in time and RemoteError
+        Raises ControllerTimeout when no reply comes in time, ProtocolError
+        at once for a request over the controller's size limit, and RemoteError
         when the controller answers with an error (its message and traceback
-        included).
+        included). If the connection was reset meanwhile, the worker registers
+        again under its id and sends the request once more.
         """
         timeout = self.timeout if timeout is _DEFAULT else timeout
         self._check_open()
         with self._req_lock:
-            self._seq += 1
-            seq = self._seq
-            payload = protocol.encode_request(self.worker_id, req, info, seq)
             deadline = None if timeout is None else time.monotonic() + timeout
-            sock = self._control
             try:
-                sock.send(payload, zmq.NOBLOCK)
-            except zmq.Again:
-                raise self._no_reply(req, timeout) from None
-            while True:
-                data = self._recv_within(sock, deadline)
-                if data is None:
-                    raise self._no_reply(req, timeout)
-                reply_seq, result = protocol.decode_reply(data)
-                if reply_seq is not None and reply_seq != seq:
-                    continue  # a late reply to a request that timed out earlier
-                if isinstance(result, RemoteError):
-                    raise result
-                return result
+                return self._round_trip(req, info, deadline, timeout)
+            except RemoteError as exc:
+                if exc.remote_type != NotRegistered.__name__ or self._token is None:
+                    raise
+            log.warning("worker %d: the controller no longer knows this connection (it was "
+                        "reset); registering again", self.worker_id)
+            self._round_trip(protocol.REGISTER, self._registration(), deadline, timeout)
+            return self._round_trip(req, info, deadline, timeout)
+
+    def _registration(self):
+        """REGISTER's information: who we are, and after a reconnect our id and token."""
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "index": self._index}
+        if self._token is not None:
+            info.update(worker_id=self.worker_id, token=self._token)
+        return info
+
+    def _round_trip(self, req, info, deadline, timeout):
+        """One request and its reply (the caller holds the request lock)."""
+        self._seq += 1
+        seq = self._seq
+        payload = protocol.encode_request(self.worker_id, req, info, seq)
+        if self._max_request_bytes is not None and len(payload) > self._max_request_bytes:
+            raise ProtocolError(
+                "request %.60r is %d bytes, over the controller's limit of %d bytes; send large "
+                "data through shared parameters (init_shared_params, shared_state) or the "
+                "minibatch channel, or raise the controller's max_request_bytes"
+                % (req, len(payload), self._max_request_bytes))
+        sock = self._control
+        try:
+            sock.send(payload, zmq.NOBLOCK)
+        except zmq.Again:
+            raise self._no_reply(req, timeout) from None
+        while True:
+            data = self._recv_within(sock, deadline)
+            if data is None:
+                raise self._no_reply(req, timeout)
+            reply_seq, result = protocol.decode_reply(data)
+            if reply_seq is not None and reply_seq != seq:
+                continue  # a late reply to a request that timed out earlier
+            if isinstance(result, RemoteError):
+                raise result
+            return result
 
     def _recv_within(self, sock, deadline, copy=True):
         """The next frame from `sock`, or None at `deadline` (None: never). Waits in slices
@@ -338,6 +371,7 @@ class Worker:
             self.send_req(protocol.PARAMS_READY)
         else:
             adapter.push()
+        self.is_first = bool(reply["initialise"])
         bind = getattr(param_sync_rule, "bind_worker", None)
         if bind is not None:  # rules with shared state (Downpour's optimizer)
             bind(self)

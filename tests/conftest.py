@@ -191,6 +191,24 @@ def serve():
 
 
 @pytest.fixture
+def raw_client():
+    """raw_client(ctl, kind=zmq.DEALER): a bare ZeroMQ socket connected to the controller."""
+    import zmq
+
+    ctx = zmq.Context()
+
+    def connect(ctl, kind=zmq.DEALER):
+        sock = ctx.socket(kind)
+        sock.linger = 0
+        sock.rcvtimeo = 5000
+        sock.connect("tcp://127.0.0.1:%d" % ctl.control_port)
+        return sock
+
+    yield connect
+    ctx.destroy(linger=0)
+
+
+@pytest.fixture
 def raw_push():
     """(socket, port): a bare ZeroMQ PUSH socket on a free port, for feeding workers garbage."""
     import zmq

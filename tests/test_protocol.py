@@ -22,7 +22,7 @@ def test_request_round_trip():
     (b"not json", "not valid JSON"),
     (b"[1, 2]", "must be a JSON object"),
     (b'{"worker_id": 0}', "'req' must be a non-empty string"),
-    (b'{"req": 5}', "'req' must be a non-empty string"),
+    (b'{"req": null}', "'req' must be a non-empty string"),
     (b'{"req": ""}', "'req' must be a non-empty string"),
     (b'{"req": "x", "worker_id": "0"}', "'worker_id' must be an integer"),
     (b'{"req": "x", "worker_id": true}', "'worker_id' must be an integer"),
