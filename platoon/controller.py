@@ -26,6 +26,7 @@ from . import protocol, security
 from .checkpoint import load as load_checkpoint, save as save_checkpoint
 from .collectives import NodeCollectives
 from .environment import JobEnvironment
+from .logthrottle import ThrottledLog
 from .errors import LayoutMismatch, MinibatchTimeout, NotRegistered, PlatoonError, PortInUse, \
     ProtocolError, ServeTimeout, WorkerDied
 from .peers import count_connections, is_loopback_address
@@ -145,6 +146,8 @@ class Controller:
         self.num_workers = num_workers
         self.max_request_bytes = max_request_bytes
         self.max_shared_bytes = max_shared_bytes or default_max_shared_bytes()
+        self._warnings = ThrottledLog(log)  # bad requests: a few lines, then a count
+        self._afterword = None  # stops the replies to latecomers once serve has returned
         self.transport = transport
         self.control_port = None
         self.data_port = None
@@ -312,6 +315,7 @@ class Controller:
         """
         if self._control is None:
             raise PlatoonError("call init_control(port) (or pass control_port) before serve()")
+        self._stop_afterword()
         deadline = None if timeout is None else time.monotonic() + timeout
         restore = _exit_on_sigterm()
         self._announce_ready()
@@ -348,19 +352,45 @@ class Controller:
                            sum(r.done for r in self._workers.values())))
             if self.node_link is not None:
                 self.node_link.finish()  # waits for the other nodes to be done too
+            self._start_afterword()
         finally:
             sock.rcvtimeo = -1
             try:
                 if self._res.centre is not None and self.checkpoint_path:
                     self.checkpoint()
             finally:
+                self._warnings.flush()
                 self._write_status(force=True)
                 restore()
+
+    def _start_afterword(self):
+        """Until `close` (or the next `serve`), answer latecomers that the job has ended,
+        so a worker started too late fails at once instead of after its timeout."""
+        stop = threading.Event()
+        thread = threading.Thread(target=_answer_after_the_job, name="platoon-afterword",
+                                  args=(self._control, stop, self.job_id, len(self._workers)),
+                                  daemon=True)
+
+        def stop_it():
+            stop.set()
+            thread.join(5)
+
+        self._afterword = stop_it
+        self._res.stoppers.append(stop_it)
+        thread.start()
+
+    def _stop_afterword(self):
+        stop_it = self._afterword
+        if stop_it is not None:
+            self._afterword = None
+            self._res.stoppers.remove(stop_it)
+            stop_it()
 
     def _tick(self, now):
         """Periodic duties while serving: watch local workers' pids, give up on overdue
         replacements, checkpoint."""
         self._next_tick = now + self.liveness_interval_s
+        self._warnings.flush(expired_only=True)
         self._check_pids()
         while self._awaiting and self._awaiting[0][0] <= now:
             self._awaiting.pop(0)
@@ -494,13 +524,14 @@ class Controller:
         try:
             request = protocol.decode_request(payload, self.max_request_bytes)
         except ProtocolError as exc:
-            log.warning("malformed request rejected: %s", exc)
+            self._warnings.warning("malformed-request", "malformed request rejected: %s", exc)
             self._send_error(envelope, protocol.peek_seq(payload), exc)
             return
         try:
             self._dispatch(envelope, identity, request, frames[0])
         except (PlatoonError, ValueError, TypeError) as exc:
-            log.warning("request %r rejected: %s", request.req, exc)
+            self._warnings.warning("rejected-request", "request %.80r rejected: %s",
+                                   request.req, exc)
             self._send_error(envelope, request.seq, exc)
         except Exception as exc:  # never let one request end the job
             log.exception("request %r failed in the controller", request.req)
@@ -838,6 +869,35 @@ class Controller:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _answer_after_the_job(sock, stop, job_id, workers):
+    """Reply to every request on `sock` that the job has ended (DONE is simply accepted),
+    until `stop` is set. Runs on its own thread once `serve` has returned."""
+    message = ("job %s has ended: its %d worker(s) are done and the controller no longer "
+               "serves, so this worker came too late. Start every worker while the controller "
+               "serves, and give it num_workers=N so that it waits for all of them"
+               % (job_id, workers))
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    try:
+        while not stop.is_set():
+            if not poller.poll(100):
+                continue
+            frames = sock.recv_multipart()
+            envelope, payload = frames[:-1], frames[-1]
+            try:
+                request = protocol.decode_request(payload)
+            except ProtocolError:
+                request = None
+            seq = request.seq if request is not None else None
+            if request is not None and request.req == protocol.DONE:
+                reply = protocol.encode_reply(seq, None)
+            else:
+                reply = protocol.encode_error(seq, "JobEnded", message)
+            sock.send_multipart(envelope + [reply])
+    except zmq.ZMQError as exc:  # the socket closed under us: nothing left to answer
+        log.debug("after-job replies stopped: %s", exc)
 
 
 def raise_system_exit(signum, frame):

@@ -17,6 +17,7 @@ class Resources:
         self.centre = None
         self.authenticator = None
         self.farewell = None  # (socket, function returning a last message or None)
+        self.stoppers = []  # called first by `close`: stop threads that use the sockets
 
     def socket(self, kind):
         """A new socket with linger 0, closed by `close`."""
@@ -30,6 +31,9 @@ class Resources:
 
         A `farewell` message is sent first, with a second to leave.
         """
+        stoppers, self.stoppers = self.stoppers, []
+        for stop in stoppers:
+            stop()
         if self.farewell is not None:
             sock, message = self.farewell
             self.farewell = None

@@ -98,7 +98,13 @@ class Worker:
         self._rcvtimeo_ms = {}  # socket -> the receive timeout set on it
         self._control.connect(self.control_address)
         try:
-            info = self.send_req(protocol.REGISTER, self._registration())
+            try:
+                info = self.send_req(protocol.REGISTER, self._registration())
+            except ControllerTimeout:
+                raise ControllerTimeout(
+                    "no controller answered at %s within %.3g s: start the controller first "
+                    "(a controller whose job has ended no longer listens), check the address, "
+                    "or raise the worker's timeout" % (self.control_address, timeout)) from None
             if info.get("controller_host") == socket.gethostname():
                 self._controller_pid = info.get("controller_pid")
             self.worker_id = info["worker_id"]

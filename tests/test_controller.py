@@ -1,6 +1,7 @@
 """The controller against real sockets: reserved requests, user handlers, and bad input."""
 
 import json
+import re
 import os
 import socket
 import threading
@@ -228,3 +229,22 @@ def test_controller_close_is_idempotent_and_unlinks(serve):
     assert not os.path.exists(name)
     with pytest.raises(PlatoonError):
         Worker(ctl.control_port, timeout=0.2).close()
+
+
+def test_a_flood_of_bad_requests_logs_a_few_lines_and_a_count(serve, raw_client, caplog):
+    """Before: every bad frame logged a WARNING line (35k frames, 28.5k lines)."""
+    ctl = EchoController(control_port=0, num_workers=1)
+    serving = serve(ctl)
+    with caplog.at_level("WARNING", logger="platoon.controller"):
+        with Worker(ctl.control_port, timeout=5):
+            sock = raw_client(ctl)
+            for i in range(1000):
+                sock.send(b"not json %d" % i)
+            for i in range(1000):
+                assert "not valid JSON" in error_of(sock.recv())
+        serving.join()
+    lines = [r.getMessage() for r in caplog.records if r.name == "platoon.controller"]
+    malformed = [m for m in lines if m.startswith("malformed request rejected")]
+    assert 1 <= len(malformed) <= 10, len(malformed)
+    assert any(re.match(r"\d+ more malformed-request warning\(s\) in .* were not logged", m)
+               and int(m.split()[0]) + len(malformed) == 1000 for m in lines), lines[-5:]

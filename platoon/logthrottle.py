@@ -1,0 +1,41 @@
+"""Repeated warnings, throttled: a flood of bad input must not flood the log."""
+
+import time
+
+
+class ThrottledLog:
+    """Logs at most `burst` warnings of one kind per `period_s` seconds and counts the rest;
+    `flush` (or the next warning of that kind after the period) logs how many were
+    suppressed."""
+
+    def __init__(self, logger, period_s=10.0, burst=5):
+        self._logger = logger
+        self.period_s = period_s
+        self.burst = burst
+        self._kinds = {}  # kind -> [start of the period, logged, suppressed]
+
+    def warning(self, kind, msg, *args):
+        now = time.monotonic()
+        state = self._kinds.get(kind)
+        if state is None or now - state[0] >= self.period_s:
+            if state is not None:
+                self._summarise(kind, state)
+            state = self._kinds[kind] = [now, 0, 0]
+        if state[1] < self.burst:
+            state[1] += 1
+            self._logger.warning(msg, *args)
+        else:
+            state[2] += 1
+
+    def flush(self, expired_only=False):
+        """Log the suppressed counts (of periods that are over, with `expired_only`)."""
+        now = time.monotonic()
+        for kind, state in list(self._kinds.items()):
+            if not expired_only or now - state[0] >= self.period_s:
+                self._summarise(kind, state)
+                del self._kinds[kind]
+
+    def _summarise(self, kind, state):
+        if state[2]:
+            self._logger.warning("%d more %s warning(s) in %.3g s were not logged",
+                                 state[2], kind, time.monotonic() - state[0])
