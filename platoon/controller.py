@@ -84,7 +84,9 @@ class Controller:
             launcher's --restart); a death within that budget is not an error.
         checkpoint_path: file to snapshot the centre to, atomically, every
             `checkpoint_every_s` seconds (if given) and when `serve` ends.
-        resume_from: a checkpoint (file or directory) to initialise the centre from.
+        resume_from: a checkpoint (file or directory) to initialise the centre from;
+            read and checked here: CheckpointError if it is unreadable, or holds NaN
+            or Inf unless `allow_nonfinite`.
         liveness_interval_s: how often local workers' pids are checked.
         replacement_timeout_s: how long to wait for the replacement of a dead
             worker (within `restarts`) before carrying on without it.
@@ -104,7 +106,7 @@ class Controller:
                  job_id=None, max_request_bytes=protocol.DEFAULT_MAX_REQUEST_BYTES,
                  restarts=None, checkpoint_path=None, checkpoint_every_s=None, resume_from=None,
                  liveness_interval_s=0.5, keys_file=None, replacement_timeout_s=120.0,
-                 transport="tcp"):
+                 transport="tcp", allow_nonfinite=False):
         if transport not in ("tcp", "ipc"):
             raise ValueError("transport must be 'tcp' or 'ipc', got %r" % (transport,))
         self._env = env = JobEnvironment.read()
@@ -149,6 +151,9 @@ class Controller:
         self.checkpoint_path = checkpoint_path or env.checkpoint_path
         self.checkpoint_every_s = checkpoint_every_s or env.checkpoint_every_s
         self.resume_from = resume_from or env.resume_from
+        # Read now, so a bad checkpoint fails the controller at start, not a worker later.
+        self._resumed = (load_checkpoint(self.resume_from, allow_nonfinite=allow_nonfinite)[0]
+                         if self.resume_from else None)
         self._checkpointed = time.monotonic()
         self.liveness_interval_s = liveness_interval_s
         keys_file = keys_file or env.keys_file
@@ -587,6 +592,7 @@ class Controller:
             if resumed is not None:
                 for dst, src in zip(centre.arrays, resumed):
                     dst[...] = src
+                self._resumed = None  # in the centre now
                 self._centre_ready = True
                 log.info("centre initialised from checkpoint %s", self.resume_from)
         else:
@@ -604,9 +610,9 @@ class Controller:
 
     def _load_resume(self, layout, wid):
         """The checkpoint's arrays if resuming (checked against `layout`), else None."""
-        if not self.resume_from:
+        arrays = self._resumed
+        if arrays is None:
             return None
-        arrays, _ = load_checkpoint(self.resume_from)
         mismatch = protocol.describe_mismatch(layout, protocol.layout_of(arrays))
         if mismatch:
             raise LayoutMismatch("worker %d: %s (the centre comes from checkpoint %s)"
