@@ -6,9 +6,9 @@ and periodically syncs them with the centre under a `ParamSyncRule`.
 """
 
 from .controller import Controller
-from .errors import (ControllerGone, ControllerTimeout, LayoutMismatch, LockTimeout,
-                     MinibatchTimeout, PlatoonError, PortInUse, ProtocolError, RemoteError,
-                     ServeTimeout, SyncTimeout, WorkerDied)
+from .errors import (CheckpointError, ControllerGone, ControllerTimeout, LayoutMismatch,
+                     LockTimeout, MinibatchTimeout, PlatoonError, PortInUse, ProtocolError,
+                     RemoteError, ServeTimeout, SyncTimeout, WorkerDied)
 from .exchange import SyncHandle, SyncStats
 from .rules import ASGD, EASGD, ParamSyncRule
 from .collectives import average_gradients
@@ -22,6 +22,6 @@ __all__ = [
     "Controller", "Worker", "ParamSyncRule", "EASGD", "ASGD", "SyncHandle", "SyncStats",
     "PlatoonError", "ControllerTimeout", "LockTimeout", "ServeTimeout", "MinibatchTimeout",
     "ProtocolError", "RemoteError", "LayoutMismatch", "PortInUse", "WorkerDied",
-    "ControllerGone", "SyncTimeout",
+    "ControllerGone", "SyncTimeout", "CheckpointError",
     "Downpour", "SGD", "Adam", "average_gradients", "shard",
 ]

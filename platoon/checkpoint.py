@@ -2,31 +2,47 @@
 
 import json
 import os
+import secrets
+import struct
+import zipfile
+import zlib
 
 import numpy as np
 
-from .errors import PlatoonError
+from .errors import CheckpointError
+
+# What reading a damaged file can raise, from the zip layer, zlib and numpy's format.
+_READ_ERRORS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error,
+                struct.error, NotImplementedError, RuntimeError)
+_CHUNK = 1 << 20  # elements checked for NaN/Inf at a time (bounded scratch memory)
 
 
 def save(path, arrays, meta=None, states=None):
     """Write `arrays` (and JSON `meta`) to `path` atomically: a crash mid-write leaves the
-    previous checkpoint intact. `states` ({name: [arrays]}, a Downpour optimizer's) is
-    saved alongside and read back by `load_states`."""
+    previous checkpoint intact. The file is 0600 whatever the umask. `states`
+    ({name: [arrays]}, a Downpour optimizer's) is saved alongside and read back by
+    `load_states`. Raises OSError if it cannot be written."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    tmp = "%s.%d.tmp" % (path, os.getpid())
+    # Unique per call: a periodic checkpoint may run beside an explicit one.
+    tmp = "%s.%d.%s.tmp" % (path, os.getpid(), secrets.token_hex(4))
     payload = {"param_%d" % i: a for i, a in enumerate(arrays)}
     for name, state in (states or {}).items():
         payload.update(("state_%d_%s" % (i, name), a) for i, a in enumerate(state))
     payload["meta"] = np.frombuffer(json.dumps(meta or {}).encode(), dtype=np.uint8)
+    created = False
     try:
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        created = True
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o600)  # exactly 0600, whatever the umask removed
             np.savez(f, **payload)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        created = False
     finally:
-        if os.path.exists(tmp):
+        if created:
             os.unlink(tmp)
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
@@ -35,33 +51,73 @@ def save(path, arrays, meta=None, states=None):
         os.close(dir_fd)
 
 
-def load(path):
-    """(arrays, meta) from a checkpoint; raises PlatoonError if it is missing or unreadable."""
-    if os.path.isdir(path):
-        path = os.path.join(path, "centre.npz")
+def _resolve(path):
+    return os.path.join(path, "centre.npz") if os.path.isdir(path) else path
+
+
+def _unreadable(path, exc, what="checkpoint"):
+    return CheckpointError(
+        "cannot read %s %s (%s: %s); pass the directory or .npz file that a controller wrote "
+        "with checkpoint_path, or an earlier copy if this one is damaged"
+        % (what, path, type(exc).__name__, exc))
+
+
+def _open(path):
+    data = np.load(path, allow_pickle=False)
+    if not hasattr(data, "files"):  # a bare .npy array, not an .npz archive
+        raise ValueError("a single array, not an .npz archive of a controller's checkpoint")
+    return data
+
+
+def load(path, *, allow_nonfinite=False):
+    """(arrays, meta) from checkpoint `path` (an .npz file, or a directory holding
+    centre.npz).
+
+    Raises CheckpointError naming the file when it is missing, truncated or corrupt,
+    holds no parameters, or (unless `allow_nonfinite`) holds NaN or Inf.
+    """
+    path = _resolve(path)
     try:
-        with np.load(path, allow_pickle=False) as data:
+        with _open(path) as data:
             count = sum(1 for name in data.files if name.startswith("param_"))
+            if count == 0:
+                raise KeyError("no param_0 entry: it holds no parameters")
             arrays = [data["param_%d" % i] for i in range(count)]
             meta = json.loads(bytes(data["meta"]).decode()) if "meta" in data.files else {}
-    except (OSError, ValueError, KeyError) as exc:
-        raise PlatoonError("cannot read checkpoint %s (%s); pass the directory or .npz file "
-                           "that a controller wrote with checkpoint_path" % (path, exc)) from None
+    except _READ_ERRORS as exc:
+        raise _unreadable(path, exc) from None
+    if not allow_nonfinite:
+        for index, array in enumerate(arrays):
+            bad = _count_nonfinite(array)
+            if bad:
+                raise CheckpointError(
+                    "checkpoint %s: parameter %d (shape %s, %s) holds %d NaN or Inf value(s), "
+                    "so the run that wrote it had diverged; resume from an earlier checkpoint, "
+                    "or pass allow_nonfinite=True (to Controller or checkpoint.load) to use it "
+                    "anyway" % (path, index, array.shape, array.dtype, bad))
     return arrays, meta
 
 
+def _count_nonfinite(array):
+    if array.dtype.kind not in "fc":
+        return 0
+    flat = array.ravel(order="K")  # a view, whatever the memory order
+    return sum(int(flat.size - np.count_nonzero(np.isfinite(flat[i:i + _CHUNK])))
+               for i in range(0, flat.size, _CHUNK))
+
+
 def load_states(path):
-    """{name: [arrays]} of the shared states saved in a checkpoint ({} if none)."""
-    if os.path.isdir(path):
-        path = os.path.join(path, "centre.npz")
+    """{name: [arrays]} of the shared states saved in a checkpoint ({} if none); raises
+    CheckpointError naming the file if it cannot be read."""
+    path = _resolve(path)
     states = {}
     try:
-        with np.load(path, allow_pickle=False) as data:
+        with _open(path) as data:
             for key in data.files:
                 if key.startswith("state_"):
                     _, index, name = key.split("_", 2)
                     states.setdefault(name, {})[int(index)] = data[key]
-    except (OSError, ValueError, KeyError) as exc:
-        raise PlatoonError("cannot read the shared states of checkpoint %s (%s)"
-                           % (path, exc)) from None
-    return {name: [found[i] for i in range(len(found))] for name, found in states.items()}
+        found = {name: [parts[i] for i in range(len(parts))] for name, parts in states.items()}
+    except _READ_ERRORS as exc:
+        raise _unreadable(path, exc, "the shared states of checkpoint") from None
+    return found

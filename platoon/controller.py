@@ -107,8 +107,13 @@ class Controller:
         restarts: how many dead workers a replacement is expected for (the
             launcher's --restart); a death within that budget is not an error.
         checkpoint_path: file to snapshot the centre to, atomically, every
-            `checkpoint_every_s` seconds (if given) and when `serve` ends.
-        resume_from: a checkpoint (file or directory) to initialise the centre from.
+            `checkpoint_every_s` seconds (if given) and when `serve` ends. Periodic
+            checkpoints are written on a thread of their own while serving goes on;
+            one that fails (the lock not free within `checkpoint_lock_timeout_s`, a
+            full disk) is logged and retried a period later, never fatal.
+        resume_from: a checkpoint (file or directory) to initialise the centre from;
+            read and checked here: CheckpointError if it is unreadable, or holds NaN
+            or Inf unless `allow_nonfinite`.
         liveness_interval_s: how often local workers' pids are checked.
         replacement_timeout_s: how long to wait for the replacement of a dead
             worker (within `restarts`) before carrying on without it.
@@ -129,7 +134,7 @@ class Controller:
                  max_shared_bytes=None,
                  restarts=None, checkpoint_path=None, checkpoint_every_s=None, resume_from=None,
                  liveness_interval_s=0.5, keys_file=None, replacement_timeout_s=120.0,
-                 transport="tcp"):
+                 transport="tcp", allow_nonfinite=False, checkpoint_lock_timeout_s=10.0):
         if transport not in ("tcp", "ipc"):
             raise ValueError("transport must be 'tcp' or 'ipc', got %r" % (transport,))
         self._env = env = JobEnvironment.read()
@@ -177,7 +182,13 @@ class Controller:
         self.checkpoint_path = checkpoint_path or env.checkpoint_path
         self.checkpoint_every_s = checkpoint_every_s or env.checkpoint_every_s
         self.resume_from = resume_from or env.resume_from
+        # Read now, so a bad checkpoint fails the controller at start, not a worker later.
+        self._resumed = (load_checkpoint(self.resume_from, allow_nonfinite=allow_nonfinite)[0]
+                         if self.resume_from else None)
         self._checkpointed = time.monotonic()
+        self.checkpoint_lock_timeout_s = checkpoint_lock_timeout_s
+        self._checkpoint_thread = None  # the periodic checkpoint being written, if any
+        self._checkpoint_failures = 0   # periodic checkpoints failed in a row
         self.liveness_interval_s = liveness_interval_s
         keys_file = keys_file or env.keys_file
         self._keys = security.load_keys(keys_file) if keys_file else None
@@ -356,8 +367,7 @@ class Controller:
         finally:
             sock.rcvtimeo = -1
             try:
-                if self._res.centre is not None and self.checkpoint_path:
-                    self.checkpoint()
+                self._final_checkpoint()
             finally:
                 self._warnings.flush()
                 self._write_status(force=True)
@@ -399,7 +409,59 @@ class Controller:
             self._release_barrier()
         if (self.checkpoint_every_s and self.checkpoint_path and self._res.centre is not None
                 and now - self._checkpointed >= self.checkpoint_every_s):
+            self._checkpointed = now  # the next attempt is a period later, whatever happens
+            if self._checkpoint_thread is not None and self._checkpoint_thread.is_alive():
+                log.debug("checkpoint to %s still being written: this period's is skipped",
+                          self.checkpoint_path)
+            else:
+                self._checkpoint_thread = threading.Thread(
+                    target=self._periodic_checkpoint, name="platoon-checkpoint", daemon=True)
+                self._checkpoint_thread.start()
+
+    def _periodic_checkpoint(self):
+        """A checkpoint on its own thread; a failure is logged (once in a row) and the next
+        period retries."""
+        path = self.checkpoint_path
+        try:
+            self.checkpoint(path)
+        except Exception as exc:  # never fatal: the job goes on, the next period retries
+            self._checkpoint_failures += 1
+            if self._checkpoint_failures == 1:
+                log.warning("periodic checkpoint to %s failed (%s: %s); serving goes on and it "
+                            "is retried every %.3g s", path, type(exc).__name__, exc,
+                            self.checkpoint_every_s)
+            else:
+                log.debug("periodic checkpoint to %s failed again (%d in a row): %s",
+                          path, self._checkpoint_failures, exc)
+            return
+        if self._checkpoint_failures:
+            log.warning("checkpoint to %s written again after %d failed attempt(s)",
+                        path, self._checkpoint_failures)
+            self._checkpoint_failures = 0
+
+    def _join_checkpoint(self):
+        """Wait (bounded) for the periodic checkpoint being written, if any."""
+        thread = self._checkpoint_thread
+        if thread is None:
+            return
+        bound = 2 * self.checkpoint_lock_timeout_s + 120.0  # two lock waits, then the write
+        thread.join(bound)
+        if thread.is_alive():
+            log.error("periodic checkpoint to %s still being written after %.3g s; not waiting "
+                      "for it any longer", self.checkpoint_path, bound)
+
+    def _final_checkpoint(self):
+        """The checkpoint when `serve` ends. A failure is logged, not raised, so it never
+        hides how `serve` ended; the last periodic checkpoint stays."""
+        self._join_checkpoint()
+        if self._res.centre is None or not self.checkpoint_path:
+            return
+        try:
             self.checkpoint()
+        except Exception as exc:
+            log.error("final checkpoint to %s failed (%s: %s); call checkpoint() again, or "
+                      "resume from the last periodic one", self.checkpoint_path,
+                      type(exc).__name__, exc)
 
     def _check_pids(self):
         for record in list(self._workers.values()):
@@ -425,15 +487,17 @@ class Controller:
         """Write the centre to `path` (default: `checkpoint_path`) atomically; returns the path.
 
         Taken under the centre's lock, so it is consistent. Raises PlatoonError
-        when there is no centre or no path.
+        when there is no centre or no path, LockTimeout if the lock is not free within
+        `checkpoint_lock_timeout_s`, OSError if the file cannot be written.
         """
         path = path or self.checkpoint_path
         if not path:
             raise PlatoonError("no checkpoint path: pass checkpoint_path to the Controller")
-        arrays = self.snapshot_centre()
-        states = self._collectives.snapshot_states(self._res.centre.lock)
+        centre = self._res.centre
+        arrays = self.snapshot_centre(self.checkpoint_lock_timeout_s)
+        states = self._collectives.snapshot_states(centre.lock, self.checkpoint_lock_timeout_s)
         save_checkpoint(path, arrays, {"job_id": self.job_id, "time": time.time(),
-                                       "layout": self._res.centre.layout}, states)
+                                       "layout": centre.layout}, states)
         self._checkpointed = time.monotonic()
         log.info("centre checkpointed to %s", path)
         return path
@@ -729,6 +793,7 @@ class Controller:
             if resumed is not None:
                 for dst, src in zip(centre.arrays, resumed):
                     dst[...] = src
+                self._resumed = None  # in the centre now
                 self._centre_ready = True
                 log.info("centre initialised from checkpoint %s", self.resume_from)
         else:
@@ -746,9 +811,9 @@ class Controller:
 
     def _load_resume(self, layout, wid):
         """The checkpoint's arrays if resuming (checked against `layout`), else None."""
-        if not self.resume_from:
+        arrays = self._resumed
+        if arrays is None:
             return None
-        arrays, _ = load_checkpoint(self.resume_from)
         mismatch = protocol.describe_mismatch(layout, protocol.layout_of(arrays))
         if mismatch:
             raise LayoutMismatch("worker %d: %s (the centre comes from checkpoint %s)"
@@ -859,6 +924,7 @@ class Controller:
 
     def close(self):
         """Close the sockets and unlink the shared centre. Idempotent."""
+        self._join_checkpoint()
         self._collectives_finalizer()
         self._finalizer()
         if self._ipc_dir is not None:

@@ -57,6 +57,11 @@ class LayoutMismatch(PlatoonError, ValueError):
     """A worker's parameters differ in count, dtype or shape from the job's centre."""
 
 
+class CheckpointError(PlatoonError, ValueError):
+    """A checkpoint cannot be read (missing, truncated, corrupt) or holds values that are
+    refused (NaN or Inf)."""
+
+
 class PortInUse(PlatoonError, OSError):
     """The controller could not bind its socket because the address is taken."""
 

@@ -24,6 +24,7 @@ import logging
 import math
 import mmap
 import os
+import stat
 import struct
 import threading
 import time
@@ -84,19 +85,40 @@ def pid_alive(pid):
 
 
 def segment_owner(path):
-    """Owner pid recorded in a centre segment's header, or None if it is not one of ours."""
+    """Owner pid recorded in a centre segment's header, or None if it is not one of ours.
+
+    Only a regular file owned by this user is opened, without following a symlink and
+    without blocking: a FIFO or device named like a segment (anyone can make one in
+    /dev/shm) is skipped, never waited on.
+    """
     try:
-        with open(path, "rb") as f:
-            magic, pid, _, _ = HEADER.unpack(f.read(HEADER.size))
+        before = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(before.st_mode) or before.st_uid != os.getuid():
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # gone, or swapped for a symlink since the lstat
+        return None
+    try:
+        now = os.fstat(fd)
+        if (not stat.S_ISREG(now.st_mode) or now.st_uid != os.getuid()
+                or (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino)):
+            return None  # swapped for something else since the lstat
+        magic, pid, _, _ = HEADER.unpack(os.pread(fd, HEADER.size, 0))
     except (OSError, struct.error):
         return None
+    finally:
+        os.close(fd)
     return pid if magic == MAGIC and pid > 0 else None
 
 
 def remove_stale_segments(shm_dir="/dev/shm"):
     """Unlink centres whose owner process is dead (left by a job that crashed); returns them.
 
-    Segments of live owners, and files that are not platoon centres, are never touched.
+    Segments of live owners, and files that are not platoon centres (anything but a regular
+    file of this user with a centre's header), are never touched.
     """
     removed = []
     try:

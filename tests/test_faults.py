@@ -2,6 +2,8 @@
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -123,6 +125,49 @@ def test_stale_segments_of_dead_jobs_are_removed_live_ones_kept(procs, tmp_path)
         for centre in made.values():
             centre.close()
             centre.unlink()
+
+
+def _release_and_remove(fifo):
+    """Let any process blocked opening `fifo` for reading go on (a suite beside this one
+    running older code, say), then remove it."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass  # no reader waiting (ENXIO), or already gone
+    try:
+        os.unlink(fifo)
+    except FileNotFoundError:
+        pass
+
+
+def test_a_fifo_or_symlink_named_like_a_segment_never_blocks_a_controller(tmp_path):
+    tag = os.urandom(4).hex()
+    fifo = "/dev/shm/platoon-fifo%s-centre" % tag
+    outside = str(tmp_path / "fifo")
+    link = "/dev/shm/platoon-link%s-centre" % tag
+    fifos = [fifo, outside]
+    try:
+        os.mkfifo(fifo, 0o600)
+        os.mkfifo(outside, 0o600)
+        os.symlink(outside, link)
+        script = ("from platoon import Controller\n"
+                  "from platoon.shmem import segment_owner\n"
+                  "print('OWNERS', segment_owner(%r), segment_owner(%r), flush=True)\n"
+                  "with Controller():\n"
+                  "    print('STARTED', flush=True)\n" % (fifo, link))
+        try:  # run() kills the child if it is still blocked when the time is up
+            done = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                                  text=True, timeout=15)
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail("a controller blocked on a FIFO named like a segment: %s" % exc)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "OWNERS None None" in done.stdout and "STARTED" in done.stdout
+        assert os.path.exists(fifo) and os.path.islink(link)  # not ours to remove
+    finally:
+        for path in fifos:
+            _release_and_remove(path)
+        if os.path.islink(link):
+            os.unlink(link)
 
 
 def test_checkpoint_and_bit_identical_resume(serve, tmp_path):
