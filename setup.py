@@ -1,7 +1,7 @@
 from setuptools import find_packages, setup
 
 setup(
-    name="platoon",
+    name="platoon-dp",  # the import name is platoon; "platoon" on the index is another project
     version="0.1.0",
     description="Data-parallel training of one model by many worker processes "
                 "(EASGD, ASGD) over ZeroMQ and POSIX shared memory",

@@ -105,7 +105,7 @@ def main():
     mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) \
         or shutil.which("mpiexec")
     if mpiexec is None:
-        raise SystemExit("no mpiexec: pip install 'platoon[mpi]'")
+        raise SystemExit("no mpiexec: pip install -e '.[mpi]'")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PLATOON_")}
     env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     iters = ["--iters", str(args.iters)]

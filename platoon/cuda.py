@@ -19,7 +19,7 @@ def init_context(device_index=0):
         import pycuda.driver as cuda
     except ImportError as exc:
         raise PlatoonError("pycuda is not installed (%s); install it with "
-                           "pip install 'platoon[gpu]' on a machine with CUDA, or keep this "
+                           "pip install pycuda on a machine with CUDA, or keep this "
                            "worker's parameters in numpy or torch" % exc) from None
     try:
         cuda.init()

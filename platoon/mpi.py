@@ -83,7 +83,8 @@ def import_mpi():
         from mpi4py import MPI
     except (ImportError, RuntimeError) as exc:  # RuntimeError: mpi4py without an MPI library
         raise PlatoonError("multi-node platoon needs mpi4py and an MPI library: pip install "
-                           "'platoon[mpi]' (mpi4py and mpich) - %s" % exc) from None
+                           "mpi4py mpich (in platoon's clone: pip install -e '.[mpi]') - %s"
+                           % exc) from None
     return MPI
 
 

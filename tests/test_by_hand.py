@@ -53,3 +53,15 @@ def test_a_worker_that_comes_after_the_job_ended_fails_at_once(serve):
     with pytest.raises(RemoteError, match="has ended: its 1 worker.* came too late"):
         Worker(ctl.control_port, timeout=20)
     ctl.close()
+
+
+def test_a_script_pair_written_for_the_original_platoon_runs_unchanged(procs):
+    """Before: `platoon.param_sync` was missing, dict requests were refused, and
+    Controller.default_parser / default_arguments did not exist."""
+    controller = procs("original_controller.py", "--control-port", "0", "-nw", "2")
+    port = controller.wait_for_line("PORT").split()[1]
+    workers = [procs("original_worker.py", port) for _ in range(2)]
+    for w in workers:
+        assert w.wait(60) == 0, w.output + controller.output
+    assert controller.wait(30) == 0, controller.output
+    assert int(controller.wait_for_line("TRAINED").split()[1]) >= 40

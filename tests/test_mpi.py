@@ -26,9 +26,9 @@ MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shuti
 
 pytestmark = [
     pytest.mark.skipif(MPI_ERROR is not None, reason="mpi4py cannot be imported (%s): pip install "
-                       "'platoon[mpi]' to run the multi-node tests" % MPI_ERROR),
+                       "-e '.[mpi]' to run the multi-node tests" % MPI_ERROR),
     pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec next to python or on PATH: pip "
-                       "install 'platoon[mpi]' (the mpich wheel provides it)"),
+                       "install -e '.[mpi]' (the mpich wheel provides it)"),
 ]
 
 WORKER = os.path.join(PROCS, "mpi_worker.py")
@@ -204,7 +204,7 @@ def _launch_hosts(tmp_path, experiment, *args):
     out = subprocess.run([sys.executable, "-m", "platoon.launcher", experiment, "--hosts",
                           "localhost", "localhost", "--log-dir", str(tmp_path / "logs")]
                          + list(args), capture_output=True, text=True, timeout=120,
-                         env={k: v for k, v in os.environ.items()
+                         cwd=str(tmp_path), env={k: v for k, v in os.environ.items()
                               if not k.startswith("PLATOON_")})
     return out.returncode, out.stdout + out.stderr, (tmp_path / "logs" / "mpiexec.log")
 
