@@ -2,9 +2,9 @@
 
 A control request is one UTF-8 JSON object
 ``{"worker_id": int | null, "req": str | object, "req_info": <any JSON>, "seq": int}``
-(``req`` is a name, or any other JSON value but null and "" as
-the original Platoon sent; ``seq`` is optional; when present the reply echoes it so a client can drop
-late replies to requests it gave up on). A reply is
+(``req`` is a name, or any other JSON value but null and "", as the original
+Platoon sent; ``seq`` is optional; when present the reply echoes it so a client
+can drop late replies to requests it gave up on). A reply is
 ``{"seq": int | null, "ok": true, "result": <any JSON>}`` or
 ``{"seq": int | null, "ok": false, "error": {"type", "message", "traceback"}}``.
 

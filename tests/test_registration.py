@@ -4,6 +4,7 @@ peer can claim. Real controllers, workers, sockets and processes."""
 import json
 import os
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -68,7 +69,8 @@ class TcpProxy:
         with self.lock:
             conns, self.conns = self.conns, []
         for conn in conns:
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            # SO_LINGER on with a zero timeout: close() sends a RST
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             try:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
