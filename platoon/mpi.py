@@ -202,7 +202,7 @@ class NodeLink:
     def abort(self, code=1):
         """End the whole job now: every rank, hence every controller and worker."""
         log.error("node %d aborts the job (exit code %d)", self.rank, code)
-        self._comm.Abort(code)
+        _abort(self._comm, code)
 
     # -- hierarchical EASGD --
 
@@ -351,7 +351,7 @@ class _Workers:
     def _fail(self, message):
         print("platoon.mpi: node %d: %s; aborting the job" % (self.world.Get_rank(), message),
               file=sys.stderr, flush=True)
-        self.world.Abort(1)
+        _abort(self.world, 1)
 
     def _run(self):
         try:
@@ -468,10 +468,26 @@ def run_node(worker_argv, num_workers, *, controller=None, controller_args=(), t
               % (rank, type(exc).__name__, exc), file=sys.stderr, flush=True)
         if workers is not None:
             _stop(workers.procs)
-        world.Abort(1)
+        _abort(world, 1)
         raise
     finally:
         _RUNNER_LINK = None
+
+
+# How long a rank's last words get to reach mpiexec before MPI_Abort tears the job down
+# (MPICH drops output still in transit: the reason for an abort went missing without it).
+ABORT_GRACE_S = 0.5
+
+
+def _abort(comm, code):
+    """MPI_Abort on `comm`, once this rank's stderr and stdout have had time to reach mpiexec."""
+    for stream in (sys.stderr, sys.stdout):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    time.sleep(ABORT_GRACE_S)
+    comm.Abort(code)
 
 
 def _stop(procs, grace_s=0.0, term_s=3.0):
