@@ -79,6 +79,9 @@ def parse_args(argv):
                         "(default 60); then they are stopped and the job fails")
     parser.add_argument("--stop-timeout", type=float, default=5.0, metavar="S",
                         help="seconds between SIGTERM and SIGKILL when stopping (default 5)")
+    parser.add_argument("--status-every", type=float, default=5.0, metavar="S",
+                        help="seconds between status lines when the output is not a terminal "
+                        "(default 5); on a terminal the line refreshes twice a second")
     parser.add_argument("--restart", type=int, default=0, metavar="N",
                         help="replace up to N failed workers instead of stopping the job")
     parser.add_argument("--keep-going", action="store_true",
@@ -103,6 +106,8 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("-n must be at least 1")
+    if args.status_every <= 0:
+        parser.error("--status-every must be more than 0")
     if args.restart < 0:
         parser.error("--restart must be at least 0")
     if args.resume and not os.path.exists(args.resume):
@@ -230,7 +235,8 @@ class Launch:
 
     def show_status(self, force=False):
         now = time.monotonic()
-        if not force and now - self._status_shown < (0.5 if self.tty else 10.0):
+        if not force and now - self._status_shown < (0.5 if self.tty else
+                                                     self.args.status_every):
             return
         self._status_shown = now
         try:
@@ -382,6 +388,7 @@ class Launch:
 
     def supervise(self):
         wakeup_r, wakeup_w = os.pipe()
+        os.set_blocking(wakeup_r, False)
         os.set_blocking(wakeup_w, False)
         previous = signal.set_wakeup_fd(wakeup_w)
         signal.signal(signal.SIGCHLD, lambda *a: None)
@@ -397,11 +404,14 @@ class Launch:
                             return failure
                 if self.controller.poll() == 0 and self._finished_at is None:
                     self._finished_at = time.monotonic()
-                if (self._finished_at is not None and any(p.poll() is None for p in self.workers)
+                lingering = [p for p in self.workers if p.poll() is None]
+                if (self._finished_at is not None and lingering
                         and time.monotonic() - self._finished_at > self.args.finish_timeout):
-                    straggler = next(p for p in self.workers if p.poll() is None)
-                    return self.fail(straggler, "%s still runs %.3g s after the controller "
-                                     "finished" % (straggler.label, self.args.finish_timeout))
+                    return self.fail(lingering[0], "%s still running %.3g s after the "
+                                     "controller finished (--finish-timeout %.3g)" % (
+                                         ", ".join("%s (pid %d)" % (p.label, p.pid)
+                                                   for p in lingering),
+                                         self.args.finish_timeout, self.args.finish_timeout))
                 if self.controller.poll() == 0 and all(p.poll() is not None
                                                        for p in self.workers):
                     if not self.args.hosts:
@@ -419,11 +429,12 @@ class Launch:
                     return EXIT_OK
                 if not self.args.hosts:
                     self.show_status()
-                select.select([wakeup_r], [], [], 0.5)
-                try:
-                    os.read(wakeup_r, 4096)
-                except BlockingIOError:
-                    pass
+                readable, _, _ = select.select([wakeup_r], [], [], 0.5)
+                if readable:  # drain the signals' bytes; never block here (the fd is
+                    try:      # non-blocking too), or the loop stalls until the next signal
+                        os.read(wakeup_r, 4096)
+                    except BlockingIOError:
+                        pass
         finally:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.set_wakeup_fd(previous)

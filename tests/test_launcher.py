@@ -1,7 +1,9 @@
 """platoon-launcher with real controller and worker processes: success, failure, signals."""
 
 import os
+import pty
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -229,3 +231,73 @@ def test_a_worker_ending_without_close_counts_as_done(tmp_path):
                                           "--restart", "1"), tmp_path, timeout=60)
     assert code == 0, out
     assert "replacement" not in out
+
+
+def test_a_worker_lingering_after_the_controller_finished_is_stopped(tmp_path):
+    start = time.monotonic()
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "linger"), "-n", "2",
+                                          "--finish-timeout", "1", "--stop-timeout", "2"),
+                             tmp_path, timeout=30)
+    assert code == 1, out
+    assert re.search(r"worker1 \(pid \d+\) still running 1 s after the controller finished "
+                     r"\(--finish-timeout 1\); stopped the job", out), out
+    assert "LINGERING after close()" in out  # the tail of its log
+    assert time.monotonic() - start < 20, out  # not the 40 s it would linger
+    assert_job_gone(job_id_of(out))
+
+
+def run_on_a_terminal(args, tmp_path, timeout):
+    """(exit code, output) of the launcher with a pseudo-terminal as stdout and stderr."""
+    master, slave = pty.openpty()
+    try:
+        popen = subprocess.Popen(args + ["--log-dir", str(tmp_path / "logs")],
+                                 stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+                                 cwd=str(tmp_path), start_new_session=True)
+    finally:
+        os.close(slave)
+    data = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                pytest.fail("launcher still running after %.3g s:\n%s" % (timeout, data))
+            if select.select([master], [], [], left)[0]:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: every writer of the terminal is gone
+                    break
+                if not chunk:
+                    break
+                data += chunk
+        return popen.wait(max(1.0, deadline - time.monotonic())), data.decode(errors="replace")
+    finally:
+        if popen.poll() is None:
+            os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait(10)
+        os.close(master)
+
+
+def minibatch_counts(lines):
+    return [int(m.group(1)) for m in map(re.compile(r".*workers alive.*minibatches (\d+)").match,
+                                         lines) if m]
+
+
+def test_the_status_line_refreshes_on_a_terminal(tmp_path):
+    code, out = run_on_a_terminal(launcher_cmd(os.path.join(EXPERIMENTS, "progress"), "-n", "2"),
+                                  tmp_path, timeout=40)
+    assert code == 0, out
+    counts = minibatch_counts(re.split(r"[\r\n]+", out))
+    assert counts and counts[-1] == 60, out
+    during = set(counts) - {0, 60}  # refreshed while the workers ran, not only at the end
+    assert len(during) >= 3, (sorted(during), out)
+
+
+def test_without_a_terminal_a_status_line_every_few_seconds(tmp_path):
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "progress"), "-n", "2",
+                                          "--status-every", "0.5"), tmp_path, timeout=40)
+    assert code == 0, out
+    counts = minibatch_counts(line for line in out.splitlines()
+                              if line.startswith("platoon-launcher: workers alive"))
+    assert counts and counts[-1] == 60, out
+    assert len(set(counts) - {0, 60}) >= 3, out  # while the workers ran, not only at exits
