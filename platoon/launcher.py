@@ -156,6 +156,13 @@ def plan_devices(args, say):
     return ["cpu"] * args.workers
 
 
+def _signal_name(signum):
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return "signal %d" % signum
+
+
 class Process:
     """A child process in its own session, logging to a file."""
 
@@ -185,12 +192,19 @@ class Process:
         except (ProcessLookupError, PermissionError):
             pass
 
+    def killed(self):
+        """Whether it ended by a signal (platoon.child turns SIGTERM into exit 128 + 15)."""
+        code = self.returncode
+        return code is not None and (code < 0 or 128 < code < 128 + signal.NSIG)
+
     def describe_exit(self):
         code = self.returncode
         if code is None:
             return "still running"
         if code < 0:
-            return "killed by %s" % signal.Signals(-code).name
+            return "killed by %s" % _signal_name(-code)
+        if code > 128 and self.killed():
+            return "exit code %d after %s" % (code, _signal_name(code - 128))
         return "exit code %d" % code
 
     def tail(self, lines=20):
@@ -221,6 +235,9 @@ class Launch:
         self.keys_file = None
         self._finished_at = None
         self._failed = set()
+        self._replaced = set()
+        self._exit_pass = {}  # process -> the supervision pass that first saw it exited
+        self._passes = 0
 
     # -- output --
 
@@ -358,6 +375,9 @@ class Launch:
 
     def run(self):
         worker_script, controller_script = find_scripts(self.args.experiment)
+        if controller_script is None:
+            self.say("no %s_controller.py: using the default Controller"
+                     % os.path.basename(self.args.experiment))
         if self.args.hosts:
             os.makedirs(self.log_dir, exist_ok=True)
             return self.run_hosts(worker_script, controller_script)
@@ -394,6 +414,7 @@ class Launch:
         signal.signal(signal.SIGCHLD, lambda *a: None)
         try:
             while True:
+                self._note_exits()
                 if self.controller.poll() not in (None, 0):
                     return self.controller_failed()
                 for proc in list(self.workers):
@@ -441,21 +462,46 @@ class Launch:
             os.close(wakeup_r)
             os.close(wakeup_w)
 
+    def _note_exits(self):
+        """Record in which supervision pass each process was first seen exited."""
+        self._passes += 1
+        for proc in [self.controller] + self.workers:
+            if proc.poll() is not None and proc not in self._exit_pass:
+                self._exit_pass[proc] = self._passes
+
     def controller_failed(self):
-        """Blame a worker that failed too (the controller usually stops because of it)."""
+        """Fail the job, leading the report with the root cause: the worker whose failure
+        stopped the controller, else the controller, then the workers that died after it."""
+        ctl = self.controller
         reason = "%s failed (%s)" % ("mpiexec" if self.args.hosts else "the controller",
-                                     self.controller.describe_exit())
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:
-            failed = [p for p in self.workers if p.poll() not in (None, 0)
-                      and p not in self._failed]
-            if failed:
-                return self.fail(failed[0], "%s failed (%s), and %s" % (
-                    failed[0].label, failed[0].describe_exit(), reason))
-            if all(p.poll() is not None for p in self.workers):
-                break
-            time.sleep(0.05)  # workers are exiting after their controller; bounded above
-        return self.fail(self.controller, reason)
+                                     ctl.describe_exit())
+        cause = None if ctl.killed() else self._worker_that_stopped_the_controller()
+        if cause is not None:
+            return self.fail(cause, "%s failed (%s), and then %s" % (
+                cause.label, cause.describe_exit(), reason))
+        after = [p for p in self.workers if p.poll() not in (None, 0)
+                 and p not in self._failed]
+        if after:
+            reason += "; after it %s failed" % ", ".join(
+                "%s (%s)" % (p.label, p.describe_exit()) for p in after)
+        return self.fail(ctl, reason)
+
+    def _worker_that_stopped_the_controller(self):
+        """The worker whose failure ended the controller (which exited with an error): the one
+        its log names (WorkerDied, by pid), else one seen failing no later than it, or None."""
+        named = re.findall(r"WorkerDied: worker \d+ \(pid (\d+)\)", self.controller.tail(20))
+        for proc in self.workers:
+            if named and proc.pid == int(named[-1]):
+                try:  # it is exiting after telling the controller: show its exit code
+                    proc.popen.wait(self.args.stop_timeout)
+                except subprocess.TimeoutExpired:
+                    pass
+                proc.poll()
+                return proc
+        seen = self._exit_pass[self.controller]
+        earlier = [p for p in self.workers if p.returncode not in (None, 0)
+                   and p not in self._replaced and self._exit_pass.get(p, seen + 1) <= seen]
+        return min(earlier, key=self._exit_pass.get, default=None)
 
     def worker_failed(self, proc):
         """Restart, tolerate or fail the job for a failed worker; returns an exit code to fail."""
@@ -465,6 +511,7 @@ class Launch:
             attempt = sum(p.index == proc.index for p in self.workers)
             self.say("%s; starting a replacement (%d restart(s) left). Last lines of %s:\n%s"
                      % (reason, self.restarts_left, proc.log_path, proc.tail(5).rstrip()))
+            self._replaced.add(proc)
             self.start_worker(proc.index, proc.device, attempt)
             return None
         if self.args.keep_going:

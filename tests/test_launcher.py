@@ -35,6 +35,16 @@ def job_processes(job_id):
     return found
 
 
+def label_of(pid):
+    """The label platoon.child runs a process under (controller, worker0, ...), or None."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return None
+    return args[3].decode() if args[1:3] == [b"-m", b"platoon.child"] else None
+
+
 def wait_until(condition, timeout, what):
     deadline = time.monotonic() + timeout
     while not condition():
@@ -131,6 +141,7 @@ def test_devices_environment_and_thread_caps(tmp_path):
     code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"),
                                           "-D", "cuda3", "cpu"), tmp_path)
     assert code == 0, out
+    assert "no envcheck_controller.py: using the default Controller" in out
     logs = tmp_path / "logs"
     assert "DEVICE cuda3 CUDA_VISIBLE_DEVICES='3'" in (logs / "worker0.log").read_text()
     cpu_threads = max(1, (os.cpu_count() or 1) // 1)
@@ -143,8 +154,8 @@ def test_a_crashing_worker_stops_the_job(tmp_path):
     code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "crash"), "-n", "2"),
                              tmp_path)
     assert code == 1, out
-    assert re.search(r"worker\d failed \(exit code 1\)(, and the controller failed "
-                     r"\(exit code 1\))?; stopped the job", out), out
+    assert re.search(r"^platoon-launcher: worker\d failed \(exit code 1\)(, and then the "
+                     r"controller failed \(exit code 1\))?; stopped the job", out, re.M), out
     assert "deliberate crash in worker 1" in out  # the tail of its log
     assert_job_gone(job_id_of(out))
 
@@ -180,6 +191,22 @@ def test_interrupting_the_launcher_stops_everything(launched, signum, code):
     launch.popen.send_signal(signum)
     assert launch.popen.wait(20) == code, launch.output()
     assert "received: stopping the job" in launch.output()
+    assert_job_gone(job_id)
+
+
+def test_a_killed_controller_leads_the_failure_report(launched):
+    launch = launched(os.path.join(EXPERIMENTS, "forever"), "-n", "2")
+    job_id = launch.job_id()
+    wait_until(lambda: os.path.exists("/dev/shm" + segment_name(job_id)), 20,
+               "the workers to share their parameters")
+    (controller,) = [pid for pid in job_processes(job_id) if label_of(pid) == "controller"]
+    os.kill(controller, signal.SIGKILL)
+    assert launch.popen.wait(20) == 1, launch.output()
+    out = launch.output()
+    assert re.search(r"^platoon-launcher: the controller failed \(killed by SIGKILL\)"
+                     r"(; after it worker\d \(exit code 1\)(, worker\d \(exit code 1\))? "
+                     r"failed)?; stopped the job\. Last lines of \S+controller\.log", out, re.M), out
+    assert not re.search(r"^platoon-launcher: worker\d failed", out, re.M), out
     assert_job_gone(job_id)
 
 
