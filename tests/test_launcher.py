@@ -4,7 +4,9 @@ import os
 import pty
 import re
 import select
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -328,3 +330,27 @@ def test_without_a_terminal_a_status_line_every_few_seconds(tmp_path):
                               if line.startswith("platoon-launcher: workers alive"))
     assert counts and counts[-1] == 60, out
     assert len(set(counts) - {0, 60}) >= 3, out  # while the workers ran, not only at exits
+
+
+def test_the_linear_example_runs_by_hand_without_python_on_path(tmp_path):
+    bin_dir = tmp_path / "bin"  # python3 only, as after the README's set-up
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text('#!/bin/sh\nexec %s "$@"\n' % sys.executable)
+    (bin_dir / "python3").chmod(0o755)
+    path = "%s:/usr/bin:/bin" % bin_dir
+    assert shutil.which("python", path=path) is None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    popen = subprocess.Popen([os.path.join(ROOT, "examples", "linear", "run.sh"), "2", str(port)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=dict(os.environ, PATH=path), start_new_session=True)
+    try:
+        out, _ = popen.communicate(timeout=60)
+    finally:
+        if popen.poll() is None:
+            os.killpg(popen.pid, signal.SIGKILL)
+            popen.communicate(timeout=10)
+    assert popen.returncode == 0, out
+    assert re.search(r"trained \d+ minibatches; distance of the centre", out), out
+    assert out.count("distance to the true weights") == 2, out
