@@ -156,6 +156,30 @@ def plan_devices(args, say):
     return ["cpu"] * args.workers
 
 
+def open_private(path):
+    """A file descriptor writing `path` afresh, readable by its owner only whatever the umask
+    (logs may hold data and paths)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+    return fd
+
+
+def make_private_dirs(path):
+    """Create `path` and its missing parents as 0700, whatever the umask; directories that
+    exist already are left as they are (a --log-dir may be the user's own)."""
+    missing = []
+    head = os.path.abspath(path)
+    while not os.path.isdir(head):
+        missing.append(head)
+        head = os.path.dirname(head)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            continue  # made meanwhile by someone else: theirs
+        os.chmod(directory, 0o700)
+
+
 def _signal_name(signum):
     try:
         return signal.Signals(signum).name
@@ -173,10 +197,13 @@ class Process:
         self.device = device
         self.log_path = log_path
         cmd = [sys.executable, "-m", "platoon.child", label, target] + list(args)
-        with open(log_path, "w") as log_file:
-            self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file,
+        log_fd = open_private(log_path)
+        try:
+            self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_fd,
                                           stderr=subprocess.STDOUT, env=env,
                                           pass_fds=pass_fds, start_new_session=True)
+        finally:
+            os.close(log_fd)
         self.pid = self.popen.pid
         self.returncode = None
 
@@ -379,14 +406,14 @@ class Launch:
             self.say("no %s_controller.py: using the default Controller"
                      % os.path.basename(self.args.experiment))
         if self.args.hosts:
-            os.makedirs(self.log_dir, exist_ok=True)
+            make_private_dirs(self.log_dir)
             return self.run_hosts(worker_script, controller_script)
         self.devices = devices = plan_devices(self.args, self.say)
         self.num_workers = len(devices)
         if os.path.exists(os.path.join(self.log_dir, "controller.log")):
             raise UsageError("log directory %s already holds a job's logs; choose another "
                              "--log-dir or remove it" % self.log_dir)
-        os.makedirs(self.log_dir, exist_ok=True)
+        make_private_dirs(self.log_dir)
         if self.args.curve:
             self.keys_file = generate_keys(os.path.join(self.log_dir, "curve_keys.json"))
         self.say("job %s: logs in %s" % (self.job_id, self.log_dir))
@@ -548,6 +575,14 @@ class Launch:
             proc.poll()
         self.remove_shared_memory()
 
+    def make_status_private(self):
+        """chmod 0600 the status file the controller wrote under its umask (inside the 0700
+        log directory meanwhile)."""
+        try:
+            os.chmod(self.status_file, 0o600)
+        except OSError:
+            pass  # no status file: the controller never wrote one
+
     def remove_shared_memory(self):
         for path in glob.glob("/dev/shm%s%s-*" % (SEGMENT_PREFIX, self.job_id)):
             try:
@@ -583,6 +618,7 @@ def main(argv=None):
             if proc is not None and proc.poll() is None:
                 launch.stop_all()
                 break
+        launch.make_status_private()
 
 
 if __name__ == "__main__":

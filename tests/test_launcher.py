@@ -354,3 +354,17 @@ def test_the_linear_example_runs_by_hand_without_python_on_path(tmp_path):
     assert popen.returncode == 0, out
     assert re.search(r"trained \d+ minibatches; distance of the centre", out), out
     assert out.count("distance to the true weights") == 2, out
+
+
+def test_logs_are_private_whatever_the_umask(tmp_path):
+    log_dir = tmp_path / "runs" / "envcheck"  # parents made by the launcher are private too
+    proc = subprocess.run(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"), "-n", "2",
+                                       "--log-dir", str(log_dir)),
+                          capture_output=True, text=True, timeout=60, cwd=str(tmp_path), umask=0)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for directory in (tmp_path / "runs", log_dir):
+        assert oct(directory.stat().st_mode & 0o777) == oct(0o700), directory
+    for name in ("controller.log", "worker0.log", "worker1.log", "status.json"):
+        assert oct((log_dir / name).stat().st_mode & 0o777) == oct(0o600), name
+    assert_job_gone(job_id_of(out))
