@@ -1,5 +1,6 @@
 """platoon-launcher with real controller and worker processes: success, failure, signals."""
 
+import io
 import os
 import pty
 import re
@@ -13,6 +14,7 @@ import time
 
 import pytest
 
+from platoon import launcher
 from platoon.shmem import segment_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -368,3 +370,27 @@ def test_logs_are_private_whatever_the_umask(tmp_path):
     for name in ("controller.log", "worker0.log", "worker1.log", "status.json"):
         assert oct((log_dir / name).stat().st_mode & 0o777) == oct(0o600), name
     assert_job_gone(job_id_of(out))
+
+
+class ExitedProcess(launcher.Process):
+    """A launcher Process record for one that already exited, without starting anything."""
+
+    def __init__(self, label, pid, returncode, log_path):
+        self.label, self.pid, self.returncode, self.log_path = label, pid, returncode, log_path
+        self.popen = subprocess.Popen([sys.executable, "-c", ""])  # waits return at once
+        self.popen.wait(10)
+
+
+def test_the_worker_named_by_workerdied_leads_even_if_seen_after_the_controller(tmp_path):
+    (tmp_path / "controller.log").write_text(
+        "platoon.errors.WorkerDied: worker 1 (pid 4242) failed: RuntimeError: boom; the job stops\n")
+    (tmp_path / "worker.log").write_text("RuntimeError: boom\n")
+    launch = launcher.Launch(launcher.parse_args(["x"]), out=io.StringIO())
+    launch.controller = ExitedProcess("controller", 4000, 1, str(tmp_path / "controller.log"))
+    launch.workers = [ExitedProcess("worker0", 4141, None, str(tmp_path / "worker.log")),
+                      ExitedProcess("worker1", 4242, None, str(tmp_path / "worker.log"))]
+    launch._note_exits()  # the controller is seen exiting first, its workers still "running"
+    launch.workers[1].returncode = 1
+    assert launch._worker_that_stopped_the_controller() is launch.workers[1]
+    launch.controller.returncode = -signal.SIGKILL
+    assert launch.controller.killed()  # a killed controller is always the root cause
