@@ -79,6 +79,9 @@ def parse_args(argv):
                         "(default 60); then they are stopped and the job fails")
     parser.add_argument("--stop-timeout", type=float, default=5.0, metavar="S",
                         help="seconds between SIGTERM and SIGKILL when stopping (default 5)")
+    parser.add_argument("--status-every", type=float, default=5.0, metavar="S",
+                        help="seconds between status lines when the output is not a terminal "
+                        "(default 5); on a terminal the line refreshes twice a second")
     parser.add_argument("--restart", type=int, default=0, metavar="N",
                         help="replace up to N failed workers instead of stopping the job")
     parser.add_argument("--keep-going", action="store_true",
@@ -103,6 +106,8 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("-n must be at least 1")
+    if args.status_every <= 0:
+        parser.error("--status-every must be more than 0")
     if args.restart < 0:
         parser.error("--restart must be at least 0")
     if args.resume and not os.path.exists(args.resume):
@@ -151,6 +156,37 @@ def plan_devices(args, say):
     return ["cpu"] * args.workers
 
 
+def open_private(path):
+    """A file descriptor writing `path` afresh, readable by its owner only whatever the umask
+    (logs may hold data and paths)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+    return fd
+
+
+def make_private_dirs(path):
+    """Create `path` and its missing parents as 0700, whatever the umask; directories that
+    exist already are left as they are (a --log-dir may be the user's own)."""
+    missing = []
+    head = os.path.abspath(path)
+    while not os.path.isdir(head):
+        missing.append(head)
+        head = os.path.dirname(head)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            continue  # made meanwhile by someone else: theirs
+        os.chmod(directory, 0o700)
+
+
+def _signal_name(signum):
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return "signal %d" % signum
+
+
 class Process:
     """A child process in its own session, logging to a file."""
 
@@ -161,10 +197,13 @@ class Process:
         self.device = device
         self.log_path = log_path
         cmd = [sys.executable, "-m", "platoon.child", label, target] + list(args)
-        with open(log_path, "w") as log_file:
-            self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file,
+        log_fd = open_private(log_path)
+        try:
+            self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_fd,
                                           stderr=subprocess.STDOUT, env=env,
                                           pass_fds=pass_fds, start_new_session=True)
+        finally:
+            os.close(log_fd)
         self.pid = self.popen.pid
         self.returncode = None
 
@@ -180,12 +219,19 @@ class Process:
         except (ProcessLookupError, PermissionError):
             pass
 
+    def killed(self):
+        """Whether it ended by a signal (platoon.child turns SIGTERM into exit 128 + 15)."""
+        code = self.returncode
+        return code is not None and (code < 0 or 128 < code < 128 + signal.NSIG)
+
     def describe_exit(self):
         code = self.returncode
         if code is None:
             return "still running"
         if code < 0:
-            return "killed by %s" % signal.Signals(-code).name
+            return "killed by %s" % _signal_name(-code)
+        if code > 128 and self.killed():
+            return "exit code %d after %s" % (code, _signal_name(code - 128))
         return "exit code %d" % code
 
     def tail(self, lines=20):
@@ -216,6 +262,9 @@ class Launch:
         self.keys_file = None
         self._finished_at = None
         self._failed = set()
+        self._replaced = set()
+        self._exit_pass = {}  # process -> the supervision pass that first saw it exited
+        self._passes = 0
 
     # -- output --
 
@@ -230,7 +279,8 @@ class Launch:
 
     def show_status(self, force=False):
         now = time.monotonic()
-        if not force and now - self._status_shown < (0.5 if self.tty else 10.0):
+        if not force and now - self._status_shown < (0.5 if self.tty else
+                                                     self.args.status_every):
             return
         self._status_shown = now
         try:
@@ -352,15 +402,18 @@ class Launch:
 
     def run(self):
         worker_script, controller_script = find_scripts(self.args.experiment)
+        if controller_script is None:
+            self.say("no %s_controller.py: using the default Controller"
+                     % os.path.basename(self.args.experiment))
         if self.args.hosts:
-            os.makedirs(self.log_dir, exist_ok=True)
+            make_private_dirs(self.log_dir)
             return self.run_hosts(worker_script, controller_script)
         self.devices = devices = plan_devices(self.args, self.say)
         self.num_workers = len(devices)
         if os.path.exists(os.path.join(self.log_dir, "controller.log")):
             raise UsageError("log directory %s already holds a job's logs; choose another "
                              "--log-dir or remove it" % self.log_dir)
-        os.makedirs(self.log_dir, exist_ok=True)
+        make_private_dirs(self.log_dir)
         if self.args.curve:
             self.keys_file = generate_keys(os.path.join(self.log_dir, "curve_keys.json"))
         self.say("job %s: logs in %s" % (self.job_id, self.log_dir))
@@ -382,11 +435,13 @@ class Launch:
 
     def supervise(self):
         wakeup_r, wakeup_w = os.pipe()
+        os.set_blocking(wakeup_r, False)
         os.set_blocking(wakeup_w, False)
         previous = signal.set_wakeup_fd(wakeup_w)
         signal.signal(signal.SIGCHLD, lambda *a: None)
         try:
             while True:
+                self._note_exits()
                 if self.controller.poll() not in (None, 0):
                     return self.controller_failed()
                 for proc in list(self.workers):
@@ -397,11 +452,14 @@ class Launch:
                             return failure
                 if self.controller.poll() == 0 and self._finished_at is None:
                     self._finished_at = time.monotonic()
-                if (self._finished_at is not None and any(p.poll() is None for p in self.workers)
+                lingering = [p for p in self.workers if p.poll() is None]
+                if (self._finished_at is not None and lingering
                         and time.monotonic() - self._finished_at > self.args.finish_timeout):
-                    straggler = next(p for p in self.workers if p.poll() is None)
-                    return self.fail(straggler, "%s still runs %.3g s after the controller "
-                                     "finished" % (straggler.label, self.args.finish_timeout))
+                    return self.fail(lingering[0], "%s still running %.3g s after the "
+                                     "controller finished (--finish-timeout %.3g)" % (
+                                         ", ".join("%s (pid %d)" % (p.label, p.pid)
+                                                   for p in lingering),
+                                         self.args.finish_timeout, self.args.finish_timeout))
                 if self.controller.poll() == 0 and all(p.poll() is not None
                                                        for p in self.workers):
                     if not self.args.hosts:
@@ -419,32 +477,58 @@ class Launch:
                     return EXIT_OK
                 if not self.args.hosts:
                     self.show_status()
-                select.select([wakeup_r], [], [], 0.5)
-                try:
-                    os.read(wakeup_r, 4096)
-                except BlockingIOError:
-                    pass
+                readable, _, _ = select.select([wakeup_r], [], [], 0.5)
+                if readable:  # drain the signals' bytes; never block here (the fd is
+                    try:      # non-blocking too), or the loop stalls until the next signal
+                        os.read(wakeup_r, 4096)
+                    except BlockingIOError:
+                        pass
         finally:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.set_wakeup_fd(previous)
             os.close(wakeup_r)
             os.close(wakeup_w)
 
+    def _note_exits(self):
+        """Record in which supervision pass each process was first seen exited."""
+        self._passes += 1
+        for proc in [self.controller] + self.workers:
+            if proc.poll() is not None and proc not in self._exit_pass:
+                self._exit_pass[proc] = self._passes
+
     def controller_failed(self):
-        """Blame a worker that failed too (the controller usually stops because of it)."""
+        """Fail the job, leading the report with the root cause: the worker whose failure
+        stopped the controller, else the controller, then the workers that died after it."""
+        ctl = self.controller
         reason = "%s failed (%s)" % ("mpiexec" if self.args.hosts else "the controller",
-                                     self.controller.describe_exit())
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:
-            failed = [p for p in self.workers if p.poll() not in (None, 0)
-                      and p not in self._failed]
-            if failed:
-                return self.fail(failed[0], "%s failed (%s), and %s" % (
-                    failed[0].label, failed[0].describe_exit(), reason))
-            if all(p.poll() is not None for p in self.workers):
-                break
-            time.sleep(0.05)  # workers are exiting after their controller; bounded above
-        return self.fail(self.controller, reason)
+                                     ctl.describe_exit())
+        cause = None if ctl.killed() else self._worker_that_stopped_the_controller()
+        if cause is not None:
+            return self.fail(cause, "%s failed (%s), and then %s" % (
+                cause.label, cause.describe_exit(), reason))
+        after = [p for p in self.workers if p.poll() not in (None, 0)
+                 and p not in self._failed]
+        if after:
+            reason += "; after it %s failed" % ", ".join(
+                "%s (%s)" % (p.label, p.describe_exit()) for p in after)
+        return self.fail(ctl, reason)
+
+    def _worker_that_stopped_the_controller(self):
+        """The worker whose failure ended the controller (which exited with an error): the one
+        its log names (WorkerDied, by pid), else one seen failing no later than it, or None."""
+        named = re.findall(r"WorkerDied: worker \d+ \(pid (\d+)\)", self.controller.tail(20))
+        for proc in self.workers:
+            if named and proc.pid == int(named[-1]):
+                try:  # it is exiting after telling the controller: show its exit code
+                    proc.popen.wait(self.args.stop_timeout)
+                except subprocess.TimeoutExpired:
+                    pass
+                proc.poll()
+                return proc
+        seen = self._exit_pass[self.controller]
+        earlier = [p for p in self.workers if p.returncode not in (None, 0)
+                   and p not in self._replaced and self._exit_pass.get(p, seen + 1) <= seen]
+        return min(earlier, key=self._exit_pass.get, default=None)
 
     def worker_failed(self, proc):
         """Restart, tolerate or fail the job for a failed worker; returns an exit code to fail."""
@@ -454,6 +538,7 @@ class Launch:
             attempt = sum(p.index == proc.index for p in self.workers)
             self.say("%s; starting a replacement (%d restart(s) left). Last lines of %s:\n%s"
                      % (reason, self.restarts_left, proc.log_path, proc.tail(5).rstrip()))
+            self._replaced.add(proc)
             self.start_worker(proc.index, proc.device, attempt)
             return None
         if self.args.keep_going:
@@ -490,6 +575,14 @@ class Launch:
             proc.poll()
         self.remove_shared_memory()
 
+    def make_status_private(self):
+        """chmod 0600 the status file the controller wrote under its umask (inside the 0700
+        log directory meanwhile)."""
+        try:
+            os.chmod(self.status_file, 0o600)
+        except OSError:
+            pass  # no status file: the controller never wrote one
+
     def remove_shared_memory(self):
         for path in glob.glob("/dev/shm%s%s-*" % (SEGMENT_PREFIX, self.job_id)):
             try:
@@ -525,6 +618,7 @@ def main(argv=None):
             if proc is not None and proc.poll() is None:
                 launch.stop_all()
                 break
+        launch.make_status_private()
 
 
 if __name__ == "__main__":

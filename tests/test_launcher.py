@@ -1,14 +1,20 @@
 """platoon-launcher with real controller and worker processes: success, failure, signals."""
 
+import io
 import os
+import pty
 import re
+import select
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
+from platoon import launcher
 from platoon.shmem import segment_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -31,6 +37,16 @@ def job_processes(job_id):
             except OSError:
                 pass
     return found
+
+
+def label_of(pid):
+    """The label platoon.child runs a process under (controller, worker0, ...), or None."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return None
+    return args[3].decode() if args[1:3] == [b"-m", b"platoon.child"] else None
 
 
 def wait_until(condition, timeout, what):
@@ -129,6 +145,7 @@ def test_devices_environment_and_thread_caps(tmp_path):
     code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"),
                                           "-D", "cuda3", "cpu"), tmp_path)
     assert code == 0, out
+    assert "no envcheck_controller.py: using the default Controller" in out
     logs = tmp_path / "logs"
     assert "DEVICE cuda3 CUDA_VISIBLE_DEVICES='3'" in (logs / "worker0.log").read_text()
     cpu_threads = max(1, (os.cpu_count() or 1) // 1)
@@ -141,8 +158,8 @@ def test_a_crashing_worker_stops_the_job(tmp_path):
     code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "crash"), "-n", "2"),
                              tmp_path)
     assert code == 1, out
-    assert re.search(r"worker\d failed \(exit code 1\)(, and the controller failed "
-                     r"\(exit code 1\))?; stopped the job", out), out
+    assert re.search(r"^platoon-launcher: worker\d failed \(exit code 1\)(, and then the "
+                     r"controller failed \(exit code 1\))?; stopped the job", out, re.M), out
     assert "deliberate crash in worker 1" in out  # the tail of its log
     assert_job_gone(job_id_of(out))
 
@@ -178,6 +195,22 @@ def test_interrupting_the_launcher_stops_everything(launched, signum, code):
     launch.popen.send_signal(signum)
     assert launch.popen.wait(20) == code, launch.output()
     assert "received: stopping the job" in launch.output()
+    assert_job_gone(job_id)
+
+
+def test_a_killed_controller_leads_the_failure_report(launched):
+    launch = launched(os.path.join(EXPERIMENTS, "forever"), "-n", "2")
+    job_id = launch.job_id()
+    wait_until(lambda: os.path.exists("/dev/shm" + segment_name(job_id)), 20,
+               "the workers to share their parameters")
+    (controller,) = [pid for pid in job_processes(job_id) if label_of(pid) == "controller"]
+    os.kill(controller, signal.SIGKILL)
+    assert launch.popen.wait(20) == 1, launch.output()
+    out = launch.output()
+    assert re.search(r"^platoon-launcher: the controller failed \(killed by SIGKILL\)"
+                     r"(; after it worker\d \(exit code 1\)(, worker\d \(exit code 1\))? "
+                     r"failed)?; stopped the job\. Last lines of \S+controller\.log", out, re.M), out
+    assert not re.search(r"^platoon-launcher: worker\d failed", out, re.M), out
     assert_job_gone(job_id)
 
 
@@ -229,3 +262,135 @@ def test_a_worker_ending_without_close_counts_as_done(tmp_path):
                                           "--restart", "1"), tmp_path, timeout=60)
     assert code == 0, out
     assert "replacement" not in out
+
+
+def test_a_worker_lingering_after_the_controller_finished_is_stopped(tmp_path):
+    start = time.monotonic()
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "linger"), "-n", "2",
+                                          "--finish-timeout", "1", "--stop-timeout", "2"),
+                             tmp_path, timeout=30)
+    assert code == 1, out
+    assert re.search(r"worker1 \(pid \d+\) still running 1 s after the controller finished "
+                     r"\(--finish-timeout 1\); stopped the job", out), out
+    assert "LINGERING after close()" in out  # the tail of its log
+    assert time.monotonic() - start < 20, out  # not the 40 s it would linger
+    assert_job_gone(job_id_of(out))
+
+
+def run_on_a_terminal(args, tmp_path, timeout):
+    """(exit code, output) of the launcher with a pseudo-terminal as stdout and stderr."""
+    master, slave = pty.openpty()
+    try:
+        popen = subprocess.Popen(args + ["--log-dir", str(tmp_path / "logs")],
+                                 stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+                                 cwd=str(tmp_path), start_new_session=True)
+    finally:
+        os.close(slave)
+    data = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                pytest.fail("launcher still running after %.3g s:\n%s" % (timeout, data))
+            if select.select([master], [], [], left)[0]:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: every writer of the terminal is gone
+                    break
+                if not chunk:
+                    break
+                data += chunk
+        return popen.wait(max(1.0, deadline - time.monotonic())), data.decode(errors="replace")
+    finally:
+        if popen.poll() is None:
+            os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait(10)
+        os.close(master)
+
+
+def minibatch_counts(lines):
+    return [int(m.group(1)) for m in map(re.compile(r".*workers alive.*minibatches (\d+)").match,
+                                         lines) if m]
+
+
+def test_the_status_line_refreshes_on_a_terminal(tmp_path):
+    code, out = run_on_a_terminal(launcher_cmd(os.path.join(EXPERIMENTS, "progress"), "-n", "2"),
+                                  tmp_path, timeout=40)
+    assert code == 0, out
+    counts = minibatch_counts(re.split(r"[\r\n]+", out))
+    assert counts and counts[-1] == 60, out
+    during = set(counts) - {0, 60}  # refreshed while the workers ran, not only at the end
+    assert len(during) >= 3, (sorted(during), out)
+
+
+def test_without_a_terminal_a_status_line_every_few_seconds(tmp_path):
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "progress"), "-n", "2",
+                                          "--status-every", "0.5"), tmp_path, timeout=40)
+    assert code == 0, out
+    counts = minibatch_counts(line for line in out.splitlines()
+                              if line.startswith("platoon-launcher: workers alive"))
+    assert counts and counts[-1] == 60, out
+    assert len(set(counts) - {0, 60}) >= 3, out  # while the workers ran, not only at exits
+
+
+def test_the_linear_example_runs_by_hand_without_python_on_path(tmp_path):
+    bin_dir = tmp_path / "bin"  # python3 only, as after the README's set-up
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text('#!/bin/sh\nexec %s "$@"\n' % sys.executable)
+    (bin_dir / "python3").chmod(0o755)
+    path = "%s:/usr/bin:/bin" % bin_dir
+    assert shutil.which("python", path=path) is None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    popen = subprocess.Popen([os.path.join(ROOT, "examples", "linear", "run.sh"), "2", str(port)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=dict(os.environ, PATH=path), start_new_session=True)
+    try:
+        out, _ = popen.communicate(timeout=60)
+    finally:
+        if popen.poll() is None:
+            os.killpg(popen.pid, signal.SIGKILL)
+            popen.communicate(timeout=10)
+    assert popen.returncode == 0, out
+    assert re.search(r"trained \d+ minibatches; distance of the centre", out), out
+    assert out.count("distance to the true weights") == 2, out
+
+
+def test_logs_are_private_whatever_the_umask(tmp_path):
+    log_dir = tmp_path / "runs" / "envcheck"  # parents made by the launcher are private too
+    proc = subprocess.run(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"), "-n", "2",
+                                       "--log-dir", str(log_dir)),
+                          capture_output=True, text=True, timeout=60, cwd=str(tmp_path), umask=0)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for directory in (tmp_path / "runs", log_dir):
+        assert oct(directory.stat().st_mode & 0o777) == oct(0o700), directory
+    for name in ("controller.log", "worker0.log", "worker1.log", "status.json"):
+        assert oct((log_dir / name).stat().st_mode & 0o777) == oct(0o600), name
+    assert_job_gone(job_id_of(out))
+
+
+class ExitedProcess(launcher.Process):
+    """A launcher Process record for one that already exited, without starting anything."""
+
+    def __init__(self, label, pid, returncode, log_path):
+        self.label, self.pid, self.returncode, self.log_path = label, pid, returncode, log_path
+        self.popen = subprocess.Popen([sys.executable, "-c", ""])  # waits return at once
+        self.popen.wait(10)
+
+
+def test_the_worker_named_by_workerdied_leads_even_if_seen_after_the_controller(tmp_path):
+    (tmp_path / "controller.log").write_text(
+        "platoon.errors.WorkerDied: worker 1 (pid 4242) failed: RuntimeError: boom; the job stops\n")
+    (tmp_path / "worker.log").write_text("RuntimeError: boom\n")
+    launch = launcher.Launch(launcher.parse_args(["x"]), out=io.StringIO())
+    launch.controller = ExitedProcess("controller", 4000, 1, str(tmp_path / "controller.log"))
+    launch.workers = [ExitedProcess("worker0", 4141, None, str(tmp_path / "worker.log")),
+                      ExitedProcess("worker1", 4242, None, str(tmp_path / "worker.log"))]
+    launch._note_exits()  # the controller is seen exiting first, its workers still "running"
+    launch.workers[1].returncode = 1
+    assert launch._worker_that_stopped_the_controller() is launch.workers[1]
+    launch.controller.returncode = -signal.SIGKILL
+    assert launch.controller.killed()  # a killed controller is always the root cause
