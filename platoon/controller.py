@@ -174,6 +174,7 @@ class Controller:
         self.progress = {"minibatches": 0, "syncs": 0, "metrics": {}}
         self._syncs_by_worker = {}
         self._status_written = 0.0
+        self._status_pending = False  # a report not yet written to the status file
         self.restarts_left = restarts if restarts is not None else (env.restarts or 0)
         self.replacement_timeout_s = replacement_timeout_s
         self._awaiting = []       # [deadline, worker id] of replacements expected for dead workers
@@ -439,6 +440,8 @@ class Controller:
         replacements, checkpoint."""
         self._next_tick = now + self.liveness_interval_s
         self._warnings.flush(expired_only=True)
+        if self._status_pending:
+            self._write_status(force=True)
         self._check_pids()
         while self._awaiting and self._awaiting[0][0] <= now:
             self._awaiting.pop(0)
@@ -591,17 +594,24 @@ class Controller:
             centre.lock.release()
 
     def _write_status(self, force=False):
-        """Write progress for the launcher's status line, at most twice a second."""
+        """Write progress for the launcher's status line (0600), at most twice a second; a
+        report that comes sooner is written by the next tick."""
         path = self._env.status_file
         now = time.monotonic()
-        if path is None or (not force and now - self._status_written < 0.5):
+        if path is None:
+            return
+        if not force and now - self._status_written < 0.5:
+            self._status_pending = True
             return
         self._status_written = now
+        self._status_pending = False
         status = dict(self.progress, workers=len(self._workers),
                       done=sum(r.done for r in self._workers.values()))
         tmp = "%s.%d.tmp" % (path, os.getpid())
         try:
-            with open(tmp, "w") as f:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                os.fchmod(f.fileno(), 0o600)
                 json.dump(status, f)
             os.replace(tmp, path)
         except (OSError, TypeError, ValueError) as exc:

@@ -94,7 +94,7 @@ def parse_args(argv):
                         help="start the centre from a checkpoint (a log directory or .npz)")
     parser.add_argument("--hosts", nargs="+", metavar="HOST",
                         help="one controller per host, as MPI ranks (mpiexec from "
-                        "platoon[mpi]), each running -n workers; see README, Multi-node jobs")
+                        "the mpi extra), each running -n workers; see README, Multi-node jobs")
     parser.add_argument("--tie-every-s", type=float, metavar="S",
                         help="with --hosts: tie the node centres every S seconds")
     parser.add_argument("--tie-every-syncs", type=int, metavar="K",
@@ -381,7 +381,8 @@ class Launch:
         mpiexec = (shutil.which("mpiexec", path=os.path.dirname(sys.executable))
                    or shutil.which("mpiexec"))
         if mpiexec is None:
-            raise UsageError("--hosts needs mpiexec: pip install 'platoon[mpi]'")
+            raise UsageError("--hosts needs mpiexec: pip install mpi4py mpich (in platoon's "
+                             "clone: pip install -e '.[mpi]')")
         args = self.args
         cmd = ["-hosts", ",".join(args.hosts), "-n", str(len(args.hosts)), "-ppn", "1",
                sys.executable, "-m", "platoon.mpi", "--workers", str(args.workers)]
