@@ -332,6 +332,17 @@ class Controller:
         """The central parameters as numpy arrays (None until a worker registers them)."""
         return None if self._res.centre is None else self._res.centre.arrays
 
+    @property
+    def shared_centre(self):
+        """The centre's SharedCentre (arrays, lock, stripes), None until a worker registers
+        parameters. For platoon's own parts (the MPI centre tie)."""
+        return self._res.centre
+
+    @property
+    def centre_ready(self):
+        """True once the centre holds its first values (a worker's, or a checkpoint's)."""
+        return self._centre_ready
+
     def handle_worker_death(self, worker_id, exit_info):
         """Called when a worker fails: it reported an error as it closed, or (on this
         machine) its process exited without saying it was done.

@@ -218,7 +218,7 @@ class NodeLink:
         try:
             while True:
                 self._wait_for_round(ctl)
-                flags = np.array([ctl._centre_ready, self._stop.is_set()], np.int32)
+                flags = np.array([ctl.centre_ready, self._stop.is_set()], np.int32)
                 _wait(comm.Iallreduce(MPI.IN_PLACE, flags, MPI.MIN))
                 if flags[1]:  # every node is done
                     return
@@ -244,7 +244,7 @@ class NodeLink:
 
     def _tie_round(self, ctl):
         comm, MPI = self._tie_comm, self.MPI
-        centre = ctl._res.centre
+        centre = ctl.shared_centre
         if self.tie_rounds == 0:
             layouts = comm.allgather(centre.layout)
             if any(lay != centre.layout for lay in layouts):
