@@ -1,0 +1,26 @@
+"""Old keyword names kept working, with a DeprecationWarning naming the new one."""
+
+import functools
+import warnings
+
+
+def renamed_keywords(**old_to_new):
+    """Decorator: accept each old keyword name as a deprecated alias of its new name.
+
+    ``@renamed_keywords(timeout="timeout_s")`` lets callers still write
+    ``f(timeout=3)``; passing both names raises TypeError.
+    """
+    def decorate(function):
+        @functools.wraps(function)
+        def accept_old_names(*args, **kwargs):
+            for old, new in old_to_new.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise TypeError("%s() got both %s= and its old name %s=; pass %s= only"
+                                        % (function.__qualname__, new, old, new))
+                    warnings.warn("%s(%s=...) is deprecated: call it with %s=..." % (
+                        function.__qualname__, old, new), DeprecationWarning, stacklevel=2)
+                    kwargs[new] = kwargs.pop(old)
+            return function(*args, **kwargs)
+        return accept_old_names
+    return decorate
