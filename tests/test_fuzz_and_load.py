@@ -92,8 +92,8 @@ def test_fuzzing_the_control_socket_never_stops_real_workers(serve):
         ctx.destroy(linger=0)
 
 
-def test_malformed_minibatches_raise_and_good_ones_still_arrive(serve, raw_push):
-    push, port = raw_push
+def test_malformed_minibatches_raise_and_good_ones_still_arrive(serve, raw_data_socket):
+    push, port = raw_data_socket, raw_data_socket.port
     ctl = Counting(control_port=0)
     serving = serve(ctl)
     rng = random.Random(99)
@@ -101,7 +101,7 @@ def test_malformed_minibatches_raise_and_good_ones_still_arrive(serve, raw_push)
         for i in range(500):
             header = rng.choice([b"junk", b"[]", b'[{"dtype": "<f8", "shape": [3]}]',
                                  b'[{"dtype": "|O", "shape": [1]}]', b"{}", b"[5]"])
-            push.send_multipart([header] + [rng.randbytes(rng.randrange(0, 40))
+            push.send([header] + [rng.randbytes(rng.randrange(0, 40))
                                             for _ in range(rng.randrange(0, 3))])
             try:
                 arrays = w.recv_mb()
@@ -111,7 +111,7 @@ def test_malformed_minibatches_raise_and_good_ones_still_arrive(serve, raw_push)
             specs = json.loads(header)
             assert [a.shape for a in arrays] == [tuple(sp["shape"]) for sp in specs]
         ctl_arrays = [np.arange(6.0).reshape(2, 3)]
-        push.send_multipart([bytes(f) for f in encode_minibatch(ctl_arrays)])
+        push.send([bytes(f) for f in encode_minibatch(ctl_arrays)])
         np.testing.assert_array_equal(w.recv_mb()[0], ctl_arrays[0])
     serving.join()
 
