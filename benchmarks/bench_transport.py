@@ -46,13 +46,14 @@ def control_round_trip(transport, count=500, rounds=12):
     return {"transport": transport, "raw_us": best_raw * 1e6, "platoon_us": best_ours * 1e6}
 
 
-def minibatch_throughput(transport, shape, count, rounds=3):
+def minibatch_throughput(transport, shape, count, rounds=3, prefetch=8):
     """Best MB/s receiving `count` minibatches [float32 shape, int64 labels]: raw vs platoon.
 
     Raw: pyzmq PUSH/PULL of the same frames, encoded once, received with
     recv_multipart(copy=False) and not decoded. Platoon: Controller.send_mb(copy=False)
-    to Worker.recv_mb, which returns the arrays (zero-copy views). Both senders stay
-    up; the runs alternate.
+    to Worker.recv_mb, which asks for each minibatch (`prefetch` ahead, like the raw
+    PULL's queue) and returns the arrays (zero-copy views). Both senders stay up; the
+    runs alternate.
     """
     nbytes = int(np.prod(shape)) * 4 + shape[0] * 8
     best = {"raw": 0.0, "platoon": 0.0}
@@ -65,7 +66,8 @@ def minibatch_throughput(transport, shape, count, rounds=3):
             pull = ctx.socket(zmq.PULL)
             pull.linger = 0
             pull.connect(raw_addr)
-            with Worker(ctl_addr, data_port=data_addr, timeout=60) as w:
+            with Worker(ctl_addr, timeout=60) as w:
+                w.init_mb_sock(data_addr, prefetch=prefetch)
                 receive = {"raw": lambda: pull.recv_multipart(copy=False), "platoon": w.recv_mb}
                 for _ in range(rounds):
                     for mode, sender in (("raw", raw), ("platoon", ours)):
@@ -83,7 +85,7 @@ def minibatch_throughput(transport, shape, count, rounds=3):
         raw.wait(30)
         ours.wait(30)
     return {"transport": transport, "batch_bytes": nbytes, "raw_mbs": best["raw"],
-            "platoon_mbs": best["platoon"]}
+            "platoon_mbs": best["platoon"], "prefetch": prefetch}
 
 
 def _cpu_seconds(pid):

@@ -28,6 +28,7 @@ from .checkpoint import load as load_checkpoint, save as save_checkpoint
 from .collectives import NodeCollectives
 from .environment import JobEnvironment
 from .logthrottle import ThrottledLog
+from .minibatches import MinibatchChannel
 from .errors import LayoutMismatch, MinibatchTimeout, NotRegistered, PlatoonError, PortInUse, \
     ProtocolError, ServeTimeout, WorkerDied
 from .peers import count_connections, is_loopback_address
@@ -164,6 +165,7 @@ class Controller:
         self._finalizer = weakref.finalize(self, self._res.close)
         self._control = None
         self._data = None
+        self._mb = None  # the _MinibatchChannel on the data socket
         self._data_lock = threading.Lock()
         self._workers = {}        # worker_id -> _WorkerRecord
         self._by_identity = {}    # ROUTER identity -> _WorkerRecord
@@ -275,20 +277,25 @@ class Controller:
 
     def init_data(self, port=None, hwm=10):
         """Bind the minibatch socket on `port` (0: a free one; None: the launcher's choice,
-        else a free one), queueing up to `hwm` minibatches."""
+        else a free one). `hwm`: at most this many minibatches are on their way to, or
+        waiting unread in, one worker (a worker asks for at most 1 + its prefetch)."""
         if port is None:
             port = self._env.data_port or 0
         if self._data is not None:
             raise PlatoonError("the data socket is already bound (port %d)" % self.data_port)
-        sock = self._server_socket(zmq.PUSH)
-        sock.sndhwm = hwm
+        if not isinstance(hwm, int) or hwm < 1:
+            raise ValueError("hwm must be a positive integer, got %r" % (hwm,))
+        sock = self._server_socket(zmq.ROUTER)
+        sock.router_mandatory = 1  # a send to a peer that is gone raises instead of vanishing
+        sock.sndhwm = 0  # bounded by the workers' credit (at most hwm each)
+        sock.setsockopt(zmq.MAXMSGSIZE, 4096)  # requests are small: drop peers sending more
         try:
             self.data_port, self.data_address = self._bind(sock, port, "data")
         except PlatoonError:
             sock.close()
             raise
+        self._mb = MinibatchChannel(sock, hwm, self._workers, self.data_address)
         self._data = sock
-        self._data_timeout_ms = -1
         return self.data_port
 
     def _bind(self, sock, port, name):
@@ -906,6 +913,8 @@ class Controller:
             return
         record.done = True
         log.info("worker %d is done", record.worker_id)
+        if self._mb is not None:  # its minibatches: re-sent if it failed (send_mb's thread)
+            self._mb.worker_left(record.token, record.dead)
         self._barrier_waiting.pop(record.worker_id, None)
         self._release_barrier()
         self._collectives.worker_left(record.worker_id)
@@ -952,27 +961,47 @@ class Controller:
     # -- minibatches --
 
     def send_mb(self, arrays, *, timeout=None, copy=True):
-        """Send one minibatch (a list of numpy arrays) to the next worker that asks for one.
+        """Send one minibatch (a list of numpy arrays) to the next worker that asks for one
+        (in `Worker.recv_mb`); returns that worker's id.
 
-        Safe to call from another thread while `serve` runs. Blocks while
-        `hwm` minibatches are queued; raises MinibatchTimeout after `timeout`
-        seconds (None: wait forever). With copy=False the arrays are sent
-        without a copy and must not be modified afterwards.
+        Safe to call from another thread while `serve` runs (one sending thread at a
+        time). Waits for a request from a registered, live worker; raises
+        MinibatchTimeout after `timeout` seconds (None: wait forever). Minibatches
+        held by a worker that fails (dies, or closes with an error) and those a
+        worker prefetched but never took are re-sent, before this one, to the next
+        workers that ask: delivery is at least once. With copy=False the arrays are
+        sent without a copy and must not be modified afterwards.
         """
         if self._data is None or self._data.closed:
             raise PlatoonError("call init_data(port) (or pass data_port) before send_mb(), "
                                "and keep the controller open")
-        frames = protocol.encode_minibatch(arrays)
+        frames = [zmq.Frame(f, copy=copy) for f in protocol.encode_minibatch(arrays)]
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._data_lock:
-            sock = self._data
-            wait_ms = -1 if timeout is None else int(timeout * 1000)
-            if self._data_timeout_ms != wait_ms:
-                sock.sndtimeo = self._data_timeout_ms = wait_ms
-            try:  # a whole multipart message is queued once its first frame is
-                sock.send_multipart(frames, copy=copy)
-            except zmq.Again:
-                raise MinibatchTimeout("no worker took a minibatch from %s within %.3g s"
-                                       % (self.data_address, timeout)) from None
+            taker = self._mb.deliver(frames, deadline)
+        if taker is None:
+            raise MinibatchTimeout("no worker asked for a minibatch at %s within %.3g s; "
+                                   "workers ask in recv_mb()" % (self.data_address, timeout))
+        return taker
+
+    @property
+    def resent_minibatches(self):
+        """How many minibatches were re-sent because the worker holding them failed or left."""
+        return 0 if self._mb is None else self._mb.resent
+
+    def flush_mb(self, timeout=None):
+        """Wait until every minibatch sent is acknowledged (its worker asked for the next
+        one, or left), re-sending those of workers that failed. Call it after the last
+        `send_mb`. Raises MinibatchTimeout after `timeout` seconds (None: no limit)."""
+        if self._data is None or self._data.closed:
+            raise PlatoonError("call init_data(port) (or pass data_port) before flush_mb()")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._data_lock:
+            held = self._mb.flush(deadline)
+        if held:
+            raise MinibatchTimeout("%d minibatch(es) sent from %s not acknowledged within %.3g s "
+                                   "(workers acknowledge one by calling recv_mb again or closing)"
+                                   % (held, self.data_address, timeout))
 
     # -- teardown --
 
@@ -984,6 +1013,8 @@ class Controller:
     def close(self):
         """Close the sockets and unlink the shared centre. Idempotent."""
         self._join_checkpoint()
+        if self._mb is not None:
+            self._mb.close()
         self._collectives_finalizer()
         self._finalizer()
         if self._ipc_dir is not None:

@@ -10,11 +10,16 @@ can drop late replies to requests it gave up on). A reply is
 
 A minibatch is a multipart message: one JSON header frame
 ``[{"dtype": str, "shape": [int, ...], "order": "C" | "F"}, ...]`` followed by
-one raw frame per array.
+one raw frame per array. A worker asks for minibatches with one frame
+``{"worker_id": int, "token": str, "done": int, "credit": int, "bye": bool}``: its
+registration token, how many minibatches it has finished (acknowledging them),
+how many more it asks for, and, with bye, that it leaves the channel. A refused
+request is answered with one frame ``{"error": str}``.
 """
 
 import json
 import math
+import warnings
 
 import numpy as np
 
@@ -190,11 +195,13 @@ def parse_dtype(text, where):
     dtype = _DTYPES.get(text) if isinstance(text, str) else None
     if dtype is not None:
         return dtype
-    if not isinstance(text, str) or len(text) > 16:
-        raise ProtocolError("%s: dtype must be a short string such as '<f4'" % where)
+    if not isinstance(text, str) or len(text) > 16 or not text.isascii():
+        raise ProtocolError("%s: dtype must be a short ASCII string such as '<f4'" % where)
     try:
-        dtype = np.dtype(text)
-    except TypeError:
+        with warnings.catch_warnings():  # deprecated aliases ('a') warn once, then are cached
+            warnings.simplefilter("ignore", DeprecationWarning)
+            dtype = np.dtype(text)
+    except Exception:  # numpy raises TypeError, ValueError, SyntaxError... for odd strings
         raise ProtocolError("%s: unknown dtype %r" % (where, text)) from None
     if dtype.kind not in "biufc" or dtype.fields is not None or dtype.subdtype is not None:
         raise ProtocolError("%s: dtype %r is not a plain numeric type" % (where, text))
@@ -204,6 +211,8 @@ def parse_dtype(text, where):
 
 # --- minibatches -------------------------------------------------------------
 
+_MAX_DIMS = 32  # numpy's limit (64 in numpy 2) is beyond any minibatch; a header may not exceed it
+_MAX_ARRAY_BYTES = 1 << 62  # beyond it numpy's size arithmetic overflows
 _HEADER_CACHE_SIZE = 64  # minibatch headers repeat: parse or encode each distinct one once
 _encoded_headers = {}
 _parsed_headers = {}
@@ -252,13 +261,18 @@ def _parse_minibatch_header(payload):
             raise ProtocolError("minibatch array %d: header entry must be an object" % i)
         dtype = parse_dtype(spec.get("dtype"), "minibatch array %d" % i)
         shape = spec.get("shape")
-        if not isinstance(shape, list) or not all(_is_int(n) and n >= 0 for n in shape):
-            raise ProtocolError("minibatch array %d: shape must be a list of non-negative "
-                                "integers" % i)
+        if not isinstance(shape, list) or len(shape) > _MAX_DIMS \
+                or not all(_is_int(n) and 0 <= n < _MAX_ARRAY_BYTES for n in shape):
+            raise ProtocolError("minibatch array %d: shape must be a list of at most %d "
+                                "non-negative integers" % (i, _MAX_DIMS))
         order = spec.get("order", "C")
-        if order not in ("C", "F"):
+        if not isinstance(order, str) or order not in ("C", "F"):
             raise ProtocolError("minibatch array %d: order must be 'C' or 'F'" % i)
-        specs.append((dtype, tuple(shape), order, math.prod(shape) * dtype.itemsize))
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > _MAX_ARRAY_BYTES:
+            raise ProtocolError("minibatch array %d: shape %s of %s would need %d bytes"
+                                % (i, shape, dtype.name, nbytes))
+        specs.append((dtype, tuple(shape), order, nbytes))
     return specs
 
 
@@ -282,5 +296,49 @@ def decode_minibatch(frames):
             raise ProtocolError("minibatch array %d: %d bytes arrived but dtype %s and shape %s "
                                 "need %d" % (i, len(buf), dtype.name, shape, expected))
         flat = np.frombuffer(buf, dtype=dtype) if expected else np.empty(0, dtype)
-        arrays.append(flat.reshape(shape, order=order))
+        try:
+            array = flat.reshape(shape, order=order)
+        except (ValueError, OverflowError) as exc:  # an empty array with a huge dimension
+            raise ProtocolError("minibatch array %d: numpy cannot make shape %s: %s"
+                                % (i, shape, exc)) from None
+        array.flags.writeable = False  # a view of a received (writable) message: read-only
+        arrays.append(array)
     return arrays
+
+
+def encode_mb_request(worker_id, token, done, credit, bye=False):
+    """A worker's request frame on the data channel (see the module docstring)."""
+    return _encode_json({"worker_id": worker_id, "token": token, "done": done,
+                         "credit": credit, "bye": bye}).encode()
+
+
+def decode_mb_request(payload):
+    """``(worker_id, token, done, credit, bye)`` from a request frame; raises ProtocolError."""
+    msg = _loads(payload, "minibatch request")
+    if not isinstance(msg, dict):
+        raise ProtocolError("minibatch request must be a JSON object")
+    wid, token, done, credit = (msg.get(k) for k in ("worker_id", "token", "done", "credit"))
+    bye = msg.get("bye", False)
+    if not (_is_int(wid) and isinstance(token, str) and _is_int(done) and done >= 0
+            and _is_int(credit) and 0 <= credit <= 1 << 20 and isinstance(bye, bool)):
+        raise ProtocolError("minibatch request needs worker_id, token, done >= 0, credit "
+                            "(0 to 2**20) and bye (a boolean); platoon.Worker.recv_mb sends them")
+    return wid, token, done, credit, bye
+
+
+def encode_mb_refusal(message):
+    """The controller's answer to a minibatch request it refuses."""
+    return _encode_json({"error": message}).encode()
+
+
+def mb_refusal(frames):
+    """The message of a refusal (see `encode_mb_refusal`), or None for anything else."""
+    if len(frames) != 1:
+        return None
+    payload = frames[0].bytes if hasattr(frames[0], "bytes") else bytes(frames[0])
+    if not payload.startswith(b'{"error":'):
+        return None
+    try:
+        return str(json.loads(payload.decode("utf-8"))["error"])
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -18,6 +18,7 @@ from .environment import JobEnvironment
 from .errors import ControllerGone, ControllerTimeout, LayoutMismatch, MinibatchTimeout, \
     NotRegistered, PlatoonError, ProtocolError, RemoteError
 from .exchange import Exchange
+from .minibatches import MinibatchClient
 from .rules import ParamSyncRule
 from .resources import Resources
 from .shmem import SharedCentre, pid_alive
@@ -465,9 +466,14 @@ class Worker:
 
     # -- minibatches --
 
-    def init_mb_sock(self, port=None):
+    def init_mb_sock(self, port=None, *, prefetch=1):
         """Connect to the controller's minibatch channel on `port` (an endpoint string, or
-        None: the launcher's)."""
+        None: the launcher's).
+
+        Minibatches come only when asked for: `recv_mb` asks for the one it waits for and
+        `prefetch` more (0: none ahead), so the next ones travel while this one is
+        used. A worker that never calls `recv_mb` gets none.
+        """
         self._check_open()
         if port is None:
             port = JobEnvironment.read().data_port
@@ -477,25 +483,40 @@ class Worker:
                                  "init_data()")
         if self._mb is not None:
             raise PlatoonError("the minibatch socket is already connected")
-        sock = self._client_socket(zmq.PULL)
-        sock.rcvhwm = 2
+        if not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError("prefetch must be an integer >= 0, got %r" % (prefetch,))
+        sock = self._client_socket(zmq.DEALER)
         self._mb_address = _endpoint(self.host, port)
         sock.connect(self._mb_address)
         self._mb = sock
+        self._mb_client = client = MinibatchClient(sock, self.worker_id, self._token, prefetch,
+                                                   self._controller_alive)
+        client.failed = lambda: bool(_uncaught)  # an exception ending the script
+        # Created after the sockets' finalizer, so it runs first at exit: goodbye, then close.
+        self._mb_leave = weakref.finalize(self, client.leave)
 
     def recv_mb(self, *, timeout=_DEFAULT):
         """Receive one minibatch: the list of arrays given to `Controller.send_mb`.
 
-        The arrays keep dtype, shape and memory order and are read-only views
-        of the received message (no copy); copy one to modify it. Raises
-        MinibatchTimeout after `timeout` seconds (default: the worker's) and
-        ProtocolError for a malformed message.
+        Calling it again acknowledges the previous minibatch as finished; a worker
+        that fails holding one (or closes with minibatches prefetched) has the
+        controller re-send it to another worker. The arrays keep dtype, shape and
+        memory order and are read-only views of the received message (no copy);
+        copy one to modify it. Raises MinibatchTimeout after `timeout` seconds
+        (default: the worker's), ProtocolError for a malformed message or when the
+        controller refuses the request.
         """
         if self._mb is None:
             raise PlatoonError("call init_mb_sock(port) (or pass data_port) before recv_mb()")
+        self._check_open()
         timeout = self.timeout if timeout is _DEFAULT else timeout
         deadline = None if timeout is None else time.monotonic() + timeout
-        sock = self._mb
+        sock, client = self._mb, self._mb_client
+        try:
+            client.ask()
+        except zmq.Again:
+            raise MinibatchTimeout("cannot ask %s for a minibatch: the request queue is full"
+                                   % self._mb_address) from None
         first = self._recv_within(sock, deadline, copy=False)
         if first is None:
             raise MinibatchTimeout("no minibatch from %s within %.3g s"
@@ -503,6 +524,12 @@ class Worker:
         frames = [first]
         while frames[-1].more:  # the rest of a message is there once its first frame is
             frames.append(sock.recv(copy=False))
+        refusal = protocol.mb_refusal(frames)
+        if refusal is not None:
+            client.outstanding = 0
+            raise ProtocolError("the controller at %s refused worker %s's minibatch request: %s"
+                                % (self._mb_address, self.worker_id, refusal))
+        client.received_one()
         return protocol.decode_minibatch(frames)
 
     # -- teardown --
@@ -527,6 +554,9 @@ class Worker:
         """
         if self._closed:
             return
+        if self._mb is not None:  # before DONE: what it has not taken goes to others
+            self._mb_client.failed = lambda: error is not None
+            self._mb_leave()
         try:
             if self._exchange is not None:  # its last push lands before the controller hears
                 self._exchange.close(timeout=30.0 if self.timeout is None else self.timeout)

@@ -43,6 +43,22 @@ def child_pids():
 SPAWNED = set()  # pids of the processes this session started
 
 
+def session_members(session):
+    """Pids of the live (not zombie) processes in session `session`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
 @pytest.fixture(autouse=True)
 def no_leaks():
     """Fail a test that leaves shared memory of this process or of one it started, or a
@@ -133,6 +149,11 @@ class Proc:
             self.popen.wait(5)
         except subprocess.TimeoutExpired:
             pass
+        # SIGKILL is delivered asynchronously: wait (bounded) until the session's other
+        # processes, such as a forked child whose parent is gone, have died too.
+        deadline = time.monotonic() + 5.0
+        while session_members(self.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
         self._reader.join(5)
 
 
@@ -208,15 +229,68 @@ def raw_client():
     ctx.destroy(linger=0)
 
 
+class RawDataSocket:
+    """A bare ZeroMQ ROUTER standing in for a controller's data socket: `send(frames)` queues
+    a message, sent (as is) to the worker once it has asked for a minibatch."""
+
+    def __init__(self, ctx):
+        import zmq
+
+        self._router = ctx.socket(zmq.ROUTER)
+        self._router.linger = 0
+        self.port = self._router.bind_to_random_port("tcp://127.0.0.1")
+        address = "inproc://raw-data-%d" % id(self)
+        self._queue = ctx.socket(zmq.PAIR)
+        self._queue.linger = 0
+        self._queue.bind(address)
+        inbox = ctx.socket(zmq.PAIR)
+        inbox.linger = 0
+        inbox.connect(address)
+        self._thread = threading.Thread(target=self._run, args=(inbox,), daemon=True)
+        self._thread.start()
+
+    def _run(self, inbox):
+        import zmq
+
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(inbox, zmq.POLLIN)
+        identity, pending = None, []
+        try:
+            while True:
+                events = dict(poller.poll(30000))
+                if not events:
+                    return  # bounded: a test using this fixture fails on its own timeouts
+                if self._router in events:
+                    identity = self._router.recv_multipart()[0]  # a request: who to answer
+                if inbox in events:
+                    frames = inbox.recv_multipart()
+                    if frames == [b"stop"]:
+                        return
+                    pending.append(frames)
+                while identity is not None and pending:
+                    self._router.send_multipart([identity] + pending.pop(0))
+        finally:
+            inbox.close(0)
+
+    def send(self, frames):
+        self._queue.send_multipart(frames)
+
+    def close(self):
+        self._queue.send(b"stop")
+        self._thread.join(10)
+        assert not self._thread.is_alive(), "raw data socket thread did not stop"
+
+
 @pytest.fixture
-def raw_push():
-    """(socket, port): a bare ZeroMQ PUSH socket on a free port, for feeding workers garbage."""
+def raw_data_socket():
+    """A RawDataSocket on a free port, for feeding workers garbage minibatches."""
     import zmq
 
     ctx = zmq.Context()
+    feed = RawDataSocket(ctx)
     try:
-        push = ctx.socket(zmq.PUSH)
-        push.linger = 0
-        yield push, push.bind_to_random_port("tcp://127.0.0.1")
+        yield feed
     finally:
+        feed.close()
         ctx.destroy(linger=0)

@@ -4,6 +4,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -52,10 +53,14 @@ def test_only_key_holders_get_in(keys, tmp_path, serve):
             thief = ctx.socket(zmq.PULL)
             thief.linger = 0
             thief.connect("tcp://127.0.0.1:%d" % ctl.data_port)
-            for i in range(4):
-                ctl.send_mb([np.full(2, i)], timeout=5)
+            takers = []
+            sender = threading.Thread(target=lambda: takers.extend(
+                ctl.send_mb([np.full(2, i)], timeout=5) for i in range(4)))
+            sender.start()  # minibatches go out as the worker asks for them
             got = [int(w.recv_mb()[0][0]) for _ in range(4)]
+            sender.join(10)
             assert got == [0, 1, 2, 3]  # all of them reached the authenticated worker
+            assert takers == [w.worker_id] * 4
             assert thief.poll(300) == 0  # and none the stranger
         finally:
             ctx.destroy(linger=0)

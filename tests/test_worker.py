@@ -143,15 +143,15 @@ def test_minibatches_flow_while_the_controller_serves(serve):
     serving.join()
 
 
-def test_malformed_minibatch_frames_raise(serve, raw_push):
-    push, port = raw_push
+def test_malformed_minibatch_frames_raise(serve, raw_data_socket):
+    push, port = raw_data_socket, raw_data_socket.port
     ctl = CountController(control_port=0)
     serving = serve(ctl)
     with Worker(ctl.control_port, data_port=port, timeout=5) as w:
-        push.send_multipart([b'[{"dtype": "<f8", "shape": [4]}]', b"short"])
+        push.send([b'[{"dtype": "<f8", "shape": [4]}]', b"short"])
         with pytest.raises(ProtocolError, match="5 bytes arrived"):
             w.recv_mb()
-        push.send(b"\x00\x01")
+        push.send([b"\x00\x01"])
         with pytest.raises(ProtocolError, match="minibatch header"):
             w.recv_mb()
     serving.join()
@@ -162,5 +162,5 @@ def test_send_mb_needs_a_data_socket_and_times_out_without_workers():
         with pytest.raises(PlatoonError, match="init_data"):
             ctl.send_mb([np.zeros(1)])
         ctl.init_data(0, hwm=1)
-        with pytest.raises(MinibatchTimeout, match="no worker took"):
+        with pytest.raises(MinibatchTimeout, match="no worker asked"):
             ctl.send_mb([np.zeros(1)], timeout=0.1)

@@ -1,6 +1,6 @@
 """A batched_sum worker: sums the minibatches the controller sends until it says stop.
 
-Minibatches go to whichever worker's queue has room, so a worker keeps taking them
+A worker gets a minibatch only when it asks (recv_mb, one prefetched ahead), so it keeps taking them
 until the controller has every result, asking whenever none arrives for a moment.
 """
 

@@ -1,0 +1,284 @@
+"""The controller's side of the minibatch channel: request-driven delivery.
+
+The data socket is a ROUTER. A worker's DEALER asks for minibatches with a request
+frame (see `platoon.protocol`) carrying its registration token, how many more it
+wants (its credit) and how many it has finished (acknowledging them). A minibatch
+goes only to a registered, live worker with credit, in the order the requests came;
+a peer without a valid token gets an error frame and nothing else. Minibatches sent
+to a worker and not yet acknowledged are kept: when the worker fails they are
+re-sent to the next workers that ask; when it closes, those it prefetched but never
+took are. Everything here runs in the thread calling `send_mb` / `flush_mb`; the
+serve thread only reports workers that left, through a deque and a wake-up pipe.
+"""
+
+import collections
+import hmac
+import logging
+import os
+import time
+
+import zmq
+
+from . import protocol
+from .errors import ProtocolError
+
+log = logging.getLogger(__name__)
+
+
+class _Peer:
+    """A worker's connection to the data socket."""
+
+    __slots__ = ("worker_id", "token", "identity", "credit", "sent", "unacked", "queued",
+                 "gone")
+
+    def __init__(self, worker_id, token, identity):
+        self.worker_id = worker_id
+        self.token = token
+        self.identity = identity
+        self.credit = 0  # minibatches asked for and not yet sent
+        self.sent = 0  # minibatches sent, which numbers them: the worker counts the same
+        self.unacked = collections.deque()  # (number, frames) sent and not acknowledged
+        self.queued = False  # in the channel's `ready` deque
+        self.gone = False
+
+
+class MinibatchChannel:
+    """Delivery state of the data socket `sock` (a bound ROUTER); see the module docstring.
+
+    `workers` is the controller's registry (worker id -> record with `token` and
+    `done`), read to check requests; `hwm` caps a worker's unacknowledged minibatches.
+    """
+
+    def __init__(self, sock, hwm, workers, address):
+        self.sock = sock
+        self.hwm = hwm
+        self.workers = workers
+        self.address = address
+        self.peers = {}  # identity -> _Peer
+        self.ready = collections.deque()  # peers with credit, in the order they asked
+        self.resend = collections.deque()  # frames of minibatches to deliver again, first
+        self.left = collections.deque()  # (token, failed) of workers that left: serve thread
+        self.resent = 0  # minibatches re-sent so far
+        self._refused = set()  # identities already logged as refused
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._poller = zmq.Poller()
+        self._poller.register(sock, zmq.POLLIN)
+        self._poller.register(self._wake_r, zmq.POLLIN)
+
+    # -- called from the serve thread --
+
+    def worker_left(self, token, failed):
+        """Worker with registration `token` is done (`failed`: it died or failed)."""
+        self.left.append((token, failed))
+        try:
+            os.write(self._wake_w, b"!")
+        except OSError:  # full (a wake-up is pending anyway) or closed
+            pass
+
+    # -- called from the sending thread --
+
+    def deliver(self, frames, deadline):
+        """Send `frames` to the next worker that asks; its id, or None at `deadline`."""
+        while True:
+            self._drain()
+            self._send_resends()
+            if not self.resend:
+                peer = self._next_ready()
+                if peer is not None:
+                    if self._send(peer, frames):
+                        return peer.worker_id
+                    continue  # that peer is gone: the next one
+            if not self._wait(deadline):
+                return None
+
+    def flush(self, deadline):
+        """Serve requests until no minibatch is unacknowledged or waiting to be re-sent;
+        returns how many still are at `deadline`."""
+        while True:
+            self._drain()
+            self._send_resends()
+            held = len(self.resend) + sum(len(p.unacked) for p in self.peers.values())
+            if not held or not self._wait(deadline):
+                return held
+
+    def close(self):
+        """Close the wake-up pipe (the socket belongs to the controller). Idempotent."""
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._wake_r = self._wake_w = -1
+
+    # -- internals --
+
+    def _wait(self, deadline):
+        """Wait for a request or a worker leaving; False once `deadline` has passed."""
+        if deadline is None:
+            wait_ms = None
+        else:
+            wait_ms = int((deadline - time.monotonic()) * 1000)
+            if wait_ms <= 0:
+                return False
+        events = dict(self._poller.poll(wait_ms))
+        if self._wake_r in events:
+            try:
+                os.read(self._wake_r, 4096)
+            except BlockingIOError:
+                pass
+        return bool(events) or deadline is None or time.monotonic() < deadline
+
+    def _drain(self):
+        """Handle workers that left, then every request waiting on the socket."""
+        while self.left:
+            token, failed = self.left.popleft()
+            for peer in list(self.peers.values()):
+                if peer.token == token:
+                    if failed:
+                        self._drop(peer, "failed")
+                    else:  # its farewell on this socket says what it took; nothing more
+                        peer.credit = 0
+        sock = self.sock
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # cheaper than a recv raising Again
+            self._request(sock.recv_multipart())
+
+    def _request(self, frames):
+        identity = frames[0]
+        try:
+            if len(frames) != 2:
+                raise ProtocolError("a minibatch request is one frame, got %d" % (len(frames) - 1))
+            wid, token, done, credit, bye = protocol.decode_mb_request(frames[1])
+        except ProtocolError as exc:
+            return self._refuse(identity, str(exc))
+        record = self.workers.get(wid)
+        peer = self.peers.get(identity)
+        if record is None or not hmac.compare_digest(record.token.encode(), token.encode()) \
+                or (peer is not None and peer.token != record.token):
+            return self._refuse(identity, "minibatch request refused: no registered worker %d "
+                                "with that token on this connection; platoon.Worker registers "
+                                "on the control socket first" % wid)
+        if bye:  # a worker leaving: what it has not taken goes to others
+            if peer is not None:
+                self._ack(peer, done)
+                self._drop(peer, "left")
+            return None
+        if record.done:
+            return self._refuse(identity, "worker %d has left the job; it gets no more "
+                                "minibatches" % wid)
+        if peer is None:
+            peer = self.peers[identity] = _Peer(wid, record.token, identity)
+        self._ack(peer, done)
+        peer.credit += credit
+        self._queue(peer)
+        return None
+
+    def _refuse(self, identity, message):
+        if identity not in self._refused and len(self._refused) < 1000:
+            self._refused.add(identity)
+            log.warning("data socket %s: %s", self.address, message)
+        try:
+            self.sock.send_multipart([identity, protocol.encode_mb_refusal(message)])
+        except zmq.ZMQError:  # the peer is gone already
+            pass
+
+    def _ack(self, peer, done):
+        unacked = peer.unacked
+        while unacked and unacked[0][0] <= done:
+            unacked.popleft()
+        self._queue(peer)
+
+    def _queue(self, peer):
+        if not peer.queued and not peer.gone and peer.credit > 0 \
+                and len(peer.unacked) < self.hwm:
+            peer.queued = True
+            self.ready.append(peer)
+
+    def _next_ready(self):
+        while self.ready:
+            peer = self.ready.popleft()
+            peer.queued = False
+            if not peer.gone and peer.credit > 0 and len(peer.unacked) < self.hwm:
+                return peer
+        return None
+
+    def _send_resends(self):
+        while self.resend:
+            peer = self._next_ready()
+            if peer is None:
+                return
+            frames = self.resend.popleft()
+            if self._send(peer, frames):
+                self.resent += 1
+            else:
+                self.resend.appendleft(frames)
+
+    def _send(self, peer, frames):
+        """Send to `peer`; False (and the peer dropped) if its connection is gone."""
+        try:
+            self.sock.send(peer.identity, zmq.SNDMORE)
+        except zmq.ZMQError:  # EHOSTUNREACH: disconnected
+            self._drop(peer, "disconnected")
+            return False
+        self.sock.send_multipart(frames, copy=False)
+        peer.sent += 1
+        peer.credit -= 1
+        peer.unacked.append((peer.sent, frames))
+        self._queue(peer)  # behind the others that asked
+        return True
+
+    def _drop(self, peer, why):
+        """Forget `peer`; its unacknowledged minibatches are re-sent first."""
+        peer.gone = True
+        self.peers.pop(peer.identity, None)
+        if peer.unacked:
+            log.warning("worker %d %s holding %d minibatch(es) it had not finished; re-sending "
+                        "them to the next workers that ask", peer.worker_id, why,
+                        len(peer.unacked))
+            self.resend.extendleft(reversed([frames for _, frames in peer.unacked]))
+            peer.unacked.clear()
+
+
+class MinibatchClient:
+    """A worker's side of the channel: its requests, credit and acknowledgements.
+
+    Holds no reference to the Worker, so a finalizer can say goodbye (`leave`)
+    when the worker is closed or its process exits.
+    """
+
+    def __init__(self, sock, worker_id, token, prefetch, controller_alive):
+        self.sock = sock
+        self.worker_id = worker_id
+        self.token = token
+        self.prefetch = prefetch
+        self.received = 0  # minibatch messages received: the controller numbers them alike
+        self.outstanding = 0  # minibatches asked for and not yet received
+        self.failed = None  # a callable: did the worker fail? (set by the Worker)
+        self._controller_alive = controller_alive
+
+    def ask(self):
+        """Acknowledge every minibatch received so far and keep 1 + prefetch asked for."""
+        want = 1 + self.prefetch - self.outstanding
+        if want > 0:
+            self.sock.send(protocol.encode_mb_request(self.worker_id, self.token, self.received,
+                                                      want), zmq.NOBLOCK)
+            self.outstanding += want
+
+    def received_one(self):
+        self.received += 1
+        self.outstanding -= 1
+
+    def leave(self):
+        """Tell the controller this worker takes no more minibatches: those on their way
+        here go to others, and so does the last one received if the worker failed."""
+        failed = self.failed() if self.failed is not None else False
+        if self.sock.closed or not self._controller_alive():
+            return
+        done = self.received - (1 if failed and self.received else 0)
+        try:
+            self.sock.send(protocol.encode_mb_request(self.worker_id, self.token, done, 0,
+                                                      bye=True), zmq.NOBLOCK)
+            self.sock.linger = 1000  # let it leave before the socket closes
+        except zmq.ZMQError:
+            pass

@@ -1,0 +1,29 @@
+"""A worker of the minibatch channel; prints ID, then GOT <index> for each minibatch taken.
+
+usage: mb_worker.py CONTROL_PORT DATA_PORT MODE [COUNT]
+  idle:  connects to the data channel but never calls recv_mb; leaves after a barrier
+  take:  takes minibatches until it has COUNT distinct indices, then a barrier
+  hold:  takes one minibatch, prints HOLDING, and waits (to be killed)
+"""
+
+import sys
+import threading
+
+from platoon import Worker
+
+control_port, data_port, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+with Worker(control_port, data_port=data_port, timeout=30) as w:
+    print("ID %d" % w.worker_id, flush=True)
+    if mode == "take":
+        seen = set()
+        while len(seen) < int(sys.argv[4]):
+            index, = w.recv_mb()
+            assert not index.flags.writeable
+            seen.add(int(index[0]))
+            print("GOT %d" % index[0], flush=True)
+    elif mode == "hold":
+        index, = w.recv_mb()
+        print("HOLDING %d" % index[0], flush=True)
+        threading.Event().wait(60)  # until killed
+        raise SystemExit("not killed")
+    w.barrier()
