@@ -15,6 +15,7 @@ import time
 import pytest
 
 from platoon import launcher
+from platoon.process import pid_alive
 from platoon.shmem import segment_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -31,9 +32,8 @@ def job_processes(job_id):
             try:
                 with open("/proc/%s/environ" % entry, "rb") as f:
                     if needle in f.read().split(b"\0"):
-                        with open("/proc/%s/stat" % entry) as s:
-                            if s.read().rsplit(")", 1)[1].split()[0] != "Z":
-                                found.append(int(entry))
+                        if pid_alive(int(entry)):
+                            found.append(int(entry))
             except OSError:
                 pass
     return found
