@@ -18,6 +18,7 @@ def loaded_after(statement):
 
 
 @pytest.mark.parametrize("module", ["platoon", "platoon.process", "platoon.child",
+                                    "platoon.launcher", "platoon.supervision",
                                     "platoon.reaper", "platoon.environment"])
 def test_supervising_modules_load_neither_zmq_nor_numpy(module):
     loaded = loaded_after("import " + module)

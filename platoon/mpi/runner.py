@@ -25,8 +25,7 @@ from .tie import CentreTie
 log = logging.getLogger(__name__)
 
 _RUNNER_LINK = None  # the NodeLink that `run_node` made for this process's controller
-WORKER_STOP_GRACE_S = 30.0  # workers that said they are done get this long to exit
-WORKER_STOP_TIMEOUT_S = 3.0  # then SIGTERM, and SIGKILL after this
+WORKER_STOP_TIMEOUT_S = 3.0  # between SIGTERM and SIGKILL when stopping workers
 
 
 def node_link_for(controller) -> NodeLink:
@@ -130,7 +129,8 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
              controller: Union[str, type, None] = None, controller_args: Sequence[str] = (),
              tie: Optional[CentreTie] = None, host: str = "127.0.0.1",
              serve_timeout: Optional[float] = None, ready_timeout_s: float = 120.0,
-             worker_env: Optional[Mapping[str, str]] = None) -> int:
+             worker_env: Optional[Mapping[str, str]] = None,
+             finish_timeout_s: float = 30.0) -> int:
     """Run this MPI rank's part of a job; return its exit code (0: every worker succeeded).
 
     Collective: call it on every rank of COMM_WORLD. `controller` is a
@@ -144,6 +144,8 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
     launcher's PLATOON_* variables (plus `worker_env`). Any failure (a worker
     exiting non-zero, the controller raising, no controller within
     `ready_timeout_s`) aborts the whole job; the exception is re-raised.
+    Workers still running `finish_timeout_s` seconds after the controller
+    finished are stopped (SIGTERM, then SIGKILL).
     """
     global _RUNNER_LINK
     MPI = import_mpi()
@@ -176,7 +178,7 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
                 ctl.serve(timeout=serve_timeout)
         if not workers.started.is_set():
             raise PlatoonError("the controller returned before serving its workers")
-        stop(workers.procs, WORKER_STOP_TIMEOUT_S, grace_s=WORKER_STOP_GRACE_S, group=False)
+        stop(workers.procs, WORKER_STOP_TIMEOUT_S, grace_s=finish_timeout_s, group=False)
         failed = [p for p in workers.procs if p.returncode != 0]
         if failed:
             raise PlatoonError("worker pid %d exited with code %d"
@@ -215,6 +217,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--tie-beta", type=float, default=0.5,
                         help="how far each centre moves toward the mean at a tie (0, 1]")
     parser.add_argument("--serve-timeout-s", type=float, default=None)
+    parser.add_argument("--ready-timeout-s", type=float, default=120.0,
+                        help="seconds for the controller to start serving (default 120)")
+    parser.add_argument("--finish-timeout-s", type=float, default=30.0,
+                        help="seconds workers may run on after the controller finished "
+                             "(default 30); then they are stopped")
     parser.add_argument("worker", nargs=argparse.REMAINDER,
                         help="-- then the worker command (python is sys.executable for a .py)")
     args = parser.parse_args(argv)
@@ -230,4 +237,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         tie = CentreTie(args.tie_every_s, args.tie_beta, args.tie_every_syncs)
     return run_node(command, args.workers, controller=args.controller,
                     controller_args=shlex.split(args.controller_args), tie=tie, host=args.host,
-                    serve_timeout=args.serve_timeout_s)
+                    serve_timeout=args.serve_timeout_s, ready_timeout_s=args.ready_timeout_s,
+                    finish_timeout_s=args.finish_timeout_s)
