@@ -3,18 +3,13 @@
 A `Controller` serves control requests over ZeroMQ and owns the central
 parameters in POSIX shared memory; each `Worker` registers its parameters
 and periodically syncs them with the centre under a `ParamSyncRule`.
+
+The names below are imported on first use (PEP 562), so the processes that
+only supervise others (`platoon.child`, `platoon.launcher`, `platoon.process`)
+load neither zmq nor numpy.
 """
 
-from .controller import Controller
-from .errors import (CheckpointError, ControllerGone, ControllerTimeout, LayoutMismatch,
-                     LockTimeout, MinibatchTimeout, PlatoonError, PortInUse, ProtocolError,
-                     RemoteError, ServeTimeout, SyncTimeout, WorkerDied)
-from .exchange import SyncHandle, SyncStats
-from .rules import ASGD, EASGD, ParamSyncRule
-from .collectives import average_gradients
-from .downpour import SGD, Adam, Downpour
-from .sharding import shard
-from .worker import Worker
+import importlib
 
 __version__ = "0.1.0"
 
@@ -25,3 +20,35 @@ __all__ = [
     "ControllerGone", "SyncTimeout", "CheckpointError",
     "Downpour", "SGD", "Adam", "average_gradients", "shard",
 ]
+
+# Where each public name lives.
+_HOMES = {
+    "Controller": "controller", "Worker": "worker",
+    "ParamSyncRule": "rules", "EASGD": "rules", "ASGD": "rules",
+    "SyncHandle": "exchange", "SyncStats": "exchange",
+    "average_gradients": "collectives", "shard": "sharding",
+    "Downpour": "downpour", "SGD": "downpour", "Adam": "downpour",
+}
+_HOMES.update((name, "errors") for name in __all__ if name not in _HOMES)
+
+# Submodules reachable as attributes of the package (as when it imported them eagerly).
+_SUBMODULES = frozenset((
+    "adapters", "channel", "checkpoint", "child", "collectives", "controller", "cuda",
+    "downpour", "environment", "errors", "exchange", "launcher", "logthrottle", "mpi",
+    "param_sync", "peers", "process", "protocol", "reaper", "resources", "rules", "security",
+    "sharding", "shmem", "supervision", "worker"))
+
+
+def __getattr__(name):
+    if name in _HOMES:
+        value = getattr(importlib.import_module("." + _HOMES[name], __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module("." + name, __name__)
+    else:
+        raise AttributeError("module 'platoon' has no attribute %r" % name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -8,7 +8,6 @@ blocks and finalizers release sockets and shared memory, then runs SCRIPT as
 ``-x:PROGRAM`` executes that program, which keeps the death signal).
 """
 
-import ctypes
 import importlib
 import logging
 import os
@@ -16,30 +15,21 @@ import runpy
 import signal
 import sys
 
-from .controller import raise_system_exit
-
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(signum=signal.SIGTERM):
-    """Have the kernel send `signum` to this process when its parent dies (Linux only;
-    elsewhere the parent's own cleanup still applies). Returns whether it took effect."""
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
+from .environment import JobEnvironment
+from .process import die_with_parent, raise_system_exit
 
 
-def main():
+def main() -> None:
+    """Run as ``python -m platoon.child LABEL SCRIPT [ARGS...]``."""
     if len(sys.argv) < 3:
         sys.exit("usage: python -m platoon.child LABEL SCRIPT [ARGS...]")
     label, target, args = sys.argv[1], sys.argv[2], sys.argv[3:]
-    launcher = os.environ.get("PLATOON_LAUNCHER_PID")
-    if die_with_parent() and launcher and os.getppid() != int(launcher):
+    env = JobEnvironment.read("launcher_pid", "log_level")
+    if die_with_parent() and env.launcher_pid and os.getppid() != env.launcher_pid:
         sys.exit("platoon: the launcher is gone; exiting")  # it died before prctl took effect
     signal.signal(signal.SIGTERM, raise_system_exit)
     logging.basicConfig(
-        level=os.environ.get("PLATOON_LOG_LEVEL", "INFO").upper(),
+        level=(env.log_level or "INFO").upper(),
         format="%(asctime)s " + label + " %(levelname)s %(name)s: %(message)s")
     if target.startswith("-x:"):
         os.execv(target[3:], [target[3:]] + args)

@@ -32,6 +32,7 @@ from .minibatches import MinibatchChannel
 from .errors import LayoutMismatch, MinibatchTimeout, NotRegistered, PlatoonError, PortInUse, \
     ProtocolError, ServeTimeout, WorkerDied
 from .peers import count_connections, is_loopback_address
+from .process import announce, exit_on_sigterm as _exit_on_sigterm, raise_system_exit  # noqa: F401
 from .resources import Resources
 from .shmem import SharedCentre, param_offsets, pid_alive, remove_stale_segments
 
@@ -570,8 +571,7 @@ class Controller:
         message = {"control_port": self.control_port, "data_port": self.data_port,
                    "job_id": self.job_id, "pid": os.getpid()}
         try:
-            os.write(fd, (json.dumps(message) + "\n").encode())
-            os.close(fd)
+            announce(fd, message)
         except OSError as exc:
             log.warning("could not tell the launcher that the controller is ready: %s", exc)
 
@@ -1054,21 +1054,6 @@ def _answer_after_the_job(sock, stop, job_id, workers):
             sock.send_multipart(envelope + [reply])
     except zmq.ZMQError as exc:  # the socket closed under us: nothing left to answer
         log.debug("after-job replies stopped: %s", exc)
-
-
-def raise_system_exit(signum, frame):
-    """Signal handler: exit through SystemExit (code 128 + signum), running `finally` blocks."""
-    raise SystemExit(128 + signum)
-
-
-def _exit_on_sigterm():
-    """Make SIGTERM raise SystemExit while serving, so `finally` blocks and finalizers run."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return lambda: None
-    signal.signal(signal.SIGTERM, raise_system_exit)
-    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def main():

@@ -40,12 +40,20 @@ class JobEnvironment:
     checkpoint_every_s: Optional[float] = None
     resume_from: Optional[str] = None
     keys_file: Optional[str] = None
+    launcher_pid: Optional[int] = None  # child processes exit if it is gone
+    log_level: Optional[str] = None
+    host: Optional[str] = None  # the interface a node's controller binds (platoon.mpi)
+    mpi_node: Optional[int] = None  # 1: this controller is a rank of python -m platoon.mpi
+    mpi_timeout_s: Optional[float] = None  # a node this late to a collective hangs
 
     @classmethod
-    def read(cls):
-        """The settings in this process's environment."""
+    def read(cls, *names):
+        """The settings in this process's environment (only those `names`, if given: the
+        others are then None and their variables are not checked)."""
         values = {}
         for field in dataclasses.fields(cls):
+            if names and field.name not in names:
+                continue
             kind = typing.get_args(field.type)[0]  # Optional[kind]
             name = _variable(field.name)
             values[field.name] = (os.environ.get(name) or None) if kind is str \
@@ -56,6 +64,15 @@ class JobEnvironment:
         """The environment variables that carry these settings (None fields left out)."""
         return {_variable(field.name): str(getattr(self, field.name))
                 for field in dataclasses.fields(self) if getattr(self, field.name) is not None}
+
+
+def without_job_variables(env, *names):
+    """A copy of the environment mapping `env` without the variables of settings `names`
+    (every ``PLATOON_*`` variable if none are given)."""
+    if names:
+        drop = {_variable(name) for name in names}
+        return {k: v for k, v in env.items() if k not in drop}
+    return {k: v for k, v in env.items() if not k.startswith("PLATOON_")}
 
 
 def _variable(field_name):

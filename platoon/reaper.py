@@ -7,7 +7,7 @@ session. The reaper blocks reading the pipe FD, on which the controller writes
 its workers' pids with their start times; at end of file (the controller
 exited, however it exited) it SIGKILLs those still alive (the same processes:
 a pid reused since has another start time) and unlinks
-``/dev/shm/platoon-JOB_ID-*``. After a clean exit there is nothing left and it
+``/dev/shm/platoon-JOB_ID-*`` (regular files of this user only). After a clean exit there is nothing left and it
 does nothing.
 """
 
@@ -16,12 +16,10 @@ import signal
 import subprocess
 import sys
 
-from .shmem import SEGMENT_PREFIX
-
-SHM = "/dev/shm"
+from .process import start_time, unlink_job_segments
 
 
-def start(job_id):
+def start(job_id: str) -> int:
     """Start a reaper for `job_id`; return the pipe's write end (write pids, never close it)."""
     read_fd, write_fd = os.pipe()
     os.set_inheritable(read_fd, True)
@@ -32,21 +30,15 @@ def start(job_id):
     return write_fd
 
 
-def _start_time(pid):
-    """The start time of process `pid` (clock ticks since boot), or None if it is gone."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def watch(write_fd, pid):
+def watch(write_fd: int, pid: int) -> None:
     """Tell the reaper to kill `pid` if the controller dies."""
-    os.write(write_fd, b"%d %s\n" % (pid, (_start_time(pid) or "-").encode()))
+    started = start_time(pid)
+    os.write(write_fd, b"%d %s\n" % (pid, b"-" if started is None else b"%d" % started))
 
 
-def reap(read_fd, job_id):
+def reap(read_fd: int, job_id: str) -> None:
+    """Read pids to the pipe's end, then SIGKILL those still alive and unlink the job's
+    shared memory."""
     data = b""
     while True:
         chunk = os.read(read_fd, 4096)
@@ -56,17 +48,11 @@ def reap(read_fd, job_id):
     for line in data.splitlines():
         try:
             pid, started = line.decode().split()
-            if _start_time(int(pid)) == started:  # still the process we were told about
+            if str(start_time(int(pid))) == started:  # still the process we were told about
                 os.kill(int(pid), signal.SIGKILL)
         except (ProcessLookupError, PermissionError, ValueError):
             pass
-    prefix = (SEGMENT_PREFIX + job_id + "-").lstrip("/")
-    for name in os.listdir(SHM):
-        if name.startswith(prefix):
-            try:
-                os.unlink(os.path.join(SHM, name))
-            except FileNotFoundError:
-                pass
+    unlink_job_segments(job_id)
 
 
 if __name__ == "__main__":

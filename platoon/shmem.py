@@ -34,6 +34,7 @@ import numpy as np
 import posix_ipc
 
 from .errors import LockTimeout, PlatoonError
+from .process import SEGMENT_PREFIX, own_segments, pid_alive  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,6 @@ MAGIC = b"PLATOON\x01"
 HEADER = struct.Struct("<8sqqq")  # magic, owner pid, payload bytes, number of parameters
 HEADER_BYTES = 4096
 ALIGN = 64
-SEGMENT_PREFIX = "/platoon-"
 MAX_STRIPES = 64
 MIN_STRIPE_BYTES = 1 << 20  # smaller stripes cost more in lock calls than they gain
 STRIPE_ALIGN_ELEMENTS = 16  # stripes of float32 never share a 64-byte cache line
@@ -65,23 +65,6 @@ def _path(name):
 def segment_name(job_id):
     """The name of a job's centre segment (the job id makes it unique and unguessable)."""
     return "%s%s-centre" % (SEGMENT_PREFIX, job_id)
-
-
-def pid_alive(pid):
-    """False once process `pid` has exited (zombies count as exited)."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
 
 
 def segment_owner(path):
@@ -121,14 +104,7 @@ def remove_stale_segments(shm_dir="/dev/shm"):
     file of this user with a centre's header), are never touched.
     """
     removed = []
-    try:
-        names = os.listdir(shm_dir)
-    except OSError:
-        return removed
-    for name in names:
-        if not name.startswith(SEGMENT_PREFIX[1:]):
-            continue
-        path = os.path.join(shm_dir, name)
+    for path in own_segments(SEGMENT_PREFIX, shm_dir):
         owner = segment_owner(path)
         if owner is not None and owner != os.getpid() and not pid_alive(owner):
             try:

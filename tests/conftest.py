@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from platoon.process import proc_stat
 from platoon.shmem import segment_owner
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -30,12 +31,10 @@ def child_pids():
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open("/proc/%s/stat" % entry) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
+        found_stat = proc_stat(int(entry))
+        if found_stat is None:
             continue
-        if int(fields[1]) == me or (int(fields[3]) in SPAWNED and fields[0] != "Z"):
+        if found_stat.ppid == me or (found_stat.session in SPAWNED and found_stat.state != "Z"):
             found.append(int(entry))
     return found
 

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from platoon import launcher
+from platoon.process import pid_alive
 from platoon.shmem import segment_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -31,9 +32,8 @@ def job_processes(job_id):
             try:
                 with open("/proc/%s/environ" % entry, "rb") as f:
                     if needle in f.read().split(b"\0"):
-                        with open("/proc/%s/stat" % entry) as s:
-                            if s.read().rsplit(")", 1)[1].split()[0] != "Z":
-                                found.append(int(entry))
+                        if pid_alive(int(entry)):
+                            found.append(int(entry))
             except OSError:
                 pass
     return found
@@ -267,11 +267,11 @@ def test_a_worker_ending_without_close_counts_as_done(tmp_path):
 def test_a_worker_lingering_after_the_controller_finished_is_stopped(tmp_path):
     start = time.monotonic()
     code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "linger"), "-n", "2",
-                                          "--finish-timeout", "1", "--stop-timeout", "2"),
+                                          "--finish-timeout-s", "1", "--stop-timeout-s", "2"),
                              tmp_path, timeout=30)
     assert code == 1, out
     assert re.search(r"worker1 \(pid \d+\) still running 1 s after the controller finished "
-                     r"\(--finish-timeout 1\); stopped the job", out), out
+                     r"\(--finish-timeout-s 1\); stopped the job", out), out
     assert "LINGERING after close()" in out  # the tail of its log
     assert time.monotonic() - start < 20, out  # not the 40 s it would linger
     assert_job_gone(job_id_of(out))
@@ -327,7 +327,8 @@ def test_the_status_line_refreshes_on_a_terminal(tmp_path):
 def test_without_a_terminal_a_status_line_every_few_seconds(tmp_path):
     code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "progress"), "-n", "2",
                                           "--status-every", "0.5"), tmp_path, timeout=40)
-    assert code == 0, out
+    assert code == 0, out  # the old spelling of --status-every-s still works, with a warning
+    assert "--status-every is deprecated; use --status-every-s" in out
     counts = minibatch_counts(line for line in out.splitlines()
                               if line.startswith("platoon-launcher: workers alive"))
     assert counts and counts[-1] == 60, out
@@ -394,3 +395,47 @@ def test_the_worker_named_by_workerdied_leads_even_if_seen_after_the_controller(
     assert launch._worker_that_stopped_the_controller() is launch.workers[1]
     launch.controller.returncode = -signal.SIGKILL
     assert launch.controller.killed()  # a killed controller is always the root cause
+
+
+@pytest.mark.parametrize("option, named", [
+    (["--curve"], "--curve"), (["--restart", "1"], "--restart"), (["--keep-going"], "--keep-going"),
+    (["--checkpoint-every-s", "5"], "--checkpoint-every-s"),
+    (["--checkpoint-every", "5"], "--checkpoint-every-s"), (["--resume", "."], "--resume"),
+    (["-D", "cpu"], "-D/--devices"), (["--control-port", "5000"], "--control-port"),
+    (["--data-port", "5001"], "--data-port"), (["--status-every-s", "1"], "--status-every-s")])
+def test_hosts_refuses_every_option_it_cannot_honour(option, named, capsys):
+    with pytest.raises(SystemExit) as exc:
+        launcher.parse_args(["x", "--hosts", "h1", "h2"] + option)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: %s cannot be used with --hosts: " % named in err, err
+
+
+def test_hosts_takes_the_options_it_passes_on():
+    args = launcher.parse_args(["x", "--hosts", "h1", "h2", "-n", "3", "-c", "--steps 5",
+                                "-w", "--lr 1", "--tie-every-s", "0.5", "--ready-timeout-s", "9",
+                                "--finish-timeout-s", "8", "--stop-timeout-s", "7"])
+    assert (args.workers, args.ready_timeout_s, args.finish_timeout_s, args.stop_timeout_s,
+            args.restart, args.control_port) == (3, 9.0, 8.0, 7.0, 0, 0)
+
+
+def test_tie_options_need_hosts(capsys):
+    with pytest.raises(SystemExit) as exc:
+        launcher.parse_args(["x", "--tie-every-s", "1"])
+    assert exc.value.code == 2 and "--tie-every-s needs --hosts" in capsys.readouterr().err
+
+
+def test_old_spellings_of_durations_still_work_but_are_hidden(capsys):
+    args = launcher.parse_args(["x", "--ready-timeout", "1", "--finish-timeout", "2",
+                                "--stop-timeout", "3", "--status-every", "4",
+                                "--checkpoint-every", "5"])
+    assert (args.ready_timeout_s, args.finish_timeout_s, args.stop_timeout_s,
+            args.status_every_s, args.checkpoint_every_s) == (1, 2, 3, 4, 5)
+    assert capsys.readouterr().err.count("is deprecated; use --") == 5
+    defaults = launcher.parse_args(["x"])
+    assert (defaults.ready_timeout_s, defaults.finish_timeout_s, defaults.stop_timeout_s,
+            defaults.status_every_s, defaults.checkpoint_every_s) == (120, 60, 5, 5, None)
+    with pytest.raises(SystemExit):
+        launcher.parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert "--ready-timeout-s" in text and "--ready-timeout " not in text

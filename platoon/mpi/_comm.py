@@ -1,0 +1,55 @@
+"""MPI plumbing shared by the node link and the centre tie: import, patient waits, abort."""
+
+import sys
+import time
+
+from ..errors import PlatoonError
+
+# How long a rank's last words get to reach mpiexec before MPI_Abort tears the job down
+# (MPICH drops output still in transit: the reason for an abort went missing without it).
+ABORT_GRACE_S = 0.5
+
+
+def import_mpi():
+    """mpi4py's MPI module; raises PlatoonError saying how to install it."""
+    try:
+        from mpi4py import MPI
+    except (ImportError, RuntimeError) as exc:  # RuntimeError: mpi4py without an MPI library
+        raise PlatoonError("multi-node platoon needs mpi4py and an MPI library: pip install "
+                           "mpi4py mpich (in platoon's clone: pip install -e '.[mpi]') - %s"
+                           % exc) from None
+    return MPI
+
+
+def wait(request, timeout_s=None, spin_s=100e-6):
+    """Complete a small non-blocking MPI request without spinning a core while a peer is late.
+
+    MPI's blocking calls busy-poll; a controller waiting for a slower node would
+    take a core from its own workers. So: poll for `spin_s`, then sleep between
+    polls with a backoff capped at 0.5 ms. Used to meet the peers; the data then
+    moves with a blocking call, which progresses faster once everyone is there.
+    Returns False if the peers did not all arrive within `timeout_s` (None: forever).
+    """
+    spin_until = time.perf_counter() + spin_s
+    while time.perf_counter() < spin_until:
+        if request.Test():
+            return True
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    pause = 20e-6
+    while not request.Test():
+        if deadline is not None and time.monotonic() > deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.5e-3)
+    return True
+
+
+def abort(comm, code):
+    """MPI_Abort on `comm`, once this rank's stderr and stdout have had time to reach mpiexec."""
+    for stream in (sys.stderr, sys.stdout):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    time.sleep(ABORT_GRACE_S)
+    comm.Abort(code)

@@ -1,0 +1,135 @@
+"""A node controller's link to the other nodes' controllers: agreement, collectives, abort."""
+
+import logging
+import threading
+
+import numpy as np
+
+from ..environment import JobEnvironment
+from ..errors import PlatoonError
+from ._comm import abort, import_mpi, wait
+from .tie import TieThread
+
+log = logging.getLogger(__name__)
+
+_MPI_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
+_AGREE_BYTES = 96
+DEFAULT_TIMEOUT_S = 1800.0
+
+
+class NodeLink:
+    """A controller's link to the other nodes' controllers.
+
+    Parameters:
+        num_workers: workers on this node.
+        comm: the communicator with one rank per node (default COMM_WORLD).
+        tie: a CentreTie, or None for independent node centres.
+
+    A node that does not reach a collective within `collective_timeout_s`
+    (PLATOON_MPI_TIMEOUT_S, default 1800) is taken to hang: the job is
+    aborted rather than left waiting forever.
+
+    Collective: every rank must create it. As ``controller.node_link`` it is
+    used by the controller: `start` when serve() begins, `finish` when it
+    ends; `close()` then frees the communicators.
+    """
+
+    def __init__(self, num_workers, comm=None, tie=None):
+        MPI = self.MPI = import_mpi()
+        world = comm if comm is not None else MPI.COMM_WORLD
+        if tie is not None and MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            raise PlatoonError("the centre tie needs MPI_THREAD_MULTIPLE but MPI gives level %d; "
+                               "use an MPI built with thread support (mpich is)"
+                               % MPI.Query_thread())
+        self._comm = world.Dup()
+        self._tie_comm = world.Dup() if tie is not None else None
+        self.rank, self.size = self._comm.Get_rank(), self._comm.Get_size()
+        counts = self._comm.allgather(int(num_workers))
+        self.num_workers = int(num_workers)
+        self.worker_offset = sum(counts[:self.rank])
+        self.global_size = sum(counts)
+        self.tie = tie
+        self._tie_thread = None
+        self._start_lock = threading.Lock()
+        self._finished = False
+        self._closed = False
+        timeout_s = JobEnvironment.read("mpi_timeout_s").mpi_timeout_s
+        self.collective_timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+
+    @property
+    def tie_rounds(self):
+        """Centre tie rounds done so far."""
+        return 0 if self._tie_thread is None else self._tie_thread.rounds
+
+    def topology(self, worker_id):
+        """What a worker learns at registration, beyond its local id."""
+        return {"global_rank": self.worker_offset + worker_id, "global_size": self.global_size,
+                "node_rank": self.rank, "num_nodes": self.size}
+
+    def _agree(self, what):
+        """Check that every rank is entering the same collective; raise PlatoonError if not."""
+        text = repr(what).encode()[:_AGREE_BYTES]
+        mine = np.zeros(_AGREE_BYTES, np.uint8)
+        mine[:len(text)] = np.frombuffer(text, np.uint8)
+        seen = np.empty((self.size, _AGREE_BYTES), np.uint8)
+        if not wait(self._comm.Iallgather(mine, seen), self.collective_timeout_s):
+            log.error("node %d: the other nodes did not reach %r within %.0f s (a node "
+                      "hangs?)", self.rank, what, self.collective_timeout_s)
+            self.abort(1)
+        if (seen != mine).any():
+            raise PlatoonError("the nodes' workers called different collectives: %s; every worker "
+                               "must call the same collectives in the same order" % "; ".join(
+                                   "node %d: %s" % (r, bytes(row).rstrip(b"\0").decode())
+                                   for r, row in enumerate(seen)))
+
+    def fail_round(self, reason):
+        """This node's round failed before its data was ready: enter the agreement anyway, so
+        the other nodes fail the same round instead of pairing it with our next one."""
+        try:
+            self._agree(("failed", reason))
+        except PlatoonError:
+            pass  # expected: the others entered a real collective
+
+    def all_reduce(self, array, op):
+        """Combine this node's reduced `array` with the other nodes' in place; return the
+        number of workers it now covers (the divisor of a mean)."""
+        self._agree(("all_reduce", array.dtype.str, array.size, op))
+        self._comm.Allreduce(self.MPI.IN_PLACE, array.reshape(-1),
+                             getattr(self.MPI, _MPI_OPS[op]))
+        return self.global_size
+
+    def barrier(self):
+        """Wait for every node's controller (each calls it when its workers are all in)."""
+        self._agree(("barrier",))
+
+    def abort(self, code=1):
+        """End the whole job now: every rank, hence every controller and worker."""
+        log.error("node %d aborts the job (exit code %d)", self.rank, code)
+        abort(self._comm, code)
+
+    def start(self, controller):
+        """Start the centre tie (if any) for `controller`'s centre."""
+        with self._start_lock:
+            if self.tie is not None and self._tie_thread is None:
+                self._tie_thread = TieThread(self.tie, self._tie_comm, controller, self.abort)
+
+    def finish(self):
+        """This node is done: check that every node is (a node still in a collective gets an
+        error instead of a hang), then end the centre tie. The controller calls it when
+        serve() ends, before its centre goes away. Collective; idempotent."""
+        if self._finished:
+            return
+        self._finished = True
+        self._agree(("done",))
+        if self._tie_thread is not None:
+            self._tie_thread.stop()
+
+    def close(self):
+        """`finish`, then free the communicators. Collective; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.finish()
+        self._comm.Free()
+        if self._tie_comm is not None:
+            self._tie_comm.Free()

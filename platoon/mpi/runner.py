@@ -1,0 +1,241 @@
+"""One node of a multi-node job: run the controller as this MPI rank, start and watch its
+workers, and abort the whole job on any failure."""
+
+import argparse
+import importlib
+import importlib.util
+import logging
+import os
+import runpy
+import secrets
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+from typing import Mapping, Optional, Sequence, Union
+
+from ..environment import JobEnvironment, without_job_variables
+from ..errors import PlatoonError
+from ..process import die_with_parent, read_announcement, stop
+from ._comm import abort, import_mpi
+from .link import NodeLink
+from .tie import CentreTie
+
+log = logging.getLogger(__name__)
+
+_RUNNER_LINK = None  # the NodeLink that `run_node` made for this process's controller
+WORKER_STOP_TIMEOUT_S = 3.0  # between SIGTERM and SIGKILL when stopping workers
+
+
+def node_link_for(controller) -> NodeLink:
+    """The NodeLink of this rank, for a Controller created under `python -m platoon.mpi`
+    (which sets PLATOON_MPI_NODE). Raises PlatoonError elsewhere."""
+    link = _RUNNER_LINK
+    if link is None:
+        raise PlatoonError("PLATOON_MPI_NODE is set but this process was not started by "
+                           "python -m platoon.mpi (or platoon.mpi.run_node); unset it")
+    if controller.num_workers != link.num_workers:
+        raise PlatoonError("the controller expects %s workers but platoon.mpi starts %d on this "
+                           "node; leave num_workers to the environment (PLATOON_NUM_WORKERS)"
+                           % (controller.num_workers, link.num_workers))
+    return link
+
+
+def _kill_with_parent():
+    """Child side of Popen: SIGKILL this process when the thread that started it dies."""
+    die_with_parent(signal.SIGKILL)
+
+
+def load_controller_class(spec: Optional[str]) -> type:
+    """``module:Class`` or ``path/file.py:Class`` to the class; raises PlatoonError."""
+    if not spec:
+        from ..controller import Controller
+        return Controller
+    target, _, name = spec.rpartition(":")
+    if not target or not name:
+        raise PlatoonError("controller %r: give it as module:Class or path/file.py:Class" % spec)
+    try:
+        if target.endswith(".py"):
+            mod_spec = importlib.util.spec_from_file_location("platoon_user_controller", target)
+            module = importlib.util.module_from_spec(mod_spec)
+            mod_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+        return getattr(module, name)
+    except (ImportError, OSError, AttributeError) as exc:
+        raise PlatoonError("cannot load controller %r: %s" % (spec, exc)) from None
+
+
+class _Workers:
+    """Starts this node's workers once the controller announces its ports, and aborts the
+    whole job as soon as one fails. Runs in its own thread, which lives as long as the
+    workers (they die with it: PR_SET_PDEATHSIG)."""
+
+    def __init__(self, argv, count, host, ready_fd, reaper_fd, world, ready_timeout_s, env):
+        self.argv, self.count, self.host = argv, count, host
+        self.ready_fd, self.reaper_fd, self.world = ready_fd, reaper_fd, world
+        self.ready_timeout_s, self.env = ready_timeout_s, env
+        self.procs = []
+        self.started = threading.Event()
+        self.finished = threading.Event()
+        self.error = None
+        self.thread = threading.Thread(target=self._run, name="platoon-workers", daemon=True)
+        self.thread.start()
+
+    def _fail(self, message):
+        print("platoon.mpi: node %d: %s; aborting the job" % (self.world.Get_rank(), message),
+              file=sys.stderr, flush=True)
+        abort(self.world, 1)
+
+    def _run(self):
+        try:
+            try:
+                ready = read_announcement(self.ready_fd, self.ready_timeout_s)
+            finally:
+                os.close(self.ready_fd)
+            if ready is None:
+                return self._fail("the controller did not start serving within %.3g s (does "
+                                  "the controller script call serve()?)" % self.ready_timeout_s)
+            from .. import reaper
+            for index in range(self.count):
+                env = dict(self.env)
+                env.update(JobEnvironment(control_port=ready["control_port"],
+                                          data_port=ready.get("data_port") or None,
+                                          worker_index=index, host=self.host).to_env())
+                proc = subprocess.Popen(self.argv, env=env, preexec_fn=_kill_with_parent)
+                reaper.watch(self.reaper_fd, proc.pid)
+                self.procs.append(proc)
+            self.started.set()
+            watchers = [threading.Thread(target=self._watch, args=(p,), daemon=True)
+                        for p in self.procs]
+            for w in watchers:
+                w.start()
+            for w in watchers:
+                w.join()
+        except BaseException as exc:
+            self.error = exc
+            self._fail("could not start the workers: %s" % exc)
+        finally:
+            self.finished.set()
+
+    def _watch(self, proc):
+        code = proc.wait()
+        if code != 0:
+            self._fail("worker pid %d exited with code %d" % (proc.pid, code))
+
+
+def run_node(worker_argv: Sequence[str], num_workers: int, *,
+             controller: Union[str, type, None] = None, controller_args: Sequence[str] = (),
+             tie: Optional[CentreTie] = None, host: str = "127.0.0.1",
+             serve_timeout: Optional[float] = None, ready_timeout_s: float = 120.0,
+             worker_env: Optional[Mapping[str, str]] = None,
+             finish_timeout_s: float = 30.0) -> int:
+    """Run this MPI rank's part of a job; return its exit code (0: every worker succeeded).
+
+    Collective: call it on every rank of COMM_WORLD. `controller` is a
+    controller script (``file.py``, run as ``__main__`` with `controller_args`,
+    as platoon-launcher runs EXPERIMENT_controller.py) or a class (or
+    ``module:Class`` / ``file.py:Class``, default platoon.Controller) that is
+    created and served. Either way the Controller finds its settings in the
+    ``PLATOON_*`` environment (job id: one random id per job plus ``-nRANK``;
+    a free port; `num_workers`) and its NodeLink through PLATOON_MPI_NODE.
+    Once it serves, `num_workers` processes run `worker_argv` with the
+    launcher's PLATOON_* variables (plus `worker_env`). Any failure (a worker
+    exiting non-zero, the controller raising, no controller within
+    `ready_timeout_s`) aborts the whole job; the exception is re-raised.
+    Workers still running `finish_timeout_s` seconds after the controller
+    finished are stopped (SIGTERM, then SIGKILL).
+    """
+    global _RUNNER_LINK
+    MPI = import_mpi()
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    job = world.bcast(JobEnvironment.read("job_id").job_id or secrets.token_hex(6), root=0)
+    job_id = "%s-n%d" % (job, rank)
+    from .. import reaper
+    reaper_fd = reaper.start(job_id)
+    read_fd, write_fd = os.pipe()
+    env = without_job_variables(dict(os.environ, **(worker_env or {})), "ready_fd", "mpi_node")
+    env.update(JobEnvironment(job_id=job_id, num_workers=num_workers).to_env())
+    os.environ.update(JobEnvironment(mpi_node=1, job_id=job_id, control_port=0,
+                                     num_workers=num_workers, ready_fd=write_fd).to_env())
+    workers = None
+    try:
+        _RUNNER_LINK = link = NodeLink(num_workers, world, tie)
+        print("platoon.mpi: node %d of %d, controller pid %d, job %s"
+              % (rank, size, os.getpid(), job_id), file=sys.stderr, flush=True)
+        workers = _Workers(worker_argv, num_workers, host, read_fd, reaper_fd, world,
+                           ready_timeout_s, env)
+        if isinstance(controller, str) and controller.endswith(".py"):
+            sys.argv = [controller] + list(controller_args)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(controller)))
+            runpy.run_path(controller, run_name="__main__")
+        else:
+            cls = controller if isinstance(controller, type) else \
+                load_controller_class(controller)
+            with cls(host=host) as ctl:
+                ctl.serve(timeout=serve_timeout)
+        if not workers.started.is_set():
+            raise PlatoonError("the controller returned before serving its workers")
+        stop(workers.procs, WORKER_STOP_TIMEOUT_S, grace_s=finish_timeout_s, group=False)
+        failed = [p for p in workers.procs if p.returncode != 0]
+        if failed:
+            raise PlatoonError("worker pid %d exited with code %d"
+                               % (failed[0].pid, failed[0].returncode))
+        link.close()
+        return 0
+    except BaseException as exc:
+        print("platoon.mpi: node %d failed: %s: %s; aborting the job"
+              % (rank, type(exc).__name__, exc), file=sys.stderr, flush=True)
+        if workers is not None:
+            stop(workers.procs, WORKER_STOP_TIMEOUT_S, group=False)
+        abort(world, 1)
+        raise
+    finally:
+        _RUNNER_LINK = None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m platoon.mpi``: parse the command line and `run_node`; returns its code."""
+    parser = argparse.ArgumentParser(
+        prog="python -m platoon.mpi",
+        description="One node of a multi-node platoon job; run under mpiexec, one rank per node.")
+    parser.add_argument("--workers", type=int, required=True, help="workers on each node")
+    parser.add_argument("--controller", default=None,
+                        help="controller script file.py (run as __main__, like "
+                             "EXPERIMENT_controller.py), or module:Class or file.py:Class "
+                             "(created and served); default platoon.Controller")
+    parser.add_argument("--controller-args", default="",
+                        help="arguments of a controller script (one shell-quoted string)")
+    parser.add_argument("--host", default="127.0.0.1", help="interface the controller binds")
+    parser.add_argument("--tie-every-s", type=float, default=None,
+                        help="tie the node centres every so many seconds (hierarchical EASGD)")
+    parser.add_argument("--tie-every-syncs", type=int, default=None,
+                        help="tie the node centres once every node's workers have reported so "
+                             "many syncs (Worker.report)")
+    parser.add_argument("--tie-beta", type=float, default=0.5,
+                        help="how far each centre moves toward the mean at a tie (0, 1]")
+    parser.add_argument("--serve-timeout-s", type=float, default=None)
+    parser.add_argument("--ready-timeout-s", type=float, default=120.0,
+                        help="seconds for the controller to start serving (default 120)")
+    parser.add_argument("--finish-timeout-s", type=float, default=30.0,
+                        help="seconds workers may run on after the controller finished "
+                             "(default 30); then they are stopped")
+    parser.add_argument("worker", nargs=argparse.REMAINDER,
+                        help="-- then the worker command (python is sys.executable for a .py)")
+    args = parser.parse_args(argv)
+    command = args.worker[1:] if args.worker[:1] == ["--"] else args.worker
+    if not command:
+        parser.error("give the worker command after --")
+    if command[0].endswith(".py"):
+        command = [sys.executable] + command
+    logging.basicConfig(level=(JobEnvironment.read("log_level").log_level or "WARNING").upper(),
+                        format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    tie = None
+    if args.tie_every_s is not None or args.tie_every_syncs is not None:
+        tie = CentreTie(args.tie_every_s, args.tie_beta, args.tie_every_syncs)
+    return run_node(command, args.workers, controller=args.controller,
+                    controller_args=shlex.split(args.controller_args), tie=tie, host=args.host,
+                    serve_timeout=args.serve_timeout_s, ready_timeout_s=args.ready_timeout_s,
+                    finish_timeout_s=args.finish_timeout_s)

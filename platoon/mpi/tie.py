@@ -1,0 +1,128 @@
+"""Hierarchical EASGD: the node centres of a multi-node job, elastically tied over MPI.
+
+The tie reads its controller only through `Controller.centre_ready`,
+`Controller.shared_centre` (arrays and lock) and, for `every_syncs`, the sync
+count in `Controller.progress`.
+"""
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from ..errors import PlatoonError
+from ._comm import import_mpi, wait
+
+log = logging.getLogger(__name__)
+
+LOCK_TIMEOUT_S = 60.0  # a worker stopped while holding the centre fails the tie
+
+
+@dataclass
+class CentreTie:
+    """Hierarchical EASGD between node centres.
+
+    A tie round comes every `every_s` seconds, or once every node's workers
+    have made `every_syncs` syncs since the last round (counted from their
+    `Worker.report()` calls, which carry the worker's sync count), whichever
+    is set (both: whichever comes first on each node). In a round the
+    controllers average their centres over MPI and move each toward the mean:
+    ``c += beta * (mean - c)``, with `c` and `mean` taken at the same instant
+    so syncs made meanwhile are kept; beta=1 makes the centres equal. Raises
+    ValueError for bad values.
+    """
+
+    every_s: Optional[float] = 1.0
+    beta: float = 0.5
+    every_syncs: Optional[int] = None
+
+    def __post_init__(self):
+        if self.every_s is None and self.every_syncs is None:
+            raise ValueError("CentreTie needs every_s (seconds) or every_syncs (syncs per node)")
+        if self.every_s is not None and not self.every_s > 0:
+            raise ValueError("CentreTie every_s must be > 0 seconds, got %r" % self.every_s)
+        if self.every_syncs is not None and (not isinstance(self.every_syncs, int)
+                                             or self.every_syncs < 1):
+            raise ValueError("CentreTie every_syncs must be an integer >= 1, got %r"
+                             % (self.every_syncs,))
+        if not 0 < self.beta <= 1:
+            raise ValueError("CentreTie beta must be in (0, 1], got %r" % self.beta)
+
+
+class TieThread:
+    """The thread that runs `tie`'s rounds for `controller` on `comm` (a communicator of its
+    own, one rank per node); `on_failure(code)` is called if a round fails (it aborts)."""
+
+    def __init__(self, tie, comm, controller, on_failure):
+        self.tie, self.comm, self.ctl, self.on_failure = tie, comm, controller, on_failure
+        self.MPI = import_mpi()
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.rounds = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="platoon-centre-tie",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        """End the rounds once every node has called stop (the rounds are collective)."""
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self):
+        MPI, ctl = self.MPI, self.ctl
+        try:
+            while True:
+                self._wait_for_round()
+                flags = np.array([ctl.centre_ready, self._stop.is_set()], np.int32)
+                wait(self.comm.Iallreduce(MPI.IN_PLACE, flags, MPI.MIN))
+                if flags[1]:  # every node is done
+                    return
+                if flags[0]:
+                    self._round()
+        except Exception:
+            log.exception("the centre tie failed on node %d", self.rank)
+            self.on_failure(1)
+
+    def _wait_for_round(self):
+        """Return when this node is due for a tie round (or is done)."""
+        tie, start = self.tie, time.monotonic()
+        syncs = self.ctl.progress["syncs"]
+        while not self._stop.is_set():
+            left = None if tie.every_s is None else start + tie.every_s - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            if tie.every_syncs is not None:
+                if self.ctl.progress["syncs"] - syncs >= tie.every_syncs:
+                    return
+                left = 0.01 if left is None else min(left, 0.01)  # reports arrive in serve()
+            self._stop.wait(left)
+
+    def _round(self):
+        comm, MPI = self.comm, self.MPI
+        centre = self.ctl.shared_centre
+        if self.rounds == 0:
+            layouts = comm.allgather(centre.layout)
+            if any(lay != centre.layout for lay in layouts):
+                raise PlatoonError("the nodes' centres differ in layout: %s" % layouts)
+        centre.lock.acquire(LOCK_TIMEOUT_S)  # a stopped holder: LockTimeout, the tie fails
+        try:
+            snaps = [a.copy() for a in centre.arrays]
+        finally:
+            centre.lock.release()
+        means = [s.copy() for s in snaps]
+        for m in means:
+            comm.Allreduce(MPI.IN_PLACE, m.reshape(-1), MPI.SUM)  # peers are here: blocking
+            m /= self.size
+        centre.lock.acquire(LOCK_TIMEOUT_S)
+        try:
+            for c, s, m in zip(centre.arrays, snaps, means):
+                m -= s
+                m *= self.tie.beta
+                c += m
+        finally:
+            centre.lock.release()
+        self.rounds += 1
+        log.debug("node %d: centre tie round %d", self.rank, self.rounds)

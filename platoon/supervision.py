@@ -1,0 +1,435 @@
+"""Supervision of a launched job: its child processes, their logs, the status line, teardown.
+
+Every process runs in its own session through `platoon.child` (dies with the
+launcher, SIGTERM becomes an orderly exit) and writes to its own log file. If
+any process fails, or the launcher is interrupted, the rest are stopped
+(`platoon.process.stop`), the job's shared memory is removed, and the job fails.
+"""
+
+import datetime
+import json
+import logging
+import os
+import re
+import secrets
+import select
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from .environment import JobEnvironment, without_job_variables
+from .process import read_announcement, signal_name, stop, unlink_job_segments
+
+log = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+class UsageError(Exception):
+    """A job that cannot start as asked (the launcher exits with EXIT_USAGE)."""
+
+
+def open_private(path):
+    """A file descriptor writing `path` afresh, readable by its owner only whatever the umask
+    (logs may hold data and paths)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+    return fd
+
+
+def make_private_dirs(path):
+    """Create `path` and its missing parents as 0700, whatever the umask; directories that
+    exist already are left as they are (a --log-dir may be the user's own)."""
+    missing = []
+    head = os.path.abspath(path)
+    while not os.path.isdir(head):
+        missing.append(head)
+        head = os.path.dirname(head)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            continue  # made meanwhile by someone else: theirs
+        os.chmod(directory, 0o700)
+
+
+class Process:
+    """A child process in its own session, logging to a file."""
+
+    def __init__(self, label, target, args, env, log_path, pass_fds=(), index=None,
+                 device=None):
+        self.label = label
+        self.index = index
+        self.device = device
+        self.log_path = log_path
+        cmd = [sys.executable, "-m", "platoon.child", label, target] + list(args)
+        log_fd = open_private(log_path)
+        try:
+            self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_fd,
+                                          stderr=subprocess.STDOUT, env=env,
+                                          pass_fds=pass_fds, start_new_session=True)
+        finally:
+            os.close(log_fd)
+        self.pid = self.popen.pid
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None:
+            self.returncode = self.popen.poll()
+        return self.returncode
+
+    def killed(self):
+        """Whether it ended by a signal (platoon.child turns SIGTERM into exit 128 + 15)."""
+        code = self.returncode
+        return code is not None and (code < 0 or 128 < code < 128 + signal.NSIG)
+
+    def describe_exit(self):
+        code = self.returncode
+        if code is None:
+            return "still running"
+        if code < 0:
+            return "killed by %s" % signal_name(-code)
+        if code > 128 and self.killed():
+            return "exit code %d after %s" % (code, signal_name(code - 128))
+        return "exit code %d" % code
+
+    def tail(self, lines=20):
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class StatusLine:
+    """The launcher's messages and its status line (redrawn in place on a terminal)."""
+
+    def __init__(self, out, every_s, status_file):
+        self.out, self.every_s, self.status_file = out, every_s, status_file
+        self.tty = out.isatty()
+        self._shown = 0.0
+        self._length = 0
+
+    def say(self, text):
+        self.clear()
+        print("platoon-launcher: %s" % text, file=self.out, flush=True)
+
+    def clear(self):
+        if self.tty and self._length:
+            self.out.write("\r" + " " * self._length + "\r")
+            self._length = 0
+
+    def show(self, workers, force=False):
+        now = time.monotonic()
+        if not force and now - self._shown < (0.5 if self.tty else self.every_s):
+            return
+        self._shown = now
+        try:
+            with open(self.status_file) as f:
+                status = json.load(f)
+        except (OSError, ValueError):
+            status = {}
+        alive = sum(w.poll() is None for w in workers)
+        parts = ["workers alive %d/%d" % (alive, len(workers)),
+                 "minibatches %d" % status.get("minibatches", 0),
+                 "syncs %d" % status.get("syncs", 0)]
+        for key, value in sorted(status.get("metrics", {}).items()):
+            parts.append("%s %s" % (key, "%.4g" % value if isinstance(value, float) else value))
+        line = " | ".join(parts)
+        if self.tty:
+            self.clear()
+            self.out.write(line)
+            self.out.flush()
+            self._length = len(line)
+        else:
+            print("platoon-launcher: %s" % line, file=self.out, flush=True)
+
+
+class Launch:
+    """One job: the controller, its workers, their logs, and their teardown."""
+
+    def __init__(self, args, out=sys.stdout):
+        self.args = args
+        self.job_id = secrets.token_hex(8)
+        self.controller = None
+        self.workers = []
+        name = os.path.basename(args.experiment.rstrip("/")) or "job"
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+        self.log_dir = args.log_dir or os.path.join("PLATOON_LOGS", name, stamp)
+        self.status_file = os.path.join(self.log_dir, "status.json")
+        self.status = StatusLine(out, args.status_every_s, self.status_file)
+        self.say = self.status.say
+        self.restarts_left = args.restart
+        self.keys_file = None
+        self._finished_at = None
+        self._failed = set()
+        self._replaced = set()
+        self._exit_pass = {}  # process -> the supervision pass that first saw it exited
+        self._passes = 0
+
+    def child_env(self, **settings):
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.update(JobEnvironment(job_id=self.job_id, status_file=self.status_file,
+                                  keys_file=self.keys_file, launcher_pid=os.getpid(),
+                                  log_level=self.args.log_level, **settings).to_env())
+        return env
+
+    def start_controller(self, script):
+        """Start the controller; its announcement (ports), or None if it never came."""
+        read_fd, write_fd = os.pipe()
+        resume = self.args.resume
+        if resume and os.path.isdir(resume):
+            resume = os.path.join(resume, "centre.npz")
+        env = self.child_env(control_port=self.args.control_port,
+                             data_port=self.args.data_port,
+                             num_workers=self.num_workers, ready_fd=write_fd,
+                             restarts=self.args.restart,
+                             checkpoint_path=os.path.join(self.log_dir, "centre.npz"),
+                             checkpoint_every_s=self.args.checkpoint_every_s,
+                             resume_from=os.path.abspath(resume) if resume else None)
+        for var in THREAD_VARIABLES:
+            env[var] = "1"
+        target = script if script else "-m:platoon.controller"
+        try:
+            self.controller = Process("controller", target,
+                                      shlex.split(self.args.controller_args), env,
+                                      os.path.join(self.log_dir, "controller.log"),
+                                      pass_fds=(write_fd,))
+        finally:
+            os.close(write_fd)
+        try:
+            return read_announcement(read_fd, self.args.ready_timeout_s)
+        finally:
+            os.close(read_fd)
+
+    def start_workers(self, script, devices, ready):
+        self.worker_script, self.ready = script, ready
+        self.cpu_threads = str(max(1, (os.cpu_count() or 1) // max(devices.count("cpu"), 1)))
+        for index, device in enumerate(devices):
+            self.start_worker(index, device)
+
+    def start_worker(self, index, device, attempt=0):
+        env = self.child_env(control_port=self.ready["control_port"],
+                             data_port=self.ready.get("data_port"), num_workers=len(self.devices),
+                             device=device, worker_index=index)
+        if device == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+            for var in THREAD_VARIABLES:
+                env[var] = self.cpu_threads
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = device[len("cuda"):]
+        name = "worker%d" % index + (".restart%d" % attempt if attempt else "")
+        self.workers.append(Process(name, self.worker_script, shlex.split(self.args.worker_args),
+                                    env, os.path.join(self.log_dir, name + ".log"),
+                                    index=index, device=device))
+
+    def run_hosts(self, worker_script, controller_script):
+        """A multi-node job: mpiexec runs `platoon.mpi` once per host; it is the one child."""
+        mpiexec = (shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+                   or shutil.which("mpiexec"))
+        if mpiexec is None:
+            raise UsageError("--hosts needs mpiexec: pip install mpi4py mpich (in platoon's "
+                             "clone: pip install -e '.[mpi]')")
+        make_private_dirs(self.log_dir)
+        args = self.args
+        cmd = ["-hosts", ",".join(args.hosts), "-n", str(len(args.hosts)), "-ppn", "1",
+               sys.executable, "-m", "platoon.mpi", "--workers", str(args.workers),
+               "--ready-timeout-s", str(args.ready_timeout_s),
+               "--finish-timeout-s", str(args.finish_timeout_s)]
+        if controller_script:
+            cmd += ["--controller", controller_script, "--controller-args", args.controller_args]
+        if args.tie_every_s:
+            cmd += ["--tie-every-s", str(args.tie_every_s)]
+        if args.tie_every_syncs:
+            cmd += ["--tie-every-syncs", str(args.tie_every_syncs)]
+        cmd += ["--", worker_script] + shlex.split(args.worker_args)
+        env = without_job_variables(os.environ)
+        env.update(JobEnvironment(launcher_pid=os.getpid(), log_level=args.log_level).to_env())
+        self.controller = Process("mpiexec", "-x:" + mpiexec, cmd, env,
+                                  os.path.join(self.log_dir, "mpiexec.log"))
+        self.say("mpiexec: %d node(s) (%s), %d worker(s) each"
+                 % (len(args.hosts), ", ".join(args.hosts), args.workers))
+        return self.supervise()
+
+    def run(self, worker_script, controller_script, devices):
+        """A job on this machine: the controller, then one worker per device."""
+        self.devices = devices
+        self.num_workers = len(devices)
+        if os.path.exists(os.path.join(self.log_dir, "controller.log")):
+            raise UsageError("log directory %s already holds a job's logs; choose another "
+                             "--log-dir or remove it" % self.log_dir)
+        make_private_dirs(self.log_dir)
+        if self.args.curve:
+            from .security import generate_keys  # imports zmq: only for a --curve job
+            self.keys_file = generate_keys(os.path.join(self.log_dir, "curve_keys.json"))
+        self.say("job %s: logs in %s" % (self.job_id, self.log_dir))
+        ready = self.start_controller(controller_script)
+        if ready is None:
+            try:  # the pipe closed: the controller is exiting, collect its code
+                self.controller.popen.wait(self.args.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+            self.controller.poll()
+            return self.fail(self.controller, "the controller did not become ready (%s)"
+                             % (self.controller.describe_exit()
+                                if self.controller.returncode is not None
+                                else "no answer within %.3g s" % self.args.ready_timeout_s))
+        self.start_workers(worker_script, devices, ready)
+        self.say("controller on port %d, %d worker(s) on %s"
+                 % (ready["control_port"], len(devices), ", ".join(devices)))
+        return self.supervise()
+
+    def supervise(self):
+        """Watch the processes until the job ends; returns the launcher's exit code."""
+        wakeup_r, wakeup_w = os.pipe()
+        os.set_blocking(wakeup_r, False)
+        os.set_blocking(wakeup_w, False)
+        previous = signal.set_wakeup_fd(wakeup_w)
+        signal.signal(signal.SIGCHLD, lambda *a: None)
+        try:
+            while True:
+                code = self._supervision_pass()
+                if code is not None:
+                    return code
+                readable, _, _ = select.select([wakeup_r], [], [], 0.5)
+                if readable:  # drain the signals' bytes; never block here (the fd is
+                    try:      # non-blocking too), or the loop stalls until the next signal
+                        os.read(wakeup_r, 4096)
+                    except BlockingIOError:
+                        pass
+        finally:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.set_wakeup_fd(previous)
+            os.close(wakeup_r)
+            os.close(wakeup_w)
+
+    def _supervision_pass(self):
+        """Act on what changed since the last pass; an exit code once the job has ended."""
+        self._note_exits()
+        if self.controller.poll() not in (None, 0):
+            return self.controller_failed()
+        for proc in list(self.workers):
+            if proc.poll() not in (None, 0) and proc not in self._failed:
+                self._failed.add(proc)
+                failure = self.worker_failed(proc)
+                if failure is not None:
+                    return failure
+        if self.controller.poll() == 0 and self._finished_at is None:
+            self._finished_at = time.monotonic()
+        lingering = [p for p in self.workers if p.poll() is None]
+        if (self._finished_at is not None and lingering
+                and time.monotonic() - self._finished_at > self.args.finish_timeout_s):
+            return self.fail(lingering[0], "%s still running %.3g s after the controller "
+                             "finished (--finish-timeout-s %.3g)" % (
+                                 ", ".join("%s (pid %d)" % (p.label, p.pid) for p in lingering),
+                                 self.args.finish_timeout_s, self.args.finish_timeout_s))
+        if self.controller.poll() == 0 and all(p.poll() is not None for p in self.workers):
+            if self.args.hosts:
+                self.say("job finished on %d node(s); logs in %s"
+                         % (len(self.args.hosts), self.log_dir))
+            else:
+                self.status.show(self.workers, force=True)
+                self.say("job finished: %d worker(s) done%s; logs in %s"
+                         % (len(self.workers) - len(self._failed),
+                            ", %d failed" % len(self._failed) if self._failed else "",
+                            self.log_dir))
+            self._echo(self.controller)
+            return EXIT_OK
+        if not self.args.hosts:
+            self.status.show(self.workers)
+        return None
+
+    def _note_exits(self):
+        """Record in which supervision pass each process was first seen exited."""
+        self._passes += 1
+        for proc in [self.controller] + self.workers:
+            if proc.poll() is not None and proc not in self._exit_pass:
+                self._exit_pass[proc] = self._passes
+
+    def controller_failed(self):
+        """Fail the job, leading the report with the root cause: the worker whose failure
+        stopped the controller, else the controller, then the workers that died after it."""
+        ctl = self.controller
+        reason = "%s failed (%s)" % ("mpiexec" if self.args.hosts else "the controller",
+                                     ctl.describe_exit())
+        cause = None if ctl.killed() else self._worker_that_stopped_the_controller()
+        if cause is not None:
+            return self.fail(cause, "%s failed (%s), and then %s" % (
+                cause.label, cause.describe_exit(), reason))
+        after = [p for p in self.workers if p.poll() not in (None, 0)
+                 and p not in self._failed]
+        if after:
+            reason += "; after it %s failed" % ", ".join(
+                "%s (%s)" % (p.label, p.describe_exit()) for p in after)
+        return self.fail(ctl, reason)
+
+    def _worker_that_stopped_the_controller(self):
+        """The worker whose failure ended the controller (which exited with an error): the one
+        its log names (WorkerDied, by pid), else one seen failing no later than it, or None."""
+        named = re.findall(r"WorkerDied: worker \d+ \(pid (\d+)\)", self.controller.tail(20))
+        for proc in self.workers:
+            if named and proc.pid == int(named[-1]):
+                try:  # it is exiting after telling the controller: show its exit code
+                    proc.popen.wait(self.args.stop_timeout_s)
+                except subprocess.TimeoutExpired:
+                    pass
+                proc.poll()
+                return proc
+        seen = self._exit_pass[self.controller]
+        earlier = [p for p in self.workers if p.returncode not in (None, 0)
+                   and p not in self._replaced and self._exit_pass.get(p, seen + 1) <= seen]
+        return min(earlier, key=self._exit_pass.get, default=None)
+
+    def worker_failed(self, proc):
+        """Restart, tolerate or fail the job for a failed worker; returns an exit code to fail."""
+        reason = "%s failed (%s)" % (proc.label, proc.describe_exit())
+        if self.restarts_left > 0:
+            self.restarts_left -= 1
+            attempt = sum(p.index == proc.index for p in self.workers)
+            self.say("%s; starting a replacement (%d restart(s) left). Last lines of %s:\n%s"
+                     % (reason, self.restarts_left, proc.log_path, proc.tail(5).rstrip()))
+            self._replaced.add(proc)
+            self.start_worker(proc.index, proc.device, attempt)
+            return None
+        if self.args.keep_going:
+            self.say("%s; carrying on without it (--keep-going)" % reason)
+            return None
+        return self.fail(proc, reason)
+
+    def _echo(self, proc):
+        text = proc.tail(15).rstrip()
+        if text:
+            self.say("last lines of %s:\n%s" % (proc.log_path, text))
+
+    def fail(self, proc, reason):
+        self.stop_all()
+        self.say("%s; stopped the job. Last lines of %s:\n%s"
+                 % (reason, proc.log_path, proc.tail().rstrip() or "(empty)"))
+        return EXIT_FAILED
+
+    def running(self):
+        """Whether any of the job's processes is still running."""
+        return any(p is not None and p.poll() is None for p in [self.controller] + self.workers)
+
+    def stop_all(self):
+        """Stop every live process group (SIGTERM, SIGKILL at the deadline), reap them all, and
+        remove the job's shared memory."""
+        everyone = [p for p in self.workers + [self.controller] if p is not None]
+        stop([p.popen for p in everyone], self.args.stop_timeout_s)
+        for proc in everyone:
+            proc.poll()
+        for path in unlink_job_segments(self.job_id):
+            log.info("removed %s", path)
+
+    def make_status_private(self):
+        """chmod 0600 the status file the controller wrote under its umask (inside the 0700
+        log directory meanwhile)."""
+        try:
+            os.chmod(self.status_file, 0o600)
+        except OSError:
+            pass  # no status file: the controller never wrote one
