@@ -5,6 +5,7 @@ import random
 import threading
 
 import numpy as np
+import pytest
 import zmq
 
 from platoon import EASGD, Controller, ProtocolError, Worker
@@ -51,6 +52,7 @@ def malformed_frames(rng):
     return [b""]
 
 
+@pytest.mark.slow
 def test_fuzzing_the_control_socket_never_stops_real_workers(serve):
     ctl = Counting(control_port=0, num_workers=2)
     serving = serve(ctl, timeout=120)
@@ -117,6 +119,7 @@ def test_malformed_minibatches_raise_and_good_ones_still_arrive(serve, raw_data_
     serving.join()
 
 
+@pytest.mark.slow
 def test_soak_sixteen_workers(procs, tmp_path):
     workers, steps = 16, 150
     out = tmp_path / "soak.json"

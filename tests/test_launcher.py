@@ -126,6 +126,7 @@ def launched(tmp_path):
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_digits_example_trains_through_the_console_script(tmp_path):
     script = os.path.join(os.path.dirname(sys.executable), "platoon-launcher")
     code, out = run_launcher([script, os.path.join(ROOT, "examples", "digits", "digits"),
@@ -186,6 +187,7 @@ def test_usage_errors(tmp_path):
     assert code == 0 and "exit codes" in out and "130" in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupting_the_launcher_stops_everything(launched, signum, code):
     launch = launched(os.path.join(EXPERIMENTS, "forever"), "-n", "2")
@@ -314,6 +316,7 @@ def minibatch_counts(lines):
                                          lines) if m]
 
 
+@pytest.mark.slow
 def test_the_status_line_refreshes_on_a_terminal(tmp_path):
     code, out = run_on_a_terminal(launcher_cmd(os.path.join(EXPERIMENTS, "progress"), "-n", "2"),
                                   tmp_path, timeout=40)
@@ -324,6 +327,7 @@ def test_the_status_line_refreshes_on_a_terminal(tmp_path):
     assert len(during) >= 3, (sorted(during), out)
 
 
+@pytest.mark.slow
 def test_without_a_terminal_a_status_line_every_few_seconds(tmp_path):
     code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "progress"), "-n", "2",
                                           "--status-every", "0.5"), tmp_path, timeout=40)

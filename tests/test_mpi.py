@@ -156,6 +156,7 @@ def test_a_round_failing_on_one_node_fails_on_every_node(mpi_job):
     assert job.count("ROUND2 4 ") == 4, job.output
 
 
+@pytest.mark.slow
 def test_a_hanging_node_ends_the_job_after_the_collective_timeout(mpi_job):
     job = mpi_job("hang", env_extra={"PLATOON_MPI_TIMEOUT_S": "2"})
     job.wait_for_count("READY", 4)
