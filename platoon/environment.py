@@ -40,6 +40,7 @@ class JobEnvironment:
     checkpoint_every_s: Optional[float] = None
     resume_from: Optional[str] = None
     keys_file: Optional[str] = None
+    mpi_node: Optional[int] = None  # set by `python -m platoon.mpi`: the controller joins its link
 
     @classmethod
     def read(cls):
