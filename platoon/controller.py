@@ -13,7 +13,6 @@ which is why the socket is a ROUTER and not a REP.
 import json
 import logging
 import os
-import secrets
 import signal
 import threading
 import time
@@ -28,6 +27,7 @@ from .afterjob import AfterJobReplies
 from .checkpointing import Checkpointer, Resume, snapshot
 from .collectives import NodeCollectives
 from .controller_args import default_arguments, default_parser
+from .controller_config import ControllerConfig, default_max_shared_bytes
 from .deprecation import renamed_keywords
 from .dispatch import RequestDispatcher
 from .endpoints import Endpoints
@@ -43,21 +43,6 @@ from .status import Progress
 log = logging.getLogger(__name__)
 
 
-def default_max_shared_bytes() -> int:
-    """Half of the smaller of physical memory and /dev/shm: what one job may hold."""
-    sizes = []
-    try:
-        sizes.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError):
-        pass
-    try:
-        stat = os.statvfs("/dev/shm")
-        sizes.append(stat.f_blocks * stat.f_frsize)
-    except OSError:
-        pass
-    return min(sizes) // 2 if sizes else 1 << 34
-
-
 def _setting(part: str, name: str, doc: str) -> property:
     """A read-write attribute kept by one of the controller's parts."""
     return property(lambda self: getattr(getattr(self, part), name),
@@ -67,45 +52,13 @@ def _setting(part: str, name: str, doc: str) -> property:
 class Controller:
     """Serves a job's workers. Subclass it and override `handle_control`.
 
-    Parameters:
-        control_port: port of the control socket; 0 picks a free one (see
-            `control_port` afterwards); None binds the launcher's choice when run
-            by platoon-launcher, else nothing until `init_control`.
-        data_port: port of the minibatch socket, as for `control_port`.
-        num_workers: if given, `serve` returns only once that many workers have
-            registered and all are done, and barriers wait for all of them
-            (under the launcher: the number of workers it starts).
-        host: interface to bind; 127.0.0.1 unless the job spans machines.
-        transport: "tcp", or "ipc" for Unix-domain sockets (one machine only, faster):
-            pass port 0, and give workers `control_address` / `data_address`
-            instead of ports; the socket files live in a private temporary
-            directory removed by `close`.
-        job_id: unique id of the job (names its shared memory); random by default.
-        max_request_bytes: larger control requests get an error reply (a Worker
-            refuses to send them, naming the limit).
-        max_shared_bytes: shared memory the job's workers may have the controller
-            allocate, centre, shared states and all_reduce buffers together
-            (default: half of the smaller of RAM and /dev/shm); a request that
-            would exceed it gets an error reply.
-        restarts: how many dead workers a replacement is expected for (the
-            launcher's --restart); a death within that budget is not an error.
-        checkpoint_path: file to snapshot the centre to, atomically, every
-            `checkpoint_every_s` seconds (if given) and when `serve` ends. Periodic
-            checkpoints are written on a thread of their own while serving goes on;
-            one that fails (the lock not free within `checkpoint_lock_timeout_s`, a
-            full disk) is logged and retried a period later, never fatal.
-        resume_from: a checkpoint (file or directory) to initialise the centre from;
-            read and checked here: CheckpointError if it is unreadable, or holds NaN
-            or Inf unless `allow_nonfinite`.
-        liveness_interval_s: how often local workers' pids are checked.
-        replacement_timeout_s: how long to wait for the replacement of a dead
-            worker (within `restarts`) before carrying on without it.
-        keys_file: CURVE keys (see `platoon.security`): only peers holding the
-            job's client key may connect. Binding beyond loopback without them
-            logs a warning.
-        node_link: the `platoon.mpi.NodeLink` to the other nodes' controllers when
-            the job spans nodes; by default the one `python -m platoon.mpi` made
-            for this process (PLATOON_MPI_NODE), else none.
+    `control_port` and `data_port`: ports of the control and minibatch sockets; 0
+    picks a free one (see the attributes afterwards); None binds the launcher's
+    choice when run by platoon-launcher, else nothing until `init_control` /
+    `init_data`. `node_link`: the `platoon.mpi.NodeLink` to the other nodes'
+    controllers when the job spans nodes; by default the one `python -m
+    platoon.mpi` made for this process (PLATOON_MPI_NODE), else none. The other
+    keywords are the fields of `ControllerConfig`, documented there.
 
     Worker processes on this machine are watched: one that exits without
     saying it is done is reported to `handle_worker_death` within about
@@ -126,18 +79,21 @@ class Controller:
                  replacement_timeout_s: float = 120.0, transport: str = "tcp",
                  allow_nonfinite: bool = False, checkpoint_lock_timeout_s: float = 10.0,
                  node_link: Any = None):
-        if transport not in ("tcp", "ipc"):
-            raise ValueError("transport must be 'tcp' or 'ipc', got %r" % (transport,))
         self._env = env = JobEnvironment.read()
+        config = ControllerConfig(
+            num_workers=num_workers, host=host, job_id=job_id,
+            max_request_bytes=max_request_bytes, max_shared_bytes=max_shared_bytes,
+            restarts=restarts, checkpoint_path=checkpoint_path,
+            checkpoint_every_s=checkpoint_every_s, resume_from=resume_from,
+            liveness_interval_s=liveness_interval_s, keys_file=keys_file,
+            replacement_timeout_s=replacement_timeout_s, transport=transport,
+            allow_nonfinite=allow_nonfinite, checkpoint_lock_timeout_s=checkpoint_lock_timeout_s,
+        ).with_environment(env)
         remove_stale_segments()
-        num_workers = env.num_workers if num_workers is None else num_workers
-        if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 1):
-            raise ValueError("num_workers must be a positive integer or None, got %r"
-                             % (num_workers,))
-        self.job_id: str = job_id or env.job_id or secrets.token_hex(8)
-        self.host, self.transport, self.num_workers = host, transport, num_workers
+        self.job_id: str = config.job_id
+        self.host, self.transport, self.num_workers = host, transport, config.num_workers
         self.max_request_bytes = max_request_bytes
-        self.max_shared_bytes = max_shared_bytes or default_max_shared_bytes()
+        self.max_shared_bytes: int = config.max_shared_bytes
         self.control_port: Optional[int] = None
         self.data_port: Optional[int] = None
         self.control_address: Optional[str] = None  # what workers connect to: tcp://...:5567
@@ -147,27 +103,25 @@ class Controller:
         self._control = self._data = self._mb = self._requests = self._after_job = None
         me = weakref.proxy(self)  # the parts hold the controller weakly: no cycles
         self._registry = WorkerRegistry(
-            self.job_id, num_workers, restarts=restarts if restarts is not None
-            else (env.restarts or 0), replacement_timeout_s=replacement_timeout_s,
+            self.job_id, self.num_workers, restarts=config.restarts,
+            replacement_timeout_s=replacement_timeout_s,
             liveness_interval_s=liveness_interval_s, on_left=lambda rec: me._worker_left(rec))
         registry = self._registry
         self._progress = Progress(env.status_file, lambda: (len(registry),
                                                             len(registry.departed())))
         self._next_tick = 0.0
         self._announced = False
-        self.resume_from: Optional[str] = resume_from or env.resume_from
+        self.resume_from: Optional[str] = config.resume_from
         # Read now, so a bad checkpoint fails the controller at start, not a worker later.
         resume = Resume(self.resume_from, allow_nonfinite=allow_nonfinite) \
             if self.resume_from else None
         self._rendezvous = Rendezvous(me, registry, self._res, resume)
         self._endpoints = Endpoints(self._res, transport, host, self.job_id,
-                                    keys_file or env.keys_file)
+                                    config.keys_file)
         self._collectives = NodeCollectives(self)
         self._collectives_finalizer = weakref.finalize(self, self._collectives.close)
-        self._checkpointer = Checkpointer(me, self._collectives,
-                                          checkpoint_path or env.checkpoint_path,
-                                          checkpoint_every_s or env.checkpoint_every_s,
-                                          checkpoint_lock_timeout_s)
+        self._checkpointer = Checkpointer(me, self._collectives, config.checkpoint_path,
+                                          config.checkpoint_every_s, checkpoint_lock_timeout_s)
         self.node_link = node_link  # a platoon.mpi.NodeLink when the job spans nodes
         if node_link is None and env.mpi_node:  # run by `python -m platoon.mpi`: join the job
             from .mpi import node_link_for
