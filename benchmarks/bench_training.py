@@ -87,7 +87,7 @@ def train_controller(workers):
 
     with Stopper(control_port=0, num_workers=int(workers), transport="ipc") as ctl:
         print("ADDR %s" % ctl.control_address, flush=True)
-        ctl.serve(timeout=300)
+        ctl.serve(timeout_s=300)
 
 
 def train(mode, address, data, worker_id, workers, steps, target, seed):

@@ -174,7 +174,7 @@ def mb_sender(mode, transport, rows, cols, count):
         def send():
             while sys.stdin.readline():
                 for _ in range(count):
-                    ctl.send_mb(batch, copy=False, timeout=60)
+                    ctl.send_mb(batch, copy=False, timeout_s=60)
         sender = threading.Thread(target=send, daemon=True)
         sender.start()
-        ctl.serve(timeout=300)
+        ctl.serve(timeout_s=300)

@@ -33,7 +33,7 @@ CONTROLLER = textwrap.dedent("""
     from platoon import Controller
     with Controller(control_port=0, num_workers=2) as ctl:
         print(ctl.control_port, flush=True)
-        ctl.serve(timeout=60)
+        ctl.serve(timeout_s=60)
 """)
 
 

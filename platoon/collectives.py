@@ -22,6 +22,7 @@ import numpy as np
 from . import protocol
 from .checkpoint import load_states
 from .errors import PlatoonError, ProtocolError
+from .services import ControllerServices
 from .shmem import SEGMENT_PREFIX, SharedCentre, param_offsets
 
 log = logging.getLogger(__name__)
@@ -69,11 +70,12 @@ class _Reduction:
 class NodeCollectives:
     """The controller's side of all_reduce and of shared state segments.
 
-    `ctl` (held weakly) supplies `job_id`, `num_workers`, `node_link` and the
-    reply methods `_send(envelope, seq, result)`, `_send_error(envelope, seq, exc)`.
+    `ctl` (held weakly) is the controller, used only through its
+    `platoon.services.ControllerServices` interface: `job_id`, `num_workers`,
+    `node_link`, `resume_from`, `reply`, `fail`, `departed_workers` and `reserve_shared`.
     """
 
-    def __init__(self, ctl):
+    def __init__(self, ctl: ControllerServices):
         self._ctl = weakref.proxy(ctl)
         self._reductions = {}  # segment name -> _Reduction
         self._states = {}      # state name -> SharedCentre
@@ -87,7 +89,7 @@ class NodeCollectives:
         return n
 
     def _create(self, name, layout, what):
-        self._ctl._reserve_shared(param_offsets(layout)[1], what)
+        self._ctl.reserve_shared(param_offsets(layout)[1], what)
         return create_segment(name, layout)
 
     def shared_bytes(self):
@@ -131,7 +133,7 @@ class NodeCollectives:
         red = self._reductions[info["segment"]]
         op = info.get("op")
         check_op(op, red.dtype)
-        gone = sorted(w for w, rec in self._ctl._workers.items() if rec.done)
+        gone = self._ctl.departed_workers()
         if gone:
             raise PlatoonError("worker %d has left the job, so all_reduce cannot complete; "
                                "every worker must call the same collectives" % gone[0])
@@ -162,11 +164,11 @@ class NodeCollectives:
         except Exception as exc:  # the other nodes, if any, failed this round too
             log.warning("all_reduce failed: %s", exc)
             for envelope, seq, _ in waiting.values():
-                self._ctl._send_error(envelope, seq, exc)
+                self._ctl.fail(envelope, seq, exc)
             return
         self.rounds += 1
         for envelope, seq, _ in waiting.values():
-            self._ctl._send(envelope, seq, None)
+            self._ctl.reply(envelope, seq, None)
 
     def _reduce(self, red, slots, op):
         buf = red.buffer
@@ -190,7 +192,7 @@ class NodeCollectives:
         if link is not None:
             link.fail_round(str(exc))
         for envelope, seq, _ in waiting.values():
-            self._ctl._send_error(envelope, seq, exc)
+            self._ctl.fail(envelope, seq, exc)
 
     def worker_left(self, wid):
         """Worker `wid` is done: fail every all_reduce that waits for it."""
@@ -243,7 +245,7 @@ class NodeCollectives:
 
     def _resume_state(self, name, seg):
         """Fill a new state segment from the controller's `resume_from` checkpoint, if any."""
-        path = getattr(self._ctl, "resume_from", None)
+        path = self._ctl.resume_from
         if not path:
             return
         saved = load_states(path).get(name)

@@ -15,12 +15,13 @@ import collections
 import hmac
 import logging
 import os
+import threading
 import time
 
 import zmq
 
 from . import protocol
-from .errors import ProtocolError
+from .errors import MinibatchTimeout, ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +46,17 @@ class _Peer:
 class MinibatchChannel:
     """Delivery state of the data socket `sock` (a bound ROUTER); see the module docstring.
 
-    `workers` is the controller's registry (worker id -> record with `token` and
-    `done`), read to check requests; `hwm` caps a worker's unacknowledged minibatches.
+    `workers` is the controller's `WorkerRegistry` (its `get(worker id)` gives a record
+    with `token` and `has_left`), read to check requests; `hwm` caps a worker's
+    unacknowledged minibatches.
     """
 
+    # Unroutable sends raise instead of vanishing; the workers' credit (at most hwm each)
+    # bounds the queue; requests are small, so a peer sending more is dropped.
+    SOCKET_OPTIONS = {zmq.ROUTER_MANDATORY: 1, zmq.SNDHWM: 0, zmq.MAXMSGSIZE: 4096}
+
     def __init__(self, sock, hwm, workers, address):
+        self._lock = threading.Lock()  # one sending thread at a time
         self.sock = sock
         self.hwm = hwm
         self.workers = workers
@@ -78,6 +85,25 @@ class MinibatchChannel:
             pass
 
     # -- called from the sending thread --
+
+    def send_mb(self, arrays, timeout_s, copy):
+        """Encode `arrays` and deliver them (see `Controller.send_mb`); the taker's id."""
+        frames = [zmq.Frame(f, copy=copy) for f in protocol.encode_minibatch(arrays)]
+        with self._lock:
+            taker = self.deliver(frames, _deadline(timeout_s))
+        if taker is None:
+            raise MinibatchTimeout("no worker asked for a minibatch at %s within %.3g s; "
+                                   "workers ask in recv_mb()" % (self.address, timeout_s))
+        return taker
+
+    def flush_mb(self, timeout_s):
+        """Wait until every minibatch is acknowledged (see `Controller.flush_mb`)."""
+        with self._lock:
+            held = self.flush(_deadline(timeout_s))
+        if held:
+            raise MinibatchTimeout("%d minibatch(es) sent from %s not acknowledged within %.3g s "
+                                   "(workers acknowledge one by calling recv_mb again or closing)"
+                                   % (held, self.address, timeout_s))
 
     def deliver(self, frames, deadline):
         """Send `frames` to the next worker that asks; its id, or None at `deadline`."""
@@ -164,7 +190,7 @@ class MinibatchChannel:
                 self._ack(peer, done)
                 self._drop(peer, "left")
             return None
-        if record.done:
+        if record.has_left:
             return self._refuse(identity, "worker %d has left the job; it gets no more "
                                 "minibatches" % wid)
         if peer is None:
@@ -238,6 +264,10 @@ class MinibatchChannel:
                         len(peer.unacked))
             self.resend.extendleft(reversed([frames for _, frames in peer.unacked]))
             peer.unacked.clear()
+
+
+def _deadline(timeout_s):
+    return None if timeout_s is None else time.monotonic() + timeout_s
 
 
 class MinibatchClient:

@@ -182,7 +182,7 @@ class Serving:
 
     def _run(self, timeout):
         try:
-            self.ctl.serve(timeout=timeout)
+            self.ctl.serve(timeout_s=timeout)
         except BaseException as exc:  # reported by join()
             self.error = exc
 

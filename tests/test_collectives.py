@@ -72,7 +72,7 @@ def test_every_op_and_dtype_is_exact_on_every_worker(job):
             got = results[k][op, dt]
             assert got.dtype == np.dtype(dt)
             np.testing.assert_array_equal(got, want.astype(dt), err_msg="%s %s" % (op, dt))
-    assert ctl._collectives.rounds == len(CASES)
+    assert ctl.all_reduce_rounds == len(CASES)
 
 
 def test_out_argument_and_non_contiguous_input(job):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zmq
 
-from platoon import (EASGD, Controller, LayoutMismatch, PlatoonError,
+from platoon import (EASGD, Controller, LayoutMismatch, MinibatchTimeout, PlatoonError,
                      PortInUse, RemoteError, ServeTimeout, Worker)
 from platoon.channel import Lieutenant, Soldier
 
@@ -136,7 +136,7 @@ def test_port_in_use_is_a_clear_error():
 def test_serve_timeout_and_job_full(serve):
     with Controller(control_port=0, num_workers=1) as ctl:
         with pytest.raises(ServeTimeout, match="0 worker"):
-            ctl.serve(timeout=0.1)
+            ctl.serve(timeout_s=0.1)
     ctl = EchoController(control_port=0, num_workers=1)
     serving = serve(ctl)
     with Worker(ctl.control_port, timeout=5):
@@ -248,3 +248,51 @@ def test_a_flood_of_bad_requests_logs_a_few_lines_and_a_count(serve, raw_client,
     assert 1 <= len(malformed) <= 10, len(malformed)
     assert any(re.match(r"\d+ more malformed-request warning\(s\) in .* were not logged", m)
                and int(m.split()[0]) + len(malformed) == 1000 for m in lines), lines[-5:]
+
+
+def test_old_duration_keywords_still_work_with_a_warning():
+    with Controller(control_port=0, num_workers=1) as ctl:
+        with pytest.warns(DeprecationWarning, match=r"Controller\.serve\(timeout=\.\.\.\)"):
+            with pytest.raises(ServeTimeout):
+                ctl.serve(timeout=0.05)
+        with pytest.warns(DeprecationWarning, match=r"Controller\.snapshot_centre\(timeout="):
+            with pytest.raises(PlatoonError, match="no centre yet"):
+                ctl.snapshot_centre(timeout=1)
+        ctl.init_data(0)
+        with pytest.warns(DeprecationWarning, match=r"Controller\.send_mb\(timeout="):
+            with pytest.raises(MinibatchTimeout, match="no worker asked"):
+                ctl.send_mb([np.zeros(1)], timeout=0.05)
+        with pytest.warns(DeprecationWarning, match=r"Controller\.flush_mb\(timeout="):
+            ctl.flush_mb(timeout=0.05)  # nothing sent: nothing to wait for
+
+
+class RecordingLink:
+    """A node link that records what the controller asks of it."""
+
+    def __init__(self):
+        self.calls = []
+
+    def start(self, controller):
+        self.calls.append("start")
+
+    def topology(self, worker_id):
+        return {"global_rank": 10 + worker_id, "global_size": 20, "node_rank": 1,
+                "num_nodes": 2}
+
+    def barrier(self):
+        self.calls.append("barrier")
+
+    def finish(self):
+        self.calls.append("finish")
+
+
+def test_a_node_link_passed_in_joins_registration_barrier_and_the_end(serve):
+    link = RecordingLink()
+    ctl = EchoController(control_port=0, num_workers=1, node_link=link)
+    assert ctl.node_link is link
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout=5) as w:
+        assert (w.global_rank, w.global_size, w.node_rank, w.num_nodes) == (10, 20, 1, 2)
+        w.barrier()
+    serving.join()
+    assert link.calls == ["start", "barrier", "finish"]

@@ -72,7 +72,7 @@ def test_by_default_a_dead_worker_ends_serve(procs):
 
         def run():
             try:
-                ctl.serve(timeout=20)
+                ctl.serve(timeout_s=20)
             except WorkerDied as exc:
                 errors.append(exc)
 

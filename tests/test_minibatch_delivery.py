@@ -40,7 +40,7 @@ def test_minibatches_go_only_to_the_worker_that_asks(serve, procs):
     idle_id = worker_id(idle)
     taker = procs("mb_worker.py", ctl.control_port, ctl.data_port, "take", 20)
     taker_id = worker_id(taker)
-    takers = [ctl.send_mb([np.array([i])], timeout=10) for i in range(20)]
+    takers = [ctl.send_mb([np.array([i])], timeout_s=10) for i in range(20)]
     assert takers == [taker_id] * 20 and idle_id != taker_id
     assert taker.wait(30) == 0, taker.output
     assert idle.wait(30) == 0, idle.output
@@ -66,7 +66,7 @@ def test_rogue_peers_on_the_data_port_get_no_minibatch(serve, procs):
         dealer.send(encode_mb_request(real_id, "0" * 32, 0, 100))
         dealer.send(b"junk")
         dealer.send_multipart([b"two", b"frames"])
-        takers = [ctl.send_mb([np.array([i])], timeout=10) for i in range(20)]
+        takers = [ctl.send_mb([np.array([i])], timeout_s=10) for i in range(20)]
         assert takers == [real_id] * 20
         assert taker.wait(30) == 0, taker.output
         assert got(taker) == list(range(20))
@@ -88,16 +88,16 @@ def test_a_killed_workers_minibatches_are_re_sent_to_a_survivor(serve, procs):
     victim = procs("mb_worker.py", ctl.control_port, ctl.data_port, "hold")
     victim_id = worker_id(victim)
     count = 20
-    assert ctl.send_mb([np.array([0])], timeout=10) == victim_id
+    assert ctl.send_mb([np.array([0])], timeout_s=10) == victim_id
     # The victim asked for one more ahead (prefetch): it holds that one too.
-    assert ctl.send_mb([np.array([1])], timeout=10) == victim_id
+    assert ctl.send_mb([np.array([1])], timeout_s=10) == victim_id
     assert victim.wait_for_line("HOLDING") == "HOLDING 0"
     victim.kill()
     survivor = procs("mb_worker.py", ctl.control_port, ctl.data_port, "take", count)
     survivor_id = worker_id(survivor)
-    takers = [ctl.send_mb([np.array([i])], timeout=10) for i in range(2, count)]
+    takers = [ctl.send_mb([np.array([i])], timeout_s=10) for i in range(2, count)]
     assert takers == [survivor_id] * (count - 2)
-    ctl.flush_mb(timeout=20)  # re-sends 0 and 1, and waits until they are acknowledged
+    ctl.flush_mb(timeout_s=20)  # re-sends 0 and 1, and waits until they are acknowledged
     assert survivor.wait(30) == 0, survivor.output
     assert sorted(set(got(survivor))) == list(range(count))
     assert ctl.resent_minibatches == 2

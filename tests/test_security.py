@@ -55,7 +55,7 @@ def test_only_key_holders_get_in(keys, tmp_path, serve):
             thief.connect("tcp://127.0.0.1:%d" % ctl.data_port)
             takers = []
             sender = threading.Thread(target=lambda: takers.extend(
-                ctl.send_mb([np.full(2, i)], timeout=5) for i in range(4)))
+                ctl.send_mb([np.full(2, i)], timeout_s=5) for i in range(4)))
             sender.start()  # minibatches go out as the worker asks for them
             got = [int(w.recv_mb()[0][0]) for _ in range(4)]
             sender.join(10)

@@ -23,7 +23,7 @@ def test_ipc_controller_serves_requests_syncs_and_minibatches(serve):
     assert stat.S_IMODE(os.stat(ipc_dir).st_mode) == 0o700
     serving = serve(ctl)
     batch = [np.arange(6, dtype=np.float32).reshape(2, 3)]
-    sender = threading.Thread(target=lambda: ctl.send_mb(batch, timeout=10))
+    sender = threading.Thread(target=lambda: ctl.send_mb(batch, timeout_s=10))
     with Worker(ctl.control_address, data_port=ctl.data_address, timeout=10) as a, \
             Worker(ctl.control_address, timeout=10) as b:
         assert a.send_req("ping", {"n": 1}) == ["ping", 0, {"n": 1}]

@@ -127,7 +127,7 @@ def test_minibatches_flow_while_the_controller_serves(serve):
     batches = [[np.arange(12, dtype=np.float32).reshape(3, 4) + i,
                 np.asfortranarray(np.ones((2, 3), np.int64) * i),
                 np.arange(10.0)[::2]] for i in range(5)]
-    sender = threading.Thread(target=lambda: [ctl.send_mb(b, timeout=10) for b in batches])
+    sender = threading.Thread(target=lambda: [ctl.send_mb(b, timeout_s=10) for b in batches])
     with Worker(ctl.control_port, data_port=ctl.data_port, timeout=10) as w:
         sender.start()
         for i, want in enumerate(batches):
@@ -163,4 +163,4 @@ def test_send_mb_needs_a_data_socket_and_times_out_without_workers():
             ctl.send_mb([np.zeros(1)])
         ctl.init_data(0, hwm=1)
         with pytest.raises(MinibatchTimeout, match="no worker asked"):
-            ctl.send_mb([np.zeros(1)], timeout=0.1)
+            ctl.send_mb([np.zeros(1)], timeout_s=0.1)

@@ -175,7 +175,7 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
             cls = controller if isinstance(controller, type) else \
                 load_controller_class(controller)
             with cls(host=host) as ctl:
-                ctl.serve(timeout=serve_timeout)
+                ctl.serve(timeout_s=serve_timeout)
         if not workers.started.is_set():
             raise PlatoonError("the controller returned before serving its workers")
         stop(workers.procs, WORKER_STOP_TIMEOUT_S, grace_s=finish_timeout_s, group=False)

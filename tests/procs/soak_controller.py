@@ -45,7 +45,7 @@ def main():
     num_workers, expected, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     with SoakController(expected, control_port=0, num_workers=num_workers) as ctl:
         print("PORT %d" % ctl.control_port, flush=True)
-        ctl.serve(timeout=120)
+        ctl.serve(timeout_s=120)
         with open(out, "w") as f:
             json.dump({"steps": ctl.steps, "rss_kib": ctl.rss,
                        "centre": ctl.centre[0].tolist(),

@@ -29,7 +29,7 @@ def main():
         print("PORT %d" % ctl.control_port, flush=True)
         print("DATA %d" % ctl.data_port, flush=True)
         print("JOB %s" % ctl.job_id, flush=True)
-        ctl.serve(timeout=timeout)
+        ctl.serve(timeout_s=timeout)
         if ctl.centre is not None:
             np.savez(centre_out, *ctl.centre)
         print("STEPS %d" % ctl.steps, flush=True)

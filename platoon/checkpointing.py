@@ -1,0 +1,148 @@
+"""The controller's checkpoints: periodic ones on a thread, the final one, and resuming.
+
+The file format is `platoon.checkpoint`'s; this module decides when to write
+and what to do when writing fails (log it and retry a period later: never fatal).
+"""
+
+import logging
+import threading
+import time
+from typing import List, Optional
+
+import numpy as np
+
+from . import protocol
+from .checkpoint import load, save
+from .errors import LayoutMismatch, PlatoonError
+
+log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
+
+
+class Checkpointer:
+    """Writes `ctl`'s centre (and `collectives`' shared states) to `path`.
+
+    `ctl` provides `job_id`, `shared_centre` and `snapshot_centre`; `every_s`
+    (None: never) is the period of the checkpoints `tick` starts on a thread.
+    """
+
+    def __init__(self, ctl, collectives, path: Optional[str], every_s: Optional[float],
+                 lock_timeout_s: float):
+        self._ctl = ctl
+        self._collectives = collectives
+        self.path = path
+        self.every_s = every_s
+        self.lock_timeout_s = lock_timeout_s
+        self._written = time.monotonic()
+        self._thread: Optional[threading.Thread] = None  # the periodic one being written
+        self._failures = 0  # periodic checkpoints failed in a row
+
+    def write(self, path: Optional[str] = None) -> str:
+        """Write the centre to `path` (default: `self.path`) atomically; returns the path.
+        Raises PlatoonError (no centre, no path), LockTimeout, OSError."""
+        path = path or self.path
+        if not path:
+            raise PlatoonError("no checkpoint path: pass checkpoint_path to the Controller")
+        centre = self._ctl.shared_centre
+        arrays = self._ctl.snapshot_centre(timeout_s=self.lock_timeout_s)
+        states = self._collectives.snapshot_states(centre.lock, self.lock_timeout_s)
+        save(path, arrays, {"job_id": self._ctl.job_id, "time": time.time(),
+                            "layout": centre.layout}, states)
+        self._written = time.monotonic()
+        log.info("centre checkpointed to %s", path)
+        return path
+
+    def tick(self, now: float) -> None:
+        """Start a periodic checkpoint on its own thread if one is due."""
+        if not (self.every_s and self.path and self._ctl.shared_centre is not None
+                and now - self._written >= self.every_s):
+            return
+        self._written = now  # the next attempt is a period later, whatever happens
+        if self._thread is not None and self._thread.is_alive():
+            log.debug("checkpoint to %s still being written: this period's is skipped",
+                      self.path)
+            return
+        self._thread = threading.Thread(target=self._periodic, name="platoon-checkpoint",
+                                        daemon=True)
+        self._thread.start()
+
+    def _periodic(self) -> None:
+        """A checkpoint on its own thread; a failure is logged (once in a row) and the next
+        period retries."""
+        path = self.path
+        try:
+            self.write(path)
+        except Exception as exc:  # never fatal: the job goes on, the next period retries
+            self._failures += 1
+            if self._failures == 1:
+                log.warning("periodic checkpoint to %s failed (%s: %s); serving goes on and it "
+                            "is retried every %.3g s", path, type(exc).__name__, exc,
+                            self.every_s)
+            else:
+                log.debug("periodic checkpoint to %s failed again (%d in a row): %s",
+                          path, self._failures, exc)
+            return
+        if self._failures:
+            log.warning("checkpoint to %s written again after %d failed attempt(s)",
+                        path, self._failures)
+            self._failures = 0
+
+    def join(self) -> None:
+        """Wait (bounded) for the periodic checkpoint being written, if any."""
+        thread = self._thread
+        if thread is None:
+            return
+        bound = 2 * self.lock_timeout_s + 120.0  # two lock waits, then the write
+        thread.join(bound)
+        if thread.is_alive():
+            log.error("periodic checkpoint to %s still being written after %.3g s; not waiting "
+                      "for it any longer", self.path, bound)
+
+    def final(self) -> None:
+        """The checkpoint when `serve` ends. A failure is logged, not raised, so it never
+        hides how `serve` ended; the last periodic checkpoint stays."""
+        self.join()
+        if self._ctl.shared_centre is None or not self.path:
+            return
+        try:
+            self.write()
+        except Exception as exc:
+            log.error("final checkpoint to %s failed (%s: %s); call checkpoint() again, or "
+                      "resume from the last periodic one", self.path, type(exc).__name__, exc)
+
+
+def snapshot(centre, timeout_s: Optional[float]) -> List[np.ndarray]:
+    """Copies of `centre`'s arrays, taken under its lock. Raises PlatoonError when there is
+    no centre (None) yet, LockTimeout if the lock is not free within `timeout_s` seconds."""
+    if centre is None:
+        raise PlatoonError("no centre yet: no worker has called init_shared_params()")
+    centre.lock.acquire(timeout_s)
+    try:
+        return [a.copy() for a in centre.arrays]
+    finally:
+        centre.lock.release()
+
+
+class Resume:
+    """A checkpoint to initialise the centre from, read (and checked) at once so a bad one
+    fails the controller at start rather than a worker later."""
+
+    def __init__(self, path: str, *, allow_nonfinite: bool = False):
+        self.path = path
+        self._arrays: Optional[List[np.ndarray]] = load(path, allow_nonfinite=allow_nonfinite)[0]
+
+    def arrays_for(self, layout: list, worker_id: int) -> Optional[List[np.ndarray]]:
+        """The checkpoint's arrays (None once `release`d); LayoutMismatch if they do not fit
+        `layout`, the parameters worker `worker_id` registers."""
+        arrays = self._arrays
+        if arrays is None:
+            return None
+        mismatch = protocol.describe_mismatch(layout, protocol.layout_of(arrays))
+        if mismatch:
+            raise LayoutMismatch("worker %d: %s (the centre comes from checkpoint %s)"
+                                 % (worker_id, mismatch.replace("job's centre", "checkpoint"),
+                                    self.path))
+        return arrays
+
+    def release(self) -> None:
+        """The arrays are in the centre now: drop them."""
+        self._arrays = None

@@ -1,0 +1,295 @@
+"""The controller's registry of workers: ids, tokens, states, liveness and restarts.
+
+A worker registers on the control socket and gets an id (the launcher's index for
+it when free) and a token that proves its identity when it reconnects. A worker
+on this machine must prove the pid it claims (the kernel is asked which process
+holds the connection). Its pid is then watched: one that exits without saying it
+is done has failed. A failed worker within the restart budget is expected to be
+replaced by a worker that takes its id; otherwise its death is queued for the
+controller's `handle_worker_death` hook.
+"""
+
+import collections
+import enum
+import hmac
+import logging
+import secrets
+import socket
+import time
+from typing import Callable, Deque, Dict, List, Optional, Tuple
+
+import zmq
+
+from .errors import PlatoonError, ProtocolError
+from .peers import count_connections, is_loopback_address
+from .shmem import pid_alive
+
+log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
+
+HOSTNAME = socket.gethostname()
+
+
+class WorkerState(enum.Enum):
+    """Where a worker is in its life, as the controller sees it."""
+
+    REGISTERED = "registered"  # connected and known by its id and token
+    READY = "ready"            # holds the centre's values (it attached the centre)
+    DONE = "done"              # said it is done
+    FAILED = "failed"          # died, or closed with an error
+    REPLACED = "replaced"      # failed, and a new worker took its id
+
+
+LEFT = frozenset((WorkerState.DONE, WorkerState.FAILED, WorkerState.REPLACED))
+
+
+class WorkerRecord:
+    """One registered worker: its id, connection identity, pid and state."""
+
+    __slots__ = ("worker_id", "identity", "pid", "local", "token", "state")
+
+    def __init__(self, worker_id: int, identity: bytes, pid: Optional[int], local: bool):
+        self.worker_id = worker_id
+        self.identity = identity
+        self.pid = pid
+        self.local = local  # on this machine, so its pid can be watched
+        self.token = secrets.token_hex(16)  # proves the worker's identity when it reconnects
+        self.state = WorkerState.REGISTERED
+
+    @property
+    def has_left(self) -> bool:
+        """Done, failed or replaced: it takes part in nothing any more."""
+        return self.state in LEFT
+
+    @property
+    def failed(self) -> bool:
+        return self.state in (WorkerState.FAILED, WorkerState.REPLACED)
+
+
+class WorkerRegistry:
+    """The workers of one job, by id and by connection identity.
+
+    `on_left(record)` is called once for each worker that leaves (done or
+    failed). Deaths that no replacement is expected for wait in `deaths` for
+    the controller's hook.
+    """
+
+    def __init__(self, job_id: str, num_workers: Optional[int], *, restarts: int,
+                 replacement_timeout_s: float, liveness_interval_s: float,
+                 on_left: Callable[[WorkerRecord], None]):
+        self.job_id = job_id
+        self.num_workers = num_workers
+        self.restarts_left = restarts
+        self.replacement_timeout_s = replacement_timeout_s
+        self.liveness_interval_s = liveness_interval_s
+        self._on_left = on_left
+        self._by_id: Dict[int, WorkerRecord] = {}
+        self._by_identity: Dict[bytes, WorkerRecord] = {}
+        self._awaiting: List[Tuple[float, int]] = []  # (deadline, id) of expected replacements
+        self.deaths: Deque[Tuple[int, dict]] = collections.deque()  # (id, exit info) for the hook
+
+    # -- lookup --
+
+    def get(self, worker_id: int) -> Optional[WorkerRecord]:
+        return self._by_id.get(worker_id)
+
+    def by_identity(self, identity: bytes) -> Optional[WorkerRecord]:
+        return self._by_identity.get(identity)
+
+    def ids(self) -> List[int]:
+        """Ids of the registered workers (those that left included)."""
+        return sorted(self._by_id)
+
+    def departed(self) -> List[int]:
+        """Ids of the workers that have left (done or failed)."""
+        return sorted(wid for wid, rec in self._by_id.items() if rec.has_left)
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def running(self) -> int:
+        return sum(not rec.has_left for rec in self._by_id.values())
+
+    def still_expected(self) -> int:
+        """Workers that may yet take part: running ones, those not registered yet, and the
+        replacements expected for failed ones."""
+        unregistered = max(0, (self.num_workers or 0) - len(self._by_id))
+        return self.running() + unregistered + len(self._awaiting)
+
+    def all_done(self) -> bool:
+        """Every expected worker has registered and left (a replacement expected must come)."""
+        return (len(self._by_id) >= (self.num_workers or 1) and not self._awaiting
+                and all(rec.has_left for rec in self._by_id.values()))
+
+    # -- registration --
+
+    def register(self, identity: bytes, info: dict, identity_frame,
+                 transport: str, control_port: Optional[int]) -> Tuple[WorkerRecord, bool]:
+        """A new worker's record, or (with its token) a reconnecting worker's: (record, new).
+
+        Raises PlatoonError when the job is full or the peer's pid claim does not hold,
+        ProtocolError for a reconnection with an unknown id or token.
+        """
+        record = self._by_identity.get(identity)
+        if record is not None:
+            return record, False
+        if "token" in info:
+            return self._reconnect(identity, info), False
+        pid, local = check_peer(info, identity_frame, transport, control_port,
+                                self._claimed_by(info.get("pid")))
+        if self.running() >= (self.num_workers or float("inf")):
+            self.check_liveness()  # a replacement may come before the tick notices a death
+        if self.running() >= (self.num_workers or float("inf")):
+            raise PlatoonError("job %s is full: num_workers=%d workers are running"
+                               % (self.job_id, self.num_workers))
+        record = WorkerRecord(self._assign_id(info.get("index")), identity, pid, local)
+        replaced = self._by_id.get(record.worker_id)
+        if replaced is not None:
+            replaced.state = WorkerState.REPLACED
+            self._by_identity.pop(replaced.identity, None)
+        self._by_id[record.worker_id] = record
+        self._by_identity[identity] = record
+        log.info("worker %d registered (pid %s)%s", record.worker_id, pid,
+                 " as the replacement of a failed one" if replaced is not None else "")
+        return record, True
+
+    def _claimed_by(self, pid) -> int:
+        """How many running local workers registered with `pid`."""
+        return sum(rec.local and rec.pid == pid and not rec.has_left
+                   for rec in self._by_id.values())
+
+    def _assign_id(self, requested) -> int:
+        """The launcher's index for this worker if it is free (or belongs to a failed worker
+        awaiting a replacement), else the id of a failed worker awaiting one, else the
+        lowest free id."""
+        ok = isinstance(requested, int) and not isinstance(requested, bool) and requested >= 0 \
+            and (self.num_workers is None or requested < self.num_workers)
+        if ok:
+            for entry in self._awaiting:
+                if entry[1] == requested:
+                    self._awaiting.remove(entry)
+                    return requested
+            if requested not in self._by_id:
+                return requested
+        if self._awaiting:
+            return self._awaiting.pop(0)[1]
+        wid = 0
+        while wid in self._by_id:
+            wid += 1
+        return wid
+
+    def _reconnect(self, identity: bytes, info: dict) -> WorkerRecord:
+        """A registered worker's new connection (after a reset), proven by its token."""
+        wid, token = info.get("worker_id"), info.get("token")
+        record = self._by_id.get(wid) if isinstance(wid, int) else None
+        if record is None or not isinstance(token, str) \
+                or not hmac.compare_digest(record.token.encode(), token.encode()):
+            raise ProtocolError("re-registration refused: no registered worker has that id and "
+                                "token")
+        if record.has_left:
+            raise PlatoonError("worker %d has already left job %s; create a new Worker"
+                               % (wid, self.job_id))
+        self._by_identity.pop(record.identity, None)
+        record.identity = identity
+        self._by_identity[identity] = record
+        log.warning("worker %d reconnected (its connection was reset)", wid)
+        return record
+
+    # -- leaving --
+
+    def mark_ready(self, record: WorkerRecord) -> None:
+        """`record` has the centre's values."""
+        if record.state is WorkerState.REGISTERED:
+            record.state = WorkerState.READY
+
+    def done(self, record: WorkerRecord) -> None:
+        """The worker said it is done (a second call does nothing)."""
+        if not record.has_left:
+            record.state = WorkerState.DONE
+            log.info("worker %d is done", record.worker_id)
+            self._on_left(record)
+
+    def fail(self, record: WorkerRecord, exit_info: dict) -> None:
+        """The worker failed: expect a replacement within the restart budget, else queue
+        its death for the controller's hook."""
+        if record.has_left:
+            return
+        log.error("worker %d (pid %s) failed: %s", record.worker_id, record.pid,
+                  exit_info.get("error", "exited without saying it was done"))
+        record.state = WorkerState.FAILED
+        if self.restarts_left > 0:
+            self.restarts_left -= 1
+            self._awaiting.append((time.monotonic() + self.replacement_timeout_s,
+                                   record.worker_id))
+            log.info("expecting a replacement for worker %d (%d restart(s) left)",
+                     record.worker_id, self.restarts_left)
+        else:
+            self.deaths.append((record.worker_id, exit_info))
+        log.info("worker %d is done", record.worker_id)
+        self._on_left(record)
+
+    def check_liveness(self) -> None:
+        """Fail the local workers whose process has exited without saying it was done."""
+        for record in list(self._by_id.values()):
+            if not record.has_left and record.local and record.pid \
+                    and not pid_alive(record.pid):
+                self.fail(record, {"pid": record.pid,
+                                   "detected_after_s": self.liveness_interval_s})
+
+    def give_up_overdue(self, now: float) -> int:
+        """Stop expecting replacements whose time ran out; returns how many."""
+        overdue = 0
+        while self._awaiting and self._awaiting[0][0] <= now:
+            self._awaiting.pop(0)
+            overdue += 1
+            log.warning("no replacement worker registered within %.3g s; carrying on without "
+                        "it", self.replacement_timeout_s)
+        return overdue
+
+
+def describe_death(worker_id: int, exit_info: dict) -> str:
+    """What `Controller.handle_worker_death` raises by default: who failed, how, what to do."""
+    return ("worker %d (pid %s) %s; the job stops. Override handle_worker_death to carry on "
+            "without it, or run the launcher with --restart N to replace it"
+            % (worker_id, exit_info["pid"], "failed: %s" % exit_info["error"]
+               if "error" in exit_info else "died without saying it was done"))
+
+
+def check_peer(info: dict, identity_frame, transport: str, control_port: Optional[int],
+               claimed: int) -> Tuple[Optional[int], bool]:
+    """(pid, local) of a registering peer, its claimed pid checked with the kernel when the
+    peer is on this machine (`claimed`: running workers registered with that pid already).
+    Raises PlatoonError for a claim that does not hold."""
+    pid, host = info.get("pid"), info.get("host")
+    if not isinstance(pid, int) or isinstance(pid, bool):
+        pid = None
+    if transport == "ipc":
+        local = True
+    else:
+        try:
+            peer = identity_frame.get("Peer-Address")
+        except (zmq.ZMQError, AttributeError):
+            peer = None
+        if is_loopback_address(peer) and host != HOSTNAME:
+            raise PlatoonError("registration refused: a connection from this machine (%s) "
+                               "says it runs on host %r; a platoon.Worker registers with "
+                               "its own pid and host name" % (peer, host))
+        local = host == HOSTNAME
+    if not local:
+        return pid, False  # another machine: its pid means nothing here
+    if pid is None:
+        raise PlatoonError("registration refused: a worker on this machine must give its "
+                           "pid (platoon.Worker does)")
+    if transport == "ipc":  # only this user can reach the 0700 socket directory
+        reason = None if pid_alive(pid) else "no process %d runs on this machine" % pid
+    else:  # each registration needs a connection of its own from that process
+        try:
+            held = count_connections(pid, control_port)
+            reason = None if held > claimed else (
+                "process %d holds %d connection(s) to port %d, %d of them registered"
+                % (pid, held, control_port, claimed))
+        except LookupError as exc:
+            reason = str(exc)
+    if reason is not None:
+        raise PlatoonError("registration refused: it claims pid %d, but %s; a worker "
+                           "registers with its own pid (platoon.Worker does)" % (pid, reason))
+    return pid, True

@@ -1,0 +1,145 @@
+"""Where workers wait for each other: the barrier, and the centre's initialisation.
+
+The centre is created by the first worker to register its parameters. Its first
+values come from a checkpoint when resuming, else from one worker, the
+initialiser (the first to register): it is told to write them, and the others
+wait (their replies are deferred) until it reports them written. If it leaves
+before that, the next waiting worker takes over.
+"""
+
+import logging
+from typing import Dict, List, Optional, Tuple
+
+from .checkpointing import Resume
+from .errors import LayoutMismatch, PlatoonError, ProtocolError
+from .registry import WorkerRecord, WorkerRegistry
+from .resources import Resources
+from .shmem import SharedCentre, param_offsets
+from . import protocol
+
+log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
+
+Waiter = Tuple[list, Optional[int]]  # (envelope, seq) of a deferred reply
+
+
+class Rendezvous:
+    """The barrier and the centre's initialisation for `ctl` (a `ControllerServices`).
+
+    The centre is kept in `res.centre`; `resume`, if given, supplies its first values.
+    """
+
+    def __init__(self, ctl, registry: WorkerRegistry, res: Resources,
+                 resume: Optional[Resume]):
+        self._ctl = ctl
+        self._registry = registry
+        self._res = res
+        self._resume = resume
+        self.initialiser: Optional[int] = None  # worker id writing the centre's first values
+        self.centre_ready = False
+        self._init_waiting: List[Waiter] = []  # workers waiting for the centre's values
+        self._barrier_waiting: Dict[int, Waiter] = {}
+
+    # -- centre initialisation --
+
+    def worker_registered(self, worker_id: int) -> None:
+        """The first worker to register initialises the centre (unless resuming)."""
+        if self.initialiser is None and not self.centre_ready and self._resume is None:
+            self.initialiser = worker_id
+
+    def init_params(self, envelope: list, seq: Optional[int], record: WorkerRecord,
+                    layout: list) -> None:
+        """``platoon-init-params``: create or check the centre, then tell the worker its
+        segment and whether it writes the first values; deferred while another one does."""
+        wid = record.worker_id
+        centre = self._res.centre
+        if centre is None:
+            centre = self._create_centre(layout, wid)
+        else:
+            mismatch = protocol.describe_mismatch(layout, centre.layout)
+            if mismatch:
+                raise LayoutMismatch("worker %d: %s; every worker must pass the same parameters "
+                                     "in the same order to init_shared_params" % (wid, mismatch))
+        if self.centre_ready:
+            self._registry.mark_ready(record)
+            self._ctl.reply(envelope, seq, {"segment": centre.name, "initialise": False})
+        elif self.initialiser in (None, wid):  # (again, after a failed first attempt)
+            self.initialiser = wid
+            self._ctl.reply(envelope, seq, {"segment": centre.name, "initialise": True})
+        else:
+            self._init_waiting.append((envelope, seq))
+
+    def _create_centre(self, layout: list, wid: int) -> SharedCentre:
+        self._ctl.reserve_shared(param_offsets(layout)[1], "the centre")
+        resumed = self._resume.arrays_for(layout, wid) if self._resume is not None else None
+        self._res.centre = centre = SharedCentre.create(self._ctl.job_id, layout)
+        log.info("centre %s created by worker %d: %d parameters, %d bytes",
+                 centre.name, wid, len(layout), centre.size)
+        if resumed is not None:
+            for dst, src in zip(centre.arrays, resumed):
+                dst[...] = src
+            self._resume.release()
+            self.centre_ready = True
+            log.info("centre initialised from checkpoint %s", self._resume.path)
+        return centre
+
+    def params_ready(self, envelope: list, seq: Optional[int], record: WorkerRecord) -> None:
+        """``platoon-params-ready``: the initialiser wrote the values; release the waiters."""
+        if record.worker_id != self.initialiser:
+            raise ProtocolError("worker %d reported the centre's values but worker %s writes them"
+                                % (record.worker_id, self.initialiser))
+        self.centre_ready = True
+        self._registry.mark_ready(record)
+        self._ctl.reply(envelope, seq, None)
+        reply = {"segment": self._res.centre.name, "initialise": False}
+        waiting, self._init_waiting = self._init_waiting, []
+        for waiting_envelope, waiting_seq in waiting:
+            self._ctl.reply(waiting_envelope, waiting_seq, reply)
+            waiter = self._registry.by_identity(waiting_envelope[0])
+            if waiter is not None:
+                self._registry.mark_ready(waiter)
+
+    # -- barrier --
+
+    def barrier(self, envelope: list, seq: Optional[int], worker_id: int) -> None:
+        """``platoon-barrier``: deferred until every worker still expected is waiting."""
+        self._barrier_waiting[worker_id] = (envelope, seq)
+        self.release_barrier()
+
+    def leave_barrier(self, worker_id: int) -> None:
+        """Worker `worker_id` no longer waits (it gave up, or sent another request)."""
+        self._barrier_waiting.pop(worker_id, None)
+
+    def release_barrier(self) -> None:
+        """Reply to the barrier's waiters if they are all the workers still expected."""
+        if not self._barrier_waiting \
+                or len(self._barrier_waiting) < self._registry.still_expected():
+            return
+        waiting, self._barrier_waiting = self._barrier_waiting, {}
+        link = self._ctl.node_link
+        if link is not None:
+            try:
+                link.barrier()  # the whole job, across nodes
+            except PlatoonError as exc:
+                for envelope, seq in waiting.values():
+                    self._ctl.fail(envelope, seq, exc)
+                return
+        for envelope, seq in waiting.values():
+            self._ctl.reply(envelope, seq, None)
+
+    # -- departures --
+
+    def worker_left(self, worker_id: int) -> None:
+        """Release a barrier the worker held up; hand its initialiser role on, if it had it."""
+        self._barrier_waiting.pop(worker_id, None)
+        self.release_barrier()
+        if worker_id != self.initialiser or self.centre_ready:
+            return
+        # The initialising worker left before writing: the next waiting one takes over.
+        self.initialiser = None
+        while self._init_waiting and self.initialiser is None:
+            envelope, seq = self._init_waiting.pop(0)
+            waiting = self._registry.by_identity(envelope[0])
+            if waiting is not None and not waiting.has_left:
+                self.initialiser = waiting.worker_id
+                self._ctl.reply(envelope, seq, {"segment": self._res.centre.name,
+                                                "initialise": True})
