@@ -193,10 +193,11 @@ class Exchange:
             raise PlatoonError("a sync started by start_sync() is already in flight; call its "
                                "wait() before starting another")
         rule = self.rule
-        if not rule.elementwise or type(rule).push is ParamSyncRule.push:
-            raise TypeError("%r does not support start_sync(): it needs an elementwise rule "
-                            "with push() and pull() (EASGD and ASGD have them); call "
-                            "sync_params() instead" % (rule,))
+        if not (rule.supports_async and rule.elementwise):
+            raise TypeError("%r does not support start_sync(): it needs a rule declaring "
+                            "supports_async = True and elementwise = True, with push() and "
+                            "pull() (EASGD and ASGD have them); call sync_params() instead"
+                            % (rule,))
         if self.centre.lock.held:
             raise PlatoonError("start_sync() called while this thread holds the centre's lock "
                                "(Worker.lock); unlock() first, or call sync_params()")

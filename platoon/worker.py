@@ -379,9 +379,7 @@ class Worker:
         else:
             adapter.push()
         self.is_first = bool(reply["initialise"])
-        bind = getattr(param_sync_rule, "bind_worker", None)
-        if bind is not None:  # rules with shared state (Downpour's optimizer)
-            bind(self)
+        param_sync_rule.attach(self)  # rules with shared state (Downpour's optimizer)
         param_sync_rule.setup(params)
         self._adapter = adapter
         self._local = params

@@ -260,6 +260,41 @@ def test_rules_without_push_cannot_start_async_syncs(centre_pair):
         np.testing.assert_array_equal(c, x)
 
 
+class TakeCentre(ParamSyncRule):
+    """A user rule: the worker takes the centre; striped, and asynchronous when declared."""
+
+    elementwise = True
+
+    def update(self, index, local, central):
+        local[...] = central
+
+
+class TakeCentreAsync(TakeCentre):
+    supports_async = True
+
+    def push(self, index, start, snapshot, central):
+        snapshot[...] = central
+
+    def pull(self, index, start, local, snapshot):
+        local[...] = snapshot
+
+
+def test_user_rules_sync_by_stripe_and_start_async_syncs_only_when_declared(centre_pair):
+    centre, _ = centre_pair
+    for c, v in zip(centre.arrays, make_params(7)):
+        c[...] = v
+    striped = attach_worker(centre, TakeCentre(), make_params(8))
+    with pytest.raises(TypeError, match="supports_async = True"):
+        striped.start()
+    striped.sync()
+    asynchronous = attach_worker(centre, TakeCentreAsync(), make_params(9))
+    asynchronous.start().wait(timeout=20)
+    for ex in (striped, asynchronous):
+        assert ex.stats.syncs == 1
+        for x, c in zip(ex.local, centre.arrays):
+            np.testing.assert_array_equal(x, c)
+
+
 def test_whole_lock_excludes_stripes_within_one_process(centre_pair):
     centre, other = centre_pair
     centre.lock.acquire()
