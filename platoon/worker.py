@@ -69,7 +69,6 @@ class Worker:
         self.host = host
         self.timeout = timeout
         self.device = env.device or "cpu"
-        self.syncs = 0
         self.control_address = _endpoint(host, control_port)
         self.worker_id = None
         self.is_first = False
@@ -386,7 +385,7 @@ class Worker:
         self._rule = param_sync_rule
         self._exchange = Exchange(param_sync_rule, params, centre, self.worker_id, self.timeout)
         self._exchange.before_pull = adapter.pull
-        self._exchange.after_pull = self._after_async_pull
+        self._exchange.after_pull = adapter.push
 
     @property
     def shared_params(self):
@@ -413,7 +412,6 @@ class Worker:
             self._adapter.pull(params)
             self._exchange.sync(lock=synchronous)
             self._adapter.push()
-            self.syncs += 1
         return self._adapter.params()
 
     def start_sync(self):
@@ -441,9 +439,11 @@ class Worker:
             self._adapter.pull()
             return self._exchange.start()
 
-    def _after_async_pull(self):
-        self._adapter.push()
-        self.syncs += 1
+    @property
+    def syncs(self):
+        """Completed syncs, synchronous or not (a failed one does not count); equals
+        `sync_stats.syncs`."""
+        return 0 if self._exchange is None else self._exchange.stats.syncs
 
     @property
     def sync_stats(self):

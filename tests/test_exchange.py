@@ -371,3 +371,18 @@ def test_start_sync_with_torch_tensors_keeps_changes_made_in_flight(serve):
         np.testing.assert_array_equal(ctl.centre[0], 3.0)
         assert b.syncs == 1
     serving.join()
+
+
+def test_a_failed_async_push_is_not_counted_and_both_counters_agree(serve):
+    ctl = Controller(control_port=0, num_workers=1)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout=10) as w:
+        assert w.syncs == 0 and w.sync_stats is None
+        w.init_shared_params(make_params(11), failing_push(EASGD, 2, "second stripe failed")(0.5))
+        w.sync_params()
+        with pytest.raises(RuntimeError, match="second stripe failed"):
+            w.start_sync().wait(timeout=20)
+        assert w.syncs == w.sync_stats.syncs == 1
+        w.start_sync().wait(timeout=20)
+        assert w.syncs == w.sync_stats.syncs == 2
+    serving.join()
