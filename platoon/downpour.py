@@ -12,7 +12,7 @@ centre's lock, so state and centre change together.
 ``Downpour(SGD(lr=1.0))`` is exactly ASGD.
 """
 
-from typing import TYPE_CHECKING, List, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import PlatoonError, SyncTimeout
+from . import protocol
+from .errors import LayoutMismatch, PlatoonError, RemoteError, SyncTimeout
 from .rules import ParamSyncRule
+from .shmem import SharedCentre
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,7 @@ class Exchange:
         self.centre = centre
         self.timeout = timeout
         self.stats = SyncStats()
+        self.first = False  # set by `share`: this worker's values initialised the centre
         self._inflight = None
         self._snapshots = None
         self._pushed = []  # (index, start, stop) of the ranges the push in flight has done
@@ -249,3 +252,50 @@ class Exchange:
             log.warning("a sync in flight at close() failed: %s", exc)
         except Exception as exc:
             log.warning("a sync in flight at close() raised %s: %s", type(exc).__name__, exc)
+
+
+def share(request, adapter, rule, res, worker_id=0, timeout_s=None):
+    """Share `adapter`'s arrays through the job's centre; an Exchange syncing them by `rule`.
+
+    The first worker to ask initialises the centre with its values (the
+    Exchange's `first` is True); every later worker's arrays are overwritten
+    with the centre. `request(req, info)` sends a control request; the centre
+    is kept in `res` (a Resources), which releases it. Raises LayoutMismatch
+    when the arrays differ from the centre's in number, dtype or shape (the
+    centre is left untouched), TypeError for arrays `rule` cannot sync.
+    """
+    params = adapter.arrays
+    for i, p in enumerate(params):
+        if not p.flags.writeable:
+            raise TypeError("parameter %d is read-only; sync_params updates parameters in "
+                            "place, so pass writable arrays" % i)
+    rule.check(params)
+    layout = protocol.layout_of(params)
+    try:
+        reply = request(protocol.INIT_PARAMS, {"layout": layout, "rule": repr(rule)})
+    except RemoteError as exc:
+        if exc.remote_type == LayoutMismatch.__name__:
+            raise LayoutMismatch(str(exc)) from exc
+        raise
+    centre = res.centre = SharedCentre.attach(reply["segment"], layout)
+    first = bool(reply["initialise"])
+    if first:
+        adapter.pull()
+    centre.lock.acquire(timeout_s)
+    try:
+        for c, p in zip(centre.arrays, params):
+            if first:
+                c[...] = p
+            else:
+                p[...] = c
+    finally:
+        centre.lock.release()
+    if first:
+        request(protocol.PARAMS_READY)
+    else:
+        adapter.push()
+    exchange = Exchange(rule, params, centre, worker_id, timeout_s)
+    exchange.first = first
+    exchange.before_pull = adapter.pull
+    exchange.after_pull = adapter.push
+    return exchange
