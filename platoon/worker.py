@@ -4,6 +4,7 @@ import logging
 import threading
 import time
 import weakref
+from typing import Any, List, Optional, Sequence, Union
 
 import numpy as np
 import zmq
@@ -11,16 +12,18 @@ import zmq
 from . import adapters, protocol, security
 from .client import ControlClient, endpoint, uncaught_error
 from .collectives import WorkerCollectives, check_op
+from .deprecation import renamed_keywords
 from .environment import JobEnvironment
 from .errors import ControllerGone, ControllerTimeout, PlatoonError
-from .exchange import share
+from .exchange import SyncHandle, SyncStats, share
 from .minibatches import MinibatchClient
 from .rules import ParamSyncRule
 from .resources import Resources
 
 log = logging.getLogger(__name__)
 
-_DEFAULT = object()
+_DEFAULT: Any = object()  # "the worker's timeout_s"
+Port = Union[int, str, None]  # a port number or an endpoint string
 
 
 class Worker:
@@ -39,8 +42,9 @@ class Worker:
         data_port: if given (a port or an endpoint string), also connect to the
             minibatch channel (see `recv_mb`).
         host: the controller's address.
-        timeout: seconds to wait for any reply (None: forever); a request that
+        timeout_s: seconds to wait for any reply (None: forever); a request that
             times out raises ControllerTimeout and leaves the worker usable.
+            (Old name: `timeout`, deprecated.)
         keys_file: the job's CURVE keys when the controller requires them
             (default: the launcher's, if any).
 
@@ -48,8 +52,10 @@ class Worker:
     or call `close()`, which tells the controller this worker is done.
     """
 
-    def __init__(self, control_port=None, data_port=None, *, host="127.0.0.1", timeout=60.0,
-                 keys_file=None):
+    @renamed_keywords(timeout="timeout_s")
+    def __init__(self, control_port: Port = None, data_port: Port = None, *,
+                 host: str = "127.0.0.1", timeout_s: Optional[float] = 60.0,
+                 keys_file: Optional[str] = None):
         env = JobEnvironment.read()
         if control_port is None:
             control_port = env.control_port
@@ -57,7 +63,7 @@ class Worker:
                 raise ValueError("Worker needs the controller's control_port, or to run under "
                                  "platoon-launcher (which sets PLATOON_CONTROL_PORT)")
         self.host = host
-        self.timeout = timeout
+        self.timeout_s = timeout_s
         self.device = env.device or "cpu"
         self.control_address = endpoint(host, control_port)
         self.worker_id = None
@@ -79,7 +85,7 @@ class Worker:
             self._client = ControlClient(
                 self._res, self.control_address, index=env.worker_index,
                 keys=security.load_keys(keys_file) if keys_file else None)
-            info = self._client.register(timeout)
+            info = self._client.register(timeout_s)
             self.worker_id = info["worker_id"]
             self.is_first = info["is_first"]
             self.job_id = info["job_id"]
@@ -93,14 +99,25 @@ class Worker:
         log.info("worker %d registered with job %s at %s", self.worker_id, self.job_id,
                  self.control_address)
 
+    @property
+    def timeout(self) -> Optional[float]:
+        """Deprecated name of `timeout_s`."""
+        return self.timeout_s
+
+    @timeout.setter
+    def timeout(self, value: Optional[float]) -> None:
+        self.timeout_s = value
+
     # -- control --
 
-    def send_req(self, req, info=None, *, timeout=_DEFAULT):
+    @renamed_keywords(timeout="timeout_s")
+    def send_req(self, req: Any, info: Any = None, *, timeout_s: Optional[float] = _DEFAULT
+                 ) -> Any:
         """Send request `req` with JSON-serialisable `info`; return the controller's reply.
 
         `req` is usually a string; any JSON value (such as a dict, as the
         original Platoon sent) reaches `handle_control` as it is.
-        `timeout` in seconds overrides the worker's default (None: forever).
+        `timeout_s` in seconds overrides the worker's default (None: forever).
         Raises ControllerTimeout when no reply comes in time, ProtocolError
         at once for a request over the controller's size limit, and RemoteError
         when the controller answers with an error (its message and traceback
@@ -108,27 +125,31 @@ class Worker:
         again under its id and sends the request once more.
         """
         self._check_open()
-        return self._client.request(req, info,
-                                    timeout_s=self.timeout if timeout is _DEFAULT else timeout)
+        return self._client.request(req, info, timeout_s=self._timeout_s(timeout_s))
 
-    def report(self, minibatches=0, **metrics):
+    def _timeout_s(self, timeout_s):
+        return self.timeout_s if timeout_s is _DEFAULT else timeout_s
+
+    def report(self, minibatches: int = 0, **metrics: Any) -> None:
         """Tell the controller about progress: `minibatches` trained since the last report
         and any JSON metrics (loss=..., error=...). The launcher shows them in its status line.
         """
         self.send_req(protocol.REPORT, {"minibatches": minibatches, "syncs": self.syncs,
                                         "metrics": metrics})
 
-    def barrier(self, *, timeout=_DEFAULT):
+    @renamed_keywords(timeout="timeout_s")
+    def barrier(self, *, timeout_s: Optional[float] = _DEFAULT) -> None:
         """Wait until every worker of the job has reached the barrier.
 
-        On ControllerTimeout the worker withdraws from the barrier, so the
-        others do not pass it without this worker.
+        Raises ControllerTimeout after `timeout_s` seconds (default: the
+        worker's); the worker then withdraws from the barrier, so the others do
+        not pass it without this worker.
         """
         try:
-            self.send_req(protocol.BARRIER, timeout=timeout)
+            self.send_req(protocol.BARRIER, timeout_s=timeout_s)
         except ControllerTimeout:
             try:
-                self.send_req(protocol.BARRIER_CANCEL, timeout=1.0)
+                self.send_req(protocol.BARRIER_CANCEL, timeout_s=1.0)
             except PlatoonError:
                 pass  # the controller is unreachable: nobody passes the barrier anyway
             raise
@@ -143,7 +164,9 @@ class Worker:
         self.node_rank = info.get("node_rank", 0)
         self.num_nodes = info.get("num_nodes", 1)
 
-    def all_reduce(self, array, op="sum", *, out=None, timeout=_DEFAULT):
+    @renamed_keywords(timeout="timeout_s")
+    def all_reduce(self, array: np.ndarray, op: str = "sum", *, out: Optional[np.ndarray] = None,
+                   timeout_s: Optional[float] = _DEFAULT) -> np.ndarray:
         """Reduce `array` over every worker of the job; return the result.
 
         `op` is "sum", "mean" (floats only), "max" or "min" (not complex). The
@@ -152,7 +175,7 @@ class Worker:
         order. Workers of a node reduce through shared memory in worker-id
         order, so results are identical on every worker; the controllers
         combine nodes over MPI. Raises ValueError/TypeError for a bad op or
-        array, ControllerTimeout after `timeout` s (default: the worker's),
+        array, ControllerTimeout after `timeout_s` s (default: the worker's),
         RemoteError if a worker left or the workers' ops differ.
         """
         self._check_open()
@@ -176,17 +199,17 @@ class Worker:
         name, mine, result = entry
         np.copyto(mine.reshape(array.shape), array)
         try:
-            self.send_req(protocol.ALLREDUCE, {"segment": name, "op": op}, timeout=timeout)
+            self.send_req(protocol.ALLREDUCE, {"segment": name, "op": op}, timeout_s=timeout_s)
         except ControllerTimeout:  # withdraw, so the others do not reduce without us
             try:
-                self.send_req(protocol.ALLREDUCE_CANCEL, {"segment": name}, timeout=1.0)
+                self.send_req(protocol.ALLREDUCE_CANCEL, {"segment": name}, timeout_s=1.0)
             except PlatoonError:
                 pass
             raise
         np.copyto(out, result.reshape(array.shape))
         return out
 
-    def shared_state(self, name, layout):
+    def shared_state(self, name: str, layout: List[dict]) -> List[np.ndarray]:
         """Zero-initialised arrays in shared memory, one set per job and `name`.
 
         `layout` is ``[{"dtype": str, "shape": [int]}]`` (see
@@ -199,7 +222,8 @@ class Worker:
 
     # -- shared parameters --
 
-    def init_shared_params(self, params, param_sync_rule, cleanup=False):
+    def init_shared_params(self, params: Any, param_sync_rule: ParamSyncRule,
+                           cleanup: bool = False) -> None:
         """Share `params` through the job's centre.
 
         `params` is a list of writable numpy arrays (updated in place), of
@@ -228,7 +252,7 @@ class Worker:
             self._res.centre.close()
             self._res.centre = None
         exchange = share(self.send_req, adapter, param_sync_rule, self._res, self.worker_id,
-                         self.timeout)
+                         self.timeout_s)
         self.is_first = exchange.first
         param_sync_rule.attach(self)  # rules with shared state (Downpour's optimizer)
         param_sync_rule.setup(adapter.arrays)
@@ -238,16 +262,17 @@ class Worker:
         self._exchange = exchange
 
     @property
-    def shared_params(self):
+    def shared_params(self) -> Optional[List[np.ndarray]]:
         """The central parameters as numpy arrays in shared memory (None before init)."""
         centre = self._res.centre
         return None if centre is None else centre.arrays
 
-    def sync_params(self, synchronous=True, *, params=None):
+    def sync_params(self, synchronous: bool = True, *, params: Optional[Sequence] = None
+                    ) -> List[Any]:
         """Apply the sync rule between this worker's parameters and the centre, in place.
 
         With synchronous=True (the default) each stripe of the centre is
-        updated under its own lock (waiting at most the worker's timeout, else
+        updated under its own lock (waiting at most the worker's timeout_s, else
         LockTimeout); rules that are not elementwise, and a caller holding
         `lock()`, update the whole centre under the whole lock. With False the
         caller is responsible for locking (see `lock`). Device parameters are
@@ -264,7 +289,7 @@ class Worker:
             self._adapter.push()
         return self._adapter.params()
 
-    def start_sync(self):
+    def start_sync(self) -> SyncHandle:
         """Start a sync in a background thread; returns a SyncHandle: call its `wait()`.
 
         The parameters are copied (a snapshot) before this returns; until
@@ -290,23 +315,29 @@ class Worker:
             return self._exchange.start()
 
     @property
-    def syncs(self):
+    def syncs(self) -> int:
         """Completed syncs, synchronous or not (a failed one does not count); equals
         `sync_stats.syncs`."""
         return 0 if self._exchange is None else self._exchange.stats.syncs
 
     @property
-    def sync_stats(self):
+    def sync_stats(self) -> Optional[SyncStats]:
         """A SyncStats: sync count and lock hold/wait times (None before init)."""
         return None if self._exchange is None else self._exchange.stats
 
-    def lock(self, timeout=None):
-        """Take the centre's lock (seconds, None: forever); raises LockTimeout."""
+    @renamed_keywords(timeout="timeout_s")
+    def lock(self, timeout_s: Optional[float] = None) -> "HeldLock":
+        """Take the centre's whole lock, waiting at most `timeout_s` seconds (None: forever).
+
+        Use ``with w.lock(timeout_s):``, which releases it on leaving the block, or
+        call `unlock()`. Raises LockTimeout.
+        """
         if self._res.centre is None:
             raise PlatoonError("call init_shared_params() before lock()")
-        self._res.centre.lock.acquire(timeout)
+        self._res.centre.lock.acquire(timeout_s)
+        return HeldLock(self.unlock)
 
-    def unlock(self):
+    def unlock(self) -> None:
         """Release the centre's lock taken by `lock`."""
         if self._res.centre is None:
             raise PlatoonError("call init_shared_params() before unlock()")
@@ -314,7 +345,7 @@ class Worker:
 
     # -- minibatches --
 
-    def init_mb_sock(self, port=None, *, prefetch=1):
+    def init_mb_sock(self, port: Port = None, *, prefetch: int = 1) -> None:
         """Connect to the controller's minibatch channel on `port` (an endpoint string, or
         None: the launcher's).
 
@@ -342,23 +373,24 @@ class Worker:
         # Created after the sockets' finalizer, so it runs first at exit: goodbye, then close.
         self._mb_leave = weakref.finalize(self, client.leave)
 
-    def recv_mb(self, *, timeout=_DEFAULT):
+    @renamed_keywords(timeout="timeout_s")
+    def recv_mb(self, *, timeout_s: Optional[float] = _DEFAULT) -> List[np.ndarray]:
         """Receive one minibatch: the list of arrays given to `Controller.send_mb`.
 
         Calling it again acknowledges the previous minibatch as finished; a worker
         that fails holding one (or closes with minibatches prefetched) has the
         controller re-send it to another worker. The arrays keep dtype, shape and
         memory order and are read-only views of the received message (no copy);
-        copy one to modify it. Raises MinibatchTimeout after `timeout` seconds
+        copy one to modify it. Raises MinibatchTimeout after `timeout_s` seconds
         (default: the worker's), ProtocolError for a malformed message or when the
         controller refuses the request.
         """
         if self._mb is None:
             raise PlatoonError("call init_mb_sock(port) (or pass data_port) before recv_mb()")
         self._check_open()
-        timeout = self.timeout if timeout is _DEFAULT else timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
-        return self._mb.receive(self._client.recv_within, deadline, timeout)
+        timeout_s = self._timeout_s(timeout_s)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        return self._mb.receive(self._client.recv_within, deadline, timeout_s)
 
     # -- teardown --
 
@@ -366,7 +398,7 @@ class Worker:
         if self._closed:
             raise PlatoonError("worker %s is closed" % self.worker_id)
 
-    def close(self, error=None):
+    def close(self, error: Optional[str] = None) -> None:
         """Tell the controller this worker is done, then release everything. Idempotent.
 
         With `error` (a message), the worker tells the controller it failed
@@ -381,10 +413,10 @@ class Worker:
             self._mb_leave()
         try:
             if self._exchange is not None:  # its last push lands before the controller hears
-                self._exchange.close(timeout=30.0 if self.timeout is None else self.timeout)
+                self._exchange.close(30.0 if self.timeout_s is None else self.timeout_s)
             try:
-                self._client.say_done(error, 5.0 if self.timeout is None
-                                      else min(self.timeout, 5.0))
+                self._client.say_done(error, 5.0 if self.timeout_s is None
+                                      else min(self.timeout_s, 5.0))
             except PlatoonError as exc:
                 log.warning("worker %d could not tell the controller it is done: %s",
                             self.worker_id, exc)
@@ -395,12 +427,24 @@ class Worker:
             self._coll_finalizer()
             self._finalizer()
 
-    def __enter__(self):
+    def __enter__(self) -> "Worker":
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None or issubclass(exc_type, ControllerGone):
             self.close()
         else:
             self.close(error="%s: %s" % (exc_type.__name__, exc))
 
+
+class HeldLock:
+    """The centre's lock, taken by `Worker.lock`; leaving a ``with`` block releases it."""
+
+    def __init__(self, release):
+        self._release = release
+
+    def __enter__(self) -> "HeldLock":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._release()

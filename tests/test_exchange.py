@@ -68,12 +68,12 @@ def centre_pair():
     centre.unlink()
 
 
-def attach_worker(centre, rule, params, timeout=5.0):
+def attach_worker(centre, rule, params, timeout_s=5.0):
     """An Exchange as Worker.init_shared_params builds it, without the control round trips."""
     from platoon.exchange import Exchange
     rule.check(params)
     rule.setup(params)
-    return Exchange(rule, params, centre, worker_id=1, timeout=timeout)
+    return Exchange(rule, params, centre, worker_id=1, timeout_s=timeout_s)
 
 
 @pytest.mark.parametrize("rule_class", [lambda: EASGD(0.3), ASGD])
@@ -125,7 +125,7 @@ def test_params_are_untouched_in_flight_and_keep_local_changes_after_wait(centre
         c[...] = 2.0
     xs = [np.zeros(s, np.float32) for s in SHAPES]
     rule = rule_class()
-    ex = attach_worker(centre, rule, xs, timeout=20)
+    ex = attach_worker(centre, rule, xs, timeout_s=20)
     for x in xs:
         x[...] = 4.0                     # trained locally since the last sync
     other.lock.acquire()                 # another worker holds the whole centre
@@ -200,7 +200,7 @@ def test_async_errors_surface_at_wait_and_release_the_locks(centre_pair):
     ex.start().wait(timeout=20)  # the worker can sync again
 
     # A stripe held past the worker's timeout: LockTimeout at wait(), locks released.
-    ex.timeout = 0.1
+    ex.timeout_s = 0.1
     other.stripe_locks[3].acquire()
     try:
         handle = ex.start()

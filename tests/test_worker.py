@@ -164,3 +164,69 @@ def test_send_mb_needs_a_data_socket_and_times_out_without_workers():
         ctl.init_data(0, hwm=1)
         with pytest.raises(MinibatchTimeout, match="no worker asked"):
             ctl.send_mb([np.zeros(1)], timeout=0.1)
+
+
+def test_lock_works_as_a_context_manager_releasing_on_exit_and_on_errors(serve):
+    ctl = CountController(control_port=0)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout_s=5) as a, Worker(ctl.control_port, timeout_s=5) as b:
+        a.init_shared_params([np.ones(2)], ASGD())
+        b.init_shared_params([np.ones(2)], ASGD())
+        with a.lock(timeout_s=1.0):
+            with pytest.raises(LockTimeout):
+                b.lock(timeout_s=0.05)
+            a.sync_params()  # under the caller's lock: the whole centre, no deadlock
+        with pytest.raises(RuntimeError, match="inside"):
+            with b.lock(1.0):
+                raise RuntimeError("inside")
+        with a.lock(timeout_s=1.0):  # b released it when the exception left the block
+            pass
+        a.lock()  # and without `with`, as before
+        a.unlock()
+        b.sync_params()
+    serving.join()
+
+
+def test_old_duration_keywords_still_work_and_warn(serve):
+    from platoon import average_gradients
+    from platoon.channel import Worker as OriginalWorker
+
+    ctl = CountController(control_port=0, data_port=0, num_workers=2)
+    serving = serve(ctl)
+    with pytest.warns(DeprecationWarning, match=r"Worker.__init__\(timeout=...\) is deprecated: "
+                                                r"call it with timeout_s="):
+        w = Worker(ctl.control_port, data_port=ctl.data_port, timeout=5)
+    with w, OriginalWorker(port=ctl.control_port, socket_timeout=2500) as original:
+        assert w.timeout_s == w.timeout == 5 and original.timeout_s == 2.5
+        w.timeout = 4  # the old attribute is still writable
+        assert w.timeout_s == 4
+        for call, name in [(lambda: w.send_req("x", timeout=1), "send_req"),
+                           (lambda: w.recv_mb(timeout=0.05), "recv_mb")]:
+            with pytest.warns(DeprecationWarning, match=r"Worker.%s\(timeout=" % name):
+                try:
+                    call()
+                except MinibatchTimeout:
+                    pass
+        threads = [threading.Thread(target=original.barrier),
+                   threading.Thread(target=lambda: original.all_reduce(np.ones(2)))]
+        threads[0].start()
+        with pytest.warns(DeprecationWarning, match=r"Worker.barrier\(timeout="):
+            w.barrier(timeout=5)
+        threads[0].join(5)
+        threads[1].start()
+        with pytest.warns(DeprecationWarning, match=r"Worker.all_reduce\(timeout="):
+            assert list(w.all_reduce(np.ones(2), timeout=5)) == [2.0, 2.0]
+        threads[1].join(5)
+        threads[0] = threading.Thread(target=lambda: average_gradients(original, [np.ones(2)]))
+        threads[0].start()
+        with pytest.warns(DeprecationWarning, match=r"average_gradients\(timeout="):
+            average_gradients(w, [np.ones(2)], timeout=5)
+        threads[0].join(5)
+        w.init_shared_params([np.ones(2)], EASGD(0.5))
+        original.init_shared_params([np.ones(2)], EASGD(0.5))
+        with pytest.warns(DeprecationWarning, match=r"Worker.lock\(timeout="):
+            w.lock(timeout=1)
+        w.unlock()
+        with pytest.warns(DeprecationWarning, match=r"SyncHandle.wait\(timeout="):
+            w.start_sync().wait(timeout=5)
+    serving.join()
