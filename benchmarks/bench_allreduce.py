@@ -51,7 +51,7 @@ def raw_mpi(iters):
 
 def platoon_worker(iters):
     from platoon import Worker
-    with Worker(timeout=60) as w:
+    with Worker(timeout_s=60) as w:
         out = {}
         for label, n in SIZES.items():
             buf = np.ones(n, np.float32)

@@ -100,7 +100,7 @@ def train(mode, address, data, worker_id, workers, steps, target, seed):
     worker = None
     if mode == "platoon":
         from platoon import EASGD, Worker
-        worker = Worker(address, timeout=120)
+        worker = Worker(address, timeout_s=120)
         worker.init_shared_params(params, EASGD(0.9 / workers))
         worker.barrier()
     mlp.sgd_step([p.copy() for p in params], xtr[:BATCH], ytr[:BATCH], LR)  # warm up
@@ -118,7 +118,7 @@ def train(mode, address, data, worker_id, workers, steps, target, seed):
             if worker is None:
                 model = params
             else:  # the centre, copied under its lock so no sync is half-way
-                worker.lock(timeout=60)
+                worker.lock(timeout_s=60)
                 model = [c.copy() for c in worker.shared_params]
                 worker.unlock()
             best = max(best, mlp.accuracy(model, xte, yte))

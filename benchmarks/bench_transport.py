@@ -27,7 +27,7 @@ def control_round_trip(transport, count=500, rounds=12):
             sock = ctx.socket(zmq.REQ)
             sock.linger = 0
             sock.connect(raw_addr)
-            with Worker(ctl_addr, timeout=30) as w:
+            with Worker(ctl_addr, timeout_s=30) as w:
                 best_raw = best_ours = float("inf")
                 for _ in range(rounds):
                     start = time.perf_counter()
@@ -66,7 +66,7 @@ def minibatch_throughput(transport, shape, count, rounds=3, prefetch=8):
             pull = ctx.socket(zmq.PULL)
             pull.linger = 0
             pull.connect(raw_addr)
-            with Worker(ctl_addr, timeout=60) as w:
+            with Worker(ctl_addr, timeout_s=60) as w:
                 w.init_mb_sock(data_addr, prefetch=prefetch)
                 receive = {"raw": lambda: pull.recv_multipart(copy=False), "platoon": w.recv_mb}
                 for _ in range(rounds):
@@ -98,7 +98,7 @@ def idle_controller_cpu(duration_s=2.0):
     """Percent of one core used by a serving controller with one registered, idle worker."""
     with Children() as children:
         ctl = children.start("ping_controller", "tcp")
-        with Worker(ctl.line("ADDR")[0], timeout=30):
+        with Worker(ctl.line("ADDR")[0], timeout_s=30):
             time.sleep(0.2)  # let start-up work finish before measuring
             before, start = _cpu_seconds(ctl.popen.pid), time.monotonic()
             time.sleep(duration_s)  # measuring idleness: nothing to wait for

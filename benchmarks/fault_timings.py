@@ -22,7 +22,7 @@ from platoon.shmem import pid_alive, segment_owner
 HOLDER = textwrap.dedent("""
     import sys, time, numpy as np
     from platoon import EASGD, Worker
-    w = Worker(int(sys.argv[1]), timeout=30)
+    w = Worker(int(sys.argv[1]), timeout_s=30)
     w.init_shared_params([np.zeros(1000)], EASGD(0.5))
     w.lock()
     print("HOLDING", flush=True)
@@ -57,7 +57,7 @@ def worker_death_trial():
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "HOLDING"
-        with Worker(ctl.control_port, timeout=30) as w:
+        with Worker(ctl.control_port, timeout_s=30) as w:
             params = [np.zeros(1000)]
             holder.send_signal(signal.SIGKILL)
             killed = time.monotonic()
@@ -79,12 +79,12 @@ def controller_death_trial():
     ctl = subprocess.Popen([sys.executable, "-c", CONTROLLER], stdout=subprocess.PIPE, text=True)
     try:
         port = int(ctl.stdout.readline())
-        with Worker(port, timeout=30) as w:
+        with Worker(port, timeout_s=30) as w:
             ctl.send_signal(signal.SIGKILL)
             killed = time.monotonic()
             ctl.wait()
             try:
-                w.barrier(timeout=None)
+                w.barrier(timeout_s=None)
             except Exception:  # ControllerGone
                 pass
             return time.monotonic() - killed

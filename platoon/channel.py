@@ -30,12 +30,13 @@ class Controller(_Controller):
 
 class Worker(_Worker):
     """`platoon.Worker`, also taking the original keywords: `port` for `control_port`,
-    `socket_timeout` in milliseconds; `data_hwm` is accepted and ignored."""
+    `socket_timeout` in milliseconds (becomes `timeout_s`); `data_hwm` is accepted and
+    ignored."""
 
     def __init__(self, control_port=None, data_port=None, socket_timeout=None, data_hwm=None,
                  port=None, **kwargs):
-        if socket_timeout is not None:
-            kwargs.setdefault("timeout", socket_timeout / 1000.0)
+        if socket_timeout is not None and "timeout" not in kwargs:
+            kwargs.setdefault("timeout_s", socket_timeout / 1000.0)
         super().__init__(port if port is not None else control_port, data_port, **kwargs)
 
 

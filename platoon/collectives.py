@@ -21,6 +21,7 @@ import numpy as np
 
 from . import protocol
 from .checkpoint import load_states
+from .deprecation import renamed_keywords
 from .errors import PlatoonError, ProtocolError
 from .services import ControllerServices
 from .shmem import SEGMENT_PREFIX, SharedCentre, param_offsets
@@ -293,12 +294,14 @@ class WorkerCollectives:
         self.reductions = {}
 
 
-def average_gradients(worker, grads, *, timeout=None):
+@renamed_keywords(timeout="timeout_s")
+def average_gradients(worker, grads, *, timeout_s=None):
     """Synchronous data-parallel SGD: replace each array in `grads` by its mean over all workers.
 
     Arrays of one dtype travel together in one all_reduce. Call it every step on
     every worker, after the backward pass, before the optimizer step. Returns
-    `grads`. Raises as `Worker.all_reduce`.
+    `grads`. `timeout_s` bounds each all_reduce (None: forever). Raises as
+    `Worker.all_reduce`.
     """
     grads = list(grads)
     by_dtype = {}
@@ -309,7 +312,7 @@ def average_gradients(worker, grads, *, timeout=None):
     for dtype, group in by_dtype.items():
         flat = np.concatenate([g.reshape(-1) for g in group]) if len(group) > 1 \
             else np.ascontiguousarray(group[0]).reshape(-1).copy()
-        worker.all_reduce(flat, "mean", timeout=timeout)
+        worker.all_reduce(flat, "mean", timeout_s=timeout_s)
         pos = 0
         for g in group:
             g[...] = flat[pos:pos + g.size].reshape(g.shape)

@@ -12,9 +12,14 @@ centre's lock, so state and centre change together.
 ``Downpour(SGD(lr=1.0))`` is exactly ASGD.
 """
 
+from typing import TYPE_CHECKING, Sequence
+
 import numpy as np
 
 from .rules import ParamSyncRule, _require_float
+
+if TYPE_CHECKING:
+    from .worker import Worker
 
 
 class SGD:
@@ -93,7 +98,7 @@ class Downpour(ParamSyncRule):
     `Worker.init_shared_params`, which attaches the state.
     """
 
-    def __init__(self, optimizer, state_name="downpour"):
+    def __init__(self, optimizer, state_name: str = "downpour"):
         if not hasattr(optimizer, "apply") or not hasattr(optimizer, "state_layout"):
             raise TypeError("Downpour needs an optimizer such as platoon.SGD(lr=0.1, "
                             "momentum=0.9) or platoon.Adam(lr=1e-3), got %r" % (optimizer,))
@@ -101,27 +106,27 @@ class Downpour(ParamSyncRule):
         self.state_name = state_name
         self.state = None
 
-    def check(self, local_params):
+    def check(self, local_params: Sequence[np.ndarray]) -> None:
         _require_float(self, local_params)
         self._layout = [{"dtype": p.dtype.str, "shape": list(p.shape)} for p in local_params]
 
-    def bind_worker(self, worker):
+    def attach(self, worker: "Worker") -> None:
         """Attach the optimizer's state in shared memory (called by init_shared_params)."""
         layout = self.optimizer.state_layout(self._layout)
         self.state = worker.shared_state(self.state_name, layout) if layout else []
 
-    def setup(self, local_params):
+    def setup(self, local_params: Sequence[np.ndarray]) -> None:
         if self.state is None:
             raise RuntimeError("Downpour's optimizer state is not attached: pass the rule to "
                                "Worker.init_shared_params")
         self._last = [np.array(p, copy=True, order="C") for p in local_params]
 
-    def update(self, index, local, central):
+    def update(self, index: int, local: np.ndarray, central: np.ndarray) -> None:
         last = self._last[index]
         g = last - local
         self.optimizer.apply(index, central, g, self.state)
         local[...] = central
         last[...] = central
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Downpour(%r)" % (self.optimizer,)

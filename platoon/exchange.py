@@ -15,11 +15,15 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable, List, Optional
 
 import numpy as np
 
-from .errors import PlatoonError, SyncTimeout
+from . import protocol
+from .deprecation import renamed_keywords
+from .errors import LayoutMismatch, PlatoonError, RemoteError, SyncTimeout
 from .rules import ParamSyncRule
+from .shmem import SharedCentre
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +40,7 @@ class SyncStats:
     max_hold_s: float = 0.0   # longest single hold
 
     @property
-    def mean_hold_s(self):
+    def mean_hold_s(self) -> float:
         """Mean time a lock was held per sync."""
         return self.lock_hold_s / self.syncs if self.syncs else 0.0
 
@@ -44,7 +48,7 @@ class SyncStats:
 class SyncHandle:
     """An asynchronous sync started by `Worker.start_sync`; call `wait` to finish it."""
 
-    def __init__(self, exchange):
+    def __init__(self, exchange: "Exchange"):
         self._exchange = exchange
         self._error = None
         self._finished = False
@@ -56,27 +60,28 @@ class SyncHandle:
         except BaseException as exc:  # raised again by wait()
             self._error = exc
 
-    def done(self):
+    def done(self) -> bool:
         """True once the background part has finished (`wait` will not block)."""
         return not self._thread.is_alive()
 
-    def wait(self, timeout=None):
+    @renamed_keywords(timeout="timeout_s")
+    def wait(self, timeout_s: Optional[float] = None) -> None:
         """Finish the sync: apply its result to the worker's parameters.
 
-        `timeout` in float seconds (None: forever); raises SyncTimeout if the
+        `timeout_s` in float seconds (None: forever); raises SyncTimeout if the
         background part is still running then (the sync stays in flight; call
         `wait` again). Raises the background part's error, if any (LockTimeout
-        when a stripe stayed locked past the worker's timeout), after applying
+        when a stripe stayed locked past the worker's timeout_s), after applying
         the stripes it did push (their effect on the centre is not lost); every
         lock is released.
         Calling `wait` again after it returned or raised does nothing.
         """
         if self._finished:
             return
-        self._thread.join(timeout)
+        self._thread.join(timeout_s)
         if self._thread.is_alive():
             raise SyncTimeout("the sync started by start_sync() is still running after %.3g s; "
-                              "call wait() again, or wait longer" % timeout)
+                              "call wait() again, or wait longer" % timeout_s)
         self._finished = True
         self._exchange._inflight = None
         # Even when the push failed part-way, the stripes it finished moved the centre (and
@@ -90,12 +95,14 @@ class SyncHandle:
 class Exchange:
     """Syncs one worker's parameters with the centre under a rule (see module docstring)."""
 
-    def __init__(self, rule, local, centre, worker_id=0, timeout=None):
+    def __init__(self, rule: ParamSyncRule, local: List[np.ndarray], centre: SharedCentre,
+                 worker_id: int = 0, timeout_s: Optional[float] = None):
         self.rule = rule
         self.local = local
         self.centre = centre
-        self.timeout = timeout
+        self.timeout_s = timeout_s
         self.stats = SyncStats()
+        self.first = False  # set by `share`: this worker's values initialised the centre
         self._inflight = None
         self._snapshots = None
         self._pushed = []  # (index, start, stop) of the ranges the push in flight has done
@@ -112,7 +119,7 @@ class Exchange:
 
     # -- synchronous --
 
-    def sync(self, lock=True):
+    def sync(self, lock: bool = True) -> None:
         """Apply the rule in place to the worker's parameters and the centre (with
         lock=False, without taking any lock: the caller holds the centre's)."""
         if self._inflight is not None:
@@ -134,7 +141,7 @@ class Exchange:
             update()
             return
         start = time.perf_counter()
-        lock.acquire(self.timeout)
+        lock.acquire(self.timeout_s)
         got = time.perf_counter()
         try:
             update()
@@ -153,11 +160,11 @@ class Exchange:
         """Call update(index, start, stop) for every range, each stripe under its lock.
 
         Takes whichever pending stripe is free; waits (with back-off, up to the
-        timeout) only when all pending stripes are busy.
+        timeout_s) only when all pending stripes are busy.
         """
         stripes, locks = self.centre.stripes, self.centre.stripe_locks
         pending = list(self._order)
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         pause = _STRIPE_PAUSE_S[0]
         waited_since = None
         while pending:
@@ -168,7 +175,7 @@ class Exchange:
                 if waited_since is None:
                     waited_since = time.perf_counter()
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise locks[pending[0]]._timeout(self.timeout)
+                    raise locks[pending[0]]._timeout(self.timeout_s)
                 time.sleep(pause)
                 pause = min(2 * pause, _STRIPE_PAUSE_S[1])
                 continue
@@ -187,16 +194,17 @@ class Exchange:
 
     # -- asynchronous --
 
-    def start(self):
+    def start(self) -> SyncHandle:
         """Snapshot the parameters and push them in a background thread; returns a SyncHandle."""
         if self._inflight is not None:
             raise PlatoonError("a sync started by start_sync() is already in flight; call its "
                                "wait() before starting another")
         rule = self.rule
-        if not rule.elementwise or type(rule).push is ParamSyncRule.push:
-            raise TypeError("%r does not support start_sync(): it needs an elementwise rule "
-                            "with push() and pull() (EASGD and ASGD have them); call "
-                            "sync_params() instead" % (rule,))
+        if not (rule.supports_async and rule.elementwise):
+            raise TypeError("%r does not support start_sync(): it needs a rule declaring "
+                            "supports_async = True and elementwise = True, with push() and "
+                            "pull() (EASGD and ASGD have them); call sync_params() instead"
+                            % (rule,))
         if self.centre.lock.held:
             raise PlatoonError("start_sync() called while this thread holds the centre's lock "
                                "(Worker.lock); unlock() first, or call sync_params()")
@@ -237,14 +245,62 @@ class Exchange:
         if self.after_pull is not None:
             self.after_pull()
 
-    def close(self, timeout):
-        """Finish a sync in flight (waiting at most `timeout` s); log its error, if any."""
+    def close(self, timeout_s: Optional[float]) -> None:
+        """Finish a sync in flight (waiting at most `timeout_s`); log its error, if any."""
         handle = self._inflight
         if handle is None:
             return
         try:
-            handle.wait(timeout)
+            handle.wait(timeout_s)
         except PlatoonError as exc:
             log.warning("a sync in flight at close() failed: %s", exc)
         except Exception as exc:
             log.warning("a sync in flight at close() raised %s: %s", type(exc).__name__, exc)
+
+
+def share(request: Callable, adapter, rule: ParamSyncRule, res, worker_id: int = 0,
+          timeout_s: Optional[float] = None) -> Exchange:
+    """Share `adapter`'s arrays through the job's centre; an Exchange syncing them by `rule`.
+
+    The first worker to ask initialises the centre with its values (the
+    Exchange's `first` is True); every later worker's arrays are overwritten
+    with the centre. `request(req, info)` sends a control request; the centre
+    is kept in `res` (a Resources), which releases it. Raises LayoutMismatch
+    when the arrays differ from the centre's in number, dtype or shape (the
+    centre is left untouched), TypeError for arrays `rule` cannot sync.
+    """
+    params = adapter.arrays
+    for i, p in enumerate(params):
+        if not p.flags.writeable:
+            raise TypeError("parameter %d is read-only; sync_params updates parameters in "
+                            "place, so pass writable arrays" % i)
+    rule.check(params)
+    layout = protocol.layout_of(params)
+    try:
+        reply = request(protocol.INIT_PARAMS, {"layout": layout, "rule": repr(rule)})
+    except RemoteError as exc:
+        if exc.remote_type == LayoutMismatch.__name__:
+            raise LayoutMismatch(str(exc)) from exc
+        raise
+    centre = res.centre = SharedCentre.attach(reply["segment"], layout)
+    first = bool(reply["initialise"])
+    if first:
+        adapter.pull()
+    centre.lock.acquire(timeout_s)
+    try:
+        for c, p in zip(centre.arrays, params):
+            if first:
+                c[...] = p
+            else:
+                p[...] = c
+    finally:
+        centre.lock.release()
+    if first:
+        request(protocol.PARAMS_READY)
+    else:
+        adapter.push()
+    exchange = Exchange(rule, params, centre, worker_id, timeout_s)
+    exchange.first = first
+    exchange.before_pull = adapter.pull
+    exchange.after_pull = adapter.push
+    return exchange

@@ -277,8 +277,9 @@ class MinibatchClient:
     when the worker is closed or its process exits.
     """
 
-    def __init__(self, sock, worker_id, token, prefetch, controller_alive):
+    def __init__(self, sock, worker_id, token, prefetch, controller_alive, address=None):
         self.sock = sock
+        self.address = address  # the controller's data endpoint, for messages
         self.worker_id = worker_id
         self.token = token
         self.prefetch = prefetch
@@ -298,6 +299,32 @@ class MinibatchClient:
     def received_one(self):
         self.received += 1
         self.outstanding -= 1
+
+    def receive(self, recv_within, deadline, timeout_s):
+        """Ask for and receive one minibatch (see `Worker.recv_mb`); its arrays.
+
+        `recv_within(sock, deadline, copy)` waits for a frame until `deadline`
+        (monotonic) and returns None then. Raises MinibatchTimeout, ProtocolError.
+        """
+        try:
+            self.ask()
+        except zmq.Again:
+            raise MinibatchTimeout("cannot ask %s for a minibatch: the request queue is full"
+                                   % self.address) from None
+        first = recv_within(self.sock, deadline, copy=False)
+        if first is None:
+            raise MinibatchTimeout("no minibatch from %s within %.3g s"
+                                   % (self.address, timeout_s)) from None
+        frames = [first]
+        while frames[-1].more:  # the rest of a message is there once its first frame is
+            frames.append(self.sock.recv(copy=False))
+        refusal = protocol.mb_refusal(frames)
+        if refusal is not None:
+            self.outstanding = 0
+            raise ProtocolError("the controller at %s refused worker %s's minibatch request: %s"
+                                % (self.address, self.worker_id, refusal))
+        self.received_one()
+        return protocol.decode_minibatch(frames)
 
     def leave(self):
         """Tell the controller this worker takes no more minibatches: those on their way

@@ -8,32 +8,102 @@ writes each byte of local and central parameters once, with no temporaries,
 and gives bit-for-bit the result of the plain formula.
 """
 
+import warnings
+from typing import TYPE_CHECKING, Iterator, List, Sequence
+
 import numpy as np
 
+if TYPE_CHECKING:
+    from .worker import Worker
+
 BLOCK_ELEMENTS = 1 << 16  # 256 KiB of float32: stays in L2 while a block is updated
+
+_CAPABILITIES = ("elementwise", "supports_async")
 
 
 class ParamSyncRule:
     """Base class of sync rules. Subclass it and override `update` (and `setup` for state).
 
     One instance belongs to one worker; `Worker.init_shared_params` calls
-    `check` before sharing, `setup` once the worker's parameters equal the centre, then every
-    `sync_params` calls `update_params` under the centre's lock.
+    `check` before sharing, `attach` once the centre is shared, `setup` once the
+    worker's parameters equal the centre, then every `sync_params` calls
+    `update_params` under the centre's lock.
 
-    A rule whose update of each element depends only on that element (and
-    per-element state) sets ``elementwise = True``: the worker may then call
-    `update` on flat, contiguous slices ``local[start:stop]`` of each parameter,
-    one stripe of the centre at a time, passing `start` so per-element state can
-    be sliced alike. `start_sync` additionally needs `push` and `pull`.
+    A rule declares what it can do with class attributes, checked when the
+    subclass is defined (a TypeError names what is missing):
+
+    - ``elementwise = True``: the update of each element depends only on that
+      element (and per-element state); the worker may call `update_range` on
+      flat, contiguous slices of each parameter, one stripe of the centre at a
+      time, with `start` so per-element state can be sliced alike.
+    - ``supports_async = True``: `push` and `pull` split an update so that
+      `Worker.start_sync` can run it in the background; needs `elementwise`.
     """
 
-    elementwise = False
+    elementwise: bool = False
+    supports_async: bool = False
 
-    def update_range(self, index, start, local, central):
-        """Update elements ``start:start+len(local)`` of parameter `index` (1-D slices)."""
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in _CAPABILITIES:
+            if not isinstance(getattr(cls, name), bool):
+                raise TypeError("%s.%s must be True or False, got %r"
+                                % (cls.__name__, name, getattr(cls, name)))
+        if cls.supports_async:
+            missing = [m for m in ("push", "pull")
+                       if getattr(cls, m) is getattr(ParamSyncRule, m)]
+            if missing:
+                raise TypeError("%s declares supports_async = True but does not implement %s; "
+                                "implement push() and pull(), or leave supports_async False"
+                                % (cls.__name__, " and ".join(m + "()" for m in missing)))
+            if not cls.elementwise:
+                raise TypeError("%s declares supports_async = True, which needs elementwise = "
+                                "True (start_sync pushes one stripe of the centre at a time)"
+                                % cls.__name__)
+        if cls.elementwise and cls.update is ParamSyncRule.update \
+                and cls.update_range is ParamSyncRule.update_range:
+            raise TypeError("%s declares elementwise = True but implements neither update() nor "
+                            "update_range()" % cls.__name__)
+        if cls.bind_worker is not ParamSyncRule.bind_worker \
+                and cls.attach is ParamSyncRule.attach:
+            warnings.warn("%s.bind_worker() is deprecated: rename it attach(worker)"
+                          % cls.__name__, DeprecationWarning, stacklevel=2)
+            cls.attach = cls.bind_worker
+
+    def check(self, local_params: Sequence[np.ndarray]) -> None:
+        """Raise TypeError or ValueError if this rule cannot sync these arrays."""
+
+    def attach(self, worker: "Worker") -> None:
+        """Acquire what the rule shares with other workers through `worker` (a Worker),
+        such as `worker.shared_state(...)`; called by `Worker.init_shared_params`."""
+
+    def bind_worker(self, worker: "Worker") -> None:
+        """Deprecated name of `attach`."""
+        warnings.warn("ParamSyncRule.bind_worker() is deprecated: call attach()",
+                      DeprecationWarning, stacklevel=2)
+        self.attach(worker)
+
+    def setup(self, local_params: Sequence[np.ndarray]) -> None:
+        """Prepare per-worker state; `local_params` already equal the centre."""
+
+    def update_params(self, local_params: Sequence[np.ndarray],
+                      central_params: Sequence[np.ndarray]) -> None:
+        """Apply the rule to every (local, central) pair of arrays, in place."""
+        for index, (local, central) in enumerate(zip(local_params, central_params)):
+            self.update(index, local, central)
+
+    def update(self, index: int, local: np.ndarray, central: np.ndarray) -> None:
+        """Update parameter number `index`: `local` and `central` are same-shaped arrays."""
+        raise NotImplementedError("%s must implement update(index, local, central)"
+                                  % type(self).__name__)
+
+    def update_range(self, index: int, start: int, local: np.ndarray,
+                     central: np.ndarray) -> None:
+        """Update elements ``start:start+len(local)`` of parameter `index` (1-D slices);
+        called only on elementwise rules."""
         self.update(index, local, central)
 
-    def push(self, index, start, snapshot, central):
+    def push(self, index: int, start: int, snapshot: np.ndarray, central: np.ndarray) -> None:
         """Background half of an asynchronous sync, run under the stripe's lock.
 
         `snapshot` is a copy of the worker's elements when the sync started;
@@ -42,7 +112,7 @@ class ParamSyncRule:
         raise NotImplementedError("%s does not support start_sync(); implement push() and "
                                   "pull(), or call sync_params()" % type(self).__name__)
 
-    def pull(self, index, start, local, snapshot):
+    def pull(self, index: int, start: int, local: np.ndarray, snapshot: np.ndarray) -> None:
         """Caller half of an asynchronous sync: apply the pushed result to `local` in place.
 
         `local` may have moved since the snapshot; keep that movement.
@@ -50,32 +120,16 @@ class ParamSyncRule:
         raise NotImplementedError("%s does not support start_sync(); implement push() and "
                                   "pull(), or call sync_params()" % type(self).__name__)
 
-    def check(self, local_params):
-        """Raise TypeError or ValueError if this rule cannot sync these arrays."""
-
-    def setup(self, local_params):
-        """Prepare per-worker state; `local_params` already equal the centre."""
-
-    def update_params(self, local_params, central_params):
-        """Apply the rule to every (local, central) pair of arrays, in place."""
-        for index, (local, central) in enumerate(zip(local_params, central_params)):
-            self.update(index, local, central)
-
-    def update(self, index, local, central):
-        """Update parameter number `index`: `local` and `central` are same-shaped arrays."""
-        raise NotImplementedError("%s must implement update(index, local, central)"
-                                  % type(self).__name__)
-
     # -- helpers for block-wise kernels --
 
-    def _scratch(self, dtype):
+    def _scratch(self, dtype: np.dtype) -> np.ndarray:
         cache = self.__dict__.setdefault("_scratch_buffers", {})
         buf = cache.get(dtype)
         if buf is None:
             buf = cache[dtype] = np.empty(BLOCK_ELEMENTS, dtype)
         return buf
 
-    def _blocks(self, *arrays):
+    def _blocks(self, *arrays: np.ndarray) -> Iterator[List[np.ndarray]]:
         """Yield aligned 1-D blocks of same-shaped C-contiguous arrays plus a scratch block."""
         flats = [a.reshape(-1) for a in arrays]
         scratch = self._scratch(arrays[0].dtype)
@@ -103,22 +157,20 @@ class EASGD(ParamSyncRule):
     elastic force; 0.5 moves both halfway. Raises ValueError for other values.
     """
 
-    def __init__(self, alpha):
+    elementwise = True
+    supports_async = True
+
+    def __init__(self, alpha: float):
         alpha = float(alpha)
         if not 0.0 < alpha <= 1.0:
             raise ValueError("EASGD alpha must be in (0, 1], got %r; a common choice is "
                              "0.9 / number_of_workers" % alpha)
         self.alpha = alpha
 
-    def check(self, local_params):
+    def check(self, local_params: Sequence[np.ndarray]) -> None:
         _require_float(self, local_params)
 
-    elementwise = True
-
-    def update_range(self, index, start, local, central):
-        self.update(index, local, central)
-
-    def push(self, index, start, snapshot, central):
+    def push(self, index: int, start: int, snapshot: np.ndarray, central: np.ndarray) -> None:
         # snapshot <- -d with d = alpha * (x_snap - c); c += d
         alpha = self.alpha
         for s, c, _ in self._blocks(snapshot, central):
@@ -127,10 +179,10 @@ class EASGD(ParamSyncRule):
             c += s
             np.negative(s, out=s)
 
-    def pull(self, index, start, local, snapshot):
+    def pull(self, index: int, start: int, local: np.ndarray, snapshot: np.ndarray) -> None:
         local += snapshot  # x - d, exactly (negation is exact)
 
-    def update(self, index, local, central):
+    def update(self, index: int, local: np.ndarray, central: np.ndarray) -> None:
         alpha = self.alpha
         if not _all_contiguous(local, central):
             diff = alpha * (local - central)
@@ -143,7 +195,7 @@ class EASGD(ParamSyncRule):
             x -= d
             c += d
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "EASGD(alpha=%r)" % self.alpha
 
 
@@ -151,15 +203,17 @@ class ASGD(ParamSyncRule):
     """Asynchronous SGD: the centre receives the worker's change since its last sync,
     then the worker takes the centre (``c += x - x_last; x = c; x_last = c``)."""
 
-    def check(self, local_params):
+    elementwise = True
+    supports_async = True
+
+    def check(self, local_params: Sequence[np.ndarray]) -> None:
         _require_float(self, local_params)
 
-    def setup(self, local_params):
+    def setup(self, local_params: Sequence[np.ndarray]) -> None:
         self._last = [np.array(p, copy=True, order="C") for p in local_params]
 
-    elementwise = True
-
-    def update_range(self, index, start, local, central):
+    def update_range(self, index: int, start: int, local: np.ndarray,
+                     central: np.ndarray) -> None:
         last = self._last[index].reshape(-1)[start:start + local.size]
         for x, c, x_last, d in self._blocks(local, central, last):
             np.subtract(x, x_last, out=d)
@@ -167,7 +221,7 @@ class ASGD(ParamSyncRule):
             x[...] = c
             x_last[...] = c
 
-    def push(self, index, start, snapshot, central):
+    def push(self, index: int, start: int, snapshot: np.ndarray, central: np.ndarray) -> None:
         # c += x_snap - x_last; x_last = c   (snapshot kept for pull)
         last = self._last[index].reshape(-1)[start:start + snapshot.size]
         for s, c, x_last, d in self._blocks(snapshot, central, last):
@@ -175,13 +229,13 @@ class ASGD(ParamSyncRule):
             c += d
             x_last[...] = c
 
-    def pull(self, index, start, local, snapshot):
+    def pull(self, index: int, start: int, local: np.ndarray, snapshot: np.ndarray) -> None:
         # x = c_new + (x - x_snap): exactly c_new when x did not move
         last = self._last[index].reshape(-1)[start:start + local.size]
         local -= snapshot
         local += last
 
-    def update(self, index, local, central):
+    def update(self, index: int, local: np.ndarray, central: np.ndarray) -> None:
         last = self._last[index]
         if not _all_contiguous(local, central):
             central += local - last
@@ -194,5 +248,5 @@ class ASGD(ParamSyncRule):
             x[...] = c
             x_last[...] = c
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "ASGD()"

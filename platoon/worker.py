@@ -1,36 +1,29 @@
 """The worker: a client of the controller that shares its parameters through the centre."""
 
-import functools
 import logging
-import os
-import socket
-import sys
 import threading
 import time
 import weakref
+from typing import Any, List, Optional, Sequence, Union
 
 import numpy as np
 import zmq
 
 from . import adapters, protocol, security
+from .client import ControlClient, endpoint, uncaught_error
 from .collectives import WorkerCollectives, check_op
+from .deprecation import renamed_keywords
 from .environment import JobEnvironment
-from .errors import ControllerGone, ControllerTimeout, LayoutMismatch, MinibatchTimeout, \
-    NotRegistered, PlatoonError, ProtocolError, RemoteError
-from .exchange import Exchange
+from .errors import ControllerGone, ControllerTimeout, PlatoonError
+from .exchange import SyncHandle, SyncStats, share
 from .minibatches import MinibatchClient
 from .rules import ParamSyncRule
 from .resources import Resources
-from .shmem import SharedCentre, pid_alive
 
 log = logging.getLogger(__name__)
 
-_DEFAULT = object()
-
-
-def _endpoint(host, port):
-    """tcp://host:port for a port number; an endpoint string (ipc://..., tcp://...) as is."""
-    return port if isinstance(port, str) else "tcp://%s:%d" % (host, port)
+_DEFAULT: Any = object()  # "the worker's timeout_s"
+Port = Union[int, str, None]  # a port number or an endpoint string
 
 
 class Worker:
@@ -49,8 +42,9 @@ class Worker:
         data_port: if given (a port or an endpoint string), also connect to the
             minibatch channel (see `recv_mb`).
         host: the controller's address.
-        timeout: seconds to wait for any reply (None: forever); a request that
+        timeout_s: seconds to wait for any reply (None: forever); a request that
             times out raises ControllerTimeout and leaves the worker usable.
+            (Old name: `timeout`, deprecated.)
         keys_file: the job's CURVE keys when the controller requires them
             (default: the launcher's, if any).
 
@@ -58,8 +52,10 @@ class Worker:
     or call `close()`, which tells the controller this worker is done.
     """
 
-    def __init__(self, control_port=None, data_port=None, *, host="127.0.0.1", timeout=60.0,
-                 keys_file=None):
+    @renamed_keywords(timeout="timeout_s")
+    def __init__(self, control_port: Port = None, data_port: Port = None, *,
+                 host: str = "127.0.0.1", timeout_s: Optional[float] = 60.0,
+                 keys_file: Optional[str] = None):
         env = JobEnvironment.read()
         if control_port is None:
             control_port = env.control_port
@@ -67,24 +63,15 @@ class Worker:
                 raise ValueError("Worker needs the controller's control_port, or to run under "
                                  "platoon-launcher (which sets PLATOON_CONTROL_PORT)")
         self.host = host
-        self.timeout = timeout
+        self.timeout_s = timeout_s
         self.device = env.device or "cpu"
-        self.syncs = 0
-        self.control_address = _endpoint(host, control_port)
+        self.control_address = endpoint(host, control_port)
         self.worker_id = None
         self.is_first = False
         self.job_id = None
         self._res = Resources()
         self._finalizer = weakref.finalize(self, self._res.close)
         self._closed = False
-        self._registered = False
-        self._seq = 0
-        self._token = None  # issued at registration; proves who we are after a reconnect
-        self._max_request_bytes = None  # the controller's limit, learnt at registration
-        self._index = env.worker_index  # the launcher's number for this worker
-        self._controller_pid = None  # watched when the controller runs on this machine
-        self._controller_checked = 0.0
-        self._req_lock = threading.Lock()
         self._sync_lock = threading.Lock()
         self._local = None
         self._rule = None
@@ -94,161 +81,75 @@ class Worker:
         self._coll = WorkerCollectives()
         self._coll_finalizer = weakref.finalize(self, self._coll.close)
         keys_file = keys_file or env.keys_file
-        self._keys = security.load_keys(keys_file) if keys_file else None
-        self._control = self._client_socket(zmq.DEALER)
-        self._rcvtimeo_ms = {}  # socket -> the receive timeout set on it
-        self._control.connect(self.control_address)
         try:
-            try:
-                info = self.send_req(protocol.REGISTER, self._registration())
-            except ControllerTimeout:
-                raise ControllerTimeout(
-                    "no controller answered at %s within %.3g s: start the controller first "
-                    "(a controller whose job has ended no longer listens), check the address, "
-                    "or raise the worker's timeout" % (self.control_address, timeout)) from None
-            if info.get("controller_host") == socket.gethostname():
-                self._controller_pid = info.get("controller_pid")
+            self._client = ControlClient(
+                self._res, self.control_address, index=env.worker_index,
+                keys=security.load_keys(keys_file) if keys_file else None)
+            info = self._client.register(timeout_s)
             self.worker_id = info["worker_id"]
             self.is_first = info["is_first"]
             self.job_id = info["job_id"]
-            self._token = info.get("token")
-            self._max_request_bytes = info.get("max_request_bytes")
             self._set_topology(info)
-            self._registered = True
             if data_port is not None:
                 self.init_mb_sock(data_port)
         except BaseException:
             self._finalizer()
             raise
-        _record_uncaught_exceptions()
-        self._res.farewell = (self._control, functools.partial(
-            _farewell, self.worker_id, self._controller_pid))
+        self._client.arm_farewell()
         log.info("worker %d registered with job %s at %s", self.worker_id, self.job_id,
                  self.control_address)
 
+    @property
+    def timeout(self) -> Optional[float]:
+        """Deprecated name of `timeout_s`."""
+        return self.timeout_s
+
+    @timeout.setter
+    def timeout(self, value: Optional[float]) -> None:
+        self.timeout_s = value
+
     # -- control --
 
-    def send_req(self, req, info=None, *, timeout=_DEFAULT):
+    @renamed_keywords(timeout="timeout_s")
+    def send_req(self, req: Any, info: Any = None, *, timeout_s: Optional[float] = _DEFAULT
+                 ) -> Any:
         """Send request `req` with JSON-serialisable `info`; return the controller's reply.
 
         `req` is usually a string; any JSON value (such as a dict, as the
         original Platoon sent) reaches `handle_control` as it is.
-        `timeout` in seconds overrides the worker's default (None: forever).
+        `timeout_s` in seconds overrides the worker's default (None: forever).
         Raises ControllerTimeout when no reply comes in time, ProtocolError
         at once for a request over the controller's size limit, and RemoteError
         when the controller answers with an error (its message and traceback
         included). If the connection was reset meanwhile, the worker registers
         again under its id and sends the request once more.
         """
-        timeout = self.timeout if timeout is _DEFAULT else timeout
         self._check_open()
-        with self._req_lock:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            try:
-                return self._round_trip(req, info, deadline, timeout)
-            except RemoteError as exc:
-                if exc.remote_type != NotRegistered.__name__ or self._token is None:
-                    raise
-            log.warning("worker %d: the controller no longer knows this connection (it was "
-                        "reset); registering again", self.worker_id)
-            self._round_trip(protocol.REGISTER, self._registration(), deadline, timeout)
-            return self._round_trip(req, info, deadline, timeout)
+        return self._client.request(req, info, timeout_s=self._timeout_s(timeout_s))
 
-    def _registration(self):
-        """REGISTER's information: who we are, and after a reconnect our id and token."""
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "index": self._index}
-        if self._token is not None:
-            info.update(worker_id=self.worker_id, token=self._token)
-        return info
+    def _timeout_s(self, timeout_s):
+        return self.timeout_s if timeout_s is _DEFAULT else timeout_s
 
-    def _round_trip(self, req, info, deadline, timeout):
-        """One request and its reply (the caller holds the request lock)."""
-        self._seq += 1
-        seq = self._seq
-        payload = protocol.encode_request(self.worker_id, req, info, seq)
-        if self._max_request_bytes is not None and len(payload) > self._max_request_bytes:
-            raise ProtocolError(
-                "request %.60r is %d bytes, over the controller's limit of %d bytes; send large "
-                "data through shared parameters (init_shared_params, shared_state) or the "
-                "minibatch channel, or raise the controller's max_request_bytes"
-                % (req, len(payload), self._max_request_bytes))
-        sock = self._control
-        try:
-            sock.send(payload, zmq.NOBLOCK)
-        except zmq.Again:
-            raise self._no_reply(req, timeout) from None
-        while True:
-            data = self._recv_within(sock, deadline)
-            if data is None:
-                raise self._no_reply(req, timeout)
-            reply_seq, result = protocol.decode_reply(data)
-            if reply_seq is not None and reply_seq != seq:
-                continue  # a late reply to a request that timed out earlier
-            if isinstance(result, RemoteError):
-                raise result
-            return result
-
-    def _recv_within(self, sock, deadline, copy=True):
-        """The next frame from `sock`, or None at `deadline` (None: never). Waits in slices
-        of a second, raising ControllerGone if the controller dies meanwhile; blocks in
-        recv with a receive timeout, which costs less than poll + recv."""
-        while True:
-            wait_ms = 1000
-            if deadline is not None:
-                wait_ms = min(wait_ms, max(0, int((deadline - time.monotonic()) * 1000)))
-            current = self._rcvtimeo_ms.get(sock)
-            if current is None or not 0 <= wait_ms - 50 <= current <= wait_ms:
-                if current != wait_ms:  # a setsockopt costs a few us: only when it changes
-                    sock.rcvtimeo = self._rcvtimeo_ms[sock] = wait_ms
-            try:
-                return sock.recv(copy=copy)
-            except zmq.Again:
-                pass
-            self._check_controller(force=True)
-            if deadline is not None and time.monotonic() >= deadline:
-                return None
-
-    def _check_controller(self, force=False):
-        """Raise ControllerGone if the controller (on this machine) has exited.
-
-        Checked at most once a second unless `force`, so syncs stay cheap.
-        """
-        now = time.monotonic()
-        if not force and now - self._controller_checked < 1.0:
-            return
-        self._controller_checked = now
-        if not self._controller_alive():
-            raise ControllerGone("the controller of job %s (pid %d, %s) has exited; worker %s "
-                                 "cannot go on" % (self.job_id, self._controller_pid,
-                                                   self.control_address, self.worker_id))
-
-    def _controller_alive(self):
-        return self._controller_pid is None or pid_alive(self._controller_pid)
-
-    def _no_reply(self, req, timeout):
-        return ControllerTimeout(
-            "no reply to %r from the controller at %s within %.3g s; check that the controller "
-            "is running and listening there, or raise the worker's timeout"
-            % (req, self.control_address, timeout))
-
-    def report(self, minibatches=0, **metrics):
+    def report(self, minibatches: int = 0, **metrics: Any) -> None:
         """Tell the controller about progress: `minibatches` trained since the last report
         and any JSON metrics (loss=..., error=...). The launcher shows them in its status line.
         """
         self.send_req(protocol.REPORT, {"minibatches": minibatches, "syncs": self.syncs,
                                         "metrics": metrics})
 
-    def barrier(self, *, timeout=_DEFAULT):
+    @renamed_keywords(timeout="timeout_s")
+    def barrier(self, *, timeout_s: Optional[float] = _DEFAULT) -> None:
         """Wait until every worker of the job has reached the barrier.
 
-        On ControllerTimeout the worker withdraws from the barrier, so the
-        others do not pass it without this worker.
+        Raises ControllerTimeout after `timeout_s` seconds (default: the
+        worker's); the worker then withdraws from the barrier, so the others do
+        not pass it without this worker.
         """
         try:
-            self.send_req(protocol.BARRIER, timeout=timeout)
+            self.send_req(protocol.BARRIER, timeout_s=timeout_s)
         except ControllerTimeout:
             try:
-                self.send_req(protocol.BARRIER_CANCEL, timeout=1.0)
+                self.send_req(protocol.BARRIER_CANCEL, timeout_s=1.0)
             except PlatoonError:
                 pass  # the controller is unreachable: nobody passes the barrier anyway
             raise
@@ -263,7 +164,9 @@ class Worker:
         self.node_rank = info.get("node_rank", 0)
         self.num_nodes = info.get("num_nodes", 1)
 
-    def all_reduce(self, array, op="sum", *, out=None, timeout=_DEFAULT):
+    @renamed_keywords(timeout="timeout_s")
+    def all_reduce(self, array: np.ndarray, op: str = "sum", *, out: Optional[np.ndarray] = None,
+                   timeout_s: Optional[float] = _DEFAULT) -> np.ndarray:
         """Reduce `array` over every worker of the job; return the result.
 
         `op` is "sum", "mean" (floats only), "max" or "min" (not complex). The
@@ -272,7 +175,7 @@ class Worker:
         order. Workers of a node reduce through shared memory in worker-id
         order, so results are identical on every worker; the controllers
         combine nodes over MPI. Raises ValueError/TypeError for a bad op or
-        array, ControllerTimeout after `timeout` s (default: the worker's),
+        array, ControllerTimeout after `timeout_s` s (default: the worker's),
         RemoteError if a worker left or the workers' ops differ.
         """
         self._check_open()
@@ -296,17 +199,17 @@ class Worker:
         name, mine, result = entry
         np.copyto(mine.reshape(array.shape), array)
         try:
-            self.send_req(protocol.ALLREDUCE, {"segment": name, "op": op}, timeout=timeout)
+            self.send_req(protocol.ALLREDUCE, {"segment": name, "op": op}, timeout_s=timeout_s)
         except ControllerTimeout:  # withdraw, so the others do not reduce without us
             try:
-                self.send_req(protocol.ALLREDUCE_CANCEL, {"segment": name}, timeout=1.0)
+                self.send_req(protocol.ALLREDUCE_CANCEL, {"segment": name}, timeout_s=1.0)
             except PlatoonError:
                 pass
             raise
         np.copyto(out, result.reshape(array.shape))
         return out
 
-    def shared_state(self, name, layout):
+    def shared_state(self, name: str, layout: List[dict]) -> List[np.ndarray]:
         """Zero-initialised arrays in shared memory, one set per job and `name`.
 
         `layout` is ``[{"dtype": str, "shape": [int]}]`` (see
@@ -319,7 +222,8 @@ class Worker:
 
     # -- shared parameters --
 
-    def init_shared_params(self, params, param_sync_rule, cleanup=False):
+    def init_shared_params(self, params: Any, param_sync_rule: ParamSyncRule,
+                           cleanup: bool = False) -> None:
         """Share `params` through the job's centre.
 
         `params` is a list of writable numpy arrays (updated in place), of
@@ -344,63 +248,31 @@ class Worker:
             raise TypeError("param_sync_rule must be a platoon.ParamSyncRule (such as "
                             "EASGD(alpha=0.5)), got %r" % (param_sync_rule,))
         adapter = adapters.adapt(params)
-        params = adapter.arrays
-        for i, p in enumerate(params):
-            if not p.flags.writeable:
-                raise TypeError("parameter %d is read-only; sync_params updates parameters in "
-                                "place, so pass writable arrays" % i)
-        param_sync_rule.check(params)
-        layout = protocol.layout_of(params)
-        try:
-            reply = self.send_req(protocol.INIT_PARAMS, {"layout": layout,
-                                                         "rule": repr(param_sync_rule)})
-        except RemoteError as exc:
-            if exc.remote_type == LayoutMismatch.__name__:
-                raise LayoutMismatch(str(exc)) from exc
-            raise
         if self._res.centre is not None:  # left by an earlier attempt that failed
             self._res.centre.close()
-        centre = SharedCentre.attach(reply["segment"], layout)
-        self._res.centre = centre
-        if reply["initialise"]:
-            adapter.pull()
-        centre.lock.acquire(self.timeout)
-        try:
-            if reply["initialise"]:
-                for c, p in zip(centre.arrays, params):
-                    c[...] = p
-            else:
-                for c, p in zip(centre.arrays, params):
-                    p[...] = c
-        finally:
-            centre.lock.release()
-        if reply["initialise"]:
-            self.send_req(protocol.PARAMS_READY)
-        else:
-            adapter.push()
-        self.is_first = bool(reply["initialise"])
-        bind = getattr(param_sync_rule, "bind_worker", None)
-        if bind is not None:  # rules with shared state (Downpour's optimizer)
-            bind(self)
-        param_sync_rule.setup(params)
+            self._res.centre = None
+        exchange = share(self.send_req, adapter, param_sync_rule, self._res, self.worker_id,
+                         self.timeout_s)
+        self.is_first = exchange.first
+        param_sync_rule.attach(self)  # rules with shared state (Downpour's optimizer)
+        param_sync_rule.setup(adapter.arrays)
         self._adapter = adapter
-        self._local = params
+        self._local = adapter.arrays
         self._rule = param_sync_rule
-        self._exchange = Exchange(param_sync_rule, params, centre, self.worker_id, self.timeout)
-        self._exchange.before_pull = adapter.pull
-        self._exchange.after_pull = self._after_async_pull
+        self._exchange = exchange
 
     @property
-    def shared_params(self):
+    def shared_params(self) -> Optional[List[np.ndarray]]:
         """The central parameters as numpy arrays in shared memory (None before init)."""
         centre = self._res.centre
         return None if centre is None else centre.arrays
 
-    def sync_params(self, synchronous=True, *, params=None):
+    def sync_params(self, synchronous: bool = True, *, params: Optional[Sequence] = None
+                    ) -> List[Any]:
         """Apply the sync rule between this worker's parameters and the centre, in place.
 
         With synchronous=True (the default) each stripe of the centre is
-        updated under its own lock (waiting at most the worker's timeout, else
+        updated under its own lock (waiting at most the worker's timeout_s, else
         LockTimeout); rules that are not elementwise, and a caller holding
         `lock()`, update the whole centre under the whole lock. With False the
         caller is responsible for locking (see `lock`). Device parameters are
@@ -410,15 +282,14 @@ class Worker:
         """
         if self._local is None:
             raise PlatoonError("call init_shared_params() before sync_params()")
-        self._check_controller()
+        self._client.check_controller()
         with self._sync_lock:
             self._adapter.pull(params)
             self._exchange.sync(lock=synchronous)
             self._adapter.push()
-            self.syncs += 1
         return self._adapter.params()
 
-    def start_sync(self):
+    def start_sync(self) -> SyncHandle:
         """Start a sync in a background thread; returns a SyncHandle: call its `wait()`.
 
         The parameters are copied (a snapshot) before this returns; until
@@ -438,27 +309,35 @@ class Worker:
         if not self._adapter.in_place:
             raise TypeError("start_sync() updates parameters in place, which JAX arrays do not "
                             "allow; call sync_params(params=...) instead")
-        self._check_controller()
+        self._client.check_controller()
         with self._sync_lock:
             self._adapter.pull()
             return self._exchange.start()
 
-    def _after_async_pull(self):
-        self._adapter.push()
-        self.syncs += 1
+    @property
+    def syncs(self) -> int:
+        """Completed syncs, synchronous or not (a failed one does not count); equals
+        `sync_stats.syncs`."""
+        return 0 if self._exchange is None else self._exchange.stats.syncs
 
     @property
-    def sync_stats(self):
+    def sync_stats(self) -> Optional[SyncStats]:
         """A SyncStats: sync count and lock hold/wait times (None before init)."""
         return None if self._exchange is None else self._exchange.stats
 
-    def lock(self, timeout=None):
-        """Take the centre's lock (seconds, None: forever); raises LockTimeout."""
+    @renamed_keywords(timeout="timeout_s")
+    def lock(self, timeout_s: Optional[float] = None) -> "HeldLock":
+        """Take the centre's whole lock, waiting at most `timeout_s` seconds (None: forever).
+
+        Use ``with w.lock(timeout_s):``, which releases it on leaving the block, or
+        call `unlock()`. Raises LockTimeout.
+        """
         if self._res.centre is None:
             raise PlatoonError("call init_shared_params() before lock()")
-        self._res.centre.lock.acquire(timeout)
+        self._res.centre.lock.acquire(timeout_s)
+        return HeldLock(self.unlock)
 
-    def unlock(self):
+    def unlock(self) -> None:
         """Release the centre's lock taken by `lock`."""
         if self._res.centre is None:
             raise PlatoonError("call init_shared_params() before unlock()")
@@ -466,7 +345,7 @@ class Worker:
 
     # -- minibatches --
 
-    def init_mb_sock(self, port=None, *, prefetch=1):
+    def init_mb_sock(self, port: Port = None, *, prefetch: int = 1) -> None:
         """Connect to the controller's minibatch channel on `port` (an endpoint string, or
         None: the launcher's).
 
@@ -485,66 +364,41 @@ class Worker:
             raise PlatoonError("the minibatch socket is already connected")
         if not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError("prefetch must be an integer >= 0, got %r" % (prefetch,))
-        sock = self._client_socket(zmq.DEALER)
-        self._mb_address = _endpoint(self.host, port)
-        sock.connect(self._mb_address)
-        self._mb = sock
-        self._mb_client = client = MinibatchClient(sock, self.worker_id, self._token, prefetch,
-                                                   self._controller_alive)
-        client.failed = lambda: bool(_uncaught)  # an exception ending the script
+        sock = self._client.socket(zmq.DEALER)
+        address = endpoint(self.host, port)
+        sock.connect(address)
+        self._mb = client = MinibatchClient(sock, self.worker_id, self._client.token, prefetch,
+                                            self._client.controller_alive, address)
+        client.failed = lambda: uncaught_error() is not None  # an exception ending the script
         # Created after the sockets' finalizer, so it runs first at exit: goodbye, then close.
         self._mb_leave = weakref.finalize(self, client.leave)
 
-    def recv_mb(self, *, timeout=_DEFAULT):
+    @renamed_keywords(timeout="timeout_s")
+    def recv_mb(self, *, timeout_s: Optional[float] = _DEFAULT) -> List[np.ndarray]:
         """Receive one minibatch: the list of arrays given to `Controller.send_mb`.
 
         Calling it again acknowledges the previous minibatch as finished; a worker
         that fails holding one (or closes with minibatches prefetched) has the
         controller re-send it to another worker. The arrays keep dtype, shape and
         memory order and are read-only views of the received message (no copy);
-        copy one to modify it. Raises MinibatchTimeout after `timeout` seconds
+        copy one to modify it. Raises MinibatchTimeout after `timeout_s` seconds
         (default: the worker's), ProtocolError for a malformed message or when the
         controller refuses the request.
         """
         if self._mb is None:
             raise PlatoonError("call init_mb_sock(port) (or pass data_port) before recv_mb()")
         self._check_open()
-        timeout = self.timeout if timeout is _DEFAULT else timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
-        sock, client = self._mb, self._mb_client
-        try:
-            client.ask()
-        except zmq.Again:
-            raise MinibatchTimeout("cannot ask %s for a minibatch: the request queue is full"
-                                   % self._mb_address) from None
-        first = self._recv_within(sock, deadline, copy=False)
-        if first is None:
-            raise MinibatchTimeout("no minibatch from %s within %.3g s"
-                                   % (self._mb_address, timeout)) from None
-        frames = [first]
-        while frames[-1].more:  # the rest of a message is there once its first frame is
-            frames.append(sock.recv(copy=False))
-        refusal = protocol.mb_refusal(frames)
-        if refusal is not None:
-            client.outstanding = 0
-            raise ProtocolError("the controller at %s refused worker %s's minibatch request: %s"
-                                % (self._mb_address, self.worker_id, refusal))
-        client.received_one()
-        return protocol.decode_minibatch(frames)
+        timeout_s = self._timeout_s(timeout_s)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        return self._mb.receive(self._client.recv_within, deadline, timeout_s)
 
     # -- teardown --
-
-    def _client_socket(self, kind):
-        sock = self._res.socket(kind)
-        if self._keys is not None:
-            security.make_client(sock, self._keys)
-        return sock
 
     def _check_open(self):
         if self._closed:
             raise PlatoonError("worker %s is closed" % self.worker_id)
 
-    def close(self, error=None):
+    def close(self, error: Optional[str] = None) -> None:
         """Tell the controller this worker is done, then release everything. Idempotent.
 
         With `error` (a message), the worker tells the controller it failed
@@ -555,19 +409,17 @@ class Worker:
         if self._closed:
             return
         if self._mb is not None:  # before DONE: what it has not taken goes to others
-            self._mb_client.failed = lambda: error is not None
+            self._mb.failed = lambda: error is not None
             self._mb_leave()
         try:
             if self._exchange is not None:  # its last push lands before the controller hears
-                self._exchange.close(timeout=30.0 if self.timeout is None else self.timeout)
-            if self._registered and self._controller_alive():
-                timeout = 5.0 if self.timeout is None else min(self.timeout, 5.0)
-                try:
-                    self.send_req(protocol.DONE, {"error": error} if error else None,
-                                  timeout=timeout)
-                except PlatoonError as exc:
-                    log.warning("worker %d could not tell the controller it is done: %s",
-                                self.worker_id, exc)
+                self._exchange.close(30.0 if self.timeout_s is None else self.timeout_s)
+            try:
+                self._client.say_done(error, 5.0 if self.timeout_s is None
+                                      else min(self.timeout_s, 5.0))
+            except PlatoonError as exc:
+                log.warning("worker %d could not tell the controller it is done: %s",
+                            self.worker_id, exc)
         finally:
             self._closed = True
             self._local = None
@@ -575,37 +427,24 @@ class Worker:
             self._coll_finalizer()
             self._finalizer()
 
-    def __enter__(self):
+    def __enter__(self) -> "Worker":
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None or issubclass(exc_type, ControllerGone):
             self.close()
         else:
             self.close(error="%s: %s" % (exc_type.__name__, exc))
 
 
-_uncaught = []
-_previous_excepthook = None
+class HeldLock:
+    """The centre's lock, taken by `Worker.lock`; leaving a ``with`` block releases it."""
 
+    def __init__(self, release):
+        self._release = release
 
-def _record_uncaught(exc_type, exc, tb):
-    _uncaught.append("%s: %s" % (exc_type.__name__, exc))
-    _previous_excepthook(exc_type, exc, tb)
+    def __enter__(self) -> "HeldLock":
+        return self
 
-
-def _farewell(worker_id, controller_pid):
-    """DONE, sent without waiting when a worker is collected or its process exits with the
-    worker unclosed: with the error that ended the script, if one did."""
-    if controller_pid is not None and not pid_alive(controller_pid):
-        return None
-    return protocol.encode_request(worker_id, protocol.DONE,
-                                   {"error": _uncaught[-1]} if _uncaught else None)
-
-
-def _record_uncaught_exceptions():
-    """Note an exception that ends the script (Python calls sys.excepthook before exit
-    handlers), so an unclosed worker reports it as its failure."""
-    global _previous_excepthook
-    if sys.excepthook is not _record_uncaught:
-        _previous_excepthook, sys.excepthook = sys.excepthook, _record_uncaught
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._release()

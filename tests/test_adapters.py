@@ -27,7 +27,7 @@ def test_module_parameters_sync_in_place_with_easgd(serve):
     serving = serve(ctl)
     torch.manual_seed(0)
     a_model, b_model = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
-    with Worker(ctl.control_port, timeout=5) as a, Worker(ctl.control_port, timeout=5) as b:
+    with Worker(ctl.control_port, timeout_s=5) as a, Worker(ctl.control_port, timeout_s=5) as b:
         a.init_shared_params(a_model, EASGD(0.5))
         b.init_shared_params(b_model, EASGD(0.5))
         torch.testing.assert_close(b_model.weight, a_model.weight)  # b starts from the centre
@@ -72,7 +72,7 @@ def test_cuda_tensors_go_through_pinned_staging(serve):
     ctl = Nothing(control_port=0)
     serving = serve(ctl)
     model = torch.nn.Linear(64, 64).cuda()
-    with Worker(ctl.control_port, timeout=5) as w:
+    with Worker(ctl.control_port, timeout_s=5) as w:
         w.init_shared_params(model, EASGD(0.5))
         with torch.no_grad():
             model.weight += 2.0
@@ -86,7 +86,7 @@ def test_jax_arrays_are_replaced_by_sync(serve):
     jnp = pytest.importorskip("jax.numpy", reason="JAX is not installed")
     ctl = Nothing(control_port=0)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=5) as w:
+    with Worker(ctl.control_port, timeout_s=5) as w:
         params = [jnp.zeros(3)]
         w.init_shared_params(params, EASGD(0.5))
         params = [params[0] + 2.0]

@@ -47,11 +47,11 @@ class Steps(Controller):
 def test_a_worker_that_comes_after_the_job_ended_fails_at_once(serve):
     ctl = Steps(control_port=0)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=5) as w:
+    with Worker(ctl.control_port, timeout_s=5) as w:
         assert w.send_req("next") == "stop"
     serving.join()  # serve() has returned; the controller is still open
     with pytest.raises(RemoteError, match="has ended: its 1 worker.* came too late"):
-        Worker(ctl.control_port, timeout=20)
+        Worker(ctl.control_port, timeout_s=20)
     ctl.close()
 
 

@@ -74,7 +74,7 @@ def test_a_checkpoint_with_nan_is_refused_unless_allowed(serve, tmp_path):
 
     ctl = Controller(control_port=0, resume_from=path, allow_nonfinite=True)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=5) as w:
+    with Worker(ctl.control_port, timeout_s=5) as w:
         mine = [np.zeros(3, np.float32), np.zeros(3)]
         w.init_shared_params(mine, EASGD(0.5))
         np.testing.assert_array_equal(mine[0], saved[0])
@@ -147,7 +147,7 @@ def test_a_checkpoint_that_cannot_take_the_lock_is_logged_and_retried(serve, pro
     serving = serve(ctl)
     holder = procs("die_worker.py", ctl.control_port, "hold")  # a stopped worker, in effect
     holder.wait_for_line("HOLDING")
-    with Worker(ctl.control_port, timeout=5) as poker:
+    with Worker(ctl.control_port, timeout_s=5) as poker:
         longest = _poke_until(poker, lambda: len(_messages(caplog, "failed")) >= 3, 20,
                               "three failed checkpoints")
         assert longest < 0.5  # serving went on while the checkpoints waited for the lock
@@ -171,7 +171,7 @@ def test_a_failed_final_checkpoint_is_logged_not_raised_over_how_serve_ended(ser
     holder = procs("die_worker.py", ctl.control_port, "hold")
     holder.wait_for_line("HOLDING")
     with pytest.raises(RuntimeError):
-        with Worker(ctl.control_port, timeout=5):
+        with Worker(ctl.control_port, timeout_s=5):
             raise RuntimeError("training diverged")
     with pytest.raises(WorkerDied, match="training diverged"):  # not LockTimeout
         serving.join(10)
@@ -186,7 +186,7 @@ def test_periodic_checkpoints_do_not_stall_control_replies(serve, tmp_path):
     path = str(tmp_path / "centre.npz")
     ctl = Answering(control_port=0, checkpoint_path=path)
     serving = serve(ctl, timeout=60)
-    with Worker(ctl.control_port, timeout=10) as w:
+    with Worker(ctl.control_port, timeout_s=10) as w:
         w.init_shared_params([np.ones(16 << 20, np.float32)], EASGD(0.5))  # 64 MiB
         idle = _poke_until(w, iter([False] * 200 + [True]).__next__, 20, "200 round trips")
         start = time.monotonic()

@@ -42,7 +42,7 @@ def run_all(workers, fn, timeout=20.0):
 def job(serve):
     ctl = Controller(control_port=0, num_workers=N)
     serving = serve(ctl)
-    workers = [Worker(ctl.control_port, timeout=10) for _ in range(N)]
+    workers = [Worker(ctl.control_port, timeout_s=10) for _ in range(N)]
     workers.sort(key=lambda w: w.worker_id)
     yield ctl, workers
     for w in workers:
@@ -137,7 +137,7 @@ def test_different_ops_fail_on_every_worker_and_the_next_round_works(job):
 def test_a_worker_leaving_fails_the_waiting_all_reduce(serve):
     ctl = Controller(control_port=0, num_workers=2)
     serving = serve(ctl)
-    a, b = Worker(ctl.control_port, timeout=10), Worker(ctl.control_port, timeout=10)
+    a, b = Worker(ctl.control_port, timeout_s=10), Worker(ctl.control_port, timeout_s=10)
     errors = []
 
     def wait_in_all_reduce():
@@ -159,7 +159,7 @@ def test_a_worker_leaving_fails_the_waiting_all_reduce(serve):
 def test_all_reduce_needs_num_workers(serve):
     ctl = Controller(control_port=0)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=5) as w:
+    with Worker(ctl.control_port, timeout_s=5) as w:
         with pytest.raises(RemoteError, match="pass num_workers=N to the Controller"):
             w.all_reduce(np.ones(2))
     serving.join()
@@ -169,10 +169,10 @@ def test_a_worker_that_times_out_withdraws_from_the_round(job):
     from platoon import ControllerTimeout
     _, workers = job
     with pytest.raises(ControllerTimeout):
-        workers[0].all_reduce(np.full(4, 100.0), timeout=0.3)  # the others are not there yet
+        workers[0].all_reduce(np.full(4, 100.0), timeout_s=0.3)  # the others are not there yet
     # Worker 0 withdrew: a round of the other two must not complete without it ...
     with pytest.raises(ControllerTimeout):
-        run_all(workers[1:], lambda w: w.all_reduce(np.full(4, 1.0), timeout=0.5))
+        run_all(workers[1:], lambda w: w.all_reduce(np.full(4, 1.0), timeout_s=0.5))
     # ... and a full round afterwards sums exactly the three new contributions.
     results = run_all(workers, lambda w: w.all_reduce(np.full(4, float(w.worker_id + 1))))
     for r in results:

@@ -36,7 +36,7 @@ def error_of(raw_reply):
 def test_handler_reply_and_done(serve):
     ctl = EchoController(control_port=0)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=5) as w:
+    with Worker(ctl.control_port, timeout_s=5) as w:
         assert (w.worker_id, w.is_first, w.job_id) == (0, True, ctl.job_id)
         assert w.send_req("echo", {"x": [1, 2]}) == {"worker": 0, "info": {"x": [1, 2]}}
     serving.join()
@@ -46,7 +46,7 @@ def test_handler_reply_and_done(serve):
 def test_handler_exception_reaches_the_worker_and_serving_goes_on(serve):
     ctl = EchoController(control_port=0)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=5) as w:
+    with Worker(ctl.control_port, timeout_s=5) as w:
         with pytest.raises(RemoteError) as info:
             w.send_req("fail", 42)
         err = info.value
@@ -62,7 +62,7 @@ def test_handler_exception_reaches_the_worker_and_serving_goes_on(serve):
 def test_base_controller_says_to_override_handle_control(serve):
     ctl = Controller(control_port=0)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=5) as w:
+    with Worker(ctl.control_port, timeout_s=5) as w:
         with pytest.raises(RemoteError, match="override handle_control"):
             w.send_req("next")
     serving.join()
@@ -86,7 +86,7 @@ MALFORMED = [
 def test_malformed_requests_get_error_replies_and_real_workers_carry_on(serve, raw_client):
     ctl = EchoController(control_port=0, num_workers=1)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=5) as w:
+    with Worker(ctl.control_port, timeout_s=5) as w:
         sock = raw_client(ctl)
         for frames, message in MALFORMED:
             sock.send_multipart(frames)
@@ -104,7 +104,7 @@ def test_registered_connection_cannot_pose_as_another_worker_or_use_reserved_nam
                                                                                   raw_client):
     ctl = EchoController(control_port=0)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=5) as w:
+    with Worker(ctl.control_port, timeout_s=5) as w:
         sock = raw_client(ctl)
         sock.send(json.dumps({"req": "platoon-register", "req_info": {
             "pid": os.getpid(), "host": socket.gethostname()}}).encode())
@@ -139,19 +139,19 @@ def test_serve_timeout_and_job_full(serve):
             ctl.serve(timeout_s=0.1)
     ctl = EchoController(control_port=0, num_workers=1)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=5):
+    with Worker(ctl.control_port, timeout_s=5):
         with pytest.raises(RemoteError, match="is full"):
-            Worker(ctl.control_port, timeout=5)
+            Worker(ctl.control_port, timeout_s=5)
     serving.join()
 
 
 def test_serve_waits_for_num_workers(serve):
     ctl = EchoController(control_port=0, num_workers=2)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=5):
+    with Worker(ctl.control_port, timeout_s=5):
         pass
     assert not ctl.all_done()
-    with Worker(ctl.control_port, timeout=5):
+    with Worker(ctl.control_port, timeout_s=5):
         pass
     serving.join()
     assert ctl.workers == [0, 1]
@@ -160,7 +160,7 @@ def test_serve_waits_for_num_workers(serve):
 def test_barrier_releases_all_workers_together(serve):
     ctl = EchoController(control_port=0, num_workers=3)
     serving = serve(ctl)
-    workers = [Worker(ctl.control_port, timeout=10) for _ in range(3)]
+    workers = [Worker(ctl.control_port, timeout_s=10) for _ in range(3)]
     released = []
     threads = [threading.Thread(target=lambda w=w: (w.barrier(), released.append(w.worker_id)))
                for w in workers[:2]]
@@ -181,7 +181,7 @@ def test_barrier_releases_all_workers_together(serve):
 def test_layout_mismatch_is_rejected_and_the_centre_is_untouched(serve):
     ctl = EchoController(control_port=0)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=5) as a, Worker(ctl.control_port, timeout=5) as b:
+    with Worker(ctl.control_port, timeout_s=5) as a, Worker(ctl.control_port, timeout_s=5) as b:
         a.init_shared_params([np.ones(3), np.ones((2, 2))], EASGD(0.5))
         with pytest.raises(LayoutMismatch) as info:
             b.init_shared_params([np.zeros(3), np.zeros((2, 3))], EASGD(0.5))
@@ -219,7 +219,7 @@ def test_compatibility_names():
 def test_controller_close_is_idempotent_and_unlinks(serve):
     ctl = EchoController(control_port=0)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=5) as w:
+    with Worker(ctl.control_port, timeout_s=5) as w:
         w.init_shared_params([np.ones(3)], EASGD(0.5))
         name = "/dev/shm/platoon-%s-centre" % ctl.job_id
         assert os.path.exists(name)
@@ -228,7 +228,7 @@ def test_controller_close_is_idempotent_and_unlinks(serve):
     ctl.close()
     assert not os.path.exists(name)
     with pytest.raises(PlatoonError):
-        Worker(ctl.control_port, timeout=0.2).close()
+        Worker(ctl.control_port, timeout_s=0.2).close()
 
 
 def test_a_flood_of_bad_requests_logs_a_few_lines_and_a_count(serve, raw_client, caplog):
@@ -236,7 +236,7 @@ def test_a_flood_of_bad_requests_logs_a_few_lines_and_a_count(serve, raw_client,
     ctl = EchoController(control_port=0, num_workers=1)
     serving = serve(ctl)
     with caplog.at_level("WARNING", logger="platoon.controller"):
-        with Worker(ctl.control_port, timeout=5):
+        with Worker(ctl.control_port, timeout_s=5):
             sock = raw_client(ctl)
             for i in range(1000):
                 sock.send(b"not json %d" % i)
@@ -291,7 +291,7 @@ def test_a_node_link_passed_in_joins_registration_barrier_and_the_end(serve):
     ctl = EchoController(control_port=0, num_workers=1, node_link=link)
     assert ctl.node_link is link
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=5) as w:
+    with Worker(ctl.control_port, timeout_s=5) as w:
         assert (w.global_rank, w.global_size, w.node_rank, w.num_nodes) == (10, 20, 1, 2)
         w.barrier()
     serving.join()

@@ -22,7 +22,7 @@ def run_downpour(serve, make_rule, dtype, n=2):
     """n workers in the test thread: each round every worker steps, then they sync in turn."""
     ctl = Controller(control_port=0, num_workers=n)
     serving = serve(ctl)
-    workers = [Worker(ctl.control_port, timeout=10) for _ in range(n)]
+    workers = [Worker(ctl.control_port, timeout_s=10) for _ in range(n)]
     params = [initial(dtype) for _ in range(n)]
     rules = [make_rule() for _ in range(n)]
     for w, p, rule in zip(workers, params, rules):
@@ -126,7 +126,7 @@ def test_optimizer_state_is_checkpointed_and_resumed(serve, tmp_path):
     dtype = np.float64
     ctl = Controller(control_port=0, num_workers=1, checkpoint_path=path)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=10) as w:
+    with Worker(ctl.control_port, timeout_s=10) as w:
         params = initial(dtype)
         w.init_shared_params(params, Downpour(Adam(0.01)))
         for r in range(3):
@@ -139,7 +139,7 @@ def test_optimizer_state_is_checkpointed_and_resumed(serve, tmp_path):
 
     ctl = Controller(control_port=0, num_workers=1, resume_from=str(tmp_path))
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=10) as w:
+    with Worker(ctl.control_port, timeout_s=10) as w:
         params = initial(dtype)
         w.init_shared_params(params, Downpour(Adam(0.01)))
         for got, want in zip(ctl.shared_states["downpour"], saved):

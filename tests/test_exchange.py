@@ -68,12 +68,12 @@ def centre_pair():
     centre.unlink()
 
 
-def attach_worker(centre, rule, params, timeout=5.0):
+def attach_worker(centre, rule, params, timeout_s=5.0):
     """An Exchange as Worker.init_shared_params builds it, without the control round trips."""
     from platoon.exchange import Exchange
     rule.check(params)
     rule.setup(params)
-    return Exchange(rule, params, centre, worker_id=1, timeout=timeout)
+    return Exchange(rule, params, centre, worker_id=1, timeout_s=timeout_s)
 
 
 @pytest.mark.parametrize("rule_class", [lambda: EASGD(0.3), ASGD])
@@ -106,7 +106,7 @@ def test_async_sync_with_no_local_change_equals_sync_params(centre_pair, rule_cl
     xs_async, xs_sync = make_params(3), make_params(3)
     ex = attach_worker(centre, rule_class(), xs_async)
     handle = ex.start()
-    handle.wait(timeout=20)
+    handle.wait(timeout_s=20)
     handle.wait()  # a second wait does nothing
     got_centre = [c.copy() for c in centre.arrays]
     for c, v in zip(centre.arrays, make_params(2)):
@@ -125,14 +125,14 @@ def test_params_are_untouched_in_flight_and_keep_local_changes_after_wait(centre
         c[...] = 2.0
     xs = [np.zeros(s, np.float32) for s in SHAPES]
     rule = rule_class()
-    ex = attach_worker(centre, rule, xs, timeout=20)
+    ex = attach_worker(centre, rule, xs, timeout_s=20)
     for x in xs:
         x[...] = 4.0                     # trained locally since the last sync
     other.lock.acquire()                 # another worker holds the whole centre
     try:
         handle = ex.start()
         with pytest.raises(SyncTimeout, match="still running"):
-            handle.wait(timeout=0.05)
+            handle.wait(timeout_s=0.05)
         assert not handle.done()
         with pytest.raises(PlatoonError, match="in flight"):
             ex.sync()
@@ -145,7 +145,7 @@ def test_params_are_untouched_in_flight_and_keep_local_changes_after_wait(centre
             np.testing.assert_array_equal(c, 2.0)  # nothing pushed yet
     finally:
         other.lock.release()
-    handle.wait(timeout=20)
+    handle.wait(timeout_s=20)
     for x, c in zip(xs, centre.arrays):
         if isinstance(rule, EASGD):  # c += 0.5 * (4 - 2); x = 5 - 0.5 * (4 - 2)
             np.testing.assert_array_equal(c, 3.0)
@@ -187,7 +187,7 @@ def test_async_errors_surface_at_wait_and_release_the_locks(centre_pair):
     centre_before = [c.copy() for c in centre.arrays]
     handle = ex.start()
     with pytest.raises(RuntimeError, match="push failed"):
-        handle.wait(timeout=20)
+        handle.wait(timeout_s=20)
     handle.wait()  # the error was reported once; the handle is finished
     # The 4 stripes pushed before the failure moved worker and centre by the same d (x - d,
     # c + d); the others moved neither.
@@ -197,15 +197,15 @@ def test_async_errors_surface_at_wait_and_release_the_locks(centre_pair):
         moved += int((x != b).sum())
     assert 0 < moved < sum(x.size for x in xs)
     assert _all_stripes_free(other)
-    ex.start().wait(timeout=20)  # the worker can sync again
+    ex.start().wait(timeout_s=20)  # the worker can sync again
 
     # A stripe held past the worker's timeout: LockTimeout at wait(), locks released.
-    ex.timeout = 0.1
+    ex.timeout_s = 0.1
     other.stripe_locks[3].acquire()
     try:
         handle = ex.start()
         with pytest.raises(LockTimeout, match="stripe 3"):
-            handle.wait(timeout=20)
+            handle.wait(timeout_s=20)
     finally:
         other.stripe_locks[3].release()
     assert _all_stripes_free(other)
@@ -222,7 +222,7 @@ def test_asgd_push_failing_part_way_loses_no_change(centre_pair):
     for x in xs:
         x += 1.0
     with pytest.raises(RuntimeError, match="push failed once"):
-        ex.start().wait(timeout=20)
+        ex.start().wait(timeout_s=20)
     for c in centre.arrays:
         c += 5.0  # another worker pushes meanwhile
     ex.sync()
@@ -242,7 +242,7 @@ def test_sync_without_lock_is_refused_while_an_async_sync_is_in_flight(centre_pa
             ex.sync(lock=False)
     finally:
         other.stripe_locks[0].release()
-    handle.wait(timeout=20)
+    handle.wait(timeout_s=20)
 
 
 def test_rules_without_push_cannot_start_async_syncs(centre_pair):
@@ -258,6 +258,41 @@ def test_rules_without_push_cannot_start_async_syncs(centre_pair):
     ex.sync()  # non-elementwise: the whole centre under the whole lock
     for c, x in zip(centre.arrays, make_params(5)):
         np.testing.assert_array_equal(c, x)
+
+
+class TakeCentre(ParamSyncRule):
+    """A user rule: the worker takes the centre; striped, and asynchronous when declared."""
+
+    elementwise = True
+
+    def update(self, index, local, central):
+        local[...] = central
+
+
+class TakeCentreAsync(TakeCentre):
+    supports_async = True
+
+    def push(self, index, start, snapshot, central):
+        snapshot[...] = central
+
+    def pull(self, index, start, local, snapshot):
+        local[...] = snapshot
+
+
+def test_user_rules_sync_by_stripe_and_start_async_syncs_only_when_declared(centre_pair):
+    centre, _ = centre_pair
+    for c, v in zip(centre.arrays, make_params(7)):
+        c[...] = v
+    striped = attach_worker(centre, TakeCentre(), make_params(8))
+    with pytest.raises(TypeError, match="supports_async = True"):
+        striped.start()
+    striped.sync()
+    asynchronous = attach_worker(centre, TakeCentreAsync(), make_params(9))
+    asynchronous.start().wait(timeout_s=20)
+    for ex in (striped, asynchronous):
+        assert ex.stats.syncs == 1
+        for x, c in zip(ex.local, centre.arrays):
+            np.testing.assert_array_equal(x, c)
 
 
 def test_whole_lock_excludes_stripes_within_one_process(centre_pair):
@@ -303,14 +338,14 @@ def test_three_workers_sync_stripes_concurrently_without_losing_updates(procs, s
 def test_worker_start_sync_end_to_end_and_close_with_a_sync_in_flight(serve):
     ctl = Controller(control_port=0, num_workers=2)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=10) as a, Worker(ctl.control_port, timeout=10) as b:
+    with Worker(ctl.control_port, timeout_s=10) as a, Worker(ctl.control_port, timeout_s=10) as b:
         pa, pb = [np.full(5, 2.0)], [np.zeros(5)]
         a.init_shared_params(pa, EASGD(0.5))
         b.init_shared_params(pb, EASGD(0.5))
         pb[0] += 2.0
         handle = b.start_sync()
         pb[0] += 1.0                      # trained while in flight: kept
-        handle.wait(timeout=10)
+        handle.wait(timeout_s=10)
         np.testing.assert_array_equal(ctl.centre[0], 3.0)
         np.testing.assert_array_equal(pb[0], 4.0)  # 5 - 0.5 * (4 - 2)
         assert b.sync_stats.syncs == 1
@@ -323,7 +358,7 @@ def test_start_sync_with_torch_tensors_keeps_changes_made_in_flight(serve):
     torch = pytest.importorskip("torch", reason="needs PyTorch")
     ctl = Controller(control_port=0, num_workers=2)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=10) as a, Worker(ctl.control_port, timeout=10) as b:
+    with Worker(ctl.control_port, timeout_s=10) as a, Worker(ctl.control_port, timeout_s=10) as b:
         a.init_shared_params([np.full(4, 2.0, np.float32)], EASGD(0.5))
         t = torch.zeros(4)
         b.init_shared_params([t], EASGD(0.5))
@@ -331,8 +366,23 @@ def test_start_sync_with_torch_tensors_keeps_changes_made_in_flight(serve):
         t += 2.0
         handle = b.start_sync()
         t += 1.0
-        handle.wait(timeout=10)
+        handle.wait(timeout_s=10)
         torch.testing.assert_close(t, torch.full((4,), 4.0))  # 5 - 0.5 * (4 - 2)
         np.testing.assert_array_equal(ctl.centre[0], 3.0)
         assert b.syncs == 1
+    serving.join()
+
+
+def test_a_failed_async_push_is_not_counted_and_both_counters_agree(serve):
+    ctl = Controller(control_port=0, num_workers=1)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout_s=10) as w:
+        assert w.syncs == 0 and w.sync_stats is None
+        w.init_shared_params(make_params(11), failing_push(EASGD, 2, "second stripe failed")(0.5))
+        w.sync_params()
+        with pytest.raises(RuntimeError, match="second stripe failed"):
+            w.start_sync().wait(timeout_s=20)
+        assert w.syncs == w.sync_stats.syncs == 1
+        w.start_sync().wait(timeout_s=20)
+        assert w.syncs == w.sync_stats.syncs == 2
     serving.join()

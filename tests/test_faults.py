@@ -36,7 +36,7 @@ def test_worker_killed_holding_the_lock_mid_update(serve, procs):
     serving = serve(ctl)
     victim = procs("die_worker.py", ctl.control_port, "hold")
     victim.wait_for_line("HOLDING")
-    with Worker(ctl.control_port, timeout=10) as survivor:
+    with Worker(ctl.control_port, timeout_s=10) as survivor:
         params = [np.zeros(100000)]
         init = threading.Thread(target=survivor.init_shared_params, args=(params, EASGD(0.5)))
         init.start()
@@ -176,7 +176,7 @@ def test_checkpoint_and_bit_identical_resume(serve, tmp_path):
     serving = serve(ctl)
     rng = np.random.default_rng(3)
     saved = [rng.normal(size=(30, 7)).astype(np.float32), rng.normal(size=5)]
-    with Worker(ctl.control_port, timeout=5) as w:
+    with Worker(ctl.control_port, timeout_s=5) as w:
         w.init_shared_params([a.copy() for a in saved], EASGD(0.5))
     serving.join()
     arrays, meta = checkpoint.load(str(tmp_path / "ckpt"))
@@ -187,12 +187,12 @@ def test_checkpoint_and_bit_identical_resume(serve, tmp_path):
 
     resumed = Tolerant(control_port=0, resume_from=path)
     serving = serve(resumed)
-    with Worker(resumed.control_port, timeout=5) as w:
+    with Worker(resumed.control_port, timeout_s=5) as w:
         mine = [np.zeros((30, 7), np.float32), np.zeros(5)]
         w.init_shared_params(mine, EASGD(0.5))  # the checkpoint, not these zeros, is the centre
         for a, b in zip(mine, saved):
             assert a.tobytes() == b.tobytes()
-        with Worker(resumed.control_port, timeout=5) as other:
+        with Worker(resumed.control_port, timeout_s=5) as other:
             with pytest.raises(LayoutMismatch):
                 other.init_shared_params([np.zeros(3)], EASGD(0.5))
     serving.join()
@@ -231,9 +231,9 @@ def test_sigterm_to_a_serving_controller_cleans_up(procs, tmp_path):
 def test_a_worker_failing_in_its_with_block_ends_serve_by_default(serve):
     ctl = Controller(control_port=0, num_workers=2)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=1):
+    with Worker(ctl.control_port, timeout_s=1):
         with pytest.raises(RuntimeError):
-            with Worker(ctl.control_port, timeout=5):
+            with Worker(ctl.control_port, timeout_s=5):
                 raise RuntimeError("training diverged")
         with pytest.raises(WorkerDied, match="worker 1 .* failed: RuntimeError: training "
                                              "diverged"):
@@ -247,7 +247,7 @@ def test_replacement_registering_before_the_death_is_noticed(serve, procs):
     victim = procs("die_worker.py", ctl.control_port, "sync")
     victim.wait_for_line("READY")
     victim.kill()
-    with Worker(ctl.control_port, timeout=5) as replacement:  # long before the next pid check
+    with Worker(ctl.control_port, timeout_s=5) as replacement:  # long before the next pid check
         params = [np.zeros(100000)]
         replacement.init_shared_params(params, EASGD(0.5))
         assert replacement.worker_id == 0  # it takes the failed worker's id
@@ -258,10 +258,10 @@ def test_replacement_registering_before_the_death_is_noticed(serve, procs):
 def test_a_worker_that_gives_up_on_a_barrier_withdraws(serve):
     ctl = Tolerant(control_port=0, num_workers=3)
     serving = serve(ctl)
-    workers = [Worker(ctl.control_port, timeout=10) for _ in range(3)]
+    workers = [Worker(ctl.control_port, timeout_s=10) for _ in range(3)]
     try:
         with pytest.raises(ControllerTimeout):
-            workers[0].barrier(timeout=0.3)
+            workers[0].barrier(timeout_s=0.3)
         passed = []
         others = [threading.Thread(target=lambda w=w: passed.append(_barrier(w, 0.5)))
                   for w in workers[1:]]
@@ -285,7 +285,7 @@ def test_a_worker_that_gives_up_on_a_barrier_withdraws(serve):
 
 def _barrier(worker, timeout):
     try:
-        worker.barrier(timeout=timeout)
+        worker.barrier(timeout_s=timeout)
         return True
     except ControllerTimeout:
         return False
@@ -295,10 +295,10 @@ def test_recv_mb_notices_a_dead_controller(procs, tmp_path):
     ctl = procs("step_controller.py", 1, tmp_path / "c.npz", 30)
     port = int(ctl.wait_for_line("PORT").split()[1])
     data_port = int(ctl.wait_for_line("DATA").split()[1])
-    with Worker(port, data_port, timeout=10) as w:
+    with Worker(port, data_port, timeout_s=10) as w:
         ctl.kill()
         start = time.monotonic()
         with pytest.raises(ControllerGone):
-            w.recv_mb(timeout=None)
+            w.recv_mb(timeout_s=None)
         assert time.monotonic() - start < 3.0
     Controller().close()  # the next controller removes what the killed one left

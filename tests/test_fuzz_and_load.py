@@ -61,7 +61,7 @@ def test_fuzzing_the_control_socket_never_stops_real_workers(serve):
     fuzzing_over = threading.Event()
 
     def real_worker(name):
-        with Worker(ctl.control_port, timeout=20) as w:
+        with Worker(ctl.control_port, timeout_s=20) as w:
             params = [np.zeros(1000)]
             w.init_shared_params(params, EASGD(0.5))
             steps = 0
@@ -101,7 +101,7 @@ def test_malformed_minibatches_raise_and_good_ones_still_arrive(serve, raw_data_
     ctl = Counting(control_port=0)
     serving = serve(ctl)
     rng = random.Random(99)
-    with Worker(ctl.control_port, data_port=port, timeout=10) as w:
+    with Worker(ctl.control_port, data_port=port, timeout_s=10) as w:
         for i in range(500):
             frames = garbled_minibatch(rng) or [b""]
             push.send(frames)

@@ -1,8 +1,6 @@
 """The minibatch channel with real worker processes: only workers that ask get minibatches,
 rogue peers get none, and a dead worker's minibatches are re-sent."""
 
-import json
-import time
 
 import numpy as np
 import zmq

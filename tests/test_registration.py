@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import zmq
 
-from platoon import EASGD, Controller, PlatoonError, ProtocolError, RemoteError, Worker
+from platoon import EASGD, Controller, ProtocolError, RemoteError, Worker
 
 
 class Echo(Controller):
@@ -104,7 +104,7 @@ def test_a_reset_connection_re_registers_under_the_same_id(serve, proxy):
     ctl = Echo(control_port=0, num_workers=1)
     serving = serve(ctl)
     link = proxy(ctl.control_port)
-    with Worker(link.port, timeout=10) as w:
+    with Worker(link.port, timeout_s=10) as w:
         assert w.send_req("before")["worker"] == 0
         link.reset()
         reply = w.send_req("after", {"n": 1})
@@ -116,7 +116,7 @@ def test_a_reset_connection_re_registers_under_the_same_id(serve, proxy):
 def test_a_stolen_id_without_the_token_is_refused(serve, raw_client):
     ctl = Echo(control_port=0, num_workers=2)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=5) as w:
+    with Worker(ctl.control_port, timeout_s=5) as w:
         rogue = raw_client(ctl)
         rogue.send(json.dumps({"req": "platoon-register", "req_info": {
             "pid": os.getpid(), "host": socket.gethostname(), "worker_id": 0,
@@ -125,7 +125,7 @@ def test_a_stolen_id_without_the_token_is_refused(serve, raw_client):
         assert not reply["ok"] and "no registered worker has that id and token" in \
             reply["error"]["message"]
         assert w.send_req("still mine")["worker"] == 0
-        with Worker(ctl.control_port, timeout=5):
+        with Worker(ctl.control_port, timeout_s=5):
             pass
     serving.join()
 
@@ -135,7 +135,7 @@ def test_an_oversized_request_fails_at_once_and_the_worker_stays_usable(serve):
     again."""
     ctl = Echo(control_port=0, num_workers=1)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=5) as w:
+    with Worker(ctl.control_port, timeout_s=5) as w:
         with pytest.raises(ProtocolError, match="over the controller's limit of 1048576 bytes"):
             w.send_req("big", "x" * (3 << 20))
         assert w.send_req("small", 1)["info"] == 1
@@ -154,7 +154,7 @@ def test_a_rogue_cannot_register_a_dead_pid_or_another_host(serve, raw_client):
     serving = serve(ctl)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait(10)
-    with Worker(ctl.control_port, timeout=5) as w:
+    with Worker(ctl.control_port, timeout_s=5) as w:
         host = socket.gethostname()
         for info, message in [
                 ({"pid": dead.pid, "host": host}, "no process %d" % dead.pid),
@@ -165,7 +165,7 @@ def test_a_rogue_cannot_register_a_dead_pid_or_another_host(serve, raw_client):
             assert not reply["ok"] and message in reply["error"]["message"], (info, reply)
         assert ctl.workers == [0]
         assert w.send_req("alive")["worker"] == 0  # the job goes on
-        with Worker(ctl.control_port, timeout=5) as second:
+        with Worker(ctl.control_port, timeout_s=5) as second:
             assert second.worker_id == 1
     serving.join()
 
@@ -174,7 +174,7 @@ def test_shared_memory_a_peer_may_ask_for_is_bounded(serve, raw_client):
     """Before: one INIT_PARAMS from any local peer allocated 512 MiB+ of /dev/shm."""
     ctl = Echo(control_port=0, num_workers=1, max_shared_bytes=1 << 20)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=5) as w:
+    with Worker(ctl.control_port, timeout_s=5) as w:
         with pytest.raises(RemoteError, match="the centre needs 8392704 bytes of shared memory, "
                                               "but this job may hold 1048576"):
             w.init_shared_params([np.zeros(1 << 20)], EASGD(0.5))
@@ -189,9 +189,9 @@ def test_worker_ids_follow_the_launchers_numbers(serve, monkeypatch):
     ctl = Echo(control_port=0, num_workers=2)
     serving = serve(ctl)
     monkeypatch.setenv("PLATOON_WORKER_INDEX", "1")
-    with Worker(ctl.control_port, timeout=5) as second:
+    with Worker(ctl.control_port, timeout_s=5) as second:
         monkeypatch.setenv("PLATOON_WORKER_INDEX", "0")
-        with Worker(ctl.control_port, timeout=5) as first:
+        with Worker(ctl.control_port, timeout_s=5) as first:
             assert (second.worker_id, first.worker_id) == (1, 0)
     serving.join()
 
@@ -201,8 +201,8 @@ def test_is_first_is_the_worker_whose_values_initialise_the_centre(serve):
     init_shared_params initialised the centre, so a checkpoint loaded "if is_first" was lost."""
     ctl = Echo(control_port=0, num_workers=2)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=10) as first, \
-            Worker(ctl.control_port, timeout=10) as second:
+    with Worker(ctl.control_port, timeout_s=10) as first, \
+            Worker(ctl.control_port, timeout_s=10) as second:
         assert first.is_first and not second.is_first
         loaded = [np.full(5, 7.0) if w.is_first else np.zeros(5) for w in (first, second)]
         # The second calls init_shared_params first: it waits for the first's values.
@@ -221,8 +221,8 @@ def test_is_first_is_the_worker_whose_values_initialise_the_centre(serve):
 def test_the_role_of_first_passes_on_when_the_first_worker_leaves_before_initialising(serve):
     ctl = Echo(control_port=0, num_workers=2)
     serving = serve(ctl)
-    first = Worker(ctl.control_port, timeout=10)
-    with Worker(ctl.control_port, timeout=10) as second:
+    first = Worker(ctl.control_port, timeout_s=10)
+    with Worker(ctl.control_port, timeout_s=10) as second:
         assert first.is_first and not second.is_first
         first.close()
         params = [np.full(3, 2.0)]
@@ -246,6 +246,6 @@ def test_a_registration_over_ipc_needs_a_live_pid(serve):
         assert not reply["ok"] and "no process" in reply["error"]["message"]
     finally:
         ctx.destroy(linger=0)
-    with Worker(ctl.control_address, timeout=5):
+    with Worker(ctl.control_address, timeout_s=5):
         pass
     serving.join()

@@ -121,3 +121,68 @@ def test_easgd_rejects_bad_alpha(alpha):
 def test_rules_reject_integer_parameters():
     with pytest.raises(TypeError, match="parameter 1 is int32"):
         EASGD(0.5).check([np.zeros(2), np.zeros(2, np.int32)])
+
+
+def test_capabilities_are_declared_on_the_class():
+    assert not ParamSyncRule.elementwise and not ParamSyncRule.supports_async
+    for rule in (EASGD(0.5), ASGD()):
+        assert rule.elementwise and rule.supports_async
+
+
+def test_a_user_rule_declaring_async_without_push_and_pull_is_refused():
+    with pytest.raises(TypeError, match=r"Half declares supports_async = True but does not "
+                                        r"implement pull\(\)"):
+        class Half(ParamSyncRule):
+            elementwise = True
+            supports_async = True
+
+            def update(self, index, local, central):
+                local[...] = central
+
+            def push(self, index, start, snapshot, central):
+                pass
+
+
+def test_a_user_rule_declaring_async_needs_elementwise():
+    with pytest.raises(TypeError, match="needs elementwise = True"):
+        class Whole(ParamSyncRule):
+            supports_async = True
+
+            def update(self, index, local, central):
+                pass
+
+            def push(self, index, start, snapshot, central):
+                pass
+
+            def pull(self, index, start, local, snapshot):
+                pass
+
+
+def test_a_user_rule_declaring_elementwise_must_update_and_flags_are_booleans():
+    with pytest.raises(TypeError, match="elementwise = True but implements neither"):
+        class Nothing(ParamSyncRule):
+            elementwise = True
+    with pytest.raises(TypeError, match="Flag.elementwise must be True or False"):
+        class Flag(ParamSyncRule):
+            elementwise = "yes"
+
+
+def test_attach_is_a_hook_and_bind_worker_still_works_with_a_warning():
+    seen = []
+
+    class Attaching(ParamSyncRule):
+        def attach(self, worker):
+            seen.append(("attach", worker))
+
+    Attaching().attach("w")
+    with pytest.warns(DeprecationWarning, match=r"Legacy.bind_worker\(\) is deprecated: rename "
+                                                r"it attach\(worker\)"):
+        class Legacy(ParamSyncRule):
+            def bind_worker(self, worker):
+                seen.append(("bind", worker))
+
+    Legacy().attach("v")  # the worker calls attach: it reaches the old method
+    with pytest.warns(DeprecationWarning, match="call attach"):
+        Attaching().bind_worker("u")
+    assert seen == [("attach", "w"), ("bind", "v"), ("attach", "u")]
+    ParamSyncRule().attach("anything")  # the base hook does nothing

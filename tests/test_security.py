@@ -40,14 +40,14 @@ def test_keys_file_is_private_and_checked(keys, tmp_path):
 def test_only_key_holders_get_in(keys, tmp_path, serve):
     ctl = Echo(control_port=0, data_port=0, keys_file=keys)
     serving = serve(ctl)
-    with Worker(ctl.control_port, ctl.data_port, timeout=5, keys_file=keys) as w:
+    with Worker(ctl.control_port, ctl.data_port, timeout_s=5, keys_file=keys) as w:
         assert w.send_req("hello", [1]) == [1]
         w.init_shared_params([np.ones(3)], EASGD(0.5))
         with pytest.raises(ControllerTimeout):
-            Worker(ctl.control_port, timeout=0.5)  # no keys: the handshake never completes
+            Worker(ctl.control_port, timeout_s=0.5)  # no keys: the handshake never completes
         stranger = generate_keys(str(tmp_path / "other.json"))
         with pytest.raises(ControllerTimeout):
-            Worker(ctl.control_port, timeout=0.5, keys_file=stranger)  # wrong keys
+            Worker(ctl.control_port, timeout_s=0.5, keys_file=stranger)  # wrong keys
         ctx = zmq.Context()
         try:
             thief = ctx.socket(zmq.PULL)

@@ -24,8 +24,8 @@ def test_ipc_controller_serves_requests_syncs_and_minibatches(serve):
     serving = serve(ctl)
     batch = [np.arange(6, dtype=np.float32).reshape(2, 3)]
     sender = threading.Thread(target=lambda: ctl.send_mb(batch, timeout_s=10))
-    with Worker(ctl.control_address, data_port=ctl.data_address, timeout=10) as a, \
-            Worker(ctl.control_address, timeout=10) as b:
+    with Worker(ctl.control_address, data_port=ctl.data_address, timeout_s=10) as a, \
+            Worker(ctl.control_address, timeout_s=10) as b:
         assert a.send_req("ping", {"n": 1}) == ["ping", 0, {"n": 1}]
         assert b.send_req("ping") == ["ping", 1, None]
         pa, pb = [np.full(5, 2.0)], [np.zeros(5)]

@@ -23,7 +23,7 @@ def test_no_controller_fails_within_the_timeout_naming_the_address():
         port = ctl.control_port
     start = time.monotonic()
     with pytest.raises(ControllerTimeout, match="tcp://127.0.0.1:%d within 0.3 s" % port):
-        Worker(port, timeout=0.3)
+        Worker(port, timeout_s=0.3)
     assert time.monotonic() - start < 2.0
 
 
@@ -38,9 +38,9 @@ def test_timed_out_request_leaves_the_worker_usable(serve):
 
     ctl = SlowOnce(control_port=0)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=5) as w:
+    with Worker(ctl.control_port, timeout_s=5) as w:
         with pytest.raises(ControllerTimeout, match="no reply to 'slow'"):
-            w.send_req("slow", timeout=0.2)
+            w.send_req("slow", timeout_s=0.2)
         release.set()  # the late reply to 'slow' now arrives and must be ignored
         assert w.send_req("second") == ["second", 2]
         assert w.send_req("third") == ["third", 3]
@@ -50,7 +50,7 @@ def test_timed_out_request_leaves_the_worker_usable(serve):
 def test_closed_worker(serve):
     ctl = CountController(control_port=0)
     serving = serve(ctl)
-    w = Worker(ctl.control_port, timeout=5)
+    w = Worker(ctl.control_port, timeout_s=5)
     w.close()
     w.close()
     with pytest.raises(PlatoonError, match="closed"):
@@ -69,7 +69,7 @@ def test_unusable_parameters_are_refused_before_anything_is_shared(serve, params
                                                                    message):
     ctl = CountController(control_port=0)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=5) as w:
+    with Worker(ctl.control_port, timeout_s=5) as w:
         with pytest.raises(error, match=message):
             w.init_shared_params(params, rule)
         assert ctl.centre is None
@@ -81,7 +81,7 @@ def test_unusable_parameters_are_refused_before_anything_is_shared(serve, params
 def test_later_workers_start_from_the_centre_and_sync(serve):
     ctl = CountController(control_port=0)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=5) as a, Worker(ctl.control_port, timeout=5) as b:
+    with Worker(ctl.control_port, timeout_s=5) as a, Worker(ctl.control_port, timeout_s=5) as b:
         pa, pb = [np.full(4, 2.0)], [np.zeros(4)]
         a.init_shared_params(pa, EASGD(0.5))
         b.init_shared_params(pb, EASGD(0.5), cleanup=True)
@@ -105,12 +105,12 @@ def test_lock_blocks_other_workers_and_sync_releases_it_on_errors(serve):
 
     ctl = CountController(control_port=0)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout=0.2) as a, Worker(ctl.control_port, timeout=5) as b:
+    with Worker(ctl.control_port, timeout_s=0.2) as a, Worker(ctl.control_port, timeout_s=5) as b:
         a.init_shared_params([np.ones(2)], ASGD())
         b.init_shared_params([np.ones(2)], Exploding())
         a.lock()
         with pytest.raises(LockTimeout):
-            b.lock(timeout=0.1)
+            b.lock(timeout_s=0.1)
         a.unlock()
         with pytest.raises(RuntimeError, match="rule failed"):
             b.sync_params()
@@ -128,7 +128,7 @@ def test_minibatches_flow_while_the_controller_serves(serve):
                 np.asfortranarray(np.ones((2, 3), np.int64) * i),
                 np.arange(10.0)[::2]] for i in range(5)]
     sender = threading.Thread(target=lambda: [ctl.send_mb(b, timeout_s=10) for b in batches])
-    with Worker(ctl.control_port, data_port=ctl.data_port, timeout=10) as w:
+    with Worker(ctl.control_port, data_port=ctl.data_port, timeout_s=10) as w:
         sender.start()
         for i, want in enumerate(batches):
             got = w.recv_mb()
@@ -138,7 +138,7 @@ def test_minibatches_flow_while_the_controller_serves(serve):
                 np.testing.assert_array_equal(a, b)
             assert got[1].flags.f_contiguous
         with pytest.raises(MinibatchTimeout, match="within 0.1 s"):
-            w.recv_mb(timeout=0.1)
+            w.recv_mb(timeout_s=0.1)
     sender.join(10)
     serving.join()
 
@@ -147,7 +147,7 @@ def test_malformed_minibatch_frames_raise(serve, raw_data_socket):
     push, port = raw_data_socket, raw_data_socket.port
     ctl = CountController(control_port=0)
     serving = serve(ctl)
-    with Worker(ctl.control_port, data_port=port, timeout=5) as w:
+    with Worker(ctl.control_port, data_port=port, timeout_s=5) as w:
         push.send([b'[{"dtype": "<f8", "shape": [4]}]', b"short"])
         with pytest.raises(ProtocolError, match="5 bytes arrived"):
             w.recv_mb()
@@ -164,3 +164,69 @@ def test_send_mb_needs_a_data_socket_and_times_out_without_workers():
         ctl.init_data(0, hwm=1)
         with pytest.raises(MinibatchTimeout, match="no worker asked"):
             ctl.send_mb([np.zeros(1)], timeout_s=0.1)
+
+
+def test_lock_works_as_a_context_manager_releasing_on_exit_and_on_errors(serve):
+    ctl = CountController(control_port=0)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout_s=5) as a, Worker(ctl.control_port, timeout_s=5) as b:
+        a.init_shared_params([np.ones(2)], ASGD())
+        b.init_shared_params([np.ones(2)], ASGD())
+        with a.lock(timeout_s=1.0):
+            with pytest.raises(LockTimeout):
+                b.lock(timeout_s=0.05)
+            a.sync_params()  # under the caller's lock: the whole centre, no deadlock
+        with pytest.raises(RuntimeError, match="inside"):
+            with b.lock(1.0):
+                raise RuntimeError("inside")
+        with a.lock(timeout_s=1.0):  # b released it when the exception left the block
+            pass
+        a.lock()  # and without `with`, as before
+        a.unlock()
+        b.sync_params()
+    serving.join()
+
+
+def test_old_duration_keywords_still_work_and_warn(serve):
+    from platoon import average_gradients
+    from platoon.channel import Worker as OriginalWorker
+
+    ctl = CountController(control_port=0, data_port=0, num_workers=2)
+    serving = serve(ctl)
+    with pytest.warns(DeprecationWarning, match=r"Worker.__init__\(timeout=...\) is deprecated: "
+                                                r"call it with timeout_s="):
+        w = Worker(ctl.control_port, data_port=ctl.data_port, timeout=5)
+    with w, OriginalWorker(port=ctl.control_port, socket_timeout=2500) as original:
+        assert w.timeout_s == w.timeout == 5 and original.timeout_s == 2.5
+        w.timeout = 4  # the old attribute is still writable
+        assert w.timeout_s == 4
+        for call, name in [(lambda: w.send_req("x", timeout=1), "send_req"),
+                           (lambda: w.recv_mb(timeout=0.05), "recv_mb")]:
+            with pytest.warns(DeprecationWarning, match=r"Worker.%s\(timeout=" % name):
+                try:
+                    call()
+                except MinibatchTimeout:
+                    pass
+        threads = [threading.Thread(target=original.barrier),
+                   threading.Thread(target=lambda: original.all_reduce(np.ones(2)))]
+        threads[0].start()
+        with pytest.warns(DeprecationWarning, match=r"Worker.barrier\(timeout="):
+            w.barrier(timeout=5)
+        threads[0].join(5)
+        threads[1].start()
+        with pytest.warns(DeprecationWarning, match=r"Worker.all_reduce\(timeout="):
+            assert list(w.all_reduce(np.ones(2), timeout=5)) == [2.0, 2.0]
+        threads[1].join(5)
+        threads[0] = threading.Thread(target=lambda: average_gradients(original, [np.ones(2)]))
+        threads[0].start()
+        with pytest.warns(DeprecationWarning, match=r"average_gradients\(timeout="):
+            average_gradients(w, [np.ones(2)], timeout=5)
+        threads[0].join(5)
+        w.init_shared_params([np.ones(2)], EASGD(0.5))
+        original.init_shared_params([np.ones(2)], EASGD(0.5))
+        with pytest.warns(DeprecationWarning, match=r"Worker.lock\(timeout="):
+            w.lock(timeout=1)
+        w.unlock()
+        with pytest.warns(DeprecationWarning, match=r"SyncHandle.wait\(timeout="):
+            w.start_sync().wait(timeout=5)
+    serving.join()

@@ -14,7 +14,7 @@ def main():
         w.init_mb_sock()
         while True:
             try:
-                index, data = w.recv_mb(timeout=0.5)
+                index, data = w.recv_mb(timeout_s=0.5)
             except MinibatchTimeout:
                 if w.send_req("next") == "stop":
                     break

@@ -7,7 +7,7 @@ import numpy as np
 
 from platoon import EASGD, Worker
 
-with Worker(timeout=30) as w:
+with Worker(timeout_s=30) as w:
     w.init_shared_params([np.zeros(10)], EASGD(0.5))
     if w.worker_id == 1 and not os.path.exists("worker1-crashed"):
         open("worker1-crashed", "w").close()

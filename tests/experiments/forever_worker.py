@@ -6,7 +6,7 @@ import numpy as np
 
 from platoon import EASGD, Worker
 
-with Worker(timeout=30) as w:
+with Worker(timeout_s=30) as w:
     params = [np.zeros(1000)]
     w.init_shared_params(params, EASGD(0.5))
     deadline = time.monotonic() + 60

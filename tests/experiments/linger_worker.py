@@ -7,7 +7,7 @@ import numpy as np
 from platoon import EASGD, Worker
 from platoon.environment import JobEnvironment
 
-with Worker(timeout=30) as w:
+with Worker(timeout_s=30) as w:
     w.init_shared_params([np.zeros(10)], EASGD(0.5))
     w.sync_params()
 if JobEnvironment.read().worker_index == 1:

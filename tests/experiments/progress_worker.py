@@ -6,7 +6,7 @@ import numpy as np
 
 from platoon import EASGD, Worker
 
-with Worker(timeout=30) as w:
+with Worker(timeout_s=30) as w:
     w.init_shared_params([np.zeros(10)], EASGD(0.5))
     for _ in range(30):
         time.sleep(0.1)  # the workload: progress spread over the run

@@ -12,14 +12,14 @@ import numpy as np
 from platoon import EASGD, Worker
 
 port, mode = int(sys.argv[1]), sys.argv[2]
-with Worker(port, timeout=60) as w:
+with Worker(port, timeout_s=60) as w:
     params = [np.zeros(100000)]
     w.init_shared_params(params, EASGD(0.5))
     print("READY %d" % w.worker_id, flush=True)
     deadline = time.monotonic() + 60
     if mode == "barrier":
         try:
-            w.barrier(timeout=None)
+            w.barrier(timeout_s=None)
         except Exception as exc:
             print("RAISED %s: %s" % (type(exc).__name__, exc), flush=True)
             raise

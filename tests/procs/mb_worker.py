@@ -12,7 +12,7 @@ import threading
 from platoon import Worker
 
 control_port, data_port, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-with Worker(control_port, data_port=data_port, timeout=30) as w:
+with Worker(control_port, data_port=data_port, timeout_s=30) as w:
     print("ID %d" % w.worker_id, flush=True)
     if mode == "take":
         seen = set()

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from platoon import EASGD, RemoteError, Worker
+from platoon import EASGD, RemoteError, Worker, protocol
 
 CASES = [(op, dt) for dt in ["float32", "float64", "int32", "int64", "uint8", "complex128"]
          for op in ["sum", "mean", "max", "min"]
@@ -52,7 +52,7 @@ def say(text):
 
 def main():
     scenario = sys.argv[1]
-    with Worker(timeout=30) as w:
+    with Worker(timeout_s=30) as w:
         tag = "node %d worker %d (global %d of %d, pid %d)" % (
             w.node_rank, w.local_rank, w.global_rank, w.global_size, os.getpid())
         if scenario == "collectives":
@@ -72,8 +72,8 @@ def main():
             w.init_shared_params(params, EASGD(0.5))
             for i in range(2000):
                 if len(sys.argv) > 2 and sys.argv[2] == "report":  # drives --tie-every-syncs
-                    w.syncs += 1
-                    w.report()
+                    w.send_req(protocol.REPORT, {"minibatches": 0, "syncs": i + 1,
+                                                 "metrics": {}})
                 mine = np.array(w.shared_params[0][:1])
                 spread = w.all_reduce(mine.copy(), "max") - w.all_reduce(mine, "min")
                 if spread[0] < 1e-6:

@@ -13,7 +13,7 @@ from platoon import ASGD, Worker
 SIZE = 64
 
 port, steps = int(sys.argv[1]), int(sys.argv[2])
-with Worker(port, timeout=30) as w:
+with Worker(port, timeout_s=30) as w:
     params = [np.zeros(SIZE)]
     w.init_shared_params(params, ASGD())
     w.barrier()

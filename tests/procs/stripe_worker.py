@@ -22,7 +22,7 @@ def main():
                                           sys.argv[4], sys.argv[5])
     params = [np.zeros(shape, dtype) for shape, dtype in SHAPES]
     rule = EASGD(0.5) if rule_name == "easgd" else ASGD()
-    with Worker(control_port=port, timeout=20) as w:
+    with Worker(control_port=port, timeout_s=20) as w:
         w.init_shared_params(params, param_sync_rule=rule)
         w.barrier()
         for _ in range(rounds):

@@ -24,7 +24,7 @@ def main():
     dtype = np.float32 if mode == "ordered" else np.float64
     params = initial_params(dtype)
     rule = EASGD(0.5) if rule_name == "easgd" else ASGD()
-    with Worker(control_port=port, timeout=20) as w:
+    with Worker(control_port=port, timeout_s=20) as w:
         w.init_shared_params(params, param_sync_rule=rule)
         w.barrier()  # every worker starts from the same centre
         for r in range(rounds):
