@@ -65,3 +65,59 @@ def test_mpi_and_launcher_names_of_today():
     from platoon.controller import raise_system_exit
     from platoon.process import raise_system_exit as moved
     assert raise_system_exit is moved
+
+
+def module_imports():
+    """{module: platoon modules it imports when loaded} (imports inside functions and under
+    `if TYPE_CHECKING:` do not count: they run later, or never)."""
+    import ast
+    import os
+
+    root = os.path.dirname(platoon.__file__)
+    files = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                module = "platoon." + os.path.relpath(path, root)[:-3].replace(os.sep, ".")
+                files[module[:-len(".__init__")] if module.endswith(".__init__") else module] = path
+    graph = {}
+    for module, path in files.items():
+        package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        found = set()
+        for node in tree.body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+                continue
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.ImportFrom) and sub.level:
+                    base = package
+                    for _ in range(sub.level - 1):
+                        base = base.rsplit(".", 1)[0]
+                    base = base + "." + sub.module if sub.module else base
+                    for alias in sub.names:
+                        name = base + "." + alias.name
+                        found.add(name if name in files else base)
+                elif isinstance(sub, ast.FunctionDef):
+                    break
+        graph[module] = {m for m in found if m in files and m not in (module, "platoon")}
+    return graph
+
+
+def test_the_import_graph_has_no_cycle():
+    graph, done, path = module_imports(), set(), []
+
+    def visit(module):
+        if module in path:
+            pytest.fail("import cycle: %s" % " -> ".join(path[path.index(module):] + [module]))
+        if module in done:
+            return
+        path.append(module)
+        for dep in sorted(graph[module]):
+            visit(dep)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)
