@@ -22,7 +22,7 @@ import numpy as np
 from . import protocol
 from .checkpoint import load_states
 from .deprecation import renamed_keywords
-from .errors import PlatoonError, ProtocolError
+from .errors import ControllerTimeout, PlatoonError, ProtocolError
 from .services import ControllerServices
 from .shmem import SEGMENT_PREFIX, SharedCentre, param_offsets
 
@@ -286,6 +286,38 @@ class WorkerCollectives:
         seg = SharedCentre.attach(name, layout, striped=False)
         self.segments.append(seg)
         return seg
+
+    def all_reduce(self, send_req, array, op, out, timeout_s):
+        """`Worker.all_reduce`, through `send_req` (the worker's)."""
+        array = np.asarray(array)
+        check_op(op, array.dtype)
+        out = array if out is None else out
+        if not isinstance(out, np.ndarray) or out.shape != array.shape \
+                or out.dtype != array.dtype or not out.flags.writeable:
+            raise ValueError("all_reduce writes into a writable numpy array of the input's shape "
+                             "%s and dtype %s; got %r" % (array.shape, array.dtype, out))
+        key = (array.dtype.str, array.size)
+        entry = self.reductions.get(key)
+        if entry is None:
+            reply = send_req(protocol.ALLREDUCE_SETUP,
+                             {"dtype": array.dtype.str, "count": array.size})
+            seg = self.attach(reply["segment"], [
+                {"dtype": array.dtype.str, "shape": [reply["slots"] + 1, array.size]}])
+            buf = seg.arrays[0]
+            entry = self.reductions[key] = (reply["segment"], buf[reply["slot"]],
+                                            buf[reply["slots"]])
+        name, mine, result = entry
+        np.copyto(mine.reshape(array.shape), array)
+        try:
+            send_req(protocol.ALLREDUCE, {"segment": name, "op": op}, timeout_s=timeout_s)
+        except ControllerTimeout:  # withdraw, so the others do not reduce without us
+            try:
+                send_req(protocol.ALLREDUCE_CANCEL, {"segment": name}, timeout_s=1.0)
+            except PlatoonError:
+                pass
+            raise
+        np.copyto(out, result.reshape(array.shape))
+        return out
 
     def close(self):
         for seg in self.segments:

@@ -11,7 +11,7 @@ import zmq
 
 from . import adapters, protocol, security
 from .client import ControlClient, endpoint, uncaught_error
-from .collectives import WorkerCollectives, check_op
+from .collectives import WorkerCollectives
 from .deprecation import renamed_keywords
 from .environment import JobEnvironment
 from .errors import ControllerGone, ControllerTimeout, PlatoonError
@@ -179,35 +179,7 @@ class Worker:
         RemoteError if a worker left or the workers' ops differ.
         """
         self._check_open()
-        array = np.asarray(array)
-        check_op(op, array.dtype)
-        out = array if out is None else out
-        if not isinstance(out, np.ndarray) or out.shape != array.shape \
-                or out.dtype != array.dtype or not out.flags.writeable:
-            raise ValueError("all_reduce writes into a writable numpy array of the input's shape "
-                             "%s and dtype %s; got %r" % (array.shape, array.dtype, out))
-        key = (array.dtype.str, array.size)
-        entry = self._coll.reductions.get(key)
-        if entry is None:
-            reply = self.send_req(protocol.ALLREDUCE_SETUP,
-                                  {"dtype": array.dtype.str, "count": array.size})
-            seg = self._coll.attach(reply["segment"], [
-                {"dtype": array.dtype.str, "shape": [reply["slots"] + 1, array.size]}])
-            buf = seg.arrays[0]
-            entry = self._coll.reductions[key] = (reply["segment"], buf[reply["slot"]],
-                                                  buf[reply["slots"]])
-        name, mine, result = entry
-        np.copyto(mine.reshape(array.shape), array)
-        try:
-            self.send_req(protocol.ALLREDUCE, {"segment": name, "op": op}, timeout_s=timeout_s)
-        except ControllerTimeout:  # withdraw, so the others do not reduce without us
-            try:
-                self.send_req(protocol.ALLREDUCE_CANCEL, {"segment": name}, timeout_s=1.0)
-            except PlatoonError:
-                pass
-            raise
-        np.copyto(out, result.reshape(array.shape))
-        return out
+        return self._coll.all_reduce(self.send_req, array, op, out, timeout_s)
 
     def shared_state(self, name: str, layout: List[dict]) -> List[np.ndarray]:
         """Zero-initialised arrays in shared memory, one set per job and `name`.
