@@ -13,6 +13,7 @@ import numpy as np
 
 import mlp
 from platoon import Controller
+from platoon.environment import JobEnvironment
 
 log = logging.getLogger("digits")
 
@@ -94,7 +95,7 @@ def main():
     parser.add_argument("--max-minibatches", type=int, default=30000)
     parser.add_argument("--plot", default=None, help="PNG path (default: the log directory)")
     args = parser.parse_args()
-    status = os.environ.get("PLATOON_STATUS_FILE")
+    status = JobEnvironment.read().status_file  # under the launcher: its log directory
     plot = args.plot or os.path.join(os.path.dirname(status) if status else ".",
                                      "digits_curves.png")
 

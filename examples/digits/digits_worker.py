@@ -4,7 +4,6 @@ Run by the launcher:  platoon-launcher examples/digits/digits -n 2
 """
 
 import argparse
-import os
 
 import numpy as np
 
@@ -21,13 +20,12 @@ def main():
     parser.add_argument("--alpha", type=float, default=None,
                         help="EASGD elastic force (default 0.9 / number of workers)")
     args = parser.parse_args()
-    num_workers = int(os.environ.get("PLATOON_NUM_WORKERS", "2"))
-    alpha = args.alpha if args.alpha is not None else min(0.9 / num_workers, 1.0)
 
     (x_train, y_train), (x_valid, y_valid), _ = mlp.load_split()
     params = mlp.init_params()
     with Worker(control_port=args.port) as w:
         rng = np.random.default_rng(1000 + w.worker_id)
+        alpha = args.alpha if args.alpha is not None else min(0.9 / w.global_size, 1.0)
         w.init_shared_params(params, param_sync_rule=EASGD(alpha))
         print("worker %d on %s, alpha %.3g" % (w.worker_id, w.device, alpha), flush=True)
         while w.send_req("next") == "train":

@@ -5,7 +5,6 @@ the class is the frequency. Run by the launcher:  platoon-launcher examples/lstm
 """
 
 import argparse
-import os
 
 import torch
 from torch import nn
@@ -42,14 +41,13 @@ def main():
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--sync-every", type=int, default=10)
     args = parser.parse_args()
-    num_workers = int(os.environ.get("PLATOON_NUM_WORKERS", "2"))
 
     torch.manual_seed(0)  # every worker builds the same initial model
     model = Classifier()
     with Worker(control_port=args.port) as w:
         device = torch.device("cuda:0" if w.device.startswith("cuda") else "cpu")
         model.to(device)
-        w.init_shared_params(model, param_sync_rule=EASGD(min(0.9 / num_workers, 1.0)))
+        w.init_shared_params(model, param_sync_rule=EASGD(min(0.9 / w.global_size, 1.0)))
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         generator = torch.Generator().manual_seed(1000 + w.worker_id)
         x_valid, y_valid = make_batch(torch.Generator().manual_seed(7), 512)
