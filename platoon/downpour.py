@@ -9,6 +9,14 @@ controller (`Controller.shared_states`), so it persists across syncs and
 workers and can be checkpointed with the centre. Updates run under the
 centre's lock, so state and centre change together.
 
+With an elementwise optimizer (SGD, with or without momentum) Downpour is
+elementwise too: it syncs stripe by stripe, each under its stripe's lock with
+the optimizer state sliced alike, in cache-sized blocks with preallocated
+scratch, and supports `Worker.start_sync`. The result is bit-for-bit that of
+the whole-parameter formulas. Adam is not elementwise (its step count is per
+parameter, and a sync of one parameter may interleave stripe by stripe with
+another worker's), so Downpour(Adam) keeps one lock around the whole centre.
+
 ``Downpour(SGD(lr=1.0))`` is exactly ASGD.
 """
 
@@ -26,6 +34,8 @@ class SGD:
     """SGD with optional (Nesterov) momentum: ``v = momentum*v + g; c -= lr*v``
     (Nesterov: ``c -= lr*(g + momentum*v)``). Raises ValueError for lr <= 0 or
     momentum outside [0, 1)."""
+
+    elementwise = True  # apply_block may update any slice of a parameter on its own
 
     def __init__(self, lr, momentum=0.0, nesterov=False):
         self.lr, self.momentum, self.nesterov = float(lr), float(momentum), bool(nesterov)
@@ -53,13 +63,38 @@ class SGD:
         else:
             central -= self.lr * v
 
+    def apply_block(self, central, g, state, scratch):
+        """`apply` on one block: `g` (clobbered) and `scratch` are scratch of the block's
+        size, `state` the blocks of this parameter's state arrays. Same operations in
+        the same order as `apply`, so bit-identical."""
+        lr, mu = self.lr, self.momentum
+        if not mu:
+            g *= lr
+            central -= g
+            return
+        v = state[0]
+        v *= mu
+        v += g
+        if self.nesterov:
+            np.multiply(v, mu, out=scratch)
+            g += scratch  # g + mu*v (addition commutes exactly)
+            g *= lr
+        else:
+            np.multiply(v, lr, out=g)
+        central -= g
+
     def __repr__(self):
         return "SGD(lr=%r, momentum=%r, nesterov=%r)" % (self.lr, self.momentum, self.nesterov)
 
 
 class Adam:
     """Adam (Kingma and Ba 2015) with bias correction; the step count `t` is kept per
-    parameter in the shared state. Raises ValueError for out-of-range settings."""
+    parameter in the shared state. Raises ValueError for out-of-range settings.
+
+    Not elementwise: `t` must advance once per sync of a whole parameter, so
+    Downpour(Adam) updates the whole centre under one lock."""
+
+    elementwise = False
 
     def __init__(self, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8):
         self.lr, self.beta1, self.beta2, self.eps = float(lr), float(beta1), float(beta2), \
@@ -96,7 +131,16 @@ class Downpour(ParamSyncRule):
     `state_name` names the optimizer's shared state; workers using the same
     name share one optimizer. The rule must be given to
     `Worker.init_shared_params`, which attaches the state.
+
+    The class declares ``elementwise`` and ``supports_async``; an instance
+    keeps them only when its optimizer is elementwise (declares
+    ``elementwise = True`` and has ``apply_block``; its state is a whole number
+    of parameter-shaped arrays per parameter, array ``j`` of parameter ``i``
+    at ``state[j * len(params) + i]``). The exchange reads the instance's flags.
     """
+
+    elementwise = True
+    supports_async = True
 
     def __init__(self, optimizer, state_name: str = "downpour"):
         if not hasattr(optimizer, "apply") or not hasattr(optimizer, "state_layout"):
@@ -105,6 +149,9 @@ class Downpour(ParamSyncRule):
         self.optimizer = optimizer
         self.state_name = state_name
         self.state = None
+        fast = getattr(optimizer, "elementwise", False) is True \
+            and hasattr(optimizer, "apply_block")
+        self.elementwise = self.supports_async = fast  # per instance: see the class docstring
 
     def check(self, local_params: Sequence[np.ndarray]) -> None:
         _require_float(self, local_params)
@@ -121,7 +168,50 @@ class Downpour(ParamSyncRule):
                                "Worker.init_shared_params")
         self._last = [np.array(p, copy=True, order="C") for p in local_params]
 
+    def _state_blocks(self, index, start, n):
+        count = len(self._layout)
+        per_param = len(self.state) // count if count else 0
+        return [self.state[j * count + index].reshape(-1)[start:start + n]
+                for j in range(per_param)]
+
+    def _descend(self, index, start, src, central, take):
+        """Apply g = last - src to central[start:...] block by block; last (and src when
+        `take`) become the new centre."""
+        n = src.size
+        last = self._last[index].reshape(-1)[start:start + n]
+        state = self._state_blocks(index, start, n)
+        k = len(state)
+        extra = self.__dict__.setdefault("_extra", {})
+        scratch = extra.get(src.dtype)
+        if scratch is None:
+            scratch = extra[src.dtype] = np.empty_like(self._scratch(src.dtype))
+        apply_block = self.optimizer.apply_block
+        for blocks in self._blocks(src, central, last, *state):
+            s, c, x_last, g = blocks[0], blocks[1], blocks[2], blocks[-1]
+            np.subtract(x_last, s, out=g)
+            apply_block(c, g, blocks[3:3 + k], scratch[:g.size])
+            if take:
+                s[...] = c
+            x_last[...] = c
+
+    def update_range(self, index: int, start: int, local: np.ndarray,
+                     central: np.ndarray) -> None:
+        self._descend(index, start, local, central, take=True)
+
+    def push(self, index: int, start: int, snapshot: np.ndarray, central: np.ndarray) -> None:
+        # c <- optimizer(c, x_last - x_snap); x_last = c   (snapshot kept for pull)
+        self._descend(index, start, snapshot, central, take=False)
+
+    def pull(self, index: int, start: int, local: np.ndarray, snapshot: np.ndarray) -> None:
+        # x = c_new + (x - x_snap): exactly c_new when x did not move
+        last = self._last[index].reshape(-1)[start:start + local.size]
+        local -= snapshot
+        local += last
+
     def update(self, index: int, local: np.ndarray, central: np.ndarray) -> None:
+        if self.elementwise and local.flags.c_contiguous and central.flags.c_contiguous:
+            self._descend(index, 0, local.reshape(-1), central.reshape(-1), take=True)
+            return
         last = self._last[index]
         g = last - local
         self.optimizer.apply(index, central, g, self.state)
