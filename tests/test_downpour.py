@@ -147,3 +147,186 @@ def test_optimizer_state_is_checkpointed_and_resumed(serve, tmp_path):
         w.sync_params()
         assert list(ctl.shared_states["downpour"][-1]) == [4, 4]
     serving.join()
+
+
+# -- striped and asynchronous syncs on parameters spanning several stripes --
+#
+# Guarantee: with SGD (plain, momentum, Nesterov) a striped sync (and start_sync
+# + wait) gives bit-for-bit the centre, parameters and velocity of the plain
+# whole-parameter formulas below, for float32 and float64: the blocked kernel
+# performs the same IEEE operations on each element (only g + mu*v is computed
+# as g += mu*v, and addition commutes exactly).
+
+BIG_SHAPES = [(700, 1000), (3,), (300_001,)]  # 4 MB of float32, 8 of float64: several stripes
+
+
+def big_initial(dtype):
+    return [np.random.default_rng(i).normal(size=s).astype(dtype)
+            for i, s in enumerate(BIG_SHAPES)]
+
+
+def big_delta(k, r, dtype):
+    return [(np.random.default_rng(100 * k + 10 * r + i).normal(size=s) * 0.05).astype(dtype)
+            for i, s in enumerate(BIG_SHAPES)]
+
+
+def run_big(serve, make_rule, dtype, sync, n=2, rounds=3):
+    """n workers: each round every worker steps, then syncs with `sync(worker)` in turn."""
+    ctl = Controller(control_port=0, num_workers=n)
+    serving = serve(ctl, 60)
+    workers = [Worker(ctl.control_port, timeout_s=30) for _ in range(n)]
+    params = [big_initial(dtype) for _ in range(n)]
+    for w, p in zip(workers, params):
+        w.init_shared_params(p, make_rule())
+    striped = [w._exchange._striped for w in workers]
+    stripes = len(workers[0]._exchange.centre.stripes)
+    for r in range(rounds):
+        for k in range(n):
+            for p, d in zip(params[k], big_delta(k, r, dtype)):
+                p += d
+            sync(workers[k])
+    centre = [c.copy() for c in ctl.centre]
+    states = {name: [a.copy() for a in arrays] for name, arrays in ctl.shared_states.items()}
+    for w in workers:
+        w.close()
+    serving.join()
+    return centre, params, states, striped, stripes
+
+
+def big_reference(dtype, step, n=2, rounds=3):
+    c = big_initial(dtype)
+    xs = [big_initial(dtype) for _ in range(n)]
+    lasts = [big_initial(dtype) for _ in range(n)]
+    for r in range(rounds):
+        for k in range(n):
+            for i, d in enumerate(big_delta(k, r, dtype)):
+                xs[k][i] = xs[k][i] + d
+                g = lasts[k][i] - xs[k][i]
+                c[i] = step(i, c[i], g)
+                xs[k][i] = c[i].copy()
+                lasts[k][i] = c[i].copy()
+    return c, xs
+
+
+def sgd_reference(dtype, lr, mu, nesterov):
+    vel = [np.zeros(s, dtype) for s in BIG_SHAPES]
+
+    def sgd(i, c, g):
+        if not mu:
+            return c - lr * g
+        vel[i] = mu * vel[i] + g
+        return c - lr * ((g + mu * vel[i]) if nesterov else vel[i])
+
+    want_c, want_x = big_reference(dtype, sgd)
+    return want_c, want_x, (vel if mu else [])
+
+
+SGD_CASES = [(0.3, 0.0, False), (0.2, 0.9, False), (0.2, 0.9, True)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("lr,mu,nesterov", SGD_CASES)
+@pytest.mark.parametrize("how", ["sync_params", "start_sync"])
+def test_striped_sgd_is_bit_identical_to_the_formulas(serve, dtype, lr, mu, nesterov, how):
+    if how == "sync_params":
+        def sync(w):
+            w.sync_params()
+    else:
+        def sync(w):
+            w.start_sync().wait()
+    centre, params, states, striped, stripes = run_big(
+        serve, lambda: Downpour(SGD(lr, mu, nesterov)), dtype, sync)
+    assert all(striped) and stripes > 2
+    want_c, want_x, want_v = sgd_reference(dtype, lr, mu, nesterov)
+    for got, want in zip(centre, want_c):
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got, want)
+    for k in range(2):
+        for got, want in zip(params[k], want_x[k]):
+            np.testing.assert_array_equal(got, want)
+    for got, want in zip(states.get("downpour", []), want_v):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_start_sync_keeps_the_movement_made_while_it_runs(serve):
+    dtype = np.float32
+    lr, mu = 0.2, 0.9
+    ctl = Controller(control_port=0, num_workers=1)
+    serving = serve(ctl, 60)
+    with Worker(ctl.control_port, timeout_s=30) as w:
+        params = big_initial(dtype)
+        w.init_shared_params(params, Downpour(SGD(lr, mu, nesterov=True)))
+        for p, d in zip(params, big_delta(0, 0, dtype)):
+            p += d
+        snap = [p.copy() for p in params]
+        handle = w.start_sync()
+        moves = big_delta(1, 1, dtype)
+        for p, m in zip(params, moves):
+            p += m  # the worker keeps training while the sync runs
+        handle.wait()
+        centre = [c.copy() for c in ctl.centre]
+        velocity = [v.copy() for v in ctl.shared_states["downpour"]]
+    serving.join()
+    start = big_initial(dtype)
+    for i, (c0, s) in enumerate(zip(start, snap)):
+        g = c0 - s
+        v = mu * np.zeros_like(g) + g
+        want_c = c0 - lr * (g + mu * v)
+        np.testing.assert_array_equal(centre[i], want_c)
+        np.testing.assert_array_equal(velocity[i], v)
+        moved = (s + moves[i]) - s
+        np.testing.assert_array_equal(params[i], want_c + moved)
+
+
+def test_adam_keeps_the_whole_centre_lock_and_refuses_start_sync(serve):
+    assert Downpour(SGD(0.1)).elementwise and Downpour(SGD(0.1, 0.9)).supports_async
+    rule = Downpour(Adam(0.01))
+    assert not rule.elementwise and not rule.supports_async
+    ctl = Controller(control_port=0, num_workers=1)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout_s=10) as w:
+        w.init_shared_params(initial(np.float64), rule)
+        assert not w._exchange._striped
+        with pytest.raises(TypeError, match="does not support start_sync"):
+            w.start_sync()
+        w.sync_params()
+        assert list(ctl.shared_states["downpour"][-1]) == [1, 1]
+    serving.join()
+
+
+def test_striped_momentum_state_is_checkpointed_and_resumed(serve, tmp_path):
+    path = str(tmp_path / "centre.npz")
+    dtype = np.float32
+    ctl = Controller(control_port=0, num_workers=1, checkpoint_path=path)
+    serving = serve(ctl, 60)
+    with Worker(ctl.control_port, timeout_s=30) as w:
+        params = big_initial(dtype)
+        w.init_shared_params(params, Downpour(SGD(0.2, 0.9, nesterov=True)))
+        assert w._exchange._striped
+        for r in range(2):
+            for p, d in zip(params, big_delta(0, r, dtype)):
+                p += d
+            w.sync_params()
+        saved = [a.copy() for a in ctl.shared_states["downpour"]]
+        saved_centre = [c.copy() for c in ctl.centre]
+    serving.join()
+    assert [a.shape for a in saved] == BIG_SHAPES  # the layout is unchanged: one v per param
+
+    ctl = Controller(control_port=0, num_workers=1, resume_from=str(tmp_path))
+    serving = serve(ctl, 60)
+    with Worker(ctl.control_port, timeout_s=30) as w:
+        params = big_initial(dtype)
+        w.init_shared_params(params, Downpour(SGD(0.2, 0.9, nesterov=True)))
+        for got, want in zip(ctl.shared_states["downpour"], saved):
+            np.testing.assert_array_equal(got, want)
+        for got, want in zip(params, saved_centre):
+            np.testing.assert_array_equal(got, want)
+        for p, d in zip(params, big_delta(0, 2, dtype)):
+            p += d
+        w.start_sync().wait()
+        for i, (c0, v0, d) in enumerate(zip(saved_centre, saved, big_delta(0, 2, dtype))):
+            g = c0 - (c0 + d)
+            v = 0.9 * v0 + g
+            np.testing.assert_array_equal(ctl.shared_states["downpour"][i], v)
+            np.testing.assert_array_equal(ctl.centre[i], c0 - 0.2 * (g + 0.9 * v))
+    serving.join()
