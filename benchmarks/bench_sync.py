@@ -5,6 +5,7 @@ import os
 import numpy as np
 
 from platoon import EASGD
+from platoon.downpour import SGD, Downpour
 from platoon.exchange import Exchange
 from platoon.protocol import layout_of
 from platoon.shmem import SharedCentre
@@ -36,7 +37,7 @@ def sync_throughput(n, rounds):
         y = np.empty_like(x)
         rule = EASGD(ALPHA)
         rule.setup([x])
-        ex = Exchange(rule, [x], centre, timeout=60)
+        ex = Exchange(rule, [x], centre, timeout_s=60)
         xn, cn = x.copy(), c.copy()
 
         def start_wait():
@@ -56,6 +57,54 @@ def sync_throughput(n, rounds):
     finally:
         centre.close()
         centre.unlink()
+
+
+MLP_SHAPES = [(64, 1024), (1024,), (1024, 1024), (1024,), (1024, 10), (10,)]  # digits MLP
+
+
+def downpour_lock_hold(rounds=5, syncs=20):
+    """Mean lock hold per sync (ms) of Downpour(SGD(0.2, momentum 0.9, Nesterov)) and
+    EASGD(0.5) on the digits MLP 64-1024-1024-10 (1.1M float32), one worker, best of
+    `rounds` interleaved rounds of `syncs` syncs. The worker steps between syncs."""
+    params = [_values(int(np.prod(s)), i).reshape(s) for i, s in enumerate(MLP_SHAPES)]
+    steps = [(_values(p.size, 50 + i).reshape(p.shape) - 1.5) * 1e-3
+             for i, p in enumerate(params)]
+    rules = {"easgd": EASGD(ALPHA), "downpour": Downpour(SGD(0.2, 0.9, nesterov=True))}
+    runs, centres = {}, []
+    try:
+        for name, rule in rules.items():
+            local = [p.copy() for p in params]
+            centre = SharedCentre.create("bench%d%s" % (os.getpid(), os.urandom(4).hex()),
+                                         layout_of(local))
+            centres.append(centre)
+            for c, p in zip(centre.arrays, local):
+                c[...] = p
+            rule.check(local)
+            if name == "downpour":  # stands in for the shared state Worker.attach would map
+                rule.state = [np.zeros_like(p) for p in local]
+            rule.setup(local)
+            runs[name] = (Exchange(rule, local, centre, timeout_s=60), local)
+        best = {name: float("inf") for name in rules}
+        for r in range(rounds):
+            for name, (ex, local) in runs.items():
+                ex.stats.__init__()
+                for k in range(syncs):
+                    for p, d in zip(local, steps):
+                        if k % 2:
+                            p -= d
+                        else:
+                            p += d
+                    ex.sync()
+                best[name] = min(best[name], ex.stats.mean_hold_s)
+        ex = runs["downpour"][0]
+        return {"n": sum(p.size for p in params), "stripes": len(ex.centre.stripes),
+                "downpour_striped": bool(ex._striped),
+                "downpour_hold_ms": best["downpour"] * 1e3,
+                "easgd_hold_ms": best["easgd"] * 1e3}
+    finally:
+        for centre in centres:
+            centre.close()
+            centre.unlink()
 
 
 def concurrent_syncs(n, workers, duration_s, kind="stripes"):
@@ -100,7 +149,7 @@ def syncer(segment, n, worker_id, duration_s, kind):
     rule = EASGD(ALPHA)
     if kind == "one_lock":
         rule.elementwise = False  # one lock around the whole centre, as before stripes
-    ex = Exchange(rule, [x], centre, worker_id=worker_id, timeout=60)
+    ex = Exchange(rule, [x], centre, worker_id=worker_id, timeout_s=60)
     ex.sync()
     if kind == "copy":  # as much memory traffic as a sync: read 2 arrays, write 2
         y, z, c2 = np.empty_like(x), np.empty_like(x), x + 1

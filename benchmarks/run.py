@@ -39,6 +39,8 @@ def measure(names, quick, log):
         for n in sizes:
             log("sync throughput, %d floats" % n)
             results["sync_%d" % n] = bench_sync.sync_throughput(n, rounds=3 if n > 10**7 else 8)
+        log("lock hold per sync, Downpour(SGD nesterov) vs EASGD, digits MLP")
+        results["downpour_hold"] = bench_sync.downpour_lock_hold(rounds=3 if quick else 5)
     if "contention" in names:
         n, duration, rounds = 10_000_000, (1.0 if quick else 1.5), (1 if quick else 3)
         configs = (("one", 1, "stripes"), ("two", 2, "stripes"), ("two_one_lock", 2, "one_lock"),
@@ -121,6 +123,11 @@ def table(results):
         _row(rows, "start_sync+wait %s vs sync (no overlap used)" % size,
              "%.1f GB/s" % r["async_gbs"], "%.1f GB/s" % r["sync_gbs"],
              r["async_gbs"] / r["sync_gbs"], "", None)
+    if "downpour_hold" in results:
+        r = results["downpour_hold"]
+        _row(rows, "lock hold per sync, Downpour(SGD 0.2, Nesterov 0.9) vs EASGD, %.1fM float32"
+             % (r["n"] / 1e6), "%.2f ms" % r["downpour_hold_ms"], "%.2f ms" % r["easgd_hold_ms"],
+             r["downpour_hold_ms"] / r["easgd_hold_ms"], "", None)
     if "contention_one" in results:
         one, two = results["contention_one"], results["contention_two"]
         single = results["contention_two_one_lock"]
