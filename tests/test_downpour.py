@@ -330,3 +330,26 @@ def test_striped_momentum_state_is_checkpointed_and_resumed(serve, tmp_path):
             np.testing.assert_array_equal(ctl.shared_states["downpour"][i], v)
             np.testing.assert_array_equal(ctl.centre[i], c0 - 0.2 * (g + 0.9 * v))
     serving.join()
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_whole_parameter_update_is_the_blocked_kernel_and_handles_views(nesterov):
+    # Worker.lock() and non-contiguous parameters take update(): the blocked kernel on
+    # contiguous arrays, the plain formula on views; both equal the plain formula.
+    lr, mu = 0.2, 0.9
+    base = np.random.default_rng(0).normal(size=(300, 500))
+    for local in (base.copy(), base.copy()[:, ::2]):
+        central = np.random.default_rng(1).normal(size=local.shape)
+        rule = Downpour(SGD(lr, mu, nesterov))
+        rule.check([local])
+        rule.state = [np.full(local.shape, 0.5)]
+        rule.setup([local])
+        start, c0 = local.copy(), central.copy()
+        local += 0.01
+        g = start - local
+        v = mu * 0.5 + g
+        want = c0 - lr * ((g + mu * v) if nesterov else v)
+        rule.update_params([local], [central])
+        np.testing.assert_array_equal(central, want)
+        np.testing.assert_array_equal(local, want)
+        np.testing.assert_array_equal(rule.state[0], v)
