@@ -1,26 +1,11 @@
 """The minibatch channel with real worker processes: only workers that ask get minibatches,
 rogue peers get none, and a dead worker's minibatches are re-sent."""
 
-
 import numpy as np
 import zmq
 
-from platoon import Controller
 from platoon.protocol import encode_mb_request, mb_refusal
-
-
-class Tolerant(Controller):
-    """Carries on when a worker dies."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.deaths = []
-
-    def handle_control(self, req, worker_id, req_info):
-        return None
-
-    def handle_worker_death(self, worker_id, exit_info):
-        self.deaths.append(worker_id)
+from test_faults import Tolerant
 
 
 def got(proc):
@@ -100,4 +85,4 @@ def test_a_killed_workers_minibatches_are_re_sent_to_a_survivor(serve, procs):
     assert sorted(set(got(survivor))) == list(range(count))
     assert ctl.resent_minibatches == 2
     serving.join()
-    assert ctl.deaths == [victim_id]
+    assert [death[0] for death in ctl.deaths] == [victim_id]
