@@ -136,7 +136,12 @@ def test_digits_example_trains_through_the_console_script(tmp_path):
     assert "no CUDA GPU visible: starting 2 CPU worker(s)" in out
     accuracy = float(re.search(r"test accuracy ([\d.]+)%", out).group(1))
     assert accuracy > 80.0, out  # a short run; the full one reaches 95%+
-    assert (tmp_path / "logs" / "digits_curves.png").stat().st_size > 1000
+    baseline = float(re.search(r"single process: .*test accuracy ([\d.]+)%", out).group(1))
+    assert baseline > 80.0, out  # the same cap applies to the single-process baseline
+    assert re.search(r"^time to \d+% validation accuracy: 2 workers ([\d.]+ s|not reached), "
+                     r"single process ([\d.]+ s|not reached)", out, re.M), out
+    png = tmp_path / "logs" / "digits_curves.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
     for name in ("controller.log", "worker0.log", "worker1.log", "status.json"):
         assert (tmp_path / "logs" / name).exists()
     assert not job_processes(job_id_of(out))

@@ -14,8 +14,8 @@ from platoon import EASGD, Worker
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=None, help="by hand: the controller's port")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--batch-size", type=int, default=mlp.BATCH_SIZE)
+    parser.add_argument("--lr", type=float, default=mlp.LR)
     parser.add_argument("--sync-every", type=int, default=10, help="minibatches between syncs")
     parser.add_argument("--alpha", type=float, default=None,
                         help="EASGD elastic force (default 0.9 / number of workers)")
@@ -31,9 +31,7 @@ def main():
         while w.send_req("next") == "train":
             for _ in range(args.sync_every):
                 idx = rng.integers(0, len(y_train), args.batch_size)
-                loss, grads = mlp.loss_and_grads(params, x_train[idx], y_train[idx])
-                for p, g in zip(params, grads):
-                    p -= args.lr * g
+                loss = mlp.sgd_step(params, x_train[idx], y_train[idx], args.lr)
             w.sync_params()
             w.send_req("done", {"n": args.sync_every, "syncs": w.syncs, "loss": loss,
                                 "valid_error": mlp.error_rate(params, x_valid, y_valid)})

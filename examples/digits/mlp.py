@@ -3,6 +3,8 @@
 import numpy as np
 
 HIDDEN = 128
+BATCH_SIZE = 32  # defaults shared by the workers and the controller's single-process baseline
+LR = 0.1
 
 
 def load_split(seed=0):
@@ -52,3 +54,36 @@ def loss_and_grads(params, x, y):
 
 def error_rate(params, x, y):
     return float((logits(params, x).argmax(axis=1) != y).mean())
+
+
+def sgd_step(params, x, y, lr):
+    """One plain SGD step on a minibatch, updating `params` in place; returns the loss."""
+    loss, grads = loss_and_grads(params, x, y)
+    for p, g in zip(params, grads):
+        p -= lr * g
+    return loss
+
+
+class EarlyStopping:
+    """Patience-based early stopping on a validation error: `done` once the error has not
+    improved for `patience` evaluations in a row, or once `max_minibatches` were trained.
+    Shared by the platoon controller and the single-process baseline, so both stop alike."""
+
+    def __init__(self, patience, max_minibatches):
+        self.patience = patience
+        self.max_minibatches = max_minibatches
+        self.best_error = np.inf
+        self.best_params = None
+        self.best_time_s = None
+        self.bad_evals = 0
+        self.done = False
+
+    def update(self, error, params, minibatches, time_s):
+        """Record one evaluation (`params` is kept, not copied); returns `done`."""
+        if error < self.best_error:
+            self.best_error, self.best_params, self.best_time_s = error, params, time_s
+            self.bad_evals = 0
+        else:
+            self.bad_evals += 1
+        self.done = self.bad_evals >= self.patience or minibatches >= self.max_minibatches
+        return self.done
