@@ -22,6 +22,7 @@ import zmq
 
 from . import protocol
 from .errors import MinibatchTimeout, ProtocolError
+from .logthrottle import ThrottledLog
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class MinibatchChannel:
         self.resend = collections.deque()  # frames of minibatches to deliver again, first
         self.left = collections.deque()  # (token, failed) of workers that left: serve thread
         self.resent = 0  # minibatches re-sent so far
-        self._refused = set()  # identities already logged as refused
+        self._warnings = ThrottledLog(log)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -201,9 +202,7 @@ class MinibatchChannel:
         return None
 
     def _refuse(self, identity, message):
-        if identity not in self._refused and len(self._refused) < 1000:
-            self._refused.add(identity)
-            log.warning("data socket %s: %s", self.address, message)
+        self._warnings.warning("minibatch-refusal", "data socket %s: %s", self.address, message)
         try:
             self.sock.send_multipart([identity, protocol.encode_mb_refusal(message)])
         except zmq.ZMQError:  # the peer is gone already

@@ -46,15 +46,11 @@ def session_members(session):
     """Pids of the live (not zombie) processes in session `session`."""
     found = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % entry) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == session and fields[0] != "Z":
-            found.append(int(entry))
+        if entry.isdigit():
+            found_stat = proc_stat(int(entry))
+            if found_stat is not None and found_stat.session == session \
+                    and found_stat.state != "Z":
+                found.append(int(entry))
     return found
 
 

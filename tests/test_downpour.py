@@ -20,34 +20,43 @@ def delta(k, r, dtype):
 
 def run_downpour(serve, make_rule, dtype, n=2):
     """n workers in the test thread: each round every worker steps, then they sync in turn."""
+    return run_job(serve, make_rule, dtype, Worker.sync_params, initial, delta, ROUNDS, n)[:3]
+
+
+def run_job(serve, make_rule, dtype, sync, start, change, rounds, n=2):
+    """n workers starting from `start(dtype)`: each round every worker adds
+    `change(k, r, dtype)`, then syncs with `sync(worker)` in turn. Returns the centre, the
+    workers' parameters, the shared states, whether each worker synced stripe by stripe,
+    and the centre's number of stripes."""
     ctl = Controller(control_port=0, num_workers=n)
-    serving = serve(ctl)
-    workers = [Worker(ctl.control_port, timeout_s=10) for _ in range(n)]
-    params = [initial(dtype) for _ in range(n)]
-    rules = [make_rule() for _ in range(n)]
-    for w, p, rule in zip(workers, params, rules):
-        w.init_shared_params(p, rule)
-    for r in range(ROUNDS):
+    serving = serve(ctl, 60)
+    workers = [Worker(ctl.control_port, timeout_s=30) for _ in range(n)]
+    params = [start(dtype) for _ in range(n)]
+    for w, p in zip(workers, params):
+        w.init_shared_params(p, make_rule())
+    striped = [w._exchange._striped for w in workers]
+    stripes = len(workers[0]._exchange.centre.stripes)
+    for r in range(rounds):
         for k in range(n):
-            for p, d in zip(params[k], delta(k, r, dtype)):
+            for p, d in zip(params[k], change(k, r, dtype)):
                 p += d
-            workers[k].sync_params()
+            sync(workers[k])
     centre = [c.copy() for c in ctl.centre]
     states = {name: [a.copy() for a in arrays] for name, arrays in ctl.shared_states.items()}
     for w in workers:
         w.close()
     serving.join()
-    return centre, params, states
+    return centre, params, states, striped, stripes
 
 
-def reference(dtype, step, n=2):
+def reference(dtype, step, n=2, rounds=ROUNDS, start=initial, change=delta):
     """The same schedule written plainly: the centre applies g = last - x with `step`."""
-    c = initial(dtype)
-    xs = [initial(dtype) for _ in range(n)]
-    lasts = [initial(dtype) for _ in range(n)]
-    for r in range(ROUNDS):
+    c = start(dtype)
+    xs = [start(dtype) for _ in range(n)]
+    lasts = [start(dtype) for _ in range(n)]
+    for r in range(rounds):
         for k in range(n):
-            for i, d in enumerate(delta(k, r, dtype)):
+            for i, d in enumerate(change(k, r, dtype)):
                 xs[k][i] = xs[k][i] + d
                 g = lasts[k][i] - xs[k][i]
                 c[i] = step(i, c[i], g)
@@ -171,41 +180,11 @@ def big_delta(k, r, dtype):
 
 
 def run_big(serve, make_rule, dtype, sync, n=2, rounds=3):
-    """n workers: each round every worker steps, then syncs with `sync(worker)` in turn."""
-    ctl = Controller(control_port=0, num_workers=n)
-    serving = serve(ctl, 60)
-    workers = [Worker(ctl.control_port, timeout_s=30) for _ in range(n)]
-    params = [big_initial(dtype) for _ in range(n)]
-    for w, p in zip(workers, params):
-        w.init_shared_params(p, make_rule())
-    striped = [w._exchange._striped for w in workers]
-    stripes = len(workers[0]._exchange.centre.stripes)
-    for r in range(rounds):
-        for k in range(n):
-            for p, d in zip(params[k], big_delta(k, r, dtype)):
-                p += d
-            sync(workers[k])
-    centre = [c.copy() for c in ctl.centre]
-    states = {name: [a.copy() for a in arrays] for name, arrays in ctl.shared_states.items()}
-    for w in workers:
-        w.close()
-    serving.join()
-    return centre, params, states, striped, stripes
+    return run_job(serve, make_rule, dtype, sync, big_initial, big_delta, rounds, n)
 
 
 def big_reference(dtype, step, n=2, rounds=3):
-    c = big_initial(dtype)
-    xs = [big_initial(dtype) for _ in range(n)]
-    lasts = [big_initial(dtype) for _ in range(n)]
-    for r in range(rounds):
-        for k in range(n):
-            for i, d in enumerate(big_delta(k, r, dtype)):
-                xs[k][i] = xs[k][i] + d
-                g = lasts[k][i] - xs[k][i]
-                c[i] = step(i, c[i], g)
-                xs[k][i] = c[i].copy()
-                lasts[k][i] = c[i].copy()
-    return c, xs
+    return reference(dtype, step, n, rounds, big_initial, big_delta)
 
 
 def sgd_reference(dtype, lr, mu, nesterov):
