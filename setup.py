@@ -18,7 +18,8 @@ setup(
                  "torch==2.13.0"],
         "examples": ["scikit-learn", "matplotlib"],
         "torch": ["torch"],
-        "bench": ["scikit-learn"],
+        # benchmarks.time_to_accuracy: MNIST-1D (generated offline) and the torch peers
+        "bench": ["scikit-learn", "mnist1d", "torch==2.13.0"],
         "gpu": ["pycuda"],
         "mpi": ["mpi4py", "mpich"],
     },

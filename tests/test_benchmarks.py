@@ -1,0 +1,52 @@
+"""benchmarks.time_to_accuracy: its smallest configuration runs end to end, and the committed
+results render to the committed pages (so neither the command nor the docs can rot)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+
+
+def test_committed_results_render_to_the_committed_pages():
+    from benchmarks import time_to_accuracy as tta
+    with open(os.path.join(RESULTS, "time_to_accuracy.json")) as f:
+        report = json.load(f)
+    with open(os.path.join(RESULTS, "time_to_accuracy.md")) as f:
+        assert f.read() == tta.markdown(report)
+    with open(tta.DOC) as f:
+        assert f.read() == tta.doc(report), \
+            "docs/time-to-accuracy.md is stale: python -m benchmarks.time_to_accuracy --render"
+    assert not report["meta"]["quick"]
+    names = {r["dataset"]["name"] for r in report["datasets"]}
+    assert names == {"digits", "mnist1d"}
+    for result in report["datasets"]:  # every method was measured, tuned over its grid
+        assert set(result["summary"]) == set(tta.methods())
+        assert result["tuned"] and all(len(g) == 3 for g in result["grids"].values())
+
+
+def test_smallest_configuration_runs_end_to_end(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    cmd = [sys.executable, "-m", "benchmarks.time_to_accuracy", "--quick", "--datasets",
+           "digits", "--methods", "single,platoon_downpour_nesterov", "--straggler-reps", "0",
+           "--out", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with open(tmp_path / "time_to_accuracy_quick.json") as f:
+        report = json.load(f)
+    (result,) = report["datasets"]
+    runs = {r["method"]: r for r in result["runs"]}
+    assert set(runs) == {"single", "platoon_downpour_nesterov"}
+    for run in runs.values():
+        assert "error" not in run, run["error"]
+        assert run["trace"] and run["steps"] > 0
+    platoon = runs["platoon_downpour_nesterov"]
+    assert len(platoon["ranks"]) == 2
+    assert all(rank["syncs"] >= rank["steps"] // 4 > 0 for rank in platoon["ranks"])
+    assert "| single |" in (tmp_path / "time_to_accuracy_quick.md").read_text()
