@@ -42,7 +42,7 @@ import json  # noqa: E402
 import multiprocessing  # noqa: E402
 import queue  # noqa: E402
 import signal  # noqa: E402
-import socket  # noqa: E402
+import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
@@ -200,9 +200,12 @@ class _Collective(_Member):
     """DDP and local SGD: a gloo process group; stopping is agreed by an all_reduce."""
 
     def setup(self):
+        import datetime
+
         import torch.distributed as dist
         dist.init_process_group("gloo", init_method=self.job.address, rank=self.rank,
-                                world_size=self.job.world)
+                                world_size=self.job.world,
+                                timeout=datetime.timedelta(seconds=60))
         return self.model
 
     def agree_stop(self, stop):
@@ -423,12 +426,6 @@ def prewarm():
     opt.step()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _stop(procs):
     for p in procs:
         if p.is_alive():
@@ -448,13 +445,14 @@ def run_one(ctx, job, data):
     results = ctx.Queue()
     barrier = ctx.Barrier(job.world)
     stop_event = ctx.Event()
-    shared = None
+    shared = rendezvous = None
     try:
         if job.method == "hogwild":
             shared = _model(_sizes(job), job.seed)
             shared.share_memory()
-        elif job.method in ("ddp", "local_sgd"):
-            job.address = "tcp://127.0.0.1:%d" % _free_port()
+        elif job.method in ("ddp", "local_sgd"):  # a file store: no port to race for
+            rendezvous = tempfile.mkdtemp(prefix="tta-")
+            job.address = "file://" + os.path.join(rendezvous, "store")
         elif job.method.startswith("platoon_"):
             mine, theirs = ctx.Pipe()
             ctl = ctx.Process(target=_controller_main, args=(theirs,), daemon=True)
@@ -485,6 +483,8 @@ def run_one(ctx, job, data):
         return {"error": str(exc)}
     finally:
         _stop(procs + extra)
+        if rendezvous:
+            shutil.rmtree(rendezvous, ignore_errors=True)
     out = dict(got[0])
     out["ranks"] = [{k: v for k, v in got[r].items() if k != "trace"} for r in sorted(got)]
     return out
@@ -509,6 +509,9 @@ def tune_and_measure(ctx, dataset, table, tune, reps, straggler_reps, log):
     """Tune (or take each grid's middle value), then measure, then the straggler runs."""
     data = load(dataset)
     runs = []
+    # Caps are set for an idle machine; under load every step takes longer.
+    load_factor = max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    cap_s = dataset.cap_s * load_factor
 
     def run(name, cfg, seed, straggler, cap_s, phase):
         world, fixed, _ = table[name]
@@ -534,7 +537,7 @@ def tune_and_measure(ctx, dataset, table, tune, reps, straggler_reps, log):
         for name, (_, _, grid) in table.items():
             if i >= len(grid):
                 continue
-            cap = dataset.cap_s
+            cap = cap_s
             if best[name] is not None and best[name][1].get("reached"):
                 cap = min(cap, 2 * best[name][1]["reached"][0] + 0.5)
             result = run(name, grid[i], 0, False, cap, "tune")
@@ -547,13 +550,14 @@ def tune_and_measure(ctx, dataset, table, tune, reps, straggler_reps, log):
     # Measurement: new seeds, all methods alternating within each repetition.
     for rep in range(reps):
         for name in table:
-            run(name, chosen[name], 1 + rep, False, dataset.cap_s, "measure")
+            run(name, chosen[name], 1 + rep, False, cap_s, "measure")
     # Straggler: every multi-process method, alternating, with the same seeds.
     for rep in range(straggler_reps):
         for name, (world, _, _) in table.items():
             if world > 1:
-                run(name, chosen[name], 1 + rep, True, dataset.cap_s, "straggler")
-    return {"dataset": asdict(dataset), "tuned": tune,
+                run(name, chosen[name], 1 + rep, True, cap_s, "straggler")
+    return {"dataset": asdict(dataset), "tuned": tune, "cap_s": cap_s,
+            "load_factor": load_factor,
             "grids": {n: g for n, (_, _, g) in table.items()},
             "fixed": {n: f for n, (_, f, _) in table.items()}, "chosen": chosen,
             "summary": summarise(runs, table), "runs": runs}
@@ -621,6 +625,28 @@ def goals(result):
     return out
 
 
+def limits(result):
+    """Lines saying what each platoon mode's time is made of, against the single process:
+    time ratio ~ (steps to target ratio) x (time per step ratio)."""
+    s = result["summary"]
+    single = s.get("single", {}).get("measure", {})
+    lines = []
+    for name, row in s.items():
+        m = row.get("measure", {})
+        if not name.startswith("platoon_") or not m.get("steps") or not single.get("steps"):
+            continue
+        step_ms = 1000 / m["steps_per_s"]
+        lines.append(
+            "- %s: %.2fx the single process's steps to target (per process, 2 processes), "
+            "%.2fx its time per step (%.2f ms, of which sync %.2f ms; lock wait %.3f ms and "
+            "hold %.3f ms per sync): %.2fx its time." % (
+                name, m["steps"] / single["steps"], single["steps_per_s"] / m["steps_per_s"],
+                step_ms, m["sync_ms_per_step"] or 0.0, m["lock_wait_ms_per_sync"] or 0.0,
+                m["lock_hold_ms_per_sync"] or 0.0,
+                _ratio(m["time_s"], single["time_s"]) or float("nan")))
+    return lines
+
+
 def markdown(report):
     meta = report["meta"]
     lines = []
@@ -632,8 +658,9 @@ def markdown(report):
         lines += ["### %s: MLP %s-%d-%d-10, batch %d, target %.0f%% test accuracy" % (
             d["name"], 64 if d["name"] == "digits" else 40, d["hidden"], d["hidden"],
             d["batch"], 100 * d["target"]), "",
-            "Evaluated every %d steps (evaluation time excluded); each run capped at %.0f s."
-            % (d["eval_every"], d["cap_s"]), "",
+            "Evaluated every %d steps (evaluation time excluded); each run capped at %.1f s "
+            "(%.0f s on an idle machine, times the load average per core at the start, %.2f)."
+            % (d["eval_every"], result["cap_s"], d["cap_s"], result["load_factor"]), "",
             "| method | grid | chosen | reached | median time | median steps | vs single "
             "| vs Hogwild | steps/s per process | sync ms/step | setup s |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -651,6 +678,7 @@ def markdown(report):
                 _fmt(_ratio(m.get("time_s"), hog), "%.2fx"),
                 _fmt(m.get("steps_per_s"), "%.0f"), _fmt(m.get("sync_ms_per_step"), "%.2f"),
                 _fmt(m.get("setup_s"), "%.2f")))
+        lines += [""] + limits(result)
         lines += ["", "With a 2x straggler (one of the two processes sleeps its step time "
                   "after each step):", "",
                   "| method | median time, straggler | median time, all fast | ratio | reached |"
@@ -695,19 +723,28 @@ accuracy, measured in one run in which all methods alternate:
   every 4 steps; the workers' own optimizer is plain torch SGD, their torch parameters shared
   with the centre as numpy views.
 
-Each method's learning rate (platoon: its own knob) is tuned over a grid of three values on one
-seed; the chosen value is then measured on new seeds. Every process is single-threaded. The
+Each method's learning rate is tuned over a grid of three values on one seed (a tuning run is
+capped at twice the best time its method has reached so far, plus 0.5 s); the chosen value is
+then measured on new seeds. platoon's modes tune their workers' learning rate too, with
+EASGD's alpha at 0.9/p = 0.45 and Downpour's centre at SGD(0.2, Nesterov momentum 0.9); the
+grids are in the tables. Every process is single-threaded. The
 clock starts when all of a method's processes are ready (start-up is the "setup" column) and
 excludes test evaluations, which every process makes alike. "steps" are the minibatch steps of
 one process (in the 2-process methods, each process takes about as many). The straggler runs
 slow one of the two processes 2x by sleeping its measured step time after every step.
 
-**Run it** (under 5 minutes; `--quick` is a shorter smoke version that writes
+**Run it** (designed for under 5 minutes on an idle 2-core machine; how long this run took,
+and under what load, is under the tables; `--quick` is a shorter smoke version that writes
 `benchmarks/results/time_to_accuracy_quick.*`):
 
 ```bash
 python3 -m venv .venv && .venv/bin/pip install -q -e '.[bench]' && .venv/bin/python -m benchmarks.time_to_accuracy
 ```
+
+Caveats: the baselines use plain SGD, as a user switching from one process would; only
+Downpour's centre has momentum (a single process with momentum was not measured). On this
+shared machine absolute times move 2-5x with the load (see the load average under the tables):
+read the ratios, measured in one run with every method alternating, not the seconds.
 
 It writes `benchmarks/results/time_to_accuracy.json` (every run, with its accuracy trace) and
 `time_to_accuracy.md`, and regenerates this page from them. The targets: the best platoon mode
