@@ -311,12 +311,25 @@ def _accuracy(model, x, y):
         return float((model(x).argmax(1) == y).float().mean())
 
 
-def _member_main(job, rank, data, shared_model, barrier, results, stop_event):
-    """Body of one forked process: train until rank 0 reaches the target or the cap."""
+def _own_session(stacks_after_s):
+    """Make this forked child die with the benchmark and run in a session of its own: with
+    the kernel's autogroup scheduling, CPU is shared fairly between sessions, so under load
+    from elsewhere two processes of one session would get the CPU of one. Print every
+    thread's stack to stderr if still running after `stacks_after_s` (a hang's diagnosis)."""
+    import faulthandler
+
     from platoon.process import die_with_parent
     die_with_parent(signal.SIGKILL)
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
+    os.setsid()
+    if stacks_after_s:
+        faulthandler.dump_traceback_later(stacks_after_s, exit=False)
+
+
+def _member_main(job, rank, data, shared_model, barrier, results, stop_event):
+    """Body of one forked process: train until rank 0 reaches the target or the cap."""
     forked = time.monotonic()
+    _own_session(job.cap_s + 60)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
     try:
         import torch
         import torch.nn.functional as F
@@ -385,8 +398,7 @@ def _member_main(job, rank, data, shared_model, barrier, results, stop_event):
 def _controller_main(conn):
     """A platoon controller: answers "next" with "train" until a worker asks to "stop"."""
     from platoon import Controller
-    from platoon.process import die_with_parent
-    die_with_parent(signal.SIGKILL)
+    _own_session(None)
 
     class Stopper(Controller):
         stopped = False
@@ -470,10 +482,18 @@ def run_one(ctx, job, data):
         deadline = time.monotonic() + job.cap_s + 120
         while len(got) < job.world:
             try:
-                kind, rank, value = results.get(timeout=max(0.1, deadline - time.monotonic()))
+                kind, rank, value = results.get(timeout=0.5)
             except queue.Empty:
-                raise RuntimeError("%s did not finish within %.0f s of its %.0f s cap"
-                                   % (job.method, 120, job.cap_s)) from None
+                dead = [(r, p.exitcode) for r, p in enumerate(procs)
+                        if r not in got and p.exitcode is not None]
+                if dead:
+                    raise RuntimeError("%s rank %d exited with code %s without a result" % (
+                        job.method, dead[0][0], dead[0][1])) from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError("%s did not finish within %.0f s of its %.0f s cap "
+                                       "(stacks on stderr)" % (job.method, 120, job.cap_s)
+                                       ) from None
+                continue
             if kind == "error":
                 raise RuntimeError("%s rank %d failed:\n%s" % (job.method, rank, value))
             got[rank] = value
