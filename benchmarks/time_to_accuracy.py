@@ -388,11 +388,15 @@ def _member_main(job, rank, data, shared_model, barrier, results, stop_event):
                "setup_s": ready - forked, "eval_s": eval_s, "trace": trace,
                "reached": reached}
         out.update(member.stats())
-        member.close()
         results.put(("ok", rank, out))
+        member.close()
     except BaseException:
         results.put(("error", rank, traceback.format_exc()))
-        raise
+    # Exit without running torch's destructors: a gloo group's teardown once hung past its
+    # peer's exit. What was put is flushed first.
+    results.close()
+    results.join_thread()
+    os._exit(0)
 
 
 def _controller_main(conn):
@@ -497,8 +501,9 @@ def run_one(ctx, job, data):
             if kind == "error":
                 raise RuntimeError("%s rank %d failed:\n%s" % (job.method, rank, value))
             got[rank] = value
+        end = time.monotonic() + 10  # then _stop ends whatever still runs
         for p in procs + extra:
-            p.join(30)
+            p.join(max(0.1, end - time.monotonic()))
     except RuntimeError as exc:
         return {"error": str(exc)}
     finally:

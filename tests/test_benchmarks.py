@@ -29,6 +29,7 @@ def test_committed_results_render_to_the_committed_pages():
         assert result["tuned"] and all(len(g) == 3 for g in result["grids"].values())
 
 
+@pytest.mark.slow  # several seconds: torch's import, then two short runs in forked processes
 def test_smallest_configuration_runs_end_to_end(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("sklearn")
