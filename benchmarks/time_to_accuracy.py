@@ -771,6 +771,11 @@ Downpour's centre has momentum (a single process with momentum was not measured)
 shared machine absolute times move 2-5x with the load (see the load average under the tables):
 read the ratios, measured in one run with every method alternating, not the seconds.
 
+Reading the lines under each table: a platoon mode's time to target is about its steps to
+target (per process) times its time per step. Two processes on two cores can at best halve
+the first (0.5x the single process's) and keep the second (1.0x); the lines say how far each
+mode is from that, and how much of a step is sync (lock hold and wait from `Worker.sync_stats`).
+
 It writes `benchmarks/results/time_to_accuracy.json` (every run, with its accuracy trace) and
 `time_to_accuracy.md`, and regenerates this page from them. The targets: the best platoon mode
 at most %.2fx the time of the best-tuned single process and at most %.2fx Hogwild's, on
