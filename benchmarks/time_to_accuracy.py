@@ -41,6 +41,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import multiprocessing  # noqa: E402
 import queue  # noqa: E402
+import re  # noqa: E402
 import signal  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
@@ -795,8 +796,12 @@ def write(report, quick, out_dir, doc_path=DOC):
     """The JSON and its Markdown under `out_dir`; for a full run also the docs page."""
     os.makedirs(out_dir, exist_ok=True)
     stem = "time_to_accuracy_quick" if quick else "time_to_accuracy"
+    text = json.dumps(report, indent=1)
+    # Lists of numbers (the traces' points) on one line each.
+    text = re.sub(r"\[\s+([^\[\]{}\"]*?)\s+\]",
+                  lambda m: "[%s]" % ", ".join(v.strip() for v in m.group(1).split(",")), text)
     with open(os.path.join(out_dir, stem + ".json"), "w") as f:
-        json.dump(report, f, indent=1)
+        f.write(text + "\n")
     with open(os.path.join(out_dir, stem + ".md"), "w") as f:
         f.write(markdown(report))
     if doc_path and not quick:
