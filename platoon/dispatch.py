@@ -106,7 +106,7 @@ class RequestDispatcher:
             self.fail(envelope, None, ProtocolError(
                 "expected one request frame, got %d; send a single JSON object" % len(body)))
             return
-        payload = body[0].buffer
+        payload = body[0].bytes  # (bytes: what the JSON decoder reads)
         try:
             request = protocol.decode_request(payload, self._ctl.max_request_bytes)
         except ProtocolError as exc:

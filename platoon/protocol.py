@@ -85,9 +85,20 @@ def _is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# json's C scanner: json.loads without its wrappers (two regex matches, type checks).
+_scan_json = json.JSONDecoder().scan_once
+
+
 def _loads(payload, what):
     try:
-        return json.loads(bytes(payload).decode("utf-8"))
+        text = (payload if type(payload) is bytes else bytes(payload)).decode("utf-8")
+        try:
+            value, end = _scan_json(text, 0)
+            if end == len(text):
+                return value
+        except (StopIteration, ValueError):
+            pass
+        return json.loads(text)  # whitespace around it, or not JSON: json's own verdict
     except UnicodeDecodeError:
         raise ProtocolError("%s is not UTF-8 text" % what) from None
     except RecursionError:
