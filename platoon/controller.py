@@ -215,7 +215,8 @@ class Controller:
         Workers see it at once, through shared memory; `serve` goes on answering until
         they have all left, then returns normally. Safe from any thread, and at any
         time: a second request keeps the first reason, one after the job ended does
-        nothing. Multi-node jobs: this node's workers only (see docs/multi-node.md).
+        nothing. In a multi-node job the other nodes' workers see it within about
+        `liveness_interval_s`.
         """
         if reason is not None and not isinstance(reason, str):
             raise TypeError("reason must be a string or None, got %r" % (reason,))
@@ -346,6 +347,7 @@ class Controller:
                         "serve() timed out after %.3g s with %d worker(s) registered, %d done"
                         % (timeout_s, len(self._registry), len(self.departed_workers())))
             if self.node_link is not None:
+                self._share_stop()  # this node's stop, if any, before it waits for the others
                 self.node_link.finish()  # waits for the other nodes to be done too
             self._after_job.start(len(self._registry))
         finally:
@@ -357,14 +359,21 @@ class Controller:
                 self._progress.write(force=True)
                 restore()
 
+    def _share_stop(self) -> None:
+        """Multi-node jobs: send this node's stop to the other nodes, take theirs."""
+        share = getattr(self.node_link, "share_stop", None)
+        if share is not None:
+            share(self._job_stop)
+
     def _tick(self, now: float) -> None:
         """Periodic duties while serving: watch local workers' pids, give up on overdue
-        replacements, checkpoint."""
+        replacements, share the stop signal with other nodes, checkpoint."""
         self._next_tick = now + self.liveness_interval_s
         self._requests.warnings.flush(expired_only=True)
         if self._progress.pending:
             self._progress.write(force=True)
         self._registry.check_liveness()
+        self._share_stop()
         if self._registry.give_up_overdue(now):
             self._rendezvous.release_barrier()
         self._checkpointer.tick(now)

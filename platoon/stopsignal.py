@@ -20,11 +20,12 @@ from typing import Optional, Tuple
 
 from .shmem import SEGMENT_PREFIX, SharedCentre
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
 
 PAYLOAD_BYTES = 4096
 MAX_REASON_BYTES = 1024
 CONTROLLER = -1  # "who asked" when the controller itself asked
+OTHER_NODE = -2  # ... when the stop came from another node's controller (platoon.mpi)
 _FIELDS = struct.Struct("<qI")  # who asked, reason length; at offset 8
 _LAYOUT = [{"dtype": "uint8", "shape": [PAYLOAD_BYTES]}]
 
@@ -35,10 +36,10 @@ def segment_name(job_id: str) -> str:
 
 
 def describe(by: Optional[int]) -> str:
-    """'worker 3', 'the controller', or 'the controller of another node' for `by`."""
+    """'worker 3', 'the controller' or 'another node' for `by`."""
     if by is None:
-        return "an earlier controller"
-    return "the controller" if by == CONTROLLER else "worker %d" % by
+        return "nobody"
+    return {CONTROLLER: "the controller", OTHER_NODE: "another node"}.get(by, "worker %d" % by)
 
 
 class StopSignal:
@@ -154,7 +155,7 @@ class JobStop:
             self.requested, self.by, self.reason = True, by, reason
             if self._signal is not None:
                 self._signal.set(by, reason)
-        logging.getLogger("platoon.controller").warning(
+        log.info(
             "stop requested by %s: %s; every worker sees it now and the job ends when they "
             "have all left", describe(by), reason or "no reason given")
         for listener in self.listeners:
