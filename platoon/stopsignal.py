@@ -4,7 +4,7 @@ The controller creates the segment ``/platoon-JOB-stop`` when it binds its
 control socket, names it in every registration reply, and unlinks it when it
 closes. It is the only writer: a worker asks it to stop with the reserved
 request ``platoon-stop``. A worker maps the segment and reads one byte, so
-checking the signal costs about a tenth of a microsecond and never a round trip
+checking the signal costs well under a microsecond and never a round trip
 to the controller.
 
 Layout (after the centre's 4 KiB header, so the stale-segment scan and the

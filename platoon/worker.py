@@ -183,8 +183,8 @@ class Worker:
     def stop_requested(self) -> bool:
         """True once a stop of the job was requested, by any worker or the controller.
 
-        Reads one byte of shared memory (about 0.1 us): check it as often as you like,
-        say once a minibatch. A worker on another machine than its controller asks the
+        Reads one byte of shared memory (well under a microsecond): check it as often as
+        you like, say once a minibatch. A worker on another machine than its controller asks the
         controller instead, at most once a second.
         """
         signal = self._stop_signal

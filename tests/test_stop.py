@@ -209,8 +209,9 @@ def test_the_stop_request_reads_and_sets_the_state_for_workers_without_the_segme
 
 
 def test_a_launched_job_ends_with_success_when_its_workers_stop_on_the_signal(tmp_path):
-    args = [sys.executable, "-m", "platoon.launcher", os.path.join(HERE, "experiments", "stopping"),
-            "-n", "2", "--log-dir", str(tmp_path / "logs")]
+    args = [sys.executable, "-m", "platoon.launcher",
+            os.path.join(HERE, "experiments", "stopping"), "-n", "2",
+            "--log-dir", str(tmp_path / "logs")]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
