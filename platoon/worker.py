@@ -184,8 +184,8 @@ class Worker:
         """True once a stop of the job was requested, by any worker or the controller.
 
         Reads one byte of shared memory (well under a microsecond): check it as often as
-        you like, say once a minibatch. A worker on another machine than its controller asks the
-        controller instead, at most once a second.
+        you like, say once a minibatch. A worker on another machine than its controller
+        asks the controller instead, at most once a second.
         """
         signal = self._stop_signal
         if signal is not None:
