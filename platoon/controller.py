@@ -156,7 +156,6 @@ class Controller:
         sock, self.control_port, self.control_address = self._endpoints.listen(
             port, "control", {zmq.MAXMSGSIZE: 2 * self.max_request_bytes, zmq.RCVHWM: 100})
         self._control = sock
-        self._job_stop.open()
         self._requests = RequestDispatcher(
             weakref.proxy(self), sock, registry=self._registry, rendezvous=self._rendezvous,
             collectives=self._collectives, progress=self._progress, stop=self._job_stop)

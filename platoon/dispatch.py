@@ -182,7 +182,7 @@ class RequestDispatcher:
         if ctl.node_link is not None:
             reply.update(ctl.node_link.topology(record.worker_id))
         if self._job_stop is not None:
-            reply["stop_segment"] = self._job_stop.segment
+            reply["stop_segment"] = self._job_stop.open()
         self.reply(envelope, request.seq, reply)
 
     def _init_params(self, envelope, request, record, _):

@@ -1,15 +1,14 @@
 """The job-wide stop signal: one byte of shared memory that every worker of a node reads.
 
-The controller creates the segment ``/platoon-JOB-stop`` when it binds its
-control socket, names it in every registration reply, and unlinks it when it
-closes. It is the only writer: a worker asks it to stop with the reserved
-request ``platoon-stop``. A worker maps the segment and reads one byte, so
-checking the signal costs well under a microsecond and never a round trip
-to the controller.
+The controller creates the segment ``/platoon-JOB-stop`` when the first worker
+registers, names it in every registration reply, and unlinks it when it closes.
+It is the only writer: a worker asks it to stop with the reserved request
+``platoon-stop``. A worker maps the segment and reads one byte, so checking the
+signal costs well under a microsecond and never a round trip to the controller.
 
 Layout (after the centre's 4 KiB header, so the stale-segment scan and the
 launcher's clean-up know it): byte 0 the flag, bytes 8..16 who asked (a worker
-id, or -1 for the controller), 16..20 the reason's length, then the reason in
+id, -1 for the controller, -2 for another node), 16..20 the reason's length, then the reason in
 UTF-8 (at most `MAX_REASON_BYTES`). The flag is written last.
 """
 
@@ -134,14 +133,15 @@ class JobStop:
         signal = self._signal
         return None if signal is None else signal.name
 
-    def open(self) -> None:
-        """Create the segment (once), set already if a stop was requested before."""
+    def open(self) -> str:
+        """Create the segment, once (at the first registration, so a controller killed
+        before any worker came leaves none), set if a stop was requested before; its name."""
         with self._lock:
-            if self._signal is not None:
-                return
-            self._signal = StopSignal.create(self.job_id)
-            if self.requested:
-                self._signal.set(self.by, self.reason)
+            if self._signal is None:
+                self._signal = StopSignal.create(self.job_id)
+                if self.requested:
+                    self._signal.set(self.by, self.reason)
+            return self._signal.name
 
     def request(self, by: int, reason: Optional[str]) -> bool:
         """Ask every worker to stop, on behalf of `by` (a worker id, or CONTROLLER); False
