@@ -47,7 +47,24 @@ INIT_STATE = "platoon-init-state"
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 
 # One compact encoder, made once: json.dumps builds a new one per call when given options.
-_encode_json = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
+_json_encoder = json.JSONEncoder(separators=(",", ":"), allow_nan=True)
+try:  # and its C core, made once too: JSONEncoder.encode builds one per call (1.5 us)
+    _c_encode = json.encoder.c_make_encoder(
+        None, _json_encoder.default, json.encoder.encode_basestring_ascii, None, ":", ",",
+        False, False, True)
+except (AttributeError, TypeError):  # no C accelerator: the plain encoder
+    _c_encode = None
+
+
+def _encode_json(value):
+    """Compact JSON text of `value`, as `_json_encoder.encode` gives; raises TypeError or
+    ValueError for what JSON cannot hold."""
+    if _c_encode is not None:
+        try:
+            return "".join(_c_encode(value, 0))
+        except RecursionError:  # a cycle (this core does not look for them) or deep nesting
+            pass
+    return _json_encoder.encode(value)  # says which: ValueError or RecursionError
 
 
 class Request:
