@@ -304,13 +304,15 @@ class MinibatchClient:
 
     The worker keeps 1 + prefetch minibatches asked for (its window). It asks again,
     topping the window up and acknowledging every minibatch received so far, once
-    half the window has arrived, or whenever it is about to wait for a minibatch:
+    half the window has arrived, or once it has waited ACK_AFTER_MS for a minibatch:
     one request per several minibatches while they stream, and a worker waiting
     in `recv_mb` has acknowledged all it finished (so `flush_mb` completes).
 
     Holds no reference to the Worker, so a finalizer can say goodbye (`leave`)
     when the worker is closed or its process exits.
     """
+
+    ACK_AFTER_MS = 1  # a worker waiting this long for a minibatch acknowledges what it has
 
     def __init__(self, sock, worker_id, token, prefetch, controller_alive, address=None):
         self.sock = sock
@@ -344,11 +346,12 @@ class MinibatchClient:
         """
         sock = self.sock
         first = None
-        if self.outstanding > self.refill_at:  # enough on their way: take one if it is here
-            try:
+        if self.outstanding > self.refill_at:  # enough on their way: take one if it is here,
+            try:  # or if it comes within ACK_AFTER_MS (streaming, the next is microseconds away)
                 first = sock.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                pass
+                if sock.poll(self.ACK_AFTER_MS):
+                    first = sock.recv(zmq.NOBLOCK, copy=False)
         if first is None:  # about to wait (or the window is half empty): ask first
             try:
                 self.ask()
