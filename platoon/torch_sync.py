@@ -74,7 +74,8 @@ class PeriodicSync(torch.optim.Optimizer):
             this worker's.
 
     Raises ValueError for a bad `sync_every` or `buffers`, TypeError for a
-    `worker` or `optimizer` of the wrong kind, and as
+    `model` or `optimizer` of the wrong kind or `overlap` with a rule that
+    cannot run in the background, and as
     ``Worker.init_shared_params``. It is a context manager: leaving the block
     finishes a sync in flight (not after an exception: the worker's close
     does).
@@ -96,6 +97,9 @@ class PeriodicSync(torch.optim.Optimizer):
             raise ValueError("buffers must be one of %s, got %r" % (", ".join(BUFFERS), buffers))
         if rule is None:
             rule = EASGD(min(0.9 / max(worker.global_size, 1), 1.0))
+        if overlap and not (rule.supports_async and rule.elementwise):
+            raise TypeError("overlap=True needs a rule that supports start_sync() (EASGD, ASGD, "
+                            "Downpour(SGD(...))); %r does not: use overlap=False" % (rule,))
         self.optimizer = optimizer
         self.param_groups = optimizer.param_groups
         self.defaults = optimizer.defaults
