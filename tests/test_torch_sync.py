@@ -233,6 +233,25 @@ def test_any_rule_syncs_through_the_wrapper(one_worker, rule):
             np.testing.assert_allclose(p.detach().numpy(), c)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible")
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_model_on_the_gpu_syncs_through_host_buffers(one_worker, overlap):
+    ctl, w = one_worker
+    model = bn_model().to("cuda")
+    opt = PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=2,
+                       rule=EASGD(0.5), overlap=overlap)
+    with opt:
+        for _ in range(4):
+            train_step(model, opt, torch.randn(4, 3, device="cuda"))
+    assert w.syncs == 2
+    state = opt.centre_state_dict()
+    assert state["0.weight"].is_cuda
+    for key, c in zip(opt.shared_names, ctl.centre):
+        np.testing.assert_array_equal(state[key].cpu().numpy(), c)
+    fresh = bn_model().to("cuda")
+    fresh.load_state_dict(state, strict=True)
+
+
 def test_overlap_needs_a_rule_that_runs_in_the_background(one_worker):
     _, w = one_worker
     model = nn.Linear(3, 2)
