@@ -66,8 +66,9 @@ class PeriodicSync(torch.optim.Optimizer):
             centre under the same rule as the parameters, so the centre is a
             model whose statistics match its weights (as DDP broadcasts
             buffers by default); with EASGD they are elastically averaged,
-            with ASGD/Downpour the centre accumulates every worker's changes
-            to them. "exclude": every worker keeps its own buffers and the
+            with ASGD/Downpour their changes reach the centre as the
+            parameters' do. Non-persistent buffers (not in the state dict)
+            are left alone. "exclude": every worker keeps its own buffers and the
             centre holds parameters only. Integer buffers (BatchNorm's
             ``num_batches_tracked``) cannot be averaged and are never shared:
             each worker keeps its own count, and `centre_state_dict` takes
@@ -101,8 +102,6 @@ class PeriodicSync(torch.optim.Optimizer):
             raise TypeError("overlap=True needs a rule that supports start_sync() (EASGD, ASGD, "
                             "Downpour(SGD(...))); %r does not: use overlap=False" % (rule,))
         self.optimizer = optimizer
-        self.param_groups = optimizer.param_groups
-        self.defaults = optimizer.defaults
         self.worker = worker
         self.model = model
         self.sync_every = sync_every
@@ -119,10 +118,32 @@ class PeriodicSync(torch.optim.Optimizer):
 
     # -- the optimizer --
 
+    # Properties, not copies: the wrapped optimizer's load_state_dict replaces its lists.
+    @property
+    def param_groups(self):  # type: ignore[override]
+        """The wrapped optimizer's parameter groups (learning rates and the rest)."""
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, groups):
+        self.optimizer.param_groups = groups
+
+    @property
+    def defaults(self):  # type: ignore[override]
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, defaults):
+        self.optimizer.defaults = defaults
+
     @property
     def state(self):  # type: ignore[override]
         """The wrapped optimizer's state."""
         return self.optimizer.state
+
+    @state.setter
+    def state(self, state):
+        self.optimizer.state = state
 
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """The wrapped optimizer's step (returns its result); then, every `sync_every`-th

@@ -284,6 +284,9 @@ def test_it_drops_into_existing_code(one_worker):
     assert opt.steps == 1
     opt.load_state_dict(plain.state_dict())  # and the other way round
     assert opt.steps == 1
+    assert opt.param_groups is inner.param_groups  # also after load_state_dict replaced them
+    opt.param_groups[0]["lr"] = 0.25
+    assert inner.param_groups[0]["lr"] == 0.25
     assert opt.step(lambda: torch.tensor(3.0)).item() == 3.0  # closures pass through
     assert w.syncs == 1  # step 2
     opt.sync()
@@ -423,6 +426,12 @@ def test_average_gradients_takes_cuda_tensors(two_workers):
 
     for g in run_all(two_workers, body):
         assert g.is_cuda and torch.equal(g.cpu(), torch.full((3,), 0.5))
+
+
+def test_torch_is_imported_only_for_periodic_sync():
+    from test_imports import loaded_after
+    assert "torch" not in loaded_after("import platoon, platoon.worker\nplatoon.Worker")
+    assert "torch" in loaded_after("import platoon\nplatoon.PeriodicSync")
 
 
 def test_device_keeps_its_name_and_gives_torch_the_one_it_knows(monkeypatch):
