@@ -98,6 +98,9 @@ class PeriodicSync(torch.optim.Optimizer):
             raise ValueError("buffers must be one of %s, got %r" % (", ".join(BUFFERS), buffers))
         if rule is None:
             rule = EASGD(min(0.9 / max(worker.global_size, 1), 1.0))
+        if not isinstance(rule, ParamSyncRule):
+            raise TypeError("rule must be a platoon.ParamSyncRule (such as EASGD(0.45)), got %r"
+                            % (rule,))
         if overlap and not (rule.supports_async and rule.elementwise):
             raise TypeError("overlap=True needs a rule that supports start_sync() (EASGD, ASGD, "
                             "Downpour(SGD(...))); %r does not: use overlap=False" % (rule,))

@@ -306,6 +306,8 @@ def test_bad_arguments_are_refused_before_anything_is_shared(one_worker):
             PeriodicSync(w, model, sgd, **kwargs)
     with pytest.raises(TypeError, match="wraps a torch.optim.Optimizer"):
         PeriodicSync(w, model, "sgd", sync_every=2)
+    with pytest.raises(TypeError, match="rule must be a platoon.ParamSyncRule"):
+        PeriodicSync(w, model, sgd, sync_every=2, rule="easgd")
     with pytest.raises(TypeError, match="needs the nn.Module"):
         PeriodicSync(w, list(model.parameters()), sgd, sync_every=2)
     assert w.shared_params is None  # nothing was shared
