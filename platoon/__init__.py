@@ -18,7 +18,7 @@ __all__ = [
     "PlatoonError", "ControllerTimeout", "LockTimeout", "ServeTimeout", "MinibatchTimeout",
     "ProtocolError", "RemoteError", "LayoutMismatch", "PortInUse", "WorkerDied",
     "ControllerGone", "SyncTimeout", "CheckpointError",
-    "Downpour", "SGD", "Adam", "average_gradients", "shard",
+    "Downpour", "SGD", "Adam", "average_gradients", "shard", "DiLoCo", "DelayedNesterov",
 ]
 
 # Where each public name lives.
@@ -28,13 +28,14 @@ _HOMES = {
     "SyncHandle": "exchange", "SyncStats": "exchange",
     "average_gradients": "collectives", "shard": "sharding",
     "Downpour": "downpour", "SGD": "downpour", "Adam": "downpour",
+    "DiLoCo": "diloco", "DelayedNesterov": "diloco",
 }
 _HOMES.update((name, "errors") for name in __all__ if name not in _HOMES)
 
 # Submodules reachable as attributes of the package (as when it imported them eagerly).
 _SUBMODULES = frozenset((
     "adapters", "channel", "checkpoint", "child", "collectives", "controller", "cuda",
-    "downpour", "environment", "errors", "exchange", "launcher", "logthrottle", "mpi",
+    "diloco", "downpour", "environment", "errors", "exchange", "launcher", "logthrottle", "mpi",
     "param_sync", "peers", "process", "protocol", "reaper", "resources", "rules", "security",
     "sharding", "shmem", "supervision", "worker"))
 
