@@ -168,14 +168,12 @@ class _DelayedNesterovOuter:
             m += scratch                             # m = beta*m + D/N
             buf[...] = 0
             np.multiply(m, (1.0 - c * n + c) * beta, out=scratch)
-            scratch += g                             # (1 - cN + c)*beta*m + g/N
+            g += scratch                             # (1 - cN + c)*beta*m + g/N
         elif c:
             np.multiply(m, c * beta, out=scratch)
-            scratch += g                             # c*beta*m + g/N
-        else:
-            scratch[...] = g                         # g/N: no momentum in between
-        scratch *= self.lr
-        central -= scratch
+            g += scratch                             # c*beta*m + g/N
+        g *= self.lr                                 # (addition and products commute exactly)
+        central -= g
 
     def apply(self, index, central, g, state):
         k = len(state) // 3

@@ -335,3 +335,39 @@ def test_bad_settings_say_what_fits():
     assert not rule.nesterov and rule.elementwise and rule.supports_async
     assert DelayedNesterov().elementwise and DelayedNesterov().supports_async
     assert platoon.DiLoCo is DiLoCo and platoon.DelayedNesterov is DelayedNesterov
+
+
+def test_diloco_momentum_is_checkpointed_and_resumed(serve, tmp_path):
+    path = str(tmp_path / "centre.npz")
+    dtype, lr, mu = np.float64, 0.7, 0.9
+    shapes = [p.shape for p in initial(dtype)]
+    step, vel = diloco_step(lr, mu, True, 1, shapes, dtype)
+    ctl = Controller(control_port=0, num_workers=1, checkpoint_path=path)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout_s=10) as w:
+        params = initial(dtype)
+        w.init_shared_params(params, DiLoCo(lr, mu))
+        for r in range(2):
+            for p, d in zip(params, delta(0, r, dtype)):
+                p += d
+            w.sync_params()
+    serving.join()
+
+    ctl = Controller(control_port=0, num_workers=1, resume_from=path)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout_s=10) as w:
+        params = initial(dtype)
+        w.init_shared_params(params, DiLoCo(lr, mu))
+        for p, d in zip(params, delta(0, 2, dtype)):
+            p += d
+        w.sync_params()
+        centre = [c.copy() for c in ctl.centre]
+        velocity = [v.copy() for v in ctl.shared_states["diloco"]]
+    serving.join()
+    c = initial(dtype)
+    for r in range(3):  # the same pushes without a restart: the momentum carried on
+        for i, d in enumerate(delta(0, r, dtype)):
+            x = c[i] + d
+            c[i] = step(i, c[i], c[i] - x)
+    for got, want in zip(centre + velocity, c + vel):
+        np.testing.assert_array_equal(got, want)
