@@ -371,3 +371,18 @@ def test_diloco_momentum_is_checkpointed_and_resumed(serve, tmp_path):
             c[i] = step(i, c[i], c[i] - x)
     for got, want in zip(centre + velocity, c + vel):
         np.testing.assert_array_equal(got, want)
+
+
+def test_diloco_is_downpour_sgd_with_its_lr_divided_by_p(serve):
+    # v = mu v + g/p; c -= L (g/p + mu v)  is  u = mu u + g; c -= (L/p)(g + mu u), u = p v:
+    # bit for bit with p = 2.
+    dtype = np.float64
+    dl, dl_params, dl_states, _, _ = run_job(serve, lambda: DiLoCo(0.4, 0.9), dtype, synced,
+                                             initial, delta, ROUNDS, 2)
+    dp, dp_params, dp_states, _, _ = run_job(
+        serve, lambda: platoon.Downpour(platoon.SGD(0.2, 0.9, nesterov=True)), dtype, synced,
+        initial, delta, ROUNDS, 2)
+    for a, b in zip(dl + dl_params[0] + dl_params[1], dp + dp_params[0] + dp_params[1]):
+        np.testing.assert_array_equal(a, b)
+    for v, u in zip(dl_states["diloco"], dp_states["downpour"]):
+        np.testing.assert_array_equal(2 * v, u)
