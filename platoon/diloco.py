@@ -207,7 +207,7 @@ class DelayedNesterov(Downpour):
 
     with N = `delay`, beta = `momentum`, lr = `outer_lr` and a = `activation` (the
     paper's momentum activation c in [0, 1/N]; 0, the default, applies no momentum
-    in between). Over N consecutive pushes from fresh workers this is one
+    in between). With activation 0, N consecutive pushes from fresh workers are one
     synchronous DiLoCo outer step on their average: the pushes add
     ``lr*sum(g)/N``, the milestone ``lr*beta*m`` with ``m = beta*m + mean(g)``.
     With the default ``delay`` = p (the job's number of workers) that is one
@@ -222,10 +222,11 @@ class DelayedNesterov(Downpour):
     the pushes in the order it took them; when two pushes interleave, the N-th
     push of one stripe may be another worker's than in the next stripe, exactly
     as the order of pushes differs between stripes for every striped rule. The
-    price: shared state of 2 parameter-sized arrays (m, D) plus 4 bytes per
-    element (t), against 1 array for `DiLoCo`, and one more read-modify-write
-    pass over each per push. The whole-centre alternative (one counter, one
-    lock, as `Downpour(Adam)`) would serialise all pushes instead.
+    price is memory: shared state of 2 parameter-sized arrays (m, D) plus 4 bytes
+    per element (t), against 1 array for `DiLoCo`. Time per push is about
+    DiLoCo's with N = 2 and less with larger N (the momentum pass runs once per N
+    pushes; docs/choosing-a-rule.md). The whole-centre alternative (one counter,
+    one lock, as `Downpour(Adam)`) would serialise all pushes instead.
 
     Parameters:
         outer_lr: > 0 (DiLoCo: 0.7). momentum: in [0, 1) (0.9).
