@@ -10,7 +10,8 @@ median over seeds of worker 0's steps and of the seconds (from a barrier after
 start-up) to the target, settings in alternation so load hits all alike. Steps
 are the firmer measure: seconds depend on the two workers getting a core each.
 
-usage: python -m benchmarks.rule_guidance [--seeds 3] [--first-seed 0] [--target 0.98] [--quick] [--json PATH]
+usage: python -m benchmarks.rule_guidance [--seeds 3] [--first-seed 0] [--target 0.98] [--quick]
+       [--json PATH]
 (22 settings x 3 seeds: about 2 minutes on 2 idle cores, 3-4 under load; --quick: 1 seed,
 8 settings, 25 s)
 """

@@ -30,6 +30,9 @@ commutes with rounding) and differ in the last bits otherwise. We keep ``g/p``:
 the momentum buffer then holds the units of synchronous DiLoCo's, independent of
 p, so a checkpoint stays meaningful if the job resumes with another number of
 workers.
+The same identity makes ``DiLoCo(outer_lr=L)`` the rule
+``Downpour(SGD(L/p, momentum, nesterov))``, whose lr must be retuned when p
+changes; DiLoCo's need not.
 
 **p** is the job's number of workers pushing into this centre (on a multi-node
 job, this node's: `Worker.num_workers`), known once the worker has registered,
