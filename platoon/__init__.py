@@ -17,7 +17,7 @@ __all__ = [
     "Controller", "Worker", "ParamSyncRule", "EASGD", "ASGD", "SyncHandle", "SyncStats",
     "PlatoonError", "ControllerTimeout", "LockTimeout", "ServeTimeout", "MinibatchTimeout",
     "ProtocolError", "RemoteError", "LayoutMismatch", "PortInUse", "WorkerDied",
-    "ControllerGone", "SyncTimeout", "CheckpointError",
+    "ControllerGone", "SyncTimeout", "CheckpointError", "StopRequested",
     "Downpour", "SGD", "Adam", "average_gradients", "shard", "DiLoCo", "DelayedNesterov",
 ]
 
@@ -37,7 +37,7 @@ _SUBMODULES = frozenset((
     "adapters", "channel", "checkpoint", "child", "collectives", "controller", "cuda",
     "diloco", "downpour", "environment", "errors", "exchange", "launcher", "logthrottle", "mpi",
     "param_sync", "peers", "process", "protocol", "reaper", "resources", "rules", "security",
-    "sharding", "shmem", "supervision", "worker"))
+    "sharding", "shmem", "stopsignal", "supervision", "worker"))
 
 
 def __getattr__(name):
