@@ -37,7 +37,8 @@ class Worker:
     Connects to the controller at tcp://host:control_port (or at the endpoint
     `control_port` when it is a string, such as a controller's
     `control_address` on the ipc transport) and registers,
-    learning `worker_id` (0-based), `is_first` and `job_id`. `device` is the
+    learning `worker_id` (0-based), `is_first`, `job_id` and `num_workers` (the
+    controller's, None when it was not given one). `device` is the
     device the launcher pinned this worker to ("cuda0", "cpu"; "cpu" when run
     by hand), a `platoon.device.Device`: a str whose `local` is its name inside
     the process ("cuda:0": a pinned GPU is the only one the process sees) and
@@ -233,6 +234,9 @@ class Worker:
     # -- topology and collectives (platoon.collectives, platoon.mpi) --
 
     def _set_topology(self, info):
+        # The controller's num_workers (None when it was not told): the workers sharing
+        # this centre, which rules such as DiLoCo scale by.
+        self.num_workers: Optional[int] = info.get("num_workers")
         self.local_rank = self.worker_id
         self.local_size = info.get("num_workers") or 1
         self.global_rank = info.get("global_rank", self.local_rank)
