@@ -38,8 +38,8 @@ _HOMES.update((name, "errors") for name in __all__ if name not in _HOMES)
 _SUBMODULES = frozenset((
     "adapters", "channel", "checkpoint", "child", "collectives", "controller", "cuda",
     "device", "diloco", "downpour", "environment", "errors", "exchange", "launcher",
-    "logthrottle", "mpi", "param_sync", "peers", "process", "protocol", "reaper", "resources", "rules", "security",
-    "sharding", "shmem", "stopsignal", "supervision", "torch_sync", "worker"))
+    "logthrottle", "mpi", "param_sync", "peers", "process", "protocol", "reaper", "resources",
+    "rules", "security", "sharding", "shmem", "stopsignal", "supervision", "torch_sync", "worker"))
 
 
 def __getattr__(name):
