@@ -10,9 +10,11 @@ import numpy as np
 import zmq
 
 from . import adapters, protocol, security
+from .checkpointing import snapshot
 from .client import ControlClient, endpoint, uncaught_error
 from .collectives import WorkerCollectives
 from .deprecation import renamed_keywords
+from .device import Device
 from .environment import JobEnvironment
 from .errors import ControllerGone, ControllerTimeout, PlatoonError, StopRequested
 from .exchange import SyncHandle, SyncStats, share
@@ -35,9 +37,12 @@ class Worker:
     Connects to the controller at tcp://host:control_port (or at the endpoint
     `control_port` when it is a string, such as a controller's
     `control_address` on the ipc transport) and registers,
-    learning `worker_id` (0-based), `is_first` and `job_id`. `device` is the
+    learning `worker_id` (0-based), `is_first`, `job_id` and `num_workers` (the
+    controller's, None when it was not given one). `device` is the
     device the launcher pinned this worker to ("cuda0", "cpu"; "cpu" when run
-    by hand); a pinned GPU is the only one the process sees (cuda:0).
+    by hand), a `platoon.device.Device`: a str whose `local` is its name inside
+    the process ("cuda:0": a pinned GPU is the only one the process sees) and
+    `torch` the torch.device, as in ``model.to(w.device.local)``.
 
     Parameters:
         control_port: the controller's control port or endpoint string (None: the
@@ -67,7 +72,7 @@ class Worker:
                                  "platoon-launcher (which sets PLATOON_CONTROL_PORT)")
         self.host = host
         self.timeout_s = timeout_s
-        self.device = env.device or "cpu"
+        self.device = Device(env.device or "cpu")
         self.control_address = endpoint(host, control_port)
         self.worker_id = None
         self.is_first = False
@@ -229,6 +234,9 @@ class Worker:
     # -- topology and collectives (platoon.collectives, platoon.mpi) --
 
     def _set_topology(self, info):
+        # The controller's num_workers (None when it was not told): the workers sharing
+        # this centre, which rules such as DiLoCo scale by.
+        self.num_workers: Optional[int] = info.get("num_workers")
         self.local_rank = self.worker_id
         self.local_size = info.get("num_workers") or 1
         self.global_rank = info.get("global_rank", self.local_rank)
@@ -310,6 +318,18 @@ class Worker:
         """The central parameters as numpy arrays in shared memory (None before init)."""
         centre = self._res.centre
         return None if centre is None else centre.arrays
+
+    def snapshot_centre(self, timeout_s: Optional[float] = _DEFAULT) -> List[np.ndarray]:
+        """Copies of the central parameters, taken under the centre's whole lock.
+
+        A consistent snapshot: no stripe is half-updated (another worker's sync
+        may have reached some stripes and not yet others, as always). Waits at
+        most `timeout_s` seconds (default: the worker's) for the lock, else
+        LockTimeout. Raises PlatoonError before `init_shared_params`.
+        """
+        if self._res.centre is None:
+            raise PlatoonError("call init_shared_params() before snapshot_centre()")
+        return snapshot(self._res.centre, self._timeout_s(timeout_s))
 
     def sync_params(self, synchronous: bool = True, *, params: Optional[Sequence] = None
                     ) -> List[Any]:
