@@ -34,7 +34,7 @@ import os
 
 log = logging.getLogger(__name__)
 
-ENV = "PLATOON_SYNC_KERNELS"  # "numpy": do not load the compiled kernels
+ENV = "PLATOON_SYNC_KERNELS"  # "numpy": do not load the compiled kernels; "compiled": default
 NAMES = ("easgd_update", "easgd_push", "add_into", "asgd_update", "asgd_push", "take_pull",
          "sgd")
 
@@ -43,8 +43,12 @@ _warned = False
 
 def _load():
     """The compiled module; None with the reason when it is not to be used."""
-    if os.environ.get(ENV, "").strip().lower() == "numpy":
+    choice = os.environ.get(ENV, "").strip().lower()
+    if choice == "numpy":
         return None, None
+    if choice not in ("", "compiled"):
+        log.warning("%s=%r is neither 'numpy' nor 'compiled'; using the compiled sync kernels",
+                    ENV, os.environ[ENV])
     try:
         from . import _sync_kernels
     except ImportError as exc:
