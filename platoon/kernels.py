@@ -64,9 +64,9 @@ def _fallback(*args):
     if not _warned and _load_error is not None:
         _warned = True
         log.warning("platoon's compiled sync kernels could not be loaded (%s); syncing with "
-                    "numpy, at about half the speed. Reinstall platoon with a C compiler "
-                    "present (apt-get install gcc; pip install --force-reinstall --no-deps -e "
-                    ".) to build them.", _load_error)
+                    "numpy, at about half the speed. Reinstall platoon with a C compiler present "
+                    "to build them (e.g. apt-get install gcc, then from a checkout: pip install "
+                    "-e .)", _load_error)
     return False
 
 

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -116,6 +117,33 @@ def test_kernels_refuse_what_needs_numpy_and_touch_nothing():
     np.testing.assert_array_equal(x, before[0] + 1)
 
 
+def test_kernels_let_other_threads_run():
+    """start_sync pushes in a background thread: the kernel must not hold the GIL. The
+    thread holds the GIL from `entering.set()` until the kernel lets it go, so this thread
+    sees the centre's last element unwritten only if the kernel runs without the GIL."""
+    if not kernels.available():
+        pytest.skip("the compiled kernels are not built")
+    x, c = np.ones(4_000_000, np.float32), np.zeros(4_000_000, np.float32)
+    for attempt in range(20):  # under load the kernel may finish before this thread runs
+        c[-1] = 0.0
+        entering = threading.Event()
+
+        def push():
+            entering.set()
+            kernels.easgd_push(x, c, 0.5)
+
+        thread = threading.Thread(target=push)
+        thread.start()
+        assert entering.wait(30)
+        seen_running = c[-1] == 0.0
+        thread.join(30)
+        assert c[-1] == 0.5
+        if seen_running:
+            return
+        x.fill(1.0)
+    pytest.fail("no other thread ran while the kernel did, in 20 tries: it holds the GIL")
+
+
 def test_rules_on_arrays_the_kernels_refuse_still_follow_the_formula():
     base = np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 6)
     x, c = base[:, ::2], np.zeros((4, 3), np.float32)
@@ -155,6 +183,6 @@ def test_without_the_compiled_kernels_syncs_use_numpy_and_say_so_once(why):
     warnings = [line for line in done.stderr.splitlines() if "sync kernels" in line]
     if why == "missing":  # one line, however many syncs, saying what to do
         assert len(warnings) == 1, done.stderr
-        assert "could not be loaded" in warnings[0] and "Reinstall" in warnings[0]
+        assert "could not be loaded" in warnings[0] and "Reinstall platoon with a C compiler" in warnings[0]
     else:  # asked for: no warning
         assert warnings == [], done.stderr
