@@ -8,7 +8,7 @@
  * (NEP 50).
  *
  * Arrays are taken through the buffer protocol: C-contiguous, native float32
- * ("f") or float64 ("d"), all of one dtype and length, written ones writable,
+ * ("f") or float64 ("d"), all of one dtype and shape, written ones writable,
  * no two overlapping. Anything else returns False without touching the arrays, and
  * the caller runs the numpy path. The loops run without the GIL.
  */
@@ -55,6 +55,16 @@ static int dtype_of(const Py_buffer *v)
     return 0;
 }
 
+static int same_shape(const Py_buffer *u, const Py_buffer *v)
+{
+    if (u->ndim != v->ndim)
+        return 0;
+    for (int d = 0; d < u->ndim; d++)
+        if (u->shape[d] != v->shape[d])
+            return 0;
+    return 1;
+}
+
 /* Take the buffers of objs[0..count); writable[i] says which are written.
  * Returns 1 when the kernel may run, 0 when the caller must use numpy (no error set). */
 static int take(Arrays *a, PyObject *const *objs, const int *writable, int count)
@@ -70,7 +80,8 @@ static int take(Arrays *a, PyObject *const *objs, const int *writable, int count
         a->count = i + 1;
         int dtype = dtype_of(&a->views[i]);
         Py_ssize_t n = dtype ? a->views[i].len / a->views[i].itemsize : -1;
-        if (!dtype || (i > 0 && (dtype != a->dtype || n != a->n))) {
+        if (!dtype || (i > 0 && (dtype != a->dtype || n != a->n
+                                 || !same_shape(&a->views[0], &a->views[i])))) {
             release(a);
             return 0;
         }

@@ -102,6 +102,7 @@ def test_kernels_refuse_what_needs_numpy_and_touch_nothing():
         kernels.easgd_update(x.astype(np.float16), c.astype(np.float16), 0.5),
         kernels.easgd_update(x, c.astype(np.float64), 0.5),         # mixed dtypes
         kernels.easgd_update(x, c[:9], 0.5),                        # lengths differ
+        kernels.easgd_update(x.reshape(2, 5), c.reshape(5, 2), 0.5),  # shapes differ
         kernels.easgd_update(x[1:], x[:-1], 0.5),                   # overlapping
         kernels.asgd_update(x, c, x),                               # the same array twice
         kernels.easgd_update(x.astype(">f4"), c.astype(">f4"), 0.5),  # byte-swapped
