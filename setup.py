@@ -5,7 +5,7 @@ from setuptools import Extension, find_packages, setup
 # contraction and no fast-math: the kernels must round exactly like the numpy formulas.
 SYNC_KERNELS = Extension(
     "platoon._sync_kernels", ["platoon/_sync_kernels.c"], optional=True,
-    extra_compile_args=["-std=c99", "-O3", "-ffp-contract=off", "-fno-fast-math"])
+    extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math"])
 
 setup(
     name="platoon-dp",  # the import name is platoon; "platoon" on the index is another project
