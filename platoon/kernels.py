@@ -26,6 +26,10 @@ the arrays' dtype as numpy does):
 - ``sgd(s, c, last, v, lr, momentum, nesterov, take)``: Downpour(SGD) with
   ``g = last-s``, momentum state `v` (None without momentum); ``last = c``, and
   ``s = c`` when `take`.
+
+On x86 the module has its loops twice, plain and for AVX, and uses AVX where the
+CPU has it (the same operations, so the same bits); ``compiled.isas()`` lists
+the sets there are and ``compiled.set_isa(name)`` picks one (for tests).
 """
 
 import contextlib

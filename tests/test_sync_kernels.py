@@ -76,12 +76,22 @@ def test_the_compiled_kernels_are_built():
         "setup.py build_ext --inplace) with a C compiler present" % (kernels._load_error,))
 
 
+@pytest.fixture(params=["generic", "avx"])
+def isa(request):
+    """Each set of loops the compiled module has for this CPU (AVX where there is one)."""
+    if not kernels.available():
+        pytest.skip("the compiled kernels are not built (test_the_compiled_kernels_are_built)")
+    if request.param not in kernels.compiled.isas():
+        pytest.skip("no %s loops on this CPU" % request.param)
+    before = kernels.compiled.set_isa(request.param)
+    yield request.param
+    kernels.compiled.set_isa(before)
+
+
 @pytest.mark.parametrize("how", ["whole", "stripes", "push_pull"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("name", ["easgd", "asgd", "sgd", "momentum", "nesterov"])
-def test_compiled_kernels_are_bit_identical_to_numpy(name, dtype, how):
-    if not kernels.available():
-        pytest.skip("the compiled kernels are not built (test_the_compiled_kernels_are_built)")
+def test_compiled_kernels_are_bit_identical_to_numpy(name, dtype, how, isa):
     for n in SIZES:
         got = run(name, dtype, n, how)
         with kernels.numpy_only():
@@ -89,7 +99,16 @@ def test_compiled_kernels_are_bit_identical_to_numpy(name, dtype, how):
         assert len(got) == len(want) >= 4
         for g, w in zip(got, want):
             assert g.dtype == dtype
-            assert g.tobytes() == w.tobytes(), (name, dtype, how, n)
+            assert g.tobytes() == w.tobytes(), (name, dtype, how, n, isa)
+
+
+def test_the_best_loops_for_this_cpu_are_in_use():
+    if not kernels.available():
+        pytest.skip("the compiled kernels are not built")
+    best = kernels.compiled.isas()[-1]
+    assert kernels.compiled.set_isa(best) == best
+    with pytest.raises(ValueError, match="no avx512 loops"):
+        kernels.compiled.set_isa("avx512")
 
 
 def test_kernels_refuse_what_needs_numpy_and_touch_nothing():
