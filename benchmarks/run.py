@@ -1,7 +1,7 @@
 """Run the benchmark suite and print one table; also write it as JSON and Markdown.
 
 usage: python -m benchmarks [--quick] [--out DIR] [--only NAME,...]
-  NAME: sync, contention, control, minibatch, idle, scaling, accuracy
+  NAME: sync, contention, control, minibatch, idle, stop, scaling, accuracy
 """
 
 import argparse
@@ -16,9 +16,9 @@ from ._util import SINGLE_THREAD_ENV
 for _name, _value in SINGLE_THREAD_ENV.items():  # before numpy loads BLAS
     os.environ.setdefault(_name, _value)
 
-from . import bench_sync, bench_training, bench_transport, mlp  # noqa: E402
+from . import bench_stop, bench_sync, bench_training, bench_transport, mlp  # noqa: E402
 
-NAMES = ("sync", "contention", "control", "minibatch", "idle", "scaling", "accuracy")
+NAMES = ("sync", "contention", "control", "minibatch", "idle", "stop", "scaling", "accuracy")
 
 
 def _cpu_model():
@@ -69,6 +69,9 @@ def measure(names, quick, log):
     if "idle" in names:
         log("idle controller")
         results["idle"] = bench_transport.idle_controller_cpu(1.0 if quick else 3.0)
+    if "stop" in names:
+        log("stop signal check vs a control round trip and a sync")
+        results["stop"] = bench_stop.stop_check(rounds=3 if quick else 8)
     if "scaling" in names or "accuracy" in names:
         data = os.path.join(tempfile.mkdtemp(prefix="platoon-bench-"), "digits.npz")
         try:
@@ -164,6 +167,15 @@ def table(results):
     if "idle" in results:
         cpu = results["idle"]["cpu_percent"]
         _row(rows, "idle controller CPU", "%.2f %%" % cpu, "", None, "< 1 %", cpu < 1.0)
+    if "stop" in results:
+        r = results["stop"]
+        _row(rows, "stop_requested check vs a control round trip (asking the controller)",
+             "%.2f µs (%.4fx)" % (r["check_us"], r["check_us"] / r["round_trip_us"]),
+             "%.0f µs" % r["round_trip_us"], None, "≤ 0.01x",
+             r["check_us"] <= 0.01 * r["round_trip_us"])
+        _row(rows, "stop_requested check vs sync_params, %dK float32" % (r["params"] // 1000),
+             "%.2f µs (%.4fx)" % (r["check_us"], r["check_us"] / r["sync_us"]),
+             "%.0f µs" % r["sync_us"], None, "", None)
     if "scaling" in results:
         s = results["scaling"]["rows"]
         for name, target in (("1 worker", 0.98), ("2 workers", 1.9)):
