@@ -40,7 +40,7 @@ def measure(names, quick, log):
             for n in sizes:
                 log("sync throughput, %d %s" % (n, dtype))
                 results["sync_%s_%d" % (dtype, n)] = bench_sync.sync_throughput(
-                    n, rounds=3 if n > 10**7 else 8 if n > 10**6 else 20, dtype=dtype)
+                    n, rounds=5 if n > 10**7 else 8 if n > 10**6 else 20, dtype=dtype)
         log("lock hold per sync, Downpour(SGD nesterov) vs EASGD, digits MLP")
         results["downpour_hold"] = bench_sync.downpour_lock_hold(rounds=3 if quick else 5)
     if "contention" in names:
