@@ -143,7 +143,7 @@ def train_controller(workers):
 
     with Stopper(control_port=0, num_workers=int(workers), transport="ipc") as ctl:
         print("ADDR %s" % ctl.control_address, flush=True)
-        ctl.serve(timeout_s=600)
+        ctl.serve()  # until the workers are done: they end when the parent closes stdin
 
 
 def train(mode, address, data, worker_id, workers, steps, target, seed):

@@ -13,6 +13,7 @@ partial runs only print, unless --out DIR is given.
 import argparse
 import os
 import tempfile
+import time
 
 from ._util import SINGLE_THREAD_ENV
 
@@ -194,6 +195,10 @@ def markdown(results, meta):
                   line("its time in sync_params", "%.0f ms", "sync_seconds", 1e3),
                   line("its time in control requests", "%.0f ms", "request_seconds", 1e3),
                   line("its time waiting for locks", "%.0f ms", "lock_wait_seconds", 1e3),
+                  "| wall time less those | %s |" % " | ".join(
+                      "%.2f s" % (rows[k]["seconds"] - rows[k]["sync_seconds"]
+                                  - rows[k]["request_seconds"] - rows[k]["lock_wait_seconds"])
+                      for k in columns),
                   line("first to last end", "%.0f ms", "end_spread_seconds", 1e3),
                   "| wall time of every round | %s |" % " | ".join(
                       ", ".join("%.2f" % t for t in s["runs"][k]) for k in columns)]
@@ -201,10 +206,12 @@ def markdown(results, meta):
     if set(meta.get("benchmarks", NAMES)) != set(NAMES):
         command += " --only " + ",".join(meta["benchmarks"])
     lines += ["", "`%s` at commit %s, %s; %s, %d cores; load average %.2f "
-              "at start, %.2f at end; the run took %.0f s." % (
+              "at start, %.2f at end; the run took %.0f s%s." % (
                   command, meta.get("commit", "unknown"),
                   meta.get("date", "unknown date"), meta["cpu"], meta["cores"],
-                  meta["load_start"], meta["load_end"], meta["seconds"])]
+                  meta["load_start"], meta["load_end"], meta["seconds"], " (%s)" % ", ".join(
+                      "%s %.0f s" % item for item in meta["section_seconds"].items())
+                  if meta.get("section_seconds") else "")]
     return "\n".join(lines) + "\n"
 
 
@@ -237,7 +244,11 @@ def main(argv=None):
                                                                    ", ".join(NAMES)))
     full = not args.quick and set(names) == set(NAMES)
     meta = record.start_meta(names, args.quick)
-    results = measure(names, args.quick, record.log)
+    results, meta["section_seconds"] = {}, {}
+    for name in names:  # one at a time, to record how long each takes
+        started = time.monotonic()
+        results.update(measure([name], args.quick, record.log))
+        meta["section_seconds"][name] = time.monotonic() - started
     meta = record.finish_meta(meta)
     text = markdown(results, meta)
     print()
