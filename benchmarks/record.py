@@ -69,8 +69,11 @@ def finish_meta(meta):
 
 def load(path):
     """(results, meta) of a record written by `save`."""
-    with open(path) as f:
-        record = json.load(f)
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise SystemExit("cannot read the benchmark record %s: %s" % (path, exc)) from None
     try:
         return record["results"], record["meta"]
     except (KeyError, TypeError):

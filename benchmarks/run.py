@@ -219,7 +219,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split(
         "\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller, shorter runs (smoke test)")
-    parser.add_argument("--only", default=",".join(NAMES), help="comma-separated subset")
+    parser.add_argument("--only", default=",".join(NAMES), metavar="NAMES",
+                        help="comma-separated subset of " + ",".join(NAMES))
     parser.add_argument("--out", metavar="DIR", help="write latest.json and latest.md into DIR "
                         "(without it, only a full run writes them: the record in "
                         "benchmarks/results, rendered into docs/performance.md too)")
