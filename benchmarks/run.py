@@ -3,7 +3,7 @@
 usage: python -m benchmarks [--quick] [--only NAME,...] [--out DIR]
        python -m benchmarks --render FILE       (print the Markdown of a record)
        python -m benchmarks --write-docs [FILE] (latest.md and docs/performance.md from it)
-  NAME: sync, contention, control, minibatch, idle, scaling, accuracy
+  NAME: sync, contention, control, minibatch, idle, stop, scaling, accuracy
 
 A full run (no --quick, no --only) writes benchmarks/results/latest.json, renders
 it into latest.md and into the marked block of docs/performance.md. Quick and
@@ -20,10 +20,10 @@ from ._util import SINGLE_THREAD_ENV
 for _name, _value in SINGLE_THREAD_ENV.items():  # before numpy loads BLAS
     os.environ.setdefault(_name, _value)
 
-from . import bench_sync, bench_training, bench_transport, mlp  # noqa: E402
+from . import bench_stop, bench_sync, bench_training, bench_transport, mlp  # noqa: E402
 from . import record  # noqa: E402
 
-NAMES = ("sync", "contention", "control", "minibatch", "idle", "scaling", "accuracy")
+NAMES = ("sync", "contention", "control", "minibatch", "idle", "stop", "scaling", "accuracy")
 
 
 def measure(names, quick, log):
@@ -61,6 +61,9 @@ def measure(names, quick, log):
     if "idle" in names:
         log("idle controller")
         results["idle"] = bench_transport.idle_controller_cpu(1.0 if quick else 3.0)
+    if "stop" in names:
+        log("stop signal check vs a control round trip and a sync")
+        results["stop"] = bench_stop.stop_check(rounds=3 if quick else 8)
     if "scaling" in names or "accuracy" in names:
         data = os.path.join(tempfile.mkdtemp(prefix="platoon-bench-"), "digits.npz")
         try:
@@ -145,6 +148,15 @@ def table(results):
     if "idle" in results:
         cpu = results["idle"]["cpu_percent"]
         _row(rows, "idle controller CPU", "%.2f %%" % cpu, "", None, "< 1 %", cpu < 1.0)
+    if "stop" in results:
+        r = results["stop"]
+        _row(rows, "stop_requested check vs a control round trip (asking the controller)",
+             "%.2f µs (%.4fx)" % (r["check_us"], r["check_us"] / r["round_trip_us"]),
+             "%.0f µs" % r["round_trip_us"], None, "≤ 0.01x",
+             r["check_us"] <= 0.01 * r["round_trip_us"])
+        _row(rows, "stop_requested check vs sync_params, %dK float32" % (r["params"] // 1000),
+             "%.2f µs (%.4fx)" % (r["check_us"], r["check_us"] / r["sync_us"]),
+             "%.0f µs" % r["sync_us"], None, "", None)
     if "scaling" in results:
         s = results["scaling"]["rows"]
         for name, target in (("1 worker", 0.98), ("2 workers", None)):

@@ -27,11 +27,12 @@ class RequestDispatcher:
 
     From `ctl` it reads `handle_control`, `job_id`, `num_workers`, `node_link`,
     `transport`, `control_port` and `max_request_bytes`; the parts handle the
-    reserved requests.
+    reserved requests, `stop` (a JobStop) the stop signal's.
     """
 
-    def __init__(self, ctl, sock, *, registry, rendezvous, collectives, progress):
+    def __init__(self, ctl, sock, *, registry, rendezvous, collectives, progress, stop=None):
         self._ctl = ctl
+        self._job_stop = stop  # a platoon.stopsignal.JobStop
         self._sock = sock
         self._registry = registry
         self._rendezvous = rendezvous
@@ -51,6 +52,7 @@ class RequestDispatcher:
             protocol.ALLREDUCE_CANCEL: self._all_reduce_cancel,
             protocol.ALLREDUCE_SETUP: self._all_reduce_setup,
             protocol.INIT_STATE: self._init_state,
+            protocol.STOP: self._stop,
         }
 
     # -- replies --
@@ -179,6 +181,8 @@ class RequestDispatcher:
                  "token": record.token, "max_request_bytes": ctl.max_request_bytes}
         if ctl.node_link is not None:
             reply.update(ctl.node_link.topology(record.worker_id))
+        if self._job_stop is not None:
+            reply["stop_segment"] = self._job_stop.open()
         self.reply(envelope, request.seq, reply)
 
     def _init_params(self, envelope, request, record, _):
@@ -220,3 +224,18 @@ class RequestDispatcher:
 
     def _init_state(self, envelope, request, record, _):
         self.reply(envelope, request.seq, self._collectives.state(request.req_info))
+
+    def _stop(self, envelope, request, record, _):
+        """``platoon-stop`` {request, reason}: ask for the job to stop, or just read whether it
+        must; the reply is {stop, by, reason}."""
+        info = request.req_info if isinstance(request.req_info, dict) else {}
+        reason = info.get("reason")
+        if reason is not None and not isinstance(reason, str):
+            raise ProtocolError("platoon-stop: reason must be a string or null, got %s"
+                                % type(reason).__name__)
+        job_stop = self._job_stop
+        if job_stop is None:
+            raise PlatoonError("this controller has no stop signal")
+        if info.get("request"):
+            job_stop.request(record.worker_id, reason)
+        self.reply(envelope, request.seq, job_stop.state())

@@ -21,7 +21,7 @@ import time
 import zmq
 
 from . import protocol
-from .errors import MinibatchTimeout, ProtocolError
+from .errors import MinibatchTimeout, ProtocolError, StopRequested
 from .logthrottle import ThrottledLog
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class MinibatchChannel:
         self.resend = collections.deque()  # frames of minibatches to deliver again, first
         self.left = collections.deque()  # (token, failed) of workers that left: serve thread
         self.resent = 0  # minibatches re-sent so far
+        self.stopped = None  # a callable: a message once the job's stop was requested, else None
         self._warnings = ThrottledLog(log)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -80,6 +81,10 @@ class MinibatchChannel:
     def worker_left(self, token, failed):
         """Worker with registration `token` is done (`failed`: it died or failed)."""
         self.left.append((token, failed))
+        self.wake()
+
+    def wake(self):
+        """Make a sending thread waiting for a request look again (a stop was requested)."""
         try:
             os.write(self._wake_w, b"!")
         except OSError:  # full (a wake-up is pending anyway) or closed
@@ -109,6 +114,7 @@ class MinibatchChannel:
     def deliver(self, frames, deadline):
         """Send `frames` to the next worker that asks; its id, or None at `deadline`."""
         while True:
+            self._check_stopped()
             self._drain()
             self._send_resends()
             if not self.resend:
@@ -124,6 +130,7 @@ class MinibatchChannel:
         """Serve requests until no minibatch is unacknowledged or waiting to be re-sent;
         returns how many still are at `deadline`."""
         while True:
+            self._check_stopped()
             self._drain()
             self._send_resends()
             held = len(self.resend) + sum(len(p.unacked) for p in self.peers.values())
@@ -140,6 +147,12 @@ class MinibatchChannel:
         self._wake_r = self._wake_w = -1
 
     # -- internals --
+
+    def _check_stopped(self):
+        stopped = self.stopped() if self.stopped is not None else None
+        if stopped is not None:
+            raise StopRequested("no more minibatches are delivered from %s: %s"
+                                % (self.address, stopped))
 
     def _wait(self, deadline):
         """Wait for a request or a worker leaving; False once `deadline` has passed."""

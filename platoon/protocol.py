@@ -33,6 +33,7 @@ BARRIER = "platoon-barrier"
 BARRIER_CANCEL = "platoon-barrier-cancel"
 DONE = "platoon-done"
 REPORT = "platoon-report"
+STOP = "platoon-stop"  # {"request": bool, "reason": str | null}: ask for, or read, the stop
 # Collectives and shared state (platoon.collectives)
 ALLREDUCE_SETUP = "platoon-allreduce-setup"
 ALLREDUCE = "platoon-allreduce"
