@@ -41,6 +41,13 @@ def test_the_record_is_a_full_run_with_its_circumstances():
                                       "accuracy", "contention_one"}
 
 
+def test_the_record_covers_every_benchmark_of_the_suite(rendered):
+    # the footer names --quick or --only when the record lacks some of benchmarks.run.NAMES
+    assert "\n`python -m benchmarks` at commit " in rendered, (
+        "latest.json is not a full run of today's suite (a benchmark was added since?): "
+        "regenerate it with python -m benchmarks")
+
+
 def test_latest_md_is_what_the_record_renders(rendered):
     with open(os.path.join(RESULTS, "latest.md")) as f:
         assert f.read() == rendered, "run python -m benchmarks --write-docs"
