@@ -1,4 +1,11 @@
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
+
+# One-pass sync kernels (platoon/kernels.py). Optional: without a C compiler the install
+# still succeeds and platoon syncs with numpy, logging once that it does. No FMA
+# contraction and no fast-math: the kernels must round exactly like the numpy formulas.
+SYNC_KERNELS = Extension(
+    "platoon._sync_kernels", ["platoon/_sync_kernels.c"], optional=True,
+    extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math"])
 
 setup(
     name="platoon-dp",  # the import name is platoon; "platoon" on the index is another project
@@ -9,6 +16,7 @@ setup(
     long_description_content_type="text/markdown",
     license="MIT",
     packages=find_packages(include=["platoon", "platoon.*"]),
+    ext_modules=[SYNC_KERNELS],
     python_requires=">=3.9",
     install_requires=["numpy>=1.22", "pyzmq>=22", "posix_ipc>=1.0"],
     entry_points={"console_scripts": ["platoon-launcher=platoon.launcher:main"]},

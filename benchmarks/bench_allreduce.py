@@ -1,13 +1,15 @@
 """all_reduce latency and bandwidth: platoon's Worker.all_reduce against raw mpi4py Allreduce.
 
-usage: python benchmarks/bench_allreduce.py [--iters N] [--json]
+usage: python benchmarks/bench_allreduce.py [--iters N] [--rounds R] [--json]
 
-Runs, in this one invocation (so the figures share the machine's state):
+Runs, in this one invocation, in alternation for R rounds (the order rotating each
+round, so that load from elsewhere hits every setup alike):
   mpi4py      mpiexec -n 2: Comm.Allreduce between two ranks (the floor for two nodes)
   1 node      one controller, 2 workers: shared memory only, no MPI
   2 nodes     mpiexec -n 2 python -m platoon.mpi --workers W: W workers per node
 for 1 float32 (latency) and 1M float32 (4 MB: time and algorithm bandwidth, bytes per second
-of result). Each figure is the median over --iters calls after a warm-up.
+of result). Each figure is the median over --iters calls after a warm-up, and then the
+median of that over the rounds.
 """
 
 import argparse
@@ -94,6 +96,8 @@ def one_node(iters, workers=2):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of every setup, alternated (median over them)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--raw", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -109,17 +113,24 @@ def main():
     env = {k: v for k, v in os.environ.items() if not k.startswith("PLATOON_")}
     env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     iters = ["--iters", str(args.iters)]
-    rows = {
-        "mpi4py Allreduce, 2 ranks": run([mpiexec, "-n", "2", sys.executable, HERE, "--raw"]
-                                         + iters, env),
-        "platoon, 1 node x 2 workers (no MPI)": one_node(args.iters),
-        "platoon, 2 nodes x 1 worker": run([mpiexec, "-n", "2", sys.executable, "-m",
-                                            "platoon.mpi", "--workers", "1", "--", HERE,
-                                            "--worker"] + iters, env),
-        "platoon, 2 nodes x 2 workers": run([mpiexec, "-n", "2", sys.executable, "-m",
-                                             "platoon.mpi", "--workers", "2", "--", HERE,
-                                             "--worker"] + iters, env),
+    setups = {
+        "mpi4py Allreduce, 2 ranks": lambda: run(
+            [mpiexec, "-n", "2", sys.executable, HERE, "--raw"] + iters, env),
+        "platoon, 1 node x 2 workers (no MPI)": lambda: one_node(args.iters),
+        "platoon, 2 nodes x 1 worker": lambda: run(
+            [mpiexec, "-n", "2", sys.executable, "-m", "platoon.mpi", "--workers", "1", "--",
+             HERE, "--worker"] + iters, env),
+        "platoon, 2 nodes x 2 workers": lambda: run(
+            [mpiexec, "-n", "2", sys.executable, "-m", "platoon.mpi", "--workers", "2", "--",
+             HERE, "--worker"] + iters, env),
     }
+    names = list(setups)
+    runs = {name: [] for name in names}
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            runs[name].append(setups[name]())
+    rows = {name: {label: statistics.median(run_[label] for run_ in runs[name])
+                   for label in SIZES} for name in names}
     if args.json:
         print(json.dumps(rows, indent=1))
         return

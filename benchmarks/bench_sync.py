@@ -1,10 +1,11 @@
-"""Sync throughput against numpy's copy and the naive formula; syncs/s with concurrent workers."""
+"""Sync throughput against numpy's copy, the numpy path and the naive formula; syncs/s with
+concurrent workers."""
 
 import os
 
 import numpy as np
 
-from platoon import EASGD
+from platoon import EASGD, kernels
 from platoon.downpour import SGD, Downpour
 from platoon.exchange import Exchange
 from platoon.protocol import layout_of
@@ -15,9 +16,9 @@ from ._util import Children, interleaved
 ALPHA = 0.5
 
 
-def _values(n, seed):
+def _values(n, seed, dtype=np.float32):
     # In [1, 2): EASGD's differences stay normal floats however often it runs (no denormals).
-    return np.random.default_rng(seed).random(n, dtype=np.float32) + 1
+    return np.random.default_rng(seed).random(n, dtype=dtype) + 1
 
 
 def naive_easgd(x, c, alpha=ALPHA):
@@ -26,31 +27,44 @@ def naive_easgd(x, c, alpha=ALPHA):
     c += d
 
 
-def sync_throughput(n, rounds):
-    """GB/s (4x the parameter bytes per sync) of platoon's sync vs copy and the naive formula."""
-    x = _values(n, 1)
+def sync_throughput(n, rounds, dtype="float32"):
+    """GB/s of platoon's EASGD sync of n elements of `dtype` (counted as 4x the parameter
+    bytes: x and c read and written once) against a numpy copy of x (counted as 2x: read
+    and written), alternated in one run, best of `rounds`. Also the same sync by the numpy
+    path (no compiled kernels), start_sync+wait, and (up to 10M) the naive formula."""
+    dtype = np.dtype(dtype)
+    x = _values(n, 1, dtype)
     centre = SharedCentre.create("bench%d%s" % (os.getpid(), os.urandom(4).hex()),
                                  layout_of([x]))
     try:
         c = centre.arrays[0]
-        c[...] = _values(n, 2)
+        c[...] = _values(n, 2, dtype)
         y = np.empty_like(x)
         rule = EASGD(ALPHA)
         rule.setup([x])
         ex = Exchange(rule, [x], centre, timeout_s=60)
-        xn, cn = x.copy(), c.copy()
 
         def start_wait():
             ex.start().wait()
 
+        def numpy_path():
+            with kernels.numpy_only():
+                ex.sync()
+
+        fns = [lambda: np.copyto(y, x), ex.sync, start_wait, numpy_path]
+        if n <= 10_000_000:  # its temporaries would need 4 more arrays at 100M
+            xn, cn = x.copy(), c.copy()
+            fns.append(lambda: naive_easgd(xn, cn))
         number = max(1, 4_000_000 // n)
-        t_copy, t_naive, t_sync, t_async = interleaved(
-            [lambda: np.copyto(y, x), lambda: naive_easgd(xn, cn), ex.sync, start_wait],
-            rounds, number)
+        times = interleaved(fns, rounds, number) + [None]
+        t_copy, t_sync, t_async, t_numpy, t_naive = times[:5]
         nbytes = x.nbytes
-        return {"n": n, "stripes": len(centre.stripes),
-                "copy_gbs": 2 * nbytes / t_copy / 1e9, "naive_gbs": 4 * nbytes / t_naive / 1e9,
+        return {"n": n, "dtype": dtype.name, "stripes": len(centre.stripes),
+                "compiled": kernels.available(),
+                "copy_gbs": 2 * nbytes / t_copy / 1e9,
                 "sync_gbs": 4 * nbytes / t_sync / 1e9, "async_gbs": 4 * nbytes / t_async / 1e9,
+                "numpy_path_gbs": 4 * nbytes / t_numpy / 1e9,
+                "naive_gbs": 4 * nbytes / t_naive / 1e9 if t_naive else None,
                 "sync_ms": t_sync * 1e3,
                 "mean_hold_ms": ex.stats.lock_hold_s / max(ex.stats.syncs, 1) * 1e3,
                 "max_stripe_hold_ms": ex.stats.max_hold_s * 1e3}

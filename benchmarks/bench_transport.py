@@ -7,7 +7,7 @@ import time
 import numpy as np
 import zmq
 
-from platoon import Worker, protocol
+from platoon import Worker
 
 from ._util import Children
 
@@ -15,9 +15,13 @@ REQUEST = {"worker_id": 0, "req": "ping", "req_info": None, "seq": 1}
 REPLY = {"seq": 1, "ok": True, "result": None}
 
 
-def control_round_trip(transport, count=500, rounds=12):
+def control_round_trip(transport, count=500, rounds=12, chunk=50):
     """Best µs per round trip: Worker.send_req to a Controller vs a raw pyzmq REQ/REP of the
-    same JSON messages (each side encoding and decoding them with the json module)."""
+    same JSON messages (each side encoding and decoding them with the json module).
+
+    Each round alternates the two every `chunk` round trips (a few ms), so load from
+    elsewhere hits both alike; a round's figure is its total time over `count`.
+    """
     with Children() as children:
         raw = children.start("raw_rep", transport)
         ctl = children.start("ping_controller", transport)
@@ -27,18 +31,30 @@ def control_round_trip(transport, count=500, rounds=12):
             sock = ctx.socket(zmq.REQ)
             sock.linger = 0
             sock.connect(raw_addr)
+
+            def raw_round_trips(n):
+                for _ in range(n):
+                    sock.send(json.dumps(REQUEST).encode())
+                    json.loads(sock.recv())
+
             with Worker(ctl_addr, timeout_s=30) as w:
+                def platoon_round_trips(n):
+                    for _ in range(n):
+                        w.send_req("ping")
+
                 best_raw = best_ours = float("inf")
                 for _ in range(rounds):
-                    start = time.perf_counter()
-                    for _ in range(count):
-                        sock.send(json.dumps(REQUEST).encode())
-                        json.loads(sock.recv())
-                    best_raw = min(best_raw, (time.perf_counter() - start) / count)
-                    start = time.perf_counter()
-                    for _ in range(count):
-                        w.send_req("ping")
-                    best_ours = min(best_ours, (time.perf_counter() - start) / count)
+                    spent_raw = spent_ours = 0.0
+                    for done in range(0, count, chunk):
+                        n = min(chunk, count - done)
+                        start = time.perf_counter()
+                        raw_round_trips(n)
+                        middle = time.perf_counter()
+                        platoon_round_trips(n)
+                        spent_raw += middle - start
+                        spent_ours += time.perf_counter() - middle
+                    best_raw = min(best_raw, spent_raw / count)
+                    best_ours = min(best_ours, spent_ours / count)
             sock.close(0)
         finally:
             ctx.destroy(0)
@@ -46,32 +62,50 @@ def control_round_trip(transport, count=500, rounds=12):
     return {"transport": transport, "raw_us": best_raw * 1e6, "platoon_us": best_ours * 1e6}
 
 
-def minibatch_throughput(transport, shape, count, rounds=3, prefetch=8):
+def minibatch_throughput(transport, shape, count, rounds=3, prefetch=32):
     """Best MB/s receiving `count` minibatches [float32 shape, int64 labels]: raw vs platoon.
 
-    Raw: pyzmq PUSH/PULL of the same frames, encoded once, received with
+    Raw (the baseline): pyzmq PUSH/PULL of a JSON header frame and one frame per
+    array, sent with send_multipart(copy=False), received with
     recv_multipart(copy=False) and not decoded. Platoon: Controller.send_mb(copy=False)
-    to Worker.recv_mb, which asks for each minibatch (`prefetch` ahead, like the raw
-    PULL's queue) and returns the arrays (zero-copy views). Both senders stay up; the
-    runs alternate.
+    to Worker.recv_mb, which asks for minibatches (`prefetch` ahead, standing in for
+    the raw PULL's queue of 1000; the controller's hwm lets it) and returns the arrays
+    (read-only views). With `prefetch` 8 the sender waits for credit whenever the
+    worker is descheduled for more than a few minibatches' time: on a loaded machine
+    that, not the per-message work, sets platoon's rate (see docs/api.md). Also, for reference, raw
+    PUSH/PULL of the same bytes prepared once as one frame ("raw_one_frame_mbs"):
+    what packing a small minibatch can gain at most. All senders stay up; the
+    rounds alternate the three.
     """
     nbytes = int(np.prod(shape)) * 4 + shape[0] * 8
-    best = {"raw": 0.0, "platoon": 0.0}
+    modes = ("raw", "platoon", "raw_one_frame")
+    best = dict.fromkeys(modes, 0.0)
     with Children() as children:
-        raw = children.start("mb_sender", "raw", transport, shape[0], shape[1], count)
-        ours = children.start("mb_sender", "platoon", transport, shape[0], shape[1], count)
-        raw_addr, (ctl_addr, data_addr) = raw.line("ADDR")[0], ours.line("ADDR")
+        senders = {
+            "raw": children.start("mb_sender", "raw", transport, shape[0], shape[1], count),
+            "platoon": children.start("mb_sender", "platoon", transport, shape[0], shape[1],
+                                      count, prefetch + 1),
+            "raw_one_frame": children.start("mb_sender", "raw_one_frame", transport, shape[0],
+                                            shape[1], count)}
+        raw_addr = senders["raw"].line("ADDR")[0]
+        one_addr = senders["raw_one_frame"].line("ADDR")[0]
+        ctl_addr, data_addr = senders["platoon"].line("ADDR")
         ctx = zmq.Context()
         try:
-            pull = ctx.socket(zmq.PULL)
-            pull.linger = 0
-            pull.connect(raw_addr)
+            pulls = []
+            for address in (raw_addr, one_addr):
+                pull = ctx.socket(zmq.PULL)
+                pull.linger = 0
+                pull.connect(address)
+                pulls.append(pull)
             with Worker(ctl_addr, timeout_s=60) as w:
                 w.init_mb_sock(data_addr, prefetch=prefetch)
-                receive = {"raw": lambda: pull.recv_multipart(copy=False), "platoon": w.recv_mb}
+                receive = {"raw": lambda: pulls[0].recv_multipart(copy=False),
+                           "platoon": w.recv_mb,
+                           "raw_one_frame": lambda: pulls[1].recv(copy=False)}
                 for _ in range(rounds):
-                    for mode, sender in (("raw", raw), ("platoon", ours)):
-                        sender.send("go")
+                    for mode in modes:
+                        senders[mode].send("go")
                         recv = receive[mode]
                         recv()
                         start = time.perf_counter()
@@ -79,13 +113,15 @@ def minibatch_throughput(transport, shape, count, rounds=3, prefetch=8):
                             recv()
                         elapsed = time.perf_counter() - start
                         best[mode] = max(best[mode], (count - 1) * nbytes / elapsed / 1e6)
-            pull.close(0)
+            for pull in pulls:
+                pull.close(0)
         finally:
             ctx.destroy(0)
-        raw.wait(30)
-        ours.wait(30)
+        for sender in senders.values():
+            sender.wait(30)
     return {"transport": transport, "batch_bytes": nbytes, "raw_mbs": best["raw"],
-            "platoon_mbs": best["platoon"], "prefetch": prefetch}
+            "platoon_mbs": best["platoon"], "raw_one_frame_mbs": best["raw_one_frame"],
+            "prefetch": prefetch}
 
 
 def _cpu_seconds(pid):
@@ -149,17 +185,22 @@ def ping_controller(transport):
         ctl.serve()
 
 
-def mb_sender(mode, transport, rows, cols, count):
-    """Child: send `count` minibatches for each 'go' line on stdin, until stdin closes."""
+def mb_sender(mode, transport, rows, cols, count, hwm=10):
+    """Child: send `count` minibatches for each 'go' line on stdin, until stdin closes
+    (platoon: from a controller whose data socket has that `hwm`)."""
     import sys
     rows, cols, count = int(rows), int(cols), int(count)
     batch = [np.ones((rows, cols), np.float32), np.arange(rows, dtype=np.int64)]
-    if mode == "raw":
+    if mode in ("raw", "raw_one_frame"):
         ctx = zmq.Context()
         sock = ctx.socket(zmq.PUSH)
         sock.linger = 0
         print("ADDR %s" % _bind(sock, transport), flush=True)
-        frames = protocol.encode_minibatch(batch)
+        header = json.dumps([{"dtype": a.dtype.str, "shape": list(a.shape), "order": "C"}
+                             for a in batch]).encode()
+        frames = [header] + batch
+        if mode == "raw_one_frame":
+            frames = [b"".join(frames)]
         while sys.stdin.readline():
             for _ in range(count):
                 sock.send_multipart(frames, copy=False)
@@ -168,7 +209,8 @@ def mb_sender(mode, transport, rows, cols, count):
         return
     from platoon import Controller
     import threading
-    with Controller(control_port=0, data_port=0, num_workers=1, transport=transport) as ctl:
+    with Controller(control_port=0, num_workers=1, transport=transport) as ctl:
+        ctl.init_data(0, hwm=int(hwm))
         print("ADDR %s %s" % (ctl.control_address, ctl.data_address), flush=True)
 
         def send():

@@ -1,13 +1,17 @@
-"""Run the benchmark suite and print one table; also write it as JSON and Markdown.
+"""Run the benchmark suite and print one table; a full run also writes the record.
 
-usage: python -m benchmarks [--quick] [--out DIR] [--only NAME,...]
-  NAME: sync, contention, control, minibatch, idle, scaling, accuracy
+usage: python -m benchmarks [--quick] [--only NAME,...] [--out DIR]
+       python -m benchmarks --render FILE       (print the Markdown of a record)
+       python -m benchmarks --write-docs [FILE] (latest.md and docs/performance.md from it)
+  NAME: sync, contention, control, minibatch, idle, stop, scaling, accuracy
+
+A full run (no --quick, no --only) writes benchmarks/results/latest.json, renders
+it into latest.md and into the marked block of docs/performance.md. Quick and
+partial runs only print, unless --out DIR is given.
 """
 
 import argparse
-import json
 import os
-import platform
 import tempfile
 import time
 
@@ -16,29 +20,21 @@ from ._util import SINGLE_THREAD_ENV
 for _name, _value in SINGLE_THREAD_ENV.items():  # before numpy loads BLAS
     os.environ.setdefault(_name, _value)
 
-from . import bench_sync, bench_training, bench_transport, mlp  # noqa: E402
+from . import bench_stop, bench_sync, bench_training, bench_transport, mlp  # noqa: E402
+from . import record  # noqa: E402
 
-NAMES = ("sync", "contention", "control", "minibatch", "idle", "scaling", "accuracy")
-
-
-def _cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+NAMES = ("sync", "contention", "control", "minibatch", "idle", "stop", "scaling", "accuracy")
 
 
 def measure(names, quick, log):
     results = {}
     if "sync" in names:
         sizes = [1_000_000, 10_000_000] + ([] if quick else [100_000_000])
-        for n in sizes:
-            log("sync throughput, %d floats" % n)
-            results["sync_%d" % n] = bench_sync.sync_throughput(n, rounds=3 if n > 10**7 else 8)
+        for dtype in ("float32", "float64"):
+            for n in sizes:
+                log("sync throughput, %d %s" % (n, dtype))
+                results["sync_%s_%d" % (dtype, n)] = bench_sync.sync_throughput(
+                    n, rounds=5 if n > 10**7 else 8 if n > 10**6 else 20, dtype=dtype)
         log("lock hold per sync, Downpour(SGD nesterov) vs EASGD, digits MLP")
         results["downpour_hold"] = bench_sync.downpour_lock_hold(rounds=3 if quick else 5)
     if "contention" in names:
@@ -67,30 +63,24 @@ def measure(names, quick, log):
     if "idle" in names:
         log("idle controller")
         results["idle"] = bench_transport.idle_controller_cpu(1.0 if quick else 3.0)
+    if "stop" in names:
+        log("stop signal check vs a control round trip and a sync")
+        results["stop"] = bench_stop.stop_check(rounds=3 if quick else 8)
     if "scaling" in names or "accuracy" in names:
         data = os.path.join(tempfile.mkdtemp(prefix="platoon-bench-"), "digits.npz")
         try:
             mlp.load_digits_split(data)
             if "scaling" in names:
-                steps, rounds = (100, 1) if quick else (400, 3)
-                log("scaling, %d minibatches, best of %d" % (steps, rounds))
-                best = None
-                for _ in range(rounds):
-                    rows = bench_training.scaling(data, steps)
-                    if best is None:
-                        best = rows
-                    else:  # best wall time and best CPU time of each column, separately
-                        for name, row in rows.items():
-                            for key in ("seconds", "cpu_seconds"):
-                                best[name][key] = min(best[name][key], row[key])
-                base = best["normal"]["seconds"]
-                for row in best.values():
-                    row["speedup"] = base / row["seconds"]
+                steps, rounds = (200, 2) if quick else (400, 5)
+                log("scaling, %d minibatches, %d rounds alternating the columns"
+                    % (steps, rounds))
+                got = bench_training.scaling(data, steps, rounds)
                 results["scaling"] = {"minibatches": steps, "sync_every":
-                                      bench_training.SYNC_EVERY, "rows": best}
+                                      bench_training.SYNC_EVERY, "rounds": rounds,
+                                      "rows": got["rows"], "runs": got["runs"]}
             if "accuracy" in names:
-                seeds = [0] if quick else [0, 1, 2, 3, 4]
-                log("time to accuracy, %d seeds" % len(seeds))
+                seeds = [0, 1] if quick else [0, 1, 2, 3, 4]
+                log("time to accuracy, %d seeds, SGD and EASGD alternating" % len(seeds))
                 results["accuracy"] = bench_training.time_to_accuracy(
                     data, bench_training.TARGET_ACCURACY, seeds, 3000)
         finally:
@@ -111,16 +101,18 @@ def table(results):
     """Markdown table rows: what | measured | baseline | ratio | target | met."""
     rows = []
     for key in sorted((k for k in results if k.startswith("sync_")),
-                      key=lambda k: int(k.split("_")[1])):
+                      key=lambda k: (results[k].get("dtype", "float32"), results[k]["n"])):
         r = results[key]
-        size = "%dM" % (r["n"] // 1_000_000)
+        what = "sync %dM %s" % (r["n"] // 1_000_000, r.get("dtype", "float32"))
         ratio = r["sync_gbs"] / r["copy_gbs"]
-        _row(rows, "sync %s float32 (%d stripes) vs numpy copy" % (size, r["stripes"]),
-             "%.1f GB/s" % r["sync_gbs"], "%.1f GB/s" % r["copy_gbs"], ratio,
-             "≥ 0.8x" if r["n"] == 10_000_000 else "", ratio >= 0.8 if r["n"] == 10**7 else None)
-        _row(rows, "sync %s vs naive formula" % size, "%.1f GB/s" % r["sync_gbs"],
-             "%.1f GB/s" % r["naive_gbs"], r["sync_gbs"] / r["naive_gbs"], "", None)
-        _row(rows, "start_sync+wait %s vs sync (no overlap used)" % size,
+        _row(rows, "%s (%d stripes) vs numpy copy of the same bytes" % (what, r["stripes"]),
+             "%.1f GB/s" % r["sync_gbs"], "%.1f GB/s" % r["copy_gbs"], ratio, "≥ 1.0x",
+             ratio >= 1.0)
+        if "numpy_path_gbs" in r:
+            _row(rows, "%s vs the numpy path (no compiled kernels)" % what,
+                 "%.1f GB/s" % r["sync_gbs"], "%.1f GB/s" % r["numpy_path_gbs"],
+                 r["sync_gbs"] / r["numpy_path_gbs"], "", None)
+        _row(rows, "start_sync+wait %s vs sync (no overlap used)" % what[5:],
              "%.1f GB/s" % r["async_gbs"], "%.1f GB/s" % r["sync_gbs"],
              r["async_gbs"] / r["sync_gbs"], "", None)
     if "downpour_hold" in results:
@@ -149,8 +141,8 @@ def table(results):
         if r:
             ratio = r["platoon_us"] / r["raw_us"]
             _row(rows, "control round trip, %s, vs raw pyzmq REQ/REP" % transport,
-                 "%.0f µs" % r["platoon_us"], "%.0f µs" % r["raw_us"], ratio, "≤ 1.2x",
-                 ratio <= 1.2)
+                 "%.0f µs" % r["platoon_us"], "%.0f µs" % r["raw_us"], ratio, "≤ 1.1x",
+                 ratio <= 1.1)
     for key in sorted(k for k in results if k.startswith("minibatch_")):
         r = results[key]
         ratio = r["platoon_mbs"] / r["raw_mbs"]
@@ -160,12 +152,22 @@ def table(results):
     if "idle" in results:
         cpu = results["idle"]["cpu_percent"]
         _row(rows, "idle controller CPU", "%.2f %%" % cpu, "", None, "< 1 %", cpu < 1.0)
+    if "stop" in results:
+        r = results["stop"]
+        _row(rows, "stop_requested check vs a control round trip (asking the controller)",
+             "%.2f µs (%.4fx)" % (r["check_us"], r["check_us"] / r["round_trip_us"]),
+             "%.0f µs" % r["round_trip_us"], None, "≤ 0.01x",
+             r["check_us"] <= 0.01 * r["round_trip_us"])
+        _row(rows, "stop_requested check vs sync_params, %dK float32" % (r["params"] // 1000),
+             "%.2f µs (%.4fx)" % (r["check_us"], r["check_us"] / r["sync_us"]),
+             "%.0f µs" % r["sync_us"], None, "", None)
     if "scaling" in results:
         s = results["scaling"]["rows"]
-        for name, target in (("1 worker", 0.98), ("2 workers", 1.9)):
+        for name, target in (("1 worker", 0.98), ("2 workers", None)):
             _row(rows, "scaling: %s vs Normal, wall time" % name, "%.2f s" % s[name]["seconds"],
-                 "%.2f s" % s["normal"]["seconds"], s[name]["speedup"], "≥ %.2fx" % target,
-                 s[name]["speedup"] >= target)
+                 "%.2f s" % s["normal"]["seconds"], s[name]["speedup"],
+                 "≥ %.2fx" % target if target else "",
+                 s[name]["speedup"] >= target if target else None)
             _row(rows, "scaling: %s vs Normal, CPU time of the slowest process" % name,
                  "%.2f s" % s[name]["cpu_seconds"], "%.2f s" % s["normal"]["cpu_seconds"],
                  s["normal"]["cpu_seconds"] / s[name]["cpu_seconds"], "", None)
@@ -173,12 +175,13 @@ def table(results):
         _row(rows, "scaling: 2 independent processes (no platoon) vs Normal: the machine's "
              "ceiling", "%.2f s" % ceiling["seconds"], "%.2f s" % s["normal"]["seconds"],
              ceiling["speedup"], "", None)
+        ratio = ceiling["seconds"] / s["2 workers"]["seconds"]
         _row(rows, "scaling: 2 workers vs that ceiling", "%.2f s" % s["2 workers"]["seconds"],
-             "%.2f s" % ceiling["seconds"], ceiling["seconds"] / s["2 workers"]["seconds"],
-             "", None)
+             "%.2f s" % ceiling["seconds"], ratio, "≥ 0.95x", ratio >= 0.95)
     if "accuracy" in results:
         a = results["accuracy"]
-        _row(rows, "time to %.0f%% test accuracy: 2-worker EASGD vs SGD" % (100 * a["target"]),
+        _row(rows, "time to %.0f%% test accuracy: 2-worker EASGD vs SGD, median of %d seeds"
+             % (100 * a["target"], len(a["sgd"]["runs"])),
              "%.2f s" % a["easgd_2"]["seconds"], "%.2f s" % a["sgd"]["seconds"],
              a["speedup"], "", None)
     return rows
@@ -191,19 +194,40 @@ def markdown(results, meta):
     if "scaling" in results:
         s = results["scaling"]
         rows = s["rows"]
-        columns = ("normal", "1 worker", "2 workers", "2 independent processes")
-        lines += ["", "Scaling, digits MLP %s, %d minibatches of %d in all, sync every %d:" % (
-            "-".join(map(str, bench_training.SIZES)), s["minibatches"], bench_training.BATCH,
-            s["sync_every"]), "",
-            "| | Normal | 1 worker | 2 workers | 2 independent processes |",
-            "|---|---|---|---|---|",
-            "| wall time | %s |" % " | ".join("%.2f s" % rows[k]["seconds"] for k in columns),
-            "| speedup | %s |" % " | ".join("%.2fx" % rows[k]["speedup"] for k in columns),
-            "| CPU time of the slowest process | %s |" % " | ".join(
-                "%.2f s" % rows[k]["cpu_seconds"] for k in columns)]
-    lines += ["", "Machine: %s, %d cores; load average %.2f at start, %.2f at end; "
-              "suite ran in %.0f s." % (meta["cpu"], meta["cores"], meta["load_start"],
-                                        meta["load_end"], meta["seconds"])]
+        columns = [name for name, _, _ in bench_training.COLUMNS]
+        lines += ["", "Scaling, digits MLP %s, %d minibatches of %d in all, sync every %d; "
+                  "the columns alternated for %d rounds, each column's best round:" % (
+                      "-".join(map(str, bench_training.SIZES)), s["minibatches"],
+                      bench_training.BATCH, s["sync_every"], s["rounds"]), "",
+                  "| | Normal | 1 worker | 2 workers | 2 independent processes |",
+                  "|---|---|---|---|---|"]
+
+        def line(label, fmt, key, scale=1.0):
+            return "| %s | %s |" % (label, " | ".join(fmt % (rows[k][key] * scale)
+                                                      for k in columns))
+        lines += [line("wall time", "%.2f s", "seconds"),
+                  line("speedup", "%.2fx", "speedup"),
+                  line("CPU time of the slowest process", "%.2f s", "cpu_seconds"),
+                  line("its time in sync_params", "%.0f ms", "sync_seconds", 1e3),
+                  line("its time in control requests", "%.0f ms", "request_seconds", 1e3),
+                  line("its time waiting for locks", "%.0f ms", "lock_wait_seconds", 1e3),
+                  "| wall time less those | %s |" % " | ".join(
+                      "%.2f s" % (rows[k]["seconds"] - rows[k]["sync_seconds"]
+                                  - rows[k]["request_seconds"] - rows[k]["lock_wait_seconds"])
+                      for k in columns),
+                  line("first to last end", "%.0f ms", "end_spread_seconds", 1e3),
+                  "| wall time of every round | %s |" % " | ".join(
+                      ", ".join("%.2f" % t for t in s["runs"][k]) for k in columns)]
+    command = "python -m benchmarks" + (" --quick" if meta.get("quick") else "")
+    if set(meta.get("benchmarks", NAMES)) != set(NAMES):
+        command += " --only " + ",".join(meta["benchmarks"])
+    lines += ["", "`%s` at commit %s, %s; %s, %d cores; load average %.2f "
+              "at start, %.2f at end; the run took %.0f s%s." % (
+                  command, meta.get("commit", "unknown"),
+                  meta.get("date", "unknown date"), meta["cpu"], meta["cores"],
+                  meta["load_start"], meta["load_end"], meta["seconds"], " (%s)" % ", ".join(
+                      "%s %.0f s" % item for item in meta["section_seconds"].items())
+                  if meta.get("section_seconds") else "")]
     return "\n".join(lines) + "\n"
 
 
@@ -211,26 +235,47 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split(
         "\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller, shorter runs (smoke test)")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"),
-                        help="directory for latest.json and latest.md")
-    parser.add_argument("--only", default=",".join(NAMES), help="comma-separated subset")
+    parser.add_argument("--only", default=",".join(NAMES), metavar="NAMES",
+                        help="comma-separated subset of " + ",".join(NAMES))
+    parser.add_argument("--out", metavar="DIR", help="write latest.json and latest.md into DIR "
+                        "(without it, only a full run writes them: the record in "
+                        "benchmarks/results, rendered into docs/performance.md too)")
+    parser.add_argument("--render", metavar="FILE", help="print the Markdown of a record")
+    parser.add_argument("--write-docs", metavar="FILE", nargs="?", const=record.LATEST_JSON,
+                        help="render a record (default benchmarks/results/latest.json) into "
+                        "latest.md and docs/performance.md")
     args = parser.parse_args(argv)
+    if args.render:
+        print(markdown(*record.load(args.render)), end="")
+        return
+    if args.write_docs:
+        text = markdown(*record.load(args.write_docs))
+        record.write_markdown(text)
+        record.write_docs(text)
+        print(text, end="")
+        return
     names = [n for n in args.only.split(",") if n]
     unknown = set(names) - set(NAMES)
     if unknown:
         parser.error("unknown benchmark(s) %s; choose from %s" % (", ".join(sorted(unknown)),
                                                                    ", ".join(NAMES)))
-    started = time.monotonic()
-    load_start = os.getloadavg()[0]
-    results = measure(names, args.quick, lambda text: print("..", text, flush=True))
-    meta = {"cpu": _cpu_model(), "cores": os.cpu_count(), "load_start": load_start,
-            "load_end": os.getloadavg()[0], "seconds": time.monotonic() - started,
-            "quick": args.quick, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    full = not args.quick and set(names) == set(NAMES)
+    meta = record.start_meta(names, args.quick)
+    results, meta["section_seconds"] = {}, {}
+    for name in names:  # one at a time, to record how long each takes
+        started = time.monotonic()
+        results.update(measure([name], args.quick, record.log))
+        meta["section_seconds"][name] = time.monotonic() - started
+    meta = record.finish_meta(meta)
     text = markdown(results, meta)
     print()
-    print(text)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "latest.json"), "w") as f:
-        json.dump({"meta": meta, "results": results}, f, indent=1)
-    with open(os.path.join(args.out, "latest.md"), "w") as f:
-        f.write(text)
+    print(text, end="")
+    if args.out:
+        record.save(os.path.join(args.out, "latest.json"), results, meta)
+        record.write_markdown(text, os.path.join(args.out, "latest.md"))
+    elif full:
+        record.save(record.LATEST_JSON, results, meta)
+        record.write_markdown(text)
+        record.write_docs(text)
+        print("\nwrote %s, %s and the table in %s" % tuple(
+            os.path.relpath(p) for p in (record.LATEST_JSON, record.LATEST_MD, record.DOCS)))

@@ -17,8 +17,9 @@ __all__ = [
     "Controller", "Worker", "ParamSyncRule", "EASGD", "ASGD", "SyncHandle", "SyncStats",
     "PlatoonError", "ControllerTimeout", "LockTimeout", "ServeTimeout", "MinibatchTimeout",
     "ProtocolError", "RemoteError", "LayoutMismatch", "PortInUse", "WorkerDied",
-    "ControllerGone", "SyncTimeout", "CheckpointError",
-    "Downpour", "SGD", "Adam", "average_gradients", "shard",
+    "ControllerGone", "SyncTimeout", "CheckpointError", "StopRequested",
+    "Downpour", "SGD", "Adam", "average_gradients", "shard", "DiLoCo", "DelayedNesterov",
+    "PeriodicSync",
 ]
 
 # Where each public name lives.
@@ -28,15 +29,17 @@ _HOMES = {
     "SyncHandle": "exchange", "SyncStats": "exchange",
     "average_gradients": "collectives", "shard": "sharding",
     "Downpour": "downpour", "SGD": "downpour", "Adam": "downpour",
+    "DiLoCo": "diloco", "DelayedNesterov": "diloco",
+    "PeriodicSync": "torch_sync",  # imports torch, so only when used
 }
 _HOMES.update((name, "errors") for name in __all__ if name not in _HOMES)
 
 # Submodules reachable as attributes of the package (as when it imported them eagerly).
 _SUBMODULES = frozenset((
     "adapters", "channel", "checkpoint", "child", "collectives", "controller", "cuda",
-    "downpour", "environment", "errors", "exchange", "launcher", "logthrottle", "mpi",
-    "param_sync", "peers", "process", "protocol", "reaper", "resources", "rules", "security",
-    "sharding", "shmem", "supervision", "worker"))
+    "device", "diloco", "downpour", "environment", "errors", "exchange", "launcher",
+    "logthrottle", "mpi", "param_sync", "peers", "process", "protocol", "reaper", "resources",
+    "rules", "security", "sharding", "shmem", "stopsignal", "supervision", "torch_sync", "worker"))
 
 
 def __getattr__(name):

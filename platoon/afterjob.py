@@ -14,7 +14,8 @@ log = logging.getLogger("platoon.controller")  # the controller's log: users fil
 
 class AfterJobReplies:
     """Answers every request on the control socket `sock` that job `job_id` has ended
-    (DONE is simply accepted), on a thread of its own, from `start` until `stop`."""
+    (DONE is simply accepted, and so is a stop request: the job has stopped), on a thread
+    of its own, from `start` until `stop`."""
 
     def __init__(self, sock, job_id: str):
         self._sock = sock
@@ -57,6 +58,9 @@ class AfterJobReplies:
                 seq = request.seq if request is not None else None
                 if request is not None and request.req == protocol.DONE:
                     reply = protocol.encode_reply(seq, None)
+                elif request is not None and request.req == protocol.STOP:  # harmless: ended
+                    reply = protocol.encode_reply(seq, {"stop": True, "by": None,
+                                                        "reason": "the job has ended"})
                 else:
                     reply = protocol.encode_error(seq, "JobEnded", message)
                 sock.send_multipart(envelope + [reply])

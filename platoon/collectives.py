@@ -19,7 +19,7 @@ import weakref
 
 import numpy as np
 
-from . import protocol
+from . import adapters, protocol
 from .checkpoint import load_states
 from .deprecation import renamed_keywords
 from .errors import ControllerTimeout, PlatoonError, ProtocolError
@@ -330,16 +330,20 @@ class WorkerCollectives:
 def average_gradients(worker, grads, *, timeout_s=None):
     """Synchronous data-parallel SGD: replace each array in `grads` by its mean over all workers.
 
-    Arrays of one dtype travel together in one all_reduce. Call it every step on
-    every worker, after the backward pass, before the optimizer step. Returns
-    `grads`. `timeout_s` bounds each all_reduce (None: forever). Raises as
+    `grads` are numpy arrays or torch tensors (CPU tensors are reduced in place
+    through numpy views; CUDA tensors are copied to host and back), or a torch
+    ``nn.Module``, whose parameters' ``.grad`` are averaged (every parameter
+    that requires a gradient must have one: call ``backward()`` first). Arrays
+    of one dtype travel together in one all_reduce. Call it every step on every
+    worker, after the backward pass, before the optimizer step. Returns
+    `grads` (the list of gradients for a module). `timeout_s` bounds each
+    all_reduce (None: forever). Raises TypeError for other arrays, and as
     `Worker.all_reduce`.
     """
-    grads = list(grads)
+    grads = _gradients_of(grads)
+    arrays, install = adapters.host_arrays(grads)
     by_dtype = {}
-    for g in grads:
-        if not isinstance(g, np.ndarray) or not g.flags.writeable:
-            raise TypeError("average_gradients needs writable numpy arrays, got %r" % type(g))
+    for g in arrays:
         by_dtype.setdefault(g.dtype, []).append(g)
     for dtype, group in by_dtype.items():
         flat = np.concatenate([g.reshape(-1) for g in group]) if len(group) > 1 \
@@ -349,7 +353,22 @@ def average_gradients(worker, grads, *, timeout_s=None):
         for g in group:
             g[...] = flat[pos:pos + g.size].reshape(g.shape)
             pos += g.size
+    install()
     return grads
+
+
+def _gradients_of(grads):
+    """The list of arrays `grads`, or the gradients of a torch module's parameters."""
+    if adapters._framework(grads) == "torch" and hasattr(grads, "parameters"):  # nn.Module
+        found = []
+        for name, p in grads.named_parameters():
+            if p.requires_grad:
+                if p.grad is None:
+                    raise TypeError("parameter %s has no gradient; call backward() before "
+                                    "average_gradients(), on every worker" % name)
+                found.append(p.grad)
+        return found
+    return list(grads)
 
 
 __all__ = ["OPS", "NodeCollectives", "average_gradients", "check_op", "create_segment"]

@@ -37,6 +37,7 @@ from .process import announce, exit_on_sigterm as _exit_on_sigterm, raise_system
 from .resources import Resources
 from .shmem import SharedCentre, remove_stale_segments
 from .status import Progress
+from .stopsignal import CONTROLLER, JobStop
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,8 @@ class Controller:
                                     config.keys_file)
         self._collectives = NodeCollectives(self)
         self._collectives_finalizer = weakref.finalize(self, self._collectives.close)
+        self._job_stop = JobStop(self.job_id)
+        self._job_stop_finalizer = weakref.finalize(self, self._job_stop.close)
         self._checkpointer = Checkpointer(me, self._collectives, config.checkpoint_path,
                                           config.checkpoint_every_s, checkpoint_lock_timeout_s)
         self.node_link = node_link  # a platoon.mpi.NodeLink when the job spans nodes
@@ -155,7 +158,7 @@ class Controller:
         self._control = sock
         self._requests = RequestDispatcher(
             weakref.proxy(self), sock, registry=self._registry, rendezvous=self._rendezvous,
-            collectives=self._collectives, progress=self._progress)
+            collectives=self._collectives, progress=self._progress, stop=self._job_stop)
         self._after_job = AfterJobReplies(sock, self.job_id)
         self._res.stoppers.append(self._after_job.stop)
         log.info("controller of job %s listening on %s", self.job_id, self.control_address)
@@ -174,6 +177,8 @@ class Controller:
         sock, self.data_port, self.data_address = self._endpoints.listen(
             port, "data", MinibatchChannel.SOCKET_OPTIONS)
         self._mb = MinibatchChannel(sock, hwm, self._registry, self.data_address)
+        self._mb.stopped = self._job_stop.message  # send_mb raises StopRequested after a stop
+        self._job_stop.listeners.append(self._mb.wake)
         self._data = sock
         return self.data_port
 
@@ -200,6 +205,31 @@ class Controller:
         `serve`, outside request handling, so what it raises ends `serve`.
         """
         raise WorkerDied(describe_death(worker_id, exit_info))
+
+    # -- stopping --
+
+    def request_stop(self, reason: Optional[str] = None) -> None:
+        """Ask every worker of the job to stop (see `Worker.stop_requested`), saying why.
+
+        Workers see it at once, through shared memory; `serve` goes on answering until
+        they have all left, then returns normally. Safe from any thread, and at any
+        time: a second request keeps the first reason, one after the job ended does
+        nothing. In a multi-node job the other nodes' workers see it within about
+        `liveness_interval_s`.
+        """
+        if reason is not None and not isinstance(reason, str):
+            raise TypeError("reason must be a string or None, got %r" % (reason,))
+        self._job_stop.request(CONTROLLER, reason)
+
+    @property
+    def stop_requested(self) -> bool:
+        """True once a stop was requested, by the controller or a worker."""
+        return self._job_stop.requested
+
+    @property
+    def stop_reason(self) -> Optional[str]:
+        """The reason given with the first stop request (None if none was given)."""
+        return self._job_stop.reason
 
     # -- state --
 
@@ -316,6 +346,7 @@ class Controller:
                         "serve() timed out after %.3g s with %d worker(s) registered, %d done"
                         % (timeout_s, len(self._registry), len(self.departed_workers())))
             if self.node_link is not None:
+                self._share_stop()  # this node's stop, if any, before it waits for the others
                 self.node_link.finish()  # waits for the other nodes to be done too
             self._after_job.start(len(self._registry))
         finally:
@@ -327,14 +358,21 @@ class Controller:
                 self._progress.write(force=True)
                 restore()
 
+    def _share_stop(self) -> None:
+        """Multi-node jobs: send this node's stop to the other nodes, take theirs."""
+        share = getattr(self.node_link, "share_stop", None)
+        if share is not None:
+            share(self._job_stop)
+
     def _tick(self, now: float) -> None:
         """Periodic duties while serving: watch local workers' pids, give up on overdue
-        replacements, checkpoint."""
+        replacements, share the stop signal with other nodes, checkpoint."""
         self._next_tick = now + self.liveness_interval_s
         self._requests.warnings.flush(expired_only=True)
         if self._progress.pending:
             self._progress.write(force=True)
         self._registry.check_liveness()
+        self._share_stop()
         if self._registry.give_up_overdue(now):
             self._rendezvous.release_barrier()
         self._checkpointer.tick(now)
@@ -373,7 +411,9 @@ class Controller:
         held by a worker that fails (dies, or closes with an error) and those a
         worker prefetched but never took are re-sent, before this one, to the next
         workers that ask: delivery is at least once. With copy=False the arrays are
-        sent without a copy and must not be modified afterwards.
+        sent without a copy and must not be modified afterwards. Raises StopRequested
+        once a stop of the job was requested (at once, also while waiting): no worker
+        asks any more.
         """
         return self._channel("send_mb").send_mb(arrays, timeout_s, copy)
 
@@ -381,7 +421,8 @@ class Controller:
     def flush_mb(self, timeout_s: Optional[float] = None) -> None:
         """Wait until every minibatch sent is acknowledged (its worker asked for the next
         one, or left), re-sending those of workers that failed. Call it after the last
-        `send_mb`. Raises MinibatchTimeout after `timeout_s` seconds (None: no limit)."""
+        `send_mb`. Raises MinibatchTimeout after `timeout_s` seconds (None: no limit),
+        StopRequested once a stop of the job was requested."""
         self._channel("flush_mb").flush_mb(timeout_s)
 
     @property
@@ -403,6 +444,7 @@ class Controller:
         if self._mb is not None:
             self._mb.close()
         self._collectives_finalizer()
+        self._job_stop_finalizer()
         self._finalizer()
         self._endpoints.close()
 

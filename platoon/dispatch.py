@@ -27,11 +27,12 @@ class RequestDispatcher:
 
     From `ctl` it reads `handle_control`, `job_id`, `num_workers`, `node_link`,
     `transport`, `control_port` and `max_request_bytes`; the parts handle the
-    reserved requests.
+    reserved requests, `stop` (a JobStop) the stop signal's.
     """
 
-    def __init__(self, ctl, sock, *, registry, rendezvous, collectives, progress):
+    def __init__(self, ctl, sock, *, registry, rendezvous, collectives, progress, stop=None):
         self._ctl = ctl
+        self._job_stop = stop  # a platoon.stopsignal.JobStop
         self._sock = sock
         self._registry = registry
         self._rendezvous = rendezvous
@@ -39,7 +40,7 @@ class RequestDispatcher:
         self._progress = progress
         self._rcvtimeo = None  # the socket's receive timeout, in ms, while serving
         self.warnings = ThrottledLog(log)  # bad requests: a few lines, then a count
-        self._reserved = {  # handler(envelope, request, record, identity frame)
+        self._reserved = {  # handler(envelope, request, record, request frame: its Peer-Address)
             protocol.REGISTER: self._register,
             protocol.INIT_PARAMS: self._init_params,
             protocol.PARAMS_READY: self._params_ready,
@@ -51,6 +52,7 @@ class RequestDispatcher:
             protocol.ALLREDUCE_CANCEL: self._all_reduce_cancel,
             protocol.ALLREDUCE_SETUP: self._all_reduce_setup,
             protocol.INIT_STATE: self._init_state,
+            protocol.STOP: self._stop,
         }
 
     # -- replies --
@@ -80,24 +82,23 @@ class RequestDispatcher:
         if self._rcvtimeo is None or not wait_ms - 50 <= self._rcvtimeo <= wait_ms:
             self._sock.rcvtimeo = self._rcvtimeo = wait_ms
         try:
-            first = self._sock.recv(copy=False)
+            identity = self._sock.recv()  # a ROUTER's first frame: the peer (bytes: no Frame)
         except zmq.Again:
             return
-        self.serve_one(first)
+        self.serve_one(identity)
 
     def stop_waiting(self) -> None:
         """Make the socket's receives block again (serving has stopped)."""
         self._sock.rcvtimeo = -1
         self._rcvtimeo = None
 
-    def serve_one(self, first: zmq.Frame) -> None:
-        """Read the rest of the request whose first frame is `first`, handle it, reply."""
+    def serve_one(self, identity: bytes) -> None:
+        """Read the rest of the request from the peer `identity` (the message's first frame),
+        handle it, reply."""
         sock = self._sock
-        frames = [first]
-        while frames[-1].more:
-            frames.append(sock.recv(copy=False))
-        identity = frames[0].bytes
-        body = frames[1:]
+        body = [sock.recv(copy=False)]  # a ROUTER gives at least one frame after the identity
+        while body[-1].more:
+            body.append(sock.recv(copy=False))
         envelope = [identity]
         if len(body) >= 2 and len(body[0]) == 0:  # a REQ client's empty delimiter
             envelope.append(b"")
@@ -106,7 +107,7 @@ class RequestDispatcher:
             self.fail(envelope, None, ProtocolError(
                 "expected one request frame, got %d; send a single JSON object" % len(body)))
             return
-        payload = body[0].buffer
+        payload = body[0].bytes  # (bytes: what the JSON decoder reads)
         try:
             request = protocol.decode_request(payload, self._ctl.max_request_bytes)
         except ProtocolError as exc:
@@ -114,7 +115,7 @@ class RequestDispatcher:
             self.fail(envelope, protocol.peek_seq(payload), exc)
             return
         try:
-            self._dispatch(envelope, request, frames[0])
+            self._dispatch(envelope, request, body[0])  # (its Peer-Address too)
         except (PlatoonError, ValueError, TypeError) as exc:
             self.warnings.warning("rejected-request", "request %.80r rejected: %s",
                                   request.req, exc)
@@ -123,7 +124,7 @@ class RequestDispatcher:
             log.exception("request %r failed in the controller", request.req)
             self.fail(envelope, request.seq, exc)
 
-    def _dispatch(self, envelope, request, identity_frame):
+    def _dispatch(self, envelope, request, frame):
         record = self._registry.by_identity(envelope[0])
         if request.req != protocol.REGISTER:
             if record is None:
@@ -143,7 +144,7 @@ class RequestDispatcher:
             raise ProtocolError("unknown reserved request %r; names starting with %r belong to "
                                 "platoon, pick another name" % (request.req,
                                                                 protocol.RESERVED_PREFIX))
-        handler(envelope, request, record, identity_frame)
+        handler(envelope, request, record, frame)
 
     def _user_request(self, envelope, request, record: WorkerRecord):
         wid = record.worker_id
@@ -164,11 +165,11 @@ class RequestDispatcher:
 
     # -- reserved requests --
 
-    def _register(self, envelope, request, record, identity_frame):
+    def _register(self, envelope, request, record, frame):
         """A worker's registration (or, with its token, its return after a reconnect)."""
         info = request.req_info if isinstance(request.req_info, dict) else {}
         ctl = self._ctl
-        record, new = self._registry.register(envelope[0], info, identity_frame,
+        record, new = self._registry.register(envelope[0], info, frame,
                                               ctl.transport, ctl.control_port)
         if new:
             self._rendezvous.worker_registered(record.worker_id)
@@ -179,6 +180,8 @@ class RequestDispatcher:
                  "token": record.token, "max_request_bytes": ctl.max_request_bytes}
         if ctl.node_link is not None:
             reply.update(ctl.node_link.topology(record.worker_id))
+        if self._job_stop is not None:
+            reply["stop_segment"] = self._job_stop.open()
         self.reply(envelope, request.seq, reply)
 
     def _init_params(self, envelope, request, record, _):
@@ -220,3 +223,18 @@ class RequestDispatcher:
 
     def _init_state(self, envelope, request, record, _):
         self.reply(envelope, request.seq, self._collectives.state(request.req_info))
+
+    def _stop(self, envelope, request, record, _):
+        """``platoon-stop`` {request, reason}: ask for the job to stop, or just read whether it
+        must; the reply is {stop, by, reason}."""
+        info = request.req_info if isinstance(request.req_info, dict) else {}
+        reason = info.get("reason")
+        if reason is not None and not isinstance(reason, str):
+            raise ProtocolError("platoon-stop: reason must be a string or null, got %s"
+                                % type(reason).__name__)
+        job_stop = self._job_stop
+        if job_stop is None:
+            raise PlatoonError("this controller has no stop signal")
+        if info.get("request"):
+            job_stop.request(record.worker_id, reason)
+        self.reply(envelope, request.seq, job_stop.state())

@@ -11,9 +11,11 @@ centre's lock, so state and centre change together.
 
 With an elementwise optimizer (SGD, with or without momentum) Downpour is
 elementwise too: it syncs stripe by stripe, each under its stripe's lock with
-the optimizer state sliced alike, in cache-sized blocks with preallocated
-scratch, and supports `Worker.start_sync`. The result is bit-for-bit that of
-the whole-parameter formulas. Adam is not elementwise (its step count is per
+the optimizer state sliced alike, and supports `Worker.start_sync`. With `SGD`
+on C-contiguous float32 or float64 it runs a compiled one-pass kernel
+(`platoon.kernels`); otherwise the optimizer's `apply_block` in cache-sized
+blocks with preallocated scratch. The result is bit-for-bit that of the
+whole-parameter formulas either way. Adam is not elementwise (its step count is per
 parameter, and a sync of one parameter may interleave stripe by stripe with
 another worker's), so Downpour(Adam) keeps one lock around the whole centre.
 
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from . import kernels
 from .rules import ParamSyncRule, _require_float
 
 if TYPE_CHECKING:
@@ -175,11 +178,16 @@ class Downpour(ParamSyncRule):
                 for j in range(per_param)]
 
     def _descend(self, index, start, src, central, take):
-        """Apply g = last - src to central[start:...] block by block; last (and src when
-        `take`) become the new centre."""
+        """Apply g = last - src to central[start:...]; last (and src when `take`) become
+        the new centre. In one pass for SGD (platoon.kernels), else block by block."""
         n = src.size
         last = self._last[index].reshape(-1)[start:start + n]
         state = self._state_blocks(index, start, n)
+        opt = self.optimizer
+        if type(opt) is SGD and len(state) == (1 if opt.momentum else 0) and kernels.sgd(
+                src, central, last, state[0] if state else None, opt.lr, opt.momentum,
+                opt.nesterov, take):
+            return
         k = len(state)
         extra = self.__dict__.setdefault("_extra", {})
         scratch = extra.get(src.dtype)
@@ -205,8 +213,9 @@ class Downpour(ParamSyncRule):
     def pull(self, index: int, start: int, local: np.ndarray, snapshot: np.ndarray) -> None:
         # x = c_new + (x - x_snap): exactly c_new when x did not move
         last = self._last[index].reshape(-1)[start:start + local.size]
-        local -= snapshot
-        local += last
+        if not kernels.take_pull(local, snapshot, last):
+            local -= snapshot
+            local += last
 
     def update(self, index: int, local: np.ndarray, central: np.ndarray) -> None:
         if self.elementwise and local.flags.c_contiguous and central.flags.c_contiguous:

@@ -73,3 +73,9 @@ class WorkerDied(PlatoonError, RuntimeError):
 
 class ControllerGone(PlatoonError, ConnectionError):
     """The controller process has exited; the worker cannot go on."""
+
+
+class StopRequested(PlatoonError):
+    """A stop of the job was requested (`Worker.request_stop`, `Controller.request_stop`);
+    raised by `Worker.recv_mb` instead of waiting for minibatches that will not come.
+    A ``with Worker()`` block left through it closes the worker as done, not failed."""

@@ -21,7 +21,7 @@ import time
 import zmq
 
 from . import protocol
-from .errors import MinibatchTimeout, ProtocolError
+from .errors import MinibatchTimeout, ProtocolError, StopRequested
 from .logthrottle import ThrottledLog
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,7 @@ class MinibatchChannel:
     # Unroutable sends raise instead of vanishing; the workers' credit (at most hwm each)
     # bounds the queue; requests are small, so a peer sending more is dropped.
     SOCKET_OPTIONS = {zmq.ROUTER_MANDATORY: 1, zmq.SNDHWM: 0, zmq.MAXMSGSIZE: 4096}
+    DRAIN_EVERY = 8
 
     def __init__(self, sock, hwm, workers, address):
         self._lock = threading.Lock()  # one sending thread at a time
@@ -67,6 +68,8 @@ class MinibatchChannel:
         self.resend = collections.deque()  # frames of minibatches to deliver again, first
         self.left = collections.deque()  # (token, failed) of workers that left: serve thread
         self.resent = 0  # minibatches re-sent so far
+        self._sends_undrained = 0  # sends since the socket was last read
+        self.stopped = None  # a callable: a message once the job's stop was requested, else None
         self._warnings = ThrottledLog(log)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -80,6 +83,10 @@ class MinibatchChannel:
     def worker_left(self, token, failed):
         """Worker with registration `token` is done (`failed`: it died or failed)."""
         self.left.append((token, failed))
+        self.wake()
+
+    def wake(self):
+        """Make a sending thread waiting for a request look again (a stop was requested)."""
         try:
             os.write(self._wake_w, b"!")
         except OSError:  # full (a wake-up is pending anyway) or closed
@@ -89,7 +96,9 @@ class MinibatchChannel:
 
     def send_mb(self, arrays, timeout_s, copy):
         """Encode `arrays` and deliver them (see `Controller.send_mb`); the taker's id."""
-        frames = [zmq.Frame(f, copy=copy) for f in protocol.encode_minibatch(arrays)]
+        # With copy, one packed frame (a single copy); without, packed only when small
+        # (ZeroMQ copies small frames anyway), else views of the arrays.
+        frames = protocol.encode_minibatch(arrays, pack=True if copy else None)
         with self._lock:
             taker = self.deliver(frames, _deadline(timeout_s))
         if taker is None:
@@ -109,7 +118,12 @@ class MinibatchChannel:
     def deliver(self, frames, deadline):
         """Send `frames` to the next worker that asks; its id, or None at `deadline`."""
         while True:
-            self._drain()
+            self._check_stopped()
+            # Reading the socket's state costs about as much as a send: while workers
+            # with credit are queued, look for new requests only every DRAIN_EVERY sends.
+            self._sends_undrained += 1
+            if not self.ready or self._sends_undrained >= self.DRAIN_EVERY or self.left:
+                self._drain()
             self._send_resends()
             if not self.resend:
                 peer = self._next_ready()
@@ -124,6 +138,7 @@ class MinibatchChannel:
         """Serve requests until no minibatch is unacknowledged or waiting to be re-sent;
         returns how many still are at `deadline`."""
         while True:
+            self._check_stopped()
             self._drain()
             self._send_resends()
             held = len(self.resend) + sum(len(p.unacked) for p in self.peers.values())
@@ -140,6 +155,12 @@ class MinibatchChannel:
         self._wake_r = self._wake_w = -1
 
     # -- internals --
+
+    def _check_stopped(self):
+        stopped = self.stopped() if self.stopped is not None else None
+        if stopped is not None:
+            raise StopRequested("no more minibatches are delivered from %s: %s"
+                                % (self.address, stopped))
 
     def _wait(self, deadline):
         """Wait for a request or a worker leaving; False once `deadline` has passed."""
@@ -159,6 +180,7 @@ class MinibatchChannel:
 
     def _drain(self):
         """Handle workers that left, then every request waiting on the socket."""
+        self._sends_undrained = 0
         while self.left:
             token, failed = self.left.popleft()
             for peer in list(self.peers.values()):
@@ -241,12 +263,17 @@ class MinibatchChannel:
 
     def _send(self, peer, frames):
         """Send to `peer`; False (and the peer dropped) if its connection is gone."""
+        sock = self.sock
         try:
-            self.sock.send(peer.identity, zmq.SNDMORE)
+            sock.send(peer.identity, _SNDMORE)
         except zmq.ZMQError:  # EHOSTUNREACH: disconnected
             self._drop(peer, "disconnected")
             return False
-        self.sock.send_multipart(frames, copy=False)
+        last = len(frames) - 1
+        if last:
+            for frame in frames[:last]:
+                sock.send(frame, _SNDMORE, copy=False)  # small frames are copied, large not
+        sock.send(frames[last], 0, copy=False)
         peer.sent += 1
         peer.credit -= 1
         peer.unacked.append((peer.sent, frames))
@@ -265,6 +292,9 @@ class MinibatchChannel:
             peer.unacked.clear()
 
 
+_SNDMORE = int(zmq.SNDMORE)  # a plain int: flags are combined on every send
+
+
 def _deadline(timeout_s):
     return None if timeout_s is None else time.monotonic() + timeout_s
 
@@ -272,9 +302,17 @@ def _deadline(timeout_s):
 class MinibatchClient:
     """A worker's side of the channel: its requests, credit and acknowledgements.
 
+    The worker keeps 1 + prefetch minibatches asked for (its window). It asks again,
+    topping the window up and acknowledging every minibatch received so far, once
+    half the window has arrived, or once it has waited ACK_AFTER_MS for a minibatch:
+    one request per several minibatches while they stream, and a worker waiting
+    in `recv_mb` has acknowledged all it finished (so `flush_mb` completes).
+
     Holds no reference to the Worker, so a finalizer can say goodbye (`leave`)
     when the worker is closed or its process exits.
     """
+
+    ACK_AFTER_MS = 1  # a worker waiting this long for a minibatch acknowledges what it has
 
     def __init__(self, sock, worker_id, token, prefetch, controller_alive, address=None):
         self.sock = sock
@@ -282,48 +320,68 @@ class MinibatchClient:
         self.worker_id = worker_id
         self.token = token
         self.prefetch = prefetch
+        self.window = 1 + prefetch
+        self.refill_at = self.window // 2  # ask again once this few are on their way
         self.received = 0  # minibatch messages received: the controller numbers them alike
+        self.acked = 0  # how many of them the controller was told are finished
         self.outstanding = 0  # minibatches asked for and not yet received
         self.failed = None  # a callable: did the worker fail? (set by the Worker)
         self._controller_alive = controller_alive
 
     def ask(self):
-        """Acknowledge every minibatch received so far and keep 1 + prefetch asked for."""
-        want = 1 + self.prefetch - self.outstanding
-        if want > 0:
+        """Acknowledge every minibatch received so far and keep the window asked for."""
+        want = self.window - self.outstanding
+        if want > 0 or self.received > self.acked:
+            want = max(want, 0)
             self.sock.send(protocol.encode_mb_request(self.worker_id, self.token, self.received,
                                                       want), zmq.NOBLOCK)
+            self.acked = self.received
             self.outstanding += want
 
-    def received_one(self):
-        self.received += 1
-        self.outstanding -= 1
-
     def receive(self, recv_within, deadline, timeout_s):
-        """Ask for and receive one minibatch (see `Worker.recv_mb`); its arrays.
+        """Ask for (when due) and receive one minibatch (see `Worker.recv_mb`); its arrays.
 
         `recv_within(sock, deadline, copy)` waits for a frame until `deadline`
         (monotonic) and returns None then. Raises MinibatchTimeout, ProtocolError.
         """
-        try:
-            self.ask()
-        except zmq.Again:
-            raise MinibatchTimeout("cannot ask %s for a minibatch: the request queue is full"
-                                   % self.address) from None
-        first = recv_within(self.sock, deadline, copy=False)
-        if first is None:
-            raise MinibatchTimeout("no minibatch from %s within %.3g s"
-                                   % (self.address, timeout_s)) from None
+        sock = self.sock
+        first = None
+        if self.outstanding > self.refill_at:  # enough on their way: take one if it is here,
+            try:  # or if it comes within ACK_AFTER_MS (streaming, the next is microseconds away)
+                first = sock.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                if sock.poll(self.ACK_AFTER_MS):
+                    first = sock.recv(zmq.NOBLOCK, copy=False)
+        if first is None:  # about to wait (or the window is half empty): ask first
+            try:
+                self.ask()
+            except zmq.Again:
+                raise MinibatchTimeout("cannot ask %s for a minibatch: the request queue is "
+                                       "full" % self.address) from None
+            first = recv_within(sock, deadline, copy=False)
+            if first is None:
+                raise MinibatchTimeout("no minibatch from %s within %.3g s"
+                                       % (self.address, timeout_s)) from None
         frames = [first]
         while frames[-1].more:  # the rest of a message is there once its first frame is
-            frames.append(self.sock.recv(copy=False))
-        refusal = protocol.mb_refusal(frames)
-        if refusal is not None:
-            self.outstanding = 0
-            raise ProtocolError("the controller at %s refused worker %s's minibatch request: %s"
-                                % (self.address, self.worker_id, refusal))
+            frames.append(sock.recv(copy=False))
+        try:
+            arrays = protocol.decode_minibatch(frames)
+        except ProtocolError:
+            refusal = protocol.mb_refusal(frames)
+            if refusal is not None:
+                self.outstanding = 0
+                raise ProtocolError("the controller at %s refused worker %s's minibatch "
+                                    "request: %s" % (self.address, self.worker_id, refusal)
+                                    ) from None
+            self.received_one()  # a malformed minibatch still counts: the controller sent it
+            raise
         self.received_one()
-        return protocol.decode_minibatch(frames)
+        return arrays
+
+    def received_one(self):
+        self.received += 1
+        self.outstanding -= 1
 
     def leave(self):
         """Tell the controller this worker takes no more minibatches: those on their way

@@ -2,16 +2,20 @@
 
 A rule updates numpy arrays in place and knows nothing of sockets or locks; the
 worker calls it while holding the lock of the part of the centre it updates.
-Built-in rules walk the arrays
-in cache-sized blocks with one preallocated scratch buffer, so a sync reads and
-writes each byte of local and central parameters once, with no temporaries,
-and gives bit-for-bit the result of the plain formula.
+Built-in rules run a compiled one-pass kernel (`platoon.kernels`) on
+C-contiguous float32 and float64 arrays: it reads and writes each element of
+the local and central parameters once, and gives bit-for-bit the result of the
+plain numpy formula. Other arrays, or an install without the compiled kernels,
+take that formula in numpy, walked in cache-sized blocks with one preallocated
+scratch buffer (several passes over each block, no temporaries).
 """
 
 import warnings
 from typing import TYPE_CHECKING, Iterator, List, Sequence
 
 import numpy as np
+
+from . import kernels
 
 if TYPE_CHECKING:
     from .worker import Worker
@@ -120,7 +124,7 @@ class ParamSyncRule:
         raise NotImplementedError("%s does not support start_sync(); implement push() and "
                                   "pull(), or call sync_params()" % type(self).__name__)
 
-    # -- helpers for block-wise kernels --
+    # -- helpers for the block-wise numpy path (when platoon.kernels cannot run) --
 
     def _scratch(self, dtype: np.dtype) -> np.ndarray:
         cache = self.__dict__.setdefault("_scratch_buffers", {})
@@ -173,6 +177,8 @@ class EASGD(ParamSyncRule):
     def push(self, index: int, start: int, snapshot: np.ndarray, central: np.ndarray) -> None:
         # snapshot <- -d with d = alpha * (x_snap - c); c += d
         alpha = self.alpha
+        if kernels.easgd_push(snapshot, central, alpha):
+            return
         for s, c, _ in self._blocks(snapshot, central):
             np.subtract(s, c, out=s)
             s *= alpha
@@ -180,10 +186,13 @@ class EASGD(ParamSyncRule):
             np.negative(s, out=s)
 
     def pull(self, index: int, start: int, local: np.ndarray, snapshot: np.ndarray) -> None:
-        local += snapshot  # x - d, exactly (negation is exact)
+        if not kernels.add_into(local, snapshot):
+            local += snapshot  # x - d, exactly (negation is exact)
 
     def update(self, index: int, local: np.ndarray, central: np.ndarray) -> None:
         alpha = self.alpha
+        if kernels.easgd_update(local, central, alpha):
+            return
         if not _all_contiguous(local, central):
             diff = alpha * (local - central)
             local -= diff
@@ -215,6 +224,8 @@ class ASGD(ParamSyncRule):
     def update_range(self, index: int, start: int, local: np.ndarray,
                      central: np.ndarray) -> None:
         last = self._last[index].reshape(-1)[start:start + local.size]
+        if kernels.asgd_update(local, central, last):
+            return
         for x, c, x_last, d in self._blocks(local, central, last):
             np.subtract(x, x_last, out=d)
             c += d
@@ -224,6 +235,8 @@ class ASGD(ParamSyncRule):
     def push(self, index: int, start: int, snapshot: np.ndarray, central: np.ndarray) -> None:
         # c += x_snap - x_last; x_last = c   (snapshot kept for pull)
         last = self._last[index].reshape(-1)[start:start + snapshot.size]
+        if kernels.asgd_push(snapshot, central, last):
+            return
         for s, c, x_last, d in self._blocks(snapshot, central, last):
             np.subtract(s, x_last, out=d)
             c += d
@@ -232,11 +245,14 @@ class ASGD(ParamSyncRule):
     def pull(self, index: int, start: int, local: np.ndarray, snapshot: np.ndarray) -> None:
         # x = c_new + (x - x_snap): exactly c_new when x did not move
         last = self._last[index].reshape(-1)[start:start + local.size]
-        local -= snapshot
-        local += last
+        if not kernels.take_pull(local, snapshot, last):
+            local -= snapshot
+            local += last
 
     def update(self, index: int, local: np.ndarray, central: np.ndarray) -> None:
         last = self._last[index]
+        if kernels.asgd_update(local, central, last):
+            return
         if not _all_contiguous(local, central):
             central += local - last
             local[...] = central

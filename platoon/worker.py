@@ -10,19 +10,24 @@ import numpy as np
 import zmq
 
 from . import adapters, protocol, security
+from .checkpointing import snapshot
 from .client import ControlClient, endpoint, uncaught_error
 from .collectives import WorkerCollectives
 from .deprecation import renamed_keywords
+from .device import Device
 from .environment import JobEnvironment
-from .errors import ControllerGone, ControllerTimeout, PlatoonError
+from .errors import ControllerGone, ControllerTimeout, PlatoonError, StopRequested
 from .exchange import SyncHandle, SyncStats, share
 from .minibatches import MinibatchClient
 from .rules import ParamSyncRule
 from .resources import Resources
+from .stopsignal import StopSignal, describe
 
 log = logging.getLogger(__name__)
 
 _DEFAULT: Any = object()  # "the worker's timeout_s"
+_STOP_POLL_S = 0.1  # how often recv_mb looks at the stop signal while it waits
+_REMOTE_STOP_POLL_S = 1.0  # how often a worker without the segment asks the controller
 Port = Union[int, str, None]  # a port number or an endpoint string
 
 
@@ -32,9 +37,12 @@ class Worker:
     Connects to the controller at tcp://host:control_port (or at the endpoint
     `control_port` when it is a string, such as a controller's
     `control_address` on the ipc transport) and registers,
-    learning `worker_id` (0-based), `is_first` and `job_id`. `device` is the
+    learning `worker_id` (0-based), `is_first`, `job_id` and `num_workers` (the
+    controller's, None when it was not given one). `device` is the
     device the launcher pinned this worker to ("cuda0", "cpu"; "cpu" when run
-    by hand); a pinned GPU is the only one the process sees (cuda:0).
+    by hand), a `platoon.device.Device`: a str whose `local` is its name inside
+    the process ("cuda:0": a pinned GPU is the only one the process sees) and
+    `torch` the torch.device, as in ``model.to(w.device.local)``.
 
     Parameters:
         control_port: the controller's control port or endpoint string (None: the
@@ -64,7 +72,7 @@ class Worker:
                                  "platoon-launcher (which sets PLATOON_CONTROL_PORT)")
         self.host = host
         self.timeout_s = timeout_s
-        self.device = env.device or "cpu"
+        self.device = Device(env.device or "cpu")
         self.control_address = endpoint(host, control_port)
         self.worker_id = None
         self.is_first = False
@@ -80,6 +88,9 @@ class Worker:
         self._mb = None
         self._coll = WorkerCollectives()
         self._coll_finalizer = weakref.finalize(self, self._coll.close)
+        self._stop_signal = None  # the job's stop flag in shared memory (see request_stop)
+        self._stop_state = {"stop": False, "by": None, "reason": None}  # without it: asked
+        self._stop_asked = -float("inf")
         keys_file = keys_file or env.keys_file
         try:
             self._client = ControlClient(
@@ -90,6 +101,7 @@ class Worker:
             self.is_first = info["is_first"]
             self.job_id = info["job_id"]
             self._set_topology(info)
+            self._attach_stop_signal(info.get("stop_segment"))
             if data_port is not None:
                 self.init_mb_sock(data_port)
         except BaseException:
@@ -154,9 +166,77 @@ class Worker:
                 pass  # the controller is unreachable: nobody passes the barrier anyway
             raise
 
+    # -- stopping --
+
+    def request_stop(self, reason: Optional[str] = None) -> None:
+        """Ask every worker of the job to stop (each sees `stop_requested` turn True).
+
+        The controller records `reason` and who asked, and logs them; it keeps serving
+        until every worker has left, then the job ends normally. Asking again (here or
+        elsewhere) keeps the first reason; asking once the controller has gone does
+        nothing. Raises RemoteError/ControllerTimeout as `send_req`.
+        """
+        self._check_open()
+        if reason is not None and not isinstance(reason, str):
+            raise TypeError("reason must be a string or None, got %r" % (reason,))
+        try:
+            self._stop_state = self.send_req(protocol.STOP, {"request": True, "reason": reason})
+        except ControllerGone as exc:
+            log.info("worker %d: stop not requested, the job has ended: %s", self.worker_id, exc)
+
+    @property
+    def stop_requested(self) -> bool:
+        """True once a stop of the job was requested, by any worker or the controller.
+
+        Reads one byte of shared memory (well under a microsecond): check it as often as
+        you like, say once a minibatch. A worker on another machine than its controller
+        asks the controller instead, at most once a second.
+        """
+        signal = self._stop_signal
+        if signal is not None:
+            return signal.is_set()
+        return self._asked_stop_state()["stop"]
+
+    @property
+    def stop_reason(self) -> Optional[str]:
+        """The reason given with the first stop request (None before one, or if none
+        was given)."""
+        signal = self._stop_signal
+        if signal is not None:
+            return signal.state()[1]
+        return self._asked_stop_state()["reason"]
+
+    def _attach_stop_signal(self, name):
+        if name is None or self._client.controller_pid is None:
+            return  # no segment, or on another machine: asked by request instead
+        try:
+            self._stop_signal = signal = StopSignal.attach(name)
+        except PlatoonError as exc:
+            log.warning("worker %d: cannot map the stop signal (%s); asking the controller "
+                        "instead", self.worker_id, exc)
+            return
+        self._stop_finalizer = weakref.finalize(self, signal.close)
+
+    def _asked_stop_state(self):
+        now = time.monotonic()
+        if not self._stop_state["stop"] and not self._closed \
+                and now - self._stop_asked >= _REMOTE_STOP_POLL_S:
+            self._stop_asked = now
+            self._stop_state = self.send_req(protocol.STOP, {"request": False})
+        return self._stop_state
+
+    def _stopped(self, where):
+        by, reason = (self._stop_signal.state() if self._stop_signal is not None
+                      else (self._stop_state["by"], self._stop_state["reason"]))
+        return StopRequested("%s: %s asked job %s to stop (%s)" % (
+            where, describe(by), self.job_id, reason or "no reason given"))
+
     # -- topology and collectives (platoon.collectives, platoon.mpi) --
 
     def _set_topology(self, info):
+        # The controller's num_workers (None when it was not told): the workers sharing
+        # this centre, which rules such as DiLoCo scale by.
+        self.num_workers: Optional[int] = info.get("num_workers")
         self.local_rank = self.worker_id
         self.local_size = info.get("num_workers") or 1
         self.global_rank = info.get("global_rank", self.local_rank)
@@ -238,6 +318,18 @@ class Worker:
         """The central parameters as numpy arrays in shared memory (None before init)."""
         centre = self._res.centre
         return None if centre is None else centre.arrays
+
+    def snapshot_centre(self, timeout_s: Optional[float] = _DEFAULT) -> List[np.ndarray]:
+        """Copies of the central parameters, taken under the centre's whole lock.
+
+        A consistent snapshot: no stripe is half-updated (another worker's sync
+        may have reached some stripes and not yet others, as always). Waits at
+        most `timeout_s` seconds (default: the worker's) for the lock, else
+        LockTimeout. Raises PlatoonError before `init_shared_params`.
+        """
+        if self._res.centre is None:
+            raise PlatoonError("call init_shared_params() before snapshot_centre()")
+        return snapshot(self._res.centre, self._timeout_s(timeout_s))
 
     def sync_params(self, synchronous: bool = True, *, params: Optional[Sequence] = None
                     ) -> List[Any]:
@@ -355,14 +447,28 @@ class Worker:
         memory order and are read-only views of the received message (no copy);
         copy one to modify it. Raises MinibatchTimeout after `timeout_s` seconds
         (default: the worker's), ProtocolError for a malformed message or when the
-        controller refuses the request.
+        controller refuses the request, and StopRequested once a stop of the job was
+        requested (at once, or within 0.1 s while it waits), as no more minibatches may come.
         """
         if self._mb is None:
             raise PlatoonError("call init_mb_sock(port) (or pass data_port) before recv_mb()")
         self._check_open()
+        if self.stop_requested:
+            raise self._stopped("recv_mb")
         timeout_s = self._timeout_s(timeout_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        return self._mb.receive(self._client.recv_within, deadline, timeout_s)
+        return self._mb.receive(self._recv_unless_stopped, deadline, timeout_s)
+
+    def _recv_unless_stopped(self, sock, deadline, copy=True):
+        """`ControlClient.recv_within`, raising StopRequested when a stop is requested."""
+        recv_within = self._client.recv_within
+        while True:
+            step = time.monotonic() + _STOP_POLL_S
+            frame = recv_within(sock, step if deadline is None else min(step, deadline), copy)
+            if frame is not None or (deadline is not None and time.monotonic() >= deadline):
+                return frame
+            if self.stop_requested:
+                raise self._stopped("recv_mb")
 
     # -- teardown --
 
@@ -397,16 +503,21 @@ class Worker:
             self._local = None
             self._res.farewell = None
             self._coll_finalizer()
+            if self._stop_signal is not None:
+                self._stop_finalizer()
             self._finalizer()
 
     def __enter__(self) -> "Worker":
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None or issubclass(exc_type, ControllerGone):
+    def __exit__(self, exc_type, exc, tb) -> Optional[bool]:
+        if exc_type is None or issubclass(exc_type, (ControllerGone, StopRequested)):
             self.close()
-        else:
-            self.close(error="%s: %s" % (exc_type.__name__, exc))
+            if exc_type is not None:  # a requested stop ends the block quietly
+                return True if issubclass(exc_type, StopRequested) else None
+            return None
+        self.close(error="%s: %s" % (exc_type.__name__, exc))
+        return None
 
 
 class HeldLock:

@@ -141,6 +141,13 @@ def test_hierarchical_easgd_pulls_the_node_centres_together(mpi_job, every):
         assert abs(float(centre)) < 1e-6 and (float(centre) > 0) == (node == "0"), found
 
 
+def test_a_stop_requested_on_one_node_reaches_every_node(mpi_job):
+    job = mpi_job("stop")
+    assert job.wait(60) == 0, job.output
+    assert job.count("STOPPED target reached") == 4, job.output
+    assert not [s for s in platoon_segments() if job.job_id() in s]
+
+
 def test_workers_calling_different_collectives_get_an_error_not_a_hang(mpi_job):
     job = mpi_job("mismatch")
     assert job.wait(60) == 0, job.output

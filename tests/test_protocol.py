@@ -159,3 +159,61 @@ def test_received_minibatch_arrays_are_read_only():
         assert not got.flags.writeable
         with pytest.raises(ValueError, match="read-only"):
             got[...] = 0
+
+
+def test_small_minibatches_travel_packed_in_one_frame_large_ones_as_views():
+    arrays = [np.arange(12, dtype=np.int16).reshape(3, 4), np.asfortranarray(np.ones((2, 3))),
+              np.zeros((0, 4), np.float32), np.array(3.5), np.arange(5, dtype=">i4")]
+    packed = protocol.encode_minibatch(arrays)
+    assert len(packed) == 1 and isinstance(packed[0], bytes)
+    big = [np.arange(protocol.PACK_MAX_BYTES // 8 + 1, dtype=np.float64), np.arange(3)]
+    split = protocol.encode_minibatch(big)
+    assert len(split) == 3 and np.shares_memory(np.frombuffer(split[1]), big[0])
+    assert len(protocol.encode_minibatch(big, pack=True)) == 1
+    for frames, original in ((packed, arrays), (split, big),
+                             (protocol.encode_minibatch(big, pack=True), big)):
+        got = protocol.decode_minibatch([bytearray(f) for f in frames])
+        for a, b in zip(original, got):
+            assert a.dtype == b.dtype and a.shape == b.shape and not b.flags.writeable
+            np.testing.assert_array_equal(a, b)
+            assert b.ctypes.data % 8 == 0 or b.size == 0 or len(frames) > 1  # 8-byte aligned
+    assert got[1].dtype == np.int64
+    assert protocol.decode_minibatch(packed)[1].flags.f_contiguous
+
+
+def test_garbled_packed_minibatches_raise_only_protocol_errors():
+    rng = random.Random(7)
+    frame = protocol.encode_minibatch([np.arange(6.0).reshape(2, 3), np.arange(4)])[0]
+    with pytest.raises(ProtocolError, match="packed minibatch of %d bytes, but its header "
+                       "describes %d" % (len(frame) - 8, len(frame))):
+        protocol.decode_minibatch([frame[:-8]])
+    with pytest.raises(ProtocolError, match="packed minibatch is one frame"):
+        protocol.decode_minibatch([frame, b""])
+    with pytest.raises(ProtocolError, match="longer than its frame"):
+        protocol.decode_minibatch([frame[:4] + b"\xff\xff\x00\x00" + frame[8:]])
+    decoded = 0
+    for _ in range(3000):
+        garbled = bytearray(frame)
+        for _ in range(rng.randrange(1, 4)):
+            garbled[rng.randrange(4, len(garbled))] = rng.randrange(256)
+        if rng.random() < 0.3:
+            garbled = garbled[:rng.randrange(4, len(garbled))]
+        try:
+            arrays = protocol.decode_minibatch([bytes(garbled)])
+        except ProtocolError:
+            continue
+        decoded += 1
+        assert all(isinstance(a, np.ndarray) and not a.flags.writeable for a in arrays)
+    assert decoded > 100  # flipped data bytes still decode: only the layout is checked
+
+
+def test_minibatch_requests_round_trip_and_garbage_is_refused():
+    frame = protocol.encode_mb_request(7, "ab" * 16, 12, 9)
+    assert protocol.decode_mb_request(frame) == (7, "ab" * 16, 12, 9, False)
+    assert protocol.decode_mb_request(protocol.encode_mb_request(1, "t", 0, 0, bye=True))[4]
+    for garbage in (b"", b"junk", b'{"worker_id": 1}', frame[:10], frame + b"x" * 300,
+                    b"XXXX" + frame[4:], frame[:4] + b"\x02" + frame[5:],
+                    protocol.encode_mb_request(1, "t", 0, (1 << 20) + 1),
+                    frame[:-1] + b"\xff"):
+        with pytest.raises(ProtocolError, match="minibatch request"):
+            protocol.decode_mb_request(garbage)

@@ -22,7 +22,8 @@ log = logging.getLogger("digits")
 
 class DigitsController(Controller):
     """Early-stops on the centre's validation error (`mlp.EarlyStopping`), evaluated every
-    `eval_every` minibatches summed over the workers. Time counts from the first request."""
+    `eval_every` minibatches summed over the workers, through the job's stop signal
+    (`request_stop`: every worker sees it at once). Time counts from the first request."""
 
     def __init__(self, patience, eval_every, max_minibatches, **kwargs):
         super().__init__(**kwargs)
@@ -41,8 +42,8 @@ class DigitsController(Controller):
 
     def handle_control(self, req, worker_id, req_info):
         now = self.elapsed_s()
-        if req == "next":
-            return "stop" if self.stopping.done else "train"
+        if req == "start":
+            return None
         if req == "done":
             self.minibatches += req_info["n"]
             self.add_progress(worker_id, req_info["n"], req_info["syncs"],
@@ -62,6 +63,9 @@ class DigitsController(Controller):
         self.stopping.update(error, params, self.minibatches, now)
         log.info("%d minibatches, %.1f s: centre validation error %.4f (best %.4f)",
                  self.minibatches, now, error, self.stopping.best_error)
+        if self.stopping.done and not self.stop_requested:
+            self.request_stop("early stopping after %d minibatches: best validation error %.4f"
+                              % (self.minibatches, self.stopping.best_error))
 
 
 class Run:

@@ -1,4 +1,5 @@
-"""A digits worker: SGD on minibatches of the training set, EASGD with the centre.
+"""A digits worker: SGD on minibatches of the training set, EASGD with the centre, until the
+controller's early stopping asks the job to stop (`Worker.stop_requested`).
 
 Run by the launcher:  platoon-launcher examples/digits/digits -n 2
 """
@@ -28,7 +29,8 @@ def main():
         alpha = args.alpha if args.alpha is not None else min(0.9 / w.global_size, 1.0)
         w.init_shared_params(params, param_sync_rule=EASGD(alpha))
         print("worker %d on %s, alpha %.3g" % (w.worker_id, w.device, alpha), flush=True)
-        while w.send_req("next") == "train":
+        w.send_req("start")  # the controller's clock starts
+        while not w.stop_requested:
             for _ in range(args.sync_every):
                 idx = rng.integers(0, len(y_train), args.batch_size)
                 loss = mlp.sgd_step(params, x_train[idx], y_train[idx], args.lr)

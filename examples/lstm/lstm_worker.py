@@ -1,7 +1,10 @@
-"""An LSTM worker: a PyTorch sequence classifier trained with EASGD through the torch adapter.
+"""An LSTM worker: a PyTorch sequence classifier trained with EASGD, synced by PeriodicSync.
 
-The task, generated in code: each sequence is a noisy sine wave of one of four frequencies;
-the class is the frequency. Run by the launcher:  platoon-launcher examples/lstm/lstm -n 2
+An ordinary PyTorch training loop; the one platoon line wraps its optimizer in
+`platoon.PeriodicSync`, which syncs the model with the centre every --sync-every steps
+(in the background with --overlap). The task, generated in code: each sequence is a noisy
+sine wave of one of four frequencies; the class is the frequency.
+Run by the launcher:  platoon-launcher examples/lstm/lstm -n 2
 """
 
 import argparse
@@ -9,7 +12,7 @@ import argparse
 import torch
 from torch import nn
 
-from platoon import EASGD, Worker
+from platoon import EASGD, PeriodicSync, Worker
 
 CLASSES, LENGTH = 4, 30
 
@@ -40,15 +43,17 @@ def main():
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--sync-every", type=int, default=10)
+    parser.add_argument("--overlap", action="store_true", help="sync in the background")
     args = parser.parse_args()
 
     torch.manual_seed(0)  # every worker builds the same initial model
     model = Classifier()
     with Worker(control_port=args.port) as w:
-        device = torch.device("cuda:0" if w.device.startswith("cuda") else "cpu")
+        device = w.device.torch  # cuda:0 on the GPU the launcher pinned, else cpu
         model.to(device)
-        w.init_shared_params(model, param_sync_rule=EASGD(min(0.9 / w.global_size, 1.0)))
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        optimizer = PeriodicSync(w, model, optimizer, sync_every=args.sync_every,
+                                 rule=EASGD(min(0.9 / w.global_size, 1.0)), overlap=args.overlap)
         generator = torch.Generator().manual_seed(1000 + w.worker_id)
         x_valid, y_valid = make_batch(torch.Generator().manual_seed(7), 512)
         x_valid, y_valid = x_valid.to(device), y_valid.to(device)
@@ -59,8 +64,7 @@ def main():
                 loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
                 optimizer.zero_grad()
                 loss.backward()
-                optimizer.step()
-            w.sync_params()
+                optimizer.step()  # syncs every args.sync_every steps
             with torch.no_grad():
                 error = (model(x_valid).argmax(1) != y_valid).float().mean().item()
             w.send_req("done", {"n": args.sync_every, "syncs": w.syncs,

@@ -79,6 +79,31 @@ def _framework(obj):
     return None
 
 
+def host_arrays(arrays):
+    """Writable host numpy arrays for `arrays` (numpy arrays or torch tensors), and a function
+    that installs their values back; for collectives (`average_gradients`).
+
+    numpy arrays and CPU tensors are returned as themselves / views (the function does
+    nothing); CUDA tensors are copied to host, and back by the function. Raises TypeError
+    naming the first array that is neither, or is read-only.
+    """
+    arrays = list(arrays)
+    kinds = {_framework(a) for a in arrays}
+    if kinds <= {"numpy"}:
+        for i, a in enumerate(arrays):
+            if not a.flags.writeable:
+                raise TypeError("array %d is read-only; pass writable arrays" % i)
+        return arrays, lambda: None
+    if kinds == {"torch"}:
+        from . import torch_adapter
+        return torch_adapter.host_arrays(arrays)
+    for i, a in enumerate(arrays):
+        if _framework(a) not in ("numpy", "torch"):
+            raise TypeError("array %d is a %s.%s; pass numpy arrays or torch tensors"
+                            % (i, type(a).__module__, type(a).__name__))
+    raise TypeError("arrays mix numpy and torch; pass arrays of one framework")
+
+
 def adapt(params):
     """An Adapter for `params`: a list of arrays of one framework, or a torch nn.Module.
 

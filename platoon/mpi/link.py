@@ -7,6 +7,7 @@ import numpy as np
 
 from ..environment import JobEnvironment
 from ..errors import PlatoonError
+from ..stopsignal import OTHER_NODE
 from ._comm import abort, import_mpi, wait
 from .tie import TieThread
 
@@ -14,6 +15,7 @@ log = logging.getLogger(__name__)
 
 _MPI_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
 _AGREE_BYTES = 96
+_STOP_TAG = 57  # the stop signal's messages, on a communicator of their own
 DEFAULT_TIMEOUT_S = 1800.0
 
 
@@ -43,6 +45,9 @@ class NodeLink:
                                % MPI.Query_thread())
         self._comm = world.Dup()
         self._tie_comm = world.Dup() if tie is not None else None
+        self._stop_comm = world.Dup()
+        self._stop_sends = []  # this node's stop, on its way to the others
+        self._stop_from = set()  # ranks whose stop this node has received
         self.rank, self.size = self._comm.Get_rank(), self._comm.Get_size()
         counts = self._comm.allgather(int(num_workers))
         self.num_workers = int(num_workers)
@@ -107,6 +112,34 @@ class NodeLink:
         log.error("node %d aborts the job (exit code %d)", self.rank, code)
         abort(self._comm, code)
 
+    def share_stop(self, job_stop):
+        """Pass this node's stop (a platoon.stopsignal.JobStop) to the other nodes, once, and
+        take theirs. Called by the controller's serve thread every tick and before `finish`."""
+        if self._finished:
+            return
+        comm, MPI = self._stop_comm, self.MPI
+        status = MPI.Status()
+        while comm.Iprobe(source=MPI.ANY_SOURCE, tag=_STOP_TAG, status=status):
+            source = status.Get_source()
+            reason = comm.recv(source=source, tag=_STOP_TAG)
+            self._stop_from.add(source)
+            log.info("node %d: node %d asks the job to stop (%s)", self.rank, source, reason)
+            job_stop.request(OTHER_NODE, reason)
+        if job_stop.requested and not self._stop_from and not self._stop_sends:
+            self._stop_sends = [comm.isend(job_stop.reason, dest=r, tag=_STOP_TAG)
+                                for r in range(self.size) if r != self.rank]
+
+    def _drain_stops(self):
+        """At `finish` (every node is there): take the stops sent to this node and not yet
+        received (each was sent before its node finished), and complete this node's."""
+        sent = self._comm.allgather(bool(self._stop_sends))
+        for source, did in enumerate(sent):
+            if did and source != self.rank and source not in self._stop_from:
+                self._stop_comm.recv(source=source, tag=_STOP_TAG)
+        for request in self._stop_sends:
+            request.wait()
+        self._stop_sends = []
+
     def start(self, controller):
         """Start the centre tie (if any) for `controller`'s centre."""
         with self._start_lock:
@@ -121,6 +154,7 @@ class NodeLink:
             return
         self._finished = True
         self._agree(("done",))
+        self._drain_stops()
         if self._tie_thread is not None:
             self._tie_thread.stop()
 
@@ -131,5 +165,6 @@ class NodeLink:
         self._closed = True
         self.finish()
         self._comm.Free()
+        self._stop_comm.Free()
         if self._tie_comm is not None:
             self._tie_comm.Free()

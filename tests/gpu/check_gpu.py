@@ -16,7 +16,8 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("no CUDA GPU visible: nothing to check here")
     code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-rs",
-                            os.path.join(ROOT, "tests", "test_adapters.py")])
+                            os.path.join(ROOT, "tests", "test_adapters.py"),
+                            os.path.join(ROOT, "tests", "test_torch_sync.py")])
     code |= subprocess.call([sys.executable, "-m", "platoon.launcher",
                              os.path.join(ROOT, "examples", "lstm", "lstm"), "-D", "cuda0"])
     sys.exit(code)

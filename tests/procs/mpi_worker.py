@@ -10,6 +10,8 @@ usage: mpi_worker.py SCENARIO
   hang: prints READY; node 1's workers then stop (sleep 60 s) instead of the next all_reduce
   localfail: node 0's workers call all_reduce with different ops (its round fails there),
        node 1's agree; then everyone all_reduces ones: prints ROUND1 and ROUND2 results
+  stop: every worker syncs until it sees the stop signal, which global worker 0 requests after
+       5 syncs; prints STOPPED <reason>
 """
 
 import os
@@ -108,6 +110,15 @@ def main():
             except RemoteError:
                 say("ROUND1 error " + tag)
             say("ROUND2 %g %s" % (w.all_reduce(np.ones(3))[0], tag))
+        elif scenario == "stop":
+            params = [np.zeros(100)]
+            w.init_shared_params(params, EASGD(0.5))
+            while not w.stop_requested:
+                params[0] += 1.0
+                w.sync_params()
+                if w.global_rank == 0 and w.syncs == 5:
+                    w.request_stop("target reached")
+            say("STOPPED %s %s" % (w.stop_reason, tag))
         else:
             raise SystemExit("unknown scenario %r" % scenario)
 

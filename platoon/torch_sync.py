@@ -1,0 +1,289 @@
+"""Periodic syncing in one line of an existing PyTorch training loop: `PeriodicSync`.
+
+`PeriodicSync` wraps a ``torch.optim.Optimizer``: every `sync_every` calls of
+its `step()` it syncs the model with the job's centre under a sync rule, in
+place or, with ``overlap=True``, in the background while the next steps
+compute. Everything else (``zero_grad``, ``param_groups``, ``state_dict``,
+learning-rate schedulers) goes to the wrapped optimizer, so it drops into
+existing code. The same idea as torch's ``PostLocalSGDOptimizer`` (periodic
+model averaging) and torchft's ``DiLoCo``, with platoon's asynchronous centre.
+Imported only when ``platoon.PeriodicSync`` is first used; torch is needed then.
+"""
+
+import logging
+import warnings
+from typing import Any, Callable, Dict, List, Optional
+
+try:
+    import torch
+except ImportError as exc:  # pragma: no cover - torch is in the test extra
+    raise ImportError("platoon.PeriodicSync needs PyTorch: pip install torch (or the "
+                      "'torch' extra of platoon)") from exc
+
+from .exchange import SyncHandle
+from .rules import EASGD, ParamSyncRule
+
+log = logging.getLogger(__name__)
+
+BUFFERS = ("sync", "exclude")
+_WORKERS = object()  # "the worker's timeout_s"
+
+
+class PeriodicSync(torch.optim.Optimizer):
+    """An optimizer that also syncs `model` with the centre every `sync_every` steps.
+
+    Replace ``opt = torch.optim.SGD(model.parameters(), lr=0.1)`` by::
+
+        opt = platoon.PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                   sync_every=4, rule=platoon.EASGD(0.45))
+
+    and the loop (``opt.zero_grad(); loss.backward(); opt.step()``) stays as it
+    is. The constructor calls ``worker.init_shared_params`` on the model's
+    parameters (and floating-point buffers, see `buffers`): the first worker's
+    values initialise the centre, every other worker's model starts from it.
+
+    Parameters:
+        worker: this process's `platoon.Worker`, before `init_shared_params`.
+        model: the ``nn.Module`` trained by `optimizer`; its parameters must
+            be contiguous tensors, all on the CPU or all on one GPU.
+        optimizer: the ``torch.optim.Optimizer`` stepping the model.
+        sync_every: sync after every this many `step()` calls (>= 1).
+        rule: the sync rule (EASGD, ASGD, Downpour(...), or your own);
+            default ``EASGD(min(0.9 / worker.global_size, 1))``, the usual
+            elastic force for that many workers.
+        overlap: False: sync in `step()`, waiting for it. True: `step()` starts
+            the sync in a background thread (``Worker.start_sync``) and the
+            next steps compute meanwhile; the next sync point (or `wait`,
+            `sync`, leaving the ``with`` block) first finishes it, applying
+            its effect on top of the steps taken since. The centre receives
+            exactly what it would without overlap; the worker feels the
+            centre's pull `sync_every` steps later, so the steps in between
+            are computed from parameters not yet pulled (when the gradient
+            does not depend on the parameters, the results are the same).
+            Needs a rule with push/pull (EASGD, ASGD, Downpour(SGD)).
+        buffers: "sync" (default): floating-point buffers, such as
+            BatchNorm's running mean and variance, are shared through the
+            centre under the same rule as the parameters, so the centre is a
+            model whose statistics match its weights (as DDP broadcasts
+            buffers by default); with EASGD they are elastically averaged,
+            with ASGD/Downpour their changes reach the centre as the
+            parameters' do. Non-persistent buffers (not in the state dict)
+            are left alone. "exclude": every worker keeps its own buffers and the
+            centre holds parameters only. Integer buffers (BatchNorm's
+            ``num_batches_tracked``) cannot be averaged and are never shared:
+            each worker keeps its own count, and `centre_state_dict` takes
+            this worker's.
+
+    Raises ValueError for a bad `sync_every` or `buffers`, TypeError for a
+    `model` or `optimizer` of the wrong kind or `overlap` with a rule that
+    cannot run in the background, and as
+    ``Worker.init_shared_params``. It is a context manager: leaving the block
+    finishes a sync in flight (not after an exception: the worker's close
+    does).
+    """
+
+    def __init__(self, worker, model: "torch.nn.Module", optimizer: "torch.optim.Optimizer", *,
+                 sync_every: int, rule: Optional[ParamSyncRule] = None, overlap: bool = False,
+                 buffers: str = "sync"):
+        # Deliberately no super().__init__: param_groups and state are the inner optimizer's.
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError("PeriodicSync wraps a torch.optim.Optimizer, got %r"
+                            % type(optimizer).__name__)
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError("PeriodicSync needs the nn.Module the optimizer trains, got %r"
+                            % type(model).__name__)
+        if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
+            raise ValueError("sync_every must be an integer >= 1, got %r" % (sync_every,))
+        if buffers not in BUFFERS:
+            raise ValueError("buffers must be one of %s, got %r" % (", ".join(BUFFERS), buffers))
+        if rule is None:
+            rule = EASGD(min(0.9 / max(worker.global_size, 1), 1.0))
+        if not isinstance(rule, ParamSyncRule):
+            raise TypeError("rule must be a platoon.ParamSyncRule (such as EASGD(0.45)), got %r"
+                            % (rule,))
+        if overlap and not (rule.supports_async and rule.elementwise):
+            raise TypeError("overlap=True needs a rule that supports start_sync() (EASGD, ASGD, "
+                            "Downpour(SGD(...))); %r does not: use overlap=False" % (rule,))
+        self.optimizer = optimizer
+        self.worker = worker
+        self.model = model
+        self.sync_every = sync_every
+        self.overlap = bool(overlap)
+        self.buffers = buffers
+        self.rule = rule
+        self.steps = 0  # step() calls so far
+        self._handle: Optional[SyncHandle] = None
+        self._names, tensors = _shared_tensors(model, buffers)
+        _warn_unshared(optimizer, model)
+        worker.init_shared_params(tensors, rule)
+        log.info("worker %s: PeriodicSync of %d tensors every %d steps, %r%s", worker.worker_id,
+                 len(tensors), sync_every, rule, ", overlapped" if overlap else "")
+
+    # -- the optimizer --
+
+    # Properties, not copies: the wrapped optimizer's load_state_dict replaces its lists.
+    @property
+    def param_groups(self):  # type: ignore[override]
+        """The wrapped optimizer's parameter groups (learning rates and the rest)."""
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, groups):
+        self.optimizer.param_groups = groups
+
+    @property
+    def defaults(self):  # type: ignore[override]
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, defaults):
+        self.optimizer.defaults = defaults
+
+    @property
+    def state(self):  # type: ignore[override]
+        """The wrapped optimizer's state."""
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, state):
+        self.optimizer.state = state
+
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        """The wrapped optimizer's step (returns its result); then, every `sync_every`-th
+        call, a sync with the centre (started in the background with `overlap`, after
+        finishing the previous one)."""
+        loss = self.optimizer.step() if closure is None else self.optimizer.step(closure)
+        self.steps += 1
+        if self.steps % self.sync_every == 0:
+            if self.overlap:
+                self.wait()
+                self._handle = self.worker.start_sync()
+            else:
+                self.worker.sync_params()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        """Adds to the wrapped optimizer; only the model's tensors shared at construction
+        are synced."""
+        self.optimizer.add_param_group(param_group)
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The wrapped optimizer's state dict, with this wrapper's step count
+        (``"platoon_steps"``) so a resumed run keeps its sync phase."""
+        state = self.optimizer.state_dict()
+        state["platoon_steps"] = self.steps
+        return state
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Load into the wrapped optimizer (a plain optimizer's state dict works too)."""
+        state_dict = dict(state_dict)
+        self.steps = int(state_dict.pop("platoon_steps", self.steps))
+        self.optimizer.load_state_dict(state_dict)
+
+    def __repr__(self) -> str:
+        return "PeriodicSync(%r, sync_every=%d, rule=%r, overlap=%s, buffers=%r)" % (
+            self.optimizer, self.sync_every, self.rule, self.overlap, self.buffers)
+
+    def __getstate__(self):
+        raise TypeError("a PeriodicSync holds a live worker and cannot be pickled; save its "
+                        "state_dict() instead")
+
+    # -- syncing --
+
+    @property
+    def in_flight(self) -> bool:
+        """True while an overlapped sync has started and `wait` has not finished it."""
+        return self._handle is not None
+
+    def wait(self, timeout_s: Optional[float] = None) -> None:
+        """Finish the overlapped sync in flight, if any: its effect reaches the model.
+
+        `timeout_s` in seconds (None: forever); raises SyncTimeout if it is still
+        running then (call again), or the sync's own error.
+        """
+        handle = self._handle
+        if handle is not None:
+            handle.wait(timeout_s)
+            self._handle = None
+
+    def sync(self) -> None:
+        """Sync now, whatever the step count: finish a sync in flight, then sync in place
+        (at the end of training, say). Does not change the sync period's phase."""
+        self.wait()
+        self.worker.sync_params()
+
+    def centre_state_dict(self, timeout_s: Optional[float] = _WORKERS
+                          ) -> Dict[str, "torch.Tensor"]:
+        """A state dict of the centre model, for ``model.load_state_dict(..., strict=True)``.
+
+        The shared tensors come from one consistent snapshot of the centre
+        (`Worker.snapshot_centre`, taken under its whole lock, waiting at most
+        `timeout_s` seconds: default the worker's timeout, None forever), as tensors of the
+        model's dtypes on its devices; the rest (excluded buffers, integer
+        buffers) are copies of this worker's. A sync of this worker in flight is
+        in the centre as far as it has gone. Raises LockTimeout.
+        """
+        arrays = self.worker.snapshot_centre() if timeout_s is _WORKERS \
+            else self.worker.snapshot_centre(timeout_s)
+        centre = dict(zip(self._names, arrays))
+        state = self.model.state_dict(keep_vars=False)
+        out = {}
+        for key, value in state.items():
+            if key in centre:
+                out[key] = torch.from_numpy(centre[key]).to(device=value.device,
+                                                            dtype=value.dtype)
+            elif isinstance(value, torch.Tensor):
+                out[key] = value.detach().clone()
+            else:
+                out[key] = value
+        return out
+
+    @property
+    def shared_names(self) -> List[str]:
+        """The state-dict keys of the tensors shared through the centre, in its order."""
+        return list(self._names)
+
+    # -- context manager --
+
+    def __enter__(self) -> "PeriodicSync":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.wait()
+
+
+def _shared_tensors(model, buffers):
+    """(state-dict keys, tensors) that go through the centre: every parameter, then the
+    floating-point persistent buffers when `buffers` is "sync"."""
+    state_keys = set(model.state_dict(keep_vars=True))
+    names, tensors, seen = [], [], set()
+    for name, p in model.named_parameters():
+        names.append(name)
+        tensors.append(p)
+        seen.add(id(p))
+    if buffers == "sync":
+        for name, b in model.named_buffers():
+            # Non-persistent buffers are not model state (not in state_dict): left alone.
+            if name in state_keys and b.is_floating_point() and id(b) not in seen:
+                names.append(name)
+                tensors.append(b)
+                seen.add(id(b))
+    if not tensors:
+        raise ValueError("the model has no parameters to sync")
+    return names, tensors
+
+
+def _warn_unshared(optimizer, model):
+    shared = {id(p) for p in model.parameters()}
+    outside = sum(1 for group in optimizer.param_groups for p in group["params"]
+                  if id(p) not in shared)
+    if outside:
+        warnings.warn("the optimizer steps %d tensor(s) that are not parameters of the model; "
+                      "PeriodicSync syncs only the model's" % outside, stacklevel=3)
+
+
+__all__ = ["PeriodicSync", "BUFFERS"]

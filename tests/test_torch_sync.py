@@ -1,0 +1,469 @@
+"""PyTorch first: PeriodicSync around a torch optimizer, centre snapshots, tensor gradients,
+and Worker.device, with real controllers, workers, sockets and shared memory."""
+
+import json
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from platoon import (ASGD, EASGD, SGD, Adam, Controller, Downpour, PlatoonError, Worker,
+                     average_gradients)
+from platoon.device import Device
+
+from conftest import PROCS
+
+torch = pytest.importorskip("torch", reason="the PyTorch tests need PyTorch")
+from torch import nn  # noqa: E402
+
+from platoon import LockTimeout, PeriodicSync  # noqa: E402
+
+sys.path.insert(0, PROCS)
+from torch_sync_worker import make_model  # noqa: E402
+
+
+class Nothing(Controller):
+    def handle_control(self, req, worker_id, req_info):
+        return None
+
+
+def bn_model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 1))
+
+
+def train_step(model, opt, x, y=None):
+    opt.zero_grad()
+    out = model(x)
+    loss = nn.functional.mse_loss(out, torch.zeros_like(out) if y is None else y)
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def run_all(workers, fn, timeout=20.0):
+    """fn(worker) in one thread per worker; the results in worker order."""
+    results, errors = [None] * len(workers), []
+
+    def body(k, w):
+        try:
+            results[k] = fn(w)
+        except BaseException as exc:  # raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(k, w)) for k, w in enumerate(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        assert not t.is_alive(), "a worker is stuck"
+    if errors:
+        raise errors[0]
+    return results
+
+
+@pytest.fixture
+def one_worker(serve):
+    """A controller serving in a thread and one worker of it, in this process."""
+    ctl = Nothing(control_port=0)
+    serving = serve(ctl)
+    w = Worker(ctl.control_port, timeout_s=10)
+    yield ctl, w
+    w.close()
+    serving.join()
+
+
+# -- a real job --
+
+def test_two_worker_processes_train_and_the_centre_moves_and_loads_into_a_fresh_model(
+        serve, procs, tmp_path):
+    steps, every = 24, 4
+    ctl = Nothing(control_port=0, num_workers=2)
+    serving = serve(ctl, timeout=60)
+    out = str(tmp_path / "worker%d.json")
+    workers = [procs("torch_sync_worker.py", ctl.control_port, steps, every, out)
+               for _ in range(2)]
+    for w in workers:
+        assert w.wait(60) == 0, w.output
+    final = [a.copy() for a in ctl.centre]
+    serving.join()
+    reports = []
+    for k in range(2):
+        with open(out % k) as f:
+            reports.append(json.load(f))
+    # Worker 0 syncs in place at steps 4, 8, ...; worker 1 (overlap) finishes each sync at
+    # the next sync point, and the last one when its `with` block ends.
+    assert reports[0]["syncs"] == [s // every for s in range(1, steps + 1)]
+    assert reports[1]["syncs"] == [max(0, s // every - 1) for s in range(1, steps + 1)]
+    assert reports[0]["final_syncs"] == reports[1]["final_syncs"] == steps // every
+    initial = make_model().state_dict()
+    for k, report in enumerate(reports):
+        assert report["loss_after"] < 0.5 * report["loss_before"], report
+        assert report["centre_loss"] < 0.5 * report["loss_before"], report
+        centre = torch.load((out % k) + ".pt")
+        fresh = make_model()
+        fresh.load_state_dict(centre, strict=True)
+        # The centre is what the controller holds, parameters and BatchNorm statistics.
+        names = [n for n, _ in fresh.named_parameters()] + ["1.running_mean", "1.running_var"]
+        assert len(final) == len(names)
+        for name, array in zip(names, final):
+            np.testing.assert_array_equal(centre[name].numpy(), array)
+            assert not torch.equal(centre[name], initial[name]), name  # the centre moved
+        assert centre["1.num_batches_tracked"].item() == steps  # this worker's own count
+
+
+# -- the wrapper in this process --
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_syncs_happen_exactly_every_n_steps(one_worker, overlap):
+    _, w = one_worker
+    model = nn.Linear(3, 1)
+    opt = PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=3,
+                       rule=EASGD(0.5), overlap=overlap)
+    seen, started = [], []
+    for _ in range(10):
+        train_step(model, opt, torch.ones(2, 3))
+        seen.append(w.syncs)
+        started.append(opt.in_flight)
+    if overlap:
+        assert seen == [0, 0, 0, 0, 0, 1, 1, 1, 2, 2]
+        assert started == [False, False] + [True] * 8  # one in flight from step 3 on
+        opt.wait()
+        assert w.syncs == 3 and not opt.in_flight
+    else:
+        assert seen == [0, 0, 1, 1, 1, 2, 2, 2, 3, 3]
+        assert not any(started)
+    assert opt.steps == 10
+
+
+def run_linear_job(serve, overlap, loss_of, steps, every=4):
+    """One worker trained by PeriodicSync for `steps` steps; (final centre, parameters)."""
+    ctl = Nothing(control_port=0)
+    serving = serve(ctl)
+    torch.manual_seed(0)
+    model = nn.Linear(5, 3)
+    with Worker(ctl.control_port, timeout_s=10) as w:
+        opt = PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.1),
+                           sync_every=every, rule=EASGD(0.5), overlap=overlap)
+        x = torch.linspace(-1, 1, 10).reshape(2, 5)
+        with opt:  # leaving it finishes an overlapped sync
+            for _ in range(steps):
+                opt.zero_grad()
+                loss_of(model, x).backward()
+                opt.step()
+        centre = [c.copy() for c in ctl.centre]
+        params = [p.detach().clone().numpy() for p in model.parameters()]
+    serving.join()
+    return centre + params
+
+
+def linear(model, x):  # its gradient does not depend on the parameters
+    return model(x).sum()
+
+
+def quadratic(model, x):
+    return (model(x) ** 2).sum()
+
+
+def test_overlap_gives_the_centre_of_in_place_syncs_when_gradients_ignore_the_parameters(
+        serve):
+    for a, b in zip(run_linear_job(serve, False, linear, 4),
+                    run_linear_job(serve, True, linear, 4)):
+        np.testing.assert_array_equal(a, b)  # one sync: the same push and pull, bit for bit
+    for a, b in zip(run_linear_job(serve, False, linear, 12),
+                    run_linear_job(serve, True, linear, 12)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)  # only summation order differs
+
+
+def test_overlap_differs_when_gradients_depend_on_the_parameters(serve):
+    # The stated difference: with overlap the steps after a sync point are computed from
+    # parameters that have not yet felt the centre's pull, which comes at the next sync point.
+    for a, b in zip(run_linear_job(serve, False, quadratic, 4),
+                    run_linear_job(serve, True, quadratic, 4)):
+        np.testing.assert_array_equal(a, b)  # one sync: still the same
+    plain = run_linear_job(serve, False, quadratic, 12)
+    overlapped = run_linear_job(serve, True, quadratic, 12)
+    assert any(not np.allclose(a, b, rtol=1e-4) for a, b in zip(plain, overlapped))
+
+
+@pytest.mark.parametrize("buffers", ["sync", "exclude"])
+def test_buffers_are_synced_or_excluded(one_worker, buffers):
+    ctl, w = one_worker
+    model = bn_model()
+    opt = PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.0), sync_every=1,
+                       rule=EASGD(0.5), buffers=buffers)
+    params = [n for n, _ in model.named_parameters()]
+    bn = model[1]
+    assert opt.shared_names == params + (["1.running_mean", "1.running_var"]
+                                         if buffers == "sync" else [])
+    assert len(ctl.centre) == len(opt.shared_names)
+    x = torch.arange(12.0).reshape(4, 3)
+    opt.zero_grad()
+    model(x).sum().backward()  # the forward pass moves the running statistics
+    moved = bn.running_mean.clone()
+    assert not torch.equal(moved, torch.zeros(4))
+    opt.step()  # lr 0: only the sync changes anything
+    if buffers == "sync":
+        torch.testing.assert_close(bn.running_mean, moved / 2)  # halfway to the centre's zeros
+        np.testing.assert_allclose(ctl.centre[len(params)], (moved / 2).numpy())
+    else:
+        assert torch.equal(bn.running_mean, moved)
+    assert bn.num_batches_tracked.item() == 1  # integer buffers are never shared
+    state = opt.centre_state_dict()
+    assert state["1.num_batches_tracked"].item() == 1
+    torch.testing.assert_close(state["1.running_mean"], bn.running_mean)
+
+
+@pytest.mark.parametrize("rule", [ASGD(), Downpour(SGD(lr=1.0)), Downpour(SGD(0.5, 0.9)),
+                                  Downpour(Adam(1e-3))], ids=repr)
+def test_any_rule_syncs_through_the_wrapper(one_worker, rule):
+    ctl, w = one_worker
+    model = nn.Linear(3, 2)
+    opt = PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=2,
+                       rule=rule, overlap=rule.supports_async)
+    before = [c.copy() for c in ctl.centre]
+    with opt:
+        for _ in range(4):
+            train_step(model, opt, torch.ones(2, 3))
+    assert w.syncs == 2
+    assert all(not np.array_equal(a, b) for a, b in zip(before, ctl.centre))
+    if isinstance(rule, ASGD) or repr(rule) == repr(Downpour(SGD(lr=1.0))):
+        for p, c in zip(model.parameters(), ctl.centre):  # one worker: it is the centre
+            np.testing.assert_allclose(p.detach().numpy(), c)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible")
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_model_on_the_gpu_syncs_through_host_buffers(one_worker, overlap):
+    ctl, w = one_worker
+    model = bn_model().to("cuda")
+    opt = PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=2,
+                       rule=EASGD(0.5), overlap=overlap)
+    with opt:
+        for _ in range(4):
+            train_step(model, opt, torch.randn(4, 3, device="cuda"))
+    assert w.syncs == 2
+    state = opt.centre_state_dict()
+    assert state["0.weight"].is_cuda
+    for key, c in zip(opt.shared_names, ctl.centre):
+        np.testing.assert_array_equal(state[key].cpu().numpy(), c)
+    fresh = bn_model().to("cuda")
+    fresh.load_state_dict(state, strict=True)
+
+
+def test_overlap_needs_a_rule_that_runs_in_the_background(one_worker):
+    _, w = one_worker
+    model = nn.Linear(3, 2)
+    with pytest.raises(TypeError, match="overlap=True needs a rule"):
+        PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=2,
+                     rule=Downpour(Adam()), overlap=True)
+
+
+def test_it_drops_into_existing_code(one_worker):
+    _, w = one_worker
+    model = nn.Linear(3, 2)
+    inner = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = PeriodicSync(w, model, inner, sync_every=2)
+    assert isinstance(opt, torch.optim.Optimizer)
+    assert opt.param_groups is inner.param_groups and opt.defaults is inner.defaults
+    assert repr(opt.rule) == "EASGD(alpha=0.9)"  # 0.9 / one worker
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    train_step(model, opt, torch.ones(2, 3))
+    scheduler.step()
+    assert inner.param_groups[0]["lr"] == pytest.approx(0.05)
+    assert model.weight.grad is not None
+    opt.zero_grad()
+    assert model.weight.grad is None
+    state = opt.state_dict()
+    assert state["platoon_steps"] == 1 and opt.state is inner.state and len(inner.state) == 2
+    plain = torch.optim.SGD(nn.Linear(3, 2).parameters(), lr=0.1, momentum=0.9)
+    plain.load_state_dict(state)  # a plain optimizer takes the wrapper's state dict
+    opt.steps = 0
+    opt.load_state_dict(state)
+    assert opt.steps == 1
+    opt.load_state_dict(plain.state_dict())  # and the other way round
+    assert opt.steps == 1
+    assert opt.param_groups is inner.param_groups  # also after load_state_dict replaced them
+    opt.param_groups[0]["lr"] = 0.25
+    assert inner.param_groups[0]["lr"] == 0.25
+    assert opt.step(lambda: torch.tensor(3.0)).item() == 3.0  # closures pass through
+    assert w.syncs == 1  # step 2
+    opt.sync()
+    assert w.syncs == 2
+
+
+def test_bad_arguments_are_refused_before_anything_is_shared(one_worker):
+    ctl, w = one_worker
+    model = nn.Linear(3, 2)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    for kwargs, error, match in [
+            (dict(sync_every=0), ValueError, "sync_every must be an integer >= 1, got 0"),
+            (dict(sync_every=2.0), ValueError, "sync_every must be an integer"),
+            (dict(sync_every=2, buffers="average"), ValueError, "buffers must be one of"),
+    ]:
+        with pytest.raises(error, match=match):
+            PeriodicSync(w, model, sgd, **kwargs)
+    with pytest.raises(TypeError, match="wraps a torch.optim.Optimizer"):
+        PeriodicSync(w, model, "sgd", sync_every=2)
+    with pytest.raises(TypeError, match="rule must be a platoon.ParamSyncRule"):
+        PeriodicSync(w, model, sgd, sync_every=2, rule="easgd")
+    with pytest.raises(TypeError, match="needs the nn.Module"):
+        PeriodicSync(w, list(model.parameters()), sgd, sync_every=2)
+    assert w.shared_params is None  # nothing was shared
+    with pytest.warns(UserWarning, match="steps 1 tensor.s. that are not parameters"):
+        PeriodicSync(w, model, torch.optim.SGD(list(model.parameters()) + [
+            torch.zeros(2, requires_grad=True)], lr=0.1), sync_every=2)
+    with pytest.raises(PlatoonError, match="already called"):
+        PeriodicSync(w, model, sgd, sync_every=2)
+
+
+def test_centre_state_dict_is_a_snapshot_taken_under_the_lock(one_worker):
+    ctl, w = one_worker
+    model = bn_model()
+    opt = PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=1)
+    train_step(model, opt, torch.randn(4, 3))
+    state = opt.centre_state_dict()
+    fresh = bn_model(seed=1)
+    assert fresh.load_state_dict(state, strict=True)
+    for key, c in zip(opt.shared_names, ctl.centre):
+        np.testing.assert_array_equal(state[key].numpy(), c)
+    ctl.centre[0][...] += 1.0
+    assert not np.array_equal(state[opt.shared_names[0]].numpy(), ctl.centre[0])  # a copy
+    done = threading.Event()
+    with w.lock():  # another thread asking for a snapshot waits for the lock
+        t = threading.Thread(target=lambda: (opt.centre_state_dict(timeout_s=10), done.set()))
+        t.start()
+        assert not done.wait(0.2)
+    t.join(10)
+    assert done.is_set()
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with w.lock(timeout_s=10):
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        with pytest.raises(LockTimeout):
+            opt.centre_state_dict(timeout_s=0.05)
+    finally:
+        release.set()
+        holder.join(10)
+
+
+def test_snapshot_centre_of_numpy_parameters(one_worker):
+    ctl, w = one_worker
+    with pytest.raises(PlatoonError, match="before snapshot_centre"):
+        w.snapshot_centre()
+    params = [np.arange(4.0), np.ones((2, 2), np.float32)]
+    w.init_shared_params(params, EASGD(0.5))
+    snap = w.snapshot_centre()
+    for s, p in zip(snap, params):
+        np.testing.assert_array_equal(s, p)
+        assert s.dtype == p.dtype
+    params[0] += 2.0
+    w.sync_params()
+    np.testing.assert_array_equal(snap[0], np.arange(4.0))  # copies, not views
+    np.testing.assert_array_equal(w.snapshot_centre()[0], np.arange(4.0) + 1.0)
+
+
+# -- average_gradients and Worker.device --
+
+@pytest.fixture
+def two_workers(serve):
+    ctl = Controller(control_port=0, num_workers=2)
+    serving = serve(ctl)
+    workers = sorted((Worker(ctl.control_port, timeout_s=10) for _ in range(2)),
+                     key=lambda w: w.worker_id)
+    yield workers
+    for w in workers:
+        w.close()
+    serving.join()
+
+
+def test_average_gradients_takes_cpu_tensors_and_modules(two_workers):
+    def body(w):
+        k = float(w.worker_id)
+        flat = torch.full((2, 3), k)
+        strided = torch.full((4, 4), 2.0 * k).t()  # non-contiguous: reduced through a view
+        doubles = torch.full((3,), 1.0 + k, dtype=torch.float64)
+        assert average_gradients(w, [flat, strided, doubles]) == [flat, strided, doubles]
+        torch.manual_seed(0)
+        model = nn.Linear(3, 2)
+        model(torch.full((1, 3), 1.0 + k)).sum().backward()
+        grads = average_gradients(w, model)
+        return flat, strided, doubles, model, grads
+
+    for flat, strided, doubles, model, grads in run_all(two_workers, body):
+        assert torch.equal(flat, torch.full((2, 3), 0.5))
+        assert torch.equal(strided, torch.full((4, 4), 1.0))
+        assert torch.equal(doubles, torch.full((3,), 1.5, dtype=torch.float64))
+        assert grads[0] is model.weight.grad
+        assert torch.equal(model.weight.grad, torch.full((2, 3), 1.5))  # mean of 1 and 2
+        assert torch.equal(model.bias.grad, torch.ones(2))
+
+
+def test_average_gradients_refuses_what_it_cannot_average(one_worker):
+    _, w = one_worker
+    with pytest.raises(TypeError, match="mix numpy and torch"):
+        average_gradients(w, [np.zeros(2), torch.zeros(2)])
+    with pytest.raises(TypeError, match="array 1 is a builtins.list"):
+        average_gradients(w, [np.zeros(2), [0.0]])
+    with pytest.raises(TypeError, match="array 0 is read-only"):
+        average_gradients(w, [np.broadcast_to(np.zeros(1), 2)])
+    with pytest.raises(TypeError, match="parameter weight has no gradient"):
+        average_gradients(w, nn.Linear(2, 2))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible")
+def test_average_gradients_takes_cuda_tensors(two_workers):
+    def body(w):
+        g = torch.full((3,), float(w.worker_id), device="cuda")
+        average_gradients(w, [g])
+        return g
+
+    for g in run_all(two_workers, body):
+        assert g.is_cuda and torch.equal(g.cpu(), torch.full((3,), 0.5))
+
+
+def test_torch_is_imported_only_for_periodic_sync():
+    from test_imports import loaded_after
+    assert "torch" not in loaded_after("import platoon, platoon.worker\nplatoon.Worker")
+    assert "torch" in loaded_after("import platoon\nplatoon.PeriodicSync")
+
+
+def test_device_keeps_its_name_and_gives_torch_the_one_it_knows(monkeypatch):
+    cpu = Device("cpu")
+    assert cpu == "cpu" and isinstance(cpu, str) and not cpu.is_cuda
+    assert torch.device(cpu) == cpu.torch == torch.device("cpu")
+    assert nn.Linear(2, 2).to(cpu.local).weight.device.type == "cpu"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # the launcher pinned this worker to GPU 3
+    gpu = Device("cuda3")
+    assert gpu == "cuda3" and "%s" % gpu == "cuda3" and json.dumps(gpu) == '"cuda3"'
+    assert gpu.is_cuda and gpu.local == "cuda:0" and gpu.torch == torch.device("cuda", 0)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,2")
+    assert Device("cuda2").local == "cuda:1"
+    with pytest.raises(ValueError, match="cuda3 is hidden from this process"):
+        gpu.local
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert Device("cuda3").local == "cuda:3"
+    with pytest.raises(ValueError, match="unknown device 'tpu0'"):
+        Device("tpu0").local
+
+
+def test_worker_device_is_usable_with_torch(serve, monkeypatch):
+    ctl = Nothing(control_port=0, num_workers=2)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout_s=10) as w:
+        assert w.device == "cpu" and isinstance(w.device, Device)
+        model = nn.Linear(2, 2).to(w.device)
+        assert model.weight.device == torch.device(w.device) == w.device.torch
+    monkeypatch.setenv("PLATOON_DEVICE", "cuda1")  # as the launcher sets it
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    with Worker(ctl.control_port, timeout_s=10) as w:
+        assert w.device == "cuda1" and w.device.torch == torch.device("cuda:0")
+    serving.join()
