@@ -76,6 +76,11 @@ def _downpour_nesterov(cfg):
     return Downpour(SGD(cfg["server_lr"], momentum=0.9, nesterov=True))
 
 
+def _diloco(cfg):
+    from platoon import DiLoCo
+    return DiLoCo(outer_lr=cfg["outer_lr"], momentum=0.9, nesterov=True)
+
+
 # name: (rule factory, fixed settings, grid of three). Every mode syncs every `tau` steps;
 # the worker's own optimizer is plain torch SGD(lr). Add a rule here to benchmark it.
 PLATOON_MODES = {
@@ -83,6 +88,7 @@ PLATOON_MODES = {
     # The centre's Nesterov momentum amplifies the workers' steps: a lower grid.
     "downpour_nesterov": (_downpour_nesterov, {"server_lr": 0.2, "tau": 4},
                           [{"lr": 0.1}, {"lr": 0.2}, {"lr": 0.4}]),
+    "diloco": (_diloco, {"outer_lr": 0.7, "tau": 4}, [{"lr": 0.1}, {"lr": 0.2}, {"lr": 0.4}]),
 }
 
 LR_GRID = [{"lr": 0.2}, {"lr": 0.4}, {"lr": 0.8}]
@@ -434,7 +440,7 @@ def prewarm():
     from torch.nn.parallel import DistributedDataParallel  # noqa: F401
 
     import platoon
-    for name in ("Controller", "Worker", "EASGD", "Downpour", "SGD"):
+    for name in ("Controller", "Worker", "EASGD", "Downpour", "SGD", "DiLoCo"):
         getattr(platoon, name)
     torch.set_num_threads(1)
     model = _model((4, 8, 8, 2), 0)
@@ -744,16 +750,17 @@ accuracy, measured in one run in which all methods alternate:
 - **hogwild**: `model.share_memory()` and 2 `torch.multiprocessing` processes, lock-free;
 - **ddp**: `DistributedDataParallel` over gloo, 2 processes;
 - **local_sgd**: local SGD with torch's `PeriodicModelAverager` (gloo, 2 processes, period 4);
-- **platoon_easgd**, **platoon_downpour_nesterov**: platoon, 2 worker processes and a controller
-  process, `EASGD(alpha)` and `Downpour(SGD(server_lr, momentum=0.9, nesterov=True))`, synced
-  every 4 steps; the workers' own optimizer is plain torch SGD, their torch parameters shared
+- **platoon_easgd**, **platoon_downpour_nesterov**, **platoon_diloco**: platoon, 2 worker
+  processes and a controller process, `EASGD(alpha)`,
+  `Downpour(SGD(server_lr, momentum=0.9, nesterov=True))` and
+  `DiLoCo(outer_lr, momentum=0.9, nesterov=True)`, synced every 4 steps; the workers' own optimizer is plain torch SGD, their torch parameters shared
   with the centre as numpy views.
 
 Each method's learning rate is tuned over a grid of three values on one seed (a tuning run is
 capped at twice the best time its method has reached so far, plus 0.5 s); the chosen value is
 then measured on new seeds. platoon's modes tune their workers' learning rate too, with
-EASGD's alpha at 0.9/p = 0.45 and Downpour's centre at SGD(0.2, Nesterov momentum 0.9); the
-grids are in the tables. Every process is single-threaded. The
+EASGD's alpha at 0.9/p = 0.45, Downpour's centre at SGD(0.2, Nesterov momentum 0.9) and
+DiLoCo's outer lr at 0.7; the grids are in the tables. Every process is single-threaded. The
 clock starts when all of a method's processes are ready (start-up is the "setup" column) and
 excludes test evaluations, which every process makes alike. "steps" are the minibatch steps of
 one process (in the 2-process methods, each process takes about as many). The straggler runs
