@@ -33,6 +33,7 @@ time_to_accuracy_quick.*) and, for a full run, docs/time-to-accuracy.md.
 import os
 
 from ._util import ROOT, SINGLE_THREAD_ENV
+from .record import cpu_model, git_commit
 
 for _name, _value in SINGLE_THREAD_ENV.items():  # before numpy and torch load their BLAS
     os.environ.setdefault(_name, _value)
@@ -45,7 +46,6 @@ import re  # noqa: E402
 import signal  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
@@ -819,25 +819,6 @@ def write(report, quick, out_dir, doc_path=DOC):
             f.write(doc(report))
 
 
-def _commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                              capture_output=True, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-
-
-def _cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -884,9 +865,9 @@ def main(argv=None):
     log = lambda text: print("..", text, flush=True)  # noqa: E731
     results = [tune_and_measure(ctx, configs[n], table, tune, reps, straggler_reps, log)
                for n in names]
-    report = {"meta": {"commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
+    report = {"meta": {"commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                    time.gmtime()),
-                       "cpu": _cpu_model(), "cores": os.cpu_count(), "load_start": load_start,
+                       "cpu": cpu_model(), "cores": os.cpu_count(), "load_start": load_start,
                        "load_end": os.getloadavg()[0], "seconds": time.monotonic() - started,
                        "quick": args.quick, "reps": reps, "straggler_reps": straggler_reps,
                        "torch": torch.__version__},
