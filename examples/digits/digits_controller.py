@@ -147,7 +147,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=mlp.BATCH_SIZE,
                         help="baseline minibatch size (match the workers')")
     parser.add_argument("--lr", type=float, default=mlp.LR,
-                        help="baseline learning rate (match the workers')")
+                        help="baseline learning rate (the workers' is their --lr)")
     args = parser.parse_args()
     status = JobEnvironment.read().status_file  # under the launcher: its log directory
     plot_path = args.plot or os.path.join(os.path.dirname(status) if status else ".",

@@ -16,8 +16,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=None, help="by hand: the controller's port")
     parser.add_argument("--batch-size", type=int, default=mlp.BATCH_SIZE)
-    parser.add_argument("--lr", type=float, default=mlp.LR)
+    parser.add_argument("--lr", type=float, default=mlp.WORKER_LR)
     parser.add_argument("--sync-every", type=int, default=10, help="minibatches between syncs")
+    parser.add_argument("--report-every", type=int, default=5,
+                        help="syncs between reports to the controller (each with the worker's "
+                        "validation error)")
     parser.add_argument("--alpha", type=float, default=None,
                         help="EASGD elastic force (default 0.9 / number of workers)")
     args = parser.parse_args()
@@ -35,8 +38,10 @@ def main():
                 idx = rng.integers(0, len(y_train), args.batch_size)
                 loss = mlp.sgd_step(params, x_train[idx], y_train[idx], args.lr)
             w.sync_params()
-            w.send_req("done", {"n": args.sync_every, "syncs": w.syncs, "loss": loss,
-                                "valid_error": mlp.error_rate(params, x_valid, y_valid)})
+            if w.syncs % args.report_every == 0:  # a round trip and an evaluation: not each sync
+                w.send_req("done", {"n": args.sync_every * args.report_every, "syncs": w.syncs,
+                                    "loss": loss,
+                                    "valid_error": mlp.error_rate(params, x_valid, y_valid)})
 
 
 if __name__ == "__main__":

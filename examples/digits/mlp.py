@@ -4,7 +4,10 @@ import numpy as np
 
 HIDDEN = 128
 BATCH_SIZE = 32  # defaults shared by the workers and the controller's single-process baseline
-LR = 0.1
+# Each at the learning rate that reached 96% validation accuracy soonest in our runs (0.1, 0.2,
+# 0.4 tried): the elastic pull toward the centre damps a worker's steps, so it takes a larger one.
+LR = 0.1  # the single-process baseline
+WORKER_LR = 0.2
 
 
 def load_split(seed=0):
