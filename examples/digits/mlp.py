@@ -4,10 +4,11 @@ import numpy as np
 
 HIDDEN = 128
 BATCH_SIZE = 32  # defaults shared by the workers and the controller's single-process baseline
-# Each at the learning rate that reached 96% validation accuracy soonest in our runs (0.1, 0.2,
-# 0.4 tried): the elastic pull toward the centre damps a worker's steps, so it takes a larger one.
-LR = 0.1  # the single-process baseline
-WORKER_LR = 0.2
+# Learning rates from 0.1, 0.2, 0.4, 0.8 tried (3 seeds each): one process reached the best
+# validation accuracy (96.9%) soonest at 0.4 (0.8 is quicker to 96% but stops at 96.6%); the
+# workers did best at 0.8: the elastic pull toward the centre damps their steps.
+LR = 0.4  # the single-process baseline
+WORKER_LR = 0.8
 
 
 def load_split(seed=0):
