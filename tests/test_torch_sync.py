@@ -22,6 +22,8 @@ from platoon import LockTimeout, PeriodicSync  # noqa: E402
 sys.path.insert(0, PROCS)
 from torch_sync_worker import make_model  # noqa: E402
 
+from test_collectives import run_all  # noqa: E402  (one thread per worker)
+
 
 class Nothing(Controller):
     def handle_control(self, req, worker_id, req_info):
@@ -40,27 +42,6 @@ def train_step(model, opt, x, y=None):
     loss.backward()
     opt.step()
     return loss.item()
-
-
-def run_all(workers, fn, timeout=20.0):
-    """fn(worker) in one thread per worker; the results in worker order."""
-    results, errors = [None] * len(workers), []
-
-    def body(k, w):
-        try:
-            results[k] = fn(w)
-        except BaseException as exc:  # raised below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=body, args=(k, w)) for k, w in enumerate(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-        assert not t.is_alive(), "a worker is stuck"
-    if errors:
-        raise errors[0]
-    return results
 
 
 @pytest.fixture
