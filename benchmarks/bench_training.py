@@ -130,7 +130,9 @@ def time_to_accuracy(data, target, seeds, max_steps):
 
 # -- children --
 
-def train_controller(workers):
+def stopping_controller(**kwargs):
+    """A Controller answering "train" to every request until one worker says "reached",
+    then "stop"."""
     from platoon import Controller
 
     class Stopper(Controller):
@@ -141,7 +143,11 @@ def train_controller(workers):
                 self.stop = True
             return "stop" if self.stop else "train"
 
-    with Stopper(control_port=0, num_workers=int(workers), transport="ipc") as ctl:
+    return Stopper(**kwargs)
+
+
+def train_controller(workers):
+    with stopping_controller(control_port=0, num_workers=int(workers), transport="ipc") as ctl:
         print("ADDR %s" % ctl.control_address, flush=True)
         ctl.serve()  # until the workers are done: they end when the parent closes stdin
 

@@ -117,15 +117,7 @@ def worker_main(address, data, kind, settings, tau, seed, target):
 
 def run_one(kind, settings, tau, seed, target, data):
     """One run; returns (worker 0's steps, seconds to the target or None, best accuracy)."""
-    from platoon import Controller
-
-    class Stopper(Controller):
-        stop = False
-
-        def handle_control(self, req, worker_id, req_info):
-            if req == "reached":
-                self.stop = True
-            return "stop" if self.stop else "train"
+    from .bench_training import stopping_controller
 
     workers = 1 if kind == "sgd" else 2
     env = dict(os.environ, PYTHONUNBUFFERED="1", **SINGLE_THREAD_ENV)
@@ -133,7 +125,7 @@ def run_one(kind, settings, tau, seed, target, data):
     ctl = serving = None
     address = "-"
     if kind != "sgd":
-        ctl = Stopper(control_port=0, num_workers=workers, transport="ipc")
+        ctl = stopping_controller(control_port=0, num_workers=workers, transport="ipc")
         address = ctl.control_address
         serving = threading.Thread(target=ctl.serve, kwargs={"timeout_s": 120}, daemon=True)
         serving.start()
