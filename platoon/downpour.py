@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from . import kernels
-from .rules import ParamSyncRule, _require_float
+from .rules import ParamSyncRule, _require_float, _take_pull
 
 if TYPE_CHECKING:
     from .worker import Worker
@@ -211,11 +211,7 @@ class Downpour(ParamSyncRule):
         self._descend(index, start, snapshot, central, take=False)
 
     def pull(self, index: int, start: int, local: np.ndarray, snapshot: np.ndarray) -> None:
-        # x = c_new + (x - x_snap): exactly c_new when x did not move
-        last = self._last[index].reshape(-1)[start:start + local.size]
-        if not kernels.take_pull(local, snapshot, last):
-            local -= snapshot
-            local += last
+        _take_pull(local, snapshot, self._last[index].reshape(-1)[start:start + local.size])
 
     def update(self, index: int, local: np.ndarray, central: np.ndarray) -> None:
         if self.elementwise and local.flags.c_contiguous and central.flags.c_contiguous:

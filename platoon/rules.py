@@ -154,6 +154,14 @@ def _all_contiguous(*arrays):
     return all(a.flags.c_contiguous for a in arrays)
 
 
+def _take_pull(local, snapshot, last):
+    """The pull of rules whose worker takes the centre (ASGD, Downpour):
+    ``x = c_new + (x - x_snap)``, exactly c_new when x did not move; `last` holds c_new."""
+    if not kernels.take_pull(local, snapshot, last):
+        local -= snapshot
+        local += last
+
+
 class EASGD(ParamSyncRule):
     """Elastic averaging SGD (Zhang, Choromanska, LeCun 2015).
 
@@ -243,26 +251,16 @@ class ASGD(ParamSyncRule):
             x_last[...] = c
 
     def pull(self, index: int, start: int, local: np.ndarray, snapshot: np.ndarray) -> None:
-        # x = c_new + (x - x_snap): exactly c_new when x did not move
-        last = self._last[index].reshape(-1)[start:start + local.size]
-        if not kernels.take_pull(local, snapshot, last):
-            local -= snapshot
-            local += last
+        _take_pull(local, snapshot, self._last[index].reshape(-1)[start:start + local.size])
 
     def update(self, index: int, local: np.ndarray, central: np.ndarray) -> None:
+        if _all_contiguous(local, central):
+            self.update_range(index, 0, local.reshape(-1), central.reshape(-1))
+            return
         last = self._last[index]
-        if kernels.asgd_update(local, central, last):
-            return
-        if not _all_contiguous(local, central):
-            central += local - last
-            local[...] = central
-            last[...] = central
-            return
-        for x, c, x_last, d in self._blocks(local, central, last):
-            np.subtract(x, x_last, out=d)
-            c += d
-            x[...] = c
-            x_last[...] = c
+        central += local - last
+        local[...] = central
+        last[...] = central
 
     def __repr__(self) -> str:
         return "ASGD()"

@@ -25,6 +25,13 @@ from .rules import EASGD, ParamSyncRule
 
 log = logging.getLogger(__name__)
 
+
+def _delegated(name, doc):
+    """A property reading and writing attribute `name` of the wrapped optimizer."""
+    return property(lambda self: getattr(self.optimizer, name),
+                    lambda self, value: setattr(self.optimizer, name, value), doc=doc)
+
+
 BUFFERS = ("sync", "exclude")
 _WORKERS = object()  # "the worker's timeout_s"
 
@@ -122,31 +129,10 @@ class PeriodicSync(torch.optim.Optimizer):
     # -- the optimizer --
 
     # Properties, not copies: the wrapped optimizer's load_state_dict replaces its lists.
-    @property
-    def param_groups(self):  # type: ignore[override]
-        """The wrapped optimizer's parameter groups (learning rates and the rest)."""
-        return self.optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, groups):
-        self.optimizer.param_groups = groups
-
-    @property
-    def defaults(self):  # type: ignore[override]
-        return self.optimizer.defaults
-
-    @defaults.setter
-    def defaults(self, defaults):
-        self.optimizer.defaults = defaults
-
-    @property
-    def state(self):  # type: ignore[override]
-        """The wrapped optimizer's state."""
-        return self.optimizer.state
-
-    @state.setter
-    def state(self, state):
-        self.optimizer.state = state
+    param_groups = _delegated("param_groups", "The wrapped optimizer's parameter groups "
+                              "(learning rates and the rest).")
+    defaults = _delegated("defaults", "The wrapped optimizer's defaults.")
+    state = _delegated("state", "The wrapped optimizer's state.")
 
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """The wrapped optimizer's step (returns its result); then, every `sync_every`-th
