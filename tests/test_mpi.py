@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from conftest import PROCS, Proc, platoon_segments
@@ -139,6 +140,40 @@ def test_hierarchical_easgd_pulls_the_node_centres_together(mpi_job, every):
     # exactly 0, so each nears 0 from its own side (workers read them a round apart at most).
     for centre, node in found:
         assert abs(float(centre)) < 1e-6 and (float(centre) > 0) == (node == "0"), found
+
+
+def _node_centres(out_dir, kind):
+    """The arrays node 0 and node 1 saved (kind "centre": ctl.centre after serve(); "final":
+    the final checkpoint)."""
+    from platoon import checkpoint
+    centres = []
+    for node in range(2):
+        path = os.path.join(str(out_dir), "%s-node%d.npz" % (kind, node))
+        if kind == "final":
+            centres.append(checkpoint.load(path)[0])
+        else:
+            with np.load(path) as data:
+                centres.append([data["arr_%d" % i] for i in range(len(data.files))])
+    return centres
+
+
+def test_nodes_finishing_at_different_times_end_with_one_identical_centre(mpi_job, tmp_path):
+    """Node 0's workers leave early; node 1's train on while tie rounds (beta 0.5) run. Once
+    both are done a final round makes the node centres equal: bit for bit, in what each
+    controller holds after serve() and in its final checkpoint."""
+    job = mpi_job("uneven", "--controller", os.path.join(PROCS, "centre_controller.py"),
+                  "--controller-args", str(tmp_path), "--tie-every-s", "0.05",
+                  "--tie-beta", "0.5")
+    assert job.wait(60) == 0, job.output
+    assert job.count("LEFT after") == 4 and job.count("CENTRE node") == 2, job.output
+    returned, final = _node_centres(tmp_path, "centre"), _node_centres(tmp_path, "final")
+    for node in range(2):
+        assert [a.dtype for a in returned[node]] == [np.dtype(np.float32), np.dtype(np.float64)]
+        for got, saved in zip(returned[node], final[node]):
+            assert got.tobytes() == saved.tobytes(), "node %d checkpointed another centre" % node
+    for a, b in zip(*returned):
+        assert a.shape == b.shape and a.tobytes() == b.tobytes(), \
+            "node centres differ by up to %g:\n%s" % (float(np.abs(a - b).max()), job.output)
 
 
 def test_a_stop_requested_on_one_node_reaches_every_node(mpi_job):

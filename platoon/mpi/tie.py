@@ -31,8 +31,11 @@ class CentreTie:
     is set (both: whichever comes first on each node). In a round the
     controllers average their centres over MPI and move each toward the mean:
     ``c += beta * (mean - c)``, with `c` and `mean` taken at the same instant
-    so syncs made meanwhile are kept; beta=1 makes the centres equal. Raises
-    ValueError for bad values.
+    so syncs made meanwhile are kept; beta=1 makes the centres equal. Rounds
+    go on while any node trains. Once every node's workers are done, a final
+    round sets every node's centre to the mean of the node centres, the same
+    bits on every node: what each controller then holds and checkpoints.
+    Raises ValueError for bad values.
     """
 
     every_s: Optional[float] = 1.0
@@ -67,9 +70,11 @@ class TieThread:
         self._thread.start()
 
     def stop(self):
-        """End the rounds once every node has called stop (the rounds are collective)."""
+        """End the rounds once every node has called stop (the rounds are collective), then
+        run the final round. Call it when this node's workers are all done."""
         self._stop.set()
         self._thread.join()
+        self._final_round()
 
     def _run(self):
         MPI, ctl = self.MPI, self.ctl
@@ -100,13 +105,16 @@ class TieThread:
                 left = 0.01 if left is None else min(left, 0.01)  # reports arrive in serve()
             self._stop.wait(left)
 
+    def _check_layouts(self, centre):
+        if self.rounds == 0:
+            layouts = self.comm.allgather(centre.layout)
+            if any(lay != centre.layout for lay in layouts):
+                raise PlatoonError("the nodes' centres differ in layout: %s" % layouts)
+
     def _round(self):
         comm, MPI = self.comm, self.MPI
         centre = self.ctl.shared_centre
-        if self.rounds == 0:
-            layouts = comm.allgather(centre.layout)
-            if any(lay != centre.layout for lay in layouts):
-                raise PlatoonError("the nodes' centres differ in layout: %s" % layouts)
+        self._check_layouts(centre)
         centre.lock.acquire(LOCK_TIMEOUT_S)  # a stopped holder: LockTimeout, the tie fails
         try:
             snaps = [a.copy() for a in centre.arrays]
@@ -126,3 +134,38 @@ class TieThread:
             centre.lock.release()
         self.rounds += 1
         log.debug("node %d: centre tie round %d", self.rank, self.rounds)
+
+    def _final_round(self):
+        """Every node is done (no worker syncs any more): make each node's centre the mean
+        of them all. Rank 0 computes it and sends its bytes, so the centres are identical
+        (an Allreduce may round differently on different ranks)."""
+        comm, MPI, ctl = self.comm, self.MPI, self.ctl
+        ready = np.array([ctl.centre_ready], np.int32)
+        comm.Allreduce(MPI.IN_PLACE, ready, MPI.MIN)  # every node is here: blocking
+        if not ready[0]:
+            if ctl.centre_ready:
+                log.warning("node %d: no final centre tie: another node has no centre (its "
+                            "workers never shared parameters)", self.rank)
+            return
+        centre = ctl.shared_centre
+        self._check_layouts(centre)
+        for array in centre.arrays:
+            centre.lock.acquire(LOCK_TIMEOUT_S)
+            try:
+                mine = array.copy()
+            finally:
+                centre.lock.release()
+            mean = np.empty_like(mine) if self.rank == 0 else mine
+            comm.Reduce(mine.reshape(-1), mean.reshape(-1) if self.rank == 0 else None,
+                        MPI.SUM, root=0)
+            if self.rank == 0:
+                mean /= self.size
+            comm.Bcast(mean.reshape(-1), root=0)
+            centre.lock.acquire(LOCK_TIMEOUT_S)
+            try:
+                array[...] = mean
+            finally:
+                centre.lock.release()
+        self.rounds += 1
+        log.info("node %d: final centre tie round %d: the node centres are equal",
+                 self.rank, self.rounds)

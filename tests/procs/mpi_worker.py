@@ -10,6 +10,8 @@ usage: mpi_worker.py SCENARIO
   hang: prints READY; node 1's workers then stop (sleep 60 s) instead of the next all_reduce
   localfail: node 0's workers call all_reduce with different ops (its round fails there),
        node 1's agree; then everyone all_reduces ones: prints ROUND1 and ROUND2 results
+  uneven: node 0's workers sync 20 times and leave; node 1's go on moving their parameters and
+       syncing for 1.5 s more, so centre tie rounds run while only node 1 trains; prints LEFT
   stop: every worker syncs until it sees the stop signal, which global worker 0 requests after
        5 syncs; prints STOPPED <reason>
 """
@@ -110,6 +112,16 @@ def main():
             except RemoteError:
                 say("ROUND1 error " + tag)
             say("ROUND2 %g %s" % (w.all_reduce(np.ones(3))[0], tag))
+        elif scenario == "uneven":
+            rng = np.random.default_rng(w.global_rank)
+            params = [rng.normal(size=100).astype(np.float32), rng.normal(size=(3, 4))]
+            w.init_shared_params(params, EASGD(0.5))
+            until = time.monotonic() + 1.5
+            while w.syncs < 20 or (w.node_rank == 1 and time.monotonic() < until):
+                for p in params:
+                    p += rng.normal(scale=0.1, size=p.shape).astype(p.dtype)
+                w.sync_params()
+            say("LEFT after %d syncs %s" % (w.syncs, tag))
         elif scenario == "stop":
             params = [np.zeros(100)]
             w.init_shared_params(params, EASGD(0.5))

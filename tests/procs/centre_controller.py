@@ -1,0 +1,27 @@
+"""A node's controller script for multi-node tests: serves, then saves the centre it ends with.
+
+usage: python -m platoon.mpi --controller centre_controller.py --controller-args "OUT_DIR" ...
+Node R checkpoints to OUT_DIR/final-nodeR.npz (the final checkpoint of serve()), saves
+`ctl.centre` after serve() to OUT_DIR/centre-nodeR.npz and prints "CENTRE node R rounds N".
+"""
+
+import os
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+from platoon import Controller
+
+
+def main():
+    out_dir = sys.argv[1]
+    rank = MPI.COMM_WORLD.Get_rank()
+    with Controller(checkpoint_path=os.path.join(out_dir, "final-node%d.npz" % rank)) as ctl:
+        ctl.serve(timeout_s=60)
+        np.savez(os.path.join(out_dir, "centre-node%d.npz" % rank), *ctl.centre)
+        print("CENTRE node %d rounds %d" % (rank, ctl.node_link.tie_rounds), flush=True)
+
+
+if __name__ == "__main__":
+    main()
