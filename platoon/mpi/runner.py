@@ -196,6 +196,18 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
         _RUNNER_LINK = None
 
 
+def _attach_option_values(argv: Sequence[str], options: Sequence[str]) -> list:
+    """``--controller-args VALUE`` as ``--controller-args=VALUE`` (before any ``--``):
+    argparse refuses a separate value that starts with '-', such as ``--steps=2000``."""
+    argv, attached = list(argv), []
+    while argv and argv[0] != "--":
+        arg = argv.pop(0)
+        if arg in options and argv:
+            arg = "%s=%s" % (arg, argv.pop(0))
+        attached.append(arg)
+    return attached + argv
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m platoon.mpi``: parse the command line and `run_node`; returns its code."""
     parser = argparse.ArgumentParser(
@@ -207,7 +219,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              "EXPERIMENT_controller.py), or module:Class or file.py:Class "
                              "(created and served); default platoon.Controller")
     parser.add_argument("--controller-args", default="",
-                        help="arguments of a controller script (one shell-quoted string)")
+                        help="arguments of a controller script (one shell-quoted string; "
+                             "it may start with '-': --controller-args '--steps=2000')")
     parser.add_argument("--host", default="127.0.0.1", help="interface the controller binds")
     parser.add_argument("--tie-every-s", type=float, default=None,
                         help="tie the node centres every so many seconds (hierarchical EASGD)")
@@ -224,7 +237,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              "(default 30); then they are stopped")
     parser.add_argument("worker", nargs=argparse.REMAINDER,
                         help="-- then the worker command (python is sys.executable for a .py)")
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(_attach_option_values(argv, ["--controller-args"]))
     command = args.worker[1:] if args.worker[:1] == ["--"] else args.worker
     if not command:
         parser.error("give the worker command after --")
