@@ -64,11 +64,11 @@ def no_stale_mpich_files():
 class MpiJob(Proc):
     """`mpiexec -n 2 python -m platoon.mpi --workers 2 ... -- mpi_worker.py SCENARIO`."""
 
-    def __init__(self, scenario, *options, env_extra=None):
+    def __init__(self, scenario, *options, env_extra=None, mpiexec=(MPIEXEC, "-n", "2")):
         env = {k: v for k, v in os.environ.items() if not k.startswith("PLATOON_")}
         env.update(env_extra or {})
         env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-        self.args = [MPIEXEC, "-n", "2", sys.executable, "-m", "platoon.mpi", "--workers", "2"]
+        self.args = list(mpiexec) + [sys.executable, "-m", "platoon.mpi", "--workers", "2"]
         self.args += list(options)
         if "--" not in options:
             self.args += ["--", WORKER, scenario]
@@ -99,8 +99,8 @@ class MpiJob(Proc):
 def mpi_job():
     jobs = []
 
-    def start(scenario, *options, env_extra=None):
-        job = MpiJob(scenario, *options, env_extra=env_extra)
+    def start(scenario, *options, **kwargs):
+        job = MpiJob(scenario, *options, **kwargs)
         jobs.append(job)
         return job
 
@@ -173,6 +173,74 @@ def test_nodes_finishing_at_different_times_end_with_one_identical_centre(mpi_jo
             assert got.tobytes() == saved.tobytes(), "node %d checkpointed another centre" % node
     for a, b in zip(*returned):
         assert a.shape == b.shape and a.tobytes() == b.tobytes(), \
+            "node centres differ by up to %g:\n%s" % (float(np.abs(a - b).max()), job.output)
+
+
+# An ssh stand-in for mpiexec (hydra's -launcher-exec): "[-x] HOST COMMAND" runs COMMAND in
+# HOST's network namespace, under HOST's own hostname.
+NETNS_EXEC = """#!/bin/sh
+while [ "${1#-}" != "$1" ]; do shift; done
+case $1 in %s) ns=%s; name=%s ;; %s) ns=%s; name=%s ;; *) echo "no host $1" >&2; exit 2 ;; esac
+shift
+exec ip netns exec "$ns" unshare --uts sh -c "hostname $name && exec $*"
+"""
+NETNS_IPS = ("10.217.0.1", "10.217.0.2")
+NETNS_DEVICE = "plt0"  # the veth end's name in both namespaces
+
+
+@pytest.fixture
+def two_hosts(tmp_path):
+    """Two network namespaces joined by a veth pair, each a host with its own hostname; returns
+    the command that starts mpiexec on the first with one rank per host, MPI over TCP (UCX)."""
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("unshare"):
+        pytest.skip("two network namespaces need root, ip and unshare")
+    names = ["plt%d%s" % (os.getpid(), side) for side in "ab"]
+    made = []
+
+    def ip(*args):
+        subprocess.run(["ip"] + list(args), check=True, capture_output=True, timeout=10)
+
+    try:
+        for name in names:
+            ip("netns", "add", name)
+            made.append(name)
+        ip("link", "add", names[0], "type", "veth", "peer", "name", names[1])
+        for name, address in zip(names, NETNS_IPS):
+            ip("link", "set", name, "netns", name)
+            ip("-n", name, "link", "set", name, "name", NETNS_DEVICE)
+            ip("-n", name, "addr", "add", address + "/24", "dev", NETNS_DEVICE)
+            ip("-n", name, "link", "set", NETNS_DEVICE, "up")
+            ip("-n", name, "link", "set", "lo", "up")
+        launcher = tmp_path / "netns_exec.sh"
+        launcher.write_text(NETNS_EXEC % (NETNS_IPS[0], names[0], "nodea",
+                                          NETNS_IPS[1], names[1], "nodeb"))
+        launcher.chmod(0o755)
+        yield ["ip", "netns", "exec", names[0], "unshare", "--uts", "sh", "-c",
+               'hostname nodea && exec "$@"', "sh", MPIEXEC, "-launcher", "ssh",
+               "-launcher-exec", str(launcher), "-iface", NETNS_DEVICE,
+               "-hosts", ",".join(NETNS_IPS), "-n", "2", "-ppn", "1"]
+    except subprocess.CalledProcessError as exc:
+        pytest.skip("cannot set up two network namespaces: %s" % (exc.stderr or b"").decode())
+    finally:
+        for name in made:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
+
+
+def test_two_hosts_over_tcp_end_with_one_identical_centre(mpi_job, two_hosts, tmp_path):
+    """The same over a real network stack: each node in its own network namespace, with its own
+    hostname, MPI forced onto TCP over the veth pair between them."""
+    job = mpi_job("uneven", "--controller", os.path.join(PROCS, "centre_controller.py"),
+                  "--controller-args", str(tmp_path), "--tie-every-s", "0.05",
+                  mpiexec=two_hosts, env_extra={
+                      "MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ucx",
+                      "UCX_TLS": "tcp", "UCX_NET_DEVICES": NETNS_DEVICE})
+    assert job.wait(90) == 0, job.output
+    assert job.count("LEFT after") == 4 and job.count("CENTRE node") == 2, job.output
+    returned, final = _node_centres(tmp_path, "centre"), _node_centres(tmp_path, "final")
+    assert all(a.tobytes() == b.tobytes() for node in range(2)
+               for a, b in zip(returned[node], final[node])), "a node checkpointed another centre"
+    for a, b in zip(*returned):
+        assert a.tobytes() == b.tobytes(), \
             "node centres differ by up to %g:\n%s" % (float(np.abs(a - b).max()), job.output)
 
 
