@@ -312,8 +312,8 @@ def test_a_launcher_style_controller_script_runs_as_each_node(mpi_job, steps):
     trained = [int(n) for n in re.findall(r"trained (\d+) minibatches", job.output)]
     assert len(trained) == 2 and all(400 <= n < 500 for n in trained), job.output  # not 4000
     assert job.count("distance to the true weights") == 4, job.output
-    distances = re.findall(r"distance of the centre to the true weights: (\S+)", job.output)
-    assert len(set(distances)) == 1, job.output  # the node centres are one after the final tie
+    distances = re.findall(r"distance of the centre to the true weights: (\d+\.\d+)", job.output)
+    assert len(distances) == 2 and len(set(distances)) == 1, job.output  # one centre: final tie
 
 
 def _launch_hosts(tmp_path, experiment, *args):
