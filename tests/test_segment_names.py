@@ -4,14 +4,13 @@ nothing. Real controller and worker processes, real POSIX shared memory."""
 import os
 import secrets
 
+import numpy as np
 import pytest
 
 from platoon import Controller, PlatoonError, RemoteError, Worker
 from platoon.process import job_segments
 from platoon.protocol import layout_of
 from platoon.shmem import SharedCentre
-
-import numpy as np
 
 SHM = "/dev/shm"
 NOBODY = 65534  # squatted names belong to another user, as in an attack (when we are root)
