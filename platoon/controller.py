@@ -296,7 +296,7 @@ class Controller:
 
     def reserve_shared(self, nbytes: int, what: str) -> None:
         """Raise PlatoonError if allocating `nbytes` more would exceed `max_shared_bytes`."""
-        used = self._collectives.shared_bytes()
+        used = self._collectives.shared_bytes() + self._job_stop.shared_bytes
         if self._res.centre is not None:
             used += self._res.centre.size
         if used + nbytes > self.max_shared_bytes:

@@ -66,6 +66,10 @@ class PortInUse(PlatoonError, OSError):
     """The controller could not bind its socket because the address is taken."""
 
 
+class SegmentExists(PlatoonError, FileExistsError):
+    """A shared-memory segment could not be created: its name exists already."""
+
+
 class WorkerDied(PlatoonError, RuntimeError):
     """A worker process exited without saying it was done (raised by the default
     `Controller.handle_worker_death`)."""

@@ -15,8 +15,7 @@ import time
 import pytest
 
 from platoon import launcher
-from platoon.process import pid_alive
-from platoon.shmem import segment_name
+from platoon.process import job_segments, pid_alive
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -68,7 +67,7 @@ def run_launcher(args, tmp_path, env=None, timeout=120):
     out = proc.stdout + proc.stderr
     job = re.search(r"job ([0-9a-f]{16})", out)
     if job:  # whatever happened, the job's shared memory is gone once the launcher exits
-        assert not os.path.exists("/dev/shm" + segment_name(job.group(1))), out
+        assert not job_segments(job.group(1)), out
     return proc.returncode, out
 
 
@@ -80,7 +79,7 @@ def job_id_of(output):
 
 def assert_job_gone(job_id):
     wait_until(lambda: not job_processes(job_id), 15, "the job's processes to exit")
-    assert not os.path.exists("/dev/shm" + segment_name(job_id))
+    assert not job_segments(job_id)
 
 
 class Launched:
@@ -197,7 +196,7 @@ def test_usage_errors(tmp_path):
 def test_interrupting_the_launcher_stops_everything(launched, signum, code):
     launch = launched(os.path.join(EXPERIMENTS, "forever"), "-n", "2")
     job_id = launch.job_id()
-    wait_until(lambda: os.path.exists("/dev/shm" + segment_name(job_id)), 20,
+    wait_until(lambda: job_segments(job_id, kind="centre"), 20,
                "the workers to share their parameters")
     launch.popen.send_signal(signum)
     assert launch.popen.wait(20) == code, launch.output()
@@ -208,7 +207,7 @@ def test_interrupting_the_launcher_stops_everything(launched, signum, code):
 def test_a_killed_controller_leads_the_failure_report(launched):
     launch = launched(os.path.join(EXPERIMENTS, "forever"), "-n", "2")
     job_id = launch.job_id()
-    wait_until(lambda: os.path.exists("/dev/shm" + segment_name(job_id)), 20,
+    wait_until(lambda: job_segments(job_id, kind="centre"), 20,
                "the workers to share their parameters")
     (controller,) = [pid for pid in job_processes(job_id) if label_of(pid) == "controller"]
     os.kill(controller, signal.SIGKILL)
@@ -224,7 +223,7 @@ def test_a_killed_controller_leads_the_failure_report(launched):
 def test_workers_die_with_a_killed_launcher(launched):
     launch = launched(os.path.join(EXPERIMENTS, "forever"), "-n", "2")
     job_id = launch.job_id()
-    wait_until(lambda: os.path.exists("/dev/shm" + segment_name(job_id)), 20,
+    wait_until(lambda: job_segments(job_id, kind="centre"), 20,
                "the workers to share their parameters")
     os.kill(launch.popen.pid, signal.SIGKILL)
     launch.popen.wait(10)
