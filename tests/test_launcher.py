@@ -149,7 +149,8 @@ def test_digits_example_trains_through_the_console_script(tmp_path):
 
 def test_devices_environment_and_thread_caps(tmp_path):
     code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"),
-                                          "-D", "cuda3", "cpu"), tmp_path)
+                                          "-D", "cuda3", "cpu"), tmp_path,
+                             env={"PLATOON_ASSUME_GPUS": "3"})  # no GPU needed: pretend
     assert code == 0, out
     assert "no envcheck_controller.py: using the default Controller" in out
     logs = tmp_path / "logs"
@@ -184,6 +185,18 @@ def test_usage_errors(tmp_path):
     code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"), "-D", "tpu0"),
                              tmp_path)
     assert code == 2 and "unknown device 'tpu0'" in out
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES",
+                                                           "PLATOON_ASSUME_GPUS")}
+    for device, hidden in (("cuda99", {}), ("cuda0", {"CUDA_VISIBLE_DEVICES": ""})):
+        proc = subprocess.run(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"), "-D", "cpu",
+                                           device, "--log-dir", str(tmp_path / "gpu")),
+                              capture_output=True, text=True, timeout=60, cwd=str(tmp_path),
+                              env=dict(env, **hidden))
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 2, out  # refused at once, before anything started
+        assert re.search(r"-D %s: no such GPU visible here \(GPUs found: .*\); looked at "
+                         r"nvidia-smi .*CUDA_VISIBLE_DEVICES" % device, out), out
+        assert "job " not in out and not (tmp_path / "gpu").exists(), out
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "controller.log").write_text("an earlier job")
     code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck")), tmp_path)
@@ -448,3 +461,25 @@ def test_old_spellings_of_durations_still_work_but_are_hidden(capsys):
         launcher.parse_args(["--help"])
     text = capsys.readouterr().out
     assert "--ready-timeout-s" in text and "--ready-timeout " not in text
+
+
+@pytest.mark.parametrize("style", ["separate", "joined"])
+def test_script_arguments_that_start_with_a_dash(tmp_path, style):
+    """-c/-w take a value that looks like an option (argparse alone refused "-c --flag"; a
+    value with a space, "-c '--steps 5'", always worked)."""
+    def option(flag, value):
+        return [flag, value] if style == "separate" else [flag + "=" + value]
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "argv"), "-n", "1",
+                                          *option("-c", "--no-baseline"),
+                                          *option("--worker-args", "-v")), tmp_path)
+    assert code == 0, out
+    logs = tmp_path / "logs"
+    assert "CONTROLLER ARGV ['--no-baseline']" in (logs / "controller.log").read_text()
+    assert "WORKER ARGV ['-v']" in (logs / "worker0.log").read_text()
+    assert_job_gone(job_id_of(out))
+
+
+def test_help_shows_script_arguments_with_a_dash(capsys):
+    with pytest.raises(SystemExit):
+        launcher.parse_args(["--help"])
+    assert '-c "--no-baseline"' in capsys.readouterr().out
