@@ -275,31 +275,45 @@ def run(launch: Launch) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``platoon-launcher``: run a job; returns the exit code (see EPILOG)."""
-    args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="platoon-launcher: %(message)s")
-    launch = Launch(args)
+    """``platoon-launcher``: run a job; returns the exit code (see EPILOG).
+
+    The first SIGINT or SIGTERM stops the job and sets the exit code (128 + its number);
+    signals after it are ignored, so that two at once make one orderly stop.
+    """
+    received = []
 
     def interrupt(signum, frame):
-        raise Interrupted(signum)
+        if not received:
+            received.append(signum)
+            raise Interrupted(signum)
 
-    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGINT, interrupt)  # first of all: start-up is interruptible too
     signal.signal(signal.SIGTERM, interrupt)
+    launch = None
     try:
-        return run(launch)
-    except UsageError as exc:
-        print("platoon-launcher: %s" % exc, file=sys.stderr)
-        return EXIT_USAGE
+        try:
+            args = parse_args(argv)
+            logging.basicConfig(level=args.log_level.upper(),
+                                format="platoon-launcher: %(message)s")
+            launch = Launch(args)
+            return run(launch)
+        except UsageError as exc:
+            print("platoon-launcher: %s" % exc, file=sys.stderr)
+            return EXIT_USAGE
+        finally:
+            if launch is not None and launch.running():
+                launch.stop_all()
     except Interrupted as exc:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        launch.say("%s received: stopping the job" % exc)
-        launch.stop_all()
+        message = "%s received: stopping the job" % exc
+        if launch is None:
+            print("platoon-launcher: %s" % message, file=sys.stderr, flush=True)
+        else:
+            launch.say(message)
+            launch.stop_all()
         return 128 + exc.signum
     finally:
-        if launch.running():
-            launch.stop_all()
-        launch.make_status_private()
+        if launch is not None:
+            launch.make_status_private()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from platoon import launcher
-from platoon.process import pid_alive
+from platoon.process import pid_alive, signal_name
 from platoon.shmem import segment_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -483,3 +483,48 @@ def test_help_shows_script_arguments_with_a_dash(capsys):
     with pytest.raises(SystemExit):
         launcher.parse_args(["--help"])
     assert '-c "--no-baseline"' in capsys.readouterr().out
+
+
+def catches(pid, signum):
+    """Whether process `pid` has a handler for `signum` (SigCgt in /proc/PID/status)."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            caught = int(re.search(r"^SigCgt:\s*([0-9a-f]+)", f.read(), re.M).group(1), 16)
+    except (OSError, AttributeError):
+        return False
+    return bool(caught >> (signum - 1) & 1)
+
+
+@pytest.mark.slow
+def test_two_signals_at_once_during_start_up(tmp_path):
+    """SIGINT and SIGTERM back to back, at moments from the launcher's first line (its
+    handlers set) through the controller's and workers' start: one message naming the first
+    signal received, its exit code, no traceback, nothing left running, no shared memory."""
+    delays = [0.0, 0.01, 0.03, 0.06, 0.1, 0.15, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0, 1.3, 1.7, 2.2]
+    for run, delay in enumerate(delays):
+        first, second = ((signal.SIGINT, signal.SIGTERM), (signal.SIGTERM, signal.SIGINT))[run % 2]
+        workdir = tmp_path / ("run%d" % run)
+        workdir.mkdir()
+        launch = Launched(launcher_cmd(os.path.join(EXPERIMENTS, "forever"), "-n", "2"), workdir)
+        try:
+            wait_until(lambda: catches(launch.popen.pid, signal.SIGTERM)
+                       or launch.popen.poll() is not None, 20, "the launcher's handlers")
+            deadline = time.monotonic() + delay
+            while time.monotonic() < deadline:  # the moment of start-up to interrupt
+                pass
+            launch.popen.send_signal(first)
+            launch.popen.send_signal(second)
+            code = launch.popen.wait(30)
+            out = launch.output()
+            where = "delay %.2f s, %s sent first:\n%s" % (delay, signal_name(first), out)
+            assert "Traceback" not in out, where
+            assert out.count("received: stopping the job") == 1, where
+            # Both pending at once, the kernel delivers the lower-numbered first (SIGINT):
+            # the launcher's first is the one it names, and its code is the exit code.
+            (taken,) = re.findall(r"(SIGINT|SIGTERM) received: stopping the job", out)
+            assert code == 128 + signal.Signals[taken], where
+            job = re.search(r"job ([0-9a-f]{16})", out)
+            if job:
+                assert_job_gone(job.group(1))
+        finally:
+            launch.close()
