@@ -528,3 +528,52 @@ def test_two_signals_at_once_during_start_up(tmp_path):
                 assert_job_gone(job.group(1))
         finally:
             launch.close()
+
+
+OTHER_UID = 65534  # nobody: "another user" (the tests run as root, which may chown)
+
+
+def test_a_log_dir_others_could_write_in_is_refused(tmp_path):
+    """A --log-dir of another user (or writable by others, or reached through another user's
+    link) is refused before anything starts: its owner could plant links to our files there."""
+    victim = tmp_path / "victim.txt"  # a file of ours that a planted link points at
+    victim.write_text("precious")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.symlink(victim, theirs / "worker0.log")
+    os.chown(theirs, OTHER_UID, OTHER_UID)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    mine = tmp_path / "mine"
+    mine.mkdir(0o700)
+    link = tmp_path / "their-link"
+    os.symlink(mine, link)
+    os.lchown(link, OTHER_UID, OTHER_UID)
+    for log_dir, says in ((theirs, r"belongs to uid %d \(\w+\), not to you" % OTHER_UID),
+                          (shared, r"is writable by other users \(mode 0?777\); run chmod go-w"),
+                          (link, r"is a link of uid %d \(\w+\), not yours" % OTHER_UID)):
+        proc = subprocess.run(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"), "-n", "1",
+                                           "--log-dir", str(log_dir)),
+                              capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 2, out
+        assert re.search(r"log directory %s %s.*choose a --log-dir of your own"
+                         % (re.escape(str(log_dir)), says), out), out
+        assert "job " not in out, out  # nothing started
+    assert victim.read_text() == "precious"
+    assert os.listdir(mine) == []
+
+
+def test_a_planted_link_in_the_log_dir_is_never_followed(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    logs = tmp_path / "logs"
+    logs.mkdir(0o700)
+    os.symlink(victim, logs / "worker0.log")
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"), "-n", "1"),
+                             tmp_path, timeout=60)
+    assert code == 2, out
+    assert "log file %s exists already" % (logs / "worker0.log") in out, out
+    assert victim.read_text() == "precious"
+    assert_job_gone(job_id_of(out))
