@@ -198,10 +198,11 @@ def test_a_failure_on_one_node_ends_the_job_everywhere(mpi_job, how):
 
 
 def test_a_launcher_style_controller_script_runs_as_each_node(mpi_job):
-    """The linear example, unchanged, as a 2-node job: its controller script is each rank."""
+    """The linear example, unchanged, as a 2-node job: its controller script is each rank.
+    --controller-args takes a value that looks like an option (no space in it)."""
     example = os.path.join(os.path.dirname(os.path.dirname(PROCS)), "examples", "linear")
     job = mpi_job("-", "--controller", os.path.join(example, "linear_controller.py"),
-                  "--controller-args", "--steps 400", "--tie-every-s", "0.05",
+                  "--controller-args", "--steps=400", "--tie-every-s", "0.05",
                   "--", os.path.join(example, "linear_worker.py"))
     assert job.wait(60) == 0, job.output
     assert job.count("trained ") == 2 and job.count("distance to the true weights") == 4, \

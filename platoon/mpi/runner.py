@@ -17,6 +17,7 @@ from typing import Mapping, Optional, Sequence, Union
 
 from ..environment import JobEnvironment, without_job_variables
 from ..errors import PlatoonError
+from ..launcher import join_option_values
 from ..process import die_with_parent, read_announcement, stop
 from ._comm import abort, import_mpi
 from .link import NodeLink
@@ -207,7 +208,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              "EXPERIMENT_controller.py), or module:Class or file.py:Class "
                              "(created and served); default platoon.Controller")
     parser.add_argument("--controller-args", default="",
-                        help="arguments of a controller script (one shell-quoted string)")
+                        help="arguments of a controller script (one shell-quoted string, "
+                             'which may start with a dash: --controller-args "--steps=400")')
     parser.add_argument("--host", default="127.0.0.1", help="interface the controller binds")
     parser.add_argument("--tie-every-s", type=float, default=None,
                         help="tie the node centres every so many seconds (hierarchical EASGD)")
@@ -224,7 +226,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              "(default 30); then they are stopped")
     parser.add_argument("worker", nargs=argparse.REMAINDER,
                         help="-- then the worker command (python is sys.executable for a .py)")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(join_option_values(sys.argv[1:] if argv is None else argv,
+                                                ["--controller-args"]))
     command = args.worker[1:] if args.worker[:1] == ["--"] else args.worker
     if not command:
         parser.error("give the worker command after --")
