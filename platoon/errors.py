@@ -25,6 +25,11 @@ class MinibatchTimeout(PlatoonError, TimeoutError):
     """No minibatch arrived on the data channel in time."""
 
 
+class UsedAfterFork(PlatoonError, RuntimeError):
+    """A controller's minibatch channel was used in a process forked from the one that made
+    it: ZeroMQ sockets do not work after fork(). Feed minibatches from a thread instead."""
+
+
 class ProtocolError(PlatoonError, ValueError):
     """A message on the control or data channel is malformed."""
 
