@@ -111,9 +111,14 @@ def write_docs(markdown, path=DOCS):
             f.write(new)
 
 
+GENERATED_MD = ("<!-- generated from benchmarks/results/latest.json by `python -m benchmarks "
+                "--write-docs`; do not edit -->\n\n")
+
+
 def write_markdown(markdown, path=LATEST_MD):
+    """benchmarks/results/latest.md: `markdown` under a line saying it is generated."""
     with open(path, "w") as f:
-        f.write(markdown)
+        f.write(GENERATED_MD + markdown)
 
 
 def log(text):

@@ -17,7 +17,7 @@ __all__ = [
     "Controller", "Worker", "ParamSyncRule", "EASGD", "ASGD", "SyncHandle", "SyncStats",
     "PlatoonError", "ControllerTimeout", "LockTimeout", "ServeTimeout", "MinibatchTimeout",
     "ProtocolError", "RemoteError", "LayoutMismatch", "PortInUse", "WorkerDied",
-    "ControllerGone", "SyncTimeout", "CheckpointError", "StopRequested",
+    "ControllerGone", "SyncTimeout", "CheckpointError", "StopRequested", "UsedAfterFork",
     "Downpour", "SGD", "Adam", "average_gradients", "shard", "DiLoCo", "DelayedNesterov",
     "PeriodicSync",
 ]

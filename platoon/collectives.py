@@ -24,7 +24,7 @@ from .checkpoint import load_states
 from .deprecation import renamed_keywords
 from .errors import ControllerTimeout, PlatoonError, ProtocolError
 from .services import ControllerServices
-from .shmem import SEGMENT_PREFIX, SharedCentre, param_offsets
+from .shmem import SharedCentre, param_offsets
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +53,10 @@ MAX_REDUCTION_BUFFERS = 64
 MAX_STATES = 16
 
 
-def create_segment(name, layout):
-    """A new zero-filled controller-owned segment `name` holding `layout`, without stripes."""
-    return SharedCentre.create_named(name, layout, striped=False)
+def create_segment(job_id, kind, layout):
+    """A new zero-filled controller-owned segment of job `job_id` holding `layout`, without
+    stripes, under a random name ``/platoon-JOB-KIND-TOKEN`` (see `SharedCentre.create`)."""
+    return SharedCentre.create(job_id, layout, kind, striped=False)
 
 
 class _Reduction:
@@ -79,6 +80,7 @@ class NodeCollectives:
     def __init__(self, ctl: ControllerServices):
         self._ctl = weakref.proxy(ctl)
         self._reductions = {}  # segment name -> _Reduction
+        self._reduction_names = {}  # (dtype, count) -> segment name
         self._states = {}      # state name -> SharedCentre
         self.rounds = 0
 
@@ -89,9 +91,9 @@ class NodeCollectives:
                                "part: pass num_workers=N to the Controller (the launcher does)")
         return n
 
-    def _create(self, name, layout, what):
+    def _create(self, kind, layout, what):
         self._ctl.reserve_shared(param_offsets(layout)[1], what)
-        return create_segment(name, layout)
+        return create_segment(self._ctl.job_id, kind, layout)
 
     def shared_bytes(self):
         """Bytes of shared memory held by all_reduce buffers and shared states."""
@@ -113,16 +115,17 @@ class NodeCollectives:
             raise PlatoonError("worker %d is a replacement (ids 0-%d started the job): all_reduce "
                                "needs the same workers throughout, so do not combine it with "
                                "worker restarts" % (wid, slots - 1))
-        name = "%s%s-ar-%s-%d" % (SEGMENT_PREFIX, self._ctl.job_id, dtype.str[1:], count)
-        red = self._reductions.get(name)
-        if red is None:
+        name = self._reduction_names.get((dtype.str, count))
+        if name is None:
             if len(self._reductions) >= MAX_REDUCTION_BUFFERS:
                 raise PlatoonError("this job already has %d all_reduce buffers (one per dtype "
                                    "and size); reduce fewer distinct shapes, e.g. concatenate "
                                    "arrays first" % MAX_REDUCTION_BUFFERS)
-            seg = self._create(name, [{"dtype": dtype.str, "shape": [slots + 1, count]}],
+            seg = self._create("ar-%s-%d" % (dtype.str[1:], count),
+                               [{"dtype": dtype.str, "shape": [slots + 1, count]}],
                                "an all_reduce buffer")
-            red = self._reductions[name] = _Reduction(seg, dtype, count, slots)
+            name = self._reduction_names[(dtype.str, count)] = seg.name
+            self._reductions[name] = _Reduction(seg, dtype, count, slots)
             log.info("all_reduce buffer %s: %d slots of %d x %s", name, slots + 1, count, dtype)
         return {"segment": name, "slots": slots, "slot": wid}
 
@@ -217,8 +220,7 @@ class NodeCollectives:
         if seg is None:
             if len(self._states) >= MAX_STATES:
                 raise PlatoonError("this job already has %d shared states" % MAX_STATES)
-            seg = self._create("%s%s-state-%s" % (SEGMENT_PREFIX, self._ctl.job_id, name),
-                               layout, "shared state %r" % name)
+            seg = self._create("state-%s" % name, layout, "shared state %r" % name)
             try:
                 self._resume_state(name, seg)
             except BaseException:
@@ -272,6 +274,7 @@ class NodeCollectives:
             seg.close()
             seg.unlink()
         self._reductions = {}
+        self._reduction_names = {}
         self._states = {}
 
 

@@ -296,7 +296,7 @@ class Controller:
 
     def reserve_shared(self, nbytes: int, what: str) -> None:
         """Raise PlatoonError if allocating `nbytes` more would exceed `max_shared_bytes`."""
-        used = self._collectives.shared_bytes()
+        used = self._collectives.shared_bytes() + self._job_stop.shared_bytes
         if self._res.centre is not None:
             used += self._res.centre.size
         if used + nbytes > self.max_shared_bytes:
@@ -413,7 +413,8 @@ class Controller:
         workers that ask: delivery is at least once. With copy=False the arrays are
         sent without a copy and must not be modified afterwards. Raises StopRequested
         once a stop of the job was requested (at once, also while waiting): no worker
-        asks any more.
+        asks any more, and UsedAfterFork in a process forked from this one (feed from a
+        thread: ZeroMQ sockets do not work after fork()).
         """
         return self._channel("send_mb").send_mb(arrays, timeout_s, copy)
 
@@ -422,7 +423,7 @@ class Controller:
         """Wait until every minibatch sent is acknowledged (its worker asked for the next
         one, or left), re-sending those of workers that failed. Call it after the last
         `send_mb`. Raises MinibatchTimeout after `timeout_s` seconds (None: no limit),
-        StopRequested once a stop of the job was requested."""
+        StopRequested once a stop of the job was requested, UsedAfterFork as `send_mb`."""
         self._channel("flush_mb").flush_mb(timeout_s)
 
     @property

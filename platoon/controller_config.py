@@ -41,7 +41,8 @@ class ControllerConfig:
     max_request_bytes: larger control requests get an error reply (a Worker
         refuses to send them, naming the limit).
     max_shared_bytes: shared memory the job's workers may have the controller
-        allocate, centre, shared states and all_reduce buffers together
+        allocate, centre, shared states, all_reduce buffers and the stop
+        signal (8 KiB) together
         (default: half of the smaller of RAM and /dev/shm); a request that
         would exceed it gets an error reply.
     restarts: how many dead workers a replacement is expected for (the

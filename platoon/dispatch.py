@@ -169,20 +169,25 @@ class RequestDispatcher:
         """A worker's registration (or, with its token, its return after a reconnect)."""
         info = request.req_info if isinstance(request.req_info, dict) else {}
         ctl = self._ctl
+        payload = []
+
+        def welcome(record, new):  # all that can fail, before the worker is recorded
+            reply = {"worker_id": record.worker_id,
+                     "is_first": self._rendezvous.is_first(record.worker_id, new),
+                     "job_id": ctl.job_id, "num_workers": ctl.num_workers,
+                     "controller_pid": os.getpid(), "controller_host": HOSTNAME,
+                     "token": record.token, "max_request_bytes": ctl.max_request_bytes}
+            if ctl.node_link is not None:
+                reply.update(ctl.node_link.topology(record.worker_id))
+            if self._job_stop is not None:
+                reply["stop_segment"] = self._job_stop.open(ctl.reserve_shared)
+            payload.append(protocol.encode_reply(request.seq, reply))
+
         record, new = self._registry.register(envelope[0], info, frame,
-                                              ctl.transport, ctl.control_port)
+                                              ctl.transport, ctl.control_port, welcome)
         if new:
             self._rendezvous.worker_registered(record.worker_id)
-        reply = {"worker_id": record.worker_id,
-                 "is_first": record.worker_id == self._rendezvous.initialiser,
-                 "job_id": ctl.job_id, "num_workers": ctl.num_workers,
-                 "controller_pid": os.getpid(), "controller_host": HOSTNAME,
-                 "token": record.token, "max_request_bytes": ctl.max_request_bytes}
-        if ctl.node_link is not None:
-            reply.update(ctl.node_link.topology(record.worker_id))
-        if self._job_stop is not None:
-            reply["stop_segment"] = self._job_stop.open()
-        self.reply(envelope, request.seq, reply)
+        self._send(envelope, payload[0])
 
     def _init_params(self, envelope, request, record, _):
         info = request.req_info if isinstance(request.req_info, dict) else {}

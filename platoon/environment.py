@@ -45,6 +45,7 @@ class JobEnvironment:
     host: Optional[str] = None  # the interface a node's controller binds (platoon.mpi)
     mpi_node: Optional[int] = None  # 1: this controller is a rank of python -m platoon.mpi
     mpi_timeout_s: Optional[float] = None  # a node this late to a collective hangs
+    assume_gpus: Optional[str] = None  # the launcher takes these GPUs ("0,3") as present
 
     @classmethod
     def read(cls, *names):

@@ -25,6 +25,11 @@ class MinibatchTimeout(PlatoonError, TimeoutError):
     """No minibatch arrived on the data channel in time."""
 
 
+class UsedAfterFork(PlatoonError, RuntimeError):
+    """A controller's minibatch channel was used in a process forked from the one that made
+    it: ZeroMQ sockets do not work after fork(). Feed minibatches from a thread instead."""
+
+
 class ProtocolError(PlatoonError, ValueError):
     """A message on the control or data channel is malformed."""
 
@@ -64,6 +69,10 @@ class CheckpointError(PlatoonError, ValueError):
 
 class PortInUse(PlatoonError, OSError):
     """The controller could not bind its socket because the address is taken."""
+
+
+class SegmentExists(PlatoonError, FileExistsError):
+    """A shared-memory segment could not be created: its name exists already."""
 
 
 class WorkerDied(PlatoonError, RuntimeError):

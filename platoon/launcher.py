@@ -12,17 +12,21 @@ import shutil
 import signal
 import subprocess
 import sys
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from .environment import JobEnvironment
 from .supervision import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, Launch, Process,  # noqa: F401
                           UsageError, make_private_dirs, open_private)
 
-__all__ = ["main", "parse_args", "find_scripts", "plan_devices", "visible_gpus"]
+__all__ = ["main", "parse_args", "find_scripts", "plan_devices", "visible_gpus",
+           "find_gpus", "join_option_values"]
 
 EPILOG = """\
 devices: without -D, every visible CUDA GPU gets a worker; with none, -n CPU workers run.
 Each worker sees only its GPU (CUDA_VISIBLE_DEVICES) and learns its name from Worker.device.
+
+script arguments: -c and -w take one string, which may start with a dash:
+  platoon-launcher examples/digits/digits -c "--no-baseline" -w "--lr 0.8"
 
 exit codes:
   0    every process finished successfully
@@ -75,6 +79,25 @@ def _duration(parser, new, old, help, default=None):
                         help=argparse.SUPPRESS, action=_deprecated(new))
 
 
+# Options whose value is a command line of their own: it may start with a dash.
+SCRIPT_ARGS_OPTIONS = ("-c", "--controller-args", "-w", "--worker-args")
+
+
+def join_option_values(argv: Sequence[str], options: Sequence[str]) -> List[str]:
+    """`argv` with each of `options` written as its own word (``-c VALUE``) joined to the next
+    word (``-c=VALUE``), so that argparse takes a VALUE that looks like an option, such as
+    ``--no-baseline``. Words after ``--`` are left as they are."""
+    joined, words = [], list(argv)
+    while words:
+        word = words.pop(0)
+        if word == "--":
+            return joined + [word] + words
+        if word in options and words:
+            word += "=" + words.pop(0)
+        joined.append(word)
+    return joined
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The launcher's options; exits with status 2 (argparse's usage error) on bad ones."""
     parser = argparse.ArgumentParser(
@@ -88,9 +111,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="CPU workers when no GPU is used (default 2); with --hosts, "
                         "workers per host")
     parser.add_argument("-c", "--controller-args", default="", metavar="ARGS",
-                        help="arguments for the controller script, as one string")
+                        help="arguments for the controller script, as one string: "
+                        '-c "--no-baseline"')
     parser.add_argument("-w", "--worker-args", default="", metavar="ARGS",
-                        help="arguments for each worker script, as one string")
+                        help="arguments for each worker script, as one string: "
+                        '-w "--lr 0.8"')
     parser.add_argument("--log-dir", help="default: PLATOON_LOGS/EXPERIMENT/<timestamp>/")
     parser.add_argument("--control-port", type=int, help="default: a free port")
     parser.add_argument("--data-port", type=int, help="default: a free port")
@@ -126,7 +151,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "(written 0600 to LOG_DIR/curve_keys.json); not with --hosts")
     parser.add_argument("--log-level",
                         default=JobEnvironment.read("log_level").log_level or "INFO")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(join_option_values(
+        sys.argv[1:] if argv is None else argv, SCRIPT_ARGS_OPTIONS))
     if args.hosts:
         for dest, flag, why in NOT_WITH_HOSTS:
             if getattr(args, dest) not in (None, False):
@@ -160,28 +186,73 @@ def find_scripts(experiment):
     return worker, controller if os.path.isfile(controller) else None
 
 
-def visible_gpus() -> List[str]:
-    """Indices of the CUDA GPUs this process may use (empty without GPUs or drivers)."""
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
-        return [d.strip() for d in listed.split(",") if d.strip() and d.strip() != "-1"]
+def _indices(listed: str) -> List[str]:
+    return [d.strip() for d in listed.split(",") if d.strip() and d.strip() != "-1"]
+
+
+def _machine_gpus() -> Tuple[List[str], List[str]]:
+    """(indices of the machine's NVIDIA GPUs, what was looked at): nvidia-smi's list, else
+    the /dev/nvidiaN device files."""
+    seen = []
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return []
-    try:
-        out = subprocess.run([smi, "--query-gpu=index", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [line.strip() for line in out.stdout.splitlines() if line.strip().isdigit()]
+        seen.append("nvidia-smi (not on PATH)")
+    else:
+        try:
+            out = subprocess.run([smi, "--query-gpu=index", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            seen.append("nvidia-smi (failed: %s)" % exc)
+        else:
+            found = [line.strip() for line in out.stdout.splitlines() if line.strip().isdigit()]
+            if found:
+                return found, ["nvidia-smi (GPUs %s)" % ", ".join(found)]
+            seen.append("nvidia-smi (no GPU listed, exit code %d)" % out.returncode)
+    found = sorted((name[len("nvidia"):] for name in os.listdir("/dev")
+                    if re.fullmatch(r"nvidia\d+", name)), key=int) if os.path.isdir("/dev") else []
+    seen.append("/dev/nvidiaN (%s)" % (", ".join("nvidia" + i for i in found) or "none"))
+    return found, seen
+
+
+def find_gpus() -> Tuple[List[str], List[str]]:
+    """(indices of the CUDA GPUs this process may use, what was looked at to find them).
+
+    The machine's GPUs (nvidia-smi, else /dev/nvidiaN), narrowed to those CUDA_VISIBLE_DEVICES
+    lists if it is set; PLATOON_ASSUME_GPUS (indices, "0,3") replaces the search (tests, or
+    GPUs the launcher cannot see).
+    """
+    assumed = JobEnvironment.read("assume_gpus").assume_gpus
+    if assumed is not None:
+        return _indices(assumed), ["PLATOON_ASSUME_GPUS=%r" % assumed]
+    found, seen = _machine_gpus()
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return found, seen + ["CUDA_VISIBLE_DEVICES (unset)"]
+    return (_indices(listed) if found else []), seen + ["CUDA_VISIBLE_DEVICES=%r" % listed]
+
+
+def visible_gpus() -> List[str]:
+    """Indices of the CUDA GPUs this process may use (empty without GPUs or drivers)."""
+    return find_gpus()[0]
 
 
 def plan_devices(args, say) -> List[str]:
-    """The device of each worker: 'cudaK' or 'cpu'."""
+    """The device of each worker: 'cudaK' or 'cpu'. Raises UsageError for a device that is
+    not "cpu" or "cudaK", or a GPU this machine does not have (or hides)."""
     if args.devices:
         for dev in args.devices:
             if dev != "cpu" and not re.fullmatch(r"cuda\d+", dev):
                 raise UsageError("unknown device %r; use cuda0, cuda1, ... or cpu" % dev)
+        wanted = [dev for dev in args.devices if dev != "cpu"]
+        if wanted:
+            gpus, seen = find_gpus()
+            missing = [dev for dev in wanted if dev[len("cuda"):] not in gpus]
+            if missing:
+                raise UsageError(
+                    "-D %s: no such GPU visible here (GPUs found: %s); looked at %s. Use -D "
+                    "cpu, or leave out -D to start -n CPU workers" % (
+                        " ".join(missing), ", ".join("cuda" + g for g in gpus) or "none",
+                        ", ".join(seen)))
         return list(args.devices)
     gpus = visible_gpus()
     if gpus:
@@ -204,31 +275,45 @@ def run(launch: Launch) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``platoon-launcher``: run a job; returns the exit code (see EPILOG)."""
-    args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="platoon-launcher: %(message)s")
-    launch = Launch(args)
+    """``platoon-launcher``: run a job; returns the exit code (see EPILOG).
+
+    The first SIGINT or SIGTERM stops the job and sets the exit code (128 + its number);
+    signals after it are ignored, so that two at once make one orderly stop.
+    """
+    received = []
 
     def interrupt(signum, frame):
-        raise Interrupted(signum)
+        if not received:
+            received.append(signum)
+            raise Interrupted(signum)
 
-    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGINT, interrupt)  # first of all: start-up is interruptible too
     signal.signal(signal.SIGTERM, interrupt)
+    launch = None
     try:
-        return run(launch)
-    except UsageError as exc:
-        print("platoon-launcher: %s" % exc, file=sys.stderr)
-        return EXIT_USAGE
+        try:
+            args = parse_args(argv)
+            logging.basicConfig(level=args.log_level.upper(),
+                                format="platoon-launcher: %(message)s")
+            launch = Launch(args)
+            return run(launch)
+        except UsageError as exc:
+            print("platoon-launcher: %s" % exc, file=sys.stderr)
+            return EXIT_USAGE
+        finally:
+            if launch is not None and launch.running():
+                launch.stop_all()
     except Interrupted as exc:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        launch.say("%s received: stopping the job" % exc)
-        launch.stop_all()
+        message = "%s received: stopping the job" % exc
+        if launch is None:
+            print("platoon-launcher: %s" % message, file=sys.stderr, flush=True)
+        else:
+            launch.say(message)
+            launch.stop_all()
         return 128 + exc.signum
     finally:
-        if launch.running():
-            launch.stop_all()
-        launch.make_status_private()
+        if launch is not None:
+            launch.make_status_private()
 
 
 if __name__ == "__main__":

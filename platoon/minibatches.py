@@ -1,14 +1,19 @@
 """The controller's side of the minibatch channel: request-driven delivery.
 
 The data socket is a ROUTER. A worker's DEALER asks for minibatches with a request
-frame (see `platoon.protocol`) carrying its registration token, how many more it
-wants (its credit) and how many it has finished (acknowledging them). A minibatch
-goes only to a registered, live worker with credit, in the order the requests came;
-a peer without a valid token gets an error frame and nothing else. Minibatches sent
-to a worker and not yet acknowledged are kept: when the worker fails they are
-re-sent to the next workers that ask; when it closes, those it prefetched but never
-took are. Everything here runs in the thread calling `send_mb` / `flush_mb`; the
-serve thread only reports workers that left, through a deque and a wake-up pipe.
+frame (see `platoon.protocol`) carrying its registration token, how many it has
+finished (acknowledging them) and how many more beyond those it wants on their way
+(its window; asking again is harmless, so a waiting worker repeats its request). A
+minibatch goes only to a registered, live worker with credit, in the order the
+requests came; a peer without a valid token gets one error frame, and what it sends
+afterwards is dropped unread, at a bounded cost per frame, so a flood cannot hold up
+the workers' requests. Minibatches sent to a worker and not yet acknowledged are
+kept, by worker rather than by connection: when the worker fails they are re-sent to
+the next workers that ask; when it closes, those it prefetched but never took are;
+when its connection is reset, those it had not received by its first request on
+the new one are. Everything here runs in the thread calling `send_mb` / `flush_mb`,
+in the process that made the channel; the serve thread only reports workers that
+left, through a deque and a wake-up pipe.
 """
 
 import collections
@@ -21,7 +26,7 @@ import time
 import zmq
 
 from . import protocol
-from .errors import MinibatchTimeout, ProtocolError, StopRequested
+from .errors import MinibatchTimeout, ProtocolError, StopRequested, UsedAfterFork
 from .logthrottle import ThrottledLog
 
 log = logging.getLogger(__name__)
@@ -33,12 +38,12 @@ class _Peer:
     __slots__ = ("worker_id", "token", "identity", "credit", "sent", "unacked", "queued",
                  "gone")
 
-    def __init__(self, worker_id, token, identity):
+    def __init__(self, worker_id, token, identity, received):
         self.worker_id = worker_id
         self.token = token
-        self.identity = identity
+        self.identity = identity  # of its current connection
         self.credit = 0  # minibatches asked for and not yet sent
-        self.sent = 0  # minibatches sent, which numbers them: the worker counts the same
+        self.sent = received  # minibatches sent, which numbers them: the worker counts the same
         self.unacked = collections.deque()  # (number, frames) sent and not acknowledged
         self.queued = False  # in the channel's `ready` deque
         self.gone = False
@@ -56,6 +61,8 @@ class MinibatchChannel:
     # bounds the queue; requests are small, so a peer sending more is dropped.
     SOCKET_OPTIONS = {zmq.ROUTER_MANDATORY: 1, zmq.SNDHWM: 0, zmq.MAXMSGSIZE: 4096}
     DRAIN_EVERY = 8
+    DRAIN_AT_MOST = 64  # requests read at once: a flood must not keep the sender reading
+    REFUSED_AT_MOST = 4096  # connections remembered as refused (their frames dropped unread)
 
     def __init__(self, sock, hwm, workers, address):
         self._lock = threading.Lock()  # one sending thread at a time
@@ -63,7 +70,8 @@ class MinibatchChannel:
         self.hwm = hwm
         self.workers = workers
         self.address = address
-        self.peers = {}  # identity -> _Peer
+        self.peers = {}  # worker id -> _Peer
+        self.refused = {}  # identities of connections refused once (insertion-ordered)
         self.ready = collections.deque()  # peers with credit, in the order they asked
         self.resend = collections.deque()  # frames of minibatches to deliver again, first
         self.left = collections.deque()  # (token, failed) of workers that left: serve thread
@@ -71,6 +79,7 @@ class MinibatchChannel:
         self._sends_undrained = 0  # sends since the socket was last read
         self.stopped = None  # a callable: a message once the job's stop was requested, else None
         self._warnings = ThrottledLog(log)
+        self._pid = os.getpid()  # its sockets work in this process only
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -98,6 +107,7 @@ class MinibatchChannel:
         """Encode `arrays` and deliver them (see `Controller.send_mb`); the taker's id."""
         # With copy, one packed frame (a single copy); without, packed only when small
         # (ZeroMQ copies small frames anyway), else views of the arrays.
+        self._check_process("send_mb")
         frames = protocol.encode_minibatch(arrays, pack=True if copy else None)
         with self._lock:
             taker = self.deliver(frames, _deadline(timeout_s))
@@ -108,6 +118,7 @@ class MinibatchChannel:
 
     def flush_mb(self, timeout_s):
         """Wait until every minibatch is acknowledged (see `Controller.flush_mb`)."""
+        self._check_process("flush_mb")
         with self._lock:
             held = self.flush(_deadline(timeout_s))
         if held:
@@ -156,6 +167,14 @@ class MinibatchChannel:
 
     # -- internals --
 
+    def _check_process(self, caller):
+        if os.getpid() != self._pid:
+            raise UsedAfterFork(
+                "Controller.%s() called in process %d, forked from the controller's process "
+                "%d: ZeroMQ sockets do not work after fork(), so nothing would be delivered. "
+                "Feed minibatches from a thread of the controller process (threading.Thread), "
+                "not from a multiprocessing.Process" % (caller, os.getpid(), self._pid))
+
     def _check_stopped(self):
         stopped = self.stopped() if self.stopped is not None else None
         if stopped is not None:
@@ -179,7 +198,9 @@ class MinibatchChannel:
         return bool(events) or deadline is None or time.monotonic() < deadline
 
     def _drain(self):
-        """Handle workers that left, then every request waiting on the socket."""
+        """Handle workers that left, then the requests waiting on the socket (at most
+        DRAIN_AT_MOST: ZeroMQ takes them from each connection in turn, so a worker's
+        request is among the first few however much a rogue peer sends)."""
         self._sends_undrained = 0
         while self.left:
             token, failed = self.left.popleft()
@@ -190,11 +211,15 @@ class MinibatchChannel:
                     else:  # its farewell on this socket says what it took; nothing more
                         peer.credit = 0
         sock = self.sock
-        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # cheaper than a recv raising Again
+        for _ in range(self.DRAIN_AT_MOST):
+            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # cheaper than a recv raising Again
+                break
             self._request(sock.recv_multipart())
 
     def _request(self, frames):
         identity = frames[0]
+        if identity in self.refused:  # answered once already: dropped unread
+            return None
         try:
             if len(frames) != 2:
                 raise ProtocolError("a minibatch request is one frame, got %d" % (len(frames) - 1))
@@ -202,12 +227,11 @@ class MinibatchChannel:
         except ProtocolError as exc:
             return self._refuse(identity, str(exc))
         record = self.workers.get(wid)
-        peer = self.peers.get(identity)
-        if record is None or not hmac.compare_digest(record.token.encode(), token.encode()) \
-                or (peer is not None and peer.token != record.token):
+        if record is None or not hmac.compare_digest(record.token.encode(), token.encode()):
             return self._refuse(identity, "minibatch request refused: no registered worker %d "
-                                "with that token on this connection; platoon.Worker registers "
-                                "on the control socket first" % wid)
+                                "with that token; platoon.Worker registers on the control "
+                                "socket first" % wid)
+        peer = self.peers.get(wid)
         if bye:  # a worker leaving: what it has not taken goes to others
             if peer is not None:
                 self._ack(peer, done)
@@ -217,13 +241,32 @@ class MinibatchChannel:
             return self._refuse(identity, "worker %d has left the job; it gets no more "
                                 "minibatches" % wid)
         if peer is None:
-            peer = self.peers[identity] = _Peer(wid, record.token, identity)
+            peer = self.peers[wid] = _Peer(wid, record.token, identity, done)
+        elif peer.identity != identity:
+            self._reconnected(peer, identity, done)
         self._ack(peer, done)
-        peer.credit += credit
+        peer.credit = max(0, done + credit - peer.sent)
         self._queue(peer)
         return None
 
+    def _reconnected(self, peer, identity, done):
+        """`peer` asks on a new connection (the old one was reset), having received `done`:
+        those sent after them were lost with the old connection (or are arriving still:
+        delivery is at least once) and go to the next workers that ask."""
+        self._ack(peer, done)
+        log.warning("worker %d's data connection was reset; re-sending the %d minibatch(es) "
+                    "sent to it that it had not received", peer.worker_id, len(peer.unacked))
+        self.resend.extendleft(reversed([frames for _, frames in peer.unacked]))
+        peer.unacked.clear()
+        peer.identity = identity
+        peer.sent = done  # the numbers it gives from now on
+
     def _refuse(self, identity, message):
+        """Answer the connection `identity` once with `message`; its later frames are dropped."""
+        refused = self.refused
+        if len(refused) >= self.REFUSED_AT_MOST:
+            del refused[next(iter(refused))]  # the oldest: bounded memory
+        refused[identity] = None
         self._warnings.warning("minibatch-refusal", "data socket %s: %s", self.address, message)
         try:
             self.sock.send_multipart([identity, protocol.encode_mb_refusal(message)])
@@ -283,7 +326,8 @@ class MinibatchChannel:
     def _drop(self, peer, why):
         """Forget `peer`; its unacknowledged minibatches are re-sent first."""
         peer.gone = True
-        self.peers.pop(peer.identity, None)
+        if self.peers.get(peer.worker_id) is peer:
+            del self.peers[peer.worker_id]
         if peer.unacked:
             log.warning("worker %d %s holding %d minibatch(es) it had not finished; re-sending "
                         "them to the next workers that ask", peer.worker_id, why,
@@ -306,13 +350,17 @@ class MinibatchClient:
     topping the window up and acknowledging every minibatch received so far, once
     half the window has arrived, or once it has waited ACK_AFTER_MS for a minibatch:
     one request per several minibatches while they stream, and a worker waiting
-    in `recv_mb` has acknowledged all it finished (so `flush_mb` completes).
+    in `recv_mb` has acknowledged all it finished (so `flush_mb` completes). A
+    request gives the window beyond those received, not an increment, so repeating
+    it is harmless: a worker still waiting after ASK_AGAIN_S asks again, in case its
+    request or minibatches were lost with a reset connection.
 
     Holds no reference to the Worker, so a finalizer can say goodbye (`leave`)
     when the worker is closed or its process exits.
     """
 
     ACK_AFTER_MS = 1  # a worker waiting this long for a minibatch acknowledges what it has
+    ASK_AGAIN_S = 0.5  # a worker waiting this long for a minibatch repeats its request
 
     def __init__(self, sock, worker_id, token, prefetch, controller_alive, address=None):
         self.sock = sock
@@ -328,15 +376,14 @@ class MinibatchClient:
         self.failed = None  # a callable: did the worker fail? (set by the Worker)
         self._controller_alive = controller_alive
 
-    def ask(self):
-        """Acknowledge every minibatch received so far and keep the window asked for."""
-        want = self.window - self.outstanding
-        if want > 0 or self.received > self.acked:
-            want = max(want, 0)
+    def ask(self, again=False):
+        """Acknowledge every minibatch received so far and keep the window asked for
+        (when either changed, or `again`)."""
+        if again or self.outstanding < self.window or self.received > self.acked:
             self.sock.send(protocol.encode_mb_request(self.worker_id, self.token, self.received,
-                                                      want), zmq.NOBLOCK)
+                                                      self.window), zmq.NOBLOCK)
             self.acked = self.received
-            self.outstanding += want
+            self.outstanding = self.window
 
     def receive(self, recv_within, deadline, timeout_s):
         """Ask for (when due) and receive one minibatch (see `Worker.recv_mb`); its arrays.
@@ -358,7 +405,7 @@ class MinibatchClient:
             except zmq.Again:
                 raise MinibatchTimeout("cannot ask %s for a minibatch: the request queue is "
                                        "full" % self.address) from None
-            first = recv_within(sock, deadline, copy=False)
+            first = self._recv_asking_again(recv_within, deadline)
             if first is None:
                 raise MinibatchTimeout("no minibatch from %s within %.3g s"
                                        % (self.address, timeout_s)) from None
@@ -378,6 +425,19 @@ class MinibatchClient:
             raise
         self.received_one()
         return arrays
+
+    def _recv_asking_again(self, recv_within, deadline):
+        """`recv_within` until `deadline`, repeating the request every ASK_AGAIN_S."""
+        while True:
+            step = time.monotonic() + self.ASK_AGAIN_S
+            frame = recv_within(self.sock, step if deadline is None else min(step, deadline),
+                                copy=False)
+            if frame is not None or (deadline is not None and time.monotonic() >= deadline):
+                return frame
+            try:
+                self.ask(again=True)
+            except zmq.Again:  # the request queue is full: one is on its way anyway
+                pass
 
     def received_one(self):
         self.received += 1

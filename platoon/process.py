@@ -17,7 +17,7 @@ import time
 from typing import Callable, Iterable, List, NamedTuple, Optional
 
 SHM_DIR = "/dev/shm"
-SEGMENT_PREFIX = "/platoon-"  # POSIX name of every platoon segment: /platoon-JOB-...
+SEGMENT_PREFIX = "/platoon-"  # POSIX name of every platoon segment: /platoon-JOB-KIND-TOKEN
 PR_SET_PDEATHSIG = 1
 
 
@@ -185,9 +185,11 @@ def own_segments(prefix: str = SEGMENT_PREFIX, shm_dir: str = SHM_DIR) -> List[s
     return found
 
 
-def job_segments(job_id: str, shm_dir: str = SHM_DIR) -> List[str]:
-    """The shared-memory segments of job `job_id` (``platoon-JOB-*``) that this user owns."""
-    return own_segments("%s%s-" % (SEGMENT_PREFIX, job_id), shm_dir)
+def job_segments(job_id: str, shm_dir: str = SHM_DIR, *, kind: str = "") -> List[str]:
+    """The shared-memory segments of job `job_id` (``platoon-JOB-*``; of one `kind` only,
+    ``platoon-JOB-KIND-*``, if given) that this user owns."""
+    return own_segments("%s%s-%s" % (SEGMENT_PREFIX, job_id, kind + "-" if kind else ""),
+                        shm_dir)
 
 
 def unlink_job_segments(job_id: str, shm_dir: str = SHM_DIR) -> List[str]:

@@ -15,9 +15,10 @@ endian), the header, then each array, every part starting at a multiple of 8
 bytes (zero padding). Larger ones are a multipart message: the header frame, then
 one frame per array. A worker asks for minibatches with one binary frame: ``b"PMR\\x01"``,
 bye (1 byte), 3 zero bytes, its worker id (int64), how many minibatches it has
-finished (uint64: acknowledging them all), how many more it asks for (its credit,
-uint32), little endian, then its registration token (ASCII); with bye it leaves
-the channel. A refused request is answered with one frame ``{"error": str}``.
+finished (uint64: acknowledging them all), how many beyond those it wants sent (its
+window, uint32: a repeated request asks for nothing new), little endian, then its
+registration token (ASCII); with bye it leaves the channel. A connection whose request
+is refused is answered once with one frame ``{"error": str}``; its later frames are dropped.
 """
 
 import json

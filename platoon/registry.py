@@ -123,17 +123,23 @@ class WorkerRegistry:
     # -- registration --
 
     def register(self, identity: bytes, info: dict, identity_frame,
-                 transport: str, control_port: Optional[int]) -> Tuple[WorkerRecord, bool]:
+                 transport: str, control_port: Optional[int],
+                 welcome: Optional[Callable[[WorkerRecord, bool], None]] = None
+                 ) -> Tuple[WorkerRecord, bool]:
         """A new worker's record, or (with its token) a reconnecting worker's: (record, new).
 
+        All or nothing: `welcome(record, new)` (which builds the reply) runs before anything
+        is recorded; if it raises, the registry is left as it was, so the worker may retry.
         Raises PlatoonError when the job is full or the peer's pid claim does not hold,
         ProtocolError for a reconnection with an unknown id or token.
         """
         record = self._by_identity.get(identity)
         if record is not None:
+            if welcome is not None:
+                welcome(record, False)
             return record, False
         if "token" in info:
-            return self._reconnect(identity, info), False
+            return self._reconnect(identity, info, welcome), False
         pid, local = check_peer(info, identity_frame, transport, control_port,
                                 self._claimed_by(info.get("pid")))
         if self.running() >= (self.num_workers or float("inf")):
@@ -141,7 +147,13 @@ class WorkerRegistry:
         if self.running() >= (self.num_workers or float("inf")):
             raise PlatoonError("job %s is full: num_workers=%d workers are running"
                                % (self.job_id, self.num_workers))
-        record = WorkerRecord(self._assign_id(info.get("index")), identity, pid, local)
+        record = WorkerRecord(self._choose_id(info.get("index")), identity, pid, local)
+        if welcome is not None:
+            welcome(record, True)
+        for entry in self._awaiting:  # its id was a failed worker's: that one is replaced
+            if entry[1] == record.worker_id:
+                self._awaiting.remove(entry)
+                break
         replaced = self._by_id.get(record.worker_id)
         if replaced is not None:
             replaced.state = WorkerState.REPLACED
@@ -157,27 +169,24 @@ class WorkerRegistry:
         return sum(rec.local and rec.pid == pid and not rec.has_left
                    for rec in self._by_id.values())
 
-    def _assign_id(self, requested) -> int:
+    def _choose_id(self, requested) -> int:
         """The launcher's index for this worker if it is free (or belongs to a failed worker
         awaiting a replacement), else the id of a failed worker awaiting one, else the
-        lowest free id."""
+        lowest free id. Changes nothing: `register` records the choice."""
         ok = isinstance(requested, int) and not isinstance(requested, bool) and requested >= 0 \
             and (self.num_workers is None or requested < self.num_workers)
-        if ok:
-            for entry in self._awaiting:
-                if entry[1] == requested:
-                    self._awaiting.remove(entry)
-                    return requested
-            if requested not in self._by_id:
-                return requested
+        if ok and (requested not in self._by_id
+                   or any(entry[1] == requested for entry in self._awaiting)):
+            return requested
         if self._awaiting:
-            return self._awaiting.pop(0)[1]
+            return self._awaiting[0][1]
         wid = 0
         while wid in self._by_id:
             wid += 1
         return wid
 
-    def _reconnect(self, identity: bytes, info: dict) -> WorkerRecord:
+    def _reconnect(self, identity: bytes, info: dict,
+                   welcome: Optional[Callable[[WorkerRecord, bool], None]]) -> WorkerRecord:
         """A registered worker's new connection (after a reset), proven by its token."""
         wid, token = info.get("worker_id"), info.get("token")
         record = self._by_id.get(wid) if isinstance(wid, int) else None
@@ -188,6 +197,8 @@ class WorkerRegistry:
         if record.has_left:
             raise PlatoonError("worker %d has already left job %s; create a new Worker"
                                % (wid, self.job_id))
+        if welcome is not None:
+            welcome(record, False)
         self._by_identity.pop(record.identity, None)
         record.identity = identity
         self._by_identity[identity] = record

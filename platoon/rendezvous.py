@@ -46,6 +46,11 @@ class Rendezvous:
         if self.initialiser is None and not self.centre_ready and self._resume is None:
             self.initialiser = worker_id
 
+    def is_first(self, worker_id: int, new: bool) -> bool:
+        """Whether worker `worker_id` initialises the centre (once registered, if `new`)."""
+        return self.initialiser == worker_id or (
+            new and self.initialiser is None and not self.centre_ready and self._resume is None)
+
     def init_params(self, envelope: list, seq: Optional[int], record: WorkerRecord,
                     layout: list) -> None:
         """``platoon-init-params``: create or check the centre, then tell the worker its

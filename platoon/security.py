@@ -35,20 +35,25 @@ def generate_keys(path):
     client_public, client_secret = zmq.curve_keypair()
     keys = dict(zip(KEY_NAMES, (k.decode() for k in (server_public, server_secret,
                                                      client_public, client_secret))))
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(keys, f)
     return path
 
 
 def load_keys(path):
-    """The key set in `path`; raises PlatoonError if it is unreadable or others can read it."""
+    """The key set in `path`; raises PlatoonError if it is unreadable, a link, another user's,
+    or others can read it."""
     try:
-        mode = os.stat(path).st_mode
-        with open(path) as f:
+        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW)) as f:  # never through a link
+            info = os.fstat(f.fileno())
             keys = json.load(f)
     except (OSError, ValueError) as exc:
         raise PlatoonError("cannot read the job's keys from %s (%s)" % (path, exc)) from None
+    if info.st_uid != os.getuid():
+        raise PlatoonError("keys file %s belongs to uid %d, not to you (uid %d): use keys "
+                           "your launcher made" % (path, info.st_uid, os.getuid()))
+    mode = info.st_mode
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise PlatoonError("keys file %s is readable by other users; run chmod 600 on it"
                            % path)

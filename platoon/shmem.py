@@ -24,6 +24,7 @@ import logging
 import math
 import mmap
 import os
+import secrets
 import stat
 import struct
 import threading
@@ -33,7 +34,7 @@ import weakref
 import numpy as np
 import posix_ipc
 
-from .errors import LockTimeout, PlatoonError
+from .errors import LockTimeout, PlatoonError, SegmentExists
 from .process import SEGMENT_PREFIX, own_segments, pid_alive  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ HEADER = struct.Struct("<8sqqq")  # magic, owner pid, payload bytes, number of p
 HEADER_BYTES = 4096
 ALIGN = 64
 MAX_STRIPES = 64
+NAME_ATTEMPTS = 8  # random names tried for a new segment before giving up
 MIN_STRIPE_BYTES = 1 << 20  # smaller stripes cost more in lock calls than they gain
 STRIPE_ALIGN_ELEMENTS = 16  # stripes of float32 never share a 64-byte cache line
 
@@ -62,9 +64,11 @@ def _path(name):
     return "/dev/shm" + name
 
 
-def segment_name(job_id):
-    """The name of a job's centre segment (the job id makes it unique and unguessable)."""
-    return "%s%s-centre" % (SEGMENT_PREFIX, job_id)
+def new_segment_name(job_id, kind):
+    """A fresh name for a segment of job `job_id`: ``/platoon-JOB-KIND-TOKEN``, TOKEN 16
+    random hex digits. The job id is no secret (anyone can list /dev/shm), the token is:
+    nobody can create the name before we do. Workers learn it from the controller."""
+    return "%s%s-%s-%s" % (SEGMENT_PREFIX, job_id, kind, secrets.token_hex(8))
 
 
 def segment_owner(path):
@@ -333,20 +337,34 @@ class SharedCentre:
         return os.open(_path(self.name), os.O_RDWR | os.O_CLOEXEC)
 
     @classmethod
-    def create(cls, job_id, layout):
-        """Create the job's centre for `layout`; raises PlatoonError if it already exists."""
-        return cls.create_named(segment_name(job_id), layout)
+    def create(cls, job_id, layout, kind="centre", striped=True):
+        """Create a new segment of job `job_id` for `layout` under a name of its own
+        (`new_segment_name`); a name that exists already (squatted by someone who guessed
+        it) is answered by drawing another. Raises PlatoonError after `NAME_ATTEMPTS`
+        taken names, or if the segment does not fit in /dev/shm."""
+        for _ in range(NAME_ATTEMPTS):
+            name = new_segment_name(job_id, kind)
+            try:
+                return cls.create_named(name, layout, striped)
+            except SegmentExists:
+                log.warning("shared memory %s exists already, though its name was drawn at "
+                            "random (created by another local user?); drawing another", name)
+        raise PlatoonError("could not create the %s segment of job %s: %d names drawn at random "
+                           "in /dev/shm/platoon-%s-%s-* all existed already; another local "
+                           "user may be squatting them: see who owns them (ls -l /dev/shm)"
+                           % (kind, job_id, NAME_ATTEMPTS, job_id, kind))
 
     @classmethod
     def create_named(cls, name, layout, striped=True):
         """Create segment `name` (mode 0600, fully allocated, header naming this process as
-        owner); raises PlatoonError if it exists or does not fit in /dev/shm."""
+        owner); raises SegmentExists if it exists, PlatoonError if it does not fit in
+        /dev/shm."""
         _, size = param_offsets(layout)
         try:
             shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
         except posix_ipc.ExistentialError:
-            raise PlatoonError("shared memory %s already exists: another job uses this job id; "
-                               "give each job its own id" % name) from None
+            raise SegmentExists("shared memory %s already exists (another job's, or created by "
+                                "someone else); choose another name" % name) from None
         try:
             try:
                 os.posix_fallocate(shm.fd, 0, size)  # fail now, not with SIGBUS on first touch

@@ -1,7 +1,8 @@
 """The job-wide stop signal: one byte of shared memory that every worker of a node reads.
 
-The controller creates the segment ``/platoon-JOB-stop`` when the first worker
-registers, names it in every registration reply, and unlinks it when it closes.
+The controller creates the segment ``/platoon-JOB-stop-TOKEN`` (TOKEN random, so
+nobody can create the name first) when the first worker registers, names it in every
+registration reply, and unlinks it when it closes.
 It is the only writer: a worker asks it to stop with the reserved request
 ``platoon-stop``. A worker maps the segment and reads one byte, so checking the
 signal costs well under a microsecond and never a round trip to the controller.
@@ -15,9 +16,9 @@ UTF-8 (at most `MAX_REASON_BYTES`). The flag is written last.
 import logging
 import struct
 import threading
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
-from .shmem import SEGMENT_PREFIX, SharedCentre
+from .shmem import SharedCentre, param_offsets
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
 
@@ -27,11 +28,7 @@ CONTROLLER = -1  # "who asked" when the controller itself asked
 OTHER_NODE = -2  # ... when the stop came from another node's controller (platoon.mpi)
 _FIELDS = struct.Struct("<qI")  # who asked, reason length; at offset 8
 _LAYOUT = [{"dtype": "uint8", "shape": [PAYLOAD_BYTES]}]
-
-
-def segment_name(job_id: str) -> str:
-    """The POSIX name of job `job_id`'s stop segment."""
-    return "%s%s-stop" % (SEGMENT_PREFIX, job_id)
+SEGMENT_BYTES = param_offsets(_LAYOUT)[1]  # shared memory the segment takes, header included
 
 
 def describe(by: Optional[int]) -> str:
@@ -59,8 +56,9 @@ class StopSignal:
 
     @classmethod
     def create(cls, job_id: str) -> "StopSignal":
-        """Create job `job_id`'s stop segment, cleared; raises PlatoonError if it exists."""
-        return cls(SharedCentre.create_named(segment_name(job_id), _LAYOUT, striped=False))
+        """Create job `job_id`'s stop segment, cleared, under a random name (see
+        `SharedCentre.create`); raises PlatoonError if it cannot."""
+        return cls(SharedCentre.create(job_id, _LAYOUT, "stop", striped=False))
 
     @classmethod
     def attach(cls, name: str) -> "StopSignal":
@@ -133,11 +131,19 @@ class JobStop:
         signal = self._signal
         return None if signal is None else signal.name
 
-    def open(self) -> str:
+    @property
+    def shared_bytes(self) -> int:
+        """Bytes of shared memory the segment holds (0 while it does not exist)."""
+        return 0 if self._signal is None else SEGMENT_BYTES
+
+    def open(self, reserve: Optional[Callable[[int, str], None]] = None) -> str:
         """Create the segment, once (at the first registration, so a controller killed
-        before any worker came leaves none), set if a stop was requested before; its name."""
+        before any worker came leaves none), set if a stop was requested before; its name.
+        `reserve(nbytes, what)` is asked first and may refuse by raising PlatoonError."""
         with self._lock:
             if self._signal is None:
+                if reserve is not None:
+                    reserve(SEGMENT_BYTES, "the stop signal")
                 self._signal = StopSignal.create(self.job_id)
                 if self.requested:
                     self._signal.set(self.by, self.reason)

@@ -10,12 +10,14 @@ import datetime
 import json
 import logging
 import os
+import pwd
 import re
 import secrets
 import select
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -35,16 +37,60 @@ class UsageError(Exception):
 
 
 def open_private(path):
-    """A file descriptor writing `path` afresh, readable by its owner only whatever the umask
-    (logs may hold data and paths)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+    """A file descriptor writing `path`, readable by its owner only whatever the umask (logs
+    may hold data and paths). Never follows a link: a new file is created exclusively, and
+    an existing one (an earlier job's log in the same --log-dir) is truncated only if it is
+    a regular file of this user with no other link to it. Raises UsageError otherwise."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:  # ELOOP: a link
+        raise UsageError("log file %s exists and cannot be reused (%s): choose another "
+                         "--log-dir or remove it" % (path, exc.strerror)) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_nlink != 1:
+        os.close(fd)
+        raise UsageError("log file %s exists and is not a plain file of yours: choose another "
+                         "--log-dir or remove it" % path)
+    os.ftruncate(fd, 0)
+    os.fchmod(fd, 0o600)
     return fd
+
+
+def _owner(uid):
+    try:
+        return "uid %d (%s)" % (uid, pwd.getpwuid(uid).pw_name)
+    except KeyError:
+        return "uid %d" % uid
+
+
+def check_private_dir(path):
+    """Raise UsageError unless the log directory `path` is this user's and no one else may
+    write in it (nor swap it through a link): anyone who can could plant links there that
+    the launcher, writing its logs and keys, would follow."""
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        if info.st_uid != os.getuid():
+            raise UsageError("log directory %s is a link of %s, not yours (%s): choose a "
+                             "--log-dir of your own" % (path, _owner(info.st_uid),
+                                                        _owner(os.getuid())))
+        info = os.stat(path)
+    if info.st_uid != os.getuid():
+        raise UsageError("log directory %s belongs to %s, not to you (%s): choose a --log-dir "
+                         "of your own" % (path, _owner(info.st_uid), _owner(os.getuid())))
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UsageError("log directory %s is writable by other users (mode %03o); run chmod "
+                         "go-w on it, or choose a --log-dir of your own"
+                         % (path, stat.S_IMODE(info.st_mode)))
 
 
 def make_private_dirs(path):
     """Create `path` and its missing parents as 0700, whatever the umask; directories that
-    exist already are left as they are (a --log-dir may be the user's own)."""
+    exist already are left as they are (a --log-dir may be the user's own), but `path` must
+    pass `check_private_dir` (else UsageError)."""
     missing = []
     head = os.path.abspath(path)
     while not os.path.isdir(head):
@@ -56,6 +102,7 @@ def make_private_dirs(path):
         except FileExistsError:
             continue  # made meanwhile by someone else: theirs
         os.chmod(directory, 0o700)
+    check_private_dir(path)
 
 
 class Process:
@@ -430,6 +477,10 @@ class Launch:
         """chmod 0600 the status file the controller wrote under its umask (inside the 0700
         log directory meanwhile)."""
         try:
-            os.chmod(self.status_file, 0o600)
+            fd = os.open(self.status_file, os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:
-            pass  # no status file: the controller never wrote one
+            return  # no status file (the controller never wrote one), or a link: left alone
+        try:
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)

@@ -9,7 +9,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "procs"))
 from shared_math import initial_params, local_delta  # noqa: E402
 
-from platoon.shmem import segment_name  # noqa: E402
+from platoon.process import job_segments  # noqa: E402
 
 
 def run_job(procs, tmp_path, num_workers, rounds, mode, rule):
@@ -74,4 +74,4 @@ def test_centre_is_removed_when_the_job_ends(procs, tmp_path):
     ctl, centre, _ = run_job(procs, tmp_path, 2, 2, "free", "easgd")
     job_id = ctl.wait_for_line("JOB").split()[1]
     assert len(centre) == 2  # the centre existed during the job
-    assert not os.path.exists("/dev/shm" + segment_name(job_id))
+    assert not job_segments(job_id)

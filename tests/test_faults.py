@@ -14,7 +14,8 @@ from platoon import (EASGD, Controller, ControllerGone, ControllerTimeout, Layou
                      PlatoonError, Worker, WorkerDied)
 from platoon import checkpoint
 from platoon.protocol import layout_of
-from platoon.shmem import HEADER, MAGIC, SharedCentre, remove_stale_segments, segment_name
+from platoon.process import job_segments
+from platoon.shmem import HEADER, MAGIC, SharedCentre, remove_stale_segments
 
 
 class Tolerant(Controller):
@@ -89,9 +90,10 @@ def test_by_default_a_dead_worker_ends_serve(procs):
 def test_workers_notice_a_dead_controller(procs, tmp_path, mode):
     ctl = procs("step_controller.py", 2, tmp_path / "c.npz", 30)
     port = int(ctl.wait_for_line("PORT").split()[1])
-    segment = "/dev/shm" + segment_name(ctl.wait_for_line("JOB").split()[1])
+    job_id = ctl.wait_for_line("JOB").split()[1]
     worker = procs("die_worker.py", port, mode)
     worker.wait_for_line("READY")
+    assert job_segments(job_id, kind="centre") and job_segments(job_id, kind="stop")
     killed_at = time.monotonic()
     ctl.kill()
     assert worker.wait(10) != 0
@@ -101,7 +103,7 @@ def test_workers_notice_a_dead_controller(procs, tmp_path, mode):
     # A SIGKILLed controller cannot clean up; the next controller to start on this machine
     # does (possibly one of a suite running beside this one).
     with Controller():
-        assert not os.path.exists(segment)
+        assert not job_segments(job_id)
 
 
 def test_stale_segments_of_dead_jobs_are_removed_live_ones_kept(procs, tmp_path):
@@ -221,10 +223,10 @@ def test_sigterm_to_a_serving_controller_cleans_up(procs, tmp_path):
     job_id = ctl.wait_for_line("JOB").split()[1]
     worker = procs("die_worker.py", port, "barrier")
     worker.wait_for_line("READY")
-    assert os.path.exists("/dev/shm" + segment_name(job_id))
+    assert job_segments(job_id, kind="centre")
     os.kill(ctl.pid, signal.SIGTERM)
     assert ctl.wait(10) == 128 + signal.SIGTERM
-    assert not os.path.exists("/dev/shm" + segment_name(job_id))
+    assert not job_segments(job_id)
     assert worker.wait(10) != 0  # the worker noticed
 
 

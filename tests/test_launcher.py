@@ -15,8 +15,7 @@ import time
 import pytest
 
 from platoon import launcher
-from platoon.process import pid_alive
-from platoon.shmem import segment_name
+from platoon.process import job_segments, pid_alive, signal_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -68,7 +67,7 @@ def run_launcher(args, tmp_path, env=None, timeout=120):
     out = proc.stdout + proc.stderr
     job = re.search(r"job ([0-9a-f]{16})", out)
     if job:  # whatever happened, the job's shared memory is gone once the launcher exits
-        assert not os.path.exists("/dev/shm" + segment_name(job.group(1))), out
+        assert not job_segments(job.group(1)), out
     return proc.returncode, out
 
 
@@ -80,7 +79,7 @@ def job_id_of(output):
 
 def assert_job_gone(job_id):
     wait_until(lambda: not job_processes(job_id), 15, "the job's processes to exit")
-    assert not os.path.exists("/dev/shm" + segment_name(job_id))
+    assert not job_segments(job_id)
 
 
 class Launched:
@@ -149,7 +148,8 @@ def test_digits_example_trains_through_the_console_script(tmp_path):
 
 def test_devices_environment_and_thread_caps(tmp_path):
     code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"),
-                                          "-D", "cuda3", "cpu"), tmp_path)
+                                          "-D", "cuda3", "cpu"), tmp_path,
+                             env={"PLATOON_ASSUME_GPUS": "3"})  # no GPU needed: pretend
     assert code == 0, out
     assert "no envcheck_controller.py: using the default Controller" in out
     logs = tmp_path / "logs"
@@ -184,6 +184,18 @@ def test_usage_errors(tmp_path):
     code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"), "-D", "tpu0"),
                              tmp_path)
     assert code == 2 and "unknown device 'tpu0'" in out
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES",
+                                                           "PLATOON_ASSUME_GPUS")}
+    for device, hidden in (("cuda99", {}), ("cuda0", {"CUDA_VISIBLE_DEVICES": ""})):
+        proc = subprocess.run(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"), "-D", "cpu",
+                                           device, "--log-dir", str(tmp_path / "gpu")),
+                              capture_output=True, text=True, timeout=60, cwd=str(tmp_path),
+                              env=dict(env, **hidden))
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 2, out  # refused at once, before anything started
+        assert re.search(r"-D %s: no such GPU visible here \(GPUs found: .*\); looked at "
+                         r"nvidia-smi .*CUDA_VISIBLE_DEVICES" % device, out), out
+        assert "job " not in out and not (tmp_path / "gpu").exists(), out
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "controller.log").write_text("an earlier job")
     code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck")), tmp_path)
@@ -197,7 +209,7 @@ def test_usage_errors(tmp_path):
 def test_interrupting_the_launcher_stops_everything(launched, signum, code):
     launch = launched(os.path.join(EXPERIMENTS, "forever"), "-n", "2")
     job_id = launch.job_id()
-    wait_until(lambda: os.path.exists("/dev/shm" + segment_name(job_id)), 20,
+    wait_until(lambda: job_segments(job_id, kind="centre"), 20,
                "the workers to share their parameters")
     launch.popen.send_signal(signum)
     assert launch.popen.wait(20) == code, launch.output()
@@ -208,7 +220,7 @@ def test_interrupting_the_launcher_stops_everything(launched, signum, code):
 def test_a_killed_controller_leads_the_failure_report(launched):
     launch = launched(os.path.join(EXPERIMENTS, "forever"), "-n", "2")
     job_id = launch.job_id()
-    wait_until(lambda: os.path.exists("/dev/shm" + segment_name(job_id)), 20,
+    wait_until(lambda: job_segments(job_id, kind="centre"), 20,
                "the workers to share their parameters")
     (controller,) = [pid for pid in job_processes(job_id) if label_of(pid) == "controller"]
     os.kill(controller, signal.SIGKILL)
@@ -224,7 +236,7 @@ def test_a_killed_controller_leads_the_failure_report(launched):
 def test_workers_die_with_a_killed_launcher(launched):
     launch = launched(os.path.join(EXPERIMENTS, "forever"), "-n", "2")
     job_id = launch.job_id()
-    wait_until(lambda: os.path.exists("/dev/shm" + segment_name(job_id)), 20,
+    wait_until(lambda: job_segments(job_id, kind="centre"), 20,
                "the workers to share their parameters")
     os.kill(launch.popen.pid, signal.SIGKILL)
     launch.popen.wait(10)
@@ -448,3 +460,129 @@ def test_old_spellings_of_durations_still_work_but_are_hidden(capsys):
         launcher.parse_args(["--help"])
     text = capsys.readouterr().out
     assert "--ready-timeout-s" in text and "--ready-timeout " not in text
+
+
+@pytest.mark.parametrize("style", ["separate", "joined"])
+def test_script_arguments_that_start_with_a_dash(tmp_path, style):
+    """-c/-w take a value that looks like an option (argparse alone refused "-c --flag"; a
+    value with a space, "-c '--steps 5'", always worked)."""
+    def option(flag, value):
+        return [flag, value] if style == "separate" else [flag + "=" + value]
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "argv"), "-n", "1",
+                                          *option("-c", "--no-baseline"),
+                                          *option("--worker-args", "-v")), tmp_path)
+    assert code == 0, out
+    logs = tmp_path / "logs"
+    assert "CONTROLLER ARGV ['--no-baseline']" in (logs / "controller.log").read_text()
+    assert "WORKER ARGV ['-v']" in (logs / "worker0.log").read_text()
+    assert_job_gone(job_id_of(out))
+
+
+def test_help_shows_script_arguments_with_a_dash(capsys):
+    with pytest.raises(SystemExit):
+        launcher.parse_args(["--help"])
+    assert '-c "--no-baseline"' in capsys.readouterr().out
+
+
+def catches(pid, signum):
+    """Whether process `pid` has a handler for `signum` (SigCgt in /proc/PID/status)."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            caught = int(re.search(r"^SigCgt:\s*([0-9a-f]+)", f.read(), re.M).group(1), 16)
+    except (OSError, AttributeError):
+        return False
+    return bool(caught >> (signum - 1) & 1)
+
+
+@pytest.mark.slow
+def test_two_signals_at_once_during_start_up(tmp_path):
+    """SIGINT and SIGTERM back to back, at moments from the launcher's first line (its
+    handlers set) through the controller's and workers' start: one message naming the first
+    signal received, its exit code, no traceback, nothing left running, no shared memory."""
+    delays = [0.0, 0.01, 0.03, 0.06, 0.1, 0.15, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0, 1.3, 1.7, 2.2]
+    for run, delay in enumerate(delays):
+        first, second = ((signal.SIGINT, signal.SIGTERM), (signal.SIGTERM, signal.SIGINT))[run % 2]
+        workdir = tmp_path / ("run%d" % run)
+        workdir.mkdir()
+        launch = Launched(launcher_cmd(os.path.join(EXPERIMENTS, "forever"), "-n", "2"), workdir)
+        try:
+            wait_until(lambda: catches(launch.popen.pid, signal.SIGTERM)
+                       or launch.popen.poll() is not None, 20, "the launcher's handlers")
+            deadline = time.monotonic() + delay
+            while time.monotonic() < deadline:  # the moment of start-up to interrupt
+                pass
+            launch.popen.send_signal(first)
+            launch.popen.send_signal(second)
+            code = launch.popen.wait(30)
+            out = launch.output()
+            where = "delay %.2f s, %s sent first:\n%s" % (delay, signal_name(first), out)
+            assert "Traceback" not in out, where
+            assert out.count("received: stopping the job") == 1, where
+            # Both pending at once, the kernel delivers the lower-numbered first (SIGINT):
+            # the launcher's first is the one it names, and its code is the exit code.
+            (taken,) = re.findall(r"(SIGINT|SIGTERM) received: stopping the job", out)
+            assert code == 128 + signal.Signals[taken], where
+            job = re.search(r"job ([0-9a-f]{16})", out)
+            if job:
+                assert_job_gone(job.group(1))
+        finally:
+            launch.close()
+
+
+OTHER_UID = 65534  # nobody: "another user" (the tests run as root, which may chown)
+
+
+def test_a_log_dir_others_could_write_in_is_refused(tmp_path):
+    """A --log-dir of another user (or writable by others, or reached through another user's
+    link) is refused before anything starts: its owner could plant links to our files there."""
+    victim = tmp_path / "victim.txt"  # a file of ours that a planted link points at
+    victim.write_text("precious")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.symlink(victim, theirs / "worker0.log")
+    os.chown(theirs, OTHER_UID, OTHER_UID)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    mine = tmp_path / "mine"
+    mine.mkdir(0o700)
+    link = tmp_path / "their-link"
+    os.symlink(mine, link)
+    os.lchown(link, OTHER_UID, OTHER_UID)
+    for log_dir, says in ((theirs, r"belongs to uid %d \(\w+\), not to you" % OTHER_UID),
+                          (shared, r"is writable by other users \(mode 0?777\); run chmod go-w"),
+                          (link, r"is a link of uid %d \(\w+\), not yours" % OTHER_UID)):
+        proc = subprocess.run(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"), "-n", "1",
+                                           "--log-dir", str(log_dir)),
+                              capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 2, out
+        assert re.search(r"log directory %s %s.*choose a --log-dir of your own"
+                         % (re.escape(str(log_dir)), says), out), out
+        assert "job " not in out, out  # nothing started
+    assert victim.read_text() == "precious"
+    assert os.listdir(mine) == []
+
+
+def test_a_planted_link_in_the_log_dir_is_never_followed(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    logs = tmp_path / "logs"
+    logs.mkdir(0o700)
+    os.symlink(victim, logs / "worker0.log")
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"), "-n", "1"),
+                             tmp_path, timeout=60)
+    assert code == 2, out
+    assert "log file %s exists and cannot be reused" % (logs / "worker0.log") in out, out
+    assert victim.read_text() == "precious"
+    assert_job_gone(job_id_of(out))
+
+
+def test_a_log_dir_reused_by_a_second_job_gets_fresh_logs(tmp_path):
+    logs = tmp_path / "logs"
+    for _ in range(2):  # run_launcher passes --log-dir tmp_path/logs
+        code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"), "-n", "1"),
+                                 tmp_path, timeout=60)
+        assert code == 0, out
+        assert (logs / "worker0.log").stat().st_mode & 0o777 == 0o600
+    assert (logs / "worker0.log").read_text().count("DEVICE ") == 1

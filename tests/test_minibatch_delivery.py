@@ -1,11 +1,19 @@
 """The minibatch channel with real worker processes: only workers that ask get minibatches,
-rogue peers get none, and a dead worker's minibatches are re-sent."""
+rogue peers get none (and cannot stall delivery), a dead worker's minibatches are re-sent,
+a reset data connection loses none, and a forked feeder is told to use a thread."""
+
+import multiprocessing
+import threading
+import time
 
 import numpy as np
+import pytest
 import zmq
 
+from platoon import Controller, Worker
 from platoon.protocol import encode_mb_request, mb_refusal
 from test_faults import Tolerant
+from test_registration import TcpProxy
 
 
 def got(proc):
@@ -57,9 +65,9 @@ def test_rogue_peers_on_the_data_port_get_no_minibatch(serve, procs):
         answers = []
         while dealer.poll(200):  # the refusals are there by now (sent before the job ended)
             answers.append(dealer.recv_multipart())
-        assert len(answers) == 3
-        for frames in answers:
-            assert "refused" in mb_refusal(frames) or "minibatch request" in mb_refusal(frames)
+        assert len(answers) == 1  # one answer a connection; the rest is dropped unread
+        assert "refused: no registered worker %d with that token" % real_id \
+            in mb_refusal(answers[0])
         assert not pull.poll(200)
     finally:
         ctx.destroy(linger=0)
@@ -86,3 +94,125 @@ def test_a_killed_workers_minibatches_are_re_sent_to_a_survivor(serve, procs):
     assert ctl.resent_minibatches == 2
     serving.join()
     assert [death[0] for death in ctl.deaths] == [victim_id]
+
+
+def test_flush_mb_returns_after_the_data_connection_is_reset(serve):
+    """Before: the worker's acknowledgements came on the new connection, the minibatches
+    sent on the old one stayed unacknowledged, and flush_mb never returned."""
+    ctl = Controller(control_port=0, data_port=0, num_workers=1)
+    serving = serve(ctl, timeout=60)
+    link = TcpProxy(ctl.data_port)
+    got_first, reset_done, errors, seen = threading.Event(), threading.Event(), [], set()
+
+    def work():
+        try:
+            with Worker(ctl.control_port, timeout_s=20) as w:
+                w.init_mb_sock(link.port, prefetch=1)
+                seen.add(int(w.recv_mb()[0][0]))  # holds 0; 1 is prefetched
+                got_first.set()
+                assert reset_done.wait(20)
+                while seen != set(range(6)):
+                    seen.add(int(w.recv_mb()[0][0]))
+                assert int(w.recv_mb()[0][0]) == -1  # waiting here acknowledges the rest
+        except Exception as exc:  # reported by the assertions below
+            errors.append(exc)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    try:
+        for i in range(2):
+            ctl.send_mb([np.array([i])], timeout_s=10)
+        assert got_first.wait(20)
+        link.reset()  # a TCP RST on the data connection: ZeroMQ reconnects
+        reset_done.set()
+        for i in range(2, 6):
+            ctl.send_mb([np.array([i])], timeout_s=10)
+        ctl.flush_mb(timeout_s=15)
+        ctl.send_mb([np.array([-1])], timeout_s=10)
+    finally:
+        worker.join(30)
+        link.close()
+    assert not errors and seen == set(range(6))
+    serving.join()
+
+
+def test_an_unauthenticated_flood_does_not_stall_send_mb(serve, procs):
+    """Before: the controller read the flood until it ended, so send_mb waited as long
+    (about the flood's 8 s instead of milliseconds)."""
+    ctl = Tolerant(control_port=0, data_port=0, num_workers=1)
+    serving = serve(ctl, timeout=90)
+    count = 40
+    taker = procs("mb_worker.py", ctl.control_port, ctl.data_port, "take", count)
+    worker_id(taker)
+    calm = timed_sends(ctl, range(10))
+    flood = procs("flood_data.py", ctl.data_port, 8)
+    flood.wait_for_line("FLOODING")
+    flooded = timed_sends(ctl, range(10, count))
+    print("send_mb: calm max %.4f s, under the flood max %.4f s" % (max(calm), max(flooded)))
+    assert max(flooded) < 2.0, flooded
+    assert taker.wait(30) == 0, taker.output
+    assert got(taker) == list(range(count))
+    assert flood.popen.poll() is None, flood.output  # the flood lasted throughout
+    flood.kill()
+    serving.join()
+
+
+def timed_sends(ctl, indices):
+    times = []
+    for i in indices:
+        start = time.monotonic()
+        ctl.send_mb([np.array([i])], timeout_s=20)
+        times.append(time.monotonic() - start)
+    return times
+
+
+def _feed_from_a_fork(ctl, results):
+    for call in (lambda: ctl.send_mb([np.zeros(1)], timeout_s=5), lambda: ctl.flush_mb(5)):
+        try:
+            call()
+            results.put(("returned", ""))
+        except Exception as exc:
+            results.put((type(exc).__name__, str(exc)))
+
+
+def test_send_mb_in_a_forked_child_of_the_controller_raises_at_once():
+    """Before: the child's sends went nowhere (the sockets' I/O threads do not survive
+    fork) and its workers timed out."""
+    fork = multiprocessing.get_context("fork")
+    with Controller(control_port=0, data_port=0, num_workers=1) as ctl:
+        results = fork.Queue()
+        child = fork.Process(target=_feed_from_a_fork, args=(ctl, results))
+        child.start()
+        try:
+            answers = [results.get(timeout=3) for _ in range(2)]
+        finally:
+            child.join(10)
+            if child.is_alive():
+                child.kill()
+                child.join(5)
+            results.close()
+            results.join_thread()
+    for name, message in answers:
+        assert name == "UsedAfterFork", (name, message)
+        assert "forked" in message and "thread" in message, message
+
+
+@pytest.mark.parametrize("how, failure", [
+    ("return", None),  # the script ended: the worker is done
+    ("exit3", None),  # the controller cannot tell; the launcher fails the job on its code
+    ("raise", "RuntimeError: the training script failed"),
+    ("os_exit", "died"),  # no exit handlers ran: noticed dead
+])
+def test_a_worker_process_ending_without_close(serve, procs, how, failure):
+    ctl = Tolerant(control_port=0, num_workers=1, liveness_interval_s=0.2)
+    serving = serve(ctl, timeout=30)
+    proc = procs("unclosed_worker.py", ctl.control_port, how)
+    wid = worker_id(proc)
+    proc.wait(30)
+    serving.join()
+    if failure is None:
+        assert ctl.deaths == []
+    else:
+        [(dead, info, _)] = ctl.deaths
+        assert dead == wid
+        assert info.get("error", "died") == failure, info

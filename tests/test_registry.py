@@ -52,6 +52,30 @@ def test_a_replacement_takes_the_failed_workers_id():
     assert reg.by_identity(b"a") is None
 
 
+def test_a_registration_whose_reply_fails_changes_nothing():
+    """All or nothing: a failing `welcome` (the reply could not be built) leaves no record,
+    no taken id and no consumed replacement; a reconnection keeps its old connection."""
+    reg, _ = registry(restarts=1)
+    first, _ = join(reg, b"a", index=0)
+    join(reg, b"b", index=1)
+    reg.fail(first, {"pid": 1})
+
+    def refuse(record, new):
+        raise PlatoonError("no room for the reply of worker %d" % record.worker_id)
+
+    info = {"pid": 1, "host": "elsewhere.invalid"}
+    with pytest.raises(PlatoonError, match="no room for the reply of worker 0"):
+        reg.register(b"c", info, None, "tcp", 5567, refuse)
+    assert reg.by_identity(b"c") is None and reg.get(0) is first
+    assert first.state is WorkerState.FAILED and reg.still_expected() == 2
+    replacement, new = reg.register(b"c", info, None, "tcp", 5567, lambda rec, new: None)
+    assert new and replacement.worker_id == 0 and first.state is WorkerState.REPLACED
+    with pytest.raises(PlatoonError, match="no room"):
+        reg.register(b"d", {"worker_id": 0, "token": replacement.token}, None, "tcp", 5567,
+                     refuse)
+    assert reg.by_identity(b"c") is replacement and reg.by_identity(b"d") is None
+
+
 def test_reconnection_needs_the_token():
     reg, _ = registry()
     a, _ = join(reg, b"a")

@@ -80,3 +80,14 @@ def test_launcher_curve_job(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     keys = tmp_path / "logs" / "curve_keys.json"
     assert stat.S_IMODE(os.stat(keys).st_mode) == 0o600
+
+
+def test_keys_of_another_user_or_behind_a_link_are_refused(keys, tmp_path):
+    link = tmp_path / "link.json"
+    os.symlink(keys, link)
+    with pytest.raises(PlatoonError, match="cannot read the job's keys from %s" % link):
+        load_keys(str(link))  # never followed, even to keys of our own
+    os.chown(keys, 65534, 65534)  # the tests run as root: "another user"
+    with pytest.raises(PlatoonError, match=r"keys file %s belongs to uid 65534, not to you"
+                       % keys):
+        load_keys(keys)

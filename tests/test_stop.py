@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from platoon import Controller, StopRequested, Worker
+from platoon.process import job_segments
 from platoon.shmem import remove_stale_segments, segment_owner
-from platoon.stopsignal import CONTROLLER, MAX_REASON_BYTES, JobStop, StopSignal, segment_name
+from platoon.stopsignal import CONTROLLER, MAX_REASON_BYTES, JobStop, StopSignal
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -26,7 +27,7 @@ class Ping(Controller):
 
 
 def stop_segment_exists(job_id):
-    return os.path.exists("/dev/shm" + segment_name(job_id))
+    return bool(job_segments(job_id, kind="stop"))
 
 
 # -- the segment itself --
@@ -35,7 +36,8 @@ def test_the_flag_carries_who_asked_and_why_and_the_first_request_wins():
     job = "test-stop-%d" % os.getpid()
     owner = StopSignal.create(job)
     try:
-        reader = StopSignal.attach(segment_name(job))
+        assert owner.name.startswith("/platoon-%s-stop-" % job)
+        reader = StopSignal.attach(owner.name)
         assert not reader.is_set() and reader.state() == (None, None)
         assert owner.set(3, "target reached")
         assert reader.is_set() and reader.state() == (3, "target reached")
@@ -46,7 +48,7 @@ def test_the_flag_carries_who_asked_and_why_and_the_first_request_wins():
         assert reader.is_set() and reader.state() == (3, "target reached")
         assert stop_segment_exists(job)  # only the owner unlinks
         # It is a platoon segment like the centre: the stale-segment scan knows its owner.
-        assert segment_owner("/dev/shm" + segment_name(job)) == os.getpid()
+        assert segment_owner("/dev/shm" + owner.name) == os.getpid()
     finally:
         owner.close()
     assert not stop_segment_exists(job)
@@ -77,8 +79,7 @@ def test_a_stop_segment_left_by_a_dead_controller_is_removed(tmp_path):
             "s = StopSignal.create('test-stale-%d'); os._exit(0)" % os.getpid())
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30,
                    env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)))
-    path = "/dev/shm" + segment_name("test-stale-%d" % os.getpid())
-    assert os.path.exists(path)
+    (path,) = job_segments("test-stale-%d" % os.getpid(), kind="stop")
     assert path in remove_stale_segments()
     assert not os.path.exists(path)
 
@@ -197,7 +198,7 @@ def test_the_stop_request_reads_and_sets_the_state_for_workers_without_the_segme
         return protocol.decode_reply(sock.recv())[1]
 
     reply = ask(protocol.REGISTER, {"pid": os.getpid(), "host": socket.gethostname()})
-    assert reply["stop_segment"] == segment_name(ctl.job_id)
+    assert ["/dev/shm" + reply["stop_segment"]] == job_segments(ctl.job_id, kind="stop")
     assert ask(protocol.STOP, {"request": False}) == {"stop": False, "by": None, "reason": None}
     assert "reason must be a string" in str(ask(protocol.STOP, {"request": True, "reason": 3}))
     assert ask(protocol.STOP, {"request": True, "reason": "r"}) == {"stop": True, "by": 0,

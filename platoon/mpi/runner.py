@@ -17,6 +17,7 @@ from typing import Mapping, Optional, Sequence, Union
 
 from ..environment import JobEnvironment, without_job_variables
 from ..errors import PlatoonError
+from ..launcher import join_option_values
 from ..process import die_with_parent, read_announcement, stop
 from ._comm import abort, import_mpi
 from .link import NodeLink
@@ -196,18 +197,6 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
         _RUNNER_LINK = None
 
 
-def _attach_option_values(argv: Sequence[str], options: Sequence[str]) -> list:
-    """``--controller-args VALUE`` as ``--controller-args=VALUE`` (before any ``--``):
-    argparse refuses a separate value that starts with '-', such as ``--steps=2000``."""
-    argv, attached = list(argv), []
-    while argv and argv[0] != "--":
-        arg = argv.pop(0)
-        if arg in options and argv:
-            arg = "%s=%s" % (arg, argv.pop(0))
-        attached.append(arg)
-    return attached + argv
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m platoon.mpi``: parse the command line and `run_node`; returns its code."""
     parser = argparse.ArgumentParser(
@@ -219,8 +208,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              "EXPERIMENT_controller.py), or module:Class or file.py:Class "
                              "(created and served); default platoon.Controller")
     parser.add_argument("--controller-args", default="",
-                        help="arguments of a controller script (one shell-quoted string; "
-                             "it may start with '-': --controller-args '--steps=2000')")
+                        help="arguments of a controller script (one shell-quoted string, "
+                             'which may start with a dash: --controller-args "--steps=400")')
     parser.add_argument("--host", default="127.0.0.1", help="interface the controller binds")
     parser.add_argument("--tie-every-s", type=float, default=None,
                         help="tie the node centres every so many seconds (hierarchical EASGD)")
@@ -237,8 +226,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              "(default 30); then they are stopped")
     parser.add_argument("worker", nargs=argparse.REMAINDER,
                         help="-- then the worker command (python is sys.executable for a .py)")
-    argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(_attach_option_values(argv, ["--controller-args"]))
+    args = parser.parse_args(join_option_values(sys.argv[1:] if argv is None else argv,
+                                                ["--controller-args"]))
     command = args.worker[1:] if args.worker[:1] == ["--"] else args.worker
     if not command:
         parser.error("give the worker command after --")
