@@ -25,7 +25,7 @@ setup(
         "test": ["pytest>=7", "pytest-timeout>=2", "scikit-learn", "matplotlib",
                  "torch==2.13.0"],
         "examples": ["scikit-learn", "matplotlib"],
-        "torch": ["torch"],
+        "torch": ["torch==2.13.0"],
         # benchmarks.time_to_accuracy: MNIST-1D (generated offline) and the torch peers
         "bench": ["scikit-learn", "mnist1d", "torch==2.13.0"],
         "gpu": ["pycuda"],

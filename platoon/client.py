@@ -28,6 +28,8 @@ from .shmem import pid_alive
 
 log = logging.getLogger(__name__)
 
+STILL_WAITING_S = 5.0  # a worker unanswered this long at registration says so, once
+
 
 def endpoint(host: str, port) -> str:
     """tcp://host:port for a port number; an endpoint string (ipc://..., tcp://...) as is."""
@@ -57,6 +59,7 @@ class ControlClient:
         self._lock = threading.Lock()
         self._checked = 0.0
         self._rcvtimeo_ms = {}  # socket -> the receive timeout set on it
+        self._still_waiting = None  # (when, timeout_s) to say registration is still waiting
         self.sock = self.socket(zmq.DEALER)
         self.sock.connect(address)
 
@@ -72,8 +75,10 @@ class ControlClient:
     def register(self, timeout_s: Optional[float]) -> dict:
         """Register with the controller; returns its reply (worker id, job id, topology).
 
-        Raises ControllerTimeout, naming the address, when nobody answers.
+        Raises ControllerTimeout, naming the address, when nobody answers; logs a warning
+        once if nobody has answered after `STILL_WAITING_S`.
         """
+        self._still_waiting = time.monotonic() + STILL_WAITING_S, timeout_s
         try:
             info = self.request(protocol.REGISTER, self._registration(), timeout_s=timeout_s)
         except ControllerTimeout:
@@ -81,6 +86,8 @@ class ControlClient:
                 "no controller answered at %s within %.3g s: start the controller first "
                 "(a controller whose job has ended no longer listens), check the address, "
                 "or raise the worker's timeout_s" % (self.address, timeout_s)) from None
+        finally:
+            self._still_waiting = None
         if info.get("controller_host") == socket.gethostname():
             self.controller_pid = info.get("controller_pid")
         self.worker_id = info["worker_id"]
@@ -170,7 +177,13 @@ class ControlClient:
             except zmq.Again:
                 pass
             self.check_controller(force=True)
-            if deadline is not None and time.monotonic() >= deadline:
+            now = time.monotonic()
+            if self._still_waiting is not None and now >= self._still_waiting[0]:
+                log.warning("still waiting for a controller at %s (timeout %s); is it started?",
+                            self.address, "none" if self._still_waiting[1] is None
+                            else "%.3g s" % self._still_waiting[1])
+                self._still_waiting = None  # once
+            if deadline is not None and now >= deadline:
                 return None
 
     # -- liveness and goodbye --

@@ -213,8 +213,8 @@ class Controller:
 
         Workers see it at once, through shared memory; `serve` goes on answering until
         they have all left, then returns normally. Safe from any thread, and at any
-        time: a second request keeps the first reason, one after the job ended does
-        nothing. In a multi-node job the other nodes' workers see it within about
+        time: a second request does nothing (the first reason stays; it is logged at DEBUG
+        only), nor does one after the job ended. In a multi-node job the other nodes' workers see it within about
         `liveness_interval_s`.
         """
         if reason is not None and not isinstance(reason, str):

@@ -46,6 +46,9 @@ from typing import TYPE_CHECKING, Optional
 import numpy as np
 
 from .downpour import SGD, Downpour
+from .journal import Journal, journal_layout
+from .rules import BLOCK_ELEMENTS
+from .shmem import stripe_ranges
 
 if TYPE_CHECKING:
     from .worker import Worker
@@ -144,8 +147,7 @@ class _DelayedNesterovOuter:
     """Algorithm 3 of Liu et al. 2024 on blocks; see `DelayedNesterov`.
 
     State per parameter: the momentum m, the buffer D of pseudo-gradients since
-    the last momentum update, and the push counter t (one per element, uint32,
-    equal across any range the centre updates at once).
+    the last momentum update, and the push counter t (one per element, uint32).
     """
 
     elementwise = True
@@ -157,38 +159,53 @@ class _DelayedNesterovOuter:
         counters = [{"dtype": "<u4", "shape": list(e["shape"])} for e in layout]
         return [dict(e) for e in layout] + [dict(e) for e in layout] + counters
 
-    def _step(self, central, g, m, buf, count, scratch):
-        """One push on aligned arrays; `g` is clobbered, `scratch` is scratch."""
+    def step(self, central, g, m, buf, count, scratch, out=None):
+        """One push on aligned 1-D arrays. The new centre, m, D and t go to `out` (four
+        arrays; by default the inputs, in place). `g` is clobbered, `scratch` is scratch.
+        Counters may differ between elements (a sync cut part-way by a killed worker)."""
         n, beta, c = self.delay, self.beta, self.activation
-        buf += g
-        count += 1
-        if count.size == 0:
+        c_out, m_out, buf_out, count_out = out or (central, m, buf, count)
+        np.add(buf, g, out=buf_out)
+        np.add(count, 1, out=count_out)
+        if count_out.size == 0:
             return
         np.divide(g, n, out=g)                       # g/N
-        if int(count.flat[0]) % n == 0:              # (t+1) % N == 0: update the momentum
-            m *= beta
-            np.divide(buf, n, out=scratch)
-            m += scratch                             # m = beta*m + D/N
-            buf[...] = 0
-            np.multiply(m, (1.0 - c * n + c) * beta, out=scratch)
-            g += scratch                             # (1 - cN + c)*beta*m + g/N
-        elif c:
-            np.multiply(m, c * beta, out=scratch)
-            g += scratch                             # c*beta*m + g/N
+        scratch = scratch[:g.size]
+        if m_out is not m:
+            m_out[...] = m
+        first = int(count_out[0])
+        if first == int(count_out.min()) == int(count_out.max()):
+            if first % n == 0:                       # (t+1) % N == 0: update the momentum
+                m_out *= beta
+                np.divide(buf_out, n, out=scratch)
+                m_out += scratch                     # m = beta*m + D/N
+                buf_out[...] = 0
+                np.multiply(m_out, (1.0 - c * n + c) * beta, out=scratch)
+                g += scratch                         # (1 - cN + c)*beta*m + g/N
+            elif c:
+                np.multiply(m, c * beta, out=scratch)
+                g += scratch                         # c*beta*m + g/N
+        else:                                        # the same, element by element
+            due = count_out % n == 0
+            moved = m_out[due] * beta
+            moved += buf_out[due] / n
+            m_out[due] = moved
+            buf_out[due] = 0
+            g[due] += moved * ((1.0 - c * n + c) * beta)
+            if c:
+                g[~due] += m_out[~due] * (c * beta)
         g *= self.lr                                 # (addition and products commute exactly)
-        central -= g
+        np.subtract(central, g, out=c_out)
 
     def apply(self, index, central, g, state):
         k = len(state) // 3
         m, buf, count = state[index], state[k + index], state[2 * k + index]
-        if not count.flags.c_contiguous or np.any(count != count.flat[0]):
-            raise RuntimeError("DelayedNesterov's push counters of parameter %d differ "
-                               "(a sync was interrupted part-way?)" % index)
-        self._step(central, g, m, buf, count, np.empty_like(g))
+        self.step(central.reshape(-1), np.ascontiguousarray(g).reshape(-1), m.reshape(-1),
+                  buf.reshape(-1), count.reshape(-1), np.empty(g.size, g.dtype))
 
     def apply_block(self, central, g, state, scratch):
         m, buf, count = state
-        self._step(central, g, m, buf, count, scratch)
+        self.step(central, g, m, buf, count, scratch)
 
     def __repr__(self):
         return "DelayedNesterovOuter(lr=%r, beta=%r, delay=%r, activation=%r)" % (
@@ -226,7 +243,11 @@ class DelayedNesterov(Downpour):
     push of one stripe may be another worker's than in the next stripe, exactly
     as the order of pushes differs between stripes for every striped rule. The
     price is memory: shared state of 2 parameter-sized arrays (m, D) plus 4 bytes
-    per element (t), against 1 array for `DiLoCo`. Time per push is about
+    per element (t), against 1 array for `DiLoCo`, plus a journal of one block
+    (65,536 elements of c, m, D and t) per stripe that makes each block of a push
+    all or nothing when the pushing worker is killed (`platoon.journal`; the next
+    sync that takes the stripe completes a block the dead worker committed).
+    Time per push is about
     DiLoCo's with N = 2 and less with larger N (the momentum pass runs once per N
     pushes; docs/choosing-a-rule.md). The whole-centre alternative (one counter,
     one lock, as `Downpour(Adam)`) would serialise all pushes instead.
@@ -274,6 +295,61 @@ class DelayedNesterov(Downpour):
             self._check_activation(delay)
             self.optimizer.delay = delay
         super().attach(worker)
+        # The journal: one slot per stripe, as the exchange cuts the centre (platoon.shmem).
+        stripes = stripe_ranges(self._layout)
+        self._ranges = [[(k, a, b) for k, s in enumerate(stripes) for i, a, b in s if i == index]
+                        for index in range(len(self._layout))]
+        self._slot_of = {(i, a): k for k, s in enumerate(stripes) for i, a, _ in s}
+        block = self._block = min(BLOCK_ELEMENTS,
+                                  max([b - a for s in stripes for _, a, b in s] + [1]))
+        dtype = np.result_type(*[e["dtype"] for e in self._layout]) if self._layout \
+            else np.float64
+        rows = worker.shared_state(self.state_name + "-journal",
+                                   journal_layout(len(stripes), block, [dtype] * 3 + ["<u4"]))
+        centre = [c.reshape(-1) for c in worker.shared_params]
+        state = [s.reshape(-1) for s in self.state]
+        count = len(centre)
+        self._journal = Journal(rows, lambda i: [centre[i]] + state[i::count])
+
+    def _descend(self, index, start, src, central, take):
+        """Push g = last - src into central[start:...] block by block, each all or nothing
+        through the journal slot of the stripe (its lock is held); see platoon.journal."""
+        slot = self._slot_of[(index, start)]
+        journal = self._journal
+        journal.recover(slot)  # a push cut by a killed worker: finish it first
+        n = src.size
+        last = self._last[index].reshape(-1)[start:start + n]
+        m, buf, count = self._state_blocks(index, start, n)
+        buffers = self.__dict__.setdefault("_buffers", {})
+        if src.dtype not in buffers:
+            buffers[src.dtype] = np.empty((5, self._block), src.dtype)
+        g_all, scratch, *private = buffers[src.dtype]
+        for a in range(0, n, self._block):
+            b = min(a + self._block, n)
+            g = g_all[:b - a]
+            np.subtract(last[a:b], src[a:b], out=g)
+            out = journal.staging(slot, b - a)
+            values = out[:3] if out[0].dtype == src.dtype else [p[:b - a] for p in private]
+            self.optimizer.step(central[a:b], g, m[a:b], buf[a:b], count[a:b], scratch,
+                                values + out[3:])
+            if values is not out[:3]:
+                for dst, value in zip(out, values):
+                    dst[...] = value  # to the journal's wider dtype: exact
+            journal.commit(slot, index, start + a, b - a)
+            if take:
+                src[a:b] = central[a:b]
+            last[a:b] = central[a:b]
+
+    def update(self, index: int, local: np.ndarray, central: np.ndarray) -> None:
+        # Whole parameters (under the whole lock): stripe range by stripe range, so each
+        # block goes through its stripe's journal slot.
+        flat = local.reshape(-1) if local.flags.c_contiguous else \
+            np.ascontiguousarray(local).reshape(-1)
+        flat_central = central.reshape(-1)
+        for _, a, b in self._ranges[index]:
+            self._descend(index, a, flat[a:b], flat_central[a:b], take=True)
+        if not local.flags.c_contiguous:
+            local[...] = flat.reshape(local.shape)
 
     def __repr__(self) -> str:
         return ("DelayedNesterov(outer_lr=%r, momentum=%r, delay=%r, activation=%r, workers=%r)"

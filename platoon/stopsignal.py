@@ -153,8 +153,8 @@ class JobStop:
         """Ask every worker to stop, on behalf of `by` (a worker id, or CONTROLLER); False
         if a stop was requested already (the first reason is kept)."""
         with self._lock:
-            if self.requested:
-                log.info("%s asked to stop job %s (%s); it was already asked by %s (%s)",
+            if self.requested:  # does nothing (the docs' promise): no line above DEBUG
+                log.debug("%s asked to stop job %s (%s); it was already asked by %s (%s)",
                          describe(by), self.job_id, reason or "no reason given",
                          describe(self.by), self.reason or "no reason given")
                 return False

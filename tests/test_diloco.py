@@ -1,6 +1,9 @@
 """DiLoCo and Delayed Nesterov on the centre: their arithmetic exactly, the 1/p rule, the
 push counter under concurrent pushes, and checkpoint/resume of the outer state."""
 
+import random
+import time
+
 import numpy as np
 import pytest
 
@@ -386,3 +389,51 @@ def test_diloco_is_downpour_sgd_with_its_lr_divided_by_p(serve):
         np.testing.assert_array_equal(a, b)
     for v, u in zip(dl_states["diloco"], dp_states["downpour"]):
         np.testing.assert_array_equal(2 * v, u)
+
+
+# -- pushers killed part-way through a push --
+
+class Tolerant(Controller):
+    """Carries on when a worker dies."""
+
+    def handle_worker_death(self, worker_id, exit_info):
+        pass
+
+
+def test_a_killed_pusher_leaves_a_state_whole_pushes_explain(serve, procs):
+    # Pushers (tests/procs/dn_pusher.py) push g = STEP over and over and are SIGKILLed at
+    # random moments. Each element's counter t must then match its centre, momentum and
+    # buffer after t whole pushes (a block whose counter moved without its centre, or
+    # half-written, fails), and a Fortran-ordered worker, which syncs whole parameters
+    # under the whole lock, must keep syncing.
+    lr, beta, delay, step, shape = 0.5, 0.5, 4, 0.015625, (1000, 2000)  # as in dn_pusher.py
+    rng = random.Random(8)
+    ctl = Tolerant(control_port=0)
+    serving = serve(ctl, 120)
+    with Worker(ctl.control_port, timeout_s=30) as keeper:  # keeps the job open
+        params = [np.zeros(shape, order="F")]
+        keeper.init_shared_params(params, DelayedNesterov(lr, beta, delay=delay))
+        for _ in range(5):
+            victims = [procs("dn_pusher.py", ctl.control_port, "C", 0) for _ in range(2)]
+            for v in victims:
+                v.wait_for_line("READY", 60)
+            time.sleep(rng.uniform(0.0, 0.2))  # not to synchronise: a random moment to kill
+            for v in victims:
+                v.kill()
+        t = ctl.shared_states["delayed-nesterov"][2].copy()
+        assert len(np.unique(t)) > 1  # the kills cut syncs part-way
+        for _ in range(3):  # failed with "push counters ... differ" once a kill cut a sync
+            params[0] -= step
+            keeper.sync_params()
+        centre = ctl.centre[0].copy()
+        m, buf, t = [a.copy() for a in ctl.shared_states["delayed-nesterov"]]
+    serving.join()
+    assert t.min() >= 10
+    for pushes in np.unique(t):
+        at = t == pushes
+        want_c, (want_m, want_buf, _) = sequential_dn(lr, beta, delay, step, int(pushes))
+        bad = np.flatnonzero(np.abs(centre[at] - want_c) > 1e-9)
+        assert not bad.size, "%d elements with %d pushes counted have a centre of other " \
+            "pushes (first: %r, want %r)" % (bad.size, pushes, centre[at][bad[0]], want_c)
+        np.testing.assert_allclose(m[at], want_m, rtol=0, atol=1e-9)
+        np.testing.assert_allclose(buf[at], want_buf, rtol=0, atol=1e-9)

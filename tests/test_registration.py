@@ -249,3 +249,14 @@ def test_a_registration_over_ipc_needs_a_live_pid(serve):
     with Worker(ctl.control_address, timeout_s=5):
         pass
     serving.join()
+
+
+def test_a_worker_without_a_controller_says_it_is_still_waiting(procs):
+    with socket.socket() as s:  # a free port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    worker = procs("lonely_worker.py", port, 60)
+    line = worker.wait_for_line("WARNING platoon.client: still waiting", 30)
+    assert "tcp://127.0.0.1:%d (timeout 60 s)" % port in line
+    assert worker.popen.poll() is None  # long before its 60 s timeout
+    worker.kill()

@@ -105,6 +105,20 @@ def test_a_worker_asks_and_a_worker_that_only_syncs_sees_it(procs):
     assert not stop_segment_exists(job)
 
 
+def test_a_second_request_does_nothing_not_even_an_info_line(procs):
+    ctl = procs("stop_controller.py", 2)  # logs at INFO to its output
+    port = int(ctl.wait_for_line("PORT").split()[1])
+    first = procs("stop_worker.py", port, "leave")
+    assert first.wait(30) == 0, first.output
+    ctl.wait_for_line("platoon.controller: stop requested by worker")
+    second = procs("stop_worker.py", port, "leave")  # asks again, then leaves
+    assert second.wait(30) == 0, second.output
+    assert ctl.wait(30) == 0, ctl.output
+    assert "SERVED True target reached" in ctl.output
+    assert ctl.output.count("stop requested by") == 1
+    assert "already asked" not in ctl.output, ctl.output
+
+
 def test_the_controller_asks_and_both_kinds_of_worker_see_it(serve, procs):
     ctl = Ping(control_port=0, num_workers=2)
     serving = serve(ctl)
