@@ -255,6 +255,12 @@ class Controller:
         return self._rendezvous.centre_ready
 
     @property
+    def param_names(self) -> Optional[List[str]]:
+        """The parameters' names, saved with the checkpoints (None: none given; see
+        `Worker.init_shared_params`)."""
+        return self._rendezvous.names
+
+    @property
     def shared_states(self) -> Dict[str, List[np.ndarray]]:
         """Shared state segments (a Downpour optimizer's) as {name: [numpy arrays]}."""
         return self._collectives.states
