@@ -28,23 +28,23 @@ _WRITING = set()  # temporaries this process is writing now
 _WRITING_LOCK = threading.Lock()
 
 
-def save(path, arrays, meta=None, states=None, *, job_id=None):
+def save(path, arrays, meta=None, states=None, *, job_id=None, resumed_job_id=None):
     """Write `arrays` (and JSON `meta`) to `path` atomically: a crash mid-write leaves the
     previous checkpoint intact. The file is 0600 whatever the umask. `states`
     ({name: [arrays]}, a Downpour optimizer's) is saved alongside and read back by
     `load_states`. With `job_id`, the temporary file is named after the job, and the
-    temporaries of `path` that this job's writers left when killed mid-write are removed
-    first (never another job's, nor one being written). Raises OSError if it cannot be
-    written."""
+    temporaries of `path` that writers of this job (or of `resumed_job_id`, the job it
+    resumed from) left when killed mid-write are removed first; never another job's, nor
+    one being written. Raises OSError if it cannot be written."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     # Unique per call: a periodic checkpoint may run beside an explicit one.
     if job_id is None:
         tmp = "%s.%d.%s.tmp" % (path, os.getpid(), secrets.token_hex(4))
     else:
-        tag = _job_tag(job_id)
-        _remove_stale_temporaries(path, tag)
-        tmp = "%s.%s.%d.%s.tmp" % (path, tag, os.getpid(), secrets.token_hex(4))
+        for ours in {job_id, resumed_job_id} - {None}:
+            _remove_stale_temporaries(path, _job_tag(ours))
+        tmp = "%s.%s.%d.%s.tmp" % (path, _job_tag(job_id), os.getpid(), secrets.token_hex(4))
     payload = {"param_%d" % i: a for i, a in enumerate(arrays)}
     for name, state in (states or {}).items():
         payload.update(("state_%d_%s" % (i, name), a) for i, a in enumerate(state))

@@ -22,12 +22,14 @@ class Checkpointer:
     """Writes `ctl`'s centre (and `collectives`' shared states) to `path`.
 
     `ctl` provides `job_id`, `shared_centre`, `param_names` and `snapshot_centre`; `every_s`
-    (None: never) is the period of the checkpoints `tick` starts on a thread.
+    (None: never) is the period of the checkpoints `tick` starts on a thread;
+    `resumed_job_id`: the job that wrote the checkpoint this one resumed from.
     """
 
     def __init__(self, ctl, collectives, path: Optional[str], every_s: Optional[float],
-                 lock_timeout_s: float):
+                 lock_timeout_s: float, resumed_job_id: Optional[str] = None):
         self._ctl = ctl
+        self._resumed_job_id = resumed_job_id
         self._collectives = collectives
         self.path = path
         self.every_s = every_s
@@ -48,7 +50,8 @@ class Checkpointer:
         meta = {"job_id": self._ctl.job_id, "time": time.time(), "layout": centre.layout}
         if self._ctl.param_names is not None:
             meta["names"] = self._ctl.param_names
-        save(path, arrays, meta, states, job_id=self._ctl.job_id)
+        save(path, arrays, meta, states, job_id=self._ctl.job_id,
+             resumed_job_id=self._resumed_job_id)
         self._written = time.monotonic()
         log.info("centre checkpointed to %s", path)
         return path
@@ -133,6 +136,8 @@ class Resume:
         arrays, meta = load(path, allow_nonfinite=allow_nonfinite)
         self._arrays: Optional[List[np.ndarray]] = arrays
         self.names: Optional[List[str]] = names_in(meta, len(arrays), path)  # None: unnamed
+        job_id = meta.get("job_id") if isinstance(meta, dict) else None
+        self.job_id: Optional[str] = job_id if isinstance(job_id, str) and job_id else None
 
     def arrays_for(self, layout: list, worker_id: int) -> Optional[List[np.ndarray]]:
         """The checkpoint's arrays (None once `release`d); LayoutMismatch if they do not fit

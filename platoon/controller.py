@@ -122,7 +122,8 @@ class Controller:
         self._job_stop = JobStop(self.job_id)
         self._job_stop_finalizer = weakref.finalize(self, self._job_stop.close)
         self._checkpointer = Checkpointer(me, self._collectives, config.checkpoint_path,
-                                          config.checkpoint_every_s, checkpoint_lock_timeout_s)
+                                          config.checkpoint_every_s, checkpoint_lock_timeout_s,
+                                          resume.job_id if resume is not None else None)
         self.node_link = node_link  # a platoon.mpi.NodeLink when the job spans nodes
         if node_link is None and env.mpi_node:  # run by `python -m platoon.mpi`: join the job
             from .mpi import node_link_for

@@ -267,16 +267,17 @@ def _temporaries(directory, min_bytes=0):
 
 
 def _kill_mid_write(procs, path, job_id):
-    """Run a controller of `job_id` checkpointing to `path`; SIGKILL it while a checkpoint
-    is being written; return the temporary it left."""
+    """Run a controller of `job_id` checkpointing to `path`; once one checkpoint is written,
+    SIGKILL it while it writes another; return the temporary it left."""
     directory = os.path.dirname(path)
     before = _temporaries(directory)
     writer = procs("ckpt_writer.py", path, job_id)
-    writer.wait_for_line("WRITING", timeout=60)
+    writer.wait_for_line("WRITTEN", timeout=60)
     deadline = time.monotonic() + 30
     while not _temporaries(directory, min_bytes=1 << 20) - before:  # part-written
         if time.monotonic() > deadline:
-            pytest.fail("no checkpoint temporary of 1 MiB appeared within 30 s:\n%s" % writer.output)
+            pytest.fail("no checkpoint temporary of 1 MiB appeared within 30 s:\n%s"
+                        % writer.output)
         time.sleep(0.001)  # polling another process's files, bounded by the deadline
     writer.kill()
     unlink_job_segments(job_id)  # what its controller would have removed
@@ -285,21 +286,26 @@ def _kill_mid_write(procs, path, job_id):
     return left.pop()
 
 
+@pytest.mark.parametrize("again", ["restarted", "resumed"])
 def test_a_checkpoint_removes_temporaries_its_job_left_when_killed_mid_write(serve, procs,
-                                                                             tmp_path):
+                                                                             tmp_path, again):
     path = str(tmp_path / "centre.npz")
     job, other_job = "ours-" + secrets.token_hex(4), "theirs-" + secrets.token_hex(4)
-    ours = _kill_mid_write(procs, path, job)
     theirs = _kill_mid_write(procs, path, other_job)  # another job, same file
-    # The job starts again (same id, same checkpoint path) and writes its next checkpoint.
-    ctl = Controller(control_port=0, job_id=job, checkpoint_path=path)
+    ours = _kill_mid_write(procs, path, job)  # the last checkpoint written is ours
+    assert _temporaries(tmp_path) == {ours, theirs}
+    if again == "restarted":  # the same job again (its id, its checkpoint path)
+        ctl = Controller(control_port=0, job_id=job, checkpoint_path=path)
+    else:  # a new job resuming from the checkpoint our job wrote last, and writing there
+        ctl = Controller(control_port=0, resume_from=path, checkpoint_path=path)
     serving = serve(ctl)
     with Worker(ctl.control_port, timeout_s=10) as w:
-        w.init_shared_params([np.arange(10.0)], EASGD(0.5))
+        w.init_shared_params([np.zeros(16 << 20, np.float32)], EASGD(0.5))
         ctl.checkpoint()
         assert _temporaries(tmp_path) == {theirs}  # ours is gone; another job's is not ours
     serving.join()
-    np.testing.assert_array_equal(checkpoint.load(path)[0][0], np.arange(10.0))
+    np.testing.assert_array_equal(checkpoint.load(path)[0][0][:10],
+                                  0.0 if again == "restarted" else 1.0)
 
 
 def test_the_centre_is_saved_with_its_parameter_names_and_loads_by_name(serve, tmp_path):
