@@ -213,8 +213,8 @@ def check_names(names, count):
     if isinstance(names, (str, bytes)) or not isinstance(names, (list, tuple)):
         raise TypeError("parameter names must be a list of strings, got %r" % (names,))
     if len(names) != count:
-        raise ValueError("parameter names: %d names for %d parameters, got %d"
-                         % (count, count, len(names)))
+        raise ValueError("parameter names: one for each of the %d parameters is needed, "
+                         "got %d" % (count, len(names)))
     seen = set()
     for i, name in enumerate(names):
         if not isinstance(name, str) or not name:
@@ -229,8 +229,8 @@ def check_names(names, count):
 
 def describe_name_mismatch(mine, centre):
     """Say how names `mine` differ from the centre's (`centre`), or return None if they
-    match or either side has none."""
-    if mine is None or centre is None:
+    match, either side has none, or they differ in number (the layouts then differ too)."""
+    if mine is None or centre is None or len(mine) != len(centre):
         return None
     for i, (a, b) in enumerate(zip(mine, centre)):
         if a != b:

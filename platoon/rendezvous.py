@@ -57,7 +57,7 @@ class Rendezvous:
         wid = record.worker_id
         mismatch = protocol.describe_name_mismatch(names, self.names)
         if mismatch:
-            if self._resume is not None:
+            if self._resume is not None and self._resume.names is not None:
                 mismatch = mismatch.replace("job's centre", "checkpoint %s" % self._resume.path)
             raise LayoutMismatch("worker %d: %s; every worker must name its parameters alike "
                                  "(or not at all)" % (wid, mismatch))

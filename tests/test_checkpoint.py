@@ -327,7 +327,12 @@ def test_the_centre_is_saved_with_its_parameter_names_and_loads_by_name(serve, t
     # Resumed by workers that give no names, the centre keeps the checkpoint's.
     ctl = Controller(control_port=0, resume_from=path, checkpoint_path=again)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout_s=10) as w:
+    with Worker(ctl.control_port, timeout_s=10) as w, \
+            Worker(ctl.control_port, timeout_s=10) as other:
+        with pytest.raises(LayoutMismatch, match=r"parameter 0 is named 'w' here but "
+                                                 r"'fc.weight' in the checkpoint %s" % path):
+            other.init_shared_params([np.zeros((2, 3)), np.zeros(3)], EASGD(0.5),
+                                     names=["w", "b"])
         w.init_shared_params([np.zeros((2, 3)), np.zeros(3)], EASGD(0.5))
     serving.join()
     assert list(load_centre(again)) == ["fc.weight", "fc.bias"]
@@ -338,7 +343,7 @@ def test_the_centre_is_saved_with_its_parameter_names_and_loads_by_name(serve, t
 
 @pytest.mark.parametrize("names, error, message", [
     (["a", "a"], ValueError, "'a' is given twice"),
-    (["a"], ValueError, "2 names for 2 parameters, got 1"),
+    (["a"], ValueError, "one for each of the 2 parameters is needed, got 1"),
     (["a", 3], TypeError, "name 1 is 3, not a non-empty string"),
     (["a", ""], TypeError, "name 1 is '', not a non-empty string"),
     ("ab", TypeError, "a list of strings"),
