@@ -19,7 +19,7 @@ __all__ = [
     "ProtocolError", "RemoteError", "LayoutMismatch", "PortInUse", "WorkerDied",
     "ControllerGone", "SyncTimeout", "CheckpointError", "StopRequested", "UsedAfterFork",
     "Downpour", "SGD", "Adam", "average_gradients", "shard", "DiLoCo", "DelayedNesterov",
-    "PeriodicSync",
+    "PeriodicSync", "load_centre",
 ]
 
 # Where each public name lives.
@@ -31,6 +31,7 @@ _HOMES = {
     "Downpour": "downpour", "SGD": "downpour", "Adam": "downpour",
     "DiLoCo": "diloco", "DelayedNesterov": "diloco",
     "PeriodicSync": "torch_sync",  # imports torch, so only when used
+    "load_centre": "checkpoint",
 }
 _HOMES.update((name, "errors") for name in __all__ if name not in _HOMES)
 

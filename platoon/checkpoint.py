@@ -1,36 +1,57 @@
 """Checkpoints of the centre: written atomically, read without unpickling anything."""
 
+import hashlib
 import json
+import logging
 import os
+import re
 import secrets
 import struct
+import threading
 import zipfile
 import zlib
+from typing import Dict
 
 import numpy as np
 
 from .errors import CheckpointError
+from .process import pid_alive
+from .protocol import check_names
+
+log = logging.getLogger(__name__)
 
 # What reading a damaged file can raise, from the zip layer, zlib and numpy's format.
 _READ_ERRORS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error,
                 struct.error, NotImplementedError, RuntimeError)
 _CHUNK = 1 << 20  # elements checked for NaN/Inf at a time (bounded scratch memory)
+_WRITING = set()  # temporaries this process is writing now
+_WRITING_LOCK = threading.Lock()
 
 
-def save(path, arrays, meta=None, states=None):
+def save(path, arrays, meta=None, states=None, *, job_id=None, resumed_job_id=None):
     """Write `arrays` (and JSON `meta`) to `path` atomically: a crash mid-write leaves the
     previous checkpoint intact. The file is 0600 whatever the umask. `states`
     ({name: [arrays]}, a Downpour optimizer's) is saved alongside and read back by
-    `load_states`. Raises OSError if it cannot be written."""
+    `load_states`. With `job_id`, the temporary file is named after the job, and the
+    temporaries of `path` that writers of this job (or of `resumed_job_id`, the job it
+    resumed from) left when killed mid-write are removed first; never another job's, nor
+    one being written. Raises OSError if it cannot be written."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     # Unique per call: a periodic checkpoint may run beside an explicit one.
-    tmp = "%s.%d.%s.tmp" % (path, os.getpid(), secrets.token_hex(4))
+    if job_id is None:
+        tmp = "%s.%d.%s.tmp" % (path, os.getpid(), secrets.token_hex(4))
+    else:
+        for ours in {job_id, resumed_job_id} - {None}:
+            _remove_stale_temporaries(path, _job_tag(ours))
+        tmp = "%s.%s.%d.%s.tmp" % (path, _job_tag(job_id), os.getpid(), secrets.token_hex(4))
     payload = {"param_%d" % i: a for i, a in enumerate(arrays)}
     for name, state in (states or {}).items():
         payload.update(("state_%d_%s" % (i, name), a) for i, a in enumerate(state))
     payload["meta"] = np.frombuffer(json.dumps(meta or {}).encode(), dtype=np.uint8)
     created = False
+    with _WRITING_LOCK:
+        _WRITING.add(os.path.abspath(tmp))
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         created = True
@@ -44,11 +65,48 @@ def save(path, arrays, meta=None, states=None):
     finally:
         if created:
             os.unlink(tmp)
+        with _WRITING_LOCK:
+            _WRITING.discard(os.path.abspath(tmp))
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _job_tag(job_id):
+    """`job_id` as it appears in the names of the job's temporaries: itself when it is a
+    plain word, else a digest of it."""
+    if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", job_id):
+        return job_id
+    return hashlib.sha256(job_id.encode()).hexdigest()[:16]
+
+
+def _remove_stale_temporaries(path, tag):
+    """Unlink the temporaries of checkpoint `path` whose writer, of the job tagged `tag`, was
+    killed mid-write (its process is gone; they are never replaced). Those of other jobs,
+    of live processes, and this process's own in flight are left alone."""
+    directory, base = os.path.split(os.path.abspath(path))
+    ours = re.compile(re.escape("%s.%s." % (base, tag)) + r"(\d+)\.[0-9a-f]+\.tmp")
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        match = ours.fullmatch(name)
+        if match is None:
+            continue
+        stale = os.path.join(directory, name)
+        pid = int(match.group(1))
+        with _WRITING_LOCK:
+            if stale in _WRITING or (pid != os.getpid() and pid_alive(pid)):
+                continue
+            try:
+                os.unlink(stale)
+            except FileNotFoundError:
+                continue  # removed meanwhile
+        log.warning("removed %s, a checkpoint temporary that a killed writer (pid %d) of "
+                    "this job left", stale, pid)
 
 
 def _resolve(path):
@@ -102,8 +160,39 @@ def _count_nonfinite(array):
     if array.dtype.kind not in "fc":
         return 0
     flat = array.ravel(order="K")  # a view, whatever the memory order
-    return sum(int(flat.size - np.count_nonzero(np.isfinite(flat[i:i + _CHUNK])))
-               for i in range(0, flat.size, _CHUNK))
+    bad = 0
+    for start in range(0, flat.size, _CHUNK):
+        chunk = flat[start:start + _CHUNK]
+        bad += int(chunk.size - np.count_nonzero(np.isfinite(chunk)))
+    return bad
+
+
+def names_in(meta, count, path):
+    """The parameter names a checkpoint's `meta` holds (None in a checkpoint written
+    without names); CheckpointError naming `path` if they are unusable."""
+    names = meta.get("names") if isinstance(meta, dict) else None
+    if names is None:
+        return None
+    try:
+        return check_names(names, count)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError("checkpoint %s: its parameter names are unusable (%s); pass an "
+                              "earlier copy" % (path, exc)) from None
+
+
+def load_centre(path, *, allow_nonfinite: bool = False) -> Dict[str, np.ndarray]:
+    """The centre saved in checkpoint `path` (an .npz file, or a directory holding
+    centre.npz, such as a launcher's log directory) as {name: array}, in the centre's order.
+
+    The names are those given to `Worker.init_shared_params(names=...)` (`PeriodicSync`
+    gives the model's state-dict keys), else param_0, param_1, ... Raises CheckpointError
+    as `load` does.
+    """
+    arrays, meta = load(path, allow_nonfinite=allow_nonfinite)
+    names = names_in(meta, len(arrays), _resolve(path))
+    if names is None:
+        names = ["param_%d" % i for i in range(len(arrays))]
+    return dict(zip(names, arrays))
 
 
 def load_states(path):

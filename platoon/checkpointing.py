@@ -12,7 +12,7 @@ from typing import List, Optional
 import numpy as np
 
 from . import protocol
-from .checkpoint import load, save
+from .checkpoint import load, names_in, save
 from .errors import LayoutMismatch, PlatoonError
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
@@ -21,13 +21,15 @@ log = logging.getLogger("platoon.controller")  # the controller's log: users fil
 class Checkpointer:
     """Writes `ctl`'s centre (and `collectives`' shared states) to `path`.
 
-    `ctl` provides `job_id`, `shared_centre` and `snapshot_centre`; `every_s`
-    (None: never) is the period of the checkpoints `tick` starts on a thread.
+    `ctl` provides `job_id`, `shared_centre`, `param_names` and `snapshot_centre`; `every_s`
+    (None: never) is the period of the checkpoints `tick` starts on a thread;
+    `resumed_job_id`: the job that wrote the checkpoint this one resumed from.
     """
 
     def __init__(self, ctl, collectives, path: Optional[str], every_s: Optional[float],
-                 lock_timeout_s: float):
+                 lock_timeout_s: float, resumed_job_id: Optional[str] = None):
         self._ctl = ctl
+        self._resumed_job_id = resumed_job_id
         self._collectives = collectives
         self.path = path
         self.every_s = every_s
@@ -45,8 +47,11 @@ class Checkpointer:
         centre = self._ctl.shared_centre
         arrays = self._ctl.snapshot_centre(timeout_s=self.lock_timeout_s)
         states = self._collectives.snapshot_states(centre.lock, self.lock_timeout_s)
-        save(path, arrays, {"job_id": self._ctl.job_id, "time": time.time(),
-                            "layout": centre.layout}, states)
+        meta = {"job_id": self._ctl.job_id, "time": time.time(), "layout": centre.layout}
+        if self._ctl.param_names is not None:
+            meta["names"] = self._ctl.param_names
+        save(path, arrays, meta, states, job_id=self._ctl.job_id,
+             resumed_job_id=self._resumed_job_id)
         self._written = time.monotonic()
         log.info("centre checkpointed to %s", path)
         return path
@@ -128,7 +133,11 @@ class Resume:
 
     def __init__(self, path: str, *, allow_nonfinite: bool = False):
         self.path = path
-        self._arrays: Optional[List[np.ndarray]] = load(path, allow_nonfinite=allow_nonfinite)[0]
+        arrays, meta = load(path, allow_nonfinite=allow_nonfinite)
+        self._arrays: Optional[List[np.ndarray]] = arrays
+        self.names: Optional[List[str]] = names_in(meta, len(arrays), path)  # None: unnamed
+        job_id = meta.get("job_id") if isinstance(meta, dict) else None
+        self.job_id: Optional[str] = job_id if isinstance(job_id, str) and job_id else None
 
     def arrays_for(self, layout: list, worker_id: int) -> Optional[List[np.ndarray]]:
         """The checkpoint's arrays (None once `release`d); LayoutMismatch if they do not fit

@@ -122,7 +122,8 @@ class Controller:
         self._job_stop = JobStop(self.job_id)
         self._job_stop_finalizer = weakref.finalize(self, self._job_stop.close)
         self._checkpointer = Checkpointer(me, self._collectives, config.checkpoint_path,
-                                          config.checkpoint_every_s, checkpoint_lock_timeout_s)
+                                          config.checkpoint_every_s, checkpoint_lock_timeout_s,
+                                          resume.job_id if resume is not None else None)
         self.node_link = node_link  # a platoon.mpi.NodeLink when the job spans nodes
         if node_link is None and env.mpi_node:  # run by `python -m platoon.mpi`: join the job
             from .mpi import node_link_for
@@ -253,6 +254,12 @@ class Controller:
     def centre_ready(self) -> bool:
         """True once the centre holds its first values (a worker's, or a checkpoint's)."""
         return self._rendezvous.centre_ready
+
+    @property
+    def param_names(self) -> Optional[List[str]]:
+        """The parameters' names, saved with the checkpoints (None: none given; see
+        `Worker.init_shared_params`)."""
+        return self._rendezvous.names
 
     @property
     def shared_states(self) -> Dict[str, List[np.ndarray]]:

@@ -192,7 +192,13 @@ class RequestDispatcher:
     def _init_params(self, envelope, request, record, _):
         info = request.req_info if isinstance(request.req_info, dict) else {}
         layout = protocol.validate_layout(info.get("layout"))
-        self._rendezvous.init_params(envelope, request.seq, record, layout)
+        names = info.get("names")
+        if names is not None:
+            try:
+                names = protocol.check_names(names, len(layout))
+            except (TypeError, ValueError) as exc:
+                raise ProtocolError(str(exc)) from None
+        self._rendezvous.init_params(envelope, request.seq, record, layout, names)
 
     def _params_ready(self, envelope, request, record, _):
         self._rendezvous.params_ready(envelope, request.seq, record)

@@ -259,7 +259,7 @@ class Exchange:
 
 
 def share(request: Callable, adapter, rule: ParamSyncRule, res, worker_id: int = 0,
-          timeout_s: Optional[float] = None) -> Exchange:
+          timeout_s: Optional[float] = None, names: Optional[list] = None) -> Exchange:
     """Share `adapter`'s arrays through the job's centre; an Exchange syncing them by `rule`.
 
     The first worker to ask initialises the centre with its values (the
@@ -267,9 +267,12 @@ def share(request: Callable, adapter, rule: ParamSyncRule, res, worker_id: int =
     with the centre. `request(req, info)` sends a control request; the centre
     is kept in `res` (a Resources), which releases it. Raises LayoutMismatch
     when the arrays differ from the centre's in number, dtype or shape (the
-    centre is left untouched), TypeError for arrays `rule` cannot sync.
+    centre is left untouched), TypeError for arrays `rule` cannot sync. `names` (optional)
+    name the arrays in the centre's checkpoints (see `protocol.check_names`).
     """
     params = adapter.arrays
+    if names is not None:
+        names = protocol.check_names(names, len(params))
     for i, p in enumerate(params):
         if not p.flags.writeable:
             raise TypeError("parameter %d is read-only; sync_params updates parameters in "
@@ -277,7 +280,10 @@ def share(request: Callable, adapter, rule: ParamSyncRule, res, worker_id: int =
     rule.check(params)
     layout = protocol.layout_of(params)
     try:
-        reply = request(protocol.INIT_PARAMS, {"layout": layout, "rule": repr(rule)})
+        info = {"layout": layout, "rule": repr(rule)}
+        if names is not None:
+            info["names"] = names
+        reply = request(protocol.INIT_PARAMS, info)
     except RemoteError as exc:
         if exc.remote_type == LayoutMismatch.__name__:
             raise LayoutMismatch(str(exc)) from exc

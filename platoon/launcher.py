@@ -314,6 +314,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         if launch is not None:
             launch.make_status_private()
+            if launch.controller is not None:  # the job started: how it went, what it left
+                for line in launch.summary():
+                    launch.say(line)
 
 
 if __name__ == "__main__":

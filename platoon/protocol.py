@@ -208,6 +208,37 @@ def validate_layout(layout):
     return clean
 
 
+def check_names(names, count):
+    """`names` of `count` parameters as a list: distinct non-empty strings, one each.
+    Raises TypeError or ValueError saying what is wrong."""
+    if isinstance(names, (str, bytes)) or not isinstance(names, (list, tuple)):
+        raise TypeError("parameter names must be a list of strings, got %r" % (names,))
+    if len(names) != count:
+        raise ValueError("parameter names: one for each of the %d parameters is needed, "
+                         "got %d" % (count, len(names)))
+    seen = set()
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or not name:
+            raise TypeError("parameter names: name %d is %r, not a non-empty string"
+                            % (i, name))
+        if name in seen:
+            raise ValueError("parameter names: %r is given twice; each parameter needs its "
+                             "own name" % name)
+        seen.add(name)
+    return list(names)
+
+
+def describe_name_mismatch(mine, centre):
+    """Say how names `mine` differ from the centre's (`centre`), or return None if they
+    match, either side has none, or they differ in number (the layouts then differ too)."""
+    if mine is None or centre is None or len(mine) != len(centre):
+        return None
+    for i, (a, b) in enumerate(zip(mine, centre)):
+        if a != b:
+            return "parameter %d is named %r here but %r in the job's centre" % (i, a, b)
+    return None
+
+
 def describe_mismatch(mine, centre):
     """Say how layout `mine` differs from `centre`, or return None if they match."""
     if len(mine) != len(centre):

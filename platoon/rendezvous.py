@@ -34,6 +34,9 @@ class Rendezvous:
         self._registry = registry
         self._res = res
         self._resume = resume
+        # The parameters' names, for checkpoints: the checkpoint's, else the first worker's
+        # to give any (None: unnamed).
+        self.names: Optional[List[str]] = resume.names if resume is not None else None
         self.initialiser: Optional[int] = None  # worker id writing the centre's first values
         self.centre_ready = False
         self._init_waiting: List[Waiter] = []  # workers waiting for the centre's values
@@ -52,10 +55,17 @@ class Rendezvous:
             new and self.initialiser is None and not self.centre_ready and self._resume is None)
 
     def init_params(self, envelope: list, seq: Optional[int], record: WorkerRecord,
-                    layout: list) -> None:
-        """``platoon-init-params``: create or check the centre, then tell the worker its
-        segment and whether it writes the first values; deferred while another one does."""
+                    layout: list, names: Optional[List[str]] = None) -> None:
+        """``platoon-init-params``: create or check the centre (and the parameters' `names`),
+        then tell the worker its segment and whether it writes the first values; deferred
+        while another one does."""
         wid = record.worker_id
+        mismatch = protocol.describe_name_mismatch(names, self.names)
+        if mismatch:
+            if self._resume is not None and self._resume.names is not None:
+                mismatch = mismatch.replace("job's centre", "checkpoint %s" % self._resume.path)
+            raise LayoutMismatch("worker %d: %s; every worker must name its parameters alike "
+                                 "(or not at all)" % (wid, mismatch))
         centre = self._res.centre
         if centre is None:
             centre = self._create_centre(layout, wid)
@@ -64,6 +74,8 @@ class Rendezvous:
             if mismatch:
                 raise LayoutMismatch("worker %d: %s; every worker must pass the same parameters "
                                      "in the same order to init_shared_params" % (wid, mismatch))
+        if self.names is None:
+            self.names = names
         if self.centre_ready:
             self._registry.mark_ready(record)
             self._ctl.reply(envelope, seq, {"segment": centre.name, "initialise": False})

@@ -32,6 +32,7 @@ class ControllerServices(Protocol):
     # The node link's centre tie also reads these:
     centre_ready: bool  # the centre holds its first values
     shared_centre: Any  # the centre's SharedCentre, None until registered
+    param_names: Optional[List[str]]  # the centre's parameters' names, if given
     progress: dict  # {"minibatches", "syncs", "metrics"}
 
     def snapshot_centre(self, timeout_s: Optional[float] = 10.0) -> list:

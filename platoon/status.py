@@ -1,5 +1,6 @@
-"""The job's progress, as the launcher's status line shows it: counted from the workers'
-reports and written to the launcher's status file (0600), at most twice a second."""
+"""The job's progress, as the launcher's status line and end-of-job summary show it: counted
+from the workers' reports and written to the launcher's status file (0600), at most twice a
+second."""
 
 import json
 import logging
@@ -26,6 +27,7 @@ class Progress:
         self._counts = counts
         self.totals = {"minibatches": 0, "syncs": 0, "metrics": {}}
         self._syncs_by_worker: Dict[int, int] = {}
+        self._reports: Dict[int, dict] = {}  # each worker's totals and latest metrics
         self._written = 0.0
         self.pending = False  # a report not yet written to the status file
 
@@ -49,6 +51,12 @@ class Progress:
             self._syncs_by_worker[worker_id] = syncs
             self.totals["syncs"] = sum(self._syncs_by_worker.values())
         self.totals["metrics"].update(metrics or {})
+        report = self._reports.setdefault(worker_id, {"minibatches": 0, "syncs": 0,
+                                                      "metrics": {}})
+        report["minibatches"] += minibatches
+        if syncs is not None:
+            report["syncs"] = syncs
+        report["metrics"].update(metrics or {})
         self.write()
 
     def write(self, force: bool = False) -> None:
@@ -64,7 +72,8 @@ class Progress:
         self._written = now
         self.pending = False
         workers, done = self._counts()
-        status = dict(self.totals, workers=workers, done=done)
+        status = dict(self.totals, workers=workers, done=done,
+                      reports={str(wid): report for wid, report in self._reports.items()})
         tmp = "%s.%d.tmp" % (path, os.getpid())
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)

@@ -153,6 +153,20 @@ class Process:
             return ""
 
 
+def read_status(path):
+    """The controller's status file at `path` as a dict ({} while there is none)."""
+    try:
+        with open(path) as f:
+            status = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return status if isinstance(status, dict) else {}
+
+
+def _metric(key, value):
+    return "%s %s" % (key, "%.4g" % value if isinstance(value, float) else value)
+
+
 class StatusLine:
     """The launcher's messages and its status line (redrawn in place on a terminal)."""
 
@@ -176,17 +190,13 @@ class StatusLine:
         if not force and now - self._shown < (0.5 if self.tty else self.every_s):
             return
         self._shown = now
-        try:
-            with open(self.status_file) as f:
-                status = json.load(f)
-        except (OSError, ValueError):
-            status = {}
+        status = read_status(self.status_file)
         alive = sum(w.poll() is None for w in workers)
         parts = ["workers alive %d/%d" % (alive, len(workers)),
                  "minibatches %d" % status.get("minibatches", 0),
                  "syncs %d" % status.get("syncs", 0)]
         for key, value in sorted(status.get("metrics", {}).items()):
-            parts.append("%s %s" % (key, "%.4g" % value if isinstance(value, float) else value))
+            parts.append(_metric(key, value))
         line = " | ".join(parts)
         if self.tty:
             self.clear()
@@ -218,6 +228,9 @@ class Launch:
         self._replaced = set()
         self._exit_pass = {}  # process -> the supervision pass that first saw it exited
         self._passes = 0
+        self._started = time.monotonic()
+        self._started_at = time.time()
+        self.centre_path = os.path.join(self.log_dir, "centre.npz")
 
     def child_env(self, **settings):
         env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -236,7 +249,7 @@ class Launch:
                              data_port=self.args.data_port,
                              num_workers=self.num_workers, ready_fd=write_fd,
                              restarts=self.args.restart,
-                             checkpoint_path=os.path.join(self.log_dir, "centre.npz"),
+                             checkpoint_path=self.centre_path,
                              checkpoint_every_s=self.args.checkpoint_every_s,
                              resume_from=os.path.abspath(resume) if resume else None)
         for var in THREAD_VARIABLES:
@@ -472,6 +485,42 @@ class Launch:
             proc.poll()
         for path in unlink_job_segments(self.job_id):
             log.info("removed %s", path)
+
+    def summary(self):
+        """Lines summing up the job once it has ended (however it ended): wall time, the
+        progress in the controller's status file, each worker's last report, and where the
+        centre was saved."""
+        status = read_status(self.status_file)
+        head = "job summary: wall time %.1f s" % (time.monotonic() - self._started)
+        for key in ("minibatches", "syncs"):
+            if isinstance(status.get(key), int):
+                head += ", %d %s" % (status[key], key)
+        lines = [head]
+        reports = status.get("reports")
+        for wid, report in sorted(reports.items() if isinstance(reports, dict) else [],
+                                  key=lambda item: (len(item[0]), item[0])):  # 0, 1, ..., 10
+            if not isinstance(report, dict):
+                continue
+            metrics = report.get("metrics") if isinstance(report.get("metrics"), dict) else {}
+            shown = ", ".join(_metric(key, value) for key, value in sorted(metrics.items()))
+            lines.append("  worker %s last reported: %s(%s minibatches, %s syncs)" % (
+                wid, shown + " " if shown else "", report.get("minibatches", "?"),
+                report.get("syncs", "?")))
+        if self.args.hosts:
+            lines.append("  node centres are not checkpointed (--hosts)")
+        elif self._saved_during_job(self.centre_path):
+            lines.append("  centre saved to %s (load it with platoon.load_centre)"
+                         % self.centre_path)
+        else:
+            lines.append("  no centre saved to %s: no worker shared its parameters, or the "
+                         "controller was killed before writing one" % self.centre_path)
+        return lines
+
+    def _saved_during_job(self, path):
+        try:
+            return os.stat(path).st_mtime >= self._started_at - 1.0  # (coarse clocks)
+        except OSError:
+            return False
 
     def make_status_private(self):
         """chmod 0600 the status file the controller wrote under its umask (inside the 0700

@@ -122,7 +122,7 @@ class PeriodicSync(torch.optim.Optimizer):
         self._handle: Optional[SyncHandle] = None
         self._names, tensors = _shared_tensors(model, buffers)
         _warn_unshared(optimizer, model)
-        worker.init_shared_params(tensors, rule)
+        worker.init_shared_params(tensors, rule, names=self._names)
         log.info("worker %s: PeriodicSync of %d tensors every %d steps, %r%s", worker.worker_id,
                  len(tensors), sync_every, rule, ", overlapped" if overlap else "")
 

@@ -275,7 +275,8 @@ class Worker:
     # -- shared parameters --
 
     def init_shared_params(self, params: Any, param_sync_rule: ParamSyncRule,
-                           cleanup: bool = False) -> None:
+                           cleanup: bool = False, *,
+                           names: Optional[Sequence[str]] = None) -> None:
         """Share `params` through the job's centre.
 
         `params` is a list of writable numpy arrays (updated in place), of
@@ -286,11 +287,14 @@ class Worker:
         every later worker's `params` are overwritten with the centre, so all
         start equal. `param_sync_rule` (a ParamSyncRule such as EASGD(0.5)) is
         applied by `sync_params`. `cleanup` is accepted for compatibility: the
-        controller always owns and removes the shared memory.
+        controller always owns and removes the shared memory. `names`, one
+        distinct string per parameter (a model's state-dict keys, say), name them
+        in the centre's checkpoints (see `platoon.load_centre`).
 
         Raises LayoutMismatch when the parameters differ from the centre's in
-        number, dtype or shape (the centre is left untouched), TypeError for
-        unusable arrays.
+        number, dtype or shape, or their names from the names the centre has
+        (the centre is left untouched), TypeError for unusable arrays, and
+        TypeError or ValueError for bad `names`.
         """
         self._check_open()
         if self._local is not None:
@@ -304,7 +308,7 @@ class Worker:
             self._res.centre.close()
             self._res.centre = None
         exchange = share(self.send_req, adapter, param_sync_rule, self._res, self.worker_id,
-                         self.timeout_s)
+                         self.timeout_s, names=names)
         self.is_first = exchange.first
         param_sync_rule.attach(self)  # rules with shared state (Downpour's optimizer)
         param_sync_rule.setup(adapter.arrays)

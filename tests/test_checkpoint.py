@@ -3,6 +3,8 @@ and periodic checkpoints that neither stall nor end the serve loop."""
 
 import logging
 import os
+import re
+import secrets
 import stat
 import subprocess
 import sys
@@ -12,8 +14,10 @@ import zipfile
 import numpy as np
 import pytest
 
-from platoon import EASGD, CheckpointError, Controller, Worker, WorkerDied
+from platoon import (EASGD, CheckpointError, Controller, LayoutMismatch, Worker, WorkerDied,
+                     load_centre)
 from platoon import checkpoint
+from platoon.process import unlink_job_segments
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -219,4 +223,137 @@ def test_periodic_checkpoints_do_not_stall_control_replies(serve, tmp_path):
               "takes %.3f s" % (idle, longest, took))
         # Written on the serving thread, a checkpoint would hold replies for all of `took`.
         assert longest < min(0.5, max(0.1, took / 2)), (idle, longest, took)
+    serving.join()
+
+
+def test_resume_round_trips_parameters_larger_than_a_chunk(serve, tmp_path):
+    """Parameters at and beyond every boundary of the chunks that NaN/Inf are counted in."""
+    chunk = checkpoint._CHUNK
+    rng = np.random.default_rng(0)
+    saved = [rng.standard_normal(n).astype(np.float32)
+             for n in (chunk - 1, chunk, chunk + 1, 3 * chunk + 7)]
+    saved.append(rng.standard_normal((2, chunk + 3)))  # float64, 2-D
+    first, second = str(tmp_path / "first.npz"), str(tmp_path / "second.npz")
+    checkpoint.save(first, saved)
+    ctl = Controller(control_port=0, resume_from=first, checkpoint_path=second)
+    serving = serve(ctl, timeout=60)
+    with Worker(ctl.control_port, timeout_s=30) as w:
+        mine = [np.zeros_like(a) for a in saved]
+        w.init_shared_params(mine, EASGD(0.5))
+        for got, want in zip(mine, saved):
+            np.testing.assert_array_equal(got, want)
+    serving.join(60)  # its final checkpoint is `second`
+    again, _ = checkpoint.load(second)
+    for got, want in zip(again, saved):
+        np.testing.assert_array_equal(got, want)
+    Controller(resume_from=second).close()  # resumable in turn
+    saved[3][2 * chunk + 5] = np.nan  # one bad value, in the third chunk
+    checkpoint.save(first, saved)
+    with pytest.raises(CheckpointError, match=r"parameter 3 \(shape \(%d,\), float32\) holds 1 "
+                                              r"NaN or Inf" % (3 * chunk + 7)):
+        checkpoint.load(first)
+
+
+def _temporaries(directory, min_bytes=0):
+    found = set()
+    for name in os.listdir(directory):
+        if name.endswith(".tmp"):
+            try:
+                if os.path.getsize(os.path.join(directory, name)) >= min_bytes:
+                    found.add(name)
+            except FileNotFoundError:
+                pass  # replaced meanwhile
+    return found
+
+
+def _kill_mid_write(procs, path, job_id):
+    """Run a controller of `job_id` checkpointing to `path`; once one checkpoint is written,
+    SIGKILL it while it writes another; return the temporary it left."""
+    directory = os.path.dirname(path)
+    before = _temporaries(directory)
+    writer = procs("ckpt_writer.py", path, job_id)
+    writer.wait_for_line("WRITTEN", timeout=60)
+    deadline = time.monotonic() + 30
+    while not _temporaries(directory, min_bytes=1 << 20) - before:  # part-written
+        if time.monotonic() > deadline:
+            pytest.fail("no checkpoint temporary of 1 MiB appeared within 30 s:\n%s"
+                        % writer.output)
+        time.sleep(0.001)  # polling another process's files, bounded by the deadline
+    writer.kill()
+    unlink_job_segments(job_id)  # what its controller would have removed
+    left = _temporaries(directory) - before
+    assert len(left) == 1, left
+    return left.pop()
+
+
+@pytest.mark.parametrize("again", ["restarted", "resumed"])
+def test_a_checkpoint_removes_temporaries_its_job_left_when_killed_mid_write(serve, procs,
+                                                                             tmp_path, again):
+    path = str(tmp_path / "centre.npz")
+    job, other_job = "ours-" + secrets.token_hex(4), "theirs-" + secrets.token_hex(4)
+    theirs = _kill_mid_write(procs, path, other_job)  # another job, same file
+    ours = _kill_mid_write(procs, path, job)  # the last checkpoint written is ours
+    assert _temporaries(tmp_path) == {ours, theirs}
+    if again == "restarted":  # the same job again (its id, its checkpoint path)
+        ctl = Controller(control_port=0, job_id=job, checkpoint_path=path)
+    else:  # a new job resuming from the checkpoint our job wrote last, and writing there
+        ctl = Controller(control_port=0, resume_from=path, checkpoint_path=path)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout_s=10) as w:
+        w.init_shared_params([np.zeros(16 << 20, np.float32)], EASGD(0.5))
+        ctl.checkpoint()
+        assert _temporaries(tmp_path) == {theirs}  # ours is gone; another job's is not ours
+    serving.join()
+    np.testing.assert_array_equal(checkpoint.load(path)[0][0][:10],
+                                  0.0 if again == "restarted" else 1.0)
+
+
+def test_the_centre_is_saved_with_its_parameter_names_and_loads_by_name(serve, tmp_path):
+    path, again = str(tmp_path / "centre.npz"), str(tmp_path / "again.npz")
+    ctl = Controller(control_port=0, checkpoint_path=path)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout_s=10) as first, \
+            Worker(ctl.control_port, timeout_s=10) as second:
+        first.init_shared_params([np.ones((2, 3)), np.arange(3.0)], EASGD(0.5),
+                                 names=["fc.weight", "fc.bias"])
+        with pytest.raises(LayoutMismatch, match=r"parameter 1 is named 'bias' here but "
+                                                 r"'fc.bias' in the job's centre"):
+            second.init_shared_params([np.ones((2, 3)), np.arange(3.0)], EASGD(0.5),
+                                      names=["fc.weight", "bias"])
+    serving.join()
+    centre = load_centre(path)
+    assert list(centre) == ["fc.weight", "fc.bias"]
+    np.testing.assert_array_equal(centre["fc.bias"], np.arange(3.0))
+    # Resumed by workers that give no names, the centre keeps the checkpoint's.
+    ctl = Controller(control_port=0, resume_from=path, checkpoint_path=again)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout_s=10) as w, \
+            Worker(ctl.control_port, timeout_s=10) as other:
+        with pytest.raises(LayoutMismatch, match=r"parameter 0 is named 'w' here but "
+                                                 r"'fc.weight' in the checkpoint %s" % path):
+            other.init_shared_params([np.zeros((2, 3)), np.zeros(3)], EASGD(0.5),
+                                     names=["w", "b"])
+        w.init_shared_params([np.zeros((2, 3)), np.zeros(3)], EASGD(0.5))
+    serving.join()
+    assert list(load_centre(again)) == ["fc.weight", "fc.bias"]
+    # A checkpoint written without names (by an older platoon, or of unnamed parameters).
+    checkpoint.save(path, [np.zeros(2), np.ones(1)], {"job_id": "old"})
+    assert list(load_centre(path)) == ["param_0", "param_1"]
+
+
+@pytest.mark.parametrize("names, error, message", [
+    (["a", "a"], ValueError, "'a' is given twice"),
+    (["a"], ValueError, "one for each of the 2 parameters is needed, got 1"),
+    (["a", 3], TypeError, "name 1 is 3, not a non-empty string"),
+    (["a", ""], TypeError, "name 1 is '', not a non-empty string"),
+    ("ab", TypeError, "a list of strings"),
+])
+def test_bad_parameter_names_are_refused_before_anything_is_shared(serve, names, error, message):
+    ctl = Controller(control_port=0)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout_s=10) as w:
+        with pytest.raises(error, match=re.escape(message)):
+            w.init_shared_params([np.zeros(2), np.zeros(3)], EASGD(0.5), names=names)
+        assert ctl.centre is None
+        w.init_shared_params([np.zeros(2), np.zeros(3)], EASGD(0.5), names=["a", "b"])
     serving.join()

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from platoon import launcher
+from platoon import launcher, load_centre
 from platoon.process import job_segments, pid_alive, signal_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -168,6 +168,44 @@ def test_a_crashing_worker_stops_the_job(tmp_path):
                      r"controller failed \(exit code 1\))?; stopped the job", out, re.M), out
     assert "deliberate crash in worker 1" in out  # the tail of its log
     assert_job_gone(job_id_of(out))
+
+
+def test_the_launcher_ends_with_a_summary_of_the_job(tmp_path):
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "progress"), "-n", "2"),
+                             tmp_path, timeout=60)
+    assert code == 0, out
+    summary = out[out.index("platoon-launcher: job summary:"):]  # the last lines
+    centre = tmp_path / "logs" / "centre.npz"
+    assert re.match(r"platoon-launcher: job summary: wall time \d+\.\d s, 60 minibatches, "
+                    r"0 syncs\n", summary), out
+    for worker in (0, 1):
+        assert ("\nplatoon-launcher:   worker %d last reported: loss 0.5 (30 minibatches, "
+                "0 syncs)\n" % worker) in summary, out
+    assert summary.endswith("platoon-launcher:   centre saved to %s (load it with "
+                            "platoon.load_centre)\n" % centre), out
+    assert list(load_centre(str(centre))) == ["param_0"]
+
+
+def test_a_failed_job_ends_with_a_summary_too(tmp_path):
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "crash"), "-n", "2"),
+                             tmp_path)
+    assert code == 1, out
+    summary = out[out.index("platoon-launcher: job summary:"):]
+    assert "stopped the job" not in summary, out  # after the failure report
+    assert "centre saved to %s" % (tmp_path / "logs" / "centre.npz") in summary, out
+
+
+def test_interrupted_the_launcher_says_where_the_centre_was_saved(launched, tmp_path):
+    launch = launched(os.path.join(EXPERIMENTS, "forever"), "-n", "2")
+    job_id = launch.job_id()
+    wait_until(lambda: job_segments(job_id, kind="centre"), 20,
+               "the workers to share their parameters")
+    launch.popen.send_signal(signal.SIGINT)
+    assert launch.popen.wait(20) == 130, launch.output()
+    centre = tmp_path / "logs" / "centre.npz"
+    assert "platoon-launcher:   centre saved to %s" % centre in launch.output()
+    assert load_centre(str(centre))["param_0"].shape == (1000,)
+    assert_job_gone(job_id)
 
 
 def test_a_controller_that_never_gets_ready(tmp_path):

@@ -17,7 +17,7 @@ from conftest import PROCS
 torch = pytest.importorskip("torch", reason="the PyTorch tests need PyTorch")
 from torch import nn  # noqa: E402
 
-from platoon import LockTimeout, PeriodicSync  # noqa: E402
+from platoon import LockTimeout, PeriodicSync, load_centre  # noqa: E402
 
 sys.path.insert(0, PROCS)
 from torch_sync_worker import make_model  # noqa: E402
@@ -334,6 +334,23 @@ def test_centre_state_dict_is_a_snapshot_taken_under_the_lock(one_worker):
     finally:
         release.set()
         holder.join(10)
+
+
+def test_the_checkpointed_centre_loads_into_a_model_by_name(one_worker, tmp_path):
+    ctl, w = one_worker
+    model = bn_model()
+    opt = PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=1)
+    train_step(model, opt, torch.randn(4, 3))
+    path = ctl.checkpoint(str(tmp_path / "centre.npz"))
+    centre = load_centre(path)
+    assert list(centre) == opt.shared_names
+    fresh = bn_model(seed=1)
+    loaded = fresh.load_state_dict(  # (not strict: integer buffers are never shared)
+        {name: torch.from_numpy(array) for name, array in centre.items()}, strict=False)
+    assert loaded.unexpected_keys == [], loaded
+    for key, value in opt.centre_state_dict().items():
+        if key in centre:
+            assert torch.equal(fresh.state_dict()[key], value), key
 
 
 def test_snapshot_centre_of_numpy_parameters(one_worker):
