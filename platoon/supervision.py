@@ -37,27 +37,14 @@ class UsageError(Exception):
 
 
 def open_private(path):
-    """A file descriptor writing `path`, readable by its owner only whatever the umask (logs
-    may hold data and paths). Never follows a link: a new file is created exclusively, and
-    an existing one (an earlier job's log in the same --log-dir) is truncated only if it is
-    a regular file of this user with no other link to it. Raises UsageError otherwise."""
+    """A file descriptor writing the new file `path`, readable by its owner only whatever the
+    umask (logs may hold data and paths). Never follows a link nor reuses a file: raises
+    UsageError if `path` exists."""
     try:
         return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
-        pass
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:  # ELOOP: a link
-        raise UsageError("log file %s exists and cannot be reused (%s): choose another "
-                         "--log-dir or remove it" % (path, exc.strerror)) from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_nlink != 1:
-        os.close(fd)
-        raise UsageError("log file %s exists and is not a plain file of yours: choose another "
-                         "--log-dir or remove it" % path)
-    os.ftruncate(fd, 0)
-    os.fchmod(fd, 0o600)
-    return fd
+        raise UsageError("log file %s exists already (an earlier job's, or a link): choose "
+                         "another --log-dir or remove it" % path) from None
 
 
 def _owner(uid):
