@@ -20,6 +20,8 @@ except ImportError as exc:  # pragma: no cover - torch is in the test extra
     raise ImportError("platoon.PeriodicSync needs PyTorch: pip install torch (or the "
                       "'torch' extra of platoon)") from exc
 
+from .adapters.torch_adapter import describe_layout, layout_changed
+from .errors import LayoutMismatch
 from .exchange import SyncHandle
 from .rules import EASGD, ParamSyncRule
 
@@ -121,6 +123,7 @@ class PeriodicSync(torch.optim.Optimizer):
         self.steps = 0  # step() calls so far
         self._handle: Optional[SyncHandle] = None
         self._names, tensors = _shared_tensors(model, buffers)
+        self._slots = _slots(model, self._names, tensors)
         _warn_unshared(optimizer, model)
         worker.init_shared_params(tensors, rule)
         log.info("worker %s: PeriodicSync of %d tensors every %d steps, %r%s", worker.worker_id,
@@ -141,6 +144,7 @@ class PeriodicSync(torch.optim.Optimizer):
         loss = self.optimizer.step() if closure is None else self.optimizer.step(closure)
         self.steps += 1
         if self.steps % self.sync_every == 0:
+            self._check_model()
             if self.overlap:
                 self.wait()
                 self._handle = self.worker.start_sync()
@@ -192,12 +196,14 @@ class PeriodicSync(torch.optim.Optimizer):
         """
         handle = self._handle
         if handle is not None:
+            self._check_model()
             handle.wait(timeout_s)
             self._handle = None
 
     def sync(self) -> None:
         """Sync now, whatever the step count: finish a sync in flight, then sync in place
         (at the end of training, say). Does not change the sync period's phase."""
+        self._check_model()
         self.wait()
         self.worker.sync_params()
 
@@ -232,6 +238,20 @@ class PeriodicSync(torch.optim.Optimizer):
         """The state-dict keys of the tensors shared through the centre, in its order."""
         return list(self._names)
 
+    def _check_model(self) -> None:
+        """Raise LayoutMismatch, naming it, for a shared tensor that the model no longer
+        holds (a buffer replaced by model.double(), say) or that changed dtype or shape.
+        (A tensor torch moved in memory, keeping both, is followed by the worker.)"""
+        for name, (table, leaf, tensor, layout) in zip(self._names, self._slots):
+            if table.get(leaf) is not tensor:
+                raise LayoutMismatch(
+                    "the model's %r is no longer the tensor PeriodicSync shared: it was replaced "
+                    "(by model.double() or .to(...) for a buffer, or by assigning a new tensor), "
+                    "so it would no longer be synced. Update it in place (copy_(), zero_()), and "
+                    "convert or move the model before PeriodicSync" % name)
+            if (tensor.dtype, tensor.shape, tensor.device) != layout:
+                raise layout_changed("the model's %r" % name, describe_layout(*layout), tensor)
+
     # -- context manager --
 
     def __enter__(self) -> "PeriodicSync":
@@ -261,6 +281,18 @@ def _shared_tensors(model, buffers):
     if not tensors:
         raise ValueError("the model has no parameters to sync")
     return names, tensors
+
+
+def _slots(model, names, tensors):
+    """(the parameter or buffer dict holding it, key, tensor, (dtype, shape, device)) per
+    shared tensor."""
+    slots = []
+    for name, tensor in zip(names, tensors):
+        prefix, _, leaf = name.rpartition(".")
+        owner = model.get_submodule(prefix)
+        table = owner._parameters if leaf in owner._parameters else owner._buffers
+        slots.append((table, leaf, tensor, (tensor.dtype, tensor.shape, tensor.device)))
+    return slots
 
 
 def _warn_unshared(optimizer, model):
