@@ -10,6 +10,7 @@ model averaging) and torchft's ``DiLoCo``, with platoon's asynchronous centre.
 Imported only when ``platoon.PeriodicSync`` is first used; torch is needed then.
 """
 
+import contextlib
 import logging
 import warnings
 from typing import Any, Callable, Dict, List, Optional
@@ -144,12 +145,12 @@ class PeriodicSync(torch.optim.Optimizer):
         loss = self.optimizer.step() if closure is None else self.optimizer.step(closure)
         self.steps += 1
         if self.steps % self.sync_every == 0:
-            self._check_model()
-            if self.overlap:
-                self.wait()
-                self._handle = self.worker.start_sync()
-            else:
-                self.worker.sync_params()
+            with self._naming_changes():
+                if self.overlap:
+                    self._finish()
+                    self._handle = self.worker.start_sync()
+                else:
+                    self.worker.sync_params()
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -194,18 +195,21 @@ class PeriodicSync(torch.optim.Optimizer):
         `timeout_s` in seconds (None: forever); raises SyncTimeout if it is still
         running then (call again), or the sync's own error.
         """
+        with self._naming_changes():
+            self._finish(timeout_s)
+
+    def _finish(self, timeout_s=None):
         handle = self._handle
         if handle is not None:
-            self._check_model()
             handle.wait(timeout_s)
             self._handle = None
 
     def sync(self) -> None:
         """Sync now, whatever the step count: finish a sync in flight, then sync in place
         (at the end of training, say). Does not change the sync period's phase."""
-        self._check_model()
-        self.wait()
-        self.worker.sync_params()
+        with self._naming_changes():
+            self._finish()
+            self.worker.sync_params()
 
     def centre_state_dict(self, timeout_s: Optional[float] = _WORKERS
                           ) -> Dict[str, "torch.Tensor"]:
@@ -238,19 +242,29 @@ class PeriodicSync(torch.optim.Optimizer):
         """The state-dict keys of the tensors shared through the centre, in its order."""
         return list(self._names)
 
-    def _check_model(self) -> None:
-        """Raise LayoutMismatch, naming it, for a shared tensor that the model no longer
-        holds (a buffer replaced by model.double(), say) or that changed dtype or shape.
-        (A tensor torch moved in memory, keeping both, is followed by the worker.)"""
+    @contextlib.contextmanager
+    def _naming_changes(self):
+        """Around a sync: refuse a shared tensor the model no longer holds (a buffer that
+        model.double() replaced, say), and name the tensor when the worker refuses one whose
+        dtype, shape or device changed. (One torch moved in memory is followed by the worker.)"""
         for name, (table, leaf, tensor, layout) in zip(self._names, self._slots):
-            if table.get(leaf) is not tensor:
-                raise LayoutMismatch(
-                    "the model's %r is no longer the tensor PeriodicSync shared: it was replaced "
-                    "(by model.double() or .to(...) for a buffer, or by assigning a new tensor), "
-                    "so it would no longer be synced. Update it in place (copy_(), zero_()), and "
-                    "convert or move the model before PeriodicSync" % name)
-            if (tensor.dtype, tensor.shape, tensor.device) != layout:
-                raise layout_changed("the model's %r" % name, describe_layout(*layout), tensor)
+            now = table.get(leaf)
+            if now is tensor:
+                continue
+            if isinstance(now, torch.Tensor) and (now.dtype, now.shape, now.device) != layout:
+                raise layout_changed("the model's %r" % name, describe_layout(*layout), now)
+            raise LayoutMismatch(
+                "the model's %r is no longer the tensor PeriodicSync shared: a new tensor was "
+                "assigned to it, so it would no longer be synced. Update it in place (copy_(), "
+                "zero_()), and convert or move the model before PeriodicSync" % name)
+        try:
+            yield
+        except LayoutMismatch as exc:
+            for name, (_, _, tensor, layout) in zip(self._names, self._slots):
+                if (tensor.dtype, tensor.shape, tensor.device) != layout:
+                    raise layout_changed("the model's %r" % name, describe_layout(*layout),
+                                         tensor) from exc
+            raise
 
     # -- context manager --
 

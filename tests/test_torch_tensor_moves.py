@@ -3,6 +3,7 @@
 real controller and worker processes."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -52,7 +53,9 @@ def test_a_converted_model_is_refused_naming_the_tensor(serve, procs, tmp_path, 
     report = run_worker(serve, procs, tmp_path, "double", overlap)
     error = report.get("error", "")
     assert error.startswith("LayoutMismatch"), report
-    assert "'0.weight'" in error and "float32" in error and "float64" in error, error
+    # model.double() converts parameters in place and replaces buffers: the first one met
+    assert re.search(r"the model's '[\w.]+' changed from torch.float32 \[1024\] on cpu to "
+                     r"torch.float64 \[1024\] on cpu", error), error
     assert "before" in error and "PeriodicSync" in error, error  # what to do
 
 
@@ -104,3 +107,15 @@ def test_a_replaced_buffer_is_refused_naming_it(one_worker):
     model[1].running_mean = torch.zeros(4)  # a new tensor object, not the one shared
     with pytest.raises(LayoutMismatch, match="'1.running_mean'.*in place"):
         opt.sync()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible")
+def test_a_converted_gpu_model_is_refused(one_worker):
+    _, w = one_worker
+    model = nn.Linear(4, 3).to("cuda")
+    w.init_shared_params(model, EASGD(0.5))
+    model.weight.data = model.weight.data.clone()  # moved: copies follow it
+    w.sync_params()
+    model.double()
+    with pytest.raises(LayoutMismatch, match=r"'weight'.*float32.*float64"):
+        w.sync_params()

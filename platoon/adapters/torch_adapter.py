@@ -2,8 +2,8 @@
 
 torch may move a shared tensor's memory after it was shared (``model.share_memory()``,
 ``p.data = ...``, ``p.set_(...)``) or convert it (``model.double()``). Before every sync
-(`pull`) each tensor is checked against what was shared (one data-pointer, dtype and shape
-comparison per tensor, no copy): a CPU tensor that moved with the same dtype and shape is
+(`pull`) each tensor is checked against what was shared (one data-pointer comparison per
+tensor, no copy): a CPU tensor that moved with the same dtype and shape is
 re-bound and keeps syncing; one whose dtype, shape or device changed raises LayoutMismatch,
 and nothing touches its old memory.
 """
@@ -49,19 +49,20 @@ class TorchCPUAdapter(Adapter):
     def __init__(self, params, names=None):
         super().__init__(params, [t.detach().numpy() for t in params])
         self._names = names
-        self._bound = [(t.data_ptr(), t.dtype, t.shape) for t in params]
+        self._ptrs = [t.data_ptr() for t in params]
+        self._layouts = [(t.dtype, t.shape) for t in params]
         self._told = False  # logged a re-binding at INFO once; DEBUG after
 
     def pull(self, params=None):
         super().pull(params)
-        moved = [i for i, (t, bound) in enumerate(zip(self._params, self._bound))
-                 if (t.data_ptr(), t.dtype, t.shape) != bound]
+        moved = [i for i, (t, ptr) in enumerate(zip(self._params, self._ptrs))
+                 if t.data_ptr() != ptr]  # a dtype or shape change moves the memory too
         if moved:
             self._rebind(moved)
 
     def _rebind(self, moved):
         for i in moved:  # all checked before any view is replaced
-            t, (_, dtype, shape) = self._params[i], self._bound[i]
+            t, (dtype, shape) = self._params[i], self._layouts[i]
             if (t.dtype, t.shape, t.device.type) != (dtype, shape, "cpu") \
                     or not t.is_contiguous():
                 was = describe_layout(dtype, shape, "cpu")
@@ -69,7 +70,7 @@ class TorchCPUAdapter(Adapter):
         for i in moved:
             t = self._params[i]
             self.arrays[i] = t.detach().numpy()  # in place: the Exchange holds this list
-            self._bound[i] = (t.data_ptr(), t.dtype, t.shape)
+            self._ptrs[i] = t.data_ptr()
         log.log(logging.DEBUG if self._told else logging.INFO,
                 "%d shared tensor(s) moved in memory (model.share_memory(), .data = or set_()), "
                 "first %s; syncing follows them", len(moved), _which(moved[0], self._names))
