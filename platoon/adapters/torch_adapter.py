@@ -55,10 +55,9 @@ class TorchCPUAdapter(Adapter):
 
     def pull(self, params=None):
         super().pull(params)
-        moved = [i for i, (t, ptr) in enumerate(zip(self._params, self._ptrs))
-                 if t.data_ptr() != ptr]  # a dtype or shape change moves the memory too
-        if moved:
-            self._rebind(moved)
+        ptrs = [t.data_ptr() for t in self._params]  # a dtype or shape change moves them too
+        if ptrs != self._ptrs:
+            self._rebind([i for i, (now, was) in enumerate(zip(ptrs, self._ptrs)) if now != was])
 
     def _rebind(self, moved):
         for i in moved:  # all checked before any view is replaced
