@@ -84,6 +84,11 @@ class PeriodicSync(torch.optim.Optimizer):
             each worker keeps its own count, and `centre_state_dict` takes
             this worker's.
 
+    A shared tensor that torch moves in memory, dtype and shape unchanged
+    (``model.share_memory()``, ``p.data = ...``), keeps syncing; at a sync,
+    LayoutMismatch names one whose dtype, shape or device changed
+    (``model.double()``) or that the model replaced by a new tensor.
+
     Raises ValueError for a bad `sync_every` or `buffers`, TypeError for a
     `model` or `optimizer` of the wrong kind or `overlap` with a rule that
     cannot run in the background, and as
@@ -193,8 +198,11 @@ class PeriodicSync(torch.optim.Optimizer):
         """Finish the overlapped sync in flight, if any: its effect reaches the model.
 
         `timeout_s` in seconds (None: forever); raises SyncTimeout if it is still
-        running then (call again), or the sync's own error.
+        running then (call again), or the sync's own error; LayoutMismatch naming a shared
+        tensor whose dtype, shape or device changed, or that the model replaced.
         """
+        if self._handle is None:
+            return
         with self._naming_changes():
             self._finish(timeout_s)
 
