@@ -59,7 +59,8 @@ class RemoteError(PlatoonError, RuntimeError):
 
 
 class LayoutMismatch(PlatoonError, ValueError):
-    """A worker's parameters differ in count, dtype or shape from the job's centre."""
+    """A worker's parameters differ in count, dtype or shape from the job's centre (at
+    `init_shared_params`, or at a later sync when a tensor was converted, e.g. model.double())."""
 
 
 class CheckpointError(PlatoonError, ValueError):

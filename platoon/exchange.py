@@ -109,13 +109,19 @@ class Exchange:
         self.before_pull = None  # called by SyncHandle.wait before / after it applies a sync
         self.after_pull = None   # (the worker copies device parameters to host and back)
         self._central = [c.reshape(-1) for c in centre.arrays]
-        self._contiguous = all(p.flags.c_contiguous for p in local)
-        self._striped = rule.elementwise and self._contiguous
-        self._flat_local = [p.reshape(-1) for p in local] if self._contiguous else None
+        self.rebind()
         # Workers start on different stripes, so two of them rarely want the same one.
         count = len(centre.stripes)
         first = (worker_id * (count // 2 + 1)) % count if count else 0
         self._order = list(range(first, count)) + list(range(first))
+
+    def rebind(self) -> None:
+        """Re-derive the flat views of `local` after some of its arrays were replaced (the
+        adapter re-bound tensors that torch moved in memory)."""
+        local = self.local
+        self._contiguous = all(p.flags.c_contiguous for p in local)
+        self._striped = self.rule.elementwise and self._contiguous
+        self._flat_local = [p.reshape(-1) for p in local] if self._contiguous else None
 
     # -- synchronous --
 
@@ -309,4 +315,5 @@ def share(request: Callable, adapter, rule: ParamSyncRule, res, worker_id: int =
     exchange.first = first
     exchange.before_pull = adapter.pull
     exchange.after_pull = adapter.push
+    adapter.on_rebind = exchange.rebind
     return exchange

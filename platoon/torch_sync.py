@@ -10,6 +10,7 @@ model averaging) and torchft's ``DiLoCo``, with platoon's asynchronous centre.
 Imported only when ``platoon.PeriodicSync`` is first used; torch is needed then.
 """
 
+import contextlib
 import logging
 import warnings
 from typing import Any, Callable, Dict, List, Optional
@@ -20,6 +21,8 @@ except ImportError as exc:  # pragma: no cover - torch is in the test extra
     raise ImportError("platoon.PeriodicSync needs PyTorch: pip install torch (or the "
                       "'torch' extra of platoon)") from exc
 
+from .adapters.torch_adapter import describe_layout, layout_changed
+from .errors import LayoutMismatch
 from .exchange import SyncHandle
 from .rules import EASGD, ParamSyncRule
 
@@ -81,6 +84,11 @@ class PeriodicSync(torch.optim.Optimizer):
             each worker keeps its own count, and `centre_state_dict` takes
             this worker's.
 
+    A shared tensor that torch moves in memory, dtype and shape unchanged
+    (``model.share_memory()``, ``p.data = ...``), keeps syncing; at a sync,
+    LayoutMismatch names one whose dtype, shape or device changed
+    (``model.double()``) or that the model replaced by a new tensor.
+
     Raises ValueError for a bad `sync_every` or `buffers`, TypeError for a
     `model` or `optimizer` of the wrong kind or `overlap` with a rule that
     cannot run in the background, and as
@@ -121,6 +129,7 @@ class PeriodicSync(torch.optim.Optimizer):
         self.steps = 0  # step() calls so far
         self._handle: Optional[SyncHandle] = None
         self._names, tensors = _shared_tensors(model, buffers)
+        self._slots = _slots(model, self._names, tensors)
         _warn_unshared(optimizer, model)
         worker.init_shared_params(tensors, rule, names=self._names)
         log.info("worker %s: PeriodicSync of %d tensors every %d steps, %r%s", worker.worker_id,
@@ -141,11 +150,12 @@ class PeriodicSync(torch.optim.Optimizer):
         loss = self.optimizer.step() if closure is None else self.optimizer.step(closure)
         self.steps += 1
         if self.steps % self.sync_every == 0:
-            if self.overlap:
-                self.wait()
-                self._handle = self.worker.start_sync()
-            else:
-                self.worker.sync_params()
+            with self._naming_changes():
+                if self.overlap:
+                    self._finish()
+                    self._handle = self.worker.start_sync()
+                else:
+                    self.worker.sync_params()
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -188,8 +198,15 @@ class PeriodicSync(torch.optim.Optimizer):
         """Finish the overlapped sync in flight, if any: its effect reaches the model.
 
         `timeout_s` in seconds (None: forever); raises SyncTimeout if it is still
-        running then (call again), or the sync's own error.
+        running then (call again), or the sync's own error; LayoutMismatch naming a shared
+        tensor whose dtype, shape or device changed, or that the model replaced.
         """
+        if self._handle is None:
+            return
+        with self._naming_changes():
+            self._finish(timeout_s)
+
+    def _finish(self, timeout_s=None):
         handle = self._handle
         if handle is not None:
             handle.wait(timeout_s)
@@ -198,8 +215,9 @@ class PeriodicSync(torch.optim.Optimizer):
     def sync(self) -> None:
         """Sync now, whatever the step count: finish a sync in flight, then sync in place
         (at the end of training, say). Does not change the sync period's phase."""
-        self.wait()
-        self.worker.sync_params()
+        with self._naming_changes():
+            self._finish()
+            self.worker.sync_params()
 
     def centre_state_dict(self, timeout_s: Optional[float] = _WORKERS
                           ) -> Dict[str, "torch.Tensor"]:
@@ -232,6 +250,30 @@ class PeriodicSync(torch.optim.Optimizer):
         """The state-dict keys of the tensors shared through the centre, in its order."""
         return list(self._names)
 
+    @contextlib.contextmanager
+    def _naming_changes(self):
+        """Around a sync: refuse a shared tensor the model no longer holds (a buffer that
+        model.double() replaced, say), and name the tensor when the worker refuses one whose
+        dtype, shape or device changed. (One torch moved in memory is followed by the worker.)"""
+        for name, (table, leaf, tensor, layout) in zip(self._names, self._slots):
+            now = table.get(leaf)
+            if now is tensor:
+                continue
+            if isinstance(now, torch.Tensor) and (now.dtype, now.shape, now.device) != layout:
+                raise layout_changed("the model's %r" % name, describe_layout(*layout), now)
+            raise LayoutMismatch(
+                "the model's %r is no longer the tensor PeriodicSync shared: a new tensor was "
+                "assigned to it, so it would no longer be synced. Update it in place (copy_(), "
+                "zero_()), and convert or move the model before PeriodicSync" % name)
+        try:
+            yield
+        except LayoutMismatch as exc:
+            for name, (_, _, tensor, layout) in zip(self._names, self._slots):
+                if (tensor.dtype, tensor.shape, tensor.device) != layout:
+                    raise layout_changed("the model's %r" % name, describe_layout(*layout),
+                                         tensor) from exc
+            raise
+
     # -- context manager --
 
     def __enter__(self) -> "PeriodicSync":
@@ -261,6 +303,18 @@ def _shared_tensors(model, buffers):
     if not tensors:
         raise ValueError("the model has no parameters to sync")
     return names, tensors
+
+
+def _slots(model, names, tensors):
+    """(the parameter or buffer dict holding it, key, tensor, (dtype, shape, device)) per
+    shared tensor."""
+    slots = []
+    for name, tensor in zip(names, tensors):
+        prefix, _, leaf = name.rpartition(".")
+        owner = model.get_submodule(prefix)
+        table = owner._parameters if leaf in owner._parameters else owner._buffers
+        slots.append((table, leaf, tensor, (tensor.dtype, tensor.shape, tensor.device)))
+    return slots
 
 
 def _warn_unshared(optimizer, model):

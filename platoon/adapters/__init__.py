@@ -6,7 +6,10 @@ sync and `push()` to install the result afterwards. numpy arrays and PyTorch
 CPU tensors are shared without any copy; CUDA tensors, CuPy and pycuda arrays
 go through one device-to-host and one host-to-device copy per sync into
 pinned staging buffers; JAX arrays are immutable, so `push()` builds new ones
-(`params()` returns them). Each framework's module is imported only when its
+(`params()` returns them). A PyTorch tensor that torch moves after it was
+shared (``model.share_memory()``, ``.data = ...``) is re-bound at the next
+`pull()`; one converted to another dtype or shape raises LayoutMismatch there
+(see `torch_adapter`). Each framework's module is imported only when its
 arrays are seen, so none is a dependency.
 """
 
@@ -19,6 +22,7 @@ class Adapter:
     """Host numpy views of a list of parameters, with device transfers around a sync."""
 
     in_place = True  # False where push() makes new parameters (immutable arrays)
+    on_rebind = None  # called by pull() after it replaced some of `arrays` (list kept in place)
 
     def __init__(self, params, arrays):
         self._params = params
@@ -111,7 +115,8 @@ def adapt(params):
     """
     if _framework(params) == "torch":  # an nn.Module
         from . import torch_adapter
-        return torch_adapter.adapt(list(params.parameters()))
+        named = list(params.named_parameters())
+        return torch_adapter.adapt([t for _, t in named], [name for name, _ in named])
     params = list(params)
     if not params:
         raise ValueError("init_shared_params() needs at least one parameter array")

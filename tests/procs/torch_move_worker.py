@@ -1,0 +1,89 @@
+"""A worker for tests: changes its model's tensors under PeriodicSync, then syncs again.
+
+usage: torch_move_worker.py PORT CHANGE OVERLAP OUT
+The only worker of its job, with EASGD(0.5) every 2 steps (overlapped when OVERLAP is 1).
+After two steps (one sync) it applies CHANGE to the model:
+  share_memory  model.share_memory() (moves every CPU tensor's storage to shared memory)
+  data          p.data = p.data.clone() for every parameter
+  set           p.set_(p.detach().clone()) for every parameter
+  double        model.double()
+then adds 0.1 to every parameter, takes two steps (a sync) and leaves the PeriodicSync block.
+OUT gets a JSON report: the largest |parameter - centre| after the last sync, and the
+largest |centre - centre before the last sync|; or, when the sync raised, the error.
+"""
+
+import json
+import sys
+
+import torch
+from torch import nn
+
+from platoon import EASGD, PeriodicSync, Worker
+
+
+def change(model, how):
+    if how == "share_memory":
+        model.share_memory()
+    elif how == "data":
+        for p in model.parameters():
+            p.data = p.data.clone()
+    elif how == "set":
+        with torch.no_grad():
+            for p in model.parameters():
+                p.set_(p.detach().clone())
+    elif how == "double":
+        model.double()
+    else:
+        raise ValueError(how)
+
+
+def largest_difference(a, b):
+    return max((x.double() - y.double()).abs().max().item() for x, y in zip(a, b))
+
+
+def main():
+    port, how, overlap, out = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", sys.argv[4]
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    # 1024x1024 float32 (4 MiB): big enough that freeing its storage unmaps the pages.
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.BatchNorm1d(1024), nn.Linear(1024, 1))
+    x = torch.randn(8, 1024)
+    report = {}
+    with Worker(control_port=port, timeout_s=20) as w:
+        opt = PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=1e-3),
+                           sync_every=2, rule=EASGD(0.5), overlap=overlap)
+        names = opt.shared_names
+
+        def step():
+            opt.zero_grad()
+            model(x.to(model[0].weight.dtype)).pow(2).mean().backward()
+            opt.step()
+
+        try:
+            with opt:
+                step()
+                step()  # a sync
+                change(model, how)
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(0.1)
+                before = opt.centre_state_dict()
+                step()
+                step()  # a sync, finished on leaving the block when overlapped
+        except Exception as exc:  # the report says what the sync raised
+            report["error"] = "%s: %s" % (type(exc).__name__, exc)
+        else:
+            after = opt.centre_state_dict()
+            state = model.state_dict()
+            report["param_vs_centre"] = largest_difference(
+                [state[n] for n in names], [after[n] for n in names])
+            report["centre_moved"] = largest_difference(
+                [before[n] for n in names], [after[n] for n in names])
+            report["syncs"] = w.syncs
+        with open(out, "w") as f:
+            json.dump(report, f)
+    print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Tensors that torch moves or converts after they were shared (model.share_memory(),
+`.data = ...`, `set_()`, model.double()): syncing follows them or says why it cannot, with
+real controller and worker processes."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from platoon import EASGD, Controller, LayoutMismatch, Worker
+
+torch = pytest.importorskip("torch", reason="the PyTorch tests need PyTorch")
+from torch import nn  # noqa: E402
+
+from platoon import PeriodicSync  # noqa: E402
+
+
+class Nothing(Controller):
+    def handle_control(self, req, worker_id, req_info):
+        return None
+
+
+def run_worker(serve, procs, tmp_path, how, overlap):
+    """torch_move_worker.py with change `how`; (its exit code, its report, its output)."""
+    ctl = Nothing(control_port=0)
+    serving = serve(ctl, timeout=60)
+    out = str(tmp_path / "report.json")
+    worker = procs("torch_move_worker.py", ctl.control_port, how, int(overlap), out)
+    code = worker.wait(60)
+    assert code == 0, "worker exited with %s:\n%s" % (code, worker.output)
+    serving.join()
+    with open(out) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["in_place", "overlapped"])
+@pytest.mark.parametrize("how", ["share_memory", "data", "set"])
+def test_a_moved_tensor_keeps_syncing(serve, procs, tmp_path, how, overlap):
+    # Before: share_memory() freed the storage the adapter's numpy views pointed at (the
+    # worker died of SIGSEGV at its next sync); `.data =` and `set_()` left the views on the
+    # old storage, so the model silently stopped syncing.
+    report = run_worker(serve, procs, tmp_path, how, overlap)
+    assert "error" not in report, report
+    assert report["syncs"] == 2
+    # Every parameter was 0.1 away from the centre; EASGD(0.5) met half-way.
+    assert report["centre_moved"] > 0.04, report
+    assert report["param_vs_centre"] < 1e-5, report
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["in_place", "overlapped"])
+def test_a_converted_model_is_refused_naming_the_tensor(serve, procs, tmp_path, overlap):
+    report = run_worker(serve, procs, tmp_path, "double", overlap)
+    error = report.get("error", "")
+    assert error.startswith("LayoutMismatch"), report
+    # model.double() converts parameters in place and replaces buffers: the first one met
+    assert re.search(r"the model's '[\w.]+' changed from torch.float32 \[1024\] on cpu to "
+                     r"torch.float64 \[1024\] on cpu", error), error
+    assert "before" in error and "PeriodicSync" in error, error  # what to do
+
+
+# -- Worker.init_shared_params in this process --
+
+@pytest.fixture
+def one_worker(serve):
+    ctl = Nothing(control_port=0)
+    serving = serve(ctl)
+    w = Worker(ctl.control_port, timeout_s=10)
+    yield ctl, w
+    w.close()
+    serving.join()
+
+
+def test_a_rebound_parameter_of_a_plain_worker_keeps_syncing(one_worker):
+    ctl, w = one_worker
+    model = nn.Linear(4, 3)
+    w.init_shared_params(model, EASGD(0.5))
+    with torch.no_grad():
+        model.weight.data = torch.full((3, 4), 2.0)
+        model.bias.set_(torch.full((3,), 4.0))
+    centre = [c.copy() for c in ctl.centre]
+    w.sync_params()
+    for p, c, before, value in zip(model.parameters(), ctl.centre, centre, (2.0, 4.0)):
+        np.testing.assert_allclose(p.detach().numpy(), (before + value) / 2, rtol=1e-6)
+        np.testing.assert_allclose(c, (before + value) / 2, rtol=1e-6)
+
+
+def test_a_changed_shape_or_device_is_refused(one_worker):
+    _, w = one_worker
+    model = nn.Linear(4, 3)
+    w.init_shared_params(model, EASGD(0.5))
+    model.weight.data = torch.zeros(3, 5)
+    with pytest.raises(LayoutMismatch, match=r"'weight'.*\[3, 4\].*\[3, 5\]"):
+        w.sync_params()
+    with pytest.raises(LayoutMismatch, match="'weight'"):
+        w.start_sync()  # still refused: nothing touches the old memory
+    model.weight.data = torch.zeros(3, 4)  # put right again: syncing goes on
+    w.sync_params()
+    assert w.syncs == 1
+
+
+def test_a_replaced_buffer_is_refused_naming_it(one_worker):
+    _, w = one_worker
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    opt = PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=1,
+                       rule=EASGD(0.5))
+    model[1].running_mean = torch.zeros(4)  # a new tensor object, not the one shared
+    with pytest.raises(LayoutMismatch, match="'1.running_mean'.*in place"):
+        opt.sync()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible")
+def test_a_converted_gpu_model_is_refused(one_worker):
+    _, w = one_worker
+    model = nn.Linear(4, 3).to("cuda")
+    w.init_shared_params(model, EASGD(0.5))
+    model.weight.data = model.weight.data.clone()  # moved: copies follow it
+    w.sync_params()
+    model.double()
+    with pytest.raises(LayoutMismatch, match=r"'weight'.*float32.*float64"):
+        w.sync_params()
