@@ -112,6 +112,11 @@ class Exchange:
         self._contiguous = all(p.flags.c_contiguous for p in local)
         self._striped = rule.elementwise and self._contiguous
         self._flat_local = [p.reshape(-1) for p in local] if self._contiguous else None
+        # This worker's sync counter in the centre's header, read by the controller's status
+        # (ids past the header's slots count only in `stats`).
+        counted = 0 <= worker_id < len(centre.sync_counts)
+        self._counter = centre.sync_counts[worker_id:worker_id + 1] if counted \
+            else np.zeros(1, np.int64)
         # Workers start on different stripes, so two of them rarely want the same one.
         count = len(centre.stripes)
         first = (worker_id * (count // 2 + 1)) % count if count else 0
@@ -134,6 +139,7 @@ class Exchange:
             self._each_stripe(lambda i, a, b: rule.update_range(i, a, local[i][a:b],
                                                                 central[i][a:b]))
         self.stats.syncs += 1
+        self._counter[0] += 1
 
     def _whole(self, update):
         lock = self.centre.lock
@@ -242,6 +248,7 @@ class Exchange:
                 p[...] = flat.reshape(p.shape)
         if complete:
             self.stats.syncs += 1
+            self._counter[0] += 1
         if self.after_pull is not None:
             self.after_pull()
 
