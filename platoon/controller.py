@@ -29,7 +29,7 @@ from .deprecation import renamed_keywords
 from .dispatch import RequestDispatcher
 from .endpoints import Endpoints
 from .environment import JobEnvironment
-from .errors import PlatoonError, ServeTimeout, WorkerDied
+from .errors import PlatoonError, ServeTimeout, StopRequested, WorkerDied
 from .minibatches import MinibatchChannel
 from .registry import WorkerRecord, WorkerRegistry, describe_death
 from .rendezvous import Rendezvous
@@ -123,8 +123,10 @@ class Controller:
         self._collectives_finalizer = weakref.finalize(self, self._collectives.close)
         self._job_stop = JobStop(self.job_id)
         self._job_stop_finalizer = weakref.finalize(self, self._job_stop.close)
-        # An uncaught exception in any thread of this process (a feeder's) fails the job.
-        self._thread_failures = ThreadFailures(on_failure=lambda: me._thread_failed())
+        # An uncaught exception in any thread of this process (a feeder's) fails the job;
+        # StopRequested (send_mb's, after a stop) ends a thread in order.
+        self._thread_failures = ThreadFailures(on_failure=lambda: me._thread_failed(),
+                                               ignore=(StopRequested,))
         self._thread_failures.watch()
         self._thread_failures_finalizer = weakref.finalize(self, self._thread_failures.close)
         self._checkpointer = Checkpointer(me, self._collectives, config.checkpoint_path,

@@ -1,7 +1,8 @@
 """Uncaught exceptions in the threads of a process, kept for the controller.
 
 While a `ThreadFailures` watches (from `watch()` to `close()`), the first exception that
-ends any thread of the process (SystemExit aside) is kept with the thread's name, and
+ends any thread of the process (but SystemExit and the `ignore`d kinds) is kept with the
+thread's name, and
 `on_failure` is called in that thread. The hook that was installed before
 (`threading.excepthook`) still runs, so the traceback is logged as usual.
 """
@@ -16,9 +17,11 @@ log = logging.getLogger("platoon.controller")  # the controller's log: users fil
 class ThreadFailures:
     """Watches `threading.excepthook` for a controller; `first` is (exception, thread name)."""
 
-    def __init__(self, on_failure: Optional[Callable[[], None]] = None):
+    def __init__(self, on_failure: Optional[Callable[[], None]] = None,
+                 ignore: Tuple[type, ...] = ()):
         self.first: Optional[Tuple[BaseException, str]] = None
         self._on_failure = on_failure
+        self._ignore = (SystemExit,) + tuple(ignore)
         self._previous = None
         self._watching = False
         self._lock = threading.Lock()
@@ -39,7 +42,8 @@ class ThreadFailures:
 
     def _hook(self, args) -> None:
         first = False
-        if self._watching and args.exc_type is not SystemExit and args.exc_value is not None:
+        if self._watching and args.exc_value is not None \
+                and not issubclass(args.exc_type, self._ignore):
             name = args.thread.name if args.thread is not None else "unknown"
             with self._lock:
                 if self.first is None:

@@ -3,8 +3,15 @@
 import json
 import os
 import re
+import sys
+import threading
 import time
+import traceback
 
+import pytest
+
+from platoon.errors import ProtocolError, StopRequested
+from platoon.threadfailures import ThreadFailures
 from test_launcher import EXPERIMENTS, assert_job_gone, job_id_of, launcher_cmd, run_launcher
 
 
@@ -50,3 +57,35 @@ def test_syncs_and_minibatches_are_counted_without_reports(tmp_path):
     assert re.search(r"elapsed \d+:\d\d:\d\d \| minibatches 40 \| syncs 40 \([\d.]+/s\)",
                      lines[-1]), out
     assert_job_gone(job_id_of(out))
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_thread_failures_keep_the_first_real_failure_and_restore_the_hook():
+    def run(target, name):
+        thread = threading.Thread(target=target, name=name)
+        thread.start()
+        thread.join(10)
+        assert not thread.is_alive()
+
+    def stopped():
+        raise StopRequested("a stop was requested")
+
+    def broken():
+        raise ProtocolError("minibatch array 0 has dtype object")
+
+    called = []
+    before = threading.excepthook
+    failures = ThreadFailures(on_failure=lambda: called.append(True), ignore=(StopRequested,))
+    failures.watch()
+    try:
+        run(stopped, "feeder")  # an orderly end: not a failure
+        run(sys.exit, "quitter")
+        assert failures.first is None and not called
+        run(broken, "feeder")
+        run(broken, "second")
+        exc, thread = failures.first
+        assert isinstance(exc, ProtocolError) and thread == "feeder" and called == [True]
+        assert "broken" in [f.name for f in traceback.extract_tb(exc.__traceback__)]
+    finally:
+        failures.close()
+    assert threading.excepthook is before
