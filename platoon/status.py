@@ -82,7 +82,6 @@ class Progress:
         if syncs is not None:
             self._syncs_by_worker[worker_id] = syncs
         self.totals["metrics"].update(metrics or {})
-        self.refresh()
         self.write()
 
     def write(self, force: bool = False) -> None:
