@@ -125,7 +125,7 @@ class Controller:
         self._job_stop_finalizer = weakref.finalize(self, self._job_stop.close)
         # An uncaught exception in any thread of this process (a feeder's) fails the job;
         # StopRequested (send_mb's, after a stop) ends a thread in order.
-        self._thread_failures = ThreadFailures(on_failure=lambda: me._thread_failed(),
+        self._thread_failures = ThreadFailures(on_failure=lambda *f: me._thread_failed(*f),
                                                ignore=(StopRequested,))
         self._thread_failures.watch()
         self._thread_failures_finalizer = weakref.finalize(self, self._thread_failures.close)
@@ -320,10 +320,8 @@ class Controller:
         return ([] if centre is None else centre.sync_counts.tolist(),
                 0 if self._mb is None else self._mb.delivered)
 
-    def _thread_failed(self) -> None:
-        """In a thread that just died of an uncaught exception: stop the job's workers
-        (serve raises the exception)."""
-        exc, thread = self._thread_failures.first
+    def _thread_failed(self, exc: BaseException, thread: str) -> None:
+        """In `thread`, which `exc` just ended: stop the job's workers (serve raises `exc`)."""
         log.error("the controller's thread %r failed (%s: %s); the job stops", thread,
                   type(exc).__name__, exc)
         self._job_stop.request(CONTROLLER, "the controller's thread %r failed: %s: %s"

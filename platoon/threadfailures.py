@@ -2,9 +2,10 @@
 
 While a `ThreadFailures` watches (from `watch()` to `close()`), the first exception that
 ends any thread of the process (but SystemExit and the `ignore`d kinds) is kept with the
-thread's name, and
-`on_failure` is called in that thread. The hook that was installed before
-(`threading.excepthook`) still runs, so the traceback is logged as usual.
+thread's name. In that thread, first the hook that was installed before
+(`threading.excepthook`) runs, so the traceback is logged as usual, then
+`on_failure(exception, thread name)`, and only then is the failure published in `first`:
+whoever acts on `first` comes after both.
 """
 
 import logging
@@ -17,9 +18,10 @@ log = logging.getLogger("platoon.controller")  # the controller's log: users fil
 class ThreadFailures:
     """Watches `threading.excepthook` for a controller; `first` is (exception, thread name)."""
 
-    def __init__(self, on_failure: Optional[Callable[[], None]] = None,
+    def __init__(self, on_failure: Optional[Callable[[BaseException, str], None]] = None,
                  ignore: Tuple[type, ...] = ()):
         self.first: Optional[Tuple[BaseException, str]] = None
+        self._claimed = False  # a failure is being handled (then published in `first`)
         self._on_failure = on_failure
         self._ignore = (SystemExit,) + tuple(ignore)
         self._previous = None
@@ -42,18 +44,19 @@ class ThreadFailures:
 
     def _hook(self, args) -> None:
         first = False
-        if self._watching and args.exc_value is not None \
-                and not issubclass(args.exc_type, self._ignore):
-            name = args.thread.name if args.thread is not None else "unknown"
+        exc, name = args.exc_value, args.thread.name if args.thread is not None else "unknown"
+        if self._watching and exc is not None and not issubclass(args.exc_type, self._ignore):
             with self._lock:
-                if self.first is None:
-                    self.first = (args.exc_value, name)
-                    first = True
-            if first and hasattr(args.exc_value, "add_note"):  # Python 3.11+
-                args.exc_value.add_note("(raised in the controller's thread %r)" % name)
+                first, self._claimed = not self._claimed, True
+            if first and hasattr(exc, "add_note"):  # Python 3.11+
+                exc.add_note("(raised in the controller's thread %r)" % name)
         (self._previous or threading.__excepthook__)(args)
-        if first and self._on_failure is not None:
-            try:
-                self._on_failure()
-            except Exception:  # the failure itself is kept; this one is only logged
-                log.exception("handling the failure of thread %r failed", name)
+        if not first:
+            return
+        try:
+            if self._on_failure is not None:
+                self._on_failure(exc, name)
+        except Exception:  # the failure itself is kept; this one is only logged
+            log.exception("handling the failure of thread %r failed", name)
+        finally:
+            self.first = (exc, name)

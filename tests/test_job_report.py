@@ -75,7 +75,8 @@ def test_thread_failures_keep_the_first_real_failure_and_restore_the_hook():
 
     called = []
     before = threading.excepthook
-    failures = ThreadFailures(on_failure=lambda: called.append(True), ignore=(StopRequested,))
+    failures = ThreadFailures(on_failure=lambda exc, name: called.append(name),
+                              ignore=(StopRequested,))
     failures.watch()
     try:
         run(stopped, "feeder")  # an orderly end: not a failure
@@ -84,7 +85,7 @@ def test_thread_failures_keep_the_first_real_failure_and_restore_the_hook():
         run(broken, "feeder")
         run(broken, "second")
         exc, thread = failures.first
-        assert isinstance(exc, ProtocolError) and thread == "feeder" and called == [True]
+        assert isinstance(exc, ProtocolError) and thread == "feeder" and called == ["feeder"]
         assert "broken" in [f.name for f in traceback.extract_tb(exc.__traceback__)]
     finally:
         failures.close()
