@@ -29,7 +29,7 @@ from .deprecation import renamed_keywords
 from .dispatch import RequestDispatcher
 from .endpoints import Endpoints
 from .environment import JobEnvironment
-from .errors import PlatoonError, ServeTimeout, WorkerDied
+from .errors import PlatoonError, ServeTimeout, StopRequested, WorkerDied
 from .minibatches import MinibatchChannel
 from .registry import WorkerRecord, WorkerRegistry, describe_death
 from .rendezvous import Rendezvous
@@ -38,6 +38,7 @@ from .resources import Resources
 from .shmem import SharedCentre, remove_stale_segments
 from .status import Progress
 from .stopsignal import CONTROLLER, JobStop
+from .threadfailures import ThreadFailures
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,8 @@ class Controller:
             liveness_interval_s=liveness_interval_s, on_left=lambda rec: me._worker_left(rec))
         registry = self._registry
         self._progress = Progress(env.status_file, lambda: (len(registry),
-                                                            len(registry.departed())))
+                                                            len(registry.departed())),
+                                  counted=lambda: me._counted())
         self._next_tick = 0.0
         self._announced = False
         self.resume_from: Optional[str] = config.resume_from
@@ -121,6 +123,12 @@ class Controller:
         self._collectives_finalizer = weakref.finalize(self, self._collectives.close)
         self._job_stop = JobStop(self.job_id)
         self._job_stop_finalizer = weakref.finalize(self, self._job_stop.close)
+        # An uncaught exception in any thread of this process (a feeder's) fails the job;
+        # StopRequested (send_mb's, after a stop) ends a thread in order.
+        self._thread_failures = ThreadFailures(on_failure=lambda *f: me._thread_failed(*f),
+                                               ignore=(StopRequested,))
+        self._thread_failures.watch()
+        self._thread_failures_finalizer = weakref.finalize(self, self._thread_failures.close)
         self._checkpointer = Checkpointer(me, self._collectives, config.checkpoint_path,
                                           config.checkpoint_every_s, checkpoint_lock_timeout_s,
                                           resume.job_id if resume is not None else None)
@@ -273,8 +281,10 @@ class Controller:
 
     @property
     def progress(self) -> Dict[str, Any]:
-        """{"minibatches", "syncs", "metrics"}: the job's progress so far."""
-        return self._progress.totals
+        """{"minibatches", "syncs", "metrics"}: the job's progress so far. Syncs are counted
+        in shared memory and minibatches as `send_mb` delivers them, also without reports
+        (each the larger of the count and the workers' reports)."""
+        return self._progress.refresh()
 
     def add_progress(self, worker_id: int, minibatches: int = 0, syncs: Optional[int] = None,
                      metrics: Optional[dict] = None) -> None:
@@ -311,6 +321,27 @@ class Controller:
                                "(%d in use); share less, or raise the Controller's "
                                "max_shared_bytes" % (what, nbytes, self.max_shared_bytes, used))
 
+    def _counted(self):
+        """(syncs by worker id, minibatches delivered): progress platoon counts itself."""
+        centre = self._res.centre
+        return ([] if centre is None else centre.sync_counts.tolist(),
+                0 if self._mb is None else self._mb.delivered)
+
+    def _thread_failed(self, exc: BaseException, thread: str) -> None:
+        """In `thread`, which `exc` just ended: stop the job's workers (serve raises `exc`)."""
+        log.error("the controller's thread %r failed (%s: %s); the job stops", thread,
+                  type(exc).__name__, exc)
+        self._job_stop.request(CONTROLLER, "the controller's thread %r failed: %s: %s"
+                               % (thread, type(exc).__name__, _first_line(exc)))
+
+    def _raise_thread_failure(self) -> None:
+        failed = self._thread_failures.first
+        if failed is not None:
+            exc, thread = failed
+            self._progress.failure = {"error": "%s: %s" % (type(exc).__name__, _first_line(exc)),
+                                      "thread": thread}
+            raise exc
+
     def _worker_left(self, record: WorkerRecord) -> None:
         if self._mb is not None:  # its minibatches: re-sent if it failed (send_mb's thread)
             self._mb.worker_left(record.token, record.failed)
@@ -326,6 +357,13 @@ class Controller:
         `timeout_s` is in seconds (None: no limit); ServeTimeout is raised when it
         runs out. Blocks in recv without using CPU while idle. SIGTERM during
         serve (in the main thread) raises SystemExit so cleanup runs.
+
+        An uncaught exception in any other thread of this process (a thread feeding
+        `send_mb`, say) since the controller was made fails the job: a stop is requested
+        (workers see StopRequested), and serve raises that exception, with the thread's
+        traceback, within about `liveness_interval_s`. Under platoon-launcher, the
+        exception serve raises (unless `handle_worker_death` raised it) leads the
+        launcher's failure report.
         """
         if self._control is None:
             raise PlatoonError("call init_control(port) (or pass control_port) before serve()")
@@ -339,23 +377,35 @@ class Controller:
         if self.node_link is not None:
             self.node_link.start(self)  # the centre tie, if any
         deaths = self._registry.deaths
+        self._progress.start()
+        in_death_hook = False
         try:
+            self._raise_thread_failure()
             while not self.all_done():
                 wake = time.monotonic() + self.liveness_interval_s
                 self._requests.serve_next(wake if deadline is None else min(wake, deadline))
+                self._raise_thread_failure()
                 now = time.monotonic()
                 if now >= self._next_tick:
                     self._tick(now)
                 while deaths:  # outside request handling: what the hook raises ends serve
+                    in_death_hook = True
                     self.handle_worker_death(*deaths.popleft())
+                    in_death_hook = False
                 if deadline is not None and now >= deadline and not self.all_done():
                     raise ServeTimeout(
                         "serve() timed out after %.3g s with %d worker(s) registered, %d done"
                         % (timeout_s, len(self._registry), len(self.departed_workers())))
+            self._raise_thread_failure()
             if self.node_link is not None:
                 self._share_stop()  # this node's stop, if any, before it waits for the others
                 self.node_link.finish()  # waits for the other nodes to be done too
             self._after_job.start(len(self._registry))
+        except Exception as exc:
+            if not in_death_hook and self._progress.failure is None:  # the controller's own
+                self._progress.failure = {"error": "%s: %s" % (type(exc).__name__,
+                                                               _first_line(exc))}
+            raise
         finally:
             self._requests.stop_waiting()
             try:
@@ -376,8 +426,7 @@ class Controller:
         replacements, share the stop signal with other nodes, checkpoint."""
         self._next_tick = now + self.liveness_interval_s
         self._requests.warnings.flush(expired_only=True)
-        if self._progress.pending:
-            self._progress.write(force=True)
+        self._progress.write(force=self._progress.pending)  # also the counts of syncs
         self._registry.check_liveness()
         self._share_stop()
         if self._registry.give_up_overdue(now):
@@ -449,6 +498,7 @@ class Controller:
     def close(self) -> None:
         """Close the sockets and unlink the shared centre. Idempotent."""
         self._checkpointer.join()
+        self._thread_failures_finalizer()
         if self._mb is not None:
             self._mb.close()
         self._collectives_finalizer()
@@ -461,6 +511,12 @@ class Controller:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of `exc`'s message, at most `limit` characters."""
+    text = (str(exc).splitlines() or [""])[0]
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _announce_ready(fd: Optional[int], message: dict) -> bool:

@@ -110,6 +110,11 @@ class Exchange:
         self.after_pull = None   # (the worker copies device parameters to host and back)
         self._central = [c.reshape(-1) for c in centre.arrays]
         self.rebind()
+        # This worker's sync counter in the centre's header, read by the controller's status
+        # (ids past the header's slots count only in `stats`).
+        counted = 0 <= worker_id < len(centre.sync_counts)
+        self._counter = centre.sync_counts[worker_id:worker_id + 1] if counted \
+            else np.zeros(1, np.int64)
         # Workers start on different stripes, so two of them rarely want the same one.
         count = len(centre.stripes)
         first = (worker_id * (count // 2 + 1)) % count if count else 0
@@ -140,6 +145,7 @@ class Exchange:
             self._each_stripe(lambda i, a, b: rule.update_range(i, a, local[i][a:b],
                                                                 central[i][a:b]))
         self.stats.syncs += 1
+        self._counter[0] += 1
 
     def _whole(self, update):
         lock = self.centre.lock
@@ -248,6 +254,7 @@ class Exchange:
                 p[...] = flat.reshape(p.shape)
         if complete:
             self.stats.syncs += 1
+            self._counter[0] += 1
         if self.after_pull is not None:
             self.after_pull()
 

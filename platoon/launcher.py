@@ -145,7 +145,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--tie-every-s", type=float, metavar="S",
                         help="with --hosts: tie the node centres every S seconds")
     parser.add_argument("--tie-every-syncs", type=int, metavar="K",
-                        help="with --hosts: tie the node centres every K reported syncs")
+                        help="with --hosts: tie the node centres every K syncs")
     parser.add_argument("--curve", action="store_true",
                         help="authenticate every connection with CURVE keys made for this job "
                         "(written 0600 to LOG_DIR/curve_keys.json); not with --hosts")

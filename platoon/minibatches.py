@@ -76,6 +76,7 @@ class MinibatchChannel:
         self.resend = collections.deque()  # frames of minibatches to deliver again, first
         self.left = collections.deque()  # (token, failed) of workers that left: serve thread
         self.resent = 0  # minibatches re-sent so far
+        self.delivered = 0  # minibatches sent by send_mb (re-sends not counted again)
         self._sends_undrained = 0  # sends since the socket was last read
         self.stopped = None  # a callable: a message once the job's stop was requested, else None
         self._warnings = ThrottledLog(log)
@@ -140,6 +141,7 @@ class MinibatchChannel:
                 peer = self._next_ready()
                 if peer is not None:
                     if self._send(peer, frames):
+                        self.delivered += 1
                         return peer.worker_id
                     continue  # that peer is gone: the next one
             if not self._wait(deadline):

@@ -1,8 +1,9 @@
 """The shared-memory centre: a POSIX segment holding the central parameters, and its lock.
 
 Layout of a segment: a 4 KiB header (magic, owner pid, payload size, number of
-parameters), then each parameter's bytes, 64-byte aligned, in registration
-order. Both sides derive the offsets from the parameter layout alone.
+parameters; from byte `COUNTERS_OFFSET`, one int64 sync counter per worker id),
+then each parameter's bytes, 64-byte aligned, in registration order. Both sides
+derive the offsets from the parameter layout alone.
 
 The payload is also cut into stripes (`stripe_ranges`, derived from the layout
 alone): element ranges of about equal size, each with its own lock, so workers
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 MAGIC = b"PLATOON\x01"
 HEADER = struct.Struct("<8sqqq")  # magic, owner pid, payload bytes, number of parameters
 HEADER_BYTES = 4096
+COUNTERS_OFFSET = 512  # the workers' sync counters, each written by its worker only
+COUNTED_WORKERS = (HEADER_BYTES - COUNTERS_OFFSET) // 8  # worker ids 0..447 are counted
 ALIGN = 64
 MAX_STRIPES = 64
 NAME_ATTEMPTS = 8  # random names tried for a new segment before giving up
@@ -319,6 +322,8 @@ class SharedCentre:
         self.arrays = [
             np.ndarray(tuple(e["shape"]), np.dtype(e["dtype"]), buffer=self._map, offset=off)
             for e, off in zip(layout, offsets)]
+        self.sync_counts = np.ndarray((COUNTED_WORKERS,), np.int64, buffer=self._map,
+                                      offset=COUNTERS_OFFSET)  # syncs, by worker id
         # Each lock has a descriptor of its own (the mapping keeps a duplicate of shm.fd).
         self.stripes = stripe_ranges(layout) if striped else []
         self.stripe_locks = []
@@ -406,6 +411,7 @@ class SharedCentre:
         # Views the user still holds keep the mapping alive (numpy does not pin an mmap's
         # buffer, so closing it explicitly could leave them dangling); the last one unmaps.
         self.arrays = []
+        self.sync_counts = np.zeros(0, np.int64)
         self._map = None
         self.lock.close()
         for lock in self.stripe_locks:

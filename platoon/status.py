@@ -1,12 +1,20 @@
 """The job's progress, as the launcher's status line and end-of-job summary show it: counted
-from the workers' reports and written to the launcher's status file (0600), at most twice a
-second."""
+by platoon (syncs in shared memory, minibatches as `send_mb` delivers them) and from the
+workers' reports, and written to the launcher's status file (0600), at most twice a second.
+
+The status file is a JSON object: ``minibatches`` and ``syncs`` (totals over the job),
+``metrics`` (the latest reported), ``workers`` (registered) and ``done`` (left),
+``reports`` (each worker's reported totals and latest metrics), ``elapsed_s`` (since
+`serve` started) and ``syncs_per_s`` (their mean rate), and, once
+`serve` raised, ``failure``: {``error``: "Type: message", ``thread``: its name when another
+thread of the controller raised it}.
+"""
 
 import json
 import logging
 import os
 import time
-from typing import Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .errors import ProtocolError
 
@@ -17,19 +25,45 @@ class Progress:
     """Minibatches trained, syncs and the latest metrics of a job.
 
     `counts()` gives (workers registered, workers that left) for the status file
-    at `path` (None: none is written).
+    at `path` (None: none is written); `counted()` gives (syncs by worker id,
+    minibatches delivered), which platoon counts without reports.
     """
 
     MIN_INTERVAL_S = 0.5
 
-    def __init__(self, path: Optional[str], counts: Callable[[], Tuple[int, int]]):
+    def __init__(self, path: Optional[str], counts: Callable[[], Tuple[int, int]],
+                 counted: Callable[[], Tuple[List[int], int]] = lambda: ((), 0)):
         self.path = path
         self._counts = counts
+        self._counted = counted
         self.totals = {"minibatches": 0, "syncs": 0, "metrics": {}}
+        self._reported_minibatches = 0
         self._syncs_by_worker: Dict[int, int] = {}
         self._reports: Dict[int, dict] = {}  # each worker's totals and latest metrics
         self._written = 0.0
         self.pending = False  # a report not yet written to the status file
+        self.started: Optional[float] = None  # when serve started (monotonic)
+        self.failure: Optional[Dict[str, Any]] = None  # what serve raised, for the launcher
+
+    def start(self) -> None:
+        """Serving starts: elapsed time counts from the first call."""
+        if self.started is None:
+            self.started = time.monotonic()
+
+    def refresh(self) -> dict:
+        """Update and return `totals`: each count is the larger of the reported and the
+        counted one (syncs worker by worker: a replacement's reports start again at 0)."""
+        counted_syncs, delivered = self._counted()
+        by_worker = list(counted_syncs)  # a copy: it is added to below
+        syncs = 0
+        for wid, n in self._syncs_by_worker.items():
+            if wid < len(by_worker):
+                by_worker[wid] = max(by_worker[wid], n)
+            else:
+                syncs += n
+        self.totals["syncs"] = syncs + sum(by_worker)
+        self.totals["minibatches"] = max(self._reported_minibatches, delivered)
+        return self.totals
 
     def report(self, worker_id: int, info) -> None:
         """``platoon-report`` {minibatches, syncs, metrics}: a worker's progress."""
@@ -46,10 +80,9 @@ class Progress:
     def add(self, worker_id: int, minibatches: int = 0, syncs: Optional[int] = None,
             metrics: Optional[dict] = None) -> None:
         """Count `minibatches` more, worker `worker_id`'s total `syncs`, the latest `metrics`."""
-        self.totals["minibatches"] += minibatches
+        self._reported_minibatches += minibatches
         if syncs is not None:
             self._syncs_by_worker[worker_id] = syncs
-            self.totals["syncs"] = sum(self._syncs_by_worker.values())
         self.totals["metrics"].update(metrics or {})
         report = self._reports.setdefault(worker_id, {"minibatches": 0, "syncs": 0,
                                                       "metrics": {}})
@@ -72,8 +105,14 @@ class Progress:
         self._written = now
         self.pending = False
         workers, done = self._counts()
-        status = dict(self.totals, workers=workers, done=done,
+        status = dict(self.refresh(), workers=workers, done=done,
                       reports={str(wid): report for wid, report in self._reports.items()})
+        if self.started is not None:
+            elapsed = now - self.started
+            status.update(elapsed_s=round(elapsed, 3),
+                          syncs_per_s=round(status["syncs"] / elapsed, 3) if elapsed > 0 else 0.0)
+        if self.failure is not None:
+            status["failure"] = self.failure
         tmp = "%s.%d.tmp" % (path, os.getpid())
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
@@ -83,3 +122,15 @@ class Progress:
             os.replace(tmp, path)
         except (OSError, TypeError, ValueError) as exc:
             log.debug("status file %s not written: %s", path, exc)
+
+
+def read_status(path: Optional[str]) -> Dict[str, Any]:
+    """The status file at `path` as a dict; {} when there is none (yet) or it is unreadable."""
+    if path is None:
+        return {}
+    try:
+        with open(path) as f:
+            status = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return status if isinstance(status, dict) else {}

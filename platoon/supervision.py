@@ -7,7 +7,6 @@ any process fails, or the launcher is interrupted, the rest are stopped
 """
 
 import datetime
-import json
 import logging
 import os
 import pwd
@@ -24,6 +23,7 @@ import time
 
 from .environment import JobEnvironment, without_job_variables
 from .process import read_announcement, signal_name, stop, unlink_job_segments
+from .status import read_status
 
 log = logging.getLogger(__name__)
 
@@ -179,9 +179,14 @@ class StatusLine:
         self._shown = now
         status = read_status(self.status_file)
         alive = sum(w.poll() is None for w in workers)
-        parts = ["workers alive %d/%d" % (alive, len(workers)),
-                 "minibatches %d" % status.get("minibatches", 0),
-                 "syncs %d" % status.get("syncs", 0)]
+        parts = ["workers alive %d/%d" % (alive, len(workers))]
+        if isinstance(status.get("elapsed_s"), (int, float)):
+            parts.append("elapsed %s" % datetime.timedelta(seconds=int(status["elapsed_s"])))
+        parts.append("minibatches %d" % status.get("minibatches", 0))
+        syncs = "syncs %d" % status.get("syncs", 0)
+        if isinstance(status.get("syncs_per_s"), (int, float)):
+            syncs += " (%.1f/s)" % status["syncs_per_s"]
+        parts.append(syncs)
         for key, value in sorted(status.get("metrics", {}).items()):
             parts.append(_metric(key, value))
         line = " | ".join(parts)
@@ -322,10 +327,11 @@ class Launch:
             except subprocess.TimeoutExpired:
                 pass
             self.controller.poll()
-            return self.fail(self.controller, "the controller did not become ready (%s)"
+            return self.fail(self.controller, "the controller did not become ready (%s)%s"
                              % (self.controller.describe_exit()
                                 if self.controller.returncode is not None
-                                else "no answer within %.3g s" % self.args.ready_timeout_s))
+                                else "no answer within %.3g s" % self.args.ready_timeout_s,
+                                self._controller_error()))
         self.start_workers(worker_script, devices, ready)
         self.say("controller on port %d, %d worker(s) on %s"
                  % (ready["control_port"], len(devices), ", ".join(devices)))
@@ -404,7 +410,9 @@ class Launch:
         ctl = self.controller
         reason = "%s failed (%s)" % ("mpiexec" if self.args.hosts else "the controller",
                                      ctl.describe_exit())
-        cause = None if ctl.killed() else self._worker_that_stopped_the_controller()
+        own = "" if ctl.killed() else self._controller_error()
+        reason += own
+        cause = None if ctl.killed() or own else self._worker_that_stopped_the_controller()
         if cause is not None:
             return self.fail(cause, "%s failed (%s), and then %s" % (
                 cause.label, cause.describe_exit(), reason))
@@ -414,6 +422,17 @@ class Launch:
             reason += "; after it %s failed" % ", ".join(
                 "%s (%s)" % (p.label, p.describe_exit()) for p in after)
         return self.fail(ctl, reason)
+
+    def _controller_error(self):
+        """': Type: message (in thread 'name')' when the controller's serve() raised an
+        error of its own (not one of handle_worker_death's): it wrote it to the status
+        file before it exited. Else ''."""
+        failure = read_status(self.status_file).get("failure")
+        if not isinstance(failure, dict) or not isinstance(failure.get("error"), str):
+            return ""
+        thread = failure.get("thread")
+        return ": %s%s" % (failure["error"],
+                           " (in thread %r)" % thread if isinstance(thread, str) else "")
 
     def _worker_that_stopped_the_controller(self):
         """The worker whose failure ended the controller (which exited with an error): the one

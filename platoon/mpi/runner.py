@@ -214,8 +214,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--tie-every-s", type=float, default=None,
                         help="tie the node centres every so many seconds (hierarchical EASGD)")
     parser.add_argument("--tie-every-syncs", type=int, default=None,
-                        help="tie the node centres once every node's workers have reported so "
-                             "many syncs (Worker.report)")
+                        help="tie the node centres once every node's workers have made so "
+                             "many syncs")
     parser.add_argument("--tie-beta", type=float, default=0.5,
                         help="how far each centre moves toward the mean at a tie (0, 1]")
     parser.add_argument("--serve-timeout-s", type=float, default=None)

@@ -26,8 +26,8 @@ class CentreTie:
     """Hierarchical EASGD between node centres.
 
     A tie round comes every `every_s` seconds, or once every node's workers
-    have made `every_syncs` syncs since the last round (counted from their
-    `Worker.report()` calls, which carry the worker's sync count), whichever
+    have made `every_syncs` syncs since the last round (counted in the centre's
+    shared memory, or from `Worker.report()` where that is larger), whichever
     is set (both: whichever comes first on each node). In a round the
     controllers average their centres over MPI and move each toward the mean:
     ``c += beta * (mean - c)``, with `c` and `mean` taken at the same instant
@@ -102,7 +102,7 @@ class TieThread:
             if tie.every_syncs is not None:
                 if self.ctl.progress["syncs"] - syncs >= tie.every_syncs:
                     return
-                left = 0.01 if left is None else min(left, 0.01)  # reports arrive in serve()
+                left = 0.01 if left is None else min(left, 0.01)  # syncs: a poll
             self._stop.wait(left)
 
     def _check_layouts(self, centre):
