@@ -4,7 +4,7 @@ from setuptools import Extension, find_packages, setup
 # still succeeds and platoon syncs with numpy, logging once that it does. No FMA
 # contraction and no fast-math: the kernels must round exactly like the numpy formulas.
 SYNC_KERNELS = Extension(
-    "platoon._sync_kernels", ["platoon/_sync_kernels.c"], optional=True,
+    "platoon.rules._sync_kernels", ["platoon/_sync_kernels.c"], optional=True,
     extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math"])
 
 setup(
@@ -19,7 +19,7 @@ setup(
     ext_modules=[SYNC_KERNELS],
     python_requires=">=3.9",
     install_requires=["numpy>=1.22", "pyzmq>=22", "posix_ipc>=1.0"],
-    entry_points={"console_scripts": ["platoon-launcher=platoon.launcher:main"]},
+    entry_points={"console_scripts": ["platoon-launcher=platoon.launch.cli:main"]},
     extras_require={
         # torch is pinned: that release has a CPU build; an unpinned one pulls a CUDA build.
         "test": ["pytest>=7", "pytest-timeout>=2", "scikit-learn", "matplotlib",

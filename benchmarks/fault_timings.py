@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from platoon import EASGD, Controller, Worker
-from platoon.shmem import pid_alive, segment_owner
+from platoon._centre.shmem import pid_alive, segment_owner
 
 HOLDER = textwrap.dedent("""
     import sys, time, numpy as np

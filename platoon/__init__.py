@@ -5,7 +5,7 @@ parameters in POSIX shared memory; each `Worker` registers its parameters
 and periodically syncs them with the centre under a `ParamSyncRule`.
 
 The names below are imported on first use (PEP 562), so the processes that
-only supervise others (`platoon.child`, `platoon.launcher`, `platoon.process`)
+only supervise others (`platoon.launch.child`, `platoon.launch.cli`, `platoon.launch.process`)
 load neither zmq nor numpy.
 """
 

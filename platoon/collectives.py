@@ -20,11 +20,11 @@ import weakref
 import numpy as np
 
 from . import adapters, protocol
-from .checkpoint import load_states
-from .deprecation import renamed_keywords
+from ._centre.checkpoint import load_states
+from .compat.deprecation import renamed_keywords
 from .errors import ControllerTimeout, PlatoonError, ProtocolError
-from .services import ControllerServices
-from .shmem import SharedCentre, param_offsets
+from ._controller.services import ControllerServices
+from ._centre.shmem import SharedCentre, param_offsets
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class NodeCollectives:
     """The controller's side of all_reduce and of shared state segments.
 
     `ctl` (held weakly) is the controller, used only through its
-    `platoon.services.ControllerServices` interface: `job_id`, `num_workers`,
+    `platoon._controller.services.ControllerServices` interface: `job_id`, `num_workers`,
     `node_link`, `resume_from`, `reply`, `fail`, `departed_workers` and `reserve_shared`.
     """
 

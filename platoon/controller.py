@@ -20,25 +20,25 @@ import numpy as np
 import zmq
 
 from . import protocol
-from .afterjob import AfterJobReplies
-from .checkpointing import Checkpointer, Resume, snapshot
+from ._controller.afterjob import AfterJobReplies
+from ._controller.checkpointing import Checkpointer, Resume, snapshot
 from .collectives import NodeCollectives
-from .controller_args import default_arguments, default_parser
-from .controller_config import ControllerConfig, default_max_shared_bytes
-from .deprecation import renamed_keywords
-from .dispatch import RequestDispatcher
-from .endpoints import Endpoints
-from .environment import JobEnvironment
+from .compat.controller_args import default_arguments, default_parser
+from ._controller.config import ControllerConfig, default_max_shared_bytes
+from .compat.deprecation import renamed_keywords
+from ._controller.dispatch import RequestDispatcher
+from ._controller.endpoints import Endpoints
+from .launch.environment import JobEnvironment
 from .errors import PlatoonError, ServeTimeout, StopRequested, WorkerDied
-from .minibatches import MinibatchChannel
-from .registry import WorkerRecord, WorkerRegistry, describe_death
-from .rendezvous import Rendezvous
-from .process import announce, exit_on_sigterm as _exit_on_sigterm, raise_system_exit  # noqa: F401
-from .resources import Resources
-from .shmem import SharedCentre, remove_stale_segments
-from .status import Progress
-from .stopsignal import CONTROLLER, JobStop
-from .threadfailures import ThreadFailures
+from ._minibatches import MinibatchChannel
+from ._controller.registry import WorkerRecord, WorkerRegistry, describe_death
+from ._controller.rendezvous import Rendezvous
+from .launch.process import announce, exit_on_sigterm as _exit_on_sigterm, raise_system_exit  # noqa: F401
+from ._resources import Resources
+from ._centre.shmem import SharedCentre, remove_stale_segments
+from ._controller.status import Progress
+from ._centre.stopsignal import CONTROLLER, JobStop
+from ._controller.threadfailures import ThreadFailures
 
 log = logging.getLogger(__name__)
 
@@ -297,7 +297,7 @@ class Controller:
         (dead workers count as done; a replacement expected for one must register too)."""
         return self._registry.all_done()
 
-    # -- for the parts (see platoon.services.ControllerServices) --
+    # -- for the parts (see platoon._controller.services.ControllerServices) --
 
     def reply(self, envelope: list, seq: Optional[int], result: Any) -> None:
         """Send `result` (JSON) as the reply to request `seq` from `envelope`."""

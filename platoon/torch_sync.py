@@ -23,7 +23,7 @@ except ImportError as exc:  # pragma: no cover - torch is in the test extra
 
 from .adapters.torch_adapter import describe_layout, layout_changed
 from .errors import LayoutMismatch
-from .exchange import SyncHandle
+from ._centre.exchange import SyncHandle
 from .rules import EASGD, ParamSyncRule
 
 log = logging.getLogger(__name__)

@@ -10,18 +10,18 @@ import numpy as np
 import zmq
 
 from . import adapters, protocol, security
-from .checkpointing import snapshot
-from .client import ControlClient, endpoint, uncaught_error
+from ._controller.checkpointing import snapshot
+from ._client import ControlClient, endpoint, uncaught_error
 from .collectives import WorkerCollectives
-from .deprecation import renamed_keywords
+from .compat.deprecation import renamed_keywords
 from .device import Device
-from .environment import JobEnvironment
+from .launch.environment import JobEnvironment
 from .errors import ControllerGone, ControllerTimeout, PlatoonError, StopRequested
-from .exchange import SyncHandle, SyncStats, share
-from .minibatches import MinibatchClient
+from ._centre.exchange import SyncHandle, SyncStats, share
+from ._minibatches import MinibatchClient
 from .rules import ParamSyncRule
-from .resources import Resources
-from .stopsignal import StopSignal, describe
+from ._resources import Resources
+from ._centre.stopsignal import StopSignal, describe
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from platoon.process import proc_stat
-from platoon.shmem import segment_owner
+from platoon.launch.process import proc_stat
+from platoon._centre.shmem import segment_owner
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROCS = os.path.join(HERE, "procs")

@@ -56,7 +56,7 @@ def test_a_worker_that_comes_after_the_job_ended_fails_at_once(serve):
 
 
 def test_a_script_pair_written_for_the_original_platoon_runs_unchanged(procs):
-    """Before: `platoon.param_sync` was missing, dict requests were refused, and
+    """Before: `platoon.compat.param_sync` was missing, dict requests were refused, and
     Controller.default_parser / default_arguments did not exist."""
     controller = procs("original_controller.py", "--control-port", "0", "-nw", "2")
     port = controller.wait_for_line("PORT").split()[1]

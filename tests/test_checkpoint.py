@@ -16,8 +16,8 @@ import pytest
 
 from platoon import (EASGD, CheckpointError, Controller, LayoutMismatch, Worker, WorkerDied,
                      load_centre)
-from platoon import checkpoint
-from platoon.process import unlink_job_segments
+from platoon._centre import checkpoint
+from platoon.launch.process import unlink_job_segments
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -89,7 +89,7 @@ def test_the_launcher_reports_a_corrupt_resume_at_once(tmp_path):
     bad = tmp_path / "centre.npz"
     _truncated(str(bad))
     done = subprocess.run(
-        [sys.executable, "-m", "platoon.launcher", os.path.join(HERE, "experiments", "envcheck"),
+        [sys.executable, "-m", "platoon.launch.cli", os.path.join(HERE, "experiments", "envcheck"),
          "-n", "1", "--resume", str(bad), "--log-dir", str(tmp_path / "logs")],
         capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
     out = done.stdout + done.stderr

@@ -13,7 +13,7 @@ import zmq
 
 from platoon import (EASGD, Controller, LayoutMismatch, MinibatchTimeout, PlatoonError,
                      PortInUse, RemoteError, ServeTimeout, Worker)
-from platoon.channel import Lieutenant, Soldier
+from platoon.compat.channel import Lieutenant, Soldier
 
 
 class EchoController(Controller):

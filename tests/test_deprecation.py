@@ -1,6 +1,6 @@
 import pytest
 
-from platoon.deprecation import renamed_keywords
+from platoon.compat.deprecation import renamed_keywords
 
 
 @renamed_keywords(timeout="timeout_s")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from platoon import ASGD, Controller, Worker
-from platoon.downpour import SGD, Adam, Downpour
+from platoon.rules.downpour import SGD, Adam, Downpour
 
 ROUNDS = 4
 

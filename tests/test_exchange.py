@@ -8,7 +8,7 @@ import pytest
 from platoon import (ASGD, EASGD, Controller, LockTimeout, ParamSyncRule, PlatoonError,
                      SyncTimeout, Worker)
 from platoon.protocol import layout_of
-from platoon.shmem import MIN_STRIPE_BYTES, SharedCentre, stripe_ranges
+from platoon._centre.shmem import MIN_STRIPE_BYTES, SharedCentre, stripe_ranges
 
 # 12 MB of float32 (11 stripes) over three parameters: several stripes, some spanning two parameters.
 SHAPES = [(1000, 1500), (7,), (1_500_000,)]
@@ -70,7 +70,7 @@ def centre_pair():
 
 def attach_worker(centre, rule, params, timeout_s=5.0):
     """An Exchange as Worker.init_shared_params builds it, without the control round trips."""
-    from platoon.exchange import Exchange
+    from platoon._centre.exchange import Exchange
     rule.check(params)
     rule.setup(params)
     return Exchange(rule, params, centre, worker_id=1, timeout_s=timeout_s)

@@ -12,10 +12,10 @@ import pytest
 
 from platoon import (EASGD, Controller, ControllerGone, ControllerTimeout, LayoutMismatch,
                      PlatoonError, Worker, WorkerDied)
-from platoon import checkpoint
+from platoon._centre import checkpoint
 from platoon.protocol import layout_of
-from platoon.process import job_segments
-from platoon.shmem import HEADER, MAGIC, SharedCentre, remove_stale_segments
+from platoon.launch.process import job_segments
+from platoon._centre.shmem import HEADER, MAGIC, SharedCentre, remove_stale_segments
 
 
 class Tolerant(Controller):
@@ -153,7 +153,7 @@ def test_a_fifo_or_symlink_named_like_a_segment_never_blocks_a_controller(tmp_pa
         os.mkfifo(outside, 0o600)
         os.symlink(outside, link)
         script = ("from platoon import Controller\n"
-                  "from platoon.shmem import segment_owner\n"
+                  "from platoon._centre.shmem import segment_owner\n"
                   "print('OWNERS', segment_owner(%r), segment_owner(%r), flush=True)\n"
                   "with Controller():\n"
                   "    print('STARTED', flush=True)\n" % (fifo, link))

@@ -11,7 +11,7 @@ import traceback
 import pytest
 
 from platoon.errors import ProtocolError, StopRequested
-from platoon.threadfailures import ThreadFailures
+from platoon._controller.threadfailures import ThreadFailures
 from test_launcher import EXPERIMENTS, assert_job_gone, job_id_of, launcher_cmd, run_launcher
 
 

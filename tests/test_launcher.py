@@ -14,8 +14,10 @@ import time
 
 import pytest
 
-from platoon import launcher, load_centre
-from platoon.process import job_segments, pid_alive, signal_name
+from platoon.launch import cli
+
+from platoon import load_centre
+from platoon.launch.process import job_segments, pid_alive, signal_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -39,13 +41,13 @@ def job_processes(job_id):
 
 
 def label_of(pid):
-    """The label platoon.child runs a process under (controller, worker0, ...), or None."""
+    """The label platoon.launch.child runs a process under (controller, worker0, ...), or None."""
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as f:
             args = f.read().split(b"\0")
     except OSError:
         return None
-    return args[3].decode() if args[1:3] == [b"-m", b"platoon.child"] else None
+    return args[3].decode() if args[1:3] == [b"-m", b"platoon.launch.child"] else None
 
 
 def wait_until(condition, timeout, what):
@@ -57,7 +59,7 @@ def wait_until(condition, timeout, what):
 
 
 def launcher_cmd(*args):
-    return [sys.executable, "-m", "platoon.launcher"] + list(args)
+    return [sys.executable, "-m", "platoon.launch.cli"] + list(args)
 
 
 def run_launcher(args, tmp_path, env=None, timeout=120):

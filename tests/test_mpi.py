@@ -16,7 +16,7 @@ import pytest
 
 from conftest import PROCS, Proc, platoon_segments
 
-from platoon.shmem import pid_alive
+from platoon._centre.shmem import pid_alive
 
 try:
     from mpi4py import MPI  # noqa: F401  (fails without an MPI library)
@@ -145,7 +145,7 @@ def test_hierarchical_easgd_pulls_the_node_centres_together(mpi_job, every):
 def _node_centres(out_dir, kind):
     """The arrays node 0 and node 1 saved (kind "centre": ctl.centre after serve(); "final":
     the final checkpoint)."""
-    from platoon import checkpoint
+    from platoon._centre import checkpoint
     centres = []
     for node in range(2):
         path = os.path.join(str(out_dir), "%s-node%d.npz" % (kind, node))
@@ -316,7 +316,7 @@ def test_a_launcher_style_controller_script_runs_as_each_node(mpi_job):
 
 
 def _launch_hosts(tmp_path, experiment, *args):
-    out = subprocess.run([sys.executable, "-m", "platoon.launcher", experiment, "--hosts",
+    out = subprocess.run([sys.executable, "-m", "platoon.launch.cli", experiment, "--hosts",
                           "localhost", "localhost", "--log-dir", str(tmp_path / "logs")]
                          + list(args), capture_output=True, text=True, timeout=120,
                          cwd=str(tmp_path), env={k: v for k, v in os.environ.items()

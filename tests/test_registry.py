@@ -4,7 +4,7 @@ so no pid is checked)."""
 import pytest
 
 from platoon.errors import PlatoonError, ProtocolError
-from platoon.registry import WorkerRegistry, WorkerState, describe_death
+from platoon._controller.registry import WorkerRegistry, WorkerState, describe_death
 
 
 def registry(num_workers=2, restarts=0):

@@ -73,7 +73,7 @@ def test_loopback_detection():
 
 
 def test_launcher_curve_job(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "platoon.launcher",
+    out = subprocess.run([sys.executable, "-m", "platoon.launch.cli",
                           os.path.join(EXPERIMENTS, "envcheck"), "-n", "2", "--curve",
                           "--log-dir", str(tmp_path / "logs")],
                          capture_output=True, text=True, timeout=60)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from platoon import Controller, PlatoonError, RemoteError, Worker
-from platoon.process import job_segments
+from platoon.launch.process import job_segments
 from platoon.protocol import layout_of
-from platoon.shmem import SharedCentre
+from platoon._centre.shmem import SharedCentre
 
 SHM = "/dev/shm"
 NOBODY = 65534  # squatted names belong to another user, as in an attack (when we are root)
@@ -84,11 +84,11 @@ def test_segment_names_are_random_and_a_squatted_one_is_replaced(squat, monkeypa
             centre.unlink()
     squat(["platoon-%s-centre-%s" % (job_id, "0" * 16)])
     draws = iter(["0" * 16, "1" * 16])
-    monkeypatch.setattr("platoon.shmem.secrets.token_hex", lambda n: next(draws))
+    monkeypatch.setattr("platoon._centre.shmem.secrets.token_hex", lambda n: next(draws))
     with SharedCentre.create(job_id, layout) as centre:
         assert centre.name == "/platoon-%s-centre-%s" % (job_id, "1" * 16)
     assert "exists already" in caplog.text
-    monkeypatch.setattr("platoon.shmem.secrets.token_hex", lambda n: "0" * 16)
+    monkeypatch.setattr("platoon._centre.shmem.secrets.token_hex", lambda n: "0" * 16)
     with pytest.raises(PlatoonError, match="another local user may be squatting"):
         SharedCentre.create(job_id, layout)
 

@@ -11,7 +11,7 @@ import pytest
 
 from platoon import LockTimeout, PlatoonError
 from platoon.protocol import layout_of
-from platoon.shmem import SharedCentre, param_offsets
+from platoon._centre.shmem import SharedCentre, param_offsets
 
 LAYOUT = layout_of([np.zeros(4)])
 

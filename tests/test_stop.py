@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from platoon import Controller, StopRequested, Worker
-from platoon.process import job_segments
-from platoon.shmem import remove_stale_segments, segment_owner
-from platoon.stopsignal import CONTROLLER, MAX_REASON_BYTES, JobStop, StopSignal
+from platoon.launch.process import job_segments
+from platoon._centre.shmem import remove_stale_segments, segment_owner
+from platoon._centre.stopsignal import CONTROLLER, MAX_REASON_BYTES, JobStop, StopSignal
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -75,7 +75,7 @@ def test_a_long_reason_is_cut_and_a_missing_one_reads_as_none():
 
 
 def test_a_stop_segment_left_by_a_dead_controller_is_removed(tmp_path):
-    code = ("import os; from platoon.stopsignal import StopSignal; "
+    code = ("import os; from platoon._centre.stopsignal import StopSignal; "
             "s = StopSignal.create('test-stale-%d'); os._exit(0)" % os.getpid())
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30,
                    env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)))
@@ -224,7 +224,7 @@ def test_the_stop_request_reads_and_sets_the_state_for_workers_without_the_segme
 
 
 def test_a_launched_job_ends_with_success_when_its_workers_stop_on_the_signal(tmp_path):
-    args = [sys.executable, "-m", "platoon.launcher",
+    args = [sys.executable, "-m", "platoon.launch.cli",
             os.path.join(HERE, "experiments", "stopping"), "-n", "2",
             "--log-dir", str(tmp_path / "logs")]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=str(tmp_path))

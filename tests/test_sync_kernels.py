@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from platoon import ASGD, EASGD, kernels
-from platoon.downpour import SGD, Downpour
+from platoon.rules.downpour import SGD, Downpour
 from platoon.rules import BLOCK_ELEMENTS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,7 +72,7 @@ def run(name, dtype, n, how):
 
 def test_the_compiled_kernels_are_built():
     assert kernels.available(), (
-        "platoon._sync_kernels is not loaded (%s); build it: pip install -e . (or python "
+        "platoon.rules._sync_kernels is not loaded (%s); build it: pip install -e . (or python "
         "setup.py build_ext --inplace) with a C compiler present" % (kernels._load_error,))
 
 
@@ -177,7 +177,7 @@ def test_rules_on_arrays_the_kernels_refuse_still_follow_the_formula():
 FALLBACK = r"""
 import sys
 if sys.argv[1] == "missing":
-    sys.modules["platoon._sync_kernels"] = None  # makes the import fail, as with no .so
+    sys.modules["platoon.rules._sync_kernels"] = None  # makes the import fail, as with no .so
 import numpy as np
 from platoon import EASGD, kernels
 print("available", kernels.available())

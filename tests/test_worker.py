@@ -189,7 +189,7 @@ def test_lock_works_as_a_context_manager_releasing_on_exit_and_on_errors(serve):
 
 def test_old_duration_keywords_still_work_and_warn(serve):
     from platoon import average_gradients
-    from platoon.channel import Worker as OriginalWorker
+    from platoon.compat.channel import Worker as OriginalWorker
 
     ctl = CountController(control_port=0, data_port=0, num_workers=2)
     serving = serve(ctl)

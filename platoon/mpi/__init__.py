@@ -16,7 +16,7 @@ rank, and an optional `CentreTie` keeps the node centres elastically tied
 
 A failure anywhere ends the job: a worker that exits non-zero or a controller
 error makes the rank call MPI_Abort; a rank that dies makes ``mpiexec`` kill
-the others; a `platoon.reaper` per rank then stops that rank's workers and
+the others; a `platoon.launch.reaper` per rank then stops that rank's workers and
 unlinks its shared memory.
 
 The controller's MPI calls run in its serve thread (collectives, which block

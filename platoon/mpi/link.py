@@ -5,9 +5,9 @@ import threading
 
 import numpy as np
 
-from ..environment import JobEnvironment
+from ..launch.environment import JobEnvironment
 from ..errors import PlatoonError
-from ..stopsignal import OTHER_NODE
+from .._centre.stopsignal import OTHER_NODE
 from ._comm import abort, import_mpi, wait
 from .tie import TieThread
 
@@ -113,7 +113,7 @@ class NodeLink:
         abort(self._comm, code)
 
     def share_stop(self, job_stop):
-        """Pass this node's stop (a platoon.stopsignal.JobStop) to the other nodes, once, and
+        """Pass this node's stop (a platoon._centre.stopsignal.JobStop) to the other nodes, once, and
         take theirs. Called by the controller's serve thread every tick and before `finish`."""
         if self._finished:
             return

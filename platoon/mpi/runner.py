@@ -15,10 +15,10 @@ import sys
 import threading
 from typing import Mapping, Optional, Sequence, Union
 
-from ..environment import JobEnvironment, without_job_variables
+from ..launch.environment import JobEnvironment, without_job_variables
 from ..errors import PlatoonError
-from ..launcher import join_option_values
-from ..process import die_with_parent, read_announcement, stop
+from ..launch.cli import join_option_values
+from ..launch.process import die_with_parent, read_announcement, stop
 from ._comm import abort, import_mpi
 from .link import NodeLink
 from .tie import CentreTie
@@ -98,7 +98,7 @@ class _Workers:
             if ready is None:
                 return self._fail("the controller did not start serving within %.3g s (does "
                                   "the controller script call serve()?)" % self.ready_timeout_s)
-            from .. import reaper
+            from ..launch import reaper
             for index in range(self.count):
                 env = dict(self.env)
                 env.update(JobEnvironment(control_port=ready["control_port"],
@@ -154,7 +154,7 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
     rank, size = world.Get_rank(), world.Get_size()
     job = world.bcast(JobEnvironment.read("job_id").job_id or secrets.token_hex(6), root=0)
     job_id = "%s-n%d" % (job, rank)
-    from .. import reaper
+    from ..launch import reaper
     reaper_fd = reaper.start(job_id)
     read_fd, write_fd = os.pipe()
     env = without_job_variables(dict(os.environ, **(worker_env or {})), "ready_fd", "mpi_node")

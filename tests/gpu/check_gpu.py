@@ -18,7 +18,7 @@ def main():
     code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-rs",
                             os.path.join(ROOT, "tests", "test_adapters.py"),
                             os.path.join(ROOT, "tests", "test_torch_sync.py")])
-    code |= subprocess.call([sys.executable, "-m", "platoon.launcher",
+    code |= subprocess.call([sys.executable, "-m", "platoon.launch.cli",
                              os.path.join(ROOT, "examples", "lstm", "lstm"), "-D", "cuda0"])
     sys.exit(code)
 

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 
 from platoon.protocol import layout_of
-from platoon.shmem import SharedCentre
+from platoon._centre.shmem import SharedCentre
 
 centre = SharedCentre.attach(sys.argv[1], layout_of([np.zeros(4)]))
 centre.lock.acquire()

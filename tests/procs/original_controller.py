@@ -1,6 +1,6 @@
 """A controller written for the original Platoon, unchanged but for the port it prints."""
 
-from platoon.channel import Controller
+from platoon.compat.channel import Controller
 
 
 class OldStyleController(Controller):

@@ -4,8 +4,8 @@ import sys
 
 import numpy
 
-from platoon.channel import Worker
-from platoon.param_sync import EASGD
+from platoon.compat.channel import Worker
+from platoon.compat.param_sync import EASGD
 
 worker = Worker(control_port=int(sys.argv[1]), socket_timeout=20000)
 params = [numpy.zeros((3, 4), dtype="float32")]

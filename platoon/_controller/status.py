@@ -16,7 +16,7 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .errors import ProtocolError
+from ..errors import ProtocolError
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
 

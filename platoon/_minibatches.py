@@ -27,7 +27,7 @@ import zmq
 
 from . import protocol
 from .errors import MinibatchTimeout, ProtocolError, StopRequested, UsedAfterFork
-from .logthrottle import ThrottledLog
+from ._controller.logthrottle import ThrottledLog
 
 log = logging.getLogger(__name__)
 

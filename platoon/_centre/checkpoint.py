@@ -14,9 +14,9 @@ from typing import Dict
 
 import numpy as np
 
-from .errors import CheckpointError
-from .process import pid_alive
-from .protocol import check_names
+from ..errors import CheckpointError
+from ..launch.process import pid_alive
+from ..protocol import check_names
 
 log = logging.getLogger(__name__)
 

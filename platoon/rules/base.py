@@ -2,7 +2,7 @@
 
 A rule updates numpy arrays in place and knows nothing of sockets or locks; the
 worker calls it while holding the lock of the part of the centre it updates.
-Built-in rules run a compiled one-pass kernel (`platoon.kernels`) on
+Built-in rules run a compiled one-pass kernel (`platoon.rules.kernels`) on
 C-contiguous float32 and float64 arrays: it reads and writes each element of
 the local and central parameters once, and gives bit-for-bit the result of the
 plain numpy formula. Other arrays, or an install without the compiled kernels,
@@ -18,7 +18,7 @@ import numpy as np
 from . import kernels
 
 if TYPE_CHECKING:
-    from .worker import Worker
+    from ..worker import Worker
 
 BLOCK_ELEMENTS = 1 << 16  # 256 KiB of float32: stays in L2 while a block is updated
 
@@ -124,7 +124,7 @@ class ParamSyncRule:
         raise NotImplementedError("%s does not support start_sync(); implement push() and "
                                   "pull(), or call sync_params()" % type(self).__name__)
 
-    # -- helpers for the block-wise numpy path (when platoon.kernels cannot run) --
+    # -- helpers for the block-wise numpy path (when platoon.rules.kernels cannot run) --
 
     def _scratch(self, dtype: np.dtype) -> np.ndarray:
         cache = self.__dict__.setdefault("_scratch_buffers", {})

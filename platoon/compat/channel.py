@@ -6,8 +6,8 @@ These take the original keyword arguments too; those that belonged to the old la
 ignored: platoon-launcher does that work now. See README, "Porting from Platoon".
 """
 
-from .controller import Controller as _Controller
-from .worker import Worker as _Worker
+from ..controller import Controller as _Controller
+from ..worker import Worker as _Worker
 
 _LAUNCHER_KEYWORDS = ("devices", "experiment_name", "log_directory", "worker_args", "multi",
                       "data_hwm")

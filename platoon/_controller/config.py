@@ -6,8 +6,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Optional
 
-from . import protocol
-from .environment import JobEnvironment
+from .. import protocol
+from ..launch.environment import JobEnvironment
 
 
 def default_max_shared_bytes() -> int:

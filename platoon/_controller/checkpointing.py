@@ -1,6 +1,6 @@
 """The controller's checkpoints: periodic ones on a thread, the final one, and resuming.
 
-The file format is `platoon.checkpoint`'s; this module decides when to write
+The file format is `platoon._centre.checkpoint`'s; this module decides when to write
 and what to do when writing fails (log it and retry a period later: never fatal).
 """
 
@@ -11,9 +11,9 @@ from typing import List, Optional
 
 import numpy as np
 
-from . import protocol
-from .checkpoint import load, names_in, save
-from .errors import LayoutMismatch, PlatoonError
+from .. import protocol
+from .._centre.checkpoint import load, names_in, save
+from ..errors import LayoutMismatch, PlatoonError
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
 

@@ -3,7 +3,7 @@
 import argparse
 from typing import Any, Dict
 
-from .environment import JobEnvironment
+from ..launch.environment import JobEnvironment
 
 
 def default_parser() -> argparse.ArgumentParser:

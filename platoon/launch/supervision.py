@@ -1,9 +1,9 @@
 """Supervision of a launched job: its child processes, their logs, the status line, teardown.
 
-Every process runs in its own session through `platoon.child` (dies with the
+Every process runs in its own session through `platoon.launch.child` (dies with the
 launcher, SIGTERM becomes an orderly exit) and writes to its own log file. If
 any process fails, or the launcher is interrupted, the rest are stopped
-(`platoon.process.stop`), the job's shared memory is removed, and the job fails.
+(`platoon.launch.process.stop`), the job's shared memory is removed, and the job fails.
 """
 
 import datetime
@@ -23,7 +23,7 @@ import time
 
 from .environment import JobEnvironment, without_job_variables
 from .process import read_announcement, signal_name, stop, unlink_job_segments
-from .status import read_status
+from .._controller.status import read_status
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class Process:
         self.index = index
         self.device = device
         self.log_path = log_path
-        cmd = [sys.executable, "-m", "platoon.child", label, target] + list(args)
+        cmd = [sys.executable, "-m", "platoon.launch.child", label, target] + list(args)
         log_fd = open_private(log_path)
         try:
             self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_fd,
@@ -118,7 +118,7 @@ class Process:
         return self.returncode
 
     def killed(self):
-        """Whether it ended by a signal (platoon.child turns SIGTERM into exit 128 + 15)."""
+        """Whether it ended by a signal (platoon.launch.child turns SIGTERM into exit 128 + 15)."""
         code = self.returncode
         return code is not None and (code < 0 or 128 < code < 128 + signal.NSIG)
 
@@ -317,7 +317,7 @@ class Launch:
                              "--log-dir or remove it" % self.log_dir)
         make_private_dirs(self.log_dir)
         if self.args.curve:
-            from .security import generate_keys  # imports zmq: only for a --curve job
+            from ..security import generate_keys  # imports zmq: only for a --curve job
             self.keys_file = generate_keys(os.path.join(self.log_dir, "curve_keys.json"))
         self.say("job %s: logs in %s" % (self.job_id, self.log_dir))
         ready = self.start_controller(controller_script)

@@ -11,11 +11,11 @@ import logging
 from typing import Dict, List, Optional, Tuple
 
 from .checkpointing import Resume
-from .errors import LayoutMismatch, PlatoonError, ProtocolError
+from ..errors import LayoutMismatch, PlatoonError, ProtocolError
 from .registry import WorkerRecord, WorkerRegistry
-from .resources import Resources
-from .shmem import SharedCentre, param_offsets
-from . import protocol
+from .._resources import Resources
+from .._centre.shmem import SharedCentre, param_offsets
+from .. import protocol
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
 

@@ -13,7 +13,7 @@ With an elementwise optimizer (SGD, with or without momentum) Downpour is
 elementwise too: it syncs stripe by stripe, each under its stripe's lock with
 the optimizer state sliced alike, and supports `Worker.start_sync`. With `SGD`
 on C-contiguous float32 or float64 it runs a compiled one-pass kernel
-(`platoon.kernels`); otherwise the optimizer's `apply_block` in cache-sized
+(`platoon.rules.kernels`); otherwise the optimizer's `apply_block` in cache-sized
 blocks with preallocated scratch. The result is bit-for-bit that of the
 whole-parameter formulas either way. Adam is not elementwise (its step count is per
 parameter, and a sync of one parameter may interleave stripe by stripe with
@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from . import kernels
-from .rules import ParamSyncRule, _require_float, _take_pull
+from . import ParamSyncRule, _require_float, _take_pull
 
 if TYPE_CHECKING:
-    from .worker import Worker
+    from ..worker import Worker
 
 
 class SGD:
@@ -179,7 +179,7 @@ class Downpour(ParamSyncRule):
 
     def _descend(self, index, start, src, central, take):
         """Apply g = last - src to central[start:...]; last (and src when `take`) become
-        the new centre. In one pass for SGD (platoon.kernels), else block by block."""
+        the new centre. In one pass for SGD (platoon.rules.kernels), else block by block."""
         n = src.size
         last = self._last[index].reshape(-1)[start:start + n]
         state = self._state_blocks(index, start, n)

@@ -23,8 +23,8 @@ import zmq
 
 from . import protocol, security
 from .errors import ControllerGone, ControllerTimeout, NotRegistered, ProtocolError, RemoteError
-from .resources import Resources
-from .shmem import pid_alive
+from ._resources import Resources
+from ._centre.shmem import pid_alive
 
 log = logging.getLogger(__name__)
 

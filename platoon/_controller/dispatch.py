@@ -14,8 +14,8 @@ from typing import Any, Optional
 
 import zmq
 
-from . import protocol
-from .errors import NotRegistered, PlatoonError, ProtocolError
+from .. import protocol
+from ..errors import NotRegistered, PlatoonError, ProtocolError
 from .logthrottle import ThrottledLog
 from .registry import HOSTNAME, WorkerRecord
 
@@ -32,7 +32,7 @@ class RequestDispatcher:
 
     def __init__(self, ctl, sock, *, registry, rendezvous, collectives, progress, stop=None):
         self._ctl = ctl
-        self._job_stop = stop  # a platoon.stopsignal.JobStop
+        self._job_stop = stop  # a platoon._centre.stopsignal.JobStop
         self._sock = sock
         self._registry = registry
         self._rendezvous = rendezvous

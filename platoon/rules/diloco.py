@@ -47,11 +47,11 @@ import numpy as np
 
 from .downpour import SGD, Downpour
 from .journal import Journal, journal_layout
-from .rules import BLOCK_ELEMENTS
-from .shmem import stripe_ranges
+from . import BLOCK_ELEMENTS
+from .._centre.shmem import stripe_ranges
 
 if TYPE_CHECKING:
-    from .worker import Worker
+    from ..worker import Worker
 
 
 def _job_workers(rule, worker, what):
@@ -232,7 +232,7 @@ class DelayedNesterov(Downpour):
     ``lr*sum(g)/N``, the milestone ``lr*beta*m`` with ``m = beta*m + mean(g)``.
     With the default ``delay`` = p (the job's number of workers) that is one
     synchronous round per p pushes, so the outer lr keeps its synchronous meaning
-    (see `platoon.diloco`).
+    (see `platoon.rules.diloco`).
 
     Concurrency: t counts pushes per element of the centre (a uint32 array the
     shape of each parameter in the shared state), incremented under the lock of
@@ -245,7 +245,7 @@ class DelayedNesterov(Downpour):
     price is memory: shared state of 2 parameter-sized arrays (m, D) plus 4 bytes
     per element (t), against 1 array for `DiLoCo`, plus a journal of one block
     (65,536 elements of c, m, D and t) per stripe that makes each block of a push
-    all or nothing when the pushing worker is killed (`platoon.journal`; the next
+    all or nothing when the pushing worker is killed (`platoon.rules.journal`; the next
     sync that takes the stripe completes a block the dead worker committed).
     Time per push is about
     DiLoCo's with N = 2 and less with larger N (the momentum pass runs once per N
@@ -295,7 +295,7 @@ class DelayedNesterov(Downpour):
             self._check_activation(delay)
             self.optimizer.delay = delay
         super().attach(worker)
-        # The journal: one slot per stripe, as the exchange cuts the centre (platoon.shmem).
+        # The journal: one slot per stripe, as the exchange cuts the centre (platoon._centre.shmem).
         stripes = stripe_ranges(self._layout)
         self._ranges = [[(k, a, b) for k, s in enumerate(stripes) for i, a, b in s if i == index]
                         for index in range(len(self._layout))]
@@ -313,7 +313,7 @@ class DelayedNesterov(Downpour):
 
     def _descend(self, index, start, src, central, take):
         """Push g = last - src into central[start:...] block by block, each all or nothing
-        through the journal slot of the stripe (its lock is held); see platoon.journal."""
+        through the journal slot of the stripe (its lock is held); see platoon.rules.journal."""
         slot = self._slot_of[(index, start)]
         journal = self._journal
         journal.recover(slot)  # a push cut by a killed worker: finish it first

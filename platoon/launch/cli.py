@@ -1,7 +1,7 @@
 """platoon-launcher: start a job's controller, then one worker per device, and watch them.
 
 This module is the command line: its options, the scripts and devices of a
-job, and `main`. Running the job is `platoon.supervision`'s.
+job, and `main`. Running the job is `platoon.launch.supervision`'s.
 """
 
 import argparse
@@ -15,8 +15,7 @@ import sys
 from typing import List, Optional, Sequence, Tuple
 
 from .environment import JobEnvironment
-from .supervision import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, Launch, Process,  # noqa: F401
-                          UsageError, make_private_dirs, open_private)
+from .supervision import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Launch, Process, UsageError, make_private_dirs, open_private  # noqa: F401
 
 __all__ = ["main", "parse_args", "find_scripts", "plan_devices", "visible_gpus",
            "find_gpus", "join_option_values"]

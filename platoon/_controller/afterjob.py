@@ -6,8 +6,8 @@ import threading
 
 import zmq
 
-from . import protocol
-from .errors import ProtocolError
+from .. import protocol
+from ..errors import ProtocolError
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
 

@@ -1,4 +1,4 @@
-"""One-pass sync kernels: the compiled `platoon._sync_kernels`, or numpy where it cannot run.
+"""One-pass sync kernels: the compiled `platoon.rules._sync_kernels`, or numpy where it cannot run.
 
 The built-in rules (EASGD, ASGD, Downpour(SGD)) call the functions below first;
 each returns True when it did the update, in one pass that reads and writes

@@ -1,6 +1,6 @@
 """Bootstrap of every process the launcher starts.
 
-``python -m platoon.child LABEL SCRIPT [ARGS...]`` configures logging (level
+``python -m platoon.launch.child LABEL SCRIPT [ARGS...]`` configures logging (level
 from PLATOON_LOG_LEVEL, lines tagged with LABEL), makes the process die with
 the launcher (PR_SET_PDEATHSIG), turns SIGTERM into SystemExit so `finally`
 blocks and finalizers release sockets and shared memory, then runs SCRIPT as
@@ -20,9 +20,9 @@ from .process import die_with_parent, raise_system_exit
 
 
 def main() -> None:
-    """Run as ``python -m platoon.child LABEL SCRIPT [ARGS...]``."""
+    """Run as ``python -m platoon.launch.child LABEL SCRIPT [ARGS...]``."""
     if len(sys.argv) < 3:
-        sys.exit("usage: python -m platoon.child LABEL SCRIPT [ARGS...]")
+        sys.exit("usage: python -m platoon.launch.child LABEL SCRIPT [ARGS...]")
     label, target, args = sys.argv[1], sys.argv[2], sys.argv[3:]
     env = JobEnvironment.read("launcher_pid", "log_level")
     if die_with_parent() and env.launcher_pid and os.getppid() != env.launcher_pid:

@@ -19,10 +19,10 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from . import protocol
-from .deprecation import renamed_keywords
-from .errors import LayoutMismatch, PlatoonError, RemoteError, SyncTimeout
-from .rules import ParamSyncRule
+from .. import protocol
+from ..compat.deprecation import renamed_keywords
+from ..errors import LayoutMismatch, PlatoonError, RemoteError, SyncTimeout
+from ..rules import ParamSyncRule
 from .shmem import SharedCentre
 
 log = logging.getLogger(__name__)

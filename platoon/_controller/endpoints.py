@@ -10,9 +10,9 @@ from typing import Optional, Tuple
 
 import zmq
 
-from . import security
-from .errors import PlatoonError, PortInUse
-from .resources import Resources
+from .. import security
+from ..errors import PlatoonError, PortInUse
+from .._resources import Resources
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
 
