@@ -4,7 +4,7 @@ from setuptools import Extension, find_packages, setup
 # still succeeds and platoon syncs with numpy, logging once that it does. No FMA
 # contraction and no fast-math: the kernels must round exactly like the numpy formulas.
 SYNC_KERNELS = Extension(
-    "platoon.rules._sync_kernels", ["platoon/_sync_kernels.c"], optional=True,
+    "platoon.rules._sync_kernels", ["platoon/rules/_sync_kernels.c"], optional=True,
     extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math"])
 
 setup(

@@ -5,11 +5,21 @@ parameters in POSIX shared memory; each `Worker` registers its parameters
 and periodically syncs them with the centre under a `ParamSyncRule`.
 
 The names below are imported on first use (PEP 562), so the processes that
-only supervise others (`platoon.launch.child`, `platoon.launch.cli`, `platoon.launch.process`)
-load neither zmq nor numpy.
+only supervise others (`platoon.launch`) load neither zmq nor numpy.
+
+Layout (docs/architecture.md has the whole map): `controller` and `worker`, the
+two sides; `rules/` the sync rules; `launch/` the launcher's processes;
+`adapters/` one module per array framework; `mpi/` jobs across nodes; `compat/`
+the original Platoon's names; `_controller/` the controller's private parts;
+`_centre/` the shared-memory centre both sides use. Modules that moved keep their
+old import paths (`platoon._moved`).
 """
 
 import importlib
+
+from . import _moved
+
+_moved.install()
 
 __version__ = "0.1.0"
 
@@ -26,21 +36,19 @@ __all__ = [
 _HOMES = {
     "Controller": "controller", "Worker": "worker",
     "ParamSyncRule": "rules", "EASGD": "rules", "ASGD": "rules",
-    "SyncHandle": "exchange", "SyncStats": "exchange",
+    "Downpour": "rules", "SGD": "rules", "Adam": "rules",
+    "DiLoCo": "rules", "DelayedNesterov": "rules",
+    "SyncHandle": "_centre.exchange", "SyncStats": "_centre.exchange",
     "average_gradients": "collectives", "shard": "sharding",
-    "Downpour": "downpour", "SGD": "downpour", "Adam": "downpour",
-    "DiLoCo": "diloco", "DelayedNesterov": "diloco",
     "PeriodicSync": "torch_sync",  # imports torch, so only when used
     "load_centre": "checkpoint",
 }
 _HOMES.update((name, "errors") for name in __all__ if name not in _HOMES)
 
-# Submodules reachable as attributes of the package (as when it imported them eagerly).
+# Public modules reachable as attributes of the package (as when it imported them eagerly).
 _SUBMODULES = frozenset((
-    "adapters", "channel", "checkpoint", "child", "collectives", "controller", "cuda",
-    "device", "diloco", "downpour", "environment", "errors", "exchange", "launcher",
-    "logthrottle", "mpi", "param_sync", "peers", "process", "protocol", "reaper", "resources",
-    "rules", "security", "sharding", "shmem", "stopsignal", "supervision", "torch_sync", "worker"))
+    "adapters", "collectives", "compat", "controller", "cuda", "device", "errors", "launch",
+    "mpi", "protocol", "rules", "security", "sharding", "torch_sync", "worker"))
 
 
 def __getattr__(name):
@@ -48,6 +56,8 @@ def __getattr__(name):
         value = getattr(importlib.import_module("." + _HOMES[name], __name__), name)
     elif name in _SUBMODULES:
         value = importlib.import_module("." + name, __name__)
+    elif __name__ + "." + name in _moved.MOVED:  # an old path: works, but is not listed
+        value = importlib.import_module(__name__ + "." + name)
     else:
         raise AttributeError("module 'platoon' has no attribute %r" % name)
     globals()[name] = value
@@ -55,4 +65,5 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(__all__))
+    """The public API and the public modules only."""
+    return sorted(set(__all__) | _SUBMODULES | {"__version__"})

@@ -22,9 +22,9 @@ from typing import Any, Optional
 import zmq
 
 from . import protocol, security
-from .errors import ControllerGone, ControllerTimeout, NotRegistered, ProtocolError, RemoteError
-from ._resources import Resources
 from ._centre.shmem import pid_alive
+from ._resources import Resources
+from .errors import ControllerGone, ControllerTimeout, NotRegistered, ProtocolError, RemoteError
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ import time
 import zmq
 
 from . import protocol
-from .errors import MinibatchTimeout, ProtocolError, StopRequested, UsedAfterFork
 from ._controller.logthrottle import ThrottledLog
+from .errors import MinibatchTimeout, ProtocolError, StopRequested, UsedAfterFork
 
 log = logging.getLogger(__name__)
 

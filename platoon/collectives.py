@@ -21,10 +21,10 @@ import numpy as np
 
 from . import adapters, protocol
 from ._centre.checkpoint import load_states
+from ._centre.shmem import SharedCentre, param_offsets
+from ._controller.services import ControllerServices
 from .compat.deprecation import renamed_keywords
 from .errors import ControllerTimeout, PlatoonError, ProtocolError
-from ._controller.services import ControllerServices
-from ._centre.shmem import SharedCentre, param_offsets
 
 log = logging.getLogger(__name__)
 
@@ -348,7 +348,7 @@ def average_gradients(worker, grads, *, timeout_s=None):
     by_dtype = {}
     for g in arrays:
         by_dtype.setdefault(g.dtype, []).append(g)
-    for dtype, group in by_dtype.items():
+    for group in by_dtype.values():
         flat = np.concatenate([g.reshape(-1) for g in group]) if len(group) > 1 \
             else np.ascontiguousarray(group[0]).reshape(-1).copy()
         worker.all_reduce(flat, "mean", timeout_s=timeout_s)

@@ -20,25 +20,26 @@ import numpy as np
 import zmq
 
 from . import protocol
+from ._centre.shmem import SharedCentre, remove_stale_segments
+from ._centre.stopsignal import CONTROLLER, JobStop
 from ._controller.afterjob import AfterJobReplies
 from ._controller.checkpointing import Checkpointer, Resume, snapshot
-from .collectives import NodeCollectives
-from .compat.controller_args import default_arguments, default_parser
 from ._controller.config import ControllerConfig, default_max_shared_bytes
-from .compat.deprecation import renamed_keywords
 from ._controller.dispatch import RequestDispatcher
 from ._controller.endpoints import Endpoints
-from .launch.environment import JobEnvironment
-from .errors import PlatoonError, ServeTimeout, StopRequested, WorkerDied
-from ._minibatches import MinibatchChannel
 from ._controller.registry import WorkerRecord, WorkerRegistry, describe_death
 from ._controller.rendezvous import Rendezvous
-from .launch.process import announce, exit_on_sigterm as _exit_on_sigterm, raise_system_exit  # noqa: F401
-from ._resources import Resources
-from ._centre.shmem import SharedCentre, remove_stale_segments
 from ._controller.status import Progress
-from ._centre.stopsignal import CONTROLLER, JobStop
 from ._controller.threadfailures import ThreadFailures
+from ._minibatches import MinibatchChannel
+from ._resources import Resources
+from .collectives import NodeCollectives
+from .compat.controller_args import default_arguments, default_parser
+from .compat.deprecation import renamed_keywords
+from .errors import PlatoonError, ServeTimeout, StopRequested, WorkerDied
+from .launch.environment import JobEnvironment
+from .launch.process import announce, raise_system_exit  # noqa: F401
+from .launch.process import exit_on_sigterm as _exit_on_sigterm
 
 log = logging.getLogger(__name__)
 
@@ -223,8 +224,8 @@ class Controller:
         Workers see it at once, through shared memory; `serve` goes on answering until
         they have all left, then returns normally. Safe from any thread, and at any
         time: a second request does nothing (the first reason stays; it is logged at DEBUG
-        only), nor does one after the job ended. In a multi-node job the other nodes' workers see it within about
-        `liveness_interval_s`.
+        only), nor does one after the job ended. In a multi-node job the other nodes'
+        workers see it within about `liveness_interval_s`.
         """
         if reason is not None and not isinstance(reason, str):
             raise TypeError("reason must be a string or None, got %r" % (reason,))

@@ -21,9 +21,9 @@ except ImportError as exc:  # pragma: no cover - torch is in the test extra
     raise ImportError("platoon.PeriodicSync needs PyTorch: pip install torch (or the "
                       "'torch' extra of platoon)") from exc
 
+from ._centre.exchange import SyncHandle
 from .adapters.torch_adapter import describe_layout, layout_changed
 from .errors import LayoutMismatch
-from ._centre.exchange import SyncHandle
 from .rules import EASGD, ParamSyncRule
 
 log = logging.getLogger(__name__)

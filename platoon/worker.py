@@ -10,18 +10,18 @@ import numpy as np
 import zmq
 
 from . import adapters, protocol, security
-from ._controller.checkpointing import snapshot
+from ._centre.exchange import SyncHandle, SyncStats, share
+from ._centre.stopsignal import StopSignal, describe
 from ._client import ControlClient, endpoint, uncaught_error
+from ._controller.checkpointing import snapshot
+from ._minibatches import MinibatchClient
+from ._resources import Resources
 from .collectives import WorkerCollectives
 from .compat.deprecation import renamed_keywords
 from .device import Device
-from .launch.environment import JobEnvironment
 from .errors import ControllerGone, ControllerTimeout, PlatoonError, StopRequested
-from ._centre.exchange import SyncHandle, SyncStats, share
-from ._minibatches import MinibatchClient
+from .launch.environment import JobEnvironment
 from .rules import ParamSyncRule
-from ._resources import Resources
-from ._centre.stopsignal import StopSignal, describe
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""The public API imports on demand: supervising processes load neither zmq nor numpy."""
+"""The public API imports on demand: supervising processes load neither zmq nor numpy; every
+module that moved into a subpackage keeps its old import path."""
 
 import importlib
 import subprocess
@@ -7,6 +8,7 @@ import sys
 import pytest
 
 import platoon
+from platoon._moved import MOVED
 
 
 def loaded_after(statement):
@@ -17,20 +19,23 @@ def loaded_after(statement):
     return set(out.stdout.split())
 
 
-@pytest.mark.parametrize("module", ["platoon", "platoon.launch.process", "platoon.launch.child",
-                                    "platoon.launch.cli", "platoon.launch.supervision",
-                                    "platoon.launch.reaper", "platoon.launch.environment"])
+@pytest.mark.parametrize("module", ["platoon", "platoon.launch", "platoon.launch.process",
+                                    "platoon.launch.child", "platoon.launch.cli",
+                                    "platoon.launch.supervision", "platoon.launch.reaper",
+                                    "platoon.launch.environment", "platoon.launcher",
+                                    "platoon.child"])
 def test_supervising_modules_load_neither_zmq_nor_numpy(module):
     loaded = loaded_after("import " + module)
     heavy = {m for m in loaded if m.split(".")[0] in ("zmq", "numpy", "mpi4py", "posix_ipc")}
     assert not heavy, "import %s loads %s" % (module, sorted(heavy)[:5])
 
 
-def test_a_launched_child_loads_neither_zmq_nor_numpy(tmp_path):
+@pytest.mark.parametrize("child", ["platoon.launch.child", "platoon.child"])
+def test_a_launched_child_loads_neither_zmq_nor_numpy(tmp_path, child):
     script = tmp_path / "probe.py"
     script.write_text("import sys\nprint(sorted(m for m in sys.modules if m.split('.')[0] in "
                       "('zmq', 'numpy')))\n")
-    out = subprocess.run([sys.executable, "-m", "platoon.launch.child", "probe", str(script)],
+    out = subprocess.run([sys.executable, "-m", child, "probe", str(script)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
@@ -48,24 +53,55 @@ def test_every_public_name_imports():
         platoon.Nope
 
 
-@pytest.mark.parametrize("path", ["platoon.compat.channel", "platoon.compat.param_sync", "platoon.mpi",
-                                  "platoon.launch.cli", "platoon.security", "platoon.cuda",
-                                  "platoon.adapters", "platoon.launch.process"])
+@pytest.mark.parametrize("path", ["platoon.rules", "platoon.launch", "platoon.compat",
+                                  "platoon.mpi", "platoon.security", "platoon.cuda",
+                                  "platoon.adapters", "platoon.collectives", "platoon.protocol"])
 def test_public_modules_import_and_are_package_attributes(path):
     module = importlib.import_module(path)
     assert getattr(platoon, path.split(".")[1]) is module
 
 
+def test_the_package_lists_only_the_public_api():
+    import platoon._centre.shmem  # noqa: F401  (a private module, loaded)
+    listed = set(dir(platoon)) - {"__version__"}
+    assert set(platoon.__all__) <= listed
+    modules = listed - set(platoon.__all__)
+    assert modules == {"adapters", "collectives", "compat", "controller", "cuda", "device",
+                       "errors", "launch", "mpi", "protocol", "rules", "security", "sharding",
+                       "torch_sync", "worker"}
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_every_old_import_path_gives_the_moved_module(old):
+    """Each documented (and each former) module path still imports, as the same module."""
+    module = importlib.import_module(old)
+    assert module is importlib.import_module(MOVED[old])
+    assert getattr(platoon, old.split(".")[1]) is module
+
+
+def test_old_paths_in_from_imports_and_python_dash_m(tmp_path):
+    from platoon.channel import Controller
+    from platoon.compat.channel import Controller as moved
+    from platoon.param_sync import EASGD
+    assert Controller is moved and EASGD is platoon.EASGD
+    # `python -m OLD.PATH` runs the module at its new path as __main__
+    out = subprocess.run([sys.executable, "-m", "platoon.launcher", "--help"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "platoon-launcher" in out.stdout, out.stderr
+
+
 def test_mpi_and_launcher_names_of_today():
+    from platoon import launcher, mpi
     from platoon.launch import cli
-    from platoon import mpi
+    assert launcher is cli
     for name in ("CentreTie", "NodeLink", "node_link_for", "run_node", "main", "import_mpi",
                  "load_controller_class"):
         assert callable(getattr(mpi, name)), name
     assert callable(launcher.main)
     from platoon.controller import raise_system_exit
     from platoon.launch.process import raise_system_exit as moved
-    assert raise_system_exit is moved
+    from platoon.process import raise_system_exit as old_path
+    assert raise_system_exit is moved is old_path
 
 
 def module_imports():

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from platoon.launch import cli
+from platoon.launch import cli as launcher
 
 from platoon import load_centre
 from platoon.launch.process import job_segments, pid_alive, signal_name

@@ -180,7 +180,7 @@ class Exchange:
         pause = _STRIPE_PAUSE_S[0]
         waited_since = None
         while pending:
-            for pos, k in enumerate(pending):
+            for pos, k in enumerate(pending):  # noqa: B007 (pos is used after the loop)
                 if locks[k].try_acquire():
                     break
             else:

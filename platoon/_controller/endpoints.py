@@ -11,8 +11,8 @@ from typing import Optional, Tuple
 import zmq
 
 from .. import security
-from ..errors import PlatoonError, PortInUse
 from .._resources import Resources
+from ..errors import PlatoonError, PortInUse
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
 

@@ -20,9 +20,9 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 import zmq
 
+from .._centre.shmem import pid_alive
 from ..errors import PlatoonError, ProtocolError
 from .peers import count_connections, is_loopback_address
-from .._centre.shmem import pid_alive
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
 

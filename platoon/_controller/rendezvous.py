@@ -10,12 +10,12 @@ before that, the next waiting worker takes over.
 import logging
 from typing import Dict, List, Optional, Tuple
 
-from .checkpointing import Resume
-from ..errors import LayoutMismatch, PlatoonError, ProtocolError
-from .registry import WorkerRecord, WorkerRegistry
-from .._resources import Resources
-from .._centre.shmem import SharedCentre, param_offsets
 from .. import protocol
+from .._centre.shmem import SharedCentre, param_offsets
+from .._resources import Resources
+from ..errors import LayoutMismatch, PlatoonError, ProtocolError
+from .checkpointing import Resume
+from .registry import WorkerRecord, WorkerRegistry
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
 

@@ -12,8 +12,8 @@ import logging
 
 import torch
 
-from . import Adapter
 from ..errors import LayoutMismatch
+from . import Adapter
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,16 @@ import sys
 from typing import List, Optional, Sequence, Tuple
 
 from .environment import JobEnvironment
-from .supervision import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Launch, Process, UsageError, make_private_dirs, open_private  # noqa: F401
+from .supervision import (  # noqa: F401
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Launch,
+    Process,
+    UsageError,
+    make_private_dirs,
+    open_private,
+)
 
 __all__ = ["main", "parse_args", "find_scripts", "plan_devices", "visible_gpus",
            "find_gpus", "join_option_values"]

@@ -2,12 +2,12 @@
 
 When one MPI rank dies, ``mpiexec`` SIGKILLs every other rank: their
 controllers get no chance to unlink shared memory or stop their workers. Each
-controller therefore starts ``python -m platoon.launch.reaper FD JOB_ID`` in its own
-session. The reaper blocks reading the pipe FD, on which the controller writes
-its workers' pids with their start times; at end of file (the controller
-exited, however it exited) it SIGKILLs those still alive (the same processes:
-a pid reused since has another start time) and unlinks
-``/dev/shm/platoon-JOB_ID-*`` (regular files of this user only). After a clean exit there is nothing left and it
+controller therefore starts ``python -m platoon.launch.reaper FD JOB_ID`` in its
+own session. The reaper blocks reading the pipe FD, on which the controller
+writes its workers' pids with their start times; at end of file (the controller
+exited, however it exited) it SIGKILLs those still alive (the same processes: a
+pid reused since has another start time) and unlinks ``/dev/shm/platoon-JOB_ID-*``
+(regular files of this user only). After a clean exit there is nothing left and it
 does nothing.
 """
 

@@ -21,9 +21,9 @@ import subprocess
 import sys
 import time
 
+from .._controller.status import read_status
 from .environment import JobEnvironment, without_job_variables
 from .process import read_announcement, signal_name, stop, unlink_job_segments
-from .._controller.status import read_status
 
 log = logging.getLogger(__name__)
 
@@ -138,16 +138,6 @@ class Process:
                 return "".join(f.readlines()[-lines:])
         except OSError:
             return ""
-
-
-def read_status(path):
-    """The controller's status file at `path` as a dict ({} while there is none)."""
-    try:
-        with open(path) as f:
-            status = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return status if isinstance(status, dict) else {}
 
 
 def _metric(key, value):

@@ -5,9 +5,9 @@ import threading
 
 import numpy as np
 
-from ..launch.environment import JobEnvironment
-from ..errors import PlatoonError
 from .._centre.stopsignal import OTHER_NODE
+from ..errors import PlatoonError
+from ..launch.environment import JobEnvironment
 from ._comm import abort, import_mpi, wait
 from .tie import TieThread
 
@@ -113,8 +113,9 @@ class NodeLink:
         abort(self._comm, code)
 
     def share_stop(self, job_stop):
-        """Pass this node's stop (a platoon._centre.stopsignal.JobStop) to the other nodes, once, and
-        take theirs. Called by the controller's serve thread every tick and before `finish`."""
+        """Pass this node's stop (a platoon._centre.stopsignal.JobStop) to the other nodes,
+        once, and take theirs. Called by the controller's serve thread every tick and before
+        `finish`."""
         if self._finished:
             return
         comm, MPI = self._stop_comm, self.MPI

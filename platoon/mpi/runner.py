@@ -15,9 +15,9 @@ import sys
 import threading
 from typing import Mapping, Optional, Sequence, Union
 
-from ..launch.environment import JobEnvironment, without_job_variables
 from ..errors import PlatoonError
 from ..launch.cli import join_option_values
+from ..launch.environment import JobEnvironment, without_job_variables
 from ..launch.process import die_with_parent, read_announcement, stop
 from ._comm import abort, import_mpi
 from .link import NodeLink

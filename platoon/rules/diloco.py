@@ -45,10 +45,10 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
+from .._centre.shmem import stripe_ranges
+from . import BLOCK_ELEMENTS
 from .downpour import SGD, Downpour
 from .journal import Journal, journal_layout
-from . import BLOCK_ELEMENTS
-from .._centre.shmem import stripe_ranges
 
 if TYPE_CHECKING:
     from ..worker import Worker

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from . import kernels
-from . import ParamSyncRule, _require_float, _take_pull
+from .base import ParamSyncRule, require_float, take_pull
 
 if TYPE_CHECKING:
     from ..worker import Worker
@@ -157,7 +157,7 @@ class Downpour(ParamSyncRule):
         self.elementwise = self.supports_async = fast  # per instance: see the class docstring
 
     def check(self, local_params: Sequence[np.ndarray]) -> None:
-        _require_float(self, local_params)
+        require_float(self, local_params)
         self._layout = [{"dtype": p.dtype.str, "shape": list(p.shape)} for p in local_params]
 
     def attach(self, worker: "Worker") -> None:
@@ -211,7 +211,7 @@ class Downpour(ParamSyncRule):
         self._descend(index, start, snapshot, central, take=False)
 
     def pull(self, index: int, start: int, local: np.ndarray, snapshot: np.ndarray) -> None:
-        _take_pull(local, snapshot, self._last[index].reshape(-1)[start:start + local.size])
+        take_pull(local, snapshot, self._last[index].reshape(-1)[start:start + local.size])
 
     def update(self, index: int, local: np.ndarray, central: np.ndarray) -> None:
         if self.elementwise and local.flags.c_contiguous and central.flags.c_contiguous:
