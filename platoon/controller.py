@@ -390,8 +390,9 @@ class Controller:
                 if now >= self._next_tick:
                     self._tick(now)
                 while deaths:  # outside request handling: what the hook raises ends serve
+                    death = deaths.popleft()
                     in_death_hook = True
-                    self.handle_worker_death(*deaths.popleft())
+                    self.handle_worker_death(*death)
                     in_death_hook = False
                 if deadline is not None and now >= deadline and not self.all_done():
                     raise ServeTimeout(
@@ -403,7 +404,10 @@ class Controller:
                 self.node_link.finish()  # waits for the other nodes to be done too
             self._after_job.start(len(self._registry))
         except Exception as exc:
-            if not in_death_hook and self._progress.failure is None:  # the controller's own
+            if in_death_hook:  # for the launcher: this worker's death ended the job
+                self._progress.failed_worker = {"worker_id": death[0],
+                                                "pid": death[1].get("pid")}
+            elif self._progress.failure is None:  # the controller's own
                 self._progress.failure = {"error": "%s: %s" % (type(exc).__name__,
                                                                _first_line(exc))}
             raise

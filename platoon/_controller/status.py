@@ -1,22 +1,15 @@
 """The job's progress, as the launcher's status line and end-of-job summary show it: counted
 by platoon (syncs in shared memory, minibatches as `send_mb` delivers them) and from the
 workers' reports, and written to the launcher's status file (0600), at most twice a second.
-
-The status file is a JSON object: ``minibatches`` and ``syncs`` (totals over the job),
-``metrics`` (the latest reported), ``workers`` (registered) and ``done`` (left),
-``reports`` (each worker's reported totals and latest metrics), ``elapsed_s`` (since
-`serve` started) and ``syncs_per_s`` (their mean rate), and, once
-`serve` raised, ``failure``: {``error``: "Type: message", ``thread``: its name when another
-thread of the controller raised it}.
+The file's keys are listed in `platoon.launch.statusfile`.
 """
 
-import json
 import logging
-import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..errors import ProtocolError
+from ..launch.statusfile import write_status
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
 
@@ -44,6 +37,7 @@ class Progress:
         self.pending = False  # a report not yet written to the status file
         self.started: Optional[float] = None  # when serve started (monotonic)
         self.failure: Optional[Dict[str, Any]] = None  # what serve raised, for the launcher
+        self.failed_worker: Optional[Dict[str, Any]] = None  # whose death ended serve
 
     def start(self) -> None:
         """Serving starts: elapsed time counts from the first call."""
@@ -113,24 +107,10 @@ class Progress:
                           syncs_per_s=round(status["syncs"] / elapsed, 3) if elapsed > 0 else 0.0)
         if self.failure is not None:
             status["failure"] = self.failure
-        tmp = "%s.%d.tmp" % (path, os.getpid())
+        if self.failed_worker is not None:
+            status["failed_worker"] = self.failed_worker
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                os.fchmod(f.fileno(), 0o600)
-                json.dump(status, f)
-            os.replace(tmp, path)
+            write_status(path, status)
         except (OSError, TypeError, ValueError) as exc:
             log.debug("status file %s not written: %s", path, exc)
 
-
-def read_status(path: Optional[str]) -> Dict[str, Any]:
-    """The status file at `path` as a dict; {} when there is none (yet) or it is unreadable."""
-    if path is None:
-        return {}
-    try:
-        with open(path) as f:
-            status = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return status if isinstance(status, dict) else {}

@@ -10,7 +10,6 @@ import datetime
 import logging
 import os
 import pwd
-import re
 import secrets
 import select
 import shlex
@@ -21,9 +20,9 @@ import subprocess
 import sys
 import time
 
-from .._controller.status import read_status
 from .environment import JobEnvironment, without_job_variables
 from .process import read_announcement, signal_name, stop, unlink_job_segments
+from .statusfile import read_status
 
 log = logging.getLogger(__name__)
 
@@ -426,10 +425,12 @@ class Launch:
 
     def _worker_that_stopped_the_controller(self):
         """The worker whose failure ended the controller (which exited with an error): the one
-        its log names (WorkerDied, by pid), else one seen failing no later than it, or None."""
-        named = re.findall(r"WorkerDied: worker \d+ \(pid (\d+)\)", self.controller.tail(20))
+        its status file names (`failed_worker`, by pid), else one seen failing no later than
+        it, or None."""
+        named = read_status(self.status_file).get("failed_worker")
+        pid = named.get("pid") if isinstance(named, dict) else None
         for proc in self.workers:
-            if named and proc.pid == int(named[-1]):
+            if pid is not None and proc.pid == pid:
                 try:  # it is exiting after telling the controller: show its exit code
                     proc.popen.wait(self.args.stop_timeout_s)
                 except subprocess.TimeoutExpired:

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Optional
 import numpy as np
 
 from .._centre.shmem import stripe_ranges
-from . import BLOCK_ELEMENTS
+from .base import BLOCK_ELEMENTS
 from .downpour import SGD, Downpour
 from .journal import Journal, journal_layout
 

@@ -1,0 +1,45 @@
+"""The status file: what a launched controller tells its launcher, as one JSON object.
+
+The controller writes it (atomically, 0600) at most twice a second and when `serve`
+ends; the launcher reads it for the status line, the failure report and the end-of-job
+summary. Its keys are the contract between the two processes:
+
+- ``minibatches``, ``syncs``: totals over the job; ``metrics``: the latest reported;
+  ``reports``: {worker id: its reported totals and latest metrics};
+  ``workers`` (registered), ``done`` (left); ``elapsed_s`` (since `serve` started) and
+  ``syncs_per_s``;
+- ``failure``: {``error``: "Type: message", ``thread``: a thread's name}, once `serve`
+  raised an error of its own (the controller's fault: it leads the failure report);
+- ``failed_worker``: {``worker_id``, ``pid``}, once `serve` ended because
+  `handle_worker_death` raised for that worker (that worker leads the report).
+
+Standard library only: the launcher loads neither zmq nor numpy.
+"""
+
+import json
+import os
+from typing import Any, Dict, Optional
+
+
+def write_status(path: str, status: Dict[str, Any]) -> None:
+    """Replace the status file at `path` with `status`, atomically, readable by its owner only.
+    Raises OSError, TypeError or ValueError (not JSON) as `json.dump` and `os.open` do."""
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW,
+                 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        json.dump(status, f)
+    os.replace(tmp, path)
+
+
+def read_status(path: Optional[str]) -> Dict[str, Any]:
+    """The status file at `path` as a dict; {} when there is none (yet) or it is unreadable."""
+    if path is None:
+        return {}
+    try:
+        with open(path) as f:
+            status = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return status if isinstance(status, dict) else {}
