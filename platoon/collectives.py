@@ -362,7 +362,7 @@ def average_gradients(worker, grads, *, timeout_s=None):
 
 def _gradients_of(grads):
     """The list of arrays `grads`, or the gradients of a torch module's parameters."""
-    if adapters._framework(grads) == "torch" and hasattr(grads, "parameters"):  # nn.Module
+    if adapters.framework_of(grads) == "torch" and hasattr(grads, "parameters"):  # nn.Module
         found = []
         for name, p in grads.named_parameters():
             if p.requires_grad:

@@ -23,7 +23,7 @@ from . import protocol
 from ._centre.shmem import SharedCentre, remove_stale_segments
 from ._centre.stopsignal import CONTROLLER, JobStop
 from ._controller.afterjob import AfterJobReplies
-from ._controller.checkpointing import Checkpointer, Resume, snapshot
+from ._controller.checkpointing import Checkpointer, Resume
 from ._controller.config import ControllerConfig, default_max_shared_bytes
 from ._controller.dispatch import RequestDispatcher
 from ._controller.endpoints import Endpoints
@@ -106,11 +106,11 @@ class Controller:
         self._registry = WorkerRegistry(
             self.job_id, self.num_workers, restarts=config.restarts,
             replacement_timeout_s=replacement_timeout_s,
-            liveness_interval_s=liveness_interval_s, on_left=lambda rec: me._worker_left(rec))
+            liveness_interval_s=liveness_interval_s, on_left=lambda rec: me._worker_left(rec))  # noqa: SLF001
         registry = self._registry
         self._progress = Progress(env.status_file, lambda: (len(registry),
                                                             len(registry.departed())),
-                                  counted=lambda: me._counted())
+                                  counted=lambda: me._counted())  # noqa: SLF001
         self._next_tick = 0.0
         self._announced = False
         self.resume_from: Optional[str] = config.resume_from
@@ -126,7 +126,7 @@ class Controller:
         self._job_stop_finalizer = weakref.finalize(self, self._job_stop.close)
         # An uncaught exception in any thread of this process (a feeder's) fails the job;
         # StopRequested (send_mb's, after a stop) ends a thread in order.
-        self._thread_failures = ThreadFailures(on_failure=lambda *f: me._thread_failed(*f),
+        self._thread_failures = ThreadFailures(on_failure=lambda *f: me._thread_failed(*f),  # noqa: SLF001
                                                ignore=(StopRequested,))
         self._thread_failures.watch()
         self._thread_failures_finalizer = weakref.finalize(self, self._thread_failures.close)
@@ -456,7 +456,9 @@ class Controller:
         Raises PlatoonError before any worker has registered parameters, and
         LockTimeout if the lock is not free within `timeout_s` seconds.
         """
-        return snapshot(self._res.centre, timeout_s)
+        if self._res.centre is None:
+            raise PlatoonError("no centre yet: no worker has called init_shared_params()")
+        return self._res.centre.snapshot(timeout_s)
 
     # -- minibatches --
 

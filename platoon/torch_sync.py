@@ -312,7 +312,7 @@ def _slots(model, names, tensors):
     for name, tensor in zip(names, tensors):
         prefix, _, leaf = name.rpartition(".")
         owner = model.get_submodule(prefix)
-        table = owner._parameters if leaf in owner._parameters else owner._buffers
+        table = owner._parameters if leaf in owner._parameters else owner._buffers  # noqa: SLF001 (torch)
         slots.append((table, leaf, tensor, (tensor.dtype, tensor.shape, tensor.device)))
     return slots
 

@@ -13,7 +13,6 @@ from . import adapters, protocol, security
 from ._centre.exchange import SyncHandle, SyncStats, share
 from ._centre.stopsignal import StopSignal, describe
 from ._client import ControlClient, endpoint, uncaught_error
-from ._controller.checkpointing import snapshot
 from ._minibatches import MinibatchClient
 from ._resources import Resources
 from .collectives import WorkerCollectives
@@ -333,7 +332,7 @@ class Worker:
         """
         if self._res.centre is None:
             raise PlatoonError("call init_shared_params() before snapshot_centre()")
-        return snapshot(self._res.centre, self._timeout_s(timeout_s))
+        return self._res.centre.snapshot(self._timeout_s(timeout_s))
 
     def sync_params(self, synchronous: bool = True, *, params: Optional[Sequence] = None
                     ) -> List[Any]:

@@ -186,3 +186,51 @@ def test_attach_is_a_hook_and_bind_worker_still_works_with_a_warning():
         Attaching().bind_worker("u")
     assert seen == [("attach", "w"), ("bind", "v"), ("attach", "u")]
     ParamSyncRule().attach("anything")  # the base hook does nothing
+
+
+class PlainContext:
+    """A `platoon.rules.RuleContext` without a controller: the centre and the shared states
+    are plain arrays of this process."""
+
+    def __init__(self, centre, num_workers):
+        self.shared_params = centre
+        self.num_workers = num_workers
+        self.states = {}
+
+    def shared_state(self, name, layout):
+        if name not in self.states:
+            self.states[name] = [np.zeros(e["shape"], e["dtype"]) for e in layout]
+        return self.states[name]
+
+
+def pushed_centre(rule, num_workers, pushes):
+    """The centre after `pushes` (one array of new local values each) by one worker under
+    `rule`, attached to a PlainContext."""
+    centre = [np.zeros(1000, np.float32)]
+    local = [centre[0].copy()]
+    rule.check(local)
+    rule.attach(PlainContext(centre, num_workers))
+    rule.setup(local)
+    for values in pushes:
+        local[0][...] = values
+        rule.update(0, local[0], centre[0])
+    return centre[0]
+
+
+def test_rules_with_shared_state_attach_to_any_context_without_a_controller():
+    from platoon import SGD, DelayedNesterov, DiLoCo, Downpour
+    from platoon.rules import RuleContext  # noqa: F401  (what PlainContext implements)
+    rng = np.random.default_rng(3)
+    pushes = [rng.standard_normal(1000).astype(np.float32) for _ in range(5)]
+    # DiLoCo(L) with p workers is Downpour(SGD(L / p)) with the same momentum, bit for bit
+    # when p is a power of two (docs/api.md)
+    diloco = pushed_centre(DiLoCo(0.8, momentum=0.9), 4, pushes)
+    downpour = pushed_centre(Downpour(SGD(0.2, momentum=0.9, nesterov=True)), 4, pushes)
+    assert np.array_equal(diloco, downpour)
+    assert np.abs(diloco).max() > 0.1  # the pushes moved it
+    # Delayed Nesterov's default delay is the context's number of workers
+    rule = DelayedNesterov(0.7)
+    pushed_centre(rule, 3, pushes[:1])
+    assert rule.optimizer.delay == 3
+    with pytest.raises(ValueError, match="num_workers"):
+        pushed_centre(DiLoCo(0.8), None, pushes)

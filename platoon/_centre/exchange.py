@@ -54,9 +54,13 @@ class SyncHandle:
         self._finished = False
         self._thread = threading.Thread(target=self._run, name="platoon-sync", daemon=True)
 
+    def start(self) -> None:
+        """Run the push in the background (`Exchange.start_sync` calls it)."""
+        self._thread.start()
+
     def _run(self):
         try:
-            self._exchange._push_all()
+            self._exchange.push_snapshot()
         except BaseException as exc:  # raised again by wait()
             self._error = exc
 
@@ -83,10 +87,9 @@ class SyncHandle:
             raise SyncTimeout("the sync started by start_sync() is still running after %.3g s; "
                               "call wait() again, or wait longer" % timeout_s)
         self._finished = True
-        self._exchange._inflight = None
         # Even when the push failed part-way, the stripes it finished moved the centre (and
         # the rule's state): their effect reaches the parameters before the error does.
-        self._exchange._pull(complete=self._error is None)
+        self._exchange.finish_async(complete=self._error is None)
         if self._error is not None:
             error, self._error = self._error, None
             raise error
@@ -187,7 +190,7 @@ class Exchange:
                 if waited_since is None:
                     waited_since = time.perf_counter()
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise locks[pending[0]]._timeout(self.timeout_s)
+                    raise locks[pending[0]].timeout_error(self.timeout_s)
                 time.sleep(pause)
                 pause = min(2 * pause, _STRIPE_PAUSE_S[1])
                 continue
@@ -226,10 +229,13 @@ class Exchange:
             snap.reshape(p.shape)[...] = p
         handle = SyncHandle(self)
         self._inflight = handle
-        handle._thread.start()
+        handle.start()
         return handle
 
-    def _push_all(self):
+    # -- the pair a SyncHandle calls: the push in its thread, then the pull in `wait` --
+
+    def push_snapshot(self) -> None:
+        """Push the snapshot `start` took to the centre, stripe by stripe."""
         snaps, central, rule, pushed = self._snapshots, self._central, self.rule, self._pushed
         pushed.clear()
 
@@ -238,6 +244,12 @@ class Exchange:
             pushed.append((i, a, b))
 
         self._each_stripe(push)
+
+    def finish_async(self, complete: bool) -> None:
+        """End the sync in flight: pull what its push did into the parameters (and count
+        the sync when `complete`)."""
+        self._inflight = None
+        self._pull(complete)
 
     def _pull(self, complete):
         """Apply the pushed ranges to the parameters (all of them when `complete`)."""

@@ -57,7 +57,7 @@ _LOCKS = weakref.WeakSet()
 
 def _forget_locks_after_fork():
     for lock in list(_LOCKS):
-        lock._forget_after_fork()
+        lock._forget_after_fork()  # noqa: SLF001 (a lock of this module)
 
 
 os.register_at_fork(after_in_child=_forget_locks_after_fork)
@@ -237,7 +237,7 @@ class CentreLock:
             return
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
         if not self._thread_lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
-            raise self._timeout(timeout)
+            raise self.timeout_error(timeout)
         try:
             if timeout is None:
                 self._try_range(blocking=True)
@@ -246,7 +246,7 @@ class CentreLock:
                 while not self._try_range(blocking=False):
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        raise self._timeout(timeout)
+                        raise self.timeout_error(timeout)
                     time.sleep(min(pause, left))
                     pause = min(pause * 2, 1e-3)
         except BaseException:
@@ -292,7 +292,8 @@ class CentreLock:
         """True when the calling thread holds the lock."""
         return self._owner == threading.get_ident()
 
-    def _timeout(self, timeout):
+    def timeout_error(self, timeout):
+        """The LockTimeout to raise after waiting `timeout` s for this lock."""
         return LockTimeout("could not lock the centre %s within %.3g s; another worker holds it "
                            "(a stopped process?) - raise the timeout or find the holder"
                            % (self._name, timeout))
@@ -403,6 +404,15 @@ class SharedCentre:
         except BaseException:
             shm.close_fd()
             raise
+
+    def snapshot(self, timeout_s):
+        """Copies of the arrays, taken under the whole lock; LockTimeout if it is not free
+        within `timeout_s` seconds (None: wait forever)."""
+        self.lock.acquire(timeout_s)
+        try:
+            return [a.copy() for a in self.arrays]
+        finally:
+            self.lock.release()
 
     def close(self):
         if self._closed:

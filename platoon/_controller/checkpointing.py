@@ -14,6 +14,7 @@ import numpy as np
 from .. import protocol
 from .._centre.checkpoint import load, names_in, save
 from ..errors import LayoutMismatch, PlatoonError
+from .services import ControllerServices
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
 
@@ -26,8 +27,9 @@ class Checkpointer:
     `resumed_job_id`: the job that wrote the checkpoint this one resumed from.
     """
 
-    def __init__(self, ctl, collectives, path: Optional[str], every_s: Optional[float],
-                 lock_timeout_s: float, resumed_job_id: Optional[str] = None):
+    def __init__(self, ctl: ControllerServices, collectives, path: Optional[str],
+                 every_s: Optional[float], lock_timeout_s: float,
+                 resumed_job_id: Optional[str] = None):
         self._ctl = ctl
         self._resumed_job_id = resumed_job_id
         self._collectives = collectives
@@ -113,18 +115,6 @@ class Checkpointer:
         except Exception as exc:
             log.error("final checkpoint to %s failed (%s: %s); call checkpoint() again, or "
                       "resume from the last periodic one", self.path, type(exc).__name__, exc)
-
-
-def snapshot(centre, timeout_s: Optional[float]) -> List[np.ndarray]:
-    """Copies of `centre`'s arrays, taken under its lock. Raises PlatoonError when there is
-    no centre (None) yet, LockTimeout if the lock is not free within `timeout_s` seconds."""
-    if centre is None:
-        raise PlatoonError("no centre yet: no worker has called init_shared_params()")
-    centre.lock.acquire(timeout_s)
-    try:
-        return [a.copy() for a in centre.arrays]
-    finally:
-        centre.lock.release()
 
 
 class Resume:

@@ -18,19 +18,19 @@ from .. import protocol
 from ..errors import NotRegistered, PlatoonError, ProtocolError
 from .logthrottle import ThrottledLog
 from .registry import HOSTNAME, WorkerRecord
+from .services import ControllerServices
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
 
 
 class RequestDispatcher:
-    """Serves the control socket `sock` for `ctl` (the Controller, held weakly).
-
-    From `ctl` it reads `handle_control`, `job_id`, `num_workers`, `node_link`,
-    `transport`, `control_port` and `max_request_bytes`; the parts handle the
-    reserved requests, `stop` (a JobStop) the stop signal's.
+    """Serves the control socket `sock` for `ctl` (the Controller, held weakly, seen as
+    its `ControllerServices`); the parts handle the reserved requests, `stop` (a JobStop)
+    the stop signal's.
     """
 
-    def __init__(self, ctl, sock, *, registry, rendezvous, collectives, progress, stop=None):
+    def __init__(self, ctl: ControllerServices, sock, *, registry, rendezvous, collectives,
+                 progress, stop=None):
         self._ctl = ctl
         self._job_stop = stop  # a platoon._centre.stopsignal.JobStop
         self._sock = sock

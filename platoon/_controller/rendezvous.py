@@ -16,6 +16,7 @@ from .._resources import Resources
 from ..errors import LayoutMismatch, PlatoonError, ProtocolError
 from .checkpointing import Resume
 from .registry import WorkerRecord, WorkerRegistry
+from .services import ControllerServices
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
 
@@ -28,7 +29,7 @@ class Rendezvous:
     The centre is kept in `res.centre`; `resume`, if given, supplies its first values.
     """
 
-    def __init__(self, ctl, registry: WorkerRegistry, res: Resources,
+    def __init__(self, ctl: ControllerServices, registry: WorkerRegistry, res: Resources,
                  resume: Optional[Resume]):
         self._ctl = ctl
         self._registry = registry

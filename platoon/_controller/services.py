@@ -1,11 +1,15 @@
 """What the controller offers the parts that serve requests beside it.
 
-`NodeCollectives`, the `Rendezvous`, the `Checkpointer` and the node link (MPI)
-hold a `Controller` but use only this interface, so they do not depend on how
-it keeps its state. Replies go out on the control socket, from the serve thread.
+The `RequestDispatcher`, `NodeCollectives`, the `Rendezvous`, the `Checkpointer`
+and the node link (MPI) hold a `Controller` but use only this interface, so they
+do not depend on how it keeps its state (mypy checks that they use nothing else,
+and that `Controller` provides all of it). Replies go out on the control socket,
+from the serve thread.
 """
 
 from typing import Any, List, Optional, Protocol
+
+import numpy as np
 
 
 class ControllerServices(Protocol):
@@ -15,6 +19,12 @@ class ControllerServices(Protocol):
     num_workers: Optional[int]  # workers on this node, if the controller knows
     node_link: Any  # the platoon.mpi.NodeLink when the job spans nodes, else None
     resume_from: Optional[str]  # the checkpoint the job resumes from, if any
+    transport: str  # "tcp" or "ipc": how workers reach the control socket
+    control_port: Optional[int]  # the control socket's port (tcp)
+    max_request_bytes: int  # the largest request a worker may send
+
+    def handle_control(self, req: str, worker_id: int, req_info: Any) -> Any:
+        """The user's answer to a request that is not platoon's own."""
 
     def reply(self, envelope: list, seq: Optional[int], result: Any) -> None:
         """Send `result` (JSON) as the reply to request `seq` from `envelope`."""
@@ -29,11 +39,22 @@ class ControllerServices(Protocol):
         """Raise PlatoonError, naming `what`, if `nbytes` more shared memory would exceed
         the job's limit."""
 
-    # The node link's centre tie also reads these:
-    centre_ready: bool  # the centre holds its first values
-    shared_centre: Any  # the centre's SharedCentre, None until registered
-    param_names: Optional[List[str]]  # the centre's parameters' names, if given
-    progress: dict  # {"minibatches", "syncs", "metrics"}
+    # The checkpointer and the node link's centre tie also read these:
+    @property
+    def centre_ready(self) -> bool:
+        """The centre holds its first values."""
 
-    def snapshot_centre(self, timeout_s: Optional[float] = 10.0) -> list:
+    @property
+    def shared_centre(self) -> Any:
+        """The centre's SharedCentre, None until a worker registers parameters."""
+
+    @property
+    def param_names(self) -> Optional[List[str]]:
+        """The parameters' names, if the workers gave any."""
+
+    @property
+    def progress(self) -> dict:
+        """{"minibatches", "syncs", "metrics"} so far."""
+
+    def snapshot_centre(self, timeout_s: Optional[float] = 10.0) -> List[np.ndarray]:
         """Copies of the centre's arrays, taken under its lock."""

@@ -62,7 +62,7 @@ class StagedAdapter(Adapter):
             self._upload(p, host)
 
 
-def _framework(obj):
+def framework_of(obj):
     """Which adapter module handles `obj`, judged by its type's module, without importing any."""
     module = type(obj).__module__ or ""
     root = module.split(".", 1)[0]
@@ -92,7 +92,7 @@ def host_arrays(arrays):
     naming the first array that is neither, or is read-only.
     """
     arrays = list(arrays)
-    kinds = {_framework(a) for a in arrays}
+    kinds = {framework_of(a) for a in arrays}
     if kinds <= {"numpy"}:
         for i, a in enumerate(arrays):
             if not a.flags.writeable:
@@ -102,7 +102,7 @@ def host_arrays(arrays):
         from . import torch_adapter
         return torch_adapter.host_arrays(arrays)
     for i, a in enumerate(arrays):
-        if _framework(a) not in ("numpy", "torch"):
+        if framework_of(a) not in ("numpy", "torch"):
             raise TypeError("array %d is a %s.%s; pass numpy arrays or torch tensors"
                             % (i, type(a).__module__, type(a).__name__))
     raise TypeError("arrays mix numpy and torch; pass arrays of one framework")
@@ -113,14 +113,14 @@ def adapt(params):
 
     Raises TypeError naming the first parameter of an unsupported type.
     """
-    if _framework(params) == "torch":  # an nn.Module
+    if framework_of(params) == "torch":  # an nn.Module
         from . import torch_adapter
         named = list(params.named_parameters())
         return torch_adapter.adapt([t for _, t in named], [name for name, _ in named])
     params = list(params)
     if not params:
         raise ValueError("init_shared_params() needs at least one parameter array")
-    kinds = [_framework(p) for p in params]
+    kinds = [framework_of(p) for p in params]
     for i, kind in enumerate(kinds):
         if kind is None:
             raise TypeError("parameter %d is a %s.%s, which platoon cannot share; pass numpy "

@@ -8,10 +8,10 @@ Nesterov; `kernels` the compiled one-pass kernels (`_sync_kernels.c`) and their
 numpy fallback.
 """
 
-from .base import BLOCK_ELEMENTS, ParamSyncRule
+from .base import BLOCK_ELEMENTS, ParamSyncRule, RuleContext
 from .diloco import DelayedNesterov, DiLoCo
 from .downpour import SGD, Adam, Downpour
 from .elastic import ASGD, EASGD
 
 __all__ = ["ASGD", "BLOCK_ELEMENTS", "EASGD", "SGD", "Adam", "DelayedNesterov", "DiLoCo",
-           "Downpour", "ParamSyncRule"]
+           "Downpour", "ParamSyncRule", "RuleContext"]

@@ -11,14 +11,29 @@ scratch buffer (several passes over each block, no temporaries).
 """
 
 import warnings
-from typing import TYPE_CHECKING, Iterator, List, Sequence
+from typing import Iterator, List, Optional, Protocol, Sequence
 
 import numpy as np
 
 from . import kernels
 
-if TYPE_CHECKING:
-    from ..worker import Worker
+
+class RuleContext(Protocol):
+    """What a rule may ask of the worker it syncs for, in `attach`: a `Worker` is one; a
+    test can pass any object with these three."""
+
+    @property
+    def num_workers(self) -> Optional[int]:
+        """Workers of the job (of this node in a multi-node job), None if not known."""
+
+    @property
+    def shared_params(self) -> List[np.ndarray]:
+        """The centre's arrays."""
+
+    def shared_state(self, name: str, layout: list) -> List[np.ndarray]:
+        """Arrays of `layout` in shared memory, named `name`, shared by the job's workers
+        (zeros when first made)."""
+
 
 BLOCK_ELEMENTS = 1 << 16  # 256 KiB of float32: stays in L2 while a block is updated
 
@@ -77,11 +92,12 @@ class ParamSyncRule:
     def check(self, local_params: Sequence[np.ndarray]) -> None:
         """Raise TypeError or ValueError if this rule cannot sync these arrays."""
 
-    def attach(self, worker: "Worker") -> None:
-        """Acquire what the rule shares with other workers through `worker` (a Worker),
-        such as `worker.shared_state(...)`; called by `Worker.init_shared_params`."""
+    def attach(self, worker: RuleContext) -> None:
+        """Acquire what the rule shares with other workers through `worker` (a Worker, or
+        any `RuleContext`), such as `worker.shared_state(...)`; called by
+        `Worker.init_shared_params`."""
 
-    def bind_worker(self, worker: "Worker") -> None:
+    def bind_worker(self, worker: RuleContext) -> None:
         """Deprecated name of `attach`."""
         warnings.warn("ParamSyncRule.bind_worker() is deprecated: call attach()",
                       DeprecationWarning, stacklevel=2)

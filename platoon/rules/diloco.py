@@ -41,17 +41,14 @@ Without it, pass ``workers=`` explicitly; otherwise `init_shared_params` raises
 ValueError.
 """
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import numpy as np
 
 from .._centre.shmem import stripe_ranges
-from .base import BLOCK_ELEMENTS
+from .base import BLOCK_ELEMENTS, RuleContext
 from .downpour import SGD, Downpour
 from .journal import Journal, journal_layout
-
-if TYPE_CHECKING:
-    from ..worker import Worker
 
 
 def _job_workers(rule, worker, what):
@@ -134,7 +131,7 @@ class DiLoCo(Downpour):
         inner = SGD(outer_lr, momentum, self.nesterov)  # checks lr and momentum
         super().__init__(_PerPush(inner), state_name=state_name)
 
-    def attach(self, worker: "Worker") -> None:
+    def attach(self, worker: RuleContext) -> None:
         self.optimizer.workers = _job_workers(self, worker, "each push applies g/p")
         super().attach(worker)
 
@@ -289,7 +286,7 @@ class DelayedNesterov(Downpour):
             raise ValueError("DelayedNesterov activation must be in [0, 1/delay] = [0, %.4g] "
                              "for delay %d, got %r" % (1.0 / delay, delay, self.activation))
 
-    def attach(self, worker: "Worker") -> None:
+    def attach(self, worker: RuleContext) -> None:
         if self.delay is None:
             delay = _job_workers(self, worker, "the default delay N is p")
             self._check_activation(delay)

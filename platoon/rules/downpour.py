@@ -22,15 +22,12 @@ another worker's), so Downpour(Adam) keeps one lock around the whole centre.
 ``Downpour(SGD(lr=1.0))`` is exactly ASGD.
 """
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from . import kernels
-from .base import ParamSyncRule, require_float, take_pull
-
-if TYPE_CHECKING:
-    from ..worker import Worker
+from .base import ParamSyncRule, RuleContext, require_float, take_pull
 
 
 class SGD:
@@ -160,7 +157,7 @@ class Downpour(ParamSyncRule):
         require_float(self, local_params)
         self._layout = [{"dtype": p.dtype.str, "shape": list(p.shape)} for p in local_params]
 
-    def attach(self, worker: "Worker") -> None:
+    def attach(self, worker: RuleContext) -> None:
         """Attach the optimizer's state in shared memory (called by init_shared_params)."""
         layout = self.optimizer.state_layout(self._layout)
         self.state = worker.shared_state(self.state_name, layout) if layout else []
