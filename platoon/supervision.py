@@ -140,16 +140,6 @@ class Process:
             return ""
 
 
-def read_status(path):
-    """The controller's status file at `path` as a dict ({} while there is none)."""
-    try:
-        with open(path) as f:
-            status = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return status if isinstance(status, dict) else {}
-
-
 def _metric(key, value):
     return "%s %s" % (key, "%.4g" % value if isinstance(value, float) else value)
 
