@@ -14,6 +14,7 @@ import zmq
 from platoon import (EASGD, Controller, LayoutMismatch, MinibatchTimeout, PlatoonError,
                      PortInUse, RemoteError, ServeTimeout, Worker)
 from platoon.compat.channel import Lieutenant, Soldier
+from platoon.launch.process import job_segments
 
 
 class EchoController(Controller):
@@ -221,7 +222,7 @@ def test_controller_close_is_idempotent_and_unlinks(serve):
     serving = serve(ctl)
     with Worker(ctl.control_port, timeout_s=5) as w:
         w.init_shared_params([np.ones(3)], EASGD(0.5))
-        name = "/dev/shm/platoon-%s-centre" % ctl.job_id
+        (name,) = job_segments(ctl.job_id, kind="centre")
         assert os.path.exists(name)
     serving.join()
     ctl.close()
