@@ -23,7 +23,7 @@ setup(
     extras_require={
         # torch is pinned: that release has a CPU build; an unpinned one pulls a CUDA build.
         "test": ["pytest>=7", "pytest-timeout>=2", "scikit-learn", "matplotlib",
-                 "torch==2.13.0"],
+                 "torch==2.13.0", "ruff==0.17.6", "mypy==2.4.1"],
         "examples": ["scikit-learn", "matplotlib"],
         "torch": ["torch==2.13.0"],
         # benchmarks.time_to_accuracy: MNIST-1D (generated offline) and the torch peers

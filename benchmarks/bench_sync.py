@@ -6,10 +6,10 @@ import os
 import numpy as np
 
 from platoon import EASGD, kernels
-from platoon.rules.downpour import SGD, Downpour
 from platoon._centre.exchange import Exchange
-from platoon.protocol import layout_of
 from platoon._centre.shmem import SharedCentre
+from platoon.protocol import layout_of
+from platoon.rules.downpour import SGD, Downpour
 
 from ._util import Children, interleaved
 

@@ -207,8 +207,9 @@ def mb_sender(mode, transport, rows, cols, count, hwm=10):
         sock.close(0)
         ctx.term()
         return
-    from platoon import Controller
     import threading
+
+    from platoon import Controller
     with Controller(control_port=0, num_workers=1, transport=transport) as ctl:
         ctl.init_data(0, hwm=int(hwm))
         print("ADDR %s %s" % (ctl.control_address, ctl.data_address), flush=True)

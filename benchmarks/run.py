@@ -20,8 +20,14 @@ from ._util import SINGLE_THREAD_ENV
 for _name, _value in SINGLE_THREAD_ENV.items():  # before numpy loads BLAS
     os.environ.setdefault(_name, _value)
 
-from . import bench_stop, bench_sync, bench_training, bench_transport, mlp  # noqa: E402
-from . import record  # noqa: E402
+from . import (  # noqa: E402
+    bench_stop,
+    bench_sync,
+    bench_training,
+    bench_transport,
+    mlp,
+    record,  # noqa: E402
+)
 
 NAMES = ("sync", "contention", "control", "minibatch", "idle", "stop", "scaling", "accuracy")
 

@@ -180,8 +180,7 @@ class DDP(Collective):
 
 class LocalSGD(Collective):
     def setup(self):
-        from torch.distributed.algorithms.model_averaging.averagers import \
-            PeriodicModelAverager
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
         super().setup()
         self.averager = PeriodicModelAverager(period=self.job.cfg["period"], warmup_steps=0)
         self.sync_s = 0.0

@@ -1,0 +1,22 @@
+"""The package's own checks, configured in the repository: ruff (lint, import order, no module
+reaching another's private names; ruff.toml)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_tool(*args):
+    return subprocess.run([sys.executable, "-m"] + list(args), cwd=ROOT, capture_output=True,
+                          text=True, timeout=240)
+
+
+def test_ruff_finds_nothing_in_the_package():
+    pytest.importorskip("ruff", reason="ruff is in the test extra: pip install -e '.[test]'")
+    done = run_tool("ruff", "check", "platoon")
+    assert done.returncode == 0, done.stdout + done.stderr
+
