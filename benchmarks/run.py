@@ -3,7 +3,7 @@
 usage: python -m benchmarks [--quick] [--only NAME,...] [--out DIR]
        python -m benchmarks --render FILE       (print the Markdown of a record)
        python -m benchmarks --write-docs [FILE] (latest.md and docs/performance.md from it)
-  NAME: sync, contention, control, minibatch, idle, stop, scaling, accuracy
+  NAME: sync, contention, control, minibatch, idle, stop, startup, scaling, accuracy
 
 A full run (no --quick, no --only) writes benchmarks/results/latest.json, renders
 it into latest.md and into the marked block of docs/performance.md. Quick and
@@ -21,6 +21,7 @@ for _name, _value in SINGLE_THREAD_ENV.items():  # before numpy loads BLAS
     os.environ.setdefault(_name, _value)
 
 from . import (  # noqa: E402
+    bench_startup,
     bench_stop,
     bench_sync,
     bench_training,
@@ -29,7 +30,8 @@ from . import (  # noqa: E402
     record,  # noqa: E402
 )
 
-NAMES = ("sync", "contention", "control", "minibatch", "idle", "stop", "scaling", "accuracy")
+NAMES = ("sync", "contention", "control", "minibatch", "idle", "stop", "startup", "scaling",
+         "accuracy")
 
 
 def measure(names, quick, log):
@@ -72,6 +74,10 @@ def measure(names, quick, log):
     if "stop" in names:
         log("stop signal check vs a control round trip and a sync")
         results["stop"] = bench_stop.stop_check(rounds=3 if quick else 8)
+    if "startup" in names:
+        rounds, large = (3, bench_startup.LARGE // 10) if quick else (7, bench_startup.LARGE)
+        log("worker start-up, %d fresh-process rounds alternating" % rounds)
+        results["startup"] = bench_startup.startup(rounds, large)
     if "scaling" in names or "accuracy" in names:
         data = os.path.join(tempfile.mkdtemp(prefix="platoon-bench-"), "digits.npz")
         try:
@@ -167,6 +173,11 @@ def table(results):
         _row(rows, "stop_requested check vs sync_params, %dK float32" % (r["params"] // 1000),
              "%.2f µs (%.4fx)" % (r["check_us"], r["check_us"] / r["sync_us"]),
              "%.0f µs" % r["sync_us"], None, "", None)
+    if "startup" in results:
+        for what, value, baseline, ratio in bench_startup.rows(results["startup"]):
+            target = bench_startup.TARGETS.get(what)
+            _row(rows, what, value, baseline, ratio, "≤ %.2gx" % target if target else "",
+                 ratio <= target if target else None)
     if "scaling" in results:
         s = results["scaling"]["rows"]
         for name, target in (("1 worker", 0.98), ("2 workers", None)):

@@ -20,7 +20,6 @@ import weakref
 import numpy as np
 
 from . import adapters, protocol
-from ._centre.checkpoint import load_states
 from ._centre.shmem import SharedCentre, param_offsets
 from ._controller.services import ControllerServices
 from .compat.deprecation import renamed_keywords
@@ -251,6 +250,7 @@ class NodeCollectives:
         path = self._ctl.resume_from
         if not path:
             return
+        from ._centre.checkpoint import load_states  # zipfile and hashlib: only on resume
         saved = load_states(path).get(name)
         if saved is None:
             log.warning("checkpoint %s holds no shared state %r: it starts from zero", path, name)

@@ -12,7 +12,6 @@ import os
 import stat
 
 import zmq
-from zmq.auth.thread import ThreadAuthenticator
 
 from .errors import PlatoonError
 
@@ -85,6 +84,7 @@ class _OnlyClientKey:
 def start_authenticator(context, keys):
     """Admit only the job's client key on `context`'s CURVE servers; returns the
     authenticator (call its `stop()` before terminating the context)."""
+    from zmq.auth.thread import ThreadAuthenticator  # loads asyncio: servers only, not workers
     auth = ThreadAuthenticator(context)
     auth.start()
     auth.configure_curve_callback(domain="*",

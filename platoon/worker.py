@@ -13,7 +13,6 @@ from . import adapters, protocol, security
 from ._centre.exchange import SyncHandle, SyncStats, share
 from ._centre.stopsignal import StopSignal, describe
 from ._client import ControlClient, endpoint, uncaught_error
-from ._minibatches import MinibatchClient
 from ._resources import Resources
 from .collectives import WorkerCollectives
 from .compat.deprecation import renamed_keywords
@@ -431,6 +430,7 @@ class Worker:
             raise PlatoonError("the minibatch socket is already connected")
         if not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError("prefetch must be an integer >= 0, got %r" % (prefetch,))
+        from ._minibatches import MinibatchClient  # loaded by the workers that use it only
         sock = self._client.socket(zmq.DEALER)
         address = endpoint(self.host, port)
         sock.connect(address)
