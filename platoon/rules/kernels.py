@@ -20,6 +20,8 @@ the arrays' dtype as numpy does):
 - ``easgd_update(x, c, alpha)``: ``d = alpha*(x-c); x -= d; c += d``
 - ``easgd_push(s, c, alpha)``: ``d = alpha*(s-c); c += d; s = -d``
 - ``add_into(x, s)``: ``x += s`` (EASGD's pull)
+- ``easgd_push_pull(x, s, c, alpha)``: ``d = alpha*(s-c); c += d; x += -d`` (EASGD's push
+  and pull of one stripe in one pass, leaving `s` as it was)
 - ``asgd_update(x, c, last)``: ``c += x-last; x = c; last = c``
 - ``asgd_push(s, c, last)``: ``c += s-last; last = c``
 - ``take_pull(x, s, last)``: ``x = (x-s) + last`` (ASGD's and Downpour's pull)
@@ -39,8 +41,8 @@ import os
 log = logging.getLogger(__name__)
 
 ENV = "PLATOON_SYNC_KERNELS"  # "numpy": do not load the compiled kernels; "compiled": default
-NAMES = ("easgd_update", "easgd_push", "add_into", "asgd_update", "asgd_push", "take_pull",
-         "sgd")
+NAMES = ("easgd_update", "easgd_push", "easgd_push_pull", "add_into", "asgd_update",
+         "asgd_push", "take_pull", "sgd")
 
 _warned = False
 
@@ -77,12 +79,13 @@ def _fallback(*args):
 if compiled is not None:
     easgd_update, easgd_push, add_into = (compiled.easgd_update, compiled.easgd_push,
                                           compiled.add_into)
+    easgd_push_pull = compiled.easgd_push_pull
     asgd_update, asgd_push, take_pull = (compiled.asgd_update, compiled.asgd_push,
                                          compiled.take_pull)
     sgd = compiled.sgd
 else:
-    easgd_update = easgd_push = add_into = asgd_update = asgd_push = take_pull = sgd = \
-        _fallback
+    easgd_update = easgd_push = easgd_push_pull = add_into = asgd_update = asgd_push = \
+        take_pull = sgd = _fallback
 
 
 def available() -> bool:
