@@ -106,6 +106,8 @@ def measure(names, quick, log):
 
 
 def _duration(seconds):
+    if seconds < 1e-5:
+        return "%.2f µs" % (seconds * 1e6)
     return "%.0f µs" % (seconds * 1e6) if seconds < 1e-3 else "%.2f ms" % (seconds * 1e3)
 
 
