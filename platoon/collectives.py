@@ -378,11 +378,15 @@ class _Buffer:
                 raise RemoteError("worker %d has left the job, so all_reduce cannot complete; "
                                   "every worker must call the same collectives" % (gone - 1),
                                   "PlatoonError")
-            if self._all_arrived(r):
-                with _held(lock, timeout_s):  # commit, unless someone withdrew meanwhile
+            if control[-2] >= r:  # another worker committed the round
+                return
+            if self._all_arrived(r) and lock.try_acquire():  # busy: poll again
+                try:  # commit, unless someone withdrew meanwhile
                     if self._all_arrived(r) or control[-2] >= r:
                         control[-2] = max(int(control[-2]), r)
                         return
+                finally:
+                    lock.release()
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 with _held(lock, timeout_s):
