@@ -373,11 +373,6 @@ class _Buffer:
         deadline = None if timeout_s is None else start + timeout_s
         pause = _PAUSE_S[0]
         while True:
-            gone = int(control[-1])
-            if gone:
-                raise RemoteError("worker %d has left the job, so all_reduce cannot complete; "
-                                  "every worker must call the same collectives" % (gone - 1),
-                                  "PlatoonError")
             if control[-2] >= r:  # another worker committed the round
                 return
             if self._all_arrived(r) and lock.try_acquire():  # busy: poll again
@@ -387,6 +382,11 @@ class _Buffer:
                         return
                 finally:
                     lock.release()
+            gone = int(control[-1])  # checked after the round: one that left after it is fine
+            if gone:
+                raise RemoteError("worker %d has left the job, so all_reduce cannot complete; "
+                                  "every worker must call the same collectives" % (gone - 1),
+                                  "PlatoonError")
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 with _held(lock, timeout_s):

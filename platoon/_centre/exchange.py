@@ -75,6 +75,11 @@ class _SyncThread:
             task()
             task = None  # hold nothing while idle
 
+    @property
+    def alive(self) -> bool:
+        """False after `close`, or in a process forked from the one that started it."""
+        return self._thread.is_alive() and not self._closed
+
     def close(self) -> None:
         """Let the thread end once its task is done. Idempotent."""
         with self._cond:
@@ -89,7 +94,7 @@ class SyncHandle:
         self._exchange = exchange
         self._errors: list = []
         self._finished = False
-        self._pushed = threading.Event()  # set when the background push has ended
+        self._background_done = threading.Event()  # set when the push in the thread ends
 
     def start(self) -> None:
         """Run the push in the background (`Exchange.start` calls it)."""
@@ -102,11 +107,11 @@ class SyncHandle:
         except BaseException as exc:  # raised again by wait()
             self._errors.append(exc)
         finally:
-            self._pushed.set()
+            self._background_done.set()
 
     def done(self) -> bool:
         """True once the background part has finished (`wait` will not block)."""
-        return self._pushed.is_set()
+        return self._background_done.is_set()
 
     @renamed_keywords(timeout="timeout_s")
     def wait(self, timeout_s: Optional[float] = None) -> None:
@@ -124,12 +129,12 @@ class SyncHandle:
         """
         if self._finished:
             return
-        if timeout_s is None and not self._pushed.is_set():
+        if timeout_s is None and not self._background_done.is_set():
             try:
                 self._exchange.take_over()
             except BaseException as exc:  # as the background part's own errors
                 self._errors.append(exc)
-        if not self._pushed.wait(timeout_s):
+        if not self._background_done.wait(timeout_s):
             raise SyncTimeout("the sync started by start_sync() is still running after %.3g s; "
                               "call wait() again, or wait longer" % timeout_s)
         self._finished = True
@@ -293,7 +298,7 @@ class Exchange:
 
     def in_background(self, task: Callable[[], None]) -> None:
         """Run `task` (which must not raise) in this exchange's sync thread."""
-        if self._thread is None:
+        if self._thread is None or not self._thread.alive:
             self._thread = _SyncThread()
             self._thread_closer = weakref.finalize(self, self._thread.close)
         self._thread.run(task)
