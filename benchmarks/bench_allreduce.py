@@ -2,6 +2,10 @@
 
 usage: python benchmarks/bench_allreduce.py [--iters N] [--rounds R] [--json]
 
+(`python -m benchmarks --only allreduce` runs `suite`: 2 workers on one node against
+mpi4py's Allreduce with 2 ranks and a numpy sum of the same arrays, at 1K, 1M and 10M
+float32.) This script:
+
 Runs, in this one invocation, in alternation for R rounds (the order rotating each
 round, so that load from elsewhere hits every setup alike):
   mpi4py      mpiexec -n 2: Comm.Allreduce between two ranks (the floor for two nodes)
@@ -25,7 +29,20 @@ import time
 import numpy as np
 
 SIZES = {"1 float": 1, "1M floats": 1 << 20}
+SUITE_SIZES = {"1K": 1_000, "1M": 1_000_000, "10M": 10_000_000}
 HERE = os.path.abspath(__file__)
+
+
+def _sizes(spec):
+    """{label: count} from "label=count,..." (a child's --sizes), or the defaults."""
+    if not spec:
+        return SIZES
+    return {label: int(count) for label, count in (part.split("=") for part in spec.split(","))}
+
+
+def _iters(n, iters):
+    """Calls to time for n elements: `iters` at 1M, more for less, at least 10."""
+    return max(10, min(20 * iters, int(iters * 1_000_000 / max(n, 1))))
 
 
 def timed(fn, iters):
@@ -39,26 +56,28 @@ def timed(fn, iters):
     return statistics.median(samples)
 
 
-def raw_mpi(iters):
+def raw_mpi(iters, sizes=None):
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     out = {}
-    for label, n in SIZES.items():
-        buf = np.ones(n, np.float32)
+    for label, n in _sizes(sizes).items():
+        buf, result = np.ones(n, np.float32), np.empty(n, np.float32)
         comm.Barrier()
-        out[label] = timed(lambda: comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM), iters)
+        out[label] = timed(lambda: comm.Allreduce(buf, result, MPI.SUM),
+                           _iters(n, iters) if sizes else iters)
     if comm.Get_rank() == 0:
         print("RESULT " + json.dumps(out), flush=True)
 
 
-def platoon_worker(iters):
+def platoon_worker(iters, sizes=None):
     from platoon import Worker
     with Worker(timeout_s=60) as w:
         out = {}
-        for label, n in SIZES.items():
-            buf = np.ones(n, np.float32)
+        for label, n in _sizes(sizes).items():
+            buf, result = np.ones(n, np.float32), np.empty(n, np.float32)
             w.barrier()
-            out[label] = timed(lambda: w.all_reduce(buf, "sum"), iters)
+            out[label] = timed(lambda: w.all_reduce(buf, "sum", out=result),
+                               _iters(n, iters) if sizes else iters)
         if w.global_rank == 0:
             print("RESULT " + json.dumps(out), flush=True)
 
@@ -78,19 +97,68 @@ def run(cmd, env=None):
     return result_of(proc.stdout)
 
 
-def one_node(iters, workers=2):
+def one_node(iters, workers=2, sizes=None):
     from platoon import Controller
     with Controller(control_port=0, num_workers=workers) as ctl:
         thread = threading.Thread(target=ctl.serve, kwargs={"timeout": 600}, daemon=True)
         thread.start()
         env = dict(os.environ, PLATOON_CONTROL_PORT=str(ctl.control_port),
                    PLATOON_NUM_WORKERS=str(workers))
-        procs = [subprocess.Popen([sys.executable, HERE, "--worker", "--iters", str(iters)],
-                                  env=env, stdout=subprocess.PIPE, text=True)
+        extra = ["--sizes", sizes] if sizes else []
+        procs = [subprocess.Popen([sys.executable, HERE, "--worker", "--iters", str(iters)]
+                                  + extra, env=env, stdout=subprocess.PIPE, text=True)
                  for _ in range(workers)]
         outputs = [p.communicate(timeout=600)[0] for p in procs]
         thread.join(60)
     return result_of("".join(outputs))
+
+
+def _mpiexec():
+    return shutil.which("mpiexec", path=os.path.dirname(sys.executable)) \
+        or shutil.which("mpiexec")
+
+
+def _child_env():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLATOON_")}
+    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    return env
+
+
+def numpy_sum(n, iters):
+    """Median seconds of np.add of two arrays of n float32 into a third: the memory traffic
+    of reducing 2 workers' arrays, with no communication at all."""
+    a, b = np.ones(n, np.float32), np.full(n, 2.0, np.float32)
+    out = np.empty_like(a)
+    return timed(lambda: np.add(a, b, out=out), _iters(n, iters))
+
+
+def suite(rounds=3, iters=50, sizes=SUITE_SIZES):
+    """all_reduce (float32 sum) of 2 workers on one node (shared memory, no MPI) against
+    mpi4py's Allreduce with 2 ranks under mpiexec and a numpy sum of 2 arrays in one
+    process (the memory limit), at each of `sizes`: the three alternate for `rounds`
+    rounds (order rotating); each figure is the median time per call over a run (`iters`
+    calls at 1M, more for smaller sizes), then the best run. Seconds by setup and size;
+    mpi4py's are None without mpiexec (pip install -e '.[mpi]')."""
+    spec = ",".join("%s=%d" % item for item in sizes.items())
+    mpiexec = _mpiexec()
+    setups = {
+        "platoon": lambda: one_node(iters, 2, spec),
+        "numpy_sum": lambda: {label: numpy_sum(n, iters) for label, n in sizes.items()},
+    }
+    if mpiexec is not None:
+        setups["mpi4py"] = lambda: run([mpiexec, "-n", "2", sys.executable, HERE, "--raw",
+                                        "--iters", str(iters), "--sizes", spec], _child_env())
+    names = list(setups)
+    best = {name: {label: float("inf") for label in sizes} for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            got = setups[name]()
+            for label in sizes:
+                best[name][label] = min(best[name][label], got[label])
+    return {label: {"n": n, "platoon_s": best["platoon"][label],
+                    "numpy_sum_s": best["numpy_sum"][label],
+                    "mpi4py_s": best["mpi4py"][label] if mpiexec else None}
+            for label, n in sizes.items()}
 
 
 def main():
@@ -101,17 +169,16 @@ def main():
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--raw", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sizes", help=argparse.SUPPRESS)  # label=count,... (children)
     args = parser.parse_args()
     if args.raw:
-        return raw_mpi(args.iters)
+        return raw_mpi(args.iters, args.sizes)
     if args.worker:
-        return platoon_worker(args.iters)
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) \
-        or shutil.which("mpiexec")
+        return platoon_worker(args.iters, args.sizes)
+    mpiexec = _mpiexec()
     if mpiexec is None:
         raise SystemExit("no mpiexec: pip install -e '.[mpi]'")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PLATOON_")}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env = _child_env()
     iters = ["--iters", str(args.iters)]
     setups = {
         "mpi4py Allreduce, 2 ranks": lambda: run(

@@ -11,7 +11,7 @@ from platoon._centre.shmem import SharedCentre
 from platoon.protocol import layout_of
 from platoon.rules.downpour import SGD, Downpour
 
-from ._util import Children, interleaved
+from ._util import Children, best_time, interleaved
 
 ALPHA = 0.5
 
@@ -27,11 +27,31 @@ def naive_easgd(x, c, alpha=ALPHA):
     c += d
 
 
-def sync_throughput(n, rounds, dtype="float32"):
+def compute_loop(seconds):
+    """A function that computes (small float32 matrix products, not touching the parameters)
+    for about `seconds`: the work a worker overlaps with its sync."""
+    a = _values(64 * 64, 7).reshape(64, 64)
+    out = np.empty_like(a)
+
+    def step():
+        np.dot(a, a, out=out)
+
+    one = best_time(step, 5, 20)
+    count = max(1, round(seconds / one))
+
+    def loop():
+        for _ in range(count):
+            np.dot(a, a, out=out)
+    return loop
+
+
+def sync_throughput(n, rounds, dtype="float32", overlap=False):
     """GB/s of platoon's EASGD sync of n elements of `dtype` (counted as 4x the parameter
     bytes: x and c read and written once) against a numpy copy of x (counted as 2x: read
     and written), alternated in one run, best of `rounds`. Also the same sync by the numpy
-    path (no compiled kernels), start_sync+wait, and (up to 10M) the naive formula."""
+    path (no compiled kernels), start_sync+wait, and (up to 10M) the naive formula. With
+    `overlap`, also a compute loop about as long as the sync alone, and start_sync, that
+    loop, wait: the fraction of the sync hidden is 1 - (that - the loop) / the sync."""
     dtype = np.dtype(dtype)
     x = _values(n, 1, dtype)
     centre = SharedCentre.create("bench%d%s" % (os.getpid(), os.urandom(4).hex()),
@@ -52,14 +72,29 @@ def sync_throughput(n, rounds, dtype="float32"):
                 ex.sync()
 
         fns = [lambda: np.copyto(y, x), ex.sync, start_wait, numpy_path]
+        number = max(1, 4_000_000 // n)
+        if overlap:
+            compute = compute_loop(best_time(ex.sync, 3, number))
+
+            def overlapped():
+                handle = ex.start()
+                compute()
+                handle.wait()
+            fns += [compute, overlapped]
+        xn = cn = None
         if n <= 10_000_000:  # its temporaries would need 4 more arrays at 100M
             xn, cn = x.copy(), c.copy()
             fns.append(lambda: naive_easgd(xn, cn))
-        number = max(1, 4_000_000 // n)
-        times = interleaved(fns, rounds, number) + [None]
-        t_copy, t_sync, t_async, t_numpy, t_naive = times[:5]
+        times = interleaved(fns, rounds, number)
+        t_copy, t_sync, t_async, t_numpy = times[:4]
+        t_naive = times[-1] if xn is not None else None
         nbytes = x.nbytes
-        return {"n": n, "dtype": dtype.name, "stripes": len(centre.stripes),
+        extra = {}
+        if overlap:
+            t_compute, t_overlapped = times[4:6]
+            extra = {"compute_ms": t_compute * 1e3, "overlapped_ms": t_overlapped * 1e3,
+                     "hidden": 1 - (t_overlapped - t_compute) / t_sync}
+        return {**extra, "n": n, "dtype": dtype.name, "stripes": len(centre.stripes),
                 "compiled": kernels.available(),
                 "copy_gbs": 2 * nbytes / t_copy / 1e9,
                 "sync_gbs": 4 * nbytes / t_sync / 1e9, "async_gbs": 4 * nbytes / t_async / 1e9,

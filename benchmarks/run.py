@@ -3,7 +3,7 @@
 usage: python -m benchmarks [--quick] [--only NAME,...] [--out DIR]
        python -m benchmarks --render FILE       (print the Markdown of a record)
        python -m benchmarks --write-docs [FILE] (latest.md and docs/performance.md from it)
-  NAME: sync, contention, control, minibatch, idle, stop, startup, scaling, accuracy
+  NAME: sync, contention, control, minibatch, idle, stop, startup, allreduce, scaling, accuracy
 
 A full run (no --quick, no --only) writes benchmarks/results/latest.json, renders
 it into latest.md and into the marked block of docs/performance.md. Quick and
@@ -21,6 +21,7 @@ for _name, _value in SINGLE_THREAD_ENV.items():  # before numpy loads BLAS
     os.environ.setdefault(_name, _value)
 
 from . import (  # noqa: E402
+    bench_allreduce,
     bench_startup,
     bench_stop,
     bench_sync,
@@ -30,8 +31,8 @@ from . import (  # noqa: E402
     record,  # noqa: E402
 )
 
-NAMES = ("sync", "contention", "control", "minibatch", "idle", "stop", "startup", "scaling",
-         "accuracy")
+NAMES = ("sync", "contention", "control", "minibatch", "idle", "stop", "startup", "allreduce",
+         "scaling", "accuracy")
 
 
 def measure(names, quick, log):
@@ -42,7 +43,8 @@ def measure(names, quick, log):
             for n in sizes:
                 log("sync throughput, %d %s" % (n, dtype))
                 results["sync_%s_%d" % (dtype, n)] = bench_sync.sync_throughput(
-                    n, rounds=5 if n > 10**7 else 8 if n > 10**6 else 20, dtype=dtype)
+                    n, rounds=5 if n > 10**7 else 8 if n > 10**6 else 20, dtype=dtype,
+                    overlap=dtype == "float32")
         log("lock hold per sync, Downpour(SGD nesterov) vs EASGD, digits MLP")
         results["downpour_hold"] = bench_sync.downpour_lock_hold(rounds=3 if quick else 5)
     if "contention" in names:
@@ -78,6 +80,10 @@ def measure(names, quick, log):
         rounds, large = (3, bench_startup.LARGE // 10) if quick else (7, bench_startup.LARGE)
         log("worker start-up, %d fresh-process rounds alternating" % rounds)
         results["startup"] = bench_startup.startup(rounds, large)
+    if "allreduce" in names:
+        log("all_reduce, 2 workers, vs mpi4py Allreduce and a numpy sum")
+        results["allreduce"] = bench_allreduce.suite(rounds=2 if quick else 3,
+                                                     iters=20 if quick else 50)
     if "scaling" in names or "accuracy" in names:
         data = os.path.join(tempfile.mkdtemp(prefix="platoon-bench-"), "digits.npz")
         try:
@@ -104,6 +110,12 @@ def measure(names, quick, log):
     return results
 
 
+def _duration(seconds):
+    if seconds < 1e-5:
+        return "%.2f µs" % (seconds * 1e6)
+    return "%.0f µs" % (seconds * 1e6) if seconds < 1e-3 else "%.2f ms" % (seconds * 1e3)
+
+
 def _row(rows, what, value, baseline, ratio, target, ok):
     rows.append((what, value, baseline, "%.2fx" % ratio if ratio is not None else "",
                  target, "" if ok is None else ("yes" if ok else "**no**")))
@@ -124,9 +136,15 @@ def table(results):
             _row(rows, "%s vs the numpy path (no compiled kernels)" % what,
                  "%.1f GB/s" % r["sync_gbs"], "%.1f GB/s" % r["numpy_path_gbs"],
                  r["sync_gbs"] / r["numpy_path_gbs"], "", None)
+        ratio = r["async_gbs"] / r["sync_gbs"]
         _row(rows, "start_sync+wait %s vs sync (no overlap used)" % what[5:],
-             "%.1f GB/s" % r["async_gbs"], "%.1f GB/s" % r["sync_gbs"],
-             r["async_gbs"] / r["sync_gbs"], "", None)
+             "%.1f GB/s" % r["async_gbs"], "%.1f GB/s" % r["sync_gbs"], ratio, "≥ 0.9x",
+             ratio >= 0.9)
+        if "hidden" in r:
+            _row(rows, "start_sync, compute %.2f ms, wait (%s): share of the sync hidden"
+                 % (r["compute_ms"], what[5:]), "%.0f %% (%.2f ms in all)"
+                 % (100 * r["hidden"], r["overlapped_ms"]), "sync %.2f ms" % r["sync_ms"],
+                 None, "≥ 70 %", r["hidden"] >= 0.7)
     if "downpour_hold" in results:
         r = results["downpour_hold"]
         _row(rows, "lock hold per sync, Downpour(SGD 0.2, Nesterov 0.9) vs EASGD, %.1fM float32"
@@ -178,6 +196,15 @@ def table(results):
             target = bench_startup.TARGETS.get(what)
             _row(rows, what, value, baseline, ratio, "≤ %.2gx" % target if target else "",
                  ratio <= target if target else None)
+    for label, r in results.get("allreduce", {}).items():
+        what = "all_reduce %s float32 (sum), 2 workers on one node" % label
+        if r["mpi4py_s"] is not None:
+            ratio = r["mpi4py_s"] / r["platoon_s"]
+            _row(rows, "%s vs mpi4py Allreduce, 2 ranks" % what, _duration(r["platoon_s"]),
+                 _duration(r["mpi4py_s"]), ratio, "≥ 0.8x", ratio >= 0.8)
+        _row(rows, "%s vs a numpy sum of the 2 arrays (the memory limit)" % what,
+             _duration(r["platoon_s"]), _duration(r["numpy_sum_s"]),
+             r["numpy_sum_s"] / r["platoon_s"], "", None)
     if "scaling" in results:
         s = results["scaling"]["rows"]
         for name, target in (("1 worker", 0.98), ("2 workers", None)):

@@ -1,20 +1,31 @@
 """Synchronous collectives of a node's workers, through shared memory.
 
 `Worker.all_reduce` writes its array into its own slot of a controller-owned
-segment and sends one ``platoon-allreduce`` request. When every worker of the
-node has arrived, the controller reduces the slots in worker-id order into the
-result slot (so every worker gets bit-identical results, run after run), hands
-the result to the node link (MPI across nodes) if there is one, and replies to
-all; each worker copies the result out. One segment per (dtype, size) is
-created on first use and reused; a worker writes its slot again only after the
-previous round's reply, so no lock is needed.
+segment (one per (dtype, size), created on first use and reused). On a job of
+one node the workers then meet in the segment without the controller: each
+publishes its round number in the segment's control words and waits for the
+others' (spinning briefly, then sleeping in growing steps), and each reduces
+the slots in worker-id order into its result (so every worker gets
+bit-identical results, run after run). The slots alternate between two sets by
+round, so a worker may start the next round while another still reads this
+one. A round is committed under the segment's lock by the first worker to see
+every other arrived; a worker whose timeout runs out withdraws under that lock
+unless the round was committed. The controller marks the segment when a worker
+leaves, which fails the waiting workers at once. Across nodes (a node link),
+each worker instead sends one ``platoon-allreduce`` request: when every worker
+of the node has arrived, the controller reduces the slots in worker-id order,
+hands the result to the node link (MPI) and replies to all; each worker copies
+the result out.
 
 Also here: controller-owned named state segments (`platoon-init-state`, used by
 Downpour's optimizer) and `average_gradients`, synchronous data-parallel SGD.
 """
 
 import logging
+import os
+import platform
 import re
+import time
 import weakref
 
 import numpy as np
@@ -23,7 +34,7 @@ from . import adapters, protocol
 from ._centre.shmem import SharedCentre, param_offsets
 from ._controller.services import ControllerServices
 from .compat.deprecation import renamed_keywords
-from .errors import ControllerTimeout, PlatoonError, ProtocolError
+from .errors import ControllerTimeout, PlatoonError, ProtocolError, RemoteError
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +63,22 @@ MAX_REDUCTION_BUFFERS = 64
 MAX_STATES = 16
 
 
+# The workers of one node meet in shared memory only where stores become visible to other
+# cores in program order (x86's TSO): a slot's values before the round number that
+# publishes them. Elsewhere every round goes through the controller.
+_MEET_IN_SHM = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+_SPIN_S = 2e-3           # poll, yielding the core between polls, this long; then sleep
+_PAUSE_S = (50e-6, 1e-3)  # sleeps between polls, doubling (a sleep lasts 50 us at least)
+
+
+def reduction_layout(dtype_str, slots, count):
+    """The segment of an all_reduce buffer: two sets of `slots` slots and the controller's
+    result row; control words (int64): each worker's round, each worker's op by parity,
+    the last committed round, and 1 + the id of a worker that left (0: none)."""
+    return [{"dtype": dtype_str, "shape": [2 * slots + 1, count]},
+            {"dtype": "<i8", "shape": [3 * slots + 2]}]
+
+
 def create_segment(job_id, kind, layout):
     """A new zero-filled controller-owned segment of job `job_id` holding `layout`, without
     stripes, under a random name ``/platoon-JOB-KIND-TOKEN`` (see `SharedCentre.create`)."""
@@ -65,7 +92,18 @@ class _Reduction:
         self.dtype, self.count, self.slots = dtype, count, slots
         self.seg = seg
         self.buffer = self.seg.arrays[0]
+        self.control = self.seg.arrays[1]  # see reduction_layout
         self.waiting = {}  # worker id -> (envelope, seq, op)
+
+    def mark_gone(self, wid):
+        """Tell workers meeting in shared memory that worker `wid` left the job."""
+        if not self.control[-1]:
+            self.control[-1] = wid + 1
+
+    @property
+    def committed(self):
+        """Rounds completed in shared memory."""
+        return int(self.control[-2])
 
 
 class NodeCollectives:
@@ -81,7 +119,12 @@ class NodeCollectives:
         self._reductions = {}  # segment name -> _Reduction
         self._reduction_names = {}  # (dtype, count) -> segment name
         self._states = {}      # state name -> SharedCentre
-        self.rounds = 0
+        self._rounds = 0  # completed through the controller
+
+    @property
+    def rounds(self):
+        """Completed all_reduce rounds, through the controller or in shared memory."""
+        return self._rounds + sum(red.committed for red in self._reductions.values())
 
     def _expected(self):
         n = self._ctl.num_workers
@@ -121,12 +164,16 @@ class NodeCollectives:
                                    "and size); reduce fewer distinct shapes, e.g. concatenate "
                                    "arrays first" % MAX_REDUCTION_BUFFERS)
             seg = self._create("ar-%s-%d" % (dtype.str[1:], count),
-                               [{"dtype": dtype.str, "shape": [slots + 1, count]}],
-                               "an all_reduce buffer")
+                               reduction_layout(dtype.str, slots, count), "an all_reduce buffer")
             name = self._reduction_names[(dtype.str, count)] = seg.name
             self._reductions[name] = _Reduction(seg, dtype, count, slots)
-            log.info("all_reduce buffer %s: %d slots of %d x %s", name, slots + 1, count, dtype)
-        return {"segment": name, "slots": slots, "slot": wid}
+            log.info("all_reduce buffer %s: %d slots of %d x %s", name, 2 * slots + 1, count,
+                     dtype)
+        gone = self._ctl.departed_workers()
+        if gone:
+            self._reductions[name].mark_gone(gone[0])
+        return {"segment": name, "slots": slots, "slot": wid,
+                "local": self._ctl.node_link is None and _MEET_IN_SHM}
 
     def join(self, envelope, seq, wid, info):
         """``platoon-allreduce`` {segment, op}: deferred until every worker has joined."""
@@ -169,13 +216,13 @@ class NodeCollectives:
             for envelope, seq, _ in waiting.values():
                 self._ctl.fail(envelope, seq, exc)
             return
-        self.rounds += 1
+        self._rounds += 1
         for envelope, seq, _ in waiting.values():
             self._ctl.reply(envelope, seq, None)
 
     def _reduce(self, red, slots, op):
         buf = red.buffer
-        result = buf[red.slots]
+        result = buf[2 * red.slots]
         ufunc = _UFUNCS[op]
         result[...] = buf[slots[0]]
         for k in slots[1:]:
@@ -200,6 +247,7 @@ class NodeCollectives:
     def worker_left(self, wid):
         """Worker `wid` is done: fail every all_reduce that waits for it."""
         for red in self._reductions.values():
+            red.mark_gone(wid)
             if red.waiting:
                 waiting, red.waiting = red.waiting, {}
                 self._fail(waiting, PlatoonError(
@@ -278,11 +326,101 @@ class NodeCollectives:
         self._states = {}
 
 
+class _Buffer:
+    """A worker's view of one all_reduce buffer."""
+
+    def __init__(self, seg, name, slot, slots, local):
+        self.seg, self.name, self.slot, self.slots, self.local = seg, name, slot, slots, local
+        self.data, control = seg.arrays
+        self.arrived = control[:slots]                      # each worker's last round
+        self.ops = control[slots:3 * slots].reshape(2, slots)  # each worker's op, by parity
+        self.control = control
+        self.round = 0  # this worker's completed rounds in shared memory
+
+    def meet(self, array, op, out, timeout_s):
+        """One round in shared memory (see the module docstring); the result into `out`."""
+        slot, slots, control, ufunc = self.slot, self.slots, self.control, _UFUNCS[op]
+        r = self.round + 1
+        rows = self.data[(r % 2) * slots:(r % 2 + 1) * slots]
+        np.copyto(rows[slot].reshape(array.shape), array)
+        self.ops[r % 2, slot] = OPS.index(op)
+        control[slot] = r  # publishes the slot
+        self._wait_for_all(r, timeout_s)
+        self.round = r
+        ops = self.ops[r % 2].tolist()
+        if len(set(ops)) != 1:
+            raise RemoteError("the workers called all_reduce with different ops: %s; every "
+                              "worker must call the same collectives with the same op" % ", ".join(
+                                  "worker %d: %s" % (w, OPS[o]) for w, o in enumerate(ops)),
+                              "PlatoonError")
+        # The controller's order and operations (NodeCollectives._reduce): the same bits.
+        contiguous = out.flags.c_contiguous
+        result = out.reshape(-1) if contiguous else np.empty(out.size, out.dtype)
+        np.copyto(result, rows[0])
+        for k in range(1, slots):
+            ufunc(result, rows[k], out=result)
+        if op == "mean":
+            np.divide(result, slots, out=result, casting="unsafe")
+        if not contiguous:
+            out[...] = result.reshape(out.shape)
+
+    def _all_arrived(self, r):
+        return min(self.arrived.tolist()) >= r
+
+    def _wait_for_all(self, r, timeout_s):
+        control, lock = self.control, self.seg.lock
+        start = time.monotonic()
+        deadline = None if timeout_s is None else start + timeout_s
+        pause = _PAUSE_S[0]
+        while True:
+            if control[-2] >= r:  # another worker committed the round
+                return
+            if self._all_arrived(r) and lock.try_acquire():  # busy: poll again
+                try:  # commit, unless someone withdrew meanwhile
+                    if self._all_arrived(r) or control[-2] >= r:
+                        control[-2] = max(int(control[-2]), r)
+                        return
+                finally:
+                    lock.release()
+            gone = int(control[-1])  # checked after the round: one that left after it is fine
+            if gone:
+                raise RemoteError("worker %d has left the job, so all_reduce cannot complete; "
+                                  "every worker must call the same collectives" % (gone - 1),
+                                  "PlatoonError")
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                with _held(lock, timeout_s):
+                    if control[-2] >= r:  # the round was committed: it stands
+                        return
+                    control[self.slot] = r - 1  # withdraw
+                raise ControllerTimeout(
+                    "all_reduce: not every worker arrived within %.3g s (the others must call "
+                    "the same collectives); this worker withdrew from the round" % timeout_s)
+            if now - start < _SPIN_S:
+                os.sched_yield()  # to the worker we wait for, if it shares our core
+            else:
+                time.sleep(pause)
+                pause = min(2 * pause, _PAUSE_S[1])
+
+
+class _held:
+    """The segment's lock, held for a `with` block (waiting at most `timeout_s`)."""
+
+    def __init__(self, lock, timeout_s):
+        self.lock, self.timeout_s = lock, timeout_s
+
+    def __enter__(self):
+        self.lock.acquire(None if self.timeout_s is None else max(self.timeout_s, 1.0))
+
+    def __exit__(self, *exc):
+        self.lock.release()
+
+
 class WorkerCollectives:
     """The worker's side: attached all_reduce and state segments, released by `close`."""
 
     def __init__(self):
-        self.reductions = {}  # (dtype str, count) -> (name, my slot array, result array)
+        self.reductions = {}  # (dtype str, count) -> _Buffer
         self.segments = []
 
     def attach(self, name, layout):
@@ -291,7 +429,8 @@ class WorkerCollectives:
         return seg
 
     def all_reduce(self, send_req, array, op, out, timeout_s):
-        """`Worker.all_reduce`, through `send_req` (the worker's)."""
+        """`Worker.all_reduce`, through `send_req` (the worker's); `timeout_s` in seconds
+        (None: forever)."""
         array = np.asarray(array)
         check_op(op, array.dtype)
         out = array if out is None else out
@@ -300,26 +439,27 @@ class WorkerCollectives:
             raise ValueError("all_reduce writes into a writable numpy array of the input's shape "
                              "%s and dtype %s; got %r" % (array.shape, array.dtype, out))
         key = (array.dtype.str, array.size)
-        entry = self.reductions.get(key)
-        if entry is None:
+        buf = self.reductions.get(key)
+        if buf is None:
             reply = send_req(protocol.ALLREDUCE_SETUP,
                              {"dtype": array.dtype.str, "count": array.size})
-            seg = self.attach(reply["segment"], [
-                {"dtype": array.dtype.str, "shape": [reply["slots"] + 1, array.size]}])
-            buf = seg.arrays[0]
-            entry = self.reductions[key] = (reply["segment"], buf[reply["slot"]],
-                                            buf[reply["slots"]])
-        name, mine, result = entry
-        np.copyto(mine.reshape(array.shape), array)
+            seg = self.attach(reply["segment"], reduction_layout(
+                array.dtype.str, reply["slots"], array.size))
+            buf = self.reductions[key] = _Buffer(seg, reply["segment"], reply["slot"],
+                                                 reply["slots"], bool(reply.get("local")))
+        if buf.local:
+            buf.meet(array, op, out, timeout_s)
+            return out
+        np.copyto(buf.data[buf.slot].reshape(array.shape), array)
         try:
-            send_req(protocol.ALLREDUCE, {"segment": name, "op": op}, timeout_s=timeout_s)
+            send_req(protocol.ALLREDUCE, {"segment": buf.name, "op": op}, timeout_s=timeout_s)
         except ControllerTimeout:  # withdraw, so the others do not reduce without us
             try:
-                send_req(protocol.ALLREDUCE_CANCEL, {"segment": name}, timeout_s=1.0)
+                send_req(protocol.ALLREDUCE_CANCEL, {"segment": buf.name}, timeout_s=1.0)
             except PlatoonError:
                 pass
             raise
-        np.copyto(out, result.reshape(array.shape))
+        np.copyto(out, buf.data[2 * buf.slots].reshape(array.shape))
         return out
 
     def close(self):

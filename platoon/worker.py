@@ -257,7 +257,7 @@ class Worker:
         RemoteError if a worker left or the workers' ops differ.
         """
         self._check_open()
-        return self._coll.all_reduce(self.send_req, array, op, out, timeout_s)
+        return self._coll.all_reduce(self.send_req, array, op, out, self._timeout_s(timeout_s))
 
     def shared_state(self, name: str, layout: List[dict]) -> List[np.ndarray]:
         """Zero-initialised arrays in shared memory, one set per job and `name`.

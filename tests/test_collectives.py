@@ -75,6 +75,40 @@ def test_every_op_and_dtype_is_exact_on_every_worker(job):
     assert ctl.all_reduce_rounds == len(CASES)
 
 
+def test_rounds_of_uneven_workers_stay_exact_and_pass_no_request(job):
+    """One node: the workers meet in shared memory, a fast worker starting the next round
+    while a slow one still reads this one (the slots alternate between two sets)."""
+    ctl, workers = job
+    rounds = 60
+
+    def body(w):
+        rng = np.random.default_rng(w.worker_id)
+        got = []
+        for r in range(rounds):
+            if w.worker_id == 1 and rng.random() < 0.3:
+                threading.Event().wait(0.002)  # a slow worker, now and then
+            a = np.arange(1000, dtype=np.float64) * (r + 1) + w.worker_id
+            got.append(w.all_reduce(a, "sum").copy())
+        return got
+
+    w0 = workers[0]
+    w0_requests = []
+    send = w0.send_req
+
+    def counting(req, *args, **kwargs):
+        w0_requests.append(req)
+        return send(req, *args, **kwargs)
+
+    w0.send_req = counting
+    results = run_all(workers, body)
+    for r in range(rounds):
+        want = np.arange(1000, dtype=np.float64) * (r + 1) * N + sum(range(N))
+        for k in range(N):
+            np.testing.assert_array_equal(results[k][r], want)
+    assert ctl.all_reduce_rounds == rounds
+    assert w0_requests == ["platoon-allreduce-setup"], w0_requests  # then shared memory only
+
+
 def test_out_argument_and_non_contiguous_input(job):
     _, workers = job
 

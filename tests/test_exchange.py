@@ -1,6 +1,7 @@
 """Striped and asynchronous syncs: exact results, per-stripe atomicity, errors, locks."""
 
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -98,15 +99,16 @@ def test_striped_sync_is_bit_identical_to_the_formula(centre_pair, rule_class):
     assert ex.stats.syncs == 3 and ex.stats.lock_hold_s > 0
 
 
+@pytest.mark.parametrize("timeout_s", [20, None])  # None: wait pushes and pulls in one pass
 @pytest.mark.parametrize("rule_class", [lambda: EASGD(0.3), ASGD])
-def test_async_sync_with_no_local_change_equals_sync_params(centre_pair, rule_class):
+def test_async_sync_with_no_local_change_equals_sync_params(centre_pair, rule_class, timeout_s):
     centre, _ = centre_pair
     for c, v in zip(centre.arrays, make_params(2)):
         c[...] = v
     xs_async, xs_sync = make_params(3), make_params(3)
     ex = attach_worker(centre, rule_class(), xs_async)
     handle = ex.start()
-    handle.wait(timeout_s=20)
+    handle.wait(timeout_s=timeout_s)
     handle.wait()  # a second wait does nothing
     got_centre = [c.copy() for c in centre.arrays]
     for c, v in zip(centre.arrays, make_params(2)):
@@ -153,6 +155,41 @@ def test_params_are_untouched_in_flight_and_keep_local_changes_after_wait(centre
         else:  # ASGD: c += 4 - 0 (since setup saw zeros); x = c + (5 - 4)
             np.testing.assert_array_equal(c, 6.0)
             np.testing.assert_array_equal(x, 7.0)
+
+
+@pytest.mark.parametrize("rule_class", [lambda: EASGD(0.5), ASGD])
+def test_wait_without_timeout_keeps_local_changes_and_one_sync_thread_serves_every_sync(
+        centre_pair, rule_class):
+    centre, _ = centre_pair
+
+    def three_syncs(timeout_s):
+        """Three start/train/wait rounds from the same start; parameters, centre, threads."""
+        for c, v in zip(centre.arrays, make_params(5)):
+            c[...] = v
+        xs = make_params(4)
+        ex = attach_worker(centre, rule_class(), xs, timeout_s=20)
+        threads = []
+        for r in range(3):
+            handle = ex.start()
+            for x, d in zip(xs, make_params(20 + r)):
+                x += d  # trained while the sync is in flight
+            handle.wait(timeout_s=timeout_s)
+            threads.append({t for t in threading.enumerate() if t.name == "platoon-sync"
+                            and t.is_alive()})
+        assert ex.stats.syncs == 3
+        ex.close(5.0)
+        return xs + [c.copy() for c in centre.arrays], threads
+
+    # With a timeout, the sync thread pushes every stripe and wait() pulls them (as before);
+    # without, wait() pushes and pulls in one pass the stripes the thread has not taken.
+    want, _ = three_syncs(20)
+    got, threads = three_syncs(None)
+    for g, w in zip(got, want):
+        assert g.tobytes() == w.tobytes()
+    assert len(threads[0]) == 1 and threads[0] == threads[1] == threads[2]
+    (thread,) = threads[0]
+    thread.join(5)  # ended by close()
+    assert not thread.is_alive()
 
 
 def _all_stripes_free(centre):

@@ -56,6 +56,13 @@ def run(name, dtype, n, how):
                 flat, central = p.reshape(-1), q.reshape(-1)
                 for a, b in stripes(p.size):
                     rule.update_range(i, a, flat[a:b], central[a:b])
+        elif how == "fused":  # the parameters move, then push_pull stripe by stripe (a wait
+            snaps = [p.reshape(-1).copy() for p in x]  # that takes over the push)
+            for p in x:
+                p += 0.01
+            for i, (p, s, q) in enumerate(zip(x, snaps, c)):
+                for a, b in stripes(s.size):
+                    rule.push_pull(i, a, p.reshape(-1)[a:b], s[a:b], q.reshape(-1)[a:b])
         else:  # push then pull, stripe by stripe, with the parameters moving in between
             snaps = [p.reshape(-1).copy() for p in x]
             for i, (s, q) in enumerate(zip(snaps, c)):
@@ -100,6 +107,17 @@ def test_compiled_kernels_are_bit_identical_to_numpy(name, dtype, how, isa):
         for g, w in zip(got, want):
             assert g.dtype == dtype
             assert g.tobytes() == w.tobytes(), (name, dtype, how, n, isa)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", ["easgd", "asgd", "sgd", "momentum", "nesterov"])
+def test_push_pull_in_one_pass_is_bit_identical_to_push_then_pull(name, dtype, isa):
+    for n in SIZES:
+        got = run(name, dtype, n, "fused")
+        with kernels.numpy_only():
+            want = run(name, dtype, n, "push_pull")
+        for g, w in zip(got, want):
+            assert g.tobytes() == w.tobytes(), (name, dtype, n, isa)
 
 
 def test_the_best_loops_for_this_cpu_are_in_use():

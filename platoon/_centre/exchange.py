@@ -14,6 +14,7 @@ this worker's stripes 1 and 3), exactly as independent syncs of smaller models.
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
@@ -45,28 +46,72 @@ class SyncStats:
         return self.lock_hold_s / self.syncs if self.syncs else 0.0
 
 
+class _SyncThread:
+    """The persistent thread that runs an Exchange's background work, one task at a time
+    (starting a thread per sync cost about as much as syncing 1M floats)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._task = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="platoon-sync", daemon=True)
+        self._thread.start()
+
+    def run(self, task: Callable[[], None]) -> None:
+        """Run `task` (which must not raise) in the thread, after the task before it."""
+        with self._cond:
+            self._task = task
+            self._cond.notify()
+
+    def _loop(self):
+        cond = self._cond
+        while True:
+            with cond:
+                while self._task is None and not self._closed:
+                    cond.wait()
+                task, self._task = self._task, None
+            if task is None:
+                return
+            task()
+            task = None  # hold nothing while idle
+
+    @property
+    def alive(self) -> bool:
+        """False after `close`, or in a process forked from the one that started it."""
+        return self._thread.is_alive() and not self._closed
+
+    def close(self) -> None:
+        """Let the thread end once its task is done. Idempotent."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+
 class SyncHandle:
     """An asynchronous sync started by `Worker.start_sync`; call `wait` to finish it."""
 
     def __init__(self, exchange: "Exchange"):
         self._exchange = exchange
-        self._error = None
+        self._errors: list = []
         self._finished = False
-        self._thread = threading.Thread(target=self._run, name="platoon-sync", daemon=True)
+        self._background_done = threading.Event()  # set when the push in the thread ends
 
     def start(self) -> None:
-        """Run the push in the background (`Exchange.start_sync` calls it)."""
-        self._thread.start()
+        """Run the push in the background (`Exchange.start` calls it)."""
+        self._exchange.in_background(self._push)
 
-    def _run(self):
+    def _push(self):
+        """The background part (in the sync thread)."""
         try:
             self._exchange.push_snapshot()
         except BaseException as exc:  # raised again by wait()
-            self._error = exc
+            self._errors.append(exc)
+        finally:
+            self._background_done.set()
 
     def done(self) -> bool:
         """True once the background part has finished (`wait` will not block)."""
-        return not self._thread.is_alive()
+        return self._background_done.is_set()
 
     @renamed_keywords(timeout="timeout_s")
     def wait(self, timeout_s: Optional[float] = None) -> None:
@@ -77,22 +122,28 @@ class SyncHandle:
         `wait` again). Raises the background part's error, if any (LockTimeout
         when a stripe stayed locked past the worker's timeout_s), after applying
         the stripes it did push (their effect on the centre is not lost); every
-        lock is released.
+        lock is released. Without a timeout, the calling thread does what the
+        background part has not started yet (with rules declaring
+        ``concurrent_stripes``), in one pass per stripe.
         Calling `wait` again after it returned or raised does nothing.
         """
         if self._finished:
             return
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
+        if timeout_s is None and not self._background_done.is_set():
+            try:
+                self._exchange.take_over()
+            except BaseException as exc:  # as the background part's own errors
+                self._errors.append(exc)
+        if not self._background_done.wait(timeout_s):
             raise SyncTimeout("the sync started by start_sync() is still running after %.3g s; "
                               "call wait() again, or wait longer" % timeout_s)
         self._finished = True
+        errors, self._errors = self._errors, []
         # Even when the push failed part-way, the stripes it finished moved the centre (and
         # the rule's state): their effect reaches the parameters before the error does.
-        self._exchange.finish_async(complete=self._error is None)
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+        self._exchange.finish_async(complete=not errors)
+        if errors:
+            raise errors[0]
 
 
 class Exchange:
@@ -108,7 +159,15 @@ class Exchange:
         self.first = False  # set by `share`: this worker's values initialised the centre
         self._inflight = None
         self._snapshots = None
-        self._pushed = []  # (index, start, stop) of the ranges the push in flight has done
+        # The sync in flight: stripes not yet taken, ranges (index, start, stop) pushed, and
+        # whether a push failed; shared by the sync thread and `wait`'s, under `_claim`.
+        self._pending: List[int] = []
+        self._pushed: List[tuple] = []
+        self._failed = False
+        self._host_ready = False
+        self._taken_over = False
+        self._claim = threading.Lock()
+        self._thread: Optional[_SyncThread] = None  # started by the first `start`
         self.before_pull = None  # called by SyncHandle.wait before / after it applies a sync
         self.after_pull = None   # (the worker copies device parameters to host and back)
         self._central = [c.reshape(-1) for c in centre.arrays]
@@ -228,22 +287,96 @@ class Exchange:
         for snap, p in zip(self._snapshots, self.local):
             snap.reshape(p.shape)[...] = p
         handle = SyncHandle(self)
+        self._pending = list(self._order)
+        self._pushed = []
+        self._failed = False
+        self._host_ready = False  # before_pull done (by `take_over`)
+        self._taken_over = False
         self._inflight = handle
         handle.start()
         return handle
 
-    # -- the pair a SyncHandle calls: the push in its thread, then the pull in `wait` --
+    def in_background(self, task: Callable[[], None]) -> None:
+        """Run `task` (which must not raise) in this exchange's sync thread."""
+        if self._thread is None or not self._thread.alive:
+            self._thread = _SyncThread()
+            self._thread_closer = weakref.finalize(self, self._thread.close)
+        self._thread.run(task)
+
+    # -- what a SyncHandle calls: the push in the sync thread (and in `wait`), then the pull --
 
     def push_snapshot(self) -> None:
-        """Push the snapshot `start` took to the centre, stripe by stripe."""
-        snaps, central, rule, pushed = self._snapshots, self._central, self.rule, self._pushed
-        pushed.clear()
+        """Push the snapshot `start` took to the centre, stripe by stripe (the sync thread),
+        until `take_over`."""
+        self._push_pending(fuse=False)
 
-        def push(i, a, b):
-            rule.push(i, a, snaps[i][a:b], central[i][a:b])
-            pushed.append((i, a, b))
+    def take_over(self) -> None:
+        """Push and pull, in one pass per stripe (`push_pull`), the stripes that the sync
+        thread has not taken yet; the sync thread stops taking more (`SyncHandle.wait`
+        calls this when it may wait as long as it takes, with rules that allow it: two
+        threads taking turns at the GIL on a busy machine were slower than one)."""
+        if not self.rule.concurrent_stripes:
+            return
+        if self.before_pull is not None and not self._host_ready:
+            self.before_pull()  # may re-bind the parameters
+        self._host_ready = True
+        if not self._contiguous:
+            return
+        self._taken_over = True
+        self._push_pending(fuse=True)
 
-        self._each_stripe(push)
+    def _push_pending(self, fuse):
+        """Take free stripes from the shared pending list and push them (and pull them, when
+        `fuse`; else only until `take_over`), until the list is empty or a push has failed;
+        waits with back-off (up to the worker's timeout_s, then LockTimeout) while every
+        pending stripe is busy."""
+        stripes, locks, stats = self.centre.stripes, self.centre.stripe_locks, self.stats
+        snaps, central, rule, local = self._snapshots, self._central, self.rule, self._flat_local
+        pending, pushed, claim = self._pending, self._pushed, self._claim
+        give_up = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        pause = _STRIPE_PAUSE_S[0]
+        waited_since = None
+        while True:
+            with claim:
+                if not pending or self._failed or (self._taken_over and not fuse):
+                    return
+                for pos, k in enumerate(pending):  # noqa: B007 (pos is used after the loop)
+                    if locks[k].try_acquire():
+                        del pending[pos]
+                        break
+                else:
+                    k = None
+            if k is None:
+                now = time.monotonic()
+                if waited_since is None:
+                    waited_since = time.perf_counter()
+                if give_up is not None and now >= give_up:
+                    self._failed = True
+                    raise locks[pending[0]].timeout_error(self.timeout_s)
+                time.sleep(pause)
+                pause = min(2 * pause, _STRIPE_PAUSE_S[1])
+                continue
+            got = time.perf_counter()
+            pause = _STRIPE_PAUSE_S[0]
+            try:
+                for index, start, stop in stripes[k]:
+                    if fuse:  # pulled as well: not for `_pull`
+                        rule.push_pull(index, start, local[index][start:stop],
+                                       snaps[index][start:stop], central[index][start:stop])
+                        continue
+                    rule.push(index, start, snaps[index][start:stop], central[index][start:stop])
+                    with claim:
+                        pushed.append((index, start, stop))
+            except BaseException:
+                self._failed = True
+                raise
+            finally:
+                locks[k].release()
+                with claim:
+                    if waited_since is not None:
+                        stats.lock_wait_s += got - waited_since
+                    self._count_hold(got, got)
+            waited_since = None
 
     def finish_async(self, complete: bool) -> None:
         """End the sync in flight: pull what its push did into the parameters (and count
@@ -253,34 +386,42 @@ class Exchange:
 
     def _pull(self, complete):
         """Apply the pushed ranges to the parameters (all of them when `complete`)."""
-        if self.before_pull is not None:
+        if self.before_pull is not None and not self._host_ready:
             self.before_pull()
-        for index, (p, snap) in enumerate(zip(self.local, self._snapshots)):
-            ranges = [(a, b) for i, a, b in self._pushed if i == index]
-            if not ranges:
-                continue
-            flat = p.reshape(-1)  # a view, or a copy written back below
-            for a, b in ranges:
-                self.rule.pull(index, a, flat[a:b], snap[a:b])
-            if not p.flags.c_contiguous:
-                p[...] = flat.reshape(p.shape)
+        self._pull_ranges(self._pushed)
         if complete:
             self.stats.syncs += 1
             self._counter[0] += 1
         if self.after_pull is not None:
             self.after_pull()
 
+    def _pull_ranges(self, ranges):
+        rule, snaps = self.rule, self._snapshots
+        for index, (p, snap) in enumerate(zip(self.local, snaps)):
+            mine = [(a, b) for i, a, b in ranges if i == index]
+            if not mine:
+                continue
+            flat = p.reshape(-1)  # a view, or a copy written back below
+            for a, b in mine:
+                rule.pull(index, a, flat[a:b], snap[a:b])
+            if not p.flags.c_contiguous:
+                p[...] = flat.reshape(p.shape)
+
     def close(self, timeout_s: Optional[float]) -> None:
-        """Finish a sync in flight (waiting at most `timeout_s`); log its error, if any."""
+        """Finish a sync in flight (waiting at most `timeout_s`), logging its error, if any;
+        then end the sync thread (unless the sync is still in flight)."""
         handle = self._inflight
-        if handle is None:
-            return
-        try:
-            handle.wait(timeout_s)
-        except PlatoonError as exc:
-            log.warning("a sync in flight at close() failed: %s", exc)
-        except Exception as exc:
-            log.warning("a sync in flight at close() raised %s: %s", type(exc).__name__, exc)
+        if handle is not None:
+            try:
+                handle.wait(timeout_s)
+            except PlatoonError as exc:
+                log.warning("a sync in flight at close() failed: %s", exc)
+            except Exception as exc:
+                log.warning("a sync in flight at close() raised %s: %s", type(exc).__name__,
+                            exc)
+        if self._thread is not None and self._inflight is None:
+            self._thread_closer()
+            self._thread = None
 
 
 def share(request: Callable, adapter, rule: ParamSyncRule, res, worker_id: int = 0,

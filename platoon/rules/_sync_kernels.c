@@ -123,6 +123,15 @@ ATTR static void easgd_push_##S(T *restrict s, T *restrict c, T alpha, Py_ssize_
         s[i] = -d;                                                                       \
     }                                                                                    \
 }                                                                                        \
+ATTR static void easgd_push_pull_##S(T *restrict x, const T *restrict s, T *restrict c,      \
+                                 T alpha, Py_ssize_t n)                                  \
+{   /* easgd_push, then add_into: d = alpha * (s - c); c += d; x += -d */                 \
+    for (Py_ssize_t i = 0; i < n; i++) {                                                 \
+        T d = (s[i] - c[i]) * alpha;                                                     \
+        c[i] = c[i] + d;                                                                 \
+        x[i] = x[i] + (-d);                                                              \
+    }                                                                                    \
+}                                                                                        \
 ATTR static void add_into_##S(T *restrict x, const T *restrict s, Py_ssize_t n)               \
 {                                                                                        \
     for (Py_ssize_t i = 0; i < n; i++)                                                   \
@@ -214,13 +223,14 @@ DEFINE_LOOPS(double, f64_avx, __attribute__((target("avx"))))
 #define LOOP_FIELDS(T, S)                                                                \
     void (*easgd_update_##S)(T *, T *, T, Py_ssize_t);                                   \
     void (*easgd_push_##S)(T *, T *, T, Py_ssize_t);                                     \
+    void (*easgd_push_pull_##S)(T *, const T *, T *, T, Py_ssize_t);                      \
     void (*add_into_##S)(T *, const T *, Py_ssize_t);                                    \
     void (*asgd_update_##S)(T *, T *, T *, Py_ssize_t);                                  \
     void (*asgd_push_##S)(const T *, T *, T *, Py_ssize_t);                              \
     void (*take_pull_##S)(T *, const T *, const T *, Py_ssize_t);                        \
     void (*sgd_##S)(T *, T *, T *, T *, T, T, int, int, Py_ssize_t);
 
-#define LOOP_INIT(S) easgd_update_##S, easgd_push_##S, add_into_##S, asgd_update_##S,     \
+#define LOOP_INIT(S) easgd_update_##S, easgd_push_##S, easgd_push_pull_##S, add_into_##S, asgd_update_##S,     \
     asgd_push_##S, take_pull_##S, sgd_##S
 
 typedef struct {
@@ -274,6 +284,28 @@ py_easgd_push(PyObject *self, PyObject *args)
         loops->easgd_push_f32(BUF(0, float), BUF(1, float), (float)alpha, a.n);
     else
         loops->easgd_push_f64(BUF(0, double), BUF(1, double), alpha, a.n);
+    Py_END_ALLOW_THREADS
+    release(&a);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *
+py_easgd_push_pull(PyObject *self, PyObject *args)
+{
+    static const int rw[3] = {1, 0, 1};
+    PyObject *o[3];
+    double alpha;
+    Arrays a;
+    if (!PyArg_ParseTuple(args, "OOOd:easgd_push_pull", &o[0], &o[1], &o[2], &alpha))
+        return NULL;
+    if (!take(&a, o, rw, 3))
+        Py_RETURN_FALSE;
+    Py_BEGIN_ALLOW_THREADS
+    if (a.dtype == F32)
+        loops->easgd_push_pull_f32(BUF(0, float), BUF(1, float), BUF(2, float), (float)alpha,
+                                   a.n);
+    else
+        loops->easgd_push_pull_f64(BUF(0, double), BUF(1, double), BUF(2, double), alpha, a.n);
     Py_END_ALLOW_THREADS
     release(&a);
     Py_RETURN_TRUE;
@@ -428,6 +460,8 @@ static PyMethodDef methods[] = {
      "easgd_update(x, c, alpha) -> bool: d = alpha*(x-c); x -= d; c += d."},
     {"easgd_push", py_easgd_push, METH_VARARGS,
      "easgd_push(s, c, alpha) -> bool: d = alpha*(s-c); c += d; s = -d."},
+    {"easgd_push_pull", py_easgd_push_pull, METH_VARARGS,
+     "easgd_push_pull(x, s, c, alpha) -> bool: d = alpha*(s-c); c += d; x += -d."},
     {"add_into", py_add_into, METH_VARARGS, "add_into(x, s) -> bool: x += s."},
     {"asgd_update", py_asgd_update, METH_VARARGS,
      "asgd_update(x, c, last) -> bool: c += x-last; x = last = c."},
@@ -442,7 +476,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "platoon._sync_kernels",
+    PyModuleDef_HEAD_INIT, "platoon.rules._sync_kernels",
     "One-pass sync kernels (float32, float64); each returns False when the arrays need "
     "the numpy path.", -1, methods,
 };

@@ -10,6 +10,7 @@ take that formula in numpy, walked in cache-sized blocks with one preallocated
 scratch buffer (several passes over each block, no temporaries).
 """
 
+import threading
 import warnings
 from typing import Iterator, List, Optional, Protocol, Sequence
 
@@ -37,7 +38,7 @@ class RuleContext(Protocol):
 
 BLOCK_ELEMENTS = 1 << 16  # 256 KiB of float32: stays in L2 while a block is updated
 
-_CAPABILITIES = ("elementwise", "supports_async")
+_CAPABILITIES = ("elementwise", "supports_async", "concurrent_stripes")
 
 
 class ParamSyncRule:
@@ -57,10 +58,15 @@ class ParamSyncRule:
       time, with `start` so per-element state can be sliced alike.
     - ``supports_async = True``: `push` and `pull` split an update so that
       `Worker.start_sync` can run it in the background; needs `elementwise`.
+    - ``concurrent_stripes = True``: `push` (and `pull`) may run for different
+      stripes in two threads at once (the worker's and the sync's), which
+      `SyncHandle.wait` then does to finish sooner. Leave it False when they
+      share mutable scratch beyond `_blocks`' (which is per thread).
     """
 
     elementwise: bool = False
     supports_async: bool = False
+    concurrent_stripes: bool = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -140,13 +146,21 @@ class ParamSyncRule:
         raise NotImplementedError("%s does not support start_sync(); implement push() and "
                                   "pull(), or call sync_params()" % type(self).__name__)
 
+    def push_pull(self, index: int, start: int, local: np.ndarray, snapshot: np.ndarray,
+                  central: np.ndarray) -> None:
+        """`push` then `pull` of one range (`SyncHandle.wait` uses it for the stripes it
+        pushes itself); override with a one-pass version. Leaves `snapshot` unspecified."""
+        self.push(index, start, snapshot, central)
+        self.pull(index, start, local, snapshot)
+
     # -- helpers for the block-wise numpy path (when platoon.rules.kernels cannot run) --
 
     def _scratch(self, dtype: np.dtype) -> np.ndarray:
         cache = self.__dict__.setdefault("_scratch_buffers", {})
-        buf = cache.get(dtype)
+        key = (dtype, threading.get_ident())  # one per thread: pushes may run in two at once
+        buf = cache.get(key)
         if buf is None:
-            buf = cache[dtype] = np.empty(BLOCK_ELEMENTS, dtype)
+            buf = cache[key] = np.empty(BLOCK_ELEMENTS, dtype)
         return buf
 
     def _blocks(self, *arrays: np.ndarray) -> Iterator[List[np.ndarray]]:

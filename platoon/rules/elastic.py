@@ -18,6 +18,7 @@ class EASGD(ParamSyncRule):
 
     elementwise = True
     supports_async = True
+    concurrent_stripes = True
 
     def __init__(self, alpha: float):
         alpha = float(alpha)
@@ -44,6 +45,11 @@ class EASGD(ParamSyncRule):
         if not kernels.add_into(local, snapshot):
             local += snapshot  # x - d, exactly (negation is exact)
 
+    def push_pull(self, index: int, start: int, local: np.ndarray, snapshot: np.ndarray,
+                  central: np.ndarray) -> None:
+        if not kernels.easgd_push_pull(local, snapshot, central, self.alpha):
+            super().push_pull(index, start, local, snapshot, central)
+
     def update(self, index: int, local: np.ndarray, central: np.ndarray) -> None:
         alpha = self.alpha
         if kernels.easgd_update(local, central, alpha):
@@ -69,6 +75,7 @@ class ASGD(ParamSyncRule):
 
     elementwise = True
     supports_async = True
+    concurrent_stripes = True
 
     def check(self, local_params: Sequence[np.ndarray]) -> None:
         require_float(self, local_params)

@@ -20,6 +20,8 @@ the arrays' dtype as numpy does):
 - ``easgd_update(x, c, alpha)``: ``d = alpha*(x-c); x -= d; c += d``
 - ``easgd_push(s, c, alpha)``: ``d = alpha*(s-c); c += d; s = -d``
 - ``add_into(x, s)``: ``x += s`` (EASGD's pull)
+- ``easgd_push_pull(x, s, c, alpha)``: ``d = alpha*(s-c); c += d; x += -d`` (EASGD's push
+  and pull of one stripe in one pass, leaving `s` as it was)
 - ``asgd_update(x, c, last)``: ``c += x-last; x = c; last = c``
 - ``asgd_push(s, c, last)``: ``c += s-last; last = c``
 - ``take_pull(x, s, last)``: ``x = (x-s) + last`` (ASGD's and Downpour's pull)
@@ -39,10 +41,14 @@ import os
 log = logging.getLogger(__name__)
 
 ENV = "PLATOON_SYNC_KERNELS"  # "numpy": do not load the compiled kernels; "compiled": default
-NAMES = ("easgd_update", "easgd_push", "add_into", "asgd_update", "asgd_push", "take_pull",
-         "sgd")
+NAMES = ("easgd_update", "easgd_push", "easgd_push_pull", "add_into", "asgd_update",
+         "asgd_push", "take_pull", "sgd")
 
 _warned = False
+
+
+KERNELS = ("easgd_update", "easgd_push", "easgd_push_pull", "add_into", "asgd_update",
+           "asgd_push", "take_pull", "sgd")
 
 
 def _load():
@@ -57,6 +63,10 @@ def _load():
         from . import _sync_kernels
     except ImportError as exc:
         return None, exc
+    missing = [name for name in KERNELS if not hasattr(_sync_kernels, name)]
+    if missing:  # built from an older source: its kernels would not match this module
+        return None, ImportError("the compiled module is out of date (it lacks %s)"
+                                 % ", ".join(missing))
     return _sync_kernels, None
 
 
@@ -77,12 +87,13 @@ def _fallback(*args):
 if compiled is not None:
     easgd_update, easgd_push, add_into = (compiled.easgd_update, compiled.easgd_push,
                                           compiled.add_into)
+    easgd_push_pull = compiled.easgd_push_pull
     asgd_update, asgd_push, take_pull = (compiled.asgd_update, compiled.asgd_push,
                                          compiled.take_pull)
     sgd = compiled.sgd
 else:
-    easgd_update = easgd_push = add_into = asgd_update = asgd_push = take_pull = sgd = \
-        _fallback
+    easgd_update = easgd_push = easgd_push_pull = add_into = asgd_update = asgd_push = \
+        take_pull = sgd = _fallback
 
 
 def available() -> bool:
