@@ -390,7 +390,7 @@ class MinibatchClient:
     ACK_AFTER_MS = 1  # a worker waiting this long for a minibatch acknowledges what it has
     ASK_AGAIN_S = 0.5  # a worker waiting this long for a minibatch repeats its request
     DEFAULT_PREFETCH = 255  # with prefetch None: the window's cap in messages is 256
-    DEFAULT_WINDOW_BYTES = 4 << 20
+    DEFAULT_WINDOW_BYTES = 16 << 20
 
     def __init__(self, sock, worker_id, token, prefetch, controller_alive, address=None,
                  window_bytes=DEFAULT_WINDOW_BYTES):

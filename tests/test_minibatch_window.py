@@ -59,16 +59,16 @@ def test_prefetch_sets_the_window(serve):
 
 
 @pytest.mark.parametrize("shape, held", [
-    ((4096,), 256),  # 16 KiB: the cap of 256 messages, before the 4 MiB (old default: 2)
-    ((262144,), 4),  # 1 MiB: 4 MiB of them, the last one crossing it
+    ((4096,), 256),  # 16 KiB: the cap of 256 messages, before the 16 MiB (old default: 2)
+    ((262144,), 16),  # 1 MiB: 16 MiB of them, the last one crossing it
 ])
-def test_the_default_window_holds_4_mib_or_256_minibatches(serve, shape, held):
+def test_the_default_window_holds_16_mib_or_256_minibatches(serve, shape, held):
     """Before: the default window was 2 minibatches whatever their size."""
     ctl = Controller(control_port=0, data_port=0, num_workers=1)
     serving = serve(ctl)
     batch = [np.zeros(shape, np.float32)]
     size = len(encode_minibatch(batch, pack=True)[0])
-    assert held == min(256, math.ceil((4 << 20) / size))
+    assert held == min(256, math.ceil((16 << 20) / size))
     first, release, got, errors = threading.Event(), threading.Event(), [], []
 
     def work():
