@@ -69,7 +69,7 @@ def minibatch_throughput(transport, shape, count, rounds=3, prefetch=None):
     array, sent with send_multipart(copy=False), received with
     recv_multipart(copy=False) and not decoded. Platoon: Controller.send_mb(copy=False)
     to Worker.recv_mb, which asks for minibatches and returns the arrays (read-only
-    views), with the window a user gets by default (4 MiB, at most 256 minibatches;
+    views), with the window a user gets by default (16 MiB, at most 256 minibatches;
     the controller's default hwm), or with `prefetch` ahead (the controller's hwm
     raised to match). Also, for reference, raw PUSH/PULL of the same bytes prepared
     once as one frame ("raw_one_frame_mbs"): what packing a small minibatch can gain

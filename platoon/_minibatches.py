@@ -375,8 +375,8 @@ class MinibatchClient:
     The worker's window is 1 + prefetch minibatches (DEFAULT_PREFETCH when None) and
     `window_bytes` of them: the controller sends while the worker's unacknowledged
     minibatches are within both (and always one, whatever its size). The worker asks
-    again, acknowledging every minibatch received so far, once half the window (in
-    either unit) has arrived since it last did, or once it has waited ACK_AFTER_MS for
+    again, acknowledging every minibatch received so far, once a quarter of the window
+    (in either unit) has arrived since it last did, or once it has waited ACK_AFTER_MS for
     a minibatch: one request per several minibatches while they stream, and a worker
     waiting in `recv_mb` has acknowledged all it finished (so `flush_mb` completes). A
     request gives the window beyond those received, not an increment, so repeating
@@ -391,6 +391,7 @@ class MinibatchClient:
     ASK_AGAIN_S = 0.5  # a worker waiting this long for a minibatch repeats its request
     DEFAULT_PREFETCH = 255  # with prefetch None: the window's cap in messages is 256
     DEFAULT_WINDOW_BYTES = 16 << 20
+    ACKS_PER_WINDOW = 4  # requests per window's worth of minibatches, while they stream
 
     def __init__(self, sock, worker_id, token, prefetch, controller_alive, address=None,
                  window_bytes=DEFAULT_WINDOW_BYTES):
@@ -401,8 +402,11 @@ class MinibatchClient:
         self.prefetch = self.DEFAULT_PREFETCH if prefetch is None else prefetch
         self.window = 1 + self.prefetch
         self.window_bytes = window_bytes
-        self.ack_every = self.window - self.window // 2  # messages received between requests
-        self.ack_every_bytes = window_bytes // 2 if window_bytes else float("inf")  # or bytes
+        # Ask again after this many messages, or bytes, received: early enough that the
+        # rest of the window covers the time the request takes to bring more.
+        self.ack_every = -(-self.window // self.ACKS_PER_WINDOW)
+        self.ack_every_bytes = (-(-window_bytes // self.ACKS_PER_WINDOW) if window_bytes
+                                else float("inf"))
         self.received = 0  # minibatch messages received: the controller numbers them alike
         self.acked = 0  # how many of them the controller was told are finished
         self.bytes_since_ack = 0  # of those received since
@@ -436,7 +440,7 @@ class MinibatchClient:
             except zmq.Again:
                 if sock.poll(self.ACK_AFTER_MS):
                     first = sock.recv(zmq.NOBLOCK, copy=False)
-        if first is None:  # about to wait (or the window is half empty): ask first
+        if first is None:  # about to wait (or a request is due): ask first
             try:
                 self.ask()
             except zmq.Again:

@@ -47,7 +47,7 @@ def test_prefetch_sets_the_window(serve):
     serving = serve(ctl)
     with Worker(ctl.control_port, timeout_s=10) as w:
         w.init_mb_sock(ctl.data_port, prefetch=8)
-        assert (w._mb.window, w._mb.ack_every) == (9, 5)  # one request per 5 minibatches
+        assert (w._mb.window, w._mb.ack_every) == (9, 3)  # one request per 3 minibatches
         sender = threading.Thread(target=lambda: [ctl.send_mb([np.array([i])], timeout_s=10)
                                                   for i in range(40)])
         sender.start()
