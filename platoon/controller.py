@@ -10,11 +10,12 @@ Replies can be deferred (barrier, waiting for the centre to be initialised),
 which is why the socket is a ROUTER and not a REP.
 """
 
+import dataclasses
 import logging
 import os
 import time
 import weakref
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, cast
 
 import numpy as np
 import zmq
@@ -50,6 +51,14 @@ def _setting(part: str, name: str, doc: str) -> property:
                     lambda self, value: setattr(getattr(self, part), name, value), doc=doc)
 
 
+def _configured(name: str, doc: str, settable: bool = False) -> property:
+    """An attribute read from the controller's one `config` (settable: a new config)."""
+    def set_(self, value):
+        self.config = dataclasses.replace(self.config, **{name: value})
+    return property(lambda self: getattr(self.config, name), set_ if settable else None,
+                    doc=doc)
+
+
 class Controller:
     """Serves a job's workers. Subclass it and override `handle_control`.
 
@@ -81,7 +90,9 @@ class Controller:
                  allow_nonfinite: bool = False, checkpoint_lock_timeout_s: float = 10.0,
                  node_link: Any = None):
         self._env = env = JobEnvironment.read()
-        config = ControllerConfig(
+        # Every setting, resolved (given, else the launcher's, else the default): the one
+        # place the controller and its parts read them from.
+        self.config = config = ControllerConfig(
             num_workers=num_workers, host=host, job_id=job_id,
             max_request_bytes=max_request_bytes, max_shared_bytes=max_shared_bytes,
             restarts=restarts, checkpoint_path=checkpoint_path,
@@ -91,34 +102,34 @@ class Controller:
             allow_nonfinite=allow_nonfinite, checkpoint_lock_timeout_s=checkpoint_lock_timeout_s,
         ).with_environment(env)
         remove_stale_segments()
-        self.job_id: str = config.job_id
-        self.host, self.transport, self.num_workers = host, transport, config.num_workers
-        self.max_request_bytes = max_request_bytes
-        self.max_shared_bytes: int = config.max_shared_bytes
         self.control_port: Optional[int] = None
         self.data_port: Optional[int] = None
         self.control_address: Optional[str] = None  # what workers connect to: tcp://...:5567
         self.data_address: Optional[str] = None
         self._res = Resources()
         self._finalizer = weakref.finalize(self, self._res.close)
-        self._control = self._data = self._mb = self._requests = self._after_job = None
+        self._control: Optional[zmq.Socket] = None
+        self._data: Optional[zmq.Socket] = None
+        self._mb: Optional[MinibatchChannel] = None
+        self._requests: Optional[RequestDispatcher] = None
+        self._after_job: Optional[AfterJobReplies] = None
         me = weakref.proxy(self)  # the parts hold the controller weakly: no cycles
         self._registry = WorkerRegistry(
-            self.job_id, self.num_workers, restarts=config.restarts,
-            replacement_timeout_s=replacement_timeout_s,
-            liveness_interval_s=liveness_interval_s, on_left=lambda rec: me._worker_left(rec))  # noqa: SLF001
+            self.job_id, self.num_workers, restarts=cast(int, config.restarts),
+            replacement_timeout_s=config.replacement_timeout_s,
+            liveness_interval_s=config.liveness_interval_s,
+            on_left=lambda rec: me._worker_left(rec))  # noqa: SLF001
         registry = self._registry
         self._progress = Progress(env.status_file, lambda: (len(registry),
                                                             len(registry.departed())),
                                   counted=lambda: me._counted())  # noqa: SLF001
         self._next_tick = 0.0
         self._announced = False
-        self.resume_from: Optional[str] = config.resume_from
         # Read now, so a bad checkpoint fails the controller at start, not a worker later.
-        resume = Resume(self.resume_from, allow_nonfinite=allow_nonfinite) \
-            if self.resume_from else None
+        resume = Resume(config.resume_from, allow_nonfinite=config.allow_nonfinite) \
+            if config.resume_from else None
         self._rendezvous = Rendezvous(me, registry, self._res, resume)
-        self._endpoints = Endpoints(self._res, transport, host, self.job_id,
+        self._endpoints = Endpoints(self._res, config.transport, config.host, self.job_id,
                                     config.keys_file)
         self._collectives = NodeCollectives(self)
         self._collectives_finalizer = weakref.finalize(self, self._collectives.close)
@@ -131,7 +142,8 @@ class Controller:
         self._thread_failures.watch()
         self._thread_failures_finalizer = weakref.finalize(self, self._thread_failures.close)
         self._checkpointer = Checkpointer(me, self._collectives, config.checkpoint_path,
-                                          config.checkpoint_every_s, checkpoint_lock_timeout_s,
+                                          config.checkpoint_every_s,
+                                          config.checkpoint_lock_timeout_s,
                                           resume.job_id if resume is not None else None)
         self.node_link = node_link  # a platoon.mpi.NodeLink when the job spans nodes
         if node_link is None and env.mpi_node:  # run by `python -m platoon.mpi`: join the job
@@ -144,6 +156,14 @@ class Controller:
         if data_port is not None:
             self.init_data(data_port)
 
+    job_id = _configured("job_id", "The job's id (names its shared memory).")
+    host = _configured("host", "The interface the sockets bind.")
+    transport = _configured("transport", '"tcp" or "ipc".')
+    num_workers = _configured("num_workers", "Workers the job expects (None: not known).")
+    max_request_bytes = _configured("max_request_bytes", "The largest control request.")
+    max_shared_bytes = _configured("max_shared_bytes", "Shared memory the job may hold.",
+                                   settable=True)
+    resume_from = _configured("resume_from", "The checkpoint the centre starts from.")
     checkpoint_path = _setting("_checkpointer", "path", "Where `checkpoint` writes.")
     checkpoint_every_s = _setting("_checkpointer", "every_s", "Period of the checkpoints.")
     checkpoint_lock_timeout_s = _setting("_checkpointer", "lock_timeout_s",
@@ -161,7 +181,7 @@ class Controller:
     def init_control(self, port: Optional[int]) -> Optional[int]:
         """Bind the control socket on `port` (0: a free one); returns the port."""
         if self._control is not None:
-            raise PlatoonError("the control socket is already bound (port %d)" % self.control_port)
+            raise PlatoonError("the control socket is already bound (%s)" % self.control_address)
         # Frames up to twice the limit get an error reply; larger ones drop the connection.
         sock, self.control_port, self.control_address = self._endpoints.listen(
             port, "control", {zmq.MAXMSGSIZE: 2 * self.max_request_bytes, zmq.RCVHWM: 100})
@@ -169,8 +189,8 @@ class Controller:
         self._requests = RequestDispatcher(
             weakref.proxy(self), sock, registry=self._registry, rendezvous=self._rendezvous,
             collectives=self._collectives, progress=self._progress, stop=self._job_stop)
-        self._after_job = AfterJobReplies(sock, self.job_id)
-        self._res.stoppers.append(self._after_job.stop)
+        self._after_job = after_job = AfterJobReplies(sock, self.job_id)
+        self._res.stoppers.append(after_job.stop)
         log.info("controller of job %s listening on %s", self.job_id, self.control_address)
         return self.control_port
 
@@ -181,14 +201,14 @@ class Controller:
         if port is None:
             port = self._env.data_port or 0
         if self._data is not None:
-            raise PlatoonError("the data socket is already bound (port %d)" % self.data_port)
+            raise PlatoonError("the data socket is already bound (%s)" % self.data_address)
         if hwm is not None and (not isinstance(hwm, int) or hwm < 1):
             raise ValueError("hwm must be None or a positive integer, got %r" % (hwm,))
         sock, self.data_port, self.data_address = self._endpoints.listen(
             port, "data", MinibatchChannel.SOCKET_OPTIONS)
-        self._mb = MinibatchChannel(sock, hwm, self._registry, self.data_address)
-        self._mb.stopped = self._job_stop.message  # send_mb raises StopRequested after a stop
-        self._job_stop.listeners.append(self._mb.wake)
+        self._mb = channel = MinibatchChannel(sock, hwm, self._registry, self.data_address)
+        channel.stopped = self._job_stop.message  # send_mb raises StopRequested after a stop
+        self._job_stop.listeners.append(channel.wake)
         self._data = sock
         return self.data_port
 
@@ -302,11 +322,11 @@ class Controller:
 
     def reply(self, envelope: list, seq: Optional[int], result: Any) -> None:
         """Send `result` (JSON) as the reply to request `seq` from `envelope`."""
-        self._requests.reply(envelope, seq, result)
+        self._dispatcher("reply").reply(envelope, seq, result)
 
     def fail(self, envelope: list, seq: Optional[int], exc: BaseException) -> None:
         """Reply to request `seq` from `envelope` with error `exc` (the worker raises it)."""
-        self._requests.fail(envelope, seq, exc)
+        self._dispatcher("fail").fail(envelope, seq, exc)
 
     def departed_workers(self) -> List[int]:
         """Ids of the workers that have left the job (done or failed)."""
@@ -366,9 +386,9 @@ class Controller:
         exception serve raises (unless `handle_worker_death` raised it) leads the
         launcher's failure report.
         """
-        if self._control is None:
-            raise PlatoonError("call init_control(port) (or pass control_port) before serve()")
-        self._after_job.stop()
+        requests = self._dispatcher("serve")
+        after_job = cast(AfterJobReplies, self._after_job)  # made with the dispatcher
+        after_job.stop()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         restore = _exit_on_sigterm()
         if not self._announced:
@@ -384,7 +404,7 @@ class Controller:
             self._raise_thread_failure()
             while not self.all_done():
                 wake = time.monotonic() + self.liveness_interval_s
-                self._requests.serve_next(wake if deadline is None else min(wake, deadline))
+                requests.serve_next(wake if deadline is None else min(wake, deadline))
                 self._raise_thread_failure()
                 now = time.monotonic()
                 if now >= self._next_tick:
@@ -397,12 +417,12 @@ class Controller:
                 if deadline is not None and now >= deadline and not self.all_done():
                     raise ServeTimeout(
                         "serve() timed out after %.3g s with %d worker(s) registered, %d done"
-                        % (timeout_s, len(self._registry), len(self.departed_workers())))
+                        % (timeout_s or 0.0, len(self._registry), len(self.departed_workers())))
             self._raise_thread_failure()
             if self.node_link is not None:
                 self._share_stop()  # this node's stop, if any, before it waits for the others
                 self.node_link.finish()  # waits for the other nodes to be done too
-            self._after_job.start(len(self._registry))
+            after_job.start(len(self._registry))
         except Exception as exc:
             if in_death_hook:  # for the launcher: this worker's death ended the job
                 self._progress.failed_worker = {"worker_id": death[0],
@@ -412,11 +432,11 @@ class Controller:
                                                                _first_line(exc))}
             raise
         finally:
-            self._requests.stop_waiting()
+            requests.stop_waiting()
             try:
                 self._checkpointer.final()
             finally:
-                self._requests.warnings.flush()
+                requests.warnings.flush()
                 self._progress.write(force=True)
                 restore()
 
@@ -430,7 +450,7 @@ class Controller:
         """Periodic duties while serving: watch local workers' pids, give up on overdue
         replacements, share the stop signal with other nodes, checkpoint."""
         self._next_tick = now + self.liveness_interval_s
-        self._requests.warnings.flush(expired_only=True)
+        self._dispatcher("serve").warnings.flush(expired_only=True)
         self._progress.write(force=self._progress.pending)  # also the counts of syncs
         self._registry.check_liveness()
         self._share_stop()
@@ -495,10 +515,16 @@ class Controller:
         return 0 if self._mb is None else self._mb.resent
 
     def _channel(self, caller: str) -> MinibatchChannel:
-        if self._data is None or self._data.closed:
+        if self._data is None or self._data.closed or self._mb is None:
             raise PlatoonError("call init_data(port) (or pass data_port) before %s(), and keep "
                                "the controller open" % caller)
         return self._mb
+
+    def _dispatcher(self, caller: str) -> RequestDispatcher:
+        if self._requests is None:
+            raise PlatoonError("call init_control(port) (or pass control_port) before %s()"
+                               % caller)
+        return self._requests
 
     # -- teardown --
 

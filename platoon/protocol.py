@@ -27,6 +27,7 @@ import json
 import math
 import struct
 import warnings
+from typing import Any, Dict
 
 import numpy as np
 
@@ -52,7 +53,7 @@ DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 # One compact encoder, made once: json.dumps builds a new one per call when given options.
 _json_encoder = json.JSONEncoder(separators=(",", ":"), allow_nan=True)
 try:  # and its C core, made once too: JSONEncoder.encode builds one per call (1.5 us)
-    _c_encode = json.encoder.c_make_encoder(
+    _c_encode = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
         None, _json_encoder.default, json.encoder.encode_basestring_ascii, None, ":", ",",
         False, False, True)
 except (AttributeError, TypeError):  # no C accelerator: the plain encoder
@@ -107,7 +108,7 @@ def _is_int(value):
 
 
 # json's C scanner: json.loads without its wrappers (two regex matches, type checks).
-_scan_json = json.JSONDecoder().scan_once
+_scan_json = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def _loads(payload, what):
@@ -254,7 +255,8 @@ def describe_mismatch(mine, centre):
     return None
 
 
-_DTYPES = {}  # dtype strings already parsed: minibatch headers repeat the same few
+# dtype strings already parsed: minibatch headers repeat the same few
+_DTYPES: Dict[str, np.dtype] = {}
 
 
 def parse_dtype(text, where):
@@ -281,9 +283,9 @@ def parse_dtype(text, where):
 _MAX_DIMS = 32  # numpy's limit (64 in numpy 2) is beyond any minibatch; a header may not exceed it
 _MAX_ARRAY_BYTES = 1 << 62  # beyond it numpy's size arithmetic overflows
 _HEADER_CACHE_SIZE = 64  # minibatch headers repeat: parse or encode each distinct one once
-_encoded_headers = {}
-_parsed_headers = {}
-_parsed_packed = {}
+_encoded_headers: Dict[Any, bytes] = {}
+_parsed_headers: Dict[bytes, Any] = {}
+_parsed_packed: Dict[bytes, Any] = {}
 
 
 def _cached(cache, key, make):

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from platoon import Controller, Worker
 from platoon.launch.process import proc_stat
 from platoon._centre.shmem import segment_owner
 
@@ -289,3 +290,21 @@ def raw_data_socket():
     finally:
         feed.close()
         ctx.destroy(linger=0)
+
+
+class Nothing(Controller):
+    """A controller that answers every request with None."""
+
+    def handle_control(self, req, worker_id, req_info):
+        return None
+
+
+@pytest.fixture
+def one_worker(serve):
+    """A controller serving in a thread and one worker of it, in this process."""
+    ctl = Nothing(control_port=0)
+    serving = serve(ctl)
+    w = Worker(ctl.control_port, timeout_s=10)
+    yield ctl, w
+    w.close()
+    serving.join()

@@ -12,7 +12,7 @@ from platoon import (ASGD, EASGD, SGD, Adam, Controller, Downpour, PlatoonError,
                      average_gradients)
 from platoon.device import Device
 
-from conftest import PROCS
+from conftest import PROCS, Nothing
 
 torch = pytest.importorskip("torch", reason="the PyTorch tests need PyTorch")
 from torch import nn  # noqa: E402
@@ -23,11 +23,6 @@ sys.path.insert(0, PROCS)
 from torch_sync_worker import make_model  # noqa: E402
 
 from test_collectives import run_all  # noqa: E402  (one thread per worker)
-
-
-class Nothing(Controller):
-    def handle_control(self, req, worker_id, req_info):
-        return None
 
 
 def bn_model(seed=0):
@@ -43,16 +38,6 @@ def train_step(model, opt, x, y=None):
     opt.step()
     return loss.item()
 
-
-@pytest.fixture
-def one_worker(serve):
-    """A controller serving in a thread and one worker of it, in this process."""
-    ctl = Nothing(control_port=0)
-    serving = serve(ctl)
-    w = Worker(ctl.control_port, timeout_s=10)
-    yield ctl, w
-    w.close()
-    serving.join()
 
 
 # -- a real job --

@@ -8,17 +8,14 @@ import re
 import numpy as np
 import pytest
 
-from platoon import EASGD, Controller, LayoutMismatch, Worker
+from platoon import EASGD, LayoutMismatch
 
 torch = pytest.importorskip("torch", reason="the PyTorch tests need PyTorch")
 from torch import nn  # noqa: E402
 
 from platoon import PeriodicSync  # noqa: E402
 
-
-class Nothing(Controller):
-    def handle_control(self, req, worker_id, req_info):
-        return None
+from conftest import Nothing  # noqa: E402
 
 
 def run_worker(serve, procs, tmp_path, how, overlap):
@@ -60,15 +57,6 @@ def test_a_converted_model_is_refused_naming_the_tensor(serve, procs, tmp_path, 
 
 
 # -- Worker.init_shared_params in this process --
-
-@pytest.fixture
-def one_worker(serve):
-    ctl = Nothing(control_port=0)
-    serving = serve(ctl)
-    w = Worker(ctl.control_port, timeout_s=10)
-    yield ctl, w
-    w.close()
-    serving.join()
 
 
 def test_a_rebound_parameter_of_a_plain_worker_keeps_syncing(one_worker):

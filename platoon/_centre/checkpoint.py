@@ -10,7 +10,7 @@ import struct
 import threading
 import zipfile
 import zlib
-from typing import Dict
+from typing import Dict, Set
 
 import numpy as np
 
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 _READ_ERRORS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error,
                 struct.error, NotImplementedError, RuntimeError)
 _CHUNK = 1 << 20  # elements checked for NaN/Inf at a time (bounded scratch memory)
-_WRITING = set()  # temporaries this process is writing now
+_WRITING: Set[str] = set()  # temporaries this process is writing now
 _WRITING_LOCK = threading.Lock()
 
 

@@ -52,7 +52,7 @@ MIN_STRIPE_BYTES = 1 << 20  # smaller stripes cost more in lock calls than they 
 STRIPE_ALIGN_ELEMENTS = 16  # stripes of float32 never share a 64-byte cache line
 
 
-_LOCKS = weakref.WeakSet()
+_LOCKS: "weakref.WeakSet[CentreLock]" = weakref.WeakSet()
 
 
 def _forget_locks_after_fork():

@@ -16,7 +16,7 @@ UTF-8 (at most `MAX_REASON_BYTES`). The flag is written last.
 import logging
 import struct
 import threading
-from typing import Callable, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from .shmem import SharedCentre, param_offsets
 
@@ -50,7 +50,8 @@ class StopSignal:
         self._segment = segment
         self.name = segment.name
         self.owner = segment.owner
-        self._bytes = memoryview(segment.arrays[0])  # indexing gives an int: the fastest read
+        # indexing a memoryview gives an int: the fastest read
+        self._bytes: Optional[memoryview] = memoryview(segment.arrays[0])
         self._lock = threading.Lock()  # the owner's writers (serve's thread, a feeder thread)
         self._final: Optional[Tuple[Optional[int], Optional[str]]] = None  # state at close
 
@@ -121,7 +122,7 @@ class JobStop:
         self.by: Optional[int] = None
         self.reason: Optional[str] = None
         self.requested = False
-        self.listeners = []  # called (no arguments) after the first request
+        self.listeners: List[Callable[[], None]] = []  # called after the first request
         self._signal: Optional[StopSignal] = None
         self._lock = threading.Lock()
 
@@ -145,7 +146,7 @@ class JobStop:
                 if reserve is not None:
                     reserve(SEGMENT_BYTES, "the stop signal")
                 self._signal = StopSignal.create(self.job_id)
-                if self.requested:
+                if self.requested and self.by is not None:
                     self._signal.set(self.by, self.reason)
             return self._signal.name
 

@@ -3,6 +3,7 @@ instead of waiting for its timeout."""
 
 import logging
 import threading
+from typing import Optional
 
 import zmq
 
@@ -21,7 +22,7 @@ class AfterJobReplies:
         self._sock = sock
         self._job_id = job_id
         self._stop = threading.Event()
-        self._thread = None
+        self._thread: Optional[threading.Thread] = None
 
     def start(self, workers: int) -> None:
         """Start answering; `workers`: how many the job had (said in the replies)."""

@@ -38,7 +38,7 @@ class RequestDispatcher:
         self._rendezvous = rendezvous
         self._collectives = collectives
         self._progress = progress
-        self._rcvtimeo = None  # the socket's receive timeout, in ms, while serving
+        self._rcvtimeo: Optional[int] = None  # the socket's receive timeout, in ms, while serving
         self.warnings = ThrottledLog(log)  # bad requests: a few lines, then a count
         self._reserved = {  # handler(envelope, request, record, request frame: its Peer-Address)
             protocol.REGISTER: self._register,

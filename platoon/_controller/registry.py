@@ -145,7 +145,7 @@ class WorkerRegistry:
         if self.running() >= (self.num_workers or float("inf")):
             self.check_liveness()  # a replacement may come before the tick notices a death
         if self.running() >= (self.num_workers or float("inf")):
-            raise PlatoonError("job %s is full: num_workers=%d workers are running"
+            raise PlatoonError("job %s is full: num_workers=%s workers are running"
                                % (self.job_id, self.num_workers))
         record = WorkerRecord(self._choose_id(info.get("index")), identity, pid, local)
         if welcome is not None:
@@ -195,7 +195,7 @@ class WorkerRegistry:
             raise ProtocolError("re-registration refused: no registered worker has that id and "
                                 "token")
         if record.has_left:
-            raise PlatoonError("worker %d has already left job %s; create a new Worker"
+            raise PlatoonError("worker %s has already left job %s; create a new Worker"
                                % (wid, self.job_id))
         if welcome is not None:
             welcome(record, False)
@@ -296,7 +296,7 @@ def check_peer(info: dict, identity_frame, transport: str, control_port: Optiona
         try:
             held = count_connections(pid, control_port)
             reason = None if held > claimed else (
-                "process %d holds %d connection(s) to port %d, %d of them registered"
+                "process %d holds %d connection(s) to port %s, %d of them registered"
                 % (pid, held, control_port, claimed))
         except LookupError as exc:
             reason = str(exc)

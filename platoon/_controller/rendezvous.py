@@ -88,16 +88,17 @@ class Rendezvous:
 
     def _create_centre(self, layout: list, wid: int) -> SharedCentre:
         self._ctl.reserve_shared(param_offsets(layout)[1], "the centre")
-        resumed = self._resume.arrays_for(layout, wid) if self._resume is not None else None
+        resume = self._resume
+        resumed = resume.arrays_for(layout, wid) if resume is not None else None
         self._res.centre = centre = SharedCentre.create(self._ctl.job_id, layout)
         log.info("centre %s created by worker %d: %d parameters, %d bytes",
                  centre.name, wid, len(layout), centre.size)
-        if resumed is not None:
+        if resume is not None and resumed is not None:
             for dst, src in zip(centre.arrays, resumed):
                 dst[...] = src
-            self._resume.release()
+            resume.release()
             self.centre_ready = True
-            log.info("centre initialised from checkpoint %s", self._resume.path)
+            log.info("centre initialised from checkpoint %s", resume.path)
         return centre
 
     def params_ready(self, envelope: list, seq: Optional[int], record: WorkerRecord) -> None:

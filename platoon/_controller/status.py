@@ -25,11 +25,11 @@ class Progress:
     MIN_INTERVAL_S = 0.5
 
     def __init__(self, path: Optional[str], counts: Callable[[], Tuple[int, int]],
-                 counted: Callable[[], Tuple[List[int], int]] = lambda: ((), 0)):
+                 counted: Callable[[], Tuple[List[int], int]] = lambda: ([], 0)):
         self.path = path
         self._counts = counts
         self._counted = counted
-        self.totals = {"minibatches": 0, "syncs": 0, "metrics": {}}
+        self.totals: Dict[str, Any] = {"minibatches": 0, "syncs": 0, "metrics": {}}
         self._reported_minibatches = 0
         self._syncs_by_worker: Dict[int, int] = {}
         self._reports: Dict[int, dict] = {}  # each worker's totals and latest metrics

@@ -24,7 +24,7 @@ class ThreadFailures:
         self._claimed = False  # a failure is being handled (then published in `first`)
         self._on_failure = on_failure
         self._ignore = (SystemExit,) + tuple(ignore)
-        self._previous = None
+        self._previous: Optional[Callable[..., object]] = None
         self._watching = False
         self._lock = threading.Lock()
 
@@ -40,7 +40,7 @@ class ThreadFailures:
         (then ours only passes exceptions on). Idempotent."""
         self._watching = False
         if threading.excepthook == self._hook:
-            threading.excepthook = self._previous
+            threading.excepthook = self._previous or threading.__excepthook__
 
     def _hook(self, args) -> None:
         first = False

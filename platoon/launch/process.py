@@ -36,7 +36,10 @@ def exit_on_sigterm() -> Callable[[], None]:
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return lambda: None
     signal.signal(signal.SIGTERM, raise_system_exit)
-    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    return restore
 
 
 def die_with_parent(signum: int = signal.SIGTERM) -> bool:
@@ -167,7 +170,7 @@ def own_segments(prefix: str = SEGMENT_PREFIX, shm_dir: str = SHM_DIR) -> List[s
     """Paths in `shm_dir` named `prefix`* (a POSIX name: its leading '/' is dropped) that are
     regular files of this user. Found with lstat only: a FIFO or device named like a segment
     (anyone can make one in /dev/shm) is never opened, a symlink never followed."""
-    found = []
+    found: List[str] = []
     try:
         names = os.listdir(shm_dir)
     except OSError:

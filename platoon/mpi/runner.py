@@ -59,6 +59,8 @@ def load_controller_class(spec: Optional[str]) -> type:
     try:
         if target.endswith(".py"):
             mod_spec = importlib.util.spec_from_file_location("platoon_user_controller", target)
+            if mod_spec is None or mod_spec.loader is None:
+                raise ImportError("not a Python file")
             module = importlib.util.module_from_spec(mod_spec)
             mod_spec.loader.exec_module(module)
         else:

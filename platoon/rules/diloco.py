@@ -304,6 +304,7 @@ class DelayedNesterov(Downpour):
         rows = worker.shared_state(self.state_name + "-journal",
                                    journal_layout(len(stripes), block, [dtype] * 3 + ["<u4"]))
         centre = [c.reshape(-1) for c in worker.shared_params]
+        assert self.state is not None  # attached by Downpour.attach just above
         state = [s.reshape(-1) for s in self.state]
         count = len(centre)
         self._journal = Journal(rows, lambda i: [centre[i]] + state[i::count])

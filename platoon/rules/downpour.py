@@ -22,7 +22,7 @@ another worker's), so Downpour(Adam) keeps one lock around the whole centre.
 ``Downpour(SGD(lr=1.0))`` is exactly ASGD.
 """
 
-from typing import Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -148,7 +148,8 @@ class Downpour(ParamSyncRule):
                             "momentum=0.9) or platoon.Adam(lr=1e-3), got %r" % (optimizer,))
         self.optimizer = optimizer
         self.state_name = state_name
-        self.state = None
+        self.state: Optional[List[np.ndarray]] = None  # attached by `attach`
+        self._last: List[np.ndarray] = []  # the centre as this worker last saw it
         fast = getattr(optimizer, "elementwise", False) is True \
             and hasattr(optimizer, "apply_block")
         self.elementwise = self.supports_async = fast  # per instance: see the class docstring

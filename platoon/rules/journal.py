@@ -11,14 +11,14 @@ again (the copy is idempotent), one not committed is ignored. Killed before the
 flag, the block keeps its old values; after it, the next holder completes it.
 """
 
-from typing import Callable, List, Sequence
+from typing import Any, Callable, List, Sequence
 
 import numpy as np
 
 _FLAG, _INDEX, _START, _COUNT = range(4)
 
 
-def journal_layout(slots: int, block: int, dtypes: Sequence[np.dtype]) -> List[dict]:
+def journal_layout(slots: int, block: int, dtypes: Sequence[Any]) -> List[dict]:
     """The shared-state layout of a journal: a header per slot, then one row of `block`
     elements per slot for each of `dtypes` (one per array a record updates)."""
     return [{"dtype": "<i8", "shape": [slots, 4]}] + [
