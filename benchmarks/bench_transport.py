@@ -62,20 +62,18 @@ def control_round_trip(transport, count=500, rounds=12, chunk=50):
     return {"transport": transport, "raw_us": best_raw * 1e6, "platoon_us": best_ours * 1e6}
 
 
-def minibatch_throughput(transport, shape, count, rounds=3, prefetch=32):
+def minibatch_throughput(transport, shape, count, rounds=3, prefetch=None):
     """Best MB/s receiving `count` minibatches [float32 shape, int64 labels]: raw vs platoon.
 
     Raw (the baseline): pyzmq PUSH/PULL of a JSON header frame and one frame per
     array, sent with send_multipart(copy=False), received with
     recv_multipart(copy=False) and not decoded. Platoon: Controller.send_mb(copy=False)
-    to Worker.recv_mb, which asks for minibatches (`prefetch` ahead, standing in for
-    the raw PULL's queue of 1000; the controller's hwm lets it) and returns the arrays
-    (read-only views). With `prefetch` 8 the sender waits for credit whenever the
-    worker is descheduled for more than a few minibatches' time: on a loaded machine
-    that, not the per-message work, sets platoon's rate (see docs/api.md). Also, for reference, raw
-    PUSH/PULL of the same bytes prepared once as one frame ("raw_one_frame_mbs"):
-    what packing a small minibatch can gain at most. All senders stay up; the
-    rounds alternate the three.
+    to Worker.recv_mb, which asks for minibatches and returns the arrays (read-only
+    views), with the window a user gets by default (16 MiB, at most 256 minibatches;
+    the controller's default hwm), or with `prefetch` ahead (the controller's hwm
+    raised to match). Also, for reference, raw PUSH/PULL of the same bytes prepared
+    once as one frame ("raw_one_frame_mbs"): what packing a small minibatch can gain
+    at most. All senders stay up; the rounds alternate the three.
     """
     nbytes = int(np.prod(shape)) * 4 + shape[0] * 8
     modes = ("raw", "platoon", "raw_one_frame")
@@ -84,7 +82,7 @@ def minibatch_throughput(transport, shape, count, rounds=3, prefetch=32):
         senders = {
             "raw": children.start("mb_sender", "raw", transport, shape[0], shape[1], count),
             "platoon": children.start("mb_sender", "platoon", transport, shape[0], shape[1],
-                                      count, prefetch + 1),
+                                      count, "default" if prefetch is None else prefetch + 1),
             "raw_one_frame": children.start("mb_sender", "raw_one_frame", transport, shape[0],
                                             shape[1], count)}
         raw_addr = senders["raw"].line("ADDR")[0]
@@ -99,7 +97,10 @@ def minibatch_throughput(transport, shape, count, rounds=3, prefetch=32):
                 pull.connect(address)
                 pulls.append(pull)
             with Worker(ctl_addr, timeout_s=60) as w:
-                w.init_mb_sock(data_addr, prefetch=prefetch)
+                if prefetch is None:
+                    w.init_mb_sock(data_addr)  # the defaults
+                else:
+                    w.init_mb_sock(data_addr, prefetch=prefetch, window_bytes=None)
                 receive = {"raw": lambda: pulls[0].recv_multipart(copy=False),
                            "platoon": w.recv_mb,
                            "raw_one_frame": lambda: pulls[1].recv(copy=False)}
@@ -185,9 +186,9 @@ def ping_controller(transport):
         ctl.serve()
 
 
-def mb_sender(mode, transport, rows, cols, count, hwm=10):
+def mb_sender(mode, transport, rows, cols, count, hwm="default"):
     """Child: send `count` minibatches for each 'go' line on stdin, until stdin closes
-    (platoon: from a controller whose data socket has that `hwm`)."""
+    (platoon: from a controller whose data socket has that `hwm`, or the default one)."""
     import sys
     rows, cols, count = int(rows), int(cols), int(count)
     batch = [np.ones((rows, cols), np.float32), np.arange(rows, dtype=np.int64)]
@@ -211,7 +212,10 @@ def mb_sender(mode, transport, rows, cols, count, hwm=10):
 
     from platoon import Controller
     with Controller(control_port=0, num_workers=1, transport=transport) as ctl:
-        ctl.init_data(0, hwm=int(hwm))
+        if hwm == "default":
+            ctl.init_data(0)
+        else:
+            ctl.init_data(0, hwm=int(hwm))
         print("ADDR %s %s" % (ctl.control_address, ctl.data_address), flush=True)
 
         def send():

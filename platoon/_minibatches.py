@@ -2,10 +2,12 @@
 
 The data socket is a ROUTER. A worker's DEALER asks for minibatches with a request
 frame (see `platoon.protocol`) carrying its registration token, how many it has
-finished (acknowledging them) and how many more beyond those it wants on their way
-(its window; asking again is harmless, so a waiting worker repeats its request). A
-minibatch goes only to a registered, live worker with credit, in the order the
-requests came; a peer without a valid token gets one error frame, and what it sends
+finished (acknowledging them), how many more beyond those it wants on their way and
+how many bytes of minibatches it lets be unacknowledged (its window, in messages and
+in bytes; asking again is harmless, so a waiting worker repeats its request). A
+minibatch goes only to a registered, live worker with credit whose unacknowledged
+bytes are under its window (or that holds none: one goes whatever its size), in the
+order the requests came; a peer without a valid token gets one error frame, and what it sends
 afterwards is dropped unread, at a bounded cost per frame, so a flood cannot hold up
 the workers' requests. Minibatches sent to a worker and not yet acknowledged are
 kept, by worker rather than by connection: when the worker fails they are re-sent to
@@ -35,16 +37,18 @@ log = logging.getLogger(__name__)
 class _Peer:
     """A worker's connection to the data socket."""
 
-    __slots__ = ("worker_id", "token", "identity", "credit", "sent", "unacked", "queued",
-                 "gone")
+    __slots__ = ("worker_id", "token", "identity", "credit", "window_bytes", "sent", "unacked",
+                 "unacked_bytes", "queued", "gone")
 
     def __init__(self, worker_id, token, identity, received):
         self.worker_id = worker_id
         self.token = token
         self.identity = identity  # of its current connection
         self.credit = 0  # minibatches asked for and not yet sent
+        self.window_bytes = 0  # bytes it lets be unacknowledged (0: no byte bound)
         self.sent = received  # minibatches sent, which numbers them: the worker counts the same
-        self.unacked = collections.deque()  # (number, frames) sent and not acknowledged
+        self.unacked = collections.deque()  # (number, frames, nbytes) sent, not acknowledged
+        self.unacked_bytes = 0  # their total size
         self.queued = False  # in the channel's `ready` deque
         self.gone = False
 
@@ -53,12 +57,12 @@ class MinibatchChannel:
     """Delivery state of the data socket `sock` (a bound ROUTER); see the module docstring.
 
     `workers` is the controller's `WorkerRegistry` (its `get(worker id)` gives a record
-    with `token` and `has_left`), read to check requests; `hwm` caps a worker's
-    unacknowledged minibatches.
+    with `token` and `has_left`), read to check requests; `hwm` (None: no cap) caps a
+    worker's unacknowledged minibatches, below what its window allows.
     """
 
-    # Unroutable sends raise instead of vanishing; the workers' credit (at most hwm each)
-    # bounds the queue; requests are small, so a peer sending more is dropped.
+    # Unroutable sends raise instead of vanishing; the workers' windows (and hwm) bound
+    # the queue; requests are small, so a peer sending more is dropped.
     SOCKET_OPTIONS = {zmq.ROUTER_MANDATORY: 1, zmq.SNDHWM: 0, zmq.MAXMSGSIZE: 4096}
     DRAIN_EVERY = 8
     DRAIN_AT_MOST = 64  # requests read at once: a flood must not keep the sender reading
@@ -73,7 +77,7 @@ class MinibatchChannel:
         self.peers = {}  # worker id -> _Peer
         self.refused = {}  # identities of connections refused once (insertion-ordered)
         self.ready = collections.deque()  # peers with credit, in the order they asked
-        self.resend = collections.deque()  # frames of minibatches to deliver again, first
+        self.resend = collections.deque()  # (frames, nbytes) to deliver again, first
         self.left = collections.deque()  # (token, failed) of workers that left: serve thread
         self.resent = 0  # minibatches re-sent so far
         self.delivered = 0  # minibatches sent by send_mb (re-sends not counted again)
@@ -110,8 +114,9 @@ class MinibatchChannel:
         # (ZeroMQ copies small frames anyway), else views of the arrays.
         self._check_process("send_mb")
         frames = protocol.encode_minibatch(arrays, pack=True if copy else None)
+        nbytes = sum(len(frame) for frame in frames)  # bytes, or memoryviews cast to "B"
         with self._lock:
-            taker = self.deliver(frames, _deadline(timeout_s))
+            taker = self.deliver(frames, nbytes, _deadline(timeout_s))
         if taker is None:
             raise MinibatchTimeout("no worker asked for a minibatch at %s within %.3g s; "
                                    "workers ask in recv_mb()" % (self.address, timeout_s))
@@ -127,8 +132,9 @@ class MinibatchChannel:
                                    "(workers acknowledge one by calling recv_mb again or closing)"
                                    % (held, self.address, timeout_s))
 
-    def deliver(self, frames, deadline):
-        """Send `frames` to the next worker that asks; its id, or None at `deadline`."""
+    def deliver(self, frames, nbytes, deadline):
+        """Send `frames` (`nbytes` in all) to the next worker with room for them; its id, or
+        None at `deadline`."""
         while True:
             self._check_stopped()
             # Reading the socket's state costs about as much as a send: while workers
@@ -140,7 +146,7 @@ class MinibatchChannel:
             if not self.resend:
                 peer = self._next_ready()
                 if peer is not None:
-                    if self._send(peer, frames):
+                    if self._send(peer, frames, nbytes):
                         self.delivered += 1
                         return peer.worker_id
                     continue  # that peer is gone: the next one
@@ -225,7 +231,7 @@ class MinibatchChannel:
         try:
             if len(frames) != 2:
                 raise ProtocolError("a minibatch request is one frame, got %d" % (len(frames) - 1))
-            wid, token, done, credit, bye = protocol.decode_mb_request(frames[1])
+            wid, token, done, credit, bye, window_bytes = protocol.decode_mb_request(frames[1])
         except ProtocolError as exc:
             return self._refuse(identity, str(exc))
         record = self.workers.get(wid)
@@ -246,6 +252,7 @@ class MinibatchChannel:
             peer = self.peers[wid] = _Peer(wid, record.token, identity, done)
         elif peer.identity != identity:
             self._reconnected(peer, identity, done)
+        peer.window_bytes = window_bytes
         self._ack(peer, done)
         peer.credit = max(0, done + credit - peer.sent)
         self._queue(peer)
@@ -258,8 +265,7 @@ class MinibatchChannel:
         self._ack(peer, done)
         log.warning("worker %d's data connection was reset; re-sending the %d minibatch(es) "
                     "sent to it that it had not received", peer.worker_id, len(peer.unacked))
-        self.resend.extendleft(reversed([frames for _, frames in peer.unacked]))
-        peer.unacked.clear()
+        self._take_back(peer)
         peer.identity = identity
         peer.sent = done  # the numbers it gives from now on
 
@@ -278,12 +284,23 @@ class MinibatchChannel:
     def _ack(self, peer, done):
         unacked = peer.unacked
         while unacked and unacked[0][0] <= done:
-            unacked.popleft()
+            peer.unacked_bytes -= unacked.popleft()[2]
         self._queue(peer)
 
+    def _has_room(self, peer):
+        """Does `peer` take another minibatch: credit left, and under its window in bytes
+        (or holding none) and under hwm."""
+        if peer.gone or peer.credit <= 0:
+            return False
+        held = len(peer.unacked)
+        if not held:
+            return True
+        if peer.window_bytes and peer.unacked_bytes >= peer.window_bytes:
+            return False
+        return self.hwm is None or held < self.hwm
+
     def _queue(self, peer):
-        if not peer.queued and not peer.gone and peer.credit > 0 \
-                and len(peer.unacked) < self.hwm:
+        if not peer.queued and self._has_room(peer):
             peer.queued = True
             self.ready.append(peer)
 
@@ -291,7 +308,7 @@ class MinibatchChannel:
         while self.ready:
             peer = self.ready.popleft()
             peer.queued = False
-            if not peer.gone and peer.credit > 0 and len(peer.unacked) < self.hwm:
+            if self._has_room(peer):
                 return peer
         return None
 
@@ -300,13 +317,13 @@ class MinibatchChannel:
             peer = self._next_ready()
             if peer is None:
                 return
-            frames = self.resend.popleft()
-            if self._send(peer, frames):
+            frames, nbytes = self.resend.popleft()
+            if self._send(peer, frames, nbytes):
                 self.resent += 1
             else:
-                self.resend.appendleft(frames)
+                self.resend.appendleft((frames, nbytes))
 
-    def _send(self, peer, frames):
+    def _send(self, peer, frames, nbytes):
         """Send to `peer`; False (and the peer dropped) if its connection is gone."""
         sock = self.sock
         try:
@@ -321,7 +338,8 @@ class MinibatchChannel:
         sock.send(frames[last], 0, copy=False)
         peer.sent += 1
         peer.credit -= 1
-        peer.unacked.append((peer.sent, frames))
+        peer.unacked.append((peer.sent, frames, nbytes))
+        peer.unacked_bytes += nbytes
         self._queue(peer)  # behind the others that asked
         return True
 
@@ -331,11 +349,17 @@ class MinibatchChannel:
         if self.peers.get(peer.worker_id) is peer:
             del self.peers[peer.worker_id]
         if peer.unacked:
-            log.warning("worker %d %s holding %d minibatch(es) it had not finished; re-sending "
-                        "them to the next workers that ask", peer.worker_id, why,
-                        len(peer.unacked))
-            self.resend.extendleft(reversed([frames for _, frames in peer.unacked]))
-            peer.unacked.clear()
+            log.warning("worker %d %s holding %d minibatch(es) (%d bytes) it had not finished; "
+                        "re-sending them to the next workers that ask", peer.worker_id, why,
+                        len(peer.unacked), peer.unacked_bytes)
+            self._take_back(peer)
+
+    def _take_back(self, peer):
+        """Queue `peer`'s unacknowledged minibatches to be re-sent first, in their order."""
+        self.resend.extendleft(reversed([(frames, nbytes) for _, frames, nbytes
+                                         in peer.unacked]))
+        peer.unacked.clear()
+        peer.unacked_bytes = 0
 
 
 _SNDMORE = int(zmq.SNDMORE)  # a plain int: flags are combined on every send
@@ -348,11 +372,13 @@ def _deadline(timeout_s):
 class MinibatchClient:
     """A worker's side of the channel: its requests, credit and acknowledgements.
 
-    The worker keeps 1 + prefetch minibatches asked for (its window). It asks again,
-    topping the window up and acknowledging every minibatch received so far, once
-    half the window has arrived, or once it has waited ACK_AFTER_MS for a minibatch:
-    one request per several minibatches while they stream, and a worker waiting
-    in `recv_mb` has acknowledged all it finished (so `flush_mb` completes). A
+    The worker's window is 1 + prefetch minibatches (DEFAULT_PREFETCH when None) and
+    `window_bytes` of them: the controller sends while the worker's unacknowledged
+    minibatches are within both (and always one, whatever its size). The worker asks
+    again, acknowledging every minibatch received so far, once a quarter of the window
+    (in either unit) has arrived since it last did, or once it has waited ACK_AFTER_MS for
+    a minibatch: one request per several minibatches while they stream, and a worker
+    waiting in `recv_mb` has acknowledged all it finished (so `flush_mb` completes). A
     request gives the window beyond those received, not an increment, so repeating
     it is harmless: a worker still waiting after ASK_AGAIN_S asks again, in case its
     request or minibatches were lost with a reset connection.
@@ -363,29 +389,41 @@ class MinibatchClient:
 
     ACK_AFTER_MS = 1  # a worker waiting this long for a minibatch acknowledges what it has
     ASK_AGAIN_S = 0.5  # a worker waiting this long for a minibatch repeats its request
+    DEFAULT_PREFETCH = 255  # with prefetch None: the window's cap in messages is 256
+    DEFAULT_WINDOW_BYTES = protocol.DEFAULT_MB_WINDOW_BYTES
+    ACKS_PER_WINDOW = 4  # requests per window's worth of minibatches, while they stream
 
-    def __init__(self, sock, worker_id, token, prefetch, controller_alive, address=None):
+    def __init__(self, sock, worker_id, token, prefetch, controller_alive, address=None,
+                 window_bytes=DEFAULT_WINDOW_BYTES):
         self.sock = sock
         self.address = address  # the controller's data endpoint, for messages
         self.worker_id = worker_id
         self.token = token
-        self.prefetch = prefetch
-        self.window = 1 + prefetch
-        self.refill_at = self.window // 2  # ask again once this few are on their way
+        self.prefetch = self.DEFAULT_PREFETCH if prefetch is None else prefetch
+        self.window = 1 + self.prefetch
+        self.window_bytes = window_bytes
+        # Ask again after this many messages, or bytes, received: early enough that the
+        # rest of the window covers the time the request takes to bring more.
+        self.ack_every = -(-self.window // self.ACKS_PER_WINDOW)
+        self.ack_every_bytes = (-(-window_bytes // self.ACKS_PER_WINDOW) if window_bytes
+                                else float("inf"))
         self.received = 0  # minibatch messages received: the controller numbers them alike
         self.acked = 0  # how many of them the controller was told are finished
-        self.outstanding = 0  # minibatches asked for and not yet received
+        self.bytes_since_ack = 0  # of those received since
+        self.asked = False  # has a request stated the window (since a refusal)?
         self.failed = None  # a callable: did the worker fail? (set by the Worker)
         self._controller_alive = controller_alive
 
     def ask(self, again=False):
         """Acknowledge every minibatch received so far and keep the window asked for
         (when either changed, or `again`)."""
-        if again or self.outstanding < self.window or self.received > self.acked:
-            self.sock.send(protocol.encode_mb_request(self.worker_id, self.token, self.received,
-                                                      self.window), zmq.NOBLOCK)
+        if again or not self.asked or self.received > self.acked:
+            self.sock.send(protocol.encode_mb_request(
+                self.worker_id, self.token, self.received, self.window,
+                window_bytes=self.window_bytes), zmq.NOBLOCK)
             self.acked = self.received
-            self.outstanding = self.window
+            self.bytes_since_ack = 0
+            self.asked = True
 
     def receive(self, recv_within, deadline, timeout_s):
         """Ask for (when due) and receive one minibatch (see `Worker.recv_mb`); its arrays.
@@ -395,13 +433,14 @@ class MinibatchClient:
         """
         sock = self.sock
         first = None
-        if self.outstanding > self.refill_at:  # enough on their way: take one if it is here,
-            try:  # or if it comes within ACK_AFTER_MS (streaming, the next is microseconds away)
+        if self.asked and self.received - self.acked < self.ack_every \
+                and self.bytes_since_ack < self.ack_every_bytes:  # no request due: take one,
+            try:  # if here or within ACK_AFTER_MS (streaming, the next is microseconds away)
                 first = sock.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 if sock.poll(self.ACK_AFTER_MS):
                     first = sock.recv(zmq.NOBLOCK, copy=False)
-        if first is None:  # about to wait (or the window is half empty): ask first
+        if first is None:  # about to wait (or a request is due): ask first
             try:
                 self.ask()
             except zmq.Again:
@@ -419,13 +458,13 @@ class MinibatchClient:
         except ProtocolError:
             refusal = protocol.mb_refusal(frames)
             if refusal is not None:
-                self.outstanding = 0
+                self.asked = False
                 raise ProtocolError("the controller at %s refused worker %s's minibatch "
                                     "request: %s" % (self.address, self.worker_id, refusal)
                                     ) from None
-            self.received_one()  # a malformed minibatch still counts: the controller sent it
+            self.received_one(frames)  # a malformed one still counts: the controller sent it
             raise
-        self.received_one()
+        self.received_one(frames)
         return arrays
 
     def _recv_asking_again(self, recv_within, deadline):
@@ -441,9 +480,9 @@ class MinibatchClient:
             except zmq.Again:  # the request queue is full: one is on its way anyway
                 pass
 
-    def received_one(self):
+    def received_one(self, frames):
         self.received += 1
-        self.outstanding -= 1
+        self.bytes_since_ack += sum(len(frame) for frame in frames)
 
     def leave(self):
         """Tell the controller this worker takes no more minibatches: those on their way

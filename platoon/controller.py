@@ -194,16 +194,16 @@ class Controller:
         log.info("controller of job %s listening on %s", self.job_id, self.control_address)
         return self.control_port
 
-    def init_data(self, port: Optional[int] = None, hwm: int = 10) -> Optional[int]:
+    def init_data(self, port: Optional[int] = None, hwm: Optional[int] = None) -> Optional[int]:
         """Bind the minibatch socket on `port` (0: a free one; None: the launcher's choice,
-        else a free one). `hwm`: at most this many minibatches are on their way to, or
-        waiting unread in, one worker (a worker asks for at most 1 + its prefetch)."""
+        else a free one). `hwm`: at most this many minibatches unacknowledged by one
+        worker (None: as many as its window allows; see `Worker.init_mb_sock`)."""
         if port is None:
             port = self._env.data_port or 0
         if self._data is not None:
             raise PlatoonError("the data socket is already bound (%s)" % self.data_address)
-        if not isinstance(hwm, int) or hwm < 1:
-            raise ValueError("hwm must be a positive integer, got %r" % (hwm,))
+        if hwm is not None and (not isinstance(hwm, int) or hwm < 1):
+            raise ValueError("hwm must be None or a positive integer, got %r" % (hwm,))
         sock, self.data_port, self.data_address = self._endpoints.listen(
             port, "data", MinibatchChannel.SOCKET_OPTIONS)
         self._mb = channel = MinibatchChannel(sock, hwm, self._registry, self.data_address)

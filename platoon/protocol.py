@@ -13,11 +13,13 @@ A minibatch is one JSON header ``[{"dtype": str, "shape": [int, ...], "order":
 travel packed in one frame: ``b"PMB\\x01"``, the header's length (uint32, little
 endian), the header, then each array, every part starting at a multiple of 8
 bytes (zero padding). Larger ones are a multipart message: the header frame, then
-one frame per array. A worker asks for minibatches with one binary frame: ``b"PMR\\x01"``,
+one frame per array. A worker asks for minibatches with one binary frame: ``b"PMR\\x02"``,
 bye (1 byte), 3 zero bytes, its worker id (int64), how many minibatches it has
 finished (uint64: acknowledging them all), how many beyond those it wants sent (its
-window, uint32: a repeated request asks for nothing new), little endian, then its
-registration token (ASCII); with bye it leaves the channel. A connection whose request
+window, uint32: a repeated request asks for nothing new), how many bytes of minibatches
+it lets be unacknowledged (uint64; 0: no byte bound; at least one minibatch is sent
+whatever its size), little endian, then its registration token (ASCII); with bye it
+leaves the channel. A connection whose request
 is refused is answered once with one frame ``{"error": str}``; its later frames are dropped.
 """
 
@@ -47,6 +49,7 @@ ALLREDUCE_CANCEL = "platoon-allreduce-cancel"
 INIT_STATE = "platoon-init-state"
 
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
+DEFAULT_MB_WINDOW_BYTES = 16 << 20  # a worker's unacknowledged minibatches, by default
 
 # One compact encoder, made once: json.dumps builds a new one per call when given options.
 _json_encoder = json.JSONEncoder(separators=(",", ":"), allow_nan=True)
@@ -451,26 +454,29 @@ def decode_minibatch(frames):
     return arrays
 
 
-_MB_REQUEST = struct.Struct("<4s?xxxqQI")  # magic, bye, worker id, done, credit; then the token
-_MB_REQUEST_MAGIC = b"PMR\x01"
+# magic, bye, worker id, done, credit, window bytes; then the token
+_MB_REQUEST = struct.Struct("<4s?xxxqQIQ")
+_MB_REQUEST_MAGIC = b"PMR\x02"
 _MAX_TOKEN_BYTES = 256
 _MAX_CREDIT = 1 << 20
 
 
-def encode_mb_request(worker_id, token, done, credit, bye=False):
+def encode_mb_request(worker_id, token, done, credit, bye=False, window_bytes=0):
     """A worker's request frame on the data channel (see the module docstring)."""
-    return _MB_REQUEST.pack(_MB_REQUEST_MAGIC, bye, worker_id, done, credit) + token.encode()
+    return _MB_REQUEST.pack(_MB_REQUEST_MAGIC, bye, worker_id, done, credit,
+                            window_bytes) + token.encode()
 
 
 def decode_mb_request(payload):
-    """``(worker_id, token, done, credit, bye)`` from a request frame; raises ProtocolError."""
+    """``(worker_id, token, done, credit, bye, window_bytes)`` from a request frame; raises
+    ProtocolError."""
     size = _MB_REQUEST.size
     if not size <= len(payload) <= size + _MAX_TOKEN_BYTES \
             or payload[:4] != _MB_REQUEST_MAGIC or payload[4] > 1:
         raise ProtocolError("a minibatch request is a binary frame of %d to %d bytes starting "
                             "with %r, got %d bytes; platoon.Worker.recv_mb sends them"
                             % (size, size + _MAX_TOKEN_BYTES, _MB_REQUEST_MAGIC, len(payload)))
-    _, bye, wid, done, credit = _MB_REQUEST.unpack_from(payload)
+    _, bye, wid, done, credit, window_bytes = _MB_REQUEST.unpack_from(payload)
     if credit > _MAX_CREDIT:
         raise ProtocolError("minibatch request asks for %d minibatches; at most %d at once"
                             % (credit, _MAX_CREDIT))
@@ -478,7 +484,7 @@ def decode_mb_request(payload):
         token = payload[size:].decode("ascii")
     except UnicodeDecodeError:
         raise ProtocolError("minibatch request token is not ASCII") from None
-    return wid, token, done, credit, bye
+    return wid, token, done, credit, bye, window_bytes
 
 
 def encode_mb_refusal(message):

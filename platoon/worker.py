@@ -411,13 +411,19 @@ class Worker:
 
     # -- minibatches --
 
-    def init_mb_sock(self, port: Port = None, *, prefetch: int = 1) -> None:
+    def init_mb_sock(self, port: Port = None, *, prefetch: Optional[int] = None,
+                     window_bytes: Optional[int] = protocol.DEFAULT_MB_WINDOW_BYTES) -> None:
         """Connect to the controller's minibatch channel on `port` (an endpoint string, or
         None: the launcher's).
 
         Minibatches come only when asked for: `recv_mb` asks for the one it waits for and
-        `prefetch` more (0: none ahead), so the next ones travel while this one is
-        used. A worker that never calls `recv_mb` gets none.
+        more ahead, so the next ones travel while this one is used, within a window:
+        at most `prefetch` minibatches ahead (None: 255; 0: none) and `window_bytes`
+        of minibatches not yet finished (default 16 MiB; None: no byte bound). The
+        controller sends one more while the worker holds less than `window_bytes`
+        (and one whatever its size), so a worker that fails holds at most
+        `window_bytes` plus one minibatch, re-sent to others. A worker that never
+        calls `recv_mb` gets none. See docs/api.md, "The minibatch window".
         """
         self._check_open()
         if port is None:
@@ -428,14 +434,18 @@ class Worker:
                                  "init_data()")
         if self._mb is not None:
             raise PlatoonError("the minibatch socket is already connected")
-        if not isinstance(prefetch, int) or prefetch < 0:
-            raise ValueError("prefetch must be an integer >= 0, got %r" % (prefetch,))
+        if prefetch is not None and (not isinstance(prefetch, int) or prefetch < 0):
+            raise ValueError("prefetch must be None or an integer >= 0, got %r" % (prefetch,))
+        if window_bytes is not None and (not isinstance(window_bytes, int) or window_bytes < 1):
+            raise ValueError("window_bytes must be None or an integer >= 1, got %r"
+                             % (window_bytes,))
         from ._minibatches import MinibatchClient  # loaded by the workers that use it only
         sock = self._client.socket(zmq.DEALER)
         address = endpoint(self.host, port)
         sock.connect(address)
         self._mb = client = MinibatchClient(sock, self.worker_id, self._client.token, prefetch,
-                                            self._client.controller_alive, address)
+                                            self._client.controller_alive, address,
+                                            window_bytes or 0)
         client.failed = lambda: uncaught_error() is not None  # an exception ending the script
         # Created after the sockets' finalizer, so it runs first at exit: goodbye, then close.
         self._mb_leave = weakref.finalize(self, client.leave)

@@ -2,6 +2,7 @@
 rogue peers get none (and cannot stall delivery), a dead worker's minibatches are re-sent,
 a reset data connection loses none, and a forked feeder is told to use a thread."""
 
+import math
 import multiprocessing
 import threading
 import time
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 import zmq
 
-from platoon import Controller, Worker
-from platoon.protocol import encode_mb_request, mb_refusal
+from platoon import Controller, MinibatchTimeout, Worker
+from platoon.protocol import encode_mb_request, encode_minibatch, mb_refusal
 from test_faults import Tolerant
 from test_registration import TcpProxy
 
@@ -73,25 +74,36 @@ def test_rogue_peers_on_the_data_port_get_no_minibatch(serve, procs):
         ctx.destroy(linger=0)
 
 
+def batch(i):
+    return [np.full(125, i, np.int64)]  # 1000 bytes; about 1.1 KB packed
+
+
 def test_a_killed_workers_minibatches_are_re_sent_to_a_survivor(serve, procs):
+    """What a worker can hold unacknowledged is bounded in bytes: the controller sends while
+    it holds less than its window (here 4,000 bytes), so it holds at most the window plus
+    one minibatch. Before: a count, 1 + prefetch minibatches whatever their size."""
     ctl = Tolerant(control_port=0, data_port=0, num_workers=2, liveness_interval_s=0.2)
     serving = serve(ctl, timeout=60)
-    victim = procs("mb_worker.py", ctl.control_port, ctl.data_port, "hold")
+    window = 4000
+    victim = procs("mb_worker.py", ctl.control_port, ctl.data_port, "hold", window)
     victim_id = worker_id(victim)
+    size = len(encode_minibatch(batch(0))[0])
+    held = math.ceil(window / size)
+    assert held == 4 and (held - 1) * size < window <= held * size < window + size
     count = 20
-    assert ctl.send_mb([np.array([0])], timeout_s=10) == victim_id
-    # The victim asked for one more ahead (prefetch): it holds that one too.
-    assert ctl.send_mb([np.array([1])], timeout_s=10) == victim_id
+    assert [ctl.send_mb(batch(i), timeout_s=10) for i in range(held)] == [victim_id] * held
+    with pytest.raises(MinibatchTimeout):  # the victim's window is full: no one else asks
+        ctl.send_mb(batch(held), timeout_s=0.3)
     assert victim.wait_for_line("HOLDING") == "HOLDING 0"
     victim.kill()
     survivor = procs("mb_worker.py", ctl.control_port, ctl.data_port, "take", count)
     survivor_id = worker_id(survivor)
-    takers = [ctl.send_mb([np.array([i])], timeout_s=10) for i in range(2, count)]
-    assert takers == [survivor_id] * (count - 2)
-    ctl.flush_mb(timeout_s=20)  # re-sends 0 and 1, and waits until they are acknowledged
+    takers = [ctl.send_mb(batch(i), timeout_s=10) for i in range(held, count)]
+    assert takers == [survivor_id] * (count - held)
+    ctl.flush_mb(timeout_s=20)  # re-sends the victim's, and waits until they are acknowledged
     assert survivor.wait(30) == 0, survivor.output
     assert sorted(set(got(survivor))) == list(range(count))
-    assert ctl.resent_minibatches == 2
+    assert ctl.resent_minibatches == held
     serving.join()
     assert [death[0] for death in ctl.deaths] == [victim_id]
 

@@ -1,12 +1,15 @@
 """The worker's credit window: several minibatches per request, acknowledged cumulatively,
-and never a finished minibatch left unacknowledged while its worker waits for the next."""
+never a finished minibatch left unacknowledged while its worker waits for the next, and
+by default counted in bytes: deep for small minibatches, shallow for large ones."""
 
+import math
 import threading
 
 import numpy as np
 import pytest
 
 from platoon import Controller, MinibatchTimeout, Worker
+from platoon.protocol import encode_minibatch
 
 
 def test_a_worker_waiting_in_recv_mb_has_acknowledged_all_it_finished(serve):
@@ -44,7 +47,7 @@ def test_prefetch_sets_the_window(serve):
     serving = serve(ctl)
     with Worker(ctl.control_port, timeout_s=10) as w:
         w.init_mb_sock(ctl.data_port, prefetch=8)
-        assert (w._mb.window, w._mb.refill_at) == (9, 4)
+        assert (w._mb.window, w._mb.ack_every) == (9, 3)  # one request per 3 minibatches
         sender = threading.Thread(target=lambda: [ctl.send_mb([np.array([i])], timeout_s=10)
                                                   for i in range(40)])
         sender.start()
@@ -52,4 +55,48 @@ def test_prefetch_sets_the_window(serve):
         sender.join(10)
         with pytest.raises(MinibatchTimeout):
             w.recv_mb(timeout_s=0.1)
+    serving.join()
+
+
+@pytest.mark.parametrize("shape, held", [
+    ((4096,), 256),  # 16 KiB: the cap of 256 messages, before the 16 MiB (old default: 2)
+    ((262144,), 16),  # 1 MiB: 16 MiB of them, the last one crossing it
+])
+def test_the_default_window_holds_16_mib_or_256_minibatches(serve, shape, held):
+    """Before: the default window was 2 minibatches whatever their size."""
+    ctl = Controller(control_port=0, data_port=0, num_workers=1)
+    serving = serve(ctl)
+    batch = [np.zeros(shape, np.float32)]
+    size = len(encode_minibatch(batch, pack=True)[0])
+    assert held == min(256, math.ceil((16 << 20) / size))
+    first, release, got, errors = threading.Event(), threading.Event(), [], []
+
+    def work():
+        try:
+            with Worker(ctl.control_port, timeout_s=10) as w:
+                w.init_mb_sock(ctl.data_port)  # the defaults
+                got.append(w.recv_mb())
+                first.set()  # holds it, and takes no more until released
+                assert release.wait(20)
+                for _ in range(held):
+                    got.append(w.recv_mb())
+        except Exception as exc:  # reported by the assertions below
+            errors.append(exc)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    try:
+        for i in range(held):  # all sent although the worker took only the first
+            ctl.send_mb(batch, timeout_s=10)
+            if i == 0:
+                assert first.wait(10)
+        with pytest.raises(MinibatchTimeout):  # no room for one more
+            ctl.send_mb(batch, timeout_s=0.2)
+        release.set()
+        ctl.send_mb(batch, timeout_s=10)
+        ctl.flush_mb(timeout_s=10)
+    finally:
+        release.set()
+        worker.join(20)
+    assert not errors and len(got) == held + 1
     serving.join()

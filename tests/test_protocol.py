@@ -208,8 +208,8 @@ def test_garbled_packed_minibatches_raise_only_protocol_errors():
 
 
 def test_minibatch_requests_round_trip_and_garbage_is_refused():
-    frame = protocol.encode_mb_request(7, "ab" * 16, 12, 9)
-    assert protocol.decode_mb_request(frame) == (7, "ab" * 16, 12, 9, False)
+    frame = protocol.encode_mb_request(7, "ab" * 16, 12, 9, window_bytes=5 << 30)
+    assert protocol.decode_mb_request(frame) == (7, "ab" * 16, 12, 9, False, 5 << 30)
     assert protocol.decode_mb_request(protocol.encode_mb_request(1, "t", 0, 0, bye=True))[4]
     for garbage in (b"", b"junk", b'{"worker_id": 1}', frame[:10], frame + b"x" * 300,
                     b"XXXX" + frame[4:], frame[:4] + b"\x02" + frame[5:],

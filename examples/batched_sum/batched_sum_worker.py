@@ -1,7 +1,7 @@
 """A batched_sum worker: sums the minibatches the controller sends until it says stop.
 
-A worker gets a minibatch only when it asks (recv_mb, one prefetched ahead), so it keeps taking them
-until the controller has every result, asking whenever none arrives for a moment.
+A worker gets minibatches only when it asks (recv_mb, more prefetched within its window), so it
+keeps taking them until the controller has every result, asking whenever none arrives for a moment.
 """
 
 import numpy as np

@@ -1,9 +1,10 @@
 """A worker of the minibatch channel; prints ID, then GOT <index> for each minibatch taken.
 
-usage: mb_worker.py CONTROL_PORT DATA_PORT MODE [COUNT]
+usage: mb_worker.py CONTROL_PORT DATA_PORT MODE [COUNT | WINDOW_BYTES]
   idle:  connects to the data channel but never calls recv_mb; leaves after a barrier
   take:  takes minibatches until it has COUNT distinct indices, then a barrier
-  hold:  takes one minibatch, prints HOLDING, and waits (to be killed)
+  hold:  with a window of WINDOW_BYTES (default: the default), takes one minibatch,
+         prints HOLDING, and waits (to be killed)
 """
 
 import sys
@@ -12,7 +13,11 @@ import threading
 from platoon import Worker
 
 control_port, data_port, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-with Worker(control_port, data_port=data_port, timeout_s=30) as w:
+with Worker(control_port, timeout_s=30) as w:
+    if mode == "hold" and len(sys.argv) > 4:
+        w.init_mb_sock(data_port, window_bytes=int(sys.argv[4]))
+    else:
+        w.init_mb_sock(data_port)
     print("ID %d" % w.worker_id, flush=True)
     if mode == "take":
         seen = set()
