@@ -25,7 +25,7 @@ except ImportError as exc:  # pragma: no cover - torch is in the test extra
 
 from ._centre.exchange import SyncHandle
 from .adapters.torch_adapter import describe_layout, layout_changed
-from .errors import LayoutMismatch
+from .errors import LayoutMismatch, PlatoonError
 from .rules import EASGD, ParamSyncRule
 
 log = logging.getLogger(__name__)
@@ -143,6 +143,7 @@ class PeriodicSync(torch.optim.Optimizer):
         self.rule = rule
         self.steps = 0  # step() calls so far
         self._handle: Optional[SyncHandle] = None
+        self._centre_in = False  # inside `with centre():`
         self._names, tensors = _shared_tensors(model, buffers)
         self._slots = _slots(model, self._names, tensors)
         if optimizer is not None:
@@ -170,7 +171,9 @@ class PeriodicSync(torch.optim.Optimizer):
         """The wrapped optimizer's step (returns its result); then, every `sync_every`-th
         call, a sync with the centre (started in the background with `overlap`, after
         finishing the previous one). Without an optimizer, call it after the script's own
-        update: it only counts and syncs (and returns `closure()`'s result, if given)."""
+        update: it only counts and syncs (and returns `closure()`'s result, if given).
+        Raises PlatoonError inside ``with centre():``."""
+        self._refuse_in_centre("step")
         if self.optimizer is None:
             loss = None if closure is None else closure()
         else:
@@ -255,6 +258,7 @@ class PeriodicSync(torch.optim.Optimizer):
     def sync(self) -> None:
         """Sync now, whatever the step count: finish a sync in flight, then sync in place
         (at the end of training, say). Does not change the sync period's phase."""
+        self._refuse_in_centre("sync")
         with self._naming_changes():
             self._finish()
             self.worker.sync_params()
@@ -295,7 +299,8 @@ class PeriodicSync(torch.optim.Optimizer):
         snapshot of the centre (as `centre_state_dict`; what is not shared stays this
         worker's). On leaving, also through an exception, every tensor of the model's
         state dict gets back, bit for bit, the value it had on entry, whatever the
-        block did to it. Yields the model. Do not `step()` or sync inside the block.
+        block did to it. Yields the model. `step()` and `sync()` inside the block raise
+        PlatoonError: a sync would push the centre's values as this worker's own.
         Raises LockTimeout (after `timeout_s` seconds, default the worker's timeout),
         and as `wait`.
         """
@@ -305,6 +310,7 @@ class PeriodicSync(torch.optim.Optimizer):
         own = {key: value for key, value in self.model.state_dict(keep_vars=True).items()
                if isinstance(value, torch.Tensor)}
         saved = {key: value.detach().clone() for key, value in own.items()}
+        outer, self._centre_in = self._centre_in, True
         try:
             with torch.no_grad():
                 for key in self._names:
@@ -314,6 +320,13 @@ class PeriodicSync(torch.optim.Optimizer):
             with torch.no_grad():
                 for key, value in own.items():
                     value.copy_(saved[key])
+            self._centre_in = outer
+
+    def _refuse_in_centre(self, what):
+        if self._centre_in:
+            raise PlatoonError("%s() inside `with centre():` would train the centre's values "
+                               "and push them as this worker's own: call it after the block"
+                               % what)
 
     @property
     def shared_names(self) -> List[str]:

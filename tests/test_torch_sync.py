@@ -351,6 +351,12 @@ def test_centre_swaps_the_centre_in_and_restores_the_local_weights_bit_for_bit(o
             model(torch.randn(4, 3))
             raise RuntimeError("raised in the block")
     assert state_bytes(model) == own
+    with sync.centre():
+        with pytest.raises(PlatoonError, match=r"step\(\) inside `with centre\(\):` would"):
+            sync.step()
+        with pytest.raises(PlatoonError, match=r"sync\(\) inside `with centre"):
+            sync.sync()
+    assert state_bytes(model) == own and w.syncs == 1 and sync.steps == 3
     for c, before in zip(ctl.centre, central):
         np.testing.assert_array_equal(c, before)  # the block never touched the centre
     train_step(model, sync, torch.randn(4, 3))  # the same tensors, still shared: syncs on
