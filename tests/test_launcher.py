@@ -527,7 +527,7 @@ def test_any_script_runs_as_the_workers_with_the_words_after_the_double_dash(tmp
     code, out = run_launcher(
         launcher_cmd("-n", "2", os.path.join(EXPERIMENTS, "argv_worker.py"),
                      "--controller", os.path.join(EXPERIMENTS, "argv_controller.py"),
-                     "-c", "--x 1"), tmp_path,
+                     "-c", "--x 1"), tmp_path, env={"CUDA_VISIBLE_DEVICES": ""},
         script_args=["--lr", "20", "--log-dir", "mine", "-n", "5", "--", "last"])
     assert code == 0, out
     logs = tmp_path / "logs"  # the launcher's own --log-dir, and -n 2: not the script's
