@@ -7,8 +7,9 @@ syncs the model with the job's centre under a sync rule, in place or, with
 else (``zero_grad``, ``param_groups``, ``state_dict``, learning-rate
 schedulers) goes to the wrapped optimizer, so it drops into existing code;
 ``with sync.centre():`` evaluates the centre in the model and gives the
-worker's own weights back. The same idea as torch's ``PostLocalSGDOptimizer`` (periodic
-model averaging) and torchft's ``DiLoCo``, with platoon's asynchronous centre.
+worker's own weights back. The same idea as torch's ``PostLocalSGDOptimizer``
+(periodic model averaging) and torchft's ``DiLoCo``, with platoon's
+asynchronous centre.
 Imported only when ``platoon.PeriodicSync`` is first used; torch is needed then.
 """
 
@@ -305,8 +306,8 @@ class PeriodicSync(torch.optim.Optimizer):
         and as `wait`.
         """
         self.wait()
-        centre = self.centre_state_dict(timeout_s)
         self._check_shared()  # the model still holds the tensors it shared
+        centre = self.centre_state_dict(timeout_s)
         own = {key: value for key, value in self.model.state_dict(keep_vars=True).items()
                if isinstance(value, torch.Tensor)}
         saved = {key: value.detach().clone() for key, value in own.items()}
