@@ -544,6 +544,8 @@ def test_script_form_usage(tmp_path, capsys):
     assert (args.experiment, args.workers, args.worker_argv, args.controller) == (
         "train.py", 3, ["--a", "--lr", "20"], None)
     assert launcher.parse_args(["x"]).worker_argv == []
+    launch = launcher.Launch(launcher.parse_args(["dir/train.py"]), out=io.StringIO())
+    assert launch.log_dir.startswith(os.path.join("PLATOON_LOGS", "train", ""))
     for argv, error in [
             (["train.py", "--lr", "20"], "unrecognized arguments: --lr 20 (the worker "
              "script's arguments go after --: platoon-launcher train.py -- --lr 20)"),
