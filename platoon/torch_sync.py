@@ -1,19 +1,22 @@
 """Periodic syncing in one line of an existing PyTorch training loop: `PeriodicSync`.
 
-`PeriodicSync` wraps a ``torch.optim.Optimizer``: every `sync_every` calls of
-its `step()` it syncs the model with the job's centre under a sync rule, in
-place or, with ``overlap=True``, in the background while the next steps
-compute. Everything else (``zero_grad``, ``param_groups``, ``state_dict``,
-learning-rate schedulers) goes to the wrapped optimizer, so it drops into
-existing code. The same idea as torch's ``PostLocalSGDOptimizer`` (periodic
-model averaging) and torchft's ``DiLoCo``, with platoon's asynchronous centre.
+`PeriodicSync` wraps a ``torch.optim.Optimizer``, or none for a loop that
+updates the parameters by hand: every `sync_every` calls of its `step()` it
+syncs the model with the job's centre under a sync rule, in place or, with
+``overlap=True``, in the background while the next steps compute. Everything
+else (``zero_grad``, ``param_groups``, ``state_dict``, learning-rate
+schedulers) goes to the wrapped optimizer, so it drops into existing code;
+``with sync.centre():`` evaluates the centre in the model and gives the
+worker's own weights back. The same idea as torch's ``PostLocalSGDOptimizer``
+(periodic model averaging) and torchft's ``DiLoCo``, with platoon's
+asynchronous centre.
 Imported only when ``platoon.PeriodicSync`` is first used; torch is needed then.
 """
 
 import contextlib
 import logging
 import warnings
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 try:
     import torch
@@ -23,7 +26,7 @@ except ImportError as exc:  # pragma: no cover - torch is in the test extra
 
 from ._centre.exchange import SyncHandle
 from .adapters.torch_adapter import describe_layout, layout_changed
-from .errors import LayoutMismatch
+from .errors import LayoutMismatch, PlatoonError
 from .rules import EASGD, ParamSyncRule
 
 log = logging.getLogger(__name__)
@@ -31,8 +34,8 @@ log = logging.getLogger(__name__)
 
 def _delegated(name, doc):
     """A property reading and writing attribute `name` of the wrapped optimizer."""
-    return property(lambda self: getattr(self.optimizer, name),
-                    lambda self, value: setattr(self.optimizer, name, value), doc=doc)
+    return property(lambda self: getattr(self._wrapped(name), name),
+                    lambda self, value: setattr(self._wrapped(name), name, value), doc=doc)
 
 
 BUFFERS = ("sync", "exclude")
@@ -48,7 +51,16 @@ class PeriodicSync(torch.optim.Optimizer):
                                    sync_every=4, rule=platoon.EASGD(0.45))
 
     and the loop (``opt.zero_grad(); loss.backward(); opt.step()``) stays as it
-    is. The constructor calls ``worker.init_shared_params`` on the model's
+    is. A loop that updates the parameters itself (``p.data.add_(p.grad, alpha=-lr)``)
+    passes no optimizer and calls `step()` after its update::
+
+        sync = platoon.PeriodicSync(w, model, sync_every=4)
+        ...
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-lr)   # the script's own lr, annealed its own way
+        sync.step()                          # steps 4, 8, ...: sync with the centre
+
+    The constructor calls ``worker.init_shared_params`` on the model's
     parameters (and floating-point buffers, see `buffers`): the first worker's
     values initialise the centre, every other worker's model starts from it.
 
@@ -56,7 +68,9 @@ class PeriodicSync(torch.optim.Optimizer):
         worker: this process's `platoon.Worker`, before `init_shared_params`.
         model: the ``nn.Module`` trained by `optimizer`; its parameters must
             be contiguous tensors, all on the CPU or all on one GPU.
-        optimizer: the ``torch.optim.Optimizer`` stepping the model.
+        optimizer: the ``torch.optim.Optimizer`` stepping the model, or None
+            (the default) when the script updates the parameters itself: then
+            `step()` only counts and syncs, and `zero_grad()` is the model's.
         sync_every: sync after every this many `step()` calls (>= 1).
         rule: the sync rule (EASGD, ASGD, Downpour(...), or your own);
             default ``EASGD(min(0.9 / worker.global_size, 1))``, the usual
@@ -97,12 +111,14 @@ class PeriodicSync(torch.optim.Optimizer):
     does).
     """
 
-    def __init__(self, worker, model: "torch.nn.Module", optimizer: "torch.optim.Optimizer", *,
-                 sync_every: int, rule: Optional[ParamSyncRule] = None, overlap: bool = False,
+    def __init__(self, worker, model: "torch.nn.Module",
+                 optimizer: Optional["torch.optim.Optimizer"] = None, *, sync_every: int,
+                 rule: Optional[ParamSyncRule] = None, overlap: bool = False,
                  buffers: str = "sync"):
         # Deliberately no super().__init__: param_groups and state are the inner optimizer's.
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError("PeriodicSync wraps a torch.optim.Optimizer, got %r"
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError("PeriodicSync wraps a torch.optim.Optimizer (or None, when the "
+                            "script updates the parameters itself), got %r"
                             % type(optimizer).__name__)
         if not isinstance(model, torch.nn.Module):
             raise TypeError("PeriodicSync needs the nn.Module the optimizer trains, got %r"
@@ -128,9 +144,11 @@ class PeriodicSync(torch.optim.Optimizer):
         self.rule = rule
         self.steps = 0  # step() calls so far
         self._handle: Optional[SyncHandle] = None
+        self._centre_in = False  # inside `with centre():`
         self._names, tensors = _shared_tensors(model, buffers)
         self._slots = _slots(model, self._names, tensors)
-        _warn_unshared(optimizer, model)
+        if optimizer is not None:
+            _warn_unshared(optimizer, model)
         worker.init_shared_params(tensors, rule, names=self._names)
         log.info("worker %s: PeriodicSync of %d tensors every %d steps, %r%s", worker.worker_id,
                  len(tensors), sync_every, rule, ", overlapped" if overlap else "")
@@ -143,11 +161,24 @@ class PeriodicSync(torch.optim.Optimizer):
     defaults = _delegated("defaults", "The wrapped optimizer's defaults.")
     state = _delegated("state", "The wrapped optimizer's state.")
 
+    def _wrapped(self, name):
+        if self.optimizer is None:
+            raise AttributeError(
+                "this PeriodicSync wraps no optimizer, so it has no %s: the script updates "
+                "the parameters itself, with its own learning rate" % name)
+        return self.optimizer
+
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """The wrapped optimizer's step (returns its result); then, every `sync_every`-th
         call, a sync with the centre (started in the background with `overlap`, after
-        finishing the previous one)."""
-        loss = self.optimizer.step() if closure is None else self.optimizer.step(closure)
+        finishing the previous one). Without an optimizer, call it after the script's own
+        update: it only counts and syncs (and returns `closure()`'s result, if given).
+        Raises PlatoonError inside ``with centre():``."""
+        self._refuse_in_centre("step")
+        if self.optimizer is None:
+            loss = None if closure is None else closure()
+        else:
+            loss = self.optimizer.step() if closure is None else self.optimizer.step(closure)
         self.steps += 1
         if self.steps % self.sync_every == 0:
             with self._naming_changes():
@@ -159,25 +190,38 @@ class PeriodicSync(torch.optim.Optimizer):
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+        """The wrapped optimizer's zero_grad; without one, the model's."""
+        if self.optimizer is None:
+            self.model.zero_grad(set_to_none=set_to_none)
+        else:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         """Adds to the wrapped optimizer; only the model's tensors shared at construction
         are synced."""
-        self.optimizer.add_param_group(param_group)
+        self._wrapped("param groups to add to").add_param_group(param_group)
 
     def state_dict(self) -> Dict[str, Any]:
-        """The wrapped optimizer's state dict, with this wrapper's step count
-        (``"platoon_steps"``) so a resumed run keeps its sync phase."""
-        state = self.optimizer.state_dict()
+        """The wrapped optimizer's state dict (without one, an empty one), with this
+        wrapper's step count (``"platoon_steps"``) so a resumed run keeps its sync phase."""
+        state = {} if self.optimizer is None else self.optimizer.state_dict()
         state["platoon_steps"] = self.steps
         return state
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Load into the wrapped optimizer (a plain optimizer's state dict works too)."""
+        """Load into the wrapped optimizer (a plain optimizer's state dict works too).
+        Without an optimizer only ``"platoon_steps"`` is taken; ValueError for a state
+        dict that holds an optimizer's state."""
         state_dict = dict(state_dict)
-        self.steps = int(state_dict.pop("platoon_steps", self.steps))
-        self.optimizer.load_state_dict(state_dict)
+        steps = int(state_dict.pop("platoon_steps", self.steps))
+        if self.optimizer is None:
+            if state_dict:
+                raise ValueError("this PeriodicSync wraps no optimizer, and the state dict "
+                                 "holds an optimizer's (%s): load it into that optimizer"
+                                 % ", ".join(sorted(map(str, state_dict))))
+        else:
+            self.optimizer.load_state_dict(state_dict)
+        self.steps = steps
 
     def __repr__(self) -> str:
         return "PeriodicSync(%r, sync_every=%d, rule=%r, overlap=%s, buffers=%r)" % (
@@ -215,6 +259,7 @@ class PeriodicSync(torch.optim.Optimizer):
     def sync(self) -> None:
         """Sync now, whatever the step count: finish a sync in flight, then sync in place
         (at the end of training, say). Does not change the sync period's phase."""
+        self._refuse_in_centre("sync")
         with self._naming_changes():
             self._finish()
             self.worker.sync_params()
@@ -245,16 +290,53 @@ class PeriodicSync(torch.optim.Optimizer):
                 out[key] = value
         return out
 
+    @contextlib.contextmanager
+    def centre(self, timeout_s: Optional[float] = _WORKERS) -> Iterator["torch.nn.Module"]:
+        """Within the block the model holds the centre; on leaving it, its own values again.
+
+        ``with sync.centre(): val_loss = evaluate(model, data)`` evaluates the centre
+        model without losing this worker's weights. On entry, a sync in flight is
+        finished (`wait`), then the shared tensors take the values of one consistent
+        snapshot of the centre (as `centre_state_dict`; what is not shared stays this
+        worker's). On leaving, also through an exception, every tensor of the model's
+        state dict gets back, bit for bit, the value it had on entry, whatever the
+        block did to it. Yields the model. `step()` and `sync()` inside the block raise
+        PlatoonError: a sync would push the centre's values as this worker's own.
+        Raises LockTimeout (after `timeout_s` seconds, default the worker's timeout),
+        and as `wait`.
+        """
+        self.wait()
+        self._check_shared()  # the model still holds the tensors it shared
+        centre = self.centre_state_dict(timeout_s)
+        own = {key: value for key, value in self.model.state_dict(keep_vars=True).items()
+               if isinstance(value, torch.Tensor)}
+        saved = {key: value.detach().clone() for key, value in own.items()}
+        outer, self._centre_in = self._centre_in, True
+        try:
+            with torch.no_grad():
+                for key in self._names:
+                    own[key].copy_(centre[key])
+            yield self.model
+        finally:
+            with torch.no_grad():
+                for key, value in own.items():
+                    value.copy_(saved[key])
+            self._centre_in = outer
+
+    def _refuse_in_centre(self, what):
+        if self._centre_in:
+            raise PlatoonError("%s() inside `with centre():` would train the centre's values "
+                               "and push them as this worker's own: call it after the block"
+                               % what)
+
     @property
     def shared_names(self) -> List[str]:
         """The state-dict keys of the tensors shared through the centre, in its order."""
         return list(self._names)
 
-    @contextlib.contextmanager
-    def _naming_changes(self):
-        """Around a sync: refuse a shared tensor the model no longer holds (a buffer that
-        model.double() replaced, say), and name the tensor when the worker refuses one whose
-        dtype, shape or device changed. (One torch moved in memory is followed by the worker.)"""
+    def _check_shared(self):
+        """Raise LayoutMismatch for a shared tensor the model no longer holds, or whose dtype,
+        shape or device changed."""
         for name, (table, leaf, tensor, layout) in zip(self._names, self._slots):
             now = table.get(leaf)
             if now is tensor:
@@ -265,6 +347,13 @@ class PeriodicSync(torch.optim.Optimizer):
                 "the model's %r is no longer the tensor PeriodicSync shared: a new tensor was "
                 "assigned to it, so it would no longer be synced. Update it in place (copy_(), "
                 "zero_()), and convert or move the model before PeriodicSync" % name)
+
+    @contextlib.contextmanager
+    def _naming_changes(self):
+        """Around a sync: refuse a shared tensor the model no longer holds (a buffer that
+        model.double() replaced, say), and name the tensor when the worker refuses one whose
+        dtype, shape or device changed. (One torch moved in memory is followed by the worker.)"""
+        self._check_shared()
         try:
             yield
         except LayoutMismatch as exc:

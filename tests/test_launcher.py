@@ -62,10 +62,14 @@ def launcher_cmd(*args):
     return [sys.executable, "-m", "platoon.launch.cli"] + list(args)
 
 
-def run_launcher(args, tmp_path, env=None, timeout=120):
+def run_launcher(args, tmp_path, env=None, timeout=120, script_args=None):
+    """(exit code, output) of the launcher run with `args`, --log-dir tmp_path/logs, and
+    `script_args` (if given) after --."""
     full_env = dict(os.environ, **(env or {}))
-    proc = subprocess.run(args + ["--log-dir", str(tmp_path / "logs")], capture_output=True,
-                          text=True, timeout=timeout, env=full_env, cwd=str(tmp_path))
+    after = [] if script_args is None else ["--"] + list(script_args)
+    proc = subprocess.run(args + ["--log-dir", str(tmp_path / "logs")] + after,
+                          capture_output=True, text=True, timeout=timeout, env=full_env,
+                          cwd=str(tmp_path))
     out = proc.stdout + proc.stderr
     job = re.search(r"job ([0-9a-f]{16})", out)
     if job:  # whatever happened, the job's shared memory is gone once the launcher exits
@@ -516,6 +520,49 @@ def test_script_arguments_that_start_with_a_dash(tmp_path, style):
     assert "CONTROLLER ARGV ['--no-baseline']" in (logs / "controller.log").read_text()
     assert "WORKER ARGV ['-v']" in (logs / "worker0.log").read_text()
     assert_job_gone(job_id_of(out))
+
+
+def test_any_script_runs_as_the_workers_with_the_words_after_the_double_dash(tmp_path):
+    """platoon-launcher SCRIPT.py -- ARGS: no EXPERIMENT_worker.py naming, no quoted -w."""
+    code, out = run_launcher(
+        launcher_cmd("-n", "2", os.path.join(EXPERIMENTS, "argv_worker.py"),
+                     "--controller", os.path.join(EXPERIMENTS, "argv_controller.py"),
+                     "-c", "--x 1"), tmp_path, env={"CUDA_VISIBLE_DEVICES": ""},
+        script_args=["--lr", "20", "--log-dir", "mine", "-n", "5", "--", "last"])
+    assert code == 0, out
+    logs = tmp_path / "logs"  # the launcher's own --log-dir, and -n 2: not the script's
+    assert "controller on port" in out and "2 worker(s) on cpu, cpu" in out, out
+    for k in (0, 1):
+        assert ("WORKER ARGV ['--lr', '20', '--log-dir', 'mine', '-n', '5', '--', 'last']"
+                in (logs / ("worker%d.log" % k)).read_text())
+    assert "CONTROLLER ARGV ['--x', '1']" in (logs / "controller.log").read_text()
+    assert_job_gone(job_id_of(out))
+
+
+def test_script_form_usage(tmp_path, capsys):
+    args = launcher.parse_args(["-n", "3", "train.py", "-w", "--a", "--", "--lr", "20"])
+    assert (args.experiment, args.workers, args.worker_argv, args.controller) == (
+        "train.py", 3, ["--a", "--lr", "20"], None)
+    assert launcher.parse_args(["x"]).worker_argv == []
+    launch = launcher.Launch(launcher.parse_args(["dir/train.py"]), out=io.StringIO())
+    assert launch.log_dir.startswith(os.path.join("PLATOON_LOGS", "train", ""))
+    for argv, error in [
+            (["train.py", "--lr", "20"], "unrecognized arguments: --lr 20 (the worker "
+             "script's arguments go after --: platoon-launcher train.py -- --lr 20)"),
+            (["examples/digits/digits", "--controller", "c.py"],
+             "--controller goes with a SCRIPT.py")]:
+        with pytest.raises(SystemExit) as exc:
+            launcher.parse_args(argv)
+        assert exc.value.code == 2
+        assert error in capsys.readouterr().err
+    code, out = run_launcher(launcher_cmd(str(tmp_path / "train.py")), tmp_path)
+    assert code == 2 and "no script %s" % (tmp_path / "train.py") in out, out
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "argv_worker.py"),
+                                          "--controller", "missing.py"), tmp_path)
+    assert code == 2 and "no script missing.py" in out, out
+    with pytest.raises(SystemExit):
+        launcher.parse_args(["--help"])
+    assert "platoon-launcher -n 2 train.py -- --lr 20 --epochs 3" in capsys.readouterr().out
 
 
 def test_help_shows_script_arguments_with_a_dash(capsys):

@@ -259,6 +259,110 @@ def test_it_drops_into_existing_code(one_worker):
     assert w.syncs == 2
 
 
+# -- a loop that updates the parameters itself (no torch.optim), and sync.centre() --
+
+def test_a_hand_written_update_syncs_without_an_optimizer(one_worker):
+    """The script's own update, with its own lr annealed its own way, then sync.step(): every
+    third call syncs under EASGD, exactly as the rule says."""
+    ctl, w = one_worker
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    sync = PeriodicSync(w, model, sync_every=3, rule=EASGD(0.5))
+    x = torch.tensor([[1.0, 2.0, 3.0], [0.5, -1.0, 2.0]])
+    grads = [np.tile(x.sum(0).numpy(), (2, 1)), np.full(2, 2.0, np.float32)]  # of model(x).sum()
+    local = [p.detach().numpy().copy() for p in model.parameters()]
+    centre = [c.copy() for c in ctl.centre]
+    initial = centre[0].copy()
+    lr = 0.1
+    for step in range(1, 7):
+        sync.zero_grad()
+        model(x).sum().backward()
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-lr)
+        sync.step()
+        local = [p - np.float32(lr) * g for p, g in zip(local, grads)]
+        if step % 3 == 0:
+            for p, c in zip(local, centre):
+                d = np.float32(0.5) * (p - c)
+                p -= d
+                c += d
+            lr /= 4  # annealed by the script: the next update takes it
+        for p, expected in zip(model.parameters(), local):
+            np.testing.assert_allclose(p.detach().numpy(), expected, rtol=1e-6, atol=1e-7)
+        for c, expected in zip(ctl.centre, centre):
+            np.testing.assert_allclose(c, expected, rtol=1e-6, atol=1e-7)
+    assert w.syncs == 2 and sync.steps == 6
+    assert not np.array_equal(ctl.centre[0], initial)  # the centre moved
+    sync.zero_grad()
+    assert model.weight.grad is None  # the model's zero_grad
+    with pytest.raises(AttributeError, match="wraps no optimizer, so it has no param_groups"):
+        sync.param_groups
+    assert not hasattr(sync, "state")
+    assert sync.state_dict() == {"platoon_steps": 6}
+    sync.load_state_dict({"platoon_steps": 3})
+    assert sync.steps == 3
+    with pytest.raises(ValueError, match="wraps no optimizer, and the state dict holds"):
+        sync.load_state_dict(torch.optim.SGD(model.parameters(), lr=0.1).state_dict())
+    assert sync.steps == 3
+    assert sync.step(lambda: 5.0) == 5.0  # step 4
+    assert w.syncs == 2
+
+
+def state_bytes(model):
+    return {k: v.detach().cpu().numpy().tobytes() for k, v in model.state_dict().items()}
+
+
+def test_centre_swaps_the_centre_in_and_restores_the_local_weights_bit_for_bit(one_worker):
+    ctl, w = one_worker
+    model = bn_model()
+    sync = PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=2,
+                        rule=EASGD(0.5))
+    for _ in range(3):
+        train_step(model, sync, torch.randn(4, 3))
+    own = state_bytes(model)
+    centre = sync.centre_state_dict()
+    assert {k for k in sync.shared_names if state_bytes(model)[k] != centre[k].numpy().tobytes()}
+    central = [c.copy() for c in ctl.centre]
+    with sync.centre() as inside:
+        assert inside is model
+        for key, value in model.state_dict().items():  # the centre; integer buffers our own
+            assert torch.equal(value, centre[key]), key
+        model(torch.randn(4, 3))  # in training mode: moves BatchNorm's statistics and count
+        with torch.no_grad():
+            model[0].weight.add_(1.0)
+    assert state_bytes(model) == own
+    with pytest.raises(RuntimeError, match="raised in the block"):
+        with sync.centre():
+            model(torch.randn(4, 3))
+            raise RuntimeError("raised in the block")
+    assert state_bytes(model) == own
+    with sync.centre():
+        with pytest.raises(PlatoonError, match=r"step\(\) inside `with centre\(\):` would"):
+            sync.step()
+        with pytest.raises(PlatoonError, match=r"sync\(\) inside `with centre"):
+            sync.sync()
+    assert state_bytes(model) == own and w.syncs == 1 and sync.steps == 3
+    for c, before in zip(ctl.centre, central):
+        np.testing.assert_array_equal(c, before)  # the block never touched the centre
+    train_step(model, sync, torch.randn(4, 3))  # the same tensors, still shared: syncs on
+    assert w.syncs == 2
+
+
+def test_centre_finishes_a_sync_in_flight_first(one_worker):
+    ctl, w = one_worker
+    model = nn.Linear(3, 2)
+    sync = PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=1,
+                        rule=EASGD(0.25), overlap=True)
+    train_step(model, sync, torch.ones(2, 3))
+    assert sync.in_flight
+    with sync.centre():
+        assert not sync.in_flight and w.syncs == 1
+        for p, c in zip(model.parameters(), ctl.centre):
+            np.testing.assert_array_equal(p.detach().numpy(), c)
+    assert not any(np.array_equal(p.detach().numpy(), c)
+                   for p, c in zip(model.parameters(), ctl.centre))  # its own again
+
+
 def test_bad_arguments_are_refused_before_anything_is_shared(one_worker):
     ctl, w = one_worker
     model = nn.Linear(3, 2)

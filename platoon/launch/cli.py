@@ -8,6 +8,7 @@ import argparse
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -26,14 +27,19 @@ from .supervision import (  # noqa: F401
     open_private,
 )
 
-__all__ = ["main", "parse_args", "find_scripts", "plan_devices", "visible_gpus",
+__all__ = ["main", "parse_args", "is_script", "find_scripts", "plan_devices", "visible_gpus",
            "find_gpus", "join_option_values"]
 
 EPILOG = """\
+any script: SCRIPT.py runs as each worker, with the words after -- as its arguments, and
+the default controller (which serves until the workers are done) or --controller's:
+  platoon-launcher -n 2 train.py -- --lr 20 --epochs 3
+
 devices: without -D, every visible CUDA GPU gets a worker; with none, -n CPU workers run.
 Each worker sees only its GPU (CUDA_VISIBLE_DEVICES) and learns its name from Worker.device.
 
-script arguments: -c and -w take one string, which may start with a dash:
+script arguments: after --, each worker's; -c and -w take one string, which may start
+with a dash:
   platoon-launcher examples/digits/digits -c "--no-baseline" -w "--lr 0.8"
 
 exit codes:
@@ -110,9 +116,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The launcher's options; exits with status 2 (argparse's usage error) on bad ones."""
     parser = argparse.ArgumentParser(
         prog="platoon-launcher", description=__doc__.split("\n\n")[0],
+        usage="%(prog)s [options] SCRIPT.py [-- SCRIPT_ARGS ...]\n"
+              "       %(prog)s [options] EXPERIMENT [-c ARGS] [-w ARGS]",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("experiment", help="path prefix: runs EXPERIMENT_worker.py and, if it "
-                        "exists, EXPERIMENT_controller.py (else the default Controller)")
+    parser.add_argument("experiment", metavar="SCRIPT.py | EXPERIMENT",
+                        help="SCRIPT.py: runs it as each worker (its arguments after --), with "
+                        "the default Controller or --controller's. EXPERIMENT, a path prefix: "
+                        "runs EXPERIMENT_worker.py and, if it exists, EXPERIMENT_controller.py "
+                        "(else the default Controller)")
+    parser.add_argument("--controller", metavar="SCRIPT.py",
+                        help="with SCRIPT.py: the controller script (default: the default "
+                        "Controller, serving until the workers are done)")
     parser.add_argument("-D", "--devices", nargs="+", metavar="DEV",
                         help="devices, one worker each: cuda0 cuda1 ... or cpu")
     parser.add_argument("-n", "--workers", type=int, default=2, metavar="N",
@@ -159,8 +173,18 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "(written 0600 to LOG_DIR/curve_keys.json); not with --hosts")
     parser.add_argument("--log-level",
                         default=JobEnvironment.read("log_level").log_level or "INFO")
-    args = parser.parse_args(join_option_values(
-        sys.argv[1:] if argv is None else argv, SCRIPT_ARGS_OPTIONS))
+    words = join_option_values(sys.argv[1:] if argv is None else argv, SCRIPT_ARGS_OPTIONS)
+    script_args = []
+    if "--" in words:  # the worker script's arguments
+        words, script_args = words[:words.index("--")], words[words.index("--") + 1:]
+    args, unknown = parser.parse_known_args(words)
+    if unknown:
+        parser.error("unrecognized arguments: %s (the worker script's arguments go after "
+                     "--: platoon-launcher train.py -- --lr 20)" % " ".join(unknown))
+    args.worker_argv = shlex.split(args.worker_args) + script_args
+    if args.controller and not is_script(args.experiment):
+        parser.error("--controller goes with a SCRIPT.py (ending in .py); the EXPERIMENT form "
+                     "runs %s_controller.py" % args.experiment)
     if args.hosts:
         for dest, flag, why in NOT_WITH_HOSTS:
             if getattr(args, dest) not in (None, False):
@@ -184,8 +208,21 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
-def find_scripts(experiment):
-    """(worker script, controller script or None) for an experiment prefix."""
+def is_script(target: str) -> bool:
+    """Whether the launcher's first argument names a worker script (SCRIPT.py), not an
+    EXPERIMENT prefix."""
+    return target.endswith(".py")
+
+
+def find_scripts(experiment, controller=None):
+    """(worker script, controller script or None) for SCRIPT.py (with `controller`, the
+    --controller script, if any) or an EXPERIMENT prefix. Raises UsageError for a script
+    that does not exist."""
+    if is_script(experiment):
+        for script in (experiment, controller):
+            if script is not None and not os.path.isfile(script):
+                raise UsageError("no script %s" % script)
+        return experiment, controller
     worker = experiment + "_worker.py"
     if not os.path.isfile(worker):
         raise UsageError("no worker script %s; the launcher runs EXPERIMENT_worker.py (and "
@@ -273,10 +310,11 @@ def plan_devices(args, say) -> List[str]:
 def run(launch: Launch) -> int:
     """Run `launch`'s job on this machine or, with --hosts, across hosts; its exit code."""
     args = launch.args
-    worker_script, controller_script = find_scripts(args.experiment)
+    worker_script, controller_script = find_scripts(args.experiment, args.controller)
     if controller_script is None:
-        launch.say("no %s_controller.py: using the default Controller"
-                   % os.path.basename(args.experiment))
+        launch.say("%s: using the default Controller" % (
+            "no --controller" if is_script(args.experiment)
+            else "no %s_controller.py" % os.path.basename(args.experiment)))
     if args.hosts:
         return launch.run_hosts(worker_script, controller_script)
     return launch.run(worker_script, controller_script, plan_devices(args, launch.say))

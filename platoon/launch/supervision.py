@@ -197,6 +197,7 @@ class Launch:
         self.controller = None
         self.workers = []
         name = os.path.basename(args.experiment.rstrip("/")) or "job"
+        name = name[:-len(".py")] if name.endswith(".py") else name
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
         self.log_dir = args.log_dir or os.path.join("PLATOON_LOGS", name, stamp)
         self.status_file = os.path.join(self.log_dir, "status.json")
@@ -265,7 +266,7 @@ class Launch:
         else:
             env["CUDA_VISIBLE_DEVICES"] = device[len("cuda"):]
         name = "worker%d" % index + (".restart%d" % attempt if attempt else "")
-        self.workers.append(Process(name, self.worker_script, shlex.split(self.args.worker_args),
+        self.workers.append(Process(name, self.worker_script, self.args.worker_argv,
                                     env, os.path.join(self.log_dir, name + ".log"),
                                     index=index, device=device))
 
@@ -288,7 +289,7 @@ class Launch:
             cmd += ["--tie-every-s", str(args.tie_every_s)]
         if args.tie_every_syncs:
             cmd += ["--tie-every-syncs", str(args.tie_every_syncs)]
-        cmd += ["--", worker_script] + shlex.split(args.worker_args)
+        cmd += ["--", worker_script] + args.worker_argv
         env = without_job_variables(os.environ)
         env.update(JobEnvironment(launcher_pid=os.getpid(), log_level=args.log_level).to_env())
         self.controller = Process("mpiexec", "-x:" + mpiexec, cmd, env,
