@@ -17,7 +17,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import zmq
 
@@ -58,8 +58,9 @@ class ControlClient:
         self._seq = 0
         self._lock = threading.Lock()
         self._checked = 0.0
-        self._rcvtimeo_ms = {}  # socket -> the receive timeout set on it
-        self._still_waiting = None  # (when, timeout_s) to say registration is still waiting
+        self._rcvtimeo_ms: Dict[Any, int] = {}  # socket -> the receive timeout set on it
+        # (when, timeout_s) to say registration is still waiting
+        self._still_waiting: Optional[Tuple[float, Optional[float]]] = None
         self.sock = self.socket(zmq.DEALER)
         self.sock.connect(address)
 
@@ -85,7 +86,7 @@ class ControlClient:
             raise ControllerTimeout(
                 "no controller answered at %s within %.3g s: start the controller first "
                 "(a controller whose job has ended no longer listens), check the address, "
-                "or raise the worker's timeout_s" % (self.address, timeout_s)) from None
+                "or raise the worker's timeout_s" % (self.address, timeout_s or 0.0)) from None
         finally:
             self._still_waiting = None
         if info.get("controller_host") == socket.gethostname():
@@ -202,7 +203,7 @@ class ControlClient:
             return
         self._checked = now
         if not self.controller_alive():
-            raise ControllerGone("the controller of job %s (pid %d, %s) has exited; worker %s "
+            raise ControllerGone("the controller of job %s (pid %s, %s) has exited; worker %s "
                                  "cannot go on" % (self.job_id, self.controller_pid,
                                                    self.address, self.worker_id))
 
@@ -231,7 +232,7 @@ class _Farewell:
                                        {"error": error} if error else None)
 
 
-_uncaught = []
+_uncaught: List[str] = []
 _previous_excepthook = None
 
 

@@ -27,6 +27,7 @@ import platform
 import re
 import time
 import weakref
+from typing import Any, Dict
 
 import numpy as np
 
@@ -116,9 +117,9 @@ class NodeCollectives:
 
     def __init__(self, ctl: ControllerServices):
         self._ctl = weakref.proxy(ctl)
-        self._reductions = {}  # segment name -> _Reduction
-        self._reduction_names = {}  # (dtype, count) -> segment name
-        self._states = {}      # state name -> SharedCentre
+        self._reductions: Dict[str, Any] = {}  # segment name -> _Reduction
+        self._reduction_names: Dict[Any, str] = {}  # (dtype, count) -> segment name
+        self._states: Dict[str, SharedCentre] = {}      # state name -> SharedCentre
         self._rounds = 0  # completed through the controller
 
     @property

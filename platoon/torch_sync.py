@@ -39,7 +39,7 @@ def _delegated(name, doc):
 
 
 BUFFERS = ("sync", "exclude")
-_WORKERS = object()  # "the worker's timeout_s"
+_WORKERS: Any = object()  # "the worker's timeout_s"
 
 
 class PeriodicSync(torch.optim.Optimizer):

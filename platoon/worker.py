@@ -4,13 +4,13 @@ import logging
 import threading
 import time
 import weakref
-from typing import Any, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union, cast
 
 import numpy as np
 import zmq
 
 from . import adapters, protocol, security
-from ._centre.exchange import SyncHandle, SyncStats, share
+from ._centre.exchange import Exchange, SyncHandle, SyncStats, share
 from ._centre.stopsignal import StopSignal, describe
 from ._client import ControlClient, endpoint, uncaught_error
 from ._resources import Resources
@@ -20,6 +20,9 @@ from .device import Device
 from .errors import ControllerGone, ControllerTimeout, PlatoonError, StopRequested
 from .launch.environment import JobEnvironment
 from .rules import ParamSyncRule
+
+if TYPE_CHECKING:
+    from ._minibatches import MinibatchClient
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +82,11 @@ class Worker:
         self._finalizer = weakref.finalize(self, self._res.close)
         self._closed = False
         self._sync_lock = threading.Lock()
-        self._local = None
-        self._rule = None
-        self._exchange = None
-        self._adapter = None
-        self._mb = None
+        self._local: Optional[List[np.ndarray]] = None
+        self._rule: Optional[ParamSyncRule] = None
+        self._exchange: Optional[Exchange] = None
+        self._adapter: Optional[adapters.Adapter] = None
+        self._mb: Optional["MinibatchClient"] = None
         self._coll = WorkerCollectives()
         self._coll_finalizer = weakref.finalize(self, self._coll.close)
         self._stop_signal = None  # the job's stop flag in shared memory (see request_stop)
@@ -296,7 +299,7 @@ class Worker:
         """
         self._check_open()
         if self._local is not None:
-            raise PlatoonError("init_shared_params() was already called on worker %d"
+            raise PlatoonError("init_shared_params() was already called on worker %s"
                                % self.worker_id)
         if not isinstance(param_sync_rule, ParamSyncRule):
             raise TypeError("param_sync_rule must be a platoon.ParamSyncRule (such as "
@@ -305,8 +308,8 @@ class Worker:
         if self._res.centre is not None:  # left by an earlier attempt that failed
             self._res.centre.close()
             self._res.centre = None
-        exchange = share(self.send_req, adapter, param_sync_rule, self._res, self.worker_id,
-                         self.timeout_s, names=names)
+        exchange = share(self.send_req, adapter, param_sync_rule, self._res,
+                         cast(int, self.worker_id), self.timeout_s, names=names)
         self.is_first = exchange.first
         param_sync_rule.attach(self)  # rules with shared state (Downpour's optimizer)
         param_sync_rule.setup(adapter.arrays)
@@ -346,14 +349,13 @@ class Worker:
         arrays (JAX) pass the current ones as `params`. Returns the parameters
         (new arrays for JAX, the same objects otherwise).
         """
-        if self._local is None:
-            raise PlatoonError("call init_shared_params() before sync_params()")
+        adapter, exchange = self._shared("sync_params")
         self._client.check_controller()
         with self._sync_lock:
-            self._adapter.pull(params)
-            self._exchange.sync(lock=synchronous)
-            self._adapter.push()
-        return self._adapter.params()
+            adapter.pull(params)
+            exchange.sync(lock=synchronous)
+            adapter.push()
+        return adapter.params()
 
     def start_sync(self) -> SyncHandle:
         """Start a sync in a background thread; returns a SyncHandle: call its `wait()`.
@@ -370,15 +372,21 @@ class Worker:
         flight; TypeError for rules without push/pull and for immutable (JAX)
         parameters, which need `sync_params(params=...)`.
         """
-        if self._local is None:
-            raise PlatoonError("call init_shared_params() before start_sync()")
-        if not self._adapter.in_place:
+        adapter, exchange = self._shared("start_sync")
+        if not adapter.in_place:
             raise TypeError("start_sync() updates parameters in place, which JAX arrays do not "
                             "allow; call sync_params(params=...) instead")
         self._client.check_controller()
         with self._sync_lock:
-            self._adapter.pull()
-            return self._exchange.start()
+            adapter.pull()
+            return exchange.start()
+
+    def _shared(self, caller: str) -> "tuple[adapters.Adapter, Exchange]":
+        """The adapter and exchange of the shared parameters; PlatoonError before
+        `init_shared_params`."""
+        if self._adapter is None or self._exchange is None:
+            raise PlatoonError("call init_shared_params() before %s()" % caller)
+        return self._adapter, self._exchange
 
     @property
     def syncs(self) -> int:

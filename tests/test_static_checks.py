@@ -1,5 +1,5 @@
 """The package's own checks, configured in the repository: ruff (lint, import order, no module
-reaching another's private names; ruff.toml)."""
+reaching another's private names; ruff.toml) and mypy (types; setup.cfg)."""
 
 import os
 import subprocess
@@ -20,3 +20,10 @@ def test_ruff_finds_nothing_in_the_package():
     done = run_tool("ruff", "check", "platoon")
     assert done.returncode == 0, done.stdout + done.stderr
 
+
+
+@pytest.mark.slow  # about 20 s without mypy's cache
+def test_mypy_finds_nothing_in_the_package():
+    pytest.importorskip("mypy", reason="mypy is in the test extra: pip install -e '.[test]'")
+    done = run_tool("mypy", "platoon")
+    assert done.returncode == 0, done.stdout + done.stderr

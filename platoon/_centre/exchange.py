@@ -16,7 +16,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -136,7 +136,7 @@ class SyncHandle:
                 self._errors.append(exc)
         if not self._background_done.wait(timeout_s):
             raise SyncTimeout("the sync started by start_sync() is still running after %.3g s; "
-                              "call wait() again, or wait longer" % timeout_s)
+                              "call wait() again, or wait longer" % (timeout_s or 0.0))
         self._finished = True
         errors, self._errors = self._errors, []
         # Even when the push failed part-way, the stripes it finished moved the centre (and
@@ -157,8 +157,8 @@ class Exchange:
         self.timeout_s = timeout_s
         self.stats = SyncStats()
         self.first = False  # set by `share`: this worker's values initialised the centre
-        self._inflight = None
-        self._snapshots = None
+        self._inflight: Optional[SyncHandle] = None
+        self._snapshots: Optional[List[np.ndarray]] = None
         # The sync in flight: stripes not yet taken, ranges (index, start, stop) pushed, and
         # whether a push failed; shared by the sync thread and `wait`'s, under `_claim`.
         self._pending: List[int] = []
@@ -188,7 +188,8 @@ class Exchange:
         local = self.local
         self._contiguous = all(p.flags.c_contiguous for p in local)
         self._striped = self.rule.elementwise and self._contiguous
-        self._flat_local = [p.reshape(-1) for p in local] if self._contiguous else None
+        self._flat_local: List[np.ndarray] = [p.reshape(-1) for p in local] \
+            if self._contiguous else []  # used by the striped paths only, which need it
 
     # -- synchronous --
 
@@ -284,7 +285,8 @@ class Exchange:
                                "(Worker.lock); unlock() first, or call sync_params()")
         if self._snapshots is None:
             self._snapshots = [np.empty(p.size, p.dtype) for p in self.local]
-        for snap, p in zip(self._snapshots, self.local):
+        snapshots = self._snapshots
+        for snap, p in zip(snapshots, self.local):
             snap.reshape(p.shape)[...] = p
         handle = SyncHandle(self)
         self._pending = list(self._order)
@@ -425,7 +427,7 @@ class Exchange:
 
 
 def share(request: Callable, adapter, rule: ParamSyncRule, res, worker_id: int = 0,
-          timeout_s: Optional[float] = None, names: Optional[list] = None) -> Exchange:
+          timeout_s: Optional[float] = None, names: Optional[Sequence[str]] = None) -> Exchange:
     """Share `adapter`'s arrays through the job's centre; an Exchange syncing them by `rule`.
 
     The first worker to ask initialises the centre with its values (the

@@ -101,7 +101,8 @@ def join_option_values(argv: Sequence[str], options: Sequence[str]) -> List[str]
     """`argv` with each of `options` written as its own word (``-c VALUE``) joined to the next
     word (``-c=VALUE``), so that argparse takes a VALUE that looks like an option, such as
     ``--no-baseline``. Words after ``--`` are left as they are."""
-    joined, words = [], list(argv)
+    joined: List[str] = []
+    words = list(argv)
     while words:
         word = words.pop(0)
         if word == "--":
@@ -326,7 +327,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     The first SIGINT or SIGTERM stops the job and sets the exit code (128 + its number);
     signals after it are ignored, so that two at once make one orderly stop.
     """
-    received = []
+    received: List[int] = []
 
     def interrupt(signum, frame):
         if not received:

@@ -28,8 +28,8 @@ class RuleContext(Protocol):
         """Workers of the job (of this node in a multi-node job), None if not known."""
 
     @property
-    def shared_params(self) -> List[np.ndarray]:
-        """The centre's arrays."""
+    def shared_params(self) -> Optional[List[np.ndarray]]:
+        """The centre's arrays (set before `attach` is called)."""
 
     def shared_state(self, name: str, layout: list) -> List[np.ndarray]:
         """Arrays of `layout` in shared memory, named `name`, shared by the job's workers

@@ -303,6 +303,7 @@ class DelayedNesterov(Downpour):
             else np.float64
         rows = worker.shared_state(self.state_name + "-journal",
                                    journal_layout(len(stripes), block, [dtype] * 3 + ["<u4"]))
+        assert worker.shared_params is not None  # the centre is shared before attach
         centre = [c.reshape(-1) for c in worker.shared_params]
         assert self.state is not None  # attached by Downpour.attach just above
         state = [s.reshape(-1) for s in self.state]
