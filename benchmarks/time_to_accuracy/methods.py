@@ -46,13 +46,54 @@ LOCAL_SGD_PERIOD = 4  # PeriodicModelAverager's period, as platoon's tau
 
 @dataclass
 class Dataset:
-    """A problem: data, MLP sizes, target accuracy, evaluation period and time cap."""
+    """A problem: data, MLP sizes, target accuracy, evaluation period and time cap.
+
+    The harness asks a problem only for what its methods below provide (`load`, `model`,
+    `trainer`, `reached`), so another problem (benchmarks/language_model's text) subclasses
+    this one and overrides them."""
     name: str
     hidden: int
     target: float
     cap_s: float
     eval_every: int  # steps; a multiple of every sync period
     batch: int = 32
+
+    def load(self):
+        """The problem's data, as numpy arrays (forked children inherit them)."""
+        return load(self)
+
+    def model(self, seed):
+        """A freshly initialised model; the same `seed` gives the same model."""
+        n_in = 64 if self.name == "digits" else 40
+        return mlp((n_in, self.hidden, self.hidden, 10), seed)
+
+    def trainer(self, data, seed):
+        """(step(net, optimizer, k), evaluate(net) -> metric) over `data`, the minibatch
+        sequence drawn with `seed`."""
+        import torch
+        import torch.nn.functional as F
+        xtr, ytr, xte, yte = (torch.from_numpy(a) for a in data)
+        rng = np.random.default_rng(seed)
+        batches = torch.from_numpy(rng.integers(0, len(ytr), (4096, self.batch)))
+
+        def step(net, optimizer, k):
+            idx = batches[k % len(batches)]
+            optimizer.zero_grad()
+            F.cross_entropy(net(xtr[idx]), ytr[idx]).backward()
+            optimizer.step()
+
+        def evaluate(net):
+            with torch.no_grad():
+                return float((net(xte).argmax(1) == yte).float().mean())
+        return step, evaluate
+
+    def reached(self, metric):
+        """Whether `metric` (what `evaluate` returned) is at the target."""
+        return metric >= self.target
+
+    def shortfall(self, metric):
+        """How far `metric` is from the target; ranks runs that missed it (lower is better)."""
+        return self.target - metric
 
 
 # Targets a single process reaches in 1-2 s on an idle core (digits 97%: about 150 steps of
@@ -100,13 +141,6 @@ def mlp(sizes, seed):
         if i < len(sizes) - 2:
             layers.append(torch.nn.ReLU())
     return torch.nn.Sequential(*layers)
-
-
-
-def mlp_sizes(job):
-    d = job.dataset
-    n_in = 64 if d.name == "digits" else 40
-    return (n_in, d.hidden, d.hidden, 10)
 
 
 
@@ -202,11 +236,12 @@ class PlatoonMember(Member):
 
     def setup(self):
         from platoon import Worker
-        rule = PLATOON_MODES[self.job.method[len("platoon_"):]][0](self.job.cfg)
+        mode = self.job.cfg.get("rule", self.job.method[len("platoon_"):])
+        rule = PLATOON_MODES[mode][0](self.job.cfg)
         self.worker = Worker(self.job.address, timeout_s=60)
         self.views = [p.detach().numpy() for p in self.model.parameters()]
         self.worker.init_shared_params(self.views, rule)
-        self.centre = mlp(mlp_sizes(self.job), 0)  # what rank 0 evaluates
+        self.centre = self.job.dataset.model(0)  # what rank 0 evaluates
         self.sync_s = 0.0
         return self.model
 

@@ -1,0 +1,112 @@
+"""`python -m benchmarks.language_model`: tune (--tune), measure, report (see the package)."""
+
+import argparse
+import json
+import multiprocessing
+import os
+import time
+
+from ..record import cpu_model, git_commit
+from ..time_to_accuracy.harness import prewarm
+from ..time_to_accuracy.tuning import tune_and_measure
+from . import __doc__ as PACKAGE_DOC
+from .methods import FULL, QUICK, methods
+from .report import COMMAND, RESULTS, markdown, stem, write
+
+
+def _tuned(path, table, log):
+    """Each method's recorded lr (the grid's middle value where none is recorded)."""
+    chosen = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            chosen = json.load(f)["chosen"]
+    else:
+        log("no recorded tuning in %s: every method takes its grid's middle value" % path)
+    return {n: chosen.get(n, grid[len(grid) // 2]) for n, (_, _, grid) in table.items()}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog=COMMAND, description=PACKAGE_DOC.split("\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="a small model to an early target, 1 repetition (smoke test)")
+    parser.add_argument("--tune", action="store_true",
+                        help="only tune every method's lr on its grid (seed 0) and record it")
+    parser.add_argument("--methods", default=",".join(methods()),
+                        help="comma-separated subset of the methods")
+    parser.add_argument("--reps", type=int, default=None,
+                        help="measured repetitions (seeds) per method (default 3; --quick 1)")
+    parser.add_argument("--straggler", default="ddp,platoon_*",
+                        help="methods run with a 2x straggler ('' for none)")
+    parser.add_argument("--straggler-reps", type=int, default=1)
+    parser.add_argument("--faults", default="all", help="'all' or 'none': the kill-halfway runs")
+    parser.add_argument("--out", default=RESULTS, help="directory for the .json and .md")
+    parser.add_argument("--render", action="store_true",
+                        help="only rewrite the .md and the docs page from the JSON")
+    args = parser.parse_args(argv)
+    log = lambda text: print("..", text, flush=True)  # noqa: E731
+    if args.render:
+        with open(os.path.join(args.out, stem(args.quick) + ".json")) as f:
+            report = json.load(f)
+        write(report, args.quick, args.out)
+        print(markdown(report))
+        return
+    problem = QUICK if args.quick else FULL
+    table = methods()
+    picked = [n for n in args.methods.split(",") if n]
+    if set(picked) - set(table):
+        parser.error("unknown method(s) %s; choose from %s" % (
+            ", ".join(sorted(set(picked) - set(table))), ", ".join(table)))
+    table = {n: table[n] for n in table if n in picked}
+    ctx = multiprocessing.get_context("fork")  # children inherit torch, already imported
+    import torch
+    prewarm()
+    started, load_start = time.monotonic(), os.getloadavg()[0]
+    meta = {"commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "cpu": cpu_model(), "cores": os.cpu_count(), "load_start": load_start,
+            "quick": args.quick, "torch": torch.__version__}
+    tuning_path = os.path.join(args.out, stem(args.quick, "tuning") + ".json")
+    if args.tune:
+        result = tune_and_measure(ctx, problem, table, True, 0, 0, log)
+        meta.update(load_end=os.getloadavg()[0], seconds=time.monotonic() - started)
+        previous = {}
+        if os.path.exists(tuning_path):
+            with open(tuning_path) as f:
+                previous = json.load(f)
+        record = {"meta": meta, "corpus": problem.corpus,
+                  "chosen": dict(previous.get("chosen", {}), **result["chosen"]),
+                  "grids": dict(previous.get("grids", {}), **result["grids"]),
+                  "runs": previous.get("runs", []) + result["runs"]}
+        os.makedirs(args.out, exist_ok=True)
+        with open(tuning_path, "w") as f:
+            json.dump(record, f, indent=1)
+        for name, cfg in result["chosen"].items():
+            log("%s: lr %g" % (name, cfg["lr"]))
+        return
+    chosen = _tuned(tuning_path, table, log)
+    fixed = {n: (world, dict(f), [chosen[n]]) for n, (world, f, _) in table.items()}
+    reps = args.reps if args.reps is not None else (1 if args.quick else 3)
+    measured = tune_and_measure(ctx, problem, fixed, False, reps, 0, log)
+    slow = _matching(args.straggler, fixed)
+    straggler = (tune_and_measure(ctx, problem, slow, False, 0, args.straggler_reps, log)
+                 if slow and args.straggler_reps else None)
+    faults = None
+    if args.faults == "all":
+        from .faults import run_faults
+        faults = run_faults(problem, chosen, measured, log)
+    meta.update(load_end=os.getloadavg()[0], seconds=time.monotonic() - started, reps=reps)
+    report = {"meta": meta, "corpus": problem.corpus, "measured": measured,
+              "straggler": straggler, "faults": faults}
+    print()
+    print(markdown(report))
+    write(report, args.quick, args.out)
+
+
+def _matching(patterns, table):
+    import fnmatch
+    pats = [p for p in patterns.split(",") if p]
+    return {n: v for n, v in table.items()
+            if v[0] > 1 and any(fnmatch.fnmatch(n, p) for p in pats)}
+
+
+if __name__ == "__main__":
+    main()

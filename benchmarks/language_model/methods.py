@@ -1,0 +1,39 @@
+"""What the language-model benchmark compares: the problem's sizes and targets, and each
+method with its learning-rate grid (the harness's members from time_to_accuracy run them)."""
+
+from ..time_to_accuracy.methods import LOCAL_SGD_PERIOD, WORLD
+from .problem import Text
+
+# One process of plain SGD (clipped at norm 1) reaches 2.0 bits per byte in about 60-90 s on
+# one idle core of the 2-core machine; `--quick` is a smaller model to an earlier target.
+FULL = Text("stdlib", hidden=256, target=2.0, cap_s=200.0, eval_every=100, batch=16)
+QUICK = Text("stdlib-quick", hidden=64, target=2.9, cap_s=20.0, eval_every=40, batch=8,
+             bptt=32, train_bytes=1_000_000, valid_bytes=8192)
+
+LR_GRID = [{"lr": 5.0}, {"lr": 10.0}, {"lr": 20.0}]
+# Every platoon mode syncs every `tau` steps; the workers' optimizer is torch SGD(lr) with
+# the `momentum` given (0 unless said), clipped like the others'.
+PLATOON = {
+    # Today's recommendation: EASGD(0.9/p), tau 4, the workers' lr tuned (it was 2x the single
+    # process's on digits).
+    "platoon_easgd": ({"rule": "easgd", "alpha": 0.45, "tau": 4}, LR_GRID),
+    # EAMSGD (Zhang et al. 2015): the same with Nesterov-free heavy-ball momentum 0.9 in each
+    # worker's optimizer; lr a tenth (momentum 0.9 multiplies a step by about 10).
+    "platoon_eamsgd": ({"rule": "easgd", "alpha": 0.45, "tau": 4, "momentum": 0.9},
+                       [{"lr": 0.5}, {"lr": 1.0}, {"lr": 2.0}]),
+    # Downpour: workers push their change to a centre that steps with Nesterov momentum.
+    "platoon_downpour_nesterov": ({"rule": "downpour_nesterov", "server_lr": 0.2, "tau": 4},
+                                  LR_GRID),
+    # DiLoCo: each push is 1/p of a synchronous outer Nesterov step.
+    "platoon_diloco": ({"rule": "diloco", "outer_lr": 0.7, "tau": 4}, LR_GRID),
+}
+
+
+def methods(names=None):
+    """{name: (world size, fixed settings, grid)}, in the order runs alternate."""
+    out = {"single": (1, {}, LR_GRID), "hogwild": (WORLD, {}, LR_GRID),
+           "ddp": (WORLD, {}, LR_GRID),
+           "local_sgd": (WORLD, {"period": LOCAL_SGD_PERIOD}, LR_GRID)}
+    for name, (fixed, grid) in PLATOON.items():
+        out[name] = (WORLD, dict(fixed), grid)
+    return {n: v for n, v in out.items() if names is None or n in names}

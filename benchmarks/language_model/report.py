@@ -1,0 +1,155 @@
+"""The language-model benchmark's report: tables, goals met or not, the docs page, the files."""
+
+import json
+import os
+
+from .._util import ROOT
+
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+DOC = os.path.join(ROOT, "docs", "language-model.md")
+COMMAND = "python -m benchmarks.language_model"
+
+# The issue's targets, 2 workers on the 2-core machine, ratios from one run.
+GOAL_VS_DDP = 0.9        # platoon's best rule's time to target <= this x DDP's
+GOAL_VS_SINGLE = 0.65    # ... and <= this x one process's
+GOAL_STRAGGLER = 1.2     # with one of 2 workers slowed 2x <= this x its all-fast time
+GOAL_KILL = 1.3          # with a worker SIGKILLed halfway <= this x its no-fault time
+
+
+def stem(quick, kind=""):
+    return "language_model" + ("_" + kind if kind else "") + ("_quick" if quick else "")
+
+
+def _fmt(value, spec="%.2f", none="-"):
+    return none if value is None else spec % value
+
+
+def _ratio(a, b):
+    return None if a is None or b is None or not b else a / b
+
+
+def _measure(report, name, phase="measure"):
+    part = report["measured"] if phase == "measure" else (report.get("straggler") or {})
+    return part.get("summary", {}).get(name, {}).get(phase, {})
+
+
+def best_platoon(report):
+    s = report["measured"]["summary"]
+    times = {n: _measure(report, n).get("time_s") for n in s if n.startswith("platoon_")}
+    times = {n: t for n, t in times.items() if t is not None}
+    return min(times, key=times.get) if times else None
+
+
+def goals(report):
+    """[(goal, measured, limit)]."""
+    best = best_platoon(report)
+    t = lambda n, phase="measure": _measure(report, n, phase).get("time_s")  # noqa: E731
+    out = [("best platoon rule (%s) vs DDP" % best, _ratio(t(best), t("ddp")), GOAL_VS_DDP),
+           ("best platoon rule vs one process", _ratio(t(best), t("single")), GOAL_VS_SINGLE),
+           ("best platoon rule with a 2x straggler vs all fast",
+            _ratio(t(best, "straggler"), t(best)), GOAL_STRAGGLER)]
+    for row in (report.get("faults") or {}).get("rows", []):
+        if row["method"].startswith("platoon"):
+            out.append(("%s, worker SIGKILLed halfway, vs no fault" % row["method"],
+                        row.get("ratio"), GOAL_KILL))
+    return out
+
+
+def _generated(report):
+    quick = report["meta"]["quick"]
+    return ("<!-- generated from benchmarks/results/%s.json by `%s --render%s`; do not edit "
+            "-->\n\n" % (stem(quick), COMMAND, " --quick" if quick else ""))
+
+
+def markdown(report):
+    return _generated(report) + _tables(report)
+
+
+def _tables(report):
+    meta, m, c = report["meta"], report["measured"], report["corpus"]
+    d = m["dataset"]
+    single = _measure(report, "single")
+    ddp = _measure(report, "ddp")
+    lines = ["### Byte-level LSTM on the standard library's source, target %.2f bits per byte"
+             % d["target"], "",
+             "Embedding %d, LSTM %d, batch %d windows of %d bytes, SGD clipped at norm %g; "
+             "text: %d files of Python %s's stdlib (%.1f MB; file list sha256 %s), %d KB of "
+             "training text, %d KB of validation text (every tenth file). Evaluated every %d "
+             "steps (evaluation time excluded); runs capped at %.0f s." % (
+                 d["embed"], d["hidden"], d["batch"], d["bptt"], d["clip"], c["files"],
+                 c["python"], c["corpus_bytes"] / 1e6, c["file_list_sha256"],
+                 c["train_bytes"] // 1000, c["valid_bytes"] // 1000, d["eval_every"],
+                 m["cap_s"]), "",
+             "| method | lr (tuned) | fixed | reached | median time | median steps per process "
+             "| steps vs one process | time vs one process | time vs DDP | steps/s per process "
+             "| sync ms/step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, row in m["summary"].items():
+        r = row.get("measure", {})
+        fixed = {k: v for k, v in m["fixed"][name].items() if k != "rule"}
+        lines.append("| %s | %g | %s | %d/%d | %s | %s | %s | %s | %s | %s | %s |" % (
+            name, m["chosen"][name]["lr"],
+            ", ".join("%s=%g" % kv for kv in sorted(fixed.items())) or "-",
+            r.get("reached", 0), r.get("runs", 0), _fmt(r.get("time_s"), "%.1f s"),
+            _fmt(r.get("steps"), "%.0f"), _fmt(_ratio(r.get("steps"), single.get("steps")),
+                                             "%.2fx"),
+            _fmt(_ratio(r.get("time_s"), single.get("time_s")), "%.2fx"),
+            _fmt(_ratio(r.get("time_s"), ddp.get("time_s")), "%.2fx"),
+            _fmt(r.get("steps_per_s"), "%.1f"), _fmt(r.get("sync_ms_per_step"), "%.2f")))
+    st = report.get("straggler")
+    if st:
+        lines += ["", "With a 2x straggler (one of the two processes sleeps its measured step "
+                  "time after each step; %d run(s) each):" % report["meta"].get(
+                      "straggler_reps", 1), "",
+                  "| method | time, straggler | time, all fast | ratio | steps per process "
+                  "(rank 0) | reached |", "|---|---|---|---|---|---|"]
+        for name, row in st["summary"].items():
+            s = row.get("straggler", {})
+            fast = _measure(report, name).get("time_s")
+            lines.append("| %s | %s | %s | %s | %s | %d/%d |" % (
+                name, _fmt(s.get("time_s"), "%.1f s"), _fmt(fast, "%.1f s"),
+                _fmt(_ratio(s.get("time_s"), fast), "%.2fx"), _fmt(s.get("steps"), "%.0f"),
+                s.get("reached", 0), s.get("runs", 0)))
+    faults = report.get("faults")
+    if faults:
+        lines += ["", faults["note"], "",
+                  "| method | how it recovers | time with the kill | time without | ratio "
+                  "| steps (rank 0) with, without | restarts of the others |",
+                  "|---|---|---|---|---|---|---|"]
+        for row in faults["rows"]:
+            lines.append("| %s | %s | %s | %s | %s | %s, %s | %s |" % (
+                row["method"], row["how"], _fmt(row.get("time_s"), "%.1f s"),
+                _fmt(row.get("base_s"), "%.1f s"), _fmt(row.get("ratio"), "%.2fx"),
+                _fmt(row.get("steps"), "%d"), _fmt(row.get("base_steps"), "%d"),
+                row.get("others_restarted", "-")))
+    lines += ["", "### Goals", "", "| goal | measured | target | met |", "|---|---|---|---|"]
+    for what, value, limit in goals(report):
+        met = value is not None and value <= limit
+        lines.append("| %s | %s | <= %.2fx | %s |" % (what, _fmt(value, "%.2fx"), limit,
+                                                      "met" if met else "**not met**"))
+    lines += ["", "Commit %s, %s; %s, %d cores, torch %s; load average %.2f at start, %.2f at "
+              "end; ran in %.0f s%s." % (meta["commit"], meta["date"], meta["cpu"],
+                                        meta["cores"], meta["torch"], meta["load_start"],
+                                        meta["load_end"], meta["seconds"],
+                                        " (--quick)" if meta["quick"] else "")]
+    return "\n".join(lines) + "\n"
+
+
+DOC_HEAD = open(os.path.join(os.path.dirname(__file__), "doc_head.md")).read() \
+    if os.path.exists(os.path.join(os.path.dirname(__file__), "doc_head.md")) else ""
+
+
+def doc(report):
+    """docs/language-model.md: how the benchmark works, then its tables."""
+    return _generated(report) + DOC_HEAD + _tables(report)
+
+
+def write(report, quick, out_dir, doc_path=DOC):
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, stem(quick) + ".json"), "w") as f:
+        f.write(json.dumps(report, indent=1) + "\n")
+    with open(os.path.join(out_dir, stem(quick) + ".md"), "w") as f:
+        f.write(markdown(report))
+    if doc_path and not quick:
+        with open(doc_path, "w") as f:
+            f.write(doc(report))
