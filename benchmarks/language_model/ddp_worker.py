@@ -4,6 +4,7 @@ As DDP's users do: rank 0 checkpoints model, optimizer and step at every evaluat
 process started again by `torchrun --max-restarts` resumes from the last checkpoint. Rank 0
 evaluates, keeps the clock (on across restarts) and decides stopping; rank 1 SIGKILLs itself
 once at `kill_at` steps when asked to.
+faults.py runs it with the repository on PYTHONPATH.
 """
 
 import datetime
@@ -11,15 +12,11 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__)))))
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel  # noqa: E402
-
-from benchmarks.language_model.faults import (  # noqa: E402
-    Progress, kill_self_once, problem_of, read_config)
+from benchmarks.language_model.faults import Progress, kill_self_once, problem_of, read_config
 
 
 def main():

@@ -146,7 +146,8 @@ def one_case(method, recovery, problem, cfg, seed, kill_at, cap_s, log):
         if time_s is None:
             with open(os.path.join(workdir, "output.log")) as f:
                 log("output tail:\n" + f.read()[-3000:])
-        return {"time_s": time_s, "steps": steps, "rank0_pids": pids, "rc": rc, "wall_s": wall}
+        return {"time_s": time_s, "steps": steps, "rank0_pids": pids, "rc": rc, "wall_s": wall,
+                "killed": os.path.exists(os.path.join(workdir, "killed"))}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

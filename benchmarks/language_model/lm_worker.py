@@ -3,21 +3,18 @@
 Trains the byte-level LSTM with the rule and settings in --config, syncing every `tau` steps.
 Worker 0 evaluates the centre every `eval_every` steps, keeps the clock and says "stop" at the
 target; worker 1 SIGKILLs itself once at `kill_at` steps when asked to.
+faults.py runs it with the repository on PYTHONPATH.
 """
 
 import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__)))))
+import torch
 
-import torch  # noqa: E402
-
-from benchmarks.language_model.faults import (  # noqa: E402
-    Progress, kill_self_once, problem_of, read_config)
-from benchmarks.time_to_accuracy.methods import PLATOON_MODES  # noqa: E402
-from platoon import Worker  # noqa: E402
+from benchmarks.language_model.faults import Progress, kill_self_once, problem_of, read_config
+from benchmarks.time_to_accuracy.methods import RULES
+from platoon import Worker
 
 
 def main():
@@ -29,7 +26,7 @@ def main():
     with Worker() as w:
         rank = w.worker_id
         w.init_shared_params([p.detach().numpy() for p in model.parameters()],
-                             PLATOON_MODES[cfg["rule"]][0](cfg))
+                             RULES[cfg["rule"]](cfg))
         opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"],
                               momentum=cfg.get("momentum", 0.0))
         marker = os.path.join(config["dir"], "killed")

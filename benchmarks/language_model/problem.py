@@ -38,7 +38,7 @@ class Text(Dataset):
     embed: int = 32
     clip: float = 1.0
     train_bytes: int = 4_000_000
-    valid_bytes: int = 65_536
+    valid_bytes: int = 32_768
     eval_bptt: int = 128
 
     def load(self):

@@ -55,6 +55,27 @@ def goals(report):
     return out
 
 
+def limits(report):
+    """What each 2-process method's time is made of, against one process: time ratio =
+    (steps to target ratio) x (time per step ratio). Two processes on two cores can at best
+    halve the first and keep the second."""
+    s = report["measured"]["summary"]
+    single = s.get("single", {}).get("measure", {})
+    lines = ["What the times are made of (time vs one process = steps ratio x time-per-step "
+             "ratio; 2 processes on 2 cores at best 0.50x x 1.00x):", ""]
+    for name, row in s.items():
+        m = row.get("measure", {})
+        if name == "single" or not m.get("steps") or not single.get("steps"):
+            continue
+        lines.append("- %s: %.2fx the steps, %.2fx the time per step (%.1f ms, of which sync "
+                     "%.2f ms): %.2fx the time." % (
+                         name, m["steps"] / single["steps"],
+                         single["steps_per_s"] / m["steps_per_s"], 1000 / m["steps_per_s"],
+                         m.get("sync_ms_per_step") or 0.0,
+                         _ratio(m["time_s"], single["time_s"]) or float("nan")))
+    return lines
+
+
 def _generated(report):
     quick = report["meta"]["quick"]
     return ("<!-- generated from benchmarks/results/%s.json by `%s --render%s`; do not edit "
@@ -96,6 +117,7 @@ def _tables(report):
             _fmt(_ratio(r.get("time_s"), single.get("time_s")), "%.2fx"),
             _fmt(_ratio(r.get("time_s"), ddp.get("time_s")), "%.2fx"),
             _fmt(r.get("steps_per_s"), "%.1f"), _fmt(r.get("sync_ms_per_step"), "%.2f")))
+    lines += [""] + limits(report)
     st = report.get("straggler")
     if st:
         lines += ["", "With a 2x straggler (one of the two processes sleeps its measured step "
@@ -135,8 +157,71 @@ def _tables(report):
     return "\n".join(lines) + "\n"
 
 
-DOC_HEAD = open(os.path.join(os.path.dirname(__file__), "doc_head.md")).read() \
-    if os.path.exists(os.path.join(os.path.dirname(__file__), "doc_head.md")) else ""
+DOC_HEAD = """# Language model: time to a target on real text
+
+Back to the [README](../README.md). The quick benchmark on small classifiers is
+[time to accuracy](time-to-accuracy.md); this one is the longer, realistic one.
+
+What it trains: a byte-level LSTM language model (embedding 32, one LSTM layer of 256, a
+256-way output; 0.36M parameters) on the Python standard library's own source, which every
+machine has offline. The files are every `.py` under `sysconfig.get_paths()["stdlib"]`
+outside tests, site-packages and a few non-library folders, in sorted order; every tenth file
+is validation text. The Python version, the number of files and a digest of the list are
+recorded with the results (another Python's stdlib is another corpus). Each step is a batch
+of 16 windows of 64 bytes at random offsets (each process its own), plain torch SGD with the
+gradient clipped at norm 1; the metric is bits per byte on the validation text. The target,
+1.9 bits per byte, is late enough that a doubled batch pays: DDP with 2 processes needs
+fewer steps per process than one process (the "steps vs one process" column). At an early
+target a doubled batch buys nothing, and no data-parallel method can win.
+
+Methods, each with its lr tuned on a grid of three (the lr column is the one chosen):
+
+- **single**: one process;
+- **hogwild**: `model.share_memory()`, 2 `torch.multiprocessing` processes, lock-free;
+- **ddp**: `DistributedDataParallel` over gloo, 2 processes (a batch of 32 per step);
+- **local_sgd**: torch's `PeriodicModelAverager`, period 4 (gloo, 2 processes);
+- **platoon_***: platoon, 2 worker processes and a controller, syncing every 4 steps:
+  `EASGD(0.45)` (the old recommendation), the same with momentum 0.9 in the workers'
+  optimizer (EAMSGD, Zhang et al. 2015), `ASGD()`,
+  `Downpour(SGD(0.2, momentum=0.9, nesterov=True))` and `DiLoCo(outer_lr=0.7)`.
+
+How it is timed: as [time to accuracy](time-to-accuracy.md) (the same harness): forked
+single-threaded processes, the clock starts at a barrier after start-up, evaluation time is
+excluded (every process pauses alike), all methods alternate within each repetition, medians
+over 3 seeds that differ from the tuning seed. "steps" are one process's. The straggler runs
+slow one of the two processes 2x (it sleeps its measured step time after every step). The
+fault runs kill worker 1 with SIGKILL at half its method's median steps to target and
+recover as each method's users would: platoon under the real `platoon-launcher` with
+`--restart 1` (a replacement registers and takes the centre) and with `--keep-going` (the
+controller's `handle_worker_death` returns and worker 0 goes on alone); DDP under `torchrun
+--max-restarts 1`, every process restarted and resumed from the checkpoint rank 0 writes at
+every evaluation (100 steps). Each fault case also runs without the kill, launched the same
+way, and the ratio is the fault's cost; the clock of worker 0 (rank 0) runs on across the
+restart.
+
+**Run it.** The lr grid is a separate, recorded step (about 30 minutes on 2 idle cores; it
+writes `benchmarks/results/language_model_tuning.json`, which the measured run reads):
+
+```bash
+.venv/bin/python -m benchmarks.language_model --tune
+```
+
+The measured run (about 25-30 minutes on 2 idle cores; `--quick`, a small model to an early
+target, in about 2 minutes, writes `benchmarks/results/language_model_quick.*`):
+
+```bash
+.venv/bin/python -m benchmarks.language_model
+```
+
+It writes `benchmarks/results/language_model.json` (every run, with its trace) and `.md`, and
+regenerates this page. Caveats: this is a 2-core machine shared with other work; absolute
+seconds move with the load (given under the tables), so read the ratios of one run. An LSTM
+step is sequential work; a larger model, or a GPU, changes the balance between computing and
+syncing.
+
+## Results
+
+"""
 
 
 def doc(report):

@@ -40,6 +40,20 @@ PLATOON_MODES = {
     "diloco": (_diloco, {"outer_lr": 0.7, "tau": 4}, [{"lr": 0.05}, {"lr": 0.1}, {"lr": 0.2}]),
 }
 
+def _asgd(cfg):
+    from platoon import ASGD
+    return ASGD()
+
+
+def _delayed_nesterov(cfg):
+    from platoon import DelayedNesterov
+    return DelayedNesterov(outer_lr=cfg["outer_lr"])
+
+
+# Every rule a platoon mode may name with its "rule" setting (default: the mode's own name).
+RULES = dict({mode: factory for mode, (factory, _, _) in PLATOON_MODES.items()},
+             asgd=_asgd, delayed_nesterov=_delayed_nesterov)
+
 LR_GRID = [{"lr": 0.2}, {"lr": 0.4}, {"lr": 0.8}]
 LOCAL_SGD_PERIOD = 4  # PeriodicModelAverager's period, as platoon's tau
 
@@ -125,7 +139,8 @@ def load(dataset):
         except ImportError:
             raise SystemExit("MNIST-1D needs the mnist1d package: pip install -e '.[bench]' "
                              "(or --datasets digits)") from None
-        d = mnist1d.data.make_dataset(mnist1d.data.get_dataset_args())  # generated offline, about 3 s
+        # generated offline, about 3 s
+        d = mnist1d.data.make_dataset(mnist1d.data.get_dataset_args())
         return (d["x"].astype(np.float32), d["y"].astype(np.int64),
                 d["x_test"].astype(np.float32), d["y_test"].astype(np.int64))
     raise ValueError("unknown dataset %r: choose digits or mnist1d" % dataset.name)
@@ -237,7 +252,7 @@ class PlatoonMember(Member):
     def setup(self):
         from platoon import Worker
         mode = self.job.cfg.get("rule", self.job.method[len("platoon_"):])
-        rule = PLATOON_MODES[mode][0](self.job.cfg)
+        rule = RULES[mode](self.job.cfg)
         self.worker = Worker(self.job.address, timeout_s=60)
         self.views = [p.detach().numpy() for p in self.model.parameters()]
         self.worker.init_shared_params(self.views, rule)
