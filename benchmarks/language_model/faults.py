@@ -6,8 +6,9 @@
 - DDP under `torchrun --max-restarts 1` (`python -m torch.distributed.run`), every process
   restarted, resuming from the checkpoint rank 0 writes at every evaluation.
 
-Each case runs once with the kill and once without, the same seed, in the same way, so the
-ratio is the fault's cost. Worker 1 kills itself (SIGKILL) at half the method's median steps
+Each method runs once without the kill (launched the same way; for platoon one run serves
+both flags, which differ only when a worker dies) and once per case with it, the same seed,
+so the ratio is the fault's cost. Worker 1 kills itself (SIGKILL) at half the method's median steps
 to the target in the measured run; worker 0 (rank 0) evaluates and keeps the clock: wall time
 from the barrier after start-up to the target, less its evaluation time (for DDP the clock
 runs on across the restart: the restart's cost counts).
@@ -166,6 +167,7 @@ def run_faults(problem, chosen, measured, log, platoon_method=None, seed=1):
     cases = [("ddp", "torchrun")]
     if platoon_method:
         cases += [(platoon_method, "restart"), (platoon_method, "keep-going")]
+    bases = {}
     for method, recovery in cases:
         steps = summary.get(method, {}).get("measure", {}).get("steps")
         if not steps:
@@ -173,7 +175,10 @@ def run_faults(problem, chosen, measured, log, platoon_method=None, seed=1):
             continue
         kill_at = int(steps // 2)
         cfg = dict(table[method][1], **chosen[method])
-        base = one_case(method, recovery, problem, cfg, seed, 0, measured["cap_s"], log)
+        if method not in bases:  # without a kill, --restart and --keep-going run alike
+            bases[method] = one_case(method, recovery, problem, cfg, seed, 0,
+                                     measured["cap_s"], log)
+        base = bases[method]
         hit = one_case(method, recovery, problem, cfg, seed, kill_at, measured["cap_s"], log)
         how = {"torchrun": "torchrun --max-restarts 1, all restarted from the last checkpoint",
                "restart": "platoon-launcher --restart 1: a replacement takes the centre",
@@ -185,7 +190,7 @@ def run_faults(problem, chosen, measured, log, platoon_method=None, seed=1):
                      "others_restarted": "yes" if hit["rank0_pids"] > 1 else "no",
                      "runs": {"fault": hit, "base": base}})
     note = ("With worker 1 SIGKILLed at half its method's median steps to target (seed %d; "
-            "each case once with the kill and once without, in the same way: DDP under "
-            "torchrun, platoon under platoon-launcher; see benchmarks/language_model/faults.py)"
-            ":" % seed)
+            "each case once with the kill, each method once without, launched the same way: "
+            "DDP under torchrun, platoon under platoon-launcher; see "
+            "benchmarks/language_model/faults.py):" % seed)
     return {"note": note, "rows": rows}

@@ -32,14 +32,16 @@ def char_lstm(hidden, embed, seed):
 class Text(Dataset):
     """Next-byte prediction: minibatches of `batch` windows of `bptt` bytes at random offsets
     of the training text (each process its own offsets), every step from a zero state;
-    gradients clipped to norm `clip`. The metric: bits per byte on the validation text cut
-    into windows of `eval_bptt` (each from a zero state). The target is a ceiling."""
+    gradients clipped to norm `clip`. The metric: bits per byte on `eval_windows` windows of
+    `eval_bptt` bytes spread evenly over the validation text (each from a zero state). The
+    target is a ceiling."""
     bptt: int = 64
     embed: int = 32
     clip: float = 1.0
     train_bytes: int = 4_000_000
-    valid_bytes: int = 32_768
+    valid_bytes: int = 2_000_000
     eval_bptt: int = 128
+    eval_windows: int = 256
 
     def load(self):
         train, valid, self.corpus = corpus.load(self.train_bytes, self.valid_bytes)
@@ -56,8 +58,9 @@ class Text(Dataset):
         offsets = torch.from_numpy(rng.integers(0, len(train) - self.bptt - 1,
                                                 (8192, self.batch)))
         window = torch.arange(self.bptt + 1)
-        n = (len(valid) - 1) // self.eval_bptt * self.eval_bptt
-        vx, vy = valid[:n].view(-1, self.eval_bptt), valid[1:n + 1].view(-1, self.eval_bptt)
+        starts = torch.linspace(0, len(valid) - self.eval_bptt - 1, self.eval_windows).long()
+        windows = valid[starts[:, None] + torch.arange(self.eval_bptt + 1)]
+        vx, vy = windows[:, :-1], windows[:, 1:]
 
         def step(net, optimizer, k):
             seq = train[offsets[k % len(offsets)][:, None] + window]
