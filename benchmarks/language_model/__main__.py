@@ -15,14 +15,35 @@ from .report import COMMAND, RESULTS, markdown, stem, write
 
 
 def _tuned(path, table, log):
-    """Each method's recorded lr (the grid's middle value where none is recorded)."""
-    chosen = {}
+    """Each method's recorded lr (the grid's middle value where none is recorded), and what
+    the record says of the tuning (its grids, date, load)."""
+    record = {"chosen": {}, "grids": {}}
     if os.path.exists(path):
         with open(path) as f:
-            chosen = json.load(f)["chosen"]
+            record = json.load(f)
     else:
         log("no recorded tuning in %s: every method takes its grid's middle value" % path)
-    return {n: chosen.get(n, grid[len(grid) // 2]) for n, (_, _, grid) in table.items()}
+    chosen = {n: record["chosen"].get(n, grid[len(grid) // 2])
+              for n, (_, _, grid) in table.items()}
+    # every tuning run, short: what each grid value reached on seed 0
+    runs = [{"method": r["method"], "lr": r["cfg"]["lr"], "reached": r.get("reached"),
+             "cap_s": r["cap_s"], "error": "error" in r} for r in record.get("runs", [])]
+    about = {"grids": record["grids"], "chosen": record["chosen"], "runs": runs,
+             "meta": record.get("meta")}
+    return chosen, about
+
+
+def choose_by_steps(runs, table):
+    """Each method's lr with the fewest steps to target over its tuning runs (then the
+    shortest time; if none reached it, the grid's middle value). Steps, not seconds: the
+    time per step does not depend on the lr, and on a shared machine the seconds carry the
+    load of the moment."""
+    chosen = {}
+    for name, (_, _, grid) in table.items():
+        hit = [r for r in runs if r["method"] == name and r.get("reached")]
+        best = min(hit, key=lambda r: (r["reached"][1], r["reached"][0]), default=None)
+        chosen[name] = {"lr": best["cfg"]["lr"]} if best else grid[len(grid) // 2]
+    return chosen
 
 
 def main(argv=None):
@@ -73,16 +94,17 @@ def main(argv=None):
             with open(tuning_path) as f:
                 previous = json.load(f)
         record = {"meta": meta, "corpus": problem.corpus,
-                  "chosen": dict(previous.get("chosen", {}), **result["chosen"]),
+                  "chosen": dict(previous.get("chosen", {}),
+                                 **choose_by_steps(result["runs"], table)),
                   "grids": dict(previous.get("grids", {}), **result["grids"]),
                   "runs": previous.get("runs", []) + result["runs"]}
         os.makedirs(args.out, exist_ok=True)
         with open(tuning_path, "w") as f:
             json.dump(record, f, indent=1)
-        for name, cfg in result["chosen"].items():
-            log("%s: lr %g" % (name, cfg["lr"]))
+        for name in table:
+            log("%s: lr %g" % (name, record["chosen"][name]["lr"]))
         return
-    chosen = _tuned(tuning_path, table, log)
+    chosen, tuning = _tuned(tuning_path, table, log)
     fixed = {n: (world, dict(f), [chosen[n]]) for n, (world, f, _) in table.items()}
     reps = args.reps if args.reps is not None else (1 if args.quick else 3)
     measured = tune_and_measure(ctx, problem, fixed, False, reps, 0, log)
@@ -94,7 +116,7 @@ def main(argv=None):
         from .faults import run_faults
         faults = run_faults(problem, chosen, measured, log)
     meta.update(load_end=os.getloadavg()[0], seconds=time.monotonic() - started, reps=reps)
-    report = {"meta": meta, "corpus": problem.corpus, "measured": measured,
+    report = {"meta": meta, "corpus": problem.corpus, "tuning": tuning, "measured": measured,
               "straggler": straggler, "faults": faults}
     print()
     print(markdown(report))

@@ -76,6 +76,36 @@ def limits(report):
     return lines
 
 
+def _tuning(report):
+    """The tuning runs (seed 0, a separate recorded run), every grid value of every method,
+    measured or not in this run."""
+    t = report.get("tuning") or {}
+    if not t.get("runs"):
+        return ["No recorded tuning: every method took its grid's middle value."]
+    meta = t.get("meta") or {}
+    lines = ["The lr tuning (`%s --tune`, seed 0, %s, load average %.1f at start and %.1f at "
+             "end; a run is capped at twice its method's best time so far): time to target "
+             "(steps) for each lr; the chosen one, in bold, took the fewest steps (the time "
+             "per step does not depend on the lr, and the seconds carry the load of the "
+             "moment)." % (
+                 COMMAND, meta.get("date", "?"), meta.get("load_start", 0.0),
+                 meta.get("load_end", 0.0)), "",
+             "| method | tuning runs |", "|---|---|"]
+    by = {}
+    for r in t["runs"]:
+        by.setdefault(r["method"], []).append(r)
+    for name, runs in by.items():
+        cells = []
+        for r in sorted(runs, key=lambda r: r["lr"]):
+            text = ("lr %g: %.1f s (%d)" % (r["lr"], r["reached"][0], r["reached"][1])
+                    if r["reached"] else "lr %g: %s" % (r["lr"], "failed" if r["error"] else
+                                                         "not in %.0f s" % r["cap_s"]))
+            bold = t["chosen"].get(name, {}).get("lr") == r["lr"]
+            cells.append("**%s**" % text if bold else text)
+        lines.append("| %s | %s |" % (name, "; ".join(cells)))
+    return lines
+
+
 def _generated(report):
     quick = report["meta"]["quick"]
     return ("<!-- generated from benchmarks/results/%s.json by `%s --render%s`; do not edit "
@@ -101,15 +131,18 @@ def _tables(report):
                  c["python"], c["corpus_bytes"] / 1e6, c["file_list_sha256"],
                  c["train_bytes"] // 1000, c["valid_bytes"] // 1000, d["eval_every"],
                  m["cap_s"]), "",
-             "| method | lr (tuned) | fixed | reached | median time | median steps per process "
+             "| method | lr grid | lr | fixed | reached | median time | median steps per process "
              "| steps vs one process | time vs one process | time vs DDP | steps/s per process "
              "| sync ms/step |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    grids = report.get("tuning", {}).get("grids", {})
     for name, row in m["summary"].items():
         r = row.get("measure", {})
         fixed = {k: v for k, v in m["fixed"][name].items() if k != "rule"}
-        lines.append("| %s | %g | %s | %d/%d | %s | %s | %s | %s | %s | %s | %s |" % (
-            name, m["chosen"][name]["lr"],
+        grid = grids.get(name)
+        lines.append("| %s | %s | %g | %s | %d/%d | %s | %s | %s | %s | %s | %s | %s |" % (
+            name, ", ".join("%g" % g["lr"] for g in grid) if grid else "not tuned",
+            m["chosen"][name]["lr"],
             ", ".join("%s=%g" % kv for kv in sorted(fixed.items())) or "-",
             r.get("reached", 0), r.get("runs", 0), _fmt(r.get("time_s"), "%.1f s"),
             _fmt(r.get("steps"), "%.0f"), _fmt(_ratio(r.get("steps"), single.get("steps")),
@@ -117,7 +150,7 @@ def _tables(report):
             _fmt(_ratio(r.get("time_s"), single.get("time_s")), "%.2fx"),
             _fmt(_ratio(r.get("time_s"), ddp.get("time_s")), "%.2fx"),
             _fmt(r.get("steps_per_s"), "%.1f"), _fmt(r.get("sync_ms_per_step"), "%.2f")))
-    lines += [""] + limits(report)
+    lines += [""] + limits(report) + [""] + _tuning(report)
     st = report.get("straggler")
     if st:
         lines += ["", "With a 2x straggler (one of the two processes sleeps its measured step "
