@@ -11,6 +11,9 @@ QUICK = Text("stdlib-quick", hidden=64, target=2.9, cap_s=20.0, eval_every=40, b
              bptt=32, train_bytes=1_000_000, eval_windows=64)
 
 LR_GRID = [{"lr": 5.0}, {"lr": 10.0}, {"lr": 20.0}]
+# With heavy-ball momentum 0.9 (EAMSGD's workers, and the baselines given the same for a fair
+# comparison): a step is about 10x its lr.
+MOMENTUM_GRID = [{"lr": 0.5}, {"lr": 1.0}, {"lr": 2.0}]
 # Every platoon mode syncs every `tau` steps; the workers' optimizer is torch SGD(lr) with
 # the `momentum` given (0 unless said), clipped like the others'.
 PLATOON = {
@@ -20,7 +23,7 @@ PLATOON = {
     # EAMSGD (Zhang et al. 2015): the same with Nesterov-free heavy-ball momentum 0.9 in each
     # worker's optimizer; lr a tenth (momentum 0.9 multiplies a step by about 10).
     "platoon_eamsgd": ({"rule": "easgd", "alpha": 0.45, "tau": 4, "momentum": 0.9},
-                       [{"lr": 0.5}, {"lr": 1.0}, {"lr": 2.0}]),
+                       MOMENTUM_GRID),
     # ASGD: each worker pushes its change over tau steps to the centre in full and takes
     # the centre back (asynchronous local SGD without averaging): the single lr grid.
     "platoon_asgd": ({"rule": "asgd", "tau": 4}, LR_GRID),
@@ -39,7 +42,9 @@ def methods(names=None):
     """{name: (world size, fixed settings, grid)}, in the order runs alternate."""
     out = {"single": (1, {}, LR_GRID), "hogwild": (WORLD, {}, LR_GRID),
            "ddp": (WORLD, {}, LR_GRID),
-           "local_sgd": (WORLD, {"period": LOCAL_SGD_PERIOD}, LR_GRID)}
+           "local_sgd": (WORLD, {"period": LOCAL_SGD_PERIOD}, LR_GRID),
+           "single_momentum": (1, {"momentum": 0.9}, MOMENTUM_GRID),
+           "ddp_momentum": (WORLD, {"momentum": 0.9}, MOMENTUM_GRID)}
     for name, (fixed, grid) in PLATOON.items():
         out[name] = (WORLD, dict(fixed), grid)
     return {n: v for n, v in out.items() if names is None or n in names}

@@ -10,7 +10,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from .methods import WORLD, Dataset, member_class, mlp
+from .methods import WORLD, Collective, Dataset, member_class, mlp
 
 
 @dataclass
@@ -175,7 +175,7 @@ def run_one(ctx, job, data):
         if job.method == "hogwild":
             shared = job.dataset.model(job.seed)
             shared.share_memory()
-        elif job.method in ("ddp", "local_sgd"):  # a file store: no port to race for
+        elif issubclass(member_class(job.method), Collective):  # a file store: no port race
             rendezvous = tempfile.mkdtemp(prefix="tta-")
             job.address = "file://" + os.path.join(rendezvous, "store")
         elif job.method.startswith("platoon_"):

@@ -293,7 +293,10 @@ class PlatoonMember(Member):
 
 
 def member_class(method):
+    """The Member subclass of `method`; a "_momentum" suffix names the same method (its
+    optimizer's momentum is in its settings)."""
     if method.startswith("platoon_"):
         return PlatoonMember
+    method = method[:-len("_momentum")] if method.endswith("_momentum") else method
     return {"single": Member, "hogwild": Hogwild, "ddp": DDP, "local_sgd": LocalSGD}[method]
 
