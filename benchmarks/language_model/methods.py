@@ -13,7 +13,7 @@ QUICK = Text("stdlib-quick", hidden=64, target=2.9, cap_s=20.0, eval_every=40, b
 LR_GRID = [{"lr": 5.0}, {"lr": 10.0}, {"lr": 20.0}]
 # With heavy-ball momentum 0.9 (EAMSGD's workers, and the baselines given the same for a fair
 # comparison): a step is about 10x its lr.
-MOMENTUM_GRID = [{"lr": 0.5}, {"lr": 1.0}, {"lr": 2.0}]
+MOMENTUM_GRID = [{"lr": 1.0}, {"lr": 2.0}, {"lr": 4.0}]
 # Every platoon mode syncs every `tau` steps; the workers' optimizer is torch SGD(lr) with
 # the `momentum` given (0 unless said), clipped like the others'.
 PLATOON = {
