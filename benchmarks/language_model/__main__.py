@@ -46,6 +46,39 @@ def choose_by_steps(runs, table):
     return chosen
 
 
+def tune(ctx, problem, table, path, meta, started, log):
+    """Tune every method of `table` on its grid and record it in `path`, keeping what the
+    record already holds: grid values already run there (seed 0) are not run again, so a
+    grid can be extended, or a method added, without rerunning the rest."""
+    previous = {"chosen": {}, "grids": {}, "runs": []}
+    if os.path.exists(path):
+        with open(path) as f:
+            previous = json.load(f)
+    done = {(r["method"], r["cfg"]["lr"]) for r in previous["runs"]}
+    todo = {n: (world, fixed, [g for g in grid if (n, g["lr"]) not in done])
+            for n, (world, fixed, grid) in table.items()}
+    todo = {n: v for n, v in todo.items() if v[2]}
+    result = (tune_and_measure(ctx, problem, todo, True, 0, 0, log) if todo
+              else {"runs": []})
+    runs = previous["runs"] + result["runs"]
+    meta.update(load_end=os.getloadavg()[0], seconds=time.monotonic() - started)
+    grids = dict(previous["grids"])
+    for name, (_, _, grid) in table.items():
+        old = [g for g in grids.get(name, []) if g not in grid]
+        grids[name] = sorted(old + grid, key=lambda g: g["lr"])
+    earlier = previous.get("earlier_meta", []) + ([previous["meta"]] if "meta" in previous
+                                                  else [])
+    record = {"meta": meta, "earlier_meta": earlier,
+              "corpus": getattr(problem, "corpus", previous.get("corpus")),
+              "chosen": dict(previous["chosen"], **choose_by_steps(runs, table)),
+              "grids": grids, "runs": runs}
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+    for name in table:
+        log("%s: lr %g" % (name, record["chosen"][name]["lr"]))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog=COMMAND, description=PACKAGE_DOC.split("\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -87,22 +120,7 @@ def main(argv=None):
             "quick": args.quick, "torch": torch.__version__}
     tuning_path = os.path.join(args.out, stem(args.quick, "tuning") + ".json")
     if args.tune:
-        result = tune_and_measure(ctx, problem, table, True, 0, 0, log)
-        meta.update(load_end=os.getloadavg()[0], seconds=time.monotonic() - started)
-        previous = {}
-        if os.path.exists(tuning_path):
-            with open(tuning_path) as f:
-                previous = json.load(f)
-        record = {"meta": meta, "corpus": problem.corpus,
-                  "chosen": dict(previous.get("chosen", {}),
-                                 **choose_by_steps(result["runs"], table)),
-                  "grids": dict(previous.get("grids", {}), **result["grids"]),
-                  "runs": previous.get("runs", []) + result["runs"]}
-        os.makedirs(args.out, exist_ok=True)
-        with open(tuning_path, "w") as f:
-            json.dump(record, f, indent=1)
-        for name in table:
-            log("%s: lr %g" % (name, record["chosen"][name]["lr"]))
+        tune(ctx, problem, table, tuning_path, meta, started, log)
         return
     chosen, tuning = _tuned(tuning_path, table, log)
     fixed = {n: (world, dict(f), [chosen[n]]) for n, (world, f, _) in table.items()}
