@@ -153,18 +153,24 @@ def one_case(method, recovery, problem, cfg, seed, kill_at, cap_s, log):
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def run_faults(problem, chosen, measured, log, platoon_method=None, seed=1):
-    """The kill-halfway cases for DDP and for platoon's best rule (by measured time)."""
+def _fastest(summary, prefix):
+    times = {n: r.get("measure", {}).get("time_s") for n, r in summary.items()
+             if n.startswith(prefix)}
+    times = {n: t for n, t in times.items() if t is not None}
+    return min(times, key=times.get) if times else None
+
+
+def run_faults(problem, chosen, measured, log, seed=1):
+    """The kill-halfway cases for the fastest DDP (by measured time: plain or with
+    momentum) and platoon's fastest rule."""
     from .methods import methods
     summary = measured["summary"]
-    if platoon_method is None:
-        times = {n: r.get("measure", {}).get("time_s") for n, r in summary.items()
-                 if n.startswith("platoon_")}
-        times = {n: t for n, t in times.items() if t is not None}
-        platoon_method = min(times, key=times.get) if times else None
     table = methods()
     rows = []
-    cases = [("ddp", "torchrun")]
+    cases = []
+    ddp, platoon_method = _fastest(summary, "ddp"), _fastest(summary, "platoon_")
+    if ddp:
+        cases.append((ddp, "torchrun"))
     if platoon_method:
         cases += [(platoon_method, "restart"), (platoon_method, "keep-going")]
     bases = {}
