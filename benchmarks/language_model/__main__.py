@@ -10,7 +10,7 @@ from ..record import cpu_model, git_commit
 from ..time_to_accuracy.harness import prewarm
 from ..time_to_accuracy.tuning import tune_and_measure
 from . import __doc__ as PACKAGE_DOC
-from .methods import FULL, QUICK, methods
+from .methods import FULL, MEASURED, QUICK, methods
 from .report import COMMAND, RESULTS, markdown, stem, write
 
 
@@ -85,12 +85,14 @@ def main(argv=None):
                         help="a small model to an early target, 1 repetition (smoke test)")
     parser.add_argument("--tune", action="store_true",
                         help="only tune every method's lr on its grid (seed 0) and record it")
-    parser.add_argument("--methods", default=",".join(methods()),
-                        help="comma-separated subset of the methods")
+    parser.add_argument("--methods", default=None,
+                        help="comma-separated methods to measure (default: all but the "
+                        "platoon modes that lost in tuning, to fit 30 minutes; --tune: all)")
     parser.add_argument("--reps", type=int, default=None,
                         help="measured repetitions (seeds) per method (default 3; --quick 1)")
-    parser.add_argument("--straggler", default="ddp,platoon_*",
-                        help="methods run with a 2x straggler ('' for none)")
+    parser.add_argument("--straggler", default="fastest",
+                        help="methods run with a 2x straggler: comma-separated patterns, "
+                        "'fastest' (the faster DDP and platoon's fastest rule) or '' (none)")
     parser.add_argument("--straggler-reps", type=int, default=1)
     parser.add_argument("--faults", default="all", help="'all' or 'none': the kill-halfway runs")
     parser.add_argument("--out", default=RESULTS, help="directory for the .json and .md")
@@ -106,7 +108,8 @@ def main(argv=None):
         return
     problem = QUICK if args.quick else FULL
     table = methods()
-    picked = [n for n in args.methods.split(",") if n]
+    picked = ([n for n in args.methods.split(",") if n] if args.methods is not None
+              else list(table) if args.tune else MEASURED)
     if set(picked) - set(table):
         parser.error("unknown method(s) %s; choose from %s" % (
             ", ".join(sorted(set(picked) - set(table))), ", ".join(table)))
@@ -126,7 +129,13 @@ def main(argv=None):
     fixed = {n: (world, dict(f), [chosen[n]]) for n, (world, f, _) in table.items()}
     reps = args.reps if args.reps is not None else (1 if args.quick else 3)
     measured = tune_and_measure(ctx, problem, fixed, False, reps, 0, log)
-    slow = _matching(args.straggler, fixed)
+    patterns = args.straggler
+    if patterns == "fastest":
+        s = measured["summary"]
+        times = {n: r.get("measure", {}).get("time_s") for n, r in s.items()}
+        patterns = ",".join(min((n for n in s if n.startswith(p) and times[n]),
+                                key=times.get, default="") for p in ("ddp", "platoon_"))
+    slow = _matching(patterns, fixed)
     straggler = (tune_and_measure(ctx, problem, slow, False, 0, args.straggler_reps, log)
                  if slow and args.straggler_reps else None)
     faults = None
