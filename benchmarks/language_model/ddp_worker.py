@@ -24,7 +24,15 @@ def main():
     cfg, problem = config["cfg"], problem_of(config)
     torch.set_num_threads(1)
     data = problem.load()
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    # A file store per attempt: with torchrun's own store a restarted rank could read the
+    # dead attempt's gloo address before the new rank 0 replaced it (seen here: "Gloo
+    # connectFullMesh failed ... Connection refused").
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60),
+                            init_method="file://" + os.path.join(config["dir"],
+                                                                 "store." + attempt),
+                            rank=int(os.environ["RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]))
     rank = dist.get_rank()
     model = problem.model(config["seed"])
     opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg.get("momentum", 0.0))
