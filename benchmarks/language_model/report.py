@@ -58,7 +58,8 @@ def goals(report):
             _ratio(t(best, "straggler"), t(best)), GOAL_STRAGGLER)]
     for row in (report.get("faults") or {}).get("rows", []):
         if row["method"].startswith("platoon"):
-            out.append(("%s, worker SIGKILLed halfway, vs no fault" % row["method"],
+            out.append(("%s with --%s, worker SIGKILLed halfway, vs no fault" % (
+                row["method"], row["recovery"]),
                         row.get("ratio"), GOAL_KILL))
     return out
 
