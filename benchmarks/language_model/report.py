@@ -104,6 +104,10 @@ def _tuning(report):
     by = {}
     for r in t["runs"]:
         by.setdefault(r["method"], []).append(r)
+    left = [n for n in by if n not in report["measured"]["summary"]]
+    if left:
+        lines[0] += (" Tuned but not measured in this run (for time; `--methods` adds them): "
+                     "%s." % ", ".join(left))
     for name, runs in by.items():
         cells = []
         for r in sorted(runs, key=lambda r: r["lr"]):
