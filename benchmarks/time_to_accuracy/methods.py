@@ -63,8 +63,8 @@ class Dataset:
     """A problem: data, MLP sizes, target accuracy, evaluation period and time cap.
 
     The harness asks a problem only for what its methods below provide (`load`, `model`,
-    `trainer`, `reached`), so another problem (benchmarks/language_model's text) subclasses
-    this one and overrides them."""
+    `trainer`, `reached`, `shortfall`), so another problem (benchmarks/language_model)
+    subclasses this one and overrides them."""
     name: str
     hidden: int
     target: float
