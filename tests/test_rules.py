@@ -234,3 +234,30 @@ def test_rules_with_shared_state_attach_to_any_context_without_a_controller():
     assert rule.optimizer.delay == 3
     with pytest.raises(ValueError, match="num_workers"):
         pushed_centre(DiLoCo(0.8), None, pushes)
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+@pytest.mark.parametrize("alpha", [0.25, 0.45])
+def test_easgd_centre_drifts_at_p_over_p_plus_1_of_a_worker_and_asgd_at_p(workers, alpha):
+    """Why elastic averaging loses steps (docs/choosing-a-rule.md): when every worker moves
+    the same way between syncs, the centre, which gets no gradient, holds them back; it
+    settles at p/(p+1) of one worker's speed whatever alpha. ASGD adds every worker's change."""
+    tau, rounds = 4, 400
+    for rule_of, expected in ((lambda: EASGD(alpha), workers / (workers + 1)),
+                              (ASGD, float(workers))):
+        centre = [np.zeros(1)]
+        rules, xs = [rule_of() for _ in range(workers)], [np.zeros(1) for _ in range(workers)]
+        for rule, x in zip(rules, xs):
+            rule.check([x])
+            rule.setup([x])
+        for _ in range(rounds):
+            for rule, x in zip(rules, xs):
+                x += tau  # tau steps of size 1 along the shared direction
+                rule.update_params([x], centre)
+        start = centre[0].copy()
+        for _ in range(rounds):
+            for rule, x in zip(rules, xs):
+                x += tau
+                rule.update_params([x], centre)
+        speed = float(centre[0][0] - start[0]) / (rounds * tau)
+        assert abs(speed - expected) < 1e-3 * expected, (rule_of(), speed, expected)

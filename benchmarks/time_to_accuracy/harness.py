@@ -10,9 +10,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
-import numpy as np
-
-from .methods import WORLD, Dataset, member_class, mlp, mlp_sizes
+from .methods import WORLD, Collective, Dataset, member_class, mlp
 
 
 @dataclass
@@ -26,13 +24,6 @@ class Job:
     dataset: Dataset
     world: int
     address: str = ""  # DDP / local SGD: the tcp:// rendezvous; platoon: the controller
-
-
-
-def _accuracy(model, x, y):
-    import torch
-    with torch.no_grad():
-        return float((model(x).argmax(1) == y).float().mean())
 
 
 
@@ -57,39 +48,33 @@ def _member_main(job, rank, data, shared_model, barrier, results, stop_event):
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
     try:
         import torch
-        import torch.nn.functional as F
         torch.set_num_threads(1)
-        xtr, ytr, xte, yte = (torch.from_numpy(a) for a in data)
-        net = shared_model if shared_model is not None else mlp(mlp_sizes(job), job.seed)
+        problem = job.dataset
+        net = shared_model if shared_model is not None else problem.model(job.seed)
         member = member_class(job.method)(job, rank, net)
         member.stop_event = stop_event
         trained = member.setup()
-        opt = torch.optim.SGD(trained.parameters(), lr=job.cfg["lr"])
-        rng = np.random.default_rng(1000 * job.seed + rank)
-        batches = torch.from_numpy(rng.integers(0, len(ytr), (4096, job.dataset.batch)))
-
-        def step(net, optimizer, k):
-            idx = batches[k % len(batches)]
-            optimizer.zero_grad()
-            F.cross_entropy(net(xtr[idx]), ytr[idx]).backward()
-            optimizer.step()
+        optimizer = lambda params: torch.optim.SGD(  # noqa: E731
+            params, lr=job.cfg["lr"], momentum=job.cfg.get("momentum", 0.0))
+        opt = optimizer(trained.parameters())
+        step, evaluate = problem.trainer(data, 1000 * job.seed + rank)
 
         # Warm up on a throwaway copy and measure the compute time of one step.
-        spare = mlp(mlp_sizes(job), job.seed + 1)
-        spare_opt = torch.optim.SGD(spare.parameters(), lr=job.cfg["lr"])
+        spare = problem.model(job.seed + 1)
+        spare_opt = optimizer(spare.parameters())
         times = []
         for k in range(8):
             start = time.perf_counter()
             step(spare, spare_opt, k)
             times.append(time.perf_counter() - start)
-        _accuracy(spare, xte, yte)
+        evaluate(spare)
         step_s = statistics.median(times[3:])
         delay = step_s if job.straggler and rank == 1 else 0.0
         ready = time.monotonic()
         barrier.wait(timeout=120)
         t0 = time.monotonic()
         eval_s, steps, trace, reached = 0.0, 0, [], None
-        every, cap, target = job.dataset.eval_every, job.cap_s, job.dataset.target
+        every, cap = problem.eval_every, job.cap_s
         while True:
             step(trained, opt, steps)
             steps += 1
@@ -98,11 +83,11 @@ def _member_main(job, rank, data, shared_model, barrier, results, stop_event):
             go_on = member.after_step(steps)
             if steps % every == 0 or not go_on:
                 start = time.monotonic()
-                acc = _accuracy(member.eval_model(), xte, yte)
+                acc = evaluate(member.eval_model())
                 clock = start - t0 - eval_s
                 if rank == 0:
                     trace.append((round(clock, 4), steps, round(acc, 4)))
-                    if reached is None and acc >= target:
+                    if reached is None and problem.reached(acc):
                         reached = (clock, steps)
                 stop = member.agree_stop(rank == 0 and (reached is not None or clock >= cap))
                 eval_s += time.monotonic() - start
@@ -188,9 +173,9 @@ def run_one(ctx, job, data):
     shared = rendezvous = None
     try:
         if job.method == "hogwild":
-            shared = mlp(mlp_sizes(job), job.seed)
+            shared = job.dataset.model(job.seed)
             shared.share_memory()
-        elif job.method in ("ddp", "local_sgd"):  # a file store: no port to race for
+        elif issubclass(member_class(job.method), Collective):  # a file store: no port race
             rendezvous = tempfile.mkdtemp(prefix="tta-")
             job.address = "file://" + os.path.join(rendezvous, "store")
         elif job.method.startswith("platoon_"):

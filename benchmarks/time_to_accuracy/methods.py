@@ -40,19 +40,74 @@ PLATOON_MODES = {
     "diloco": (_diloco, {"outer_lr": 0.7, "tau": 4}, [{"lr": 0.05}, {"lr": 0.1}, {"lr": 0.2}]),
 }
 
+def _asgd(cfg):
+    from platoon import ASGD
+    return ASGD()
+
+
+def _delayed_nesterov(cfg):
+    from platoon import DelayedNesterov
+    return DelayedNesterov(outer_lr=cfg["outer_lr"])
+
+
+# Every rule a platoon mode may name with its "rule" setting (default: the mode's own name).
+RULES = dict({mode: factory for mode, (factory, _, _) in PLATOON_MODES.items()},
+             asgd=_asgd, delayed_nesterov=_delayed_nesterov)
+
 LR_GRID = [{"lr": 0.2}, {"lr": 0.4}, {"lr": 0.8}]
 LOCAL_SGD_PERIOD = 4  # PeriodicModelAverager's period, as platoon's tau
 
 
 @dataclass
 class Dataset:
-    """A problem: data, MLP sizes, target accuracy, evaluation period and time cap."""
+    """A problem: data, MLP sizes, target accuracy, evaluation period and time cap.
+
+    The harness asks a problem only for what its methods below provide (`load`, `model`,
+    `trainer`, `reached`, `shortfall`), so another problem (benchmarks/language_model)
+    subclasses this one and overrides them."""
     name: str
     hidden: int
     target: float
     cap_s: float
     eval_every: int  # steps; a multiple of every sync period
     batch: int = 32
+
+    def load(self):
+        """The problem's data, as numpy arrays (forked children inherit them)."""
+        return load(self)
+
+    def model(self, seed):
+        """A freshly initialised model; the same `seed` gives the same model."""
+        n_in = 64 if self.name == "digits" else 40
+        return mlp((n_in, self.hidden, self.hidden, 10), seed)
+
+    def trainer(self, data, seed):
+        """(step(net, optimizer, k), evaluate(net) -> metric) over `data`, the minibatch
+        sequence drawn with `seed`."""
+        import torch
+        import torch.nn.functional as F
+        xtr, ytr, xte, yte = (torch.from_numpy(a) for a in data)
+        rng = np.random.default_rng(seed)
+        batches = torch.from_numpy(rng.integers(0, len(ytr), (4096, self.batch)))
+
+        def step(net, optimizer, k):
+            idx = batches[k % len(batches)]
+            optimizer.zero_grad()
+            F.cross_entropy(net(xtr[idx]), ytr[idx]).backward()
+            optimizer.step()
+
+        def evaluate(net):
+            with torch.no_grad():
+                return float((net(xte).argmax(1) == yte).float().mean())
+        return step, evaluate
+
+    def reached(self, metric):
+        """Whether `metric` (what `evaluate` returned) is at the target."""
+        return metric >= self.target
+
+    def shortfall(self, metric):
+        """How far `metric` is from the target; ranks runs that missed it (lower is better)."""
+        return self.target - metric
 
 
 # Targets a single process reaches in 1-2 s on an idle core (digits 97%: about 150 steps of
@@ -84,7 +139,8 @@ def load(dataset):
         except ImportError:
             raise SystemExit("MNIST-1D needs the mnist1d package: pip install -e '.[bench]' "
                              "(or --datasets digits)") from None
-        d = mnist1d.data.make_dataset(mnist1d.data.get_dataset_args())  # generated offline, about 3 s
+        # generated offline, about 3 s
+        d = mnist1d.data.make_dataset(mnist1d.data.get_dataset_args())
         return (d["x"].astype(np.float32), d["y"].astype(np.int64),
                 d["x_test"].astype(np.float32), d["y_test"].astype(np.int64))
     raise ValueError("unknown dataset %r: choose digits or mnist1d" % dataset.name)
@@ -100,13 +156,6 @@ def mlp(sizes, seed):
         if i < len(sizes) - 2:
             layers.append(torch.nn.ReLU())
     return torch.nn.Sequential(*layers)
-
-
-
-def mlp_sizes(job):
-    d = job.dataset
-    n_in = 64 if d.name == "digits" else 40
-    return (n_in, d.hidden, d.hidden, 10)
 
 
 
@@ -202,11 +251,12 @@ class PlatoonMember(Member):
 
     def setup(self):
         from platoon import Worker
-        rule = PLATOON_MODES[self.job.method[len("platoon_"):]][0](self.job.cfg)
+        mode = self.job.cfg.get("rule", self.job.method[len("platoon_"):])
+        rule = RULES[mode](self.job.cfg)
         self.worker = Worker(self.job.address, timeout_s=60)
         self.views = [p.detach().numpy() for p in self.model.parameters()]
         self.worker.init_shared_params(self.views, rule)
-        self.centre = mlp(mlp_sizes(self.job), 0)  # what rank 0 evaluates
+        self.centre = self.job.dataset.model(0)  # what rank 0 evaluates
         self.sync_s = 0.0
         return self.model
 
@@ -243,7 +293,10 @@ class PlatoonMember(Member):
 
 
 def member_class(method):
+    """The Member subclass of `method`; a "_momentum" suffix names the same method (its
+    optimizer's momentum is in its settings)."""
     if method.startswith("platoon_"):
         return PlatoonMember
+    method = method[:-len("_momentum")] if method.endswith("_momentum") else method
     return {"single": Member, "hogwild": Hogwild, "ddp": DDP, "local_sgd": LocalSGD}[method]
 

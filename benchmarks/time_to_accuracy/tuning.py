@@ -8,25 +8,24 @@ import time
 from dataclasses import asdict
 
 from .harness import Job, run_one
-from .methods import load
 
 
 def _median(values):
     return float(statistics.median(values)) if values else None
 
 
-def _score(result):
+def _score(result, dataset):
     """Sort key of a tuning run: time to target, else (after every run that reached it)
-    the best accuracy it got to."""
+    how close it got: the rank of its best metric."""
     if result.get("reached"):
         return (0, result["reached"][0])
-    best = max((a for _, _, a in result.get("trace", [])), default=0.0)
-    return (1, -best)
+    return (1, min((dataset.shortfall(a) for _, _, a in result.get("trace", [])),
+                   default=float("inf")))
 
 
 def tune_and_measure(ctx, dataset, table, tune, reps, straggler_reps, log):
     """Tune (or take each grid's middle value), then measure, then the straggler runs."""
-    data = load(dataset)
+    data = dataset.load()
     runs = []
     # Caps are set for an idle machine; under load every step takes longer.
     load_factor = max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
@@ -60,8 +59,8 @@ def tune_and_measure(ctx, dataset, table, tune, reps, straggler_reps, log):
             if best[name] is not None and best[name][1].get("reached"):
                 cap = min(cap, 2 * best[name][1]["reached"][0] + 0.5)
             result = run(name, grid[i], 0, False, cap, "tune")
-            if "error" not in result and (best[name] is None or _score(result) <
-                                          _score(best[name][1])):
+            if "error" not in result and (best[name] is None or _score(result, dataset) <
+                                          _score(best[name][1], dataset)):
                 best[name] = (grid[i], result)
     for name, (_, _, grid) in table.items():
         chosen[name] = best[name][0] if best[name] is not None else grid[len(grid) // 2]

@@ -14,6 +14,11 @@ class EASGD(ParamSyncRule):
 
     With ``d = alpha * (x - c)``: ``x -= d; c += d``. `alpha` in (0, 1] is the
     elastic force; 0.5 moves both halfway. Raises ValueError for other values.
+
+    The centre gets no gradient, so along a direction all p workers share it moves at
+    p/(p+1) of one worker's speed, whatever `alpha`: give the workers' optimizer momentum
+    (EAMSGD) or use a rule that pushes changes (ASGD, Downpour, DiLoCo); see
+    docs/choosing-a-rule.md.
     """
 
     elementwise = True
