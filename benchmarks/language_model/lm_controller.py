@@ -4,15 +4,17 @@ logged and the job goes on (`--keep-going`); under `--restart` a replacement com
 
 import logging
 
-from platoon import Controller
+from benchmarks.time_to_accuracy.harness import StopOnRequest
 
 log = logging.getLogger(__name__)
 
 
-class LMController(Controller):
+class LMController(StopOnRequest):
+    """`StopOnRequest` behind a barrier: workers say "ready", then ask "go" until all have."""
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.ready, self.stopped = set(), False
+        self.ready = set()
 
     def handle_control(self, req, worker_id, req_info):
         if req == "ready":
@@ -20,12 +22,7 @@ class LMController(Controller):
             return None
         if req == "go":
             return len(self.ready) >= self.num_workers
-        if req == "stop":
-            self.stopped = True
-            return None
-        if req == "next":
-            return "stop" if self.stopped else "train"
-        raise ValueError("unknown request %r" % (req,))
+        return super().handle_control(req, worker_id, req_info)
 
     def handle_worker_death(self, worker_id, exit_info):
         print("worker %d died (%s); going on with the others" % (worker_id, exit_info),

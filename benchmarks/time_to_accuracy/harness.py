@@ -10,7 +10,23 @@ import time
 import traceback
 from dataclasses import dataclass
 
+from platoon import Controller
+
 from .methods import WORLD, Collective, Dataset, member_class, mlp
+
+
+class StopOnRequest(Controller):
+    """A platoon controller answering "next" with "train" until a worker asks to "stop"."""
+
+    stopped = False
+
+    def handle_control(self, req, worker_id, req_info):
+        if req == "stop":
+            self.stopped = True
+            return None
+        if req == "next":
+            return "stop" if self.stopped else "train"
+        raise ValueError("unknown request %r" % (req,))
 
 
 @dataclass
@@ -110,22 +126,9 @@ def _member_main(job, rank, data, shared_model, barrier, results, stop_event):
 
 
 def _controller_main(conn):
-    """A platoon controller: answers "next" with "train" until a worker asks to "stop"."""
-    from platoon import Controller
+    """A platoon controller (`StopOnRequest`) for one run, in its own session."""
     _own_session(None)
-
-    class Stopper(Controller):
-        stopped = False
-
-        def handle_control(self, req, worker_id, req_info):
-            if req == "stop":
-                self.stopped = True
-                return None
-            if req == "next":
-                return "stop" if self.stopped else "train"
-            raise ValueError("unknown request %r" % (req,))
-
-    with Stopper(control_port=0, num_workers=WORLD, transport="ipc") as ctl:
+    with StopOnRequest(control_port=0, num_workers=WORLD, transport="ipc") as ctl:
         conn.send(ctl.control_address)
         ctl.serve(timeout_s=300)
 
