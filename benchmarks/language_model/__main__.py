@@ -86,15 +86,17 @@ def main(argv=None):
     parser.add_argument("--tune", action="store_true",
                         help="only tune every method's lr on its grid (seed 0) and record it")
     parser.add_argument("--methods", default=None,
-                        help="comma-separated methods to measure (default: all but the "
-                        "platoon modes that lost in tuning, to fit 30 minutes; --tune: all)")
+                        help="comma-separated methods to measure or tune (default: all)")
     parser.add_argument("--reps", type=int, default=None,
                         help="measured repetitions (seeds) per method (default 3; --quick 1)")
     parser.add_argument("--straggler", default="fastest",
                         help="methods run with a 2x straggler: comma-separated patterns, "
                         "'fastest' (the faster DDP and platoon's fastest rule) or '' (none)")
-    parser.add_argument("--straggler-reps", type=int, default=1)
+    parser.add_argument("--straggler-reps", type=int, default=None,
+                        help="seeds of each straggler run (default 3; --quick 1)")
     parser.add_argument("--faults", default="all", help="'all' or 'none': the kill-halfway runs")
+    parser.add_argument("--fault-reps", type=int, default=None,
+                        help="seeds of each kill-halfway case (default 3; --quick 1)")
     parser.add_argument("--out", default=RESULTS, help="directory for the .json and .md")
     parser.add_argument("--render", action="store_true",
                         help="only rewrite the .md and the docs page from the JSON")
@@ -136,13 +138,20 @@ def main(argv=None):
         patterns = ",".join(min((n for n in s if n.startswith(p) and times[n]),
                                 key=times.get, default="") for p in ("ddp", "platoon_"))
     slow = _matching(patterns, fixed)
-    straggler = (tune_and_measure(ctx, problem, slow, False, 0, args.straggler_reps, log)
-                 if slow and args.straggler_reps else None)
+    straggler_reps = args.straggler_reps if args.straggler_reps is not None else reps
+    phases = {"methods_s": time.monotonic() - started}
+    straggler = (tune_and_measure(ctx, problem, slow, False, 0, straggler_reps, log)
+                 if slow and straggler_reps else None)
+    phases["straggler_s"] = time.monotonic() - started - phases["methods_s"]
     faults = None
     if args.faults == "all":
         from .faults import run_faults
-        faults = run_faults(problem, chosen, measured, log)
-    meta.update(load_end=os.getloadavg()[0], seconds=time.monotonic() - started, reps=reps)
+        fault_reps = args.fault_reps if args.fault_reps is not None else reps
+        faults = run_faults(problem, chosen, measured, log,
+                            seeds=tuple(range(1, fault_reps + 1)))
+        phases["faults_s"] = time.monotonic() - started - sum(phases.values())
+    meta.update(load_end=os.getloadavg()[0], seconds=time.monotonic() - started, reps=reps,
+                straggler_reps=straggler_reps, phases=phases)
     report = {"meta": meta, "corpus": problem.corpus, "tuning": tuning, "measured": measured,
               "straggler": straggler, "faults": faults}
     print()

@@ -6,12 +6,12 @@
 - DDP under `torchrun --max-restarts 1` (`python -m torch.distributed.run`), every process
   restarted, resuming from the checkpoint rank 0 writes at every evaluation.
 
-Each method runs once without the kill (launched the same way; for platoon one run serves
-both flags, which differ only when a worker dies) and once per case with it, the same seed,
-so the ratio is the fault's cost. Worker 1 kills itself (SIGKILL) at half the method's median steps
-to the target in the measured run; worker 0 (rank 0) evaluates and keeps the clock: wall time
-from the barrier after start-up to the target, less its evaluation time (for DDP the clock
-runs on across the restart: the restart's cost counts).
+Each method runs without the kill (launched the same way; for platoon one run serves both
+flags, which differ only when a worker dies) and once per case with it, on each of 3 seeds,
+so the ratio of the medians is the fault's cost. Worker 1 kills itself (SIGKILL) at half the
+method's median steps to the target in the measured run; worker 0 (rank 0) evaluates and
+keeps the clock: wall time from the barrier after start-up to the target, less its
+evaluation time (for DDP the clock runs on across the restart: the restart's cost counts).
 """
 
 import dataclasses
@@ -160,43 +160,75 @@ def _fastest(summary, prefix):
     return min(times, key=times.get) if times else None
 
 
-def run_faults(problem, chosen, measured, log, seed=1):
+def _median(values):
+    values = sorted(v for v in values if v is not None)
+    return values[len(values) // 2] if len(values) % 2 else (
+        (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2 if values else None)
+
+
+def _median_time(runs):
+    """The median time to target; a run that missed it counts as slower than any that
+    reached it (None when the median itself missed)."""
+    median = _median([r["time_s"] if r["time_s"] else float("inf") for r in runs])
+    return None if median is None or median == float("inf") else median
+
+
+def run_faults(problem, chosen, measured, log, seeds=(1, 2, 3)):
     """The kill-halfway cases for the fastest DDP (by measured time: plain or with
-    momentum) and platoon's fastest rule."""
+    momentum) and platoon's fastest rule, each seed once without the kill and once per case
+    with it; the seeds are the outer loop, so the cases alternate. A case's ratio is its
+    median time with the kill over the median without (a run that misses the target counts
+    as slower than any that reaches it)."""
     from .methods import methods
     summary = measured["summary"]
     table = methods()
-    rows = []
     cases = []
     ddp, platoon_method = _fastest(summary, "ddp"), _fastest(summary, "platoon_")
     if ddp:
         cases.append((ddp, "torchrun"))
     if platoon_method:
         cases += [(platoon_method, "restart"), (platoon_method, "keep-going")]
-    bases = {}
-    for method, recovery in cases:
+    kill_at, cfgs = {}, {}
+    for method, _ in cases:
         steps = summary.get(method, {}).get("measure", {}).get("steps")
         if not steps:
             log("%s: no measured steps to target, no fault run" % method)
             continue
-        kill_at = int(steps // 2)
-        cfg = dict(table[method][1], **chosen[method])
-        if method not in bases:  # without a kill, --restart and --keep-going run alike
-            bases[method] = one_case(method, recovery, problem, cfg, seed, 0,
-                                     measured["cap_s"], log)
-        base = bases[method]
-        hit = one_case(method, recovery, problem, cfg, seed, kill_at, measured["cap_s"], log)
-        how = {"torchrun": "torchrun --max-restarts 1, all restarted from the last checkpoint",
-               "restart": "platoon-launcher --restart 1: a replacement takes the centre",
-               "keep-going": "platoon-launcher --keep-going: the survivor goes on alone"}
-        ratio = (hit["time_s"] / base["time_s"] if hit["time_s"] and base["time_s"] else None)
+        kill_at[method] = int(steps // 2)
+        cfgs[method] = dict(table[method][1], **chosen[method])
+    cases = [(m, r) for m, r in cases if m in kill_at]
+    bases = {m: [] for m in kill_at}
+    hits = {case: [] for case in cases}
+    for seed in seeds:
+        done = set()
+        for method, recovery in cases:
+            if method not in done:  # without a kill, --restart and --keep-going run alike
+                done.add(method)
+                bases[method].append(one_case(method, recovery, problem, cfgs[method], seed,
+                                              0, measured["cap_s"], log))
+            hits[(method, recovery)].append(one_case(method, recovery, problem, cfgs[method],
+                                                     seed, kill_at[method], measured["cap_s"],
+                                                     log))
+    how = {"torchrun": "torchrun --max-restarts 1, all restarted from the last checkpoint",
+           "restart": "platoon-launcher --restart 1: a replacement takes the centre",
+           "keep-going": "platoon-launcher --keep-going: the survivor goes on alone"}
+    rows = []
+    for method, recovery in cases:
+        hit, base = hits[(method, recovery)], bases[method]
+        hit_s, base_s = _median_time(hit), _median_time(base)
         rows.append({"method": method, "recovery": recovery, "how": how[recovery],
-                     "kill_at": kill_at, "time_s": hit["time_s"], "base_s": base["time_s"],
-                     "ratio": ratio, "steps": hit["steps"], "base_steps": base["steps"],
-                     "others_restarted": "yes" if hit["rank0_pids"] > 1 else "no",
-                     "runs": {"fault": hit, "base": base}})
-    note = ("With worker 1 SIGKILLed at half its method's median steps to target (seed %d; "
-            "each case once with the kill, each method once without, launched the same way: "
-            "DDP under torchrun, platoon under platoon-launcher; see "
-            "benchmarks/language_model/faults.py):" % seed)
-    return {"note": note, "rows": rows}
+                     "kill_at": kill_at[method], "time_s": hit_s, "base_s": base_s,
+                     "ratio": hit_s / base_s if hit_s and base_s else None,
+                     "steps": _median([r["steps"] for r in hit]),
+                     "base_steps": _median([r["steps"] for r in base]),
+                     "reached": sum(1 for r in hit if r["time_s"]), "runs": len(hit),
+                     "others_restarted": "yes" if any(r["rank0_pids"] > 1 for r in hit)
+                     else "no",
+                     "per_seed": [{"seed": s, "time_s": h["time_s"], "base_s": b["time_s"]}
+                                  for s, h, b in zip(seeds, hit, base)],
+                     "runs_detail": {"fault": hit, "base": base}})
+    note = ("With worker 1 SIGKILLed at half its method's median steps to target (seeds %s, "
+            "alternating; medians; each case with the kill, each method also without, "
+            "launched the same way: DDP under torchrun, platoon under platoon-launcher; see "
+            "benchmarks/language_model/faults.py):" % ", ".join(map(str, seeds)))
+    return {"note": note, "rows": rows, "seeds": list(seeds)}

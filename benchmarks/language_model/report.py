@@ -185,13 +185,14 @@ def _tables(report):
     if faults:
         lines += ["", faults["note"], "",
                   "| method | how it recovers | time with the kill | time without | ratio "
-                  "| steps (rank 0) with, without | restarts of the others |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| steps (rank 0) with, without | reached | restarts of the others |",
+                  "|---|---|---|---|---|---|---|---|"]
         for row in faults["rows"]:
-            lines.append("| %s | %s | %s | %s | %s | %s, %s | %s |" % (
+            lines.append("| %s | %s | %s | %s | %s | %s, %s | %s | %s |" % (
                 row["method"], row["how"], _fmt(row.get("time_s"), "%.1f s"),
                 _fmt(row.get("base_s"), "%.1f s"), _fmt(row.get("ratio"), "%.2fx"),
                 _fmt(row.get("steps"), "%d"), _fmt(row.get("base_steps"), "%d"),
+                "%s/%s" % (row.get("reached", "-"), row.get("runs", 1)),
                 row.get("others_restarted", "-")))
     lines += ["", "### Goals", "", "| goal | measured | target | met |", "|---|---|---|---|"]
     for what, value, limit in goals(report):
@@ -203,6 +204,10 @@ def _tables(report):
                                         meta["cores"], meta["torch"], meta["load_start"],
                                         meta["load_end"], meta["seconds"],
                                         " (--quick)" if meta["quick"] else "")]
+    phases = meta.get("phases")
+    if phases:
+        lines[-1] = lines[-1][:-1] + " (%s)." % ", ".join(
+            "%s %.0f s" % (k[:-2].replace("_", " "), v) for k, v in phases.items())
     return "\n".join(lines) + "\n"
 
 
