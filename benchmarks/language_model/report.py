@@ -230,7 +230,8 @@ pays: DDP with 2 processes needs fewer steps per process than one process (the "
 column). At an early target a doubled batch buys nothing, and no data-parallel method can
 win.
 
-Methods, each with its lr tuned on a grid of three (the lr column is the one chosen):
+Methods, each with its lr tuned on a grid (three values or more, extended past any edge where
+the best one fell; the lr column is the one chosen):
 
 - **single**: one process; **single_momentum**: the same with momentum 0.9;
 - **hogwild**: `model.share_memory()`, 2 `torch.multiprocessing` processes, lock-free;
@@ -239,9 +240,8 @@ Methods, each with its lr tuned on a grid of three (the lr column is the one cho
 - **local_sgd**: torch's `PeriodicModelAverager`, period 4 (gloo, 2 processes);
 - **platoon_***: platoon, 2 worker processes and a controller, syncing every 4 steps:
   `EASGD(0.45)` (the old recommendation), the same with momentum 0.9 in the workers'
-  optimizer (EAMSGD, Zhang et al. 2015), `Downpour(SGD(0.2, momentum=0.9, nesterov=True))`;
-  `ASGD()` and `DiLoCo(outer_lr=0.7)` were tuned (the tuning table) but lost there, and are
-  left out of the measured run to fit its 30 minutes (`--methods` adds them).
+  optimizer (EAMSGD, Zhang et al. 2015), `ASGD()`, `Downpour(SGD(0.2, momentum=0.9,
+  nesterov=True))` and `DiLoCo(outer_lr=0.7)`.
 
 The momentum variants are there because EAMSGD has momentum: a rule is compared with the
 baselines given the same optimizer.
@@ -257,10 +257,19 @@ recover as each method's users would: platoon under the real `platoon-launcher` 
 controller's `handle_worker_death` returns and worker 0 goes on alone); DDP under `torchrun
 --max-restarts 1`, every process restarted and resumed from the checkpoint rank 0 writes at
 every evaluation (100 steps). Each fault case also runs without the kill, launched the same
-way, and the ratio is the fault's cost; the clock of worker 0 (rank 0) runs on across the
-restart.
+way, on the same 3 seeds; the ratio of the medians is the fault's cost; the clock of worker 0
+(rank 0) runs on across the restart.
 
-**Run it.** The lr grid is a separate, recorded step (about 40 minutes on 2 cores; it
+What bounds the fault ratios. A method whose 2 processes need half one process's steps
+(linear scaling; platoon's best rule here) needs the same total number of steps with a
+straggler: with one process at half speed, 1.5 processes' worth of steps are made per unit of
+time instead of 2, so at best 2/1.5 = 1.33x its all-fast time, unless the slow process's steps
+count for more than the fast one's. A synchronous method (DDP) goes at the slow process's
+pace: 2x. With one of the 2 killed halfway and not replaced (`--keep-going`), the second half
+of the steps is made at half the rate: at best 1.5x. A replacement (`--restart`) costs its
+start-up and the steps the killed worker took since its last sync.
+
+**Run it.** The lr grid is a separate, recorded step (about 60 minutes on 2 cores; it
 writes `benchmarks/results/language_model_tuning.json`, which the measured run reads; grid
 values already in the record are not run again):
 
@@ -268,12 +277,17 @@ values already in the record are not run again):
 .venv/bin/python -m benchmarks.language_model --tune
 ```
 
-The measured run (about 30 minutes on 2 cores; `--quick`, a small model to an early target,
-in a few minutes, writes `benchmarks/results/language_model_quick.*`):
+The measured run, every method on 3 seeds, then the straggler and the kill-halfway runs on 3
+seeds each (about 48 minutes on 2 cores: 29 for the methods, 6 for the straggler, 12 for the
+kills):
 
 ```bash
 .venv/bin/python -m benchmarks.language_model
 ```
+
+The method comparison alone, in about 29 minutes, is `--straggler '' --faults none`;
+`--quick`, a small model to an early target in about a minute, writes
+`benchmarks/results/language_model_quick.*`.
 
 It writes `benchmarks/results/language_model.json` (every run, with its trace) and `.md`, and
 regenerates this page. Caveats: this is a 2-core machine shared with other work; absolute
