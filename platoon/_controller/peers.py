@@ -126,7 +126,9 @@ def holds_other_end(pid, fd):
         fds = os.listdir(fd_dir)
     except OSError:
         return False
-    for entry in fds:
+    # newest first: a registering worker opened its connection just before (each readlink
+    # of /proc costs microseconds)
+    for entry in sorted(fds, key=int, reverse=True):
         try:
             if os.readlink("%s/%s" % (fd_dir, entry)) == target:
                 return True
