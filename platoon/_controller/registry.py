@@ -292,7 +292,7 @@ def check_peer(info: dict, identity_frame, transport: str, control_port: Optiona
                            "pid (platoon.Worker does)")
     if transport == "ipc":  # only this user can reach the 0700 socket directory
         reason = None if pid_alive(pid) else "no process %d runs on this machine" % pid
-    elif holds_other_end(pid, _source_fd(identity_frame)):  # this very connection is its
+    elif holds_other_end(pid, _source_fd(identity_frame)):  # it holds this very connection
         reason = None
     else:  # each registration needs a connection of its own from that process
         try:
@@ -309,7 +309,8 @@ def check_peer(info: dict, identity_frame, transport: str, control_port: Optiona
 
 
 def _source_fd(frame) -> int:
-    """The controller's descriptor of the connection `frame` came on (-1 if unknown)."""
+    """The controller's descriptor of the connection `frame` came on (-1 if unknown: ZeroMQ
+    marks ZMQ_SRCFD deprecated; without it, `check_peer` counts the pid's connections)."""
     try:
         return frame.get(zmq.SRCFD)
     except (zmq.ZMQError, AttributeError, TypeError):
