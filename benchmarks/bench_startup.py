@@ -135,32 +135,28 @@ def _worker(n, env):
             "process": ended - start}
 
 
-# Raw pyzmq's first contact in a fresh process (a context, a DEALER connected, a first round
-# trip); then the controller's check of a registering peer's pid (`check_peer`, through the
+# Raw pyzmq's first contact in a fresh process (its first context, a DEALER connected to an
+# echoing ROUTER in another process, a first round trip: what a worker's registration
+# does); then the controller's check of a registering peer's pid (`check_peer`, through the
 # kernel) on a real TCP connection from this process, and a raw round trip on it (best
 # seconds per call); then a raw centre attach (below).
 RAW = """\
-import os, socket, time
+import os, socket, sys, time
 import zmq
-from platoon._controller.registry import check_peer
+start = time.perf_counter()
 ctx = zmq.Context()
+fresh = ctx.socket(zmq.DEALER)
+fresh.linger = 0
+fresh.connect("tcp://127.0.0.1:%s" % sys.argv[2])
+fresh.send(b"hello")
+fresh.recv()
+first = time.perf_counter() - start
+fresh.close()
+from platoon._controller.registry import check_peer
 router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
 router.linger = dealer.linger = 0
 port = router.bind_to_random_port("tcp://127.0.0.1")
 dealer.connect("tcp://127.0.0.1:%d" % port)
-# the first contact in this process: cold, as a worker's registration is
-start = time.perf_counter()
-ctx2 = zmq.Context()
-fresh = ctx2.socket(zmq.DEALER)
-fresh.linger = 0
-fresh.connect("tcp://127.0.0.1:%d" % port)
-fresh.send(b"hello")
-identity2, _ = router.recv_multipart()
-router.send_multipart([identity2, b"welcome"])
-fresh.recv()
-first = time.perf_counter() - start
-fresh.close()
-ctx2.term()
 info = {"pid": os.getpid(), "host": socket.gethostname()}
 dealer.send(b"hello")
 identity, frame = router.recv_multipart(copy=False)
@@ -199,10 +195,32 @@ ctx.term()
 """
 
 
+# The other end of RAW's first contact: a ROUTER that echoes.
+ECHO = """\
+import zmq
+router = zmq.Context().socket(zmq.ROUTER)
+router.linger = 0
+print(router.bind_to_random_port("tcp://127.0.0.1"), flush=True)
+router.send_multipart(router.recv_multipart())
+"""
+
+
 def raw(env, n):
     """(pid check, raw round trip, raw first contact, raw attach of `n` float32) in seconds,
-    in a fresh process (see RAW)."""
-    out = _run(["-c", RAW, str(n)], env, check=True, capture_output=True, text=True)
+    in a fresh process (see RAW), against an echo process started beforehand."""
+    echo = subprocess.Popen([sys.executable, "-c", ECHO], env=env, cwd=tempfile.gettempdir(),
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        port = echo.stdout.readline().strip()
+        if not port:
+            raise RuntimeError("startup echo exited (code %s) before listening" % echo.wait(30))
+        out = _run(["-c", RAW, str(n), port], env, check=True, capture_output=True, text=True)
+        echo.wait(30)
+    finally:
+        if echo.poll() is None:
+            echo.kill()
+            echo.wait()
+        echo.stdout.close()
     words = out.stdout.split()
     return tuple(float(words[i]) for i in (1, 2, 3, 5))
 
