@@ -9,6 +9,13 @@ control round trip (the baseline of registration), `init_shared_params` (the
 centre attached) and the first `sync_params`. The controller's check of a
 registering worker's pid is timed in this process against a real connection.
 
+Every process reads compiled bytecode, as from an installed package (pip compiles
+numpy's, zmq's and platoon's at install): the processes share a bytecode cache of
+this run's own (PYTHONPYCACHEPREFIX, bytecode writing on even where
+PYTHONDONTWRITEBYTECODE is set), filled by a first round that is not counted.
+Otherwise an editable checkout compiles platoon's sources in every process (about
+25 ms here), while numpy and zmq load theirs compiled.
+
 `python -m benchmarks.bench_startup [--rounds N] [--before DIR]` prints the table;
 with --before, the platoon at DIR (a checkout's root) is measured in the same rounds,
 controller included.
@@ -68,10 +75,14 @@ with Ping(control_port=0, num_workers=1) as ctl:
 """
 
 
-def _env(src):
-    """The environment of the processes measuring the platoon at `src` (None: this checkout);
-    they run in a neutral directory, so the current one does not shadow it."""
-    return dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=src or ROOT, **SINGLE_THREAD_ENV)
+def _env(src, bytecode):
+    """The environment of the processes measuring the platoon at `src` (None: this checkout),
+    with the bytecode cache `bytecode` (see the module docstring); they run in a neutral
+    directory, so the current one does not shadow it."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=src or ROOT,
+               PYTHONPYCACHEPREFIX=bytecode, **SINGLE_THREAD_ENV)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
 
 
 def _run(args, env, **kwargs):
@@ -124,32 +135,28 @@ def _worker(n, env):
             "process": ended - start}
 
 
-# Raw pyzmq's first contact in a fresh process (a context, a DEALER connected, a first round
-# trip); then the controller's check of a registering peer's pid (`check_peer`, through the
+# Raw pyzmq's first contact in a fresh process (its first context, a DEALER connected to an
+# echoing ROUTER in another process, a first round trip: what a worker's registration
+# does); then the controller's check of a registering peer's pid (`check_peer`, through the
 # kernel) on a real TCP connection from this process, and a raw round trip on it (best
 # seconds per call); then a raw centre attach (below).
 RAW = """\
-import os, socket, time
+import os, socket, sys, time
 import zmq
-from platoon._controller.registry import check_peer
+start = time.perf_counter()
 ctx = zmq.Context()
+fresh = ctx.socket(zmq.DEALER)
+fresh.linger = 0
+fresh.connect("tcp://127.0.0.1:%s" % sys.argv[2])
+fresh.send(b"hello")
+fresh.recv()
+first = time.perf_counter() - start
+fresh.close()
+from platoon._controller.registry import check_peer
 router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
 router.linger = dealer.linger = 0
 port = router.bind_to_random_port("tcp://127.0.0.1")
 dealer.connect("tcp://127.0.0.1:%d" % port)
-# the first contact in this process: cold, as a worker's registration is
-start = time.perf_counter()
-ctx2 = zmq.Context()
-fresh = ctx2.socket(zmq.DEALER)
-fresh.linger = 0
-fresh.connect("tcp://127.0.0.1:%d" % port)
-fresh.send(b"hello")
-identity2, _ = router.recv_multipart()
-router.send_multipart([identity2, b"welcome"])
-fresh.recv()
-first = time.perf_counter() - start
-fresh.close()
-ctx2.term()
 info = {"pid": os.getpid(), "host": socket.gethostname()}
 dealer.send(b"hello")
 identity, frame = router.recv_multipart(copy=False)
@@ -188,10 +195,32 @@ ctx.term()
 """
 
 
+# The other end of RAW's first contact: a ROUTER that echoes.
+ECHO = """\
+import zmq
+router = zmq.Context().socket(zmq.ROUTER)
+router.linger = 0
+print(router.bind_to_random_port("tcp://127.0.0.1"), flush=True)
+router.send_multipart(router.recv_multipart())
+"""
+
+
 def raw(env, n):
     """(pid check, raw round trip, raw first contact, raw attach of `n` float32) in seconds,
-    in a fresh process (see RAW)."""
-    out = _run(["-c", RAW, str(n)], env, check=True, capture_output=True, text=True)
+    in a fresh process (see RAW), against an echo process started beforehand."""
+    echo = subprocess.Popen([sys.executable, "-c", ECHO], env=env, cwd=tempfile.gettempdir(),
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        port = echo.stdout.readline().strip()
+        if not port:
+            raise RuntimeError("startup echo exited (code %s) before listening" % echo.wait(30))
+        out = _run(["-c", RAW, str(n), port], env, check=True, capture_output=True, text=True)
+        echo.wait(30)
+    finally:
+        if echo.poll() is None:
+            echo.kill()
+            echo.wait()
+        echo.stdout.close()
     words = out.stdout.split()
     return tuple(float(words[i]) for i in (1, 2, 3, 5))
 
@@ -199,14 +228,29 @@ def raw(env, n):
 def startup(rounds=7, large=LARGE, sources=(None,)):
     """Median seconds of each start-up figure over `rounds` alternating rounds, for each
     platoon in `sources` (None: this checkout's; a path: PYTHONPATH for the processes)."""
+    with tempfile.TemporaryDirectory(prefix="platoon-bench-bytecode-") as bytecode:
+        # round 0 compiles every module into the cache: not counted
+        samples = _rounds(rounds + 1, large, sources, bytecode)
+    samples = {key: values[1:] for key, values in samples.items()}
+    results = []
+    for src in sources:
+        r = {key: statistics.median(values) for (s, key), values in samples.items()
+             if s in (src, "")}
+        r.update(rounds=rounds, small=SMALL, large=large)
+        results.append(r)
+    return results[0] if sources == (None,) else results
+
+
+def _rounds(rounds, large, sources, bytecode):
+    """{(source, figure): [seconds, one per round]} of `rounds` alternating rounds."""
     samples = {}
     for _ in range(rounds):
         for key in ("pass", "numpy_zmq"):  # the baselines: no platoon, so once a round
-            wall, cpu = _interpreter(IMPORTS[key], _env(None))
+            wall, cpu = _interpreter(IMPORTS[key], _env(None, bytecode))
             samples.setdefault(("", key), []).append(wall)
             samples.setdefault(("", key + "_cpu"), []).append(cpu)
         for src in sources:
-            env = _env(src)
+            env = _env(src, bytecode)
             wall, cpu = _interpreter(IMPORTS["platoon"], env)
             samples.setdefault((src, "platoon"), []).append(wall)
             samples.setdefault((src, "platoon_cpu"), []).append(cpu)
@@ -216,13 +260,7 @@ def startup(rounds=7, large=LARGE, sources=(None,)):
             for key, value in zip(("pid_check", "raw_round_trip", "raw_first_contact",
                                    "raw_attach"), raw(env, large)):
                 samples.setdefault((src, key), []).append(value)
-    results = []
-    for src in sources:
-        r = {key: statistics.median(values) for (s, key), values in samples.items()
-             if s in (src, "")}
-        r.update(rounds=rounds, small=SMALL, large=large)
-        results.append(r)
-    return results[0] if sources == (None,) else results
+    return samples
 
 
 def rows(r):

@@ -13,7 +13,6 @@ At exit, a worker that was not closed says goodbye without waiting (the
 
 import logging
 import os
-import socket
 import sys
 import threading
 import time
@@ -29,6 +28,9 @@ from .errors import ControllerGone, ControllerTimeout, NotRegistered, ProtocolEr
 log = logging.getLogger(__name__)
 
 STILL_WAITING_S = 5.0  # a worker unanswered this long at registration says so, once
+# This machine's name as socket.gethostname() gives it (glibc reads uname), without loading
+# the socket module (a few ms of a worker's start-up).
+HOSTNAME = os.uname().nodename
 
 
 def endpoint(host: str, port) -> str:
@@ -89,7 +91,7 @@ class ControlClient:
                 "or raise the worker's timeout_s" % (self.address, timeout_s or 0.0)) from None
         finally:
             self._still_waiting = None
-        if info.get("controller_host") == socket.gethostname():
+        if info.get("controller_host") == HOSTNAME:
             self.controller_pid = info.get("controller_pid")
         self.worker_id = info["worker_id"]
         self.job_id = info["job_id"]
@@ -105,7 +107,7 @@ class ControlClient:
 
     def _registration(self):
         """REGISTER's information: who we are, and after a reconnect our id and token."""
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "index": self._index}
+        info = {"pid": os.getpid(), "host": HOSTNAME, "index": self._index}
         if self.token is not None:
             info.update(worker_id=self.worker_id, token=self.token)
         return info

@@ -7,8 +7,7 @@ table is also the map of where each old module went.
 """
 
 import importlib
-import importlib.abc
-import importlib.util
+import importlib.machinery
 import sys
 
 MOVED = {
@@ -53,13 +52,15 @@ MOVED = {
 }
 
 
-class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds an old path of `MOVED` and gives the module at its new path."""
+class MovedModules:
+    """Finds an old path of `MOVED` and gives the module at its new path (a meta path finder
+    and loader by protocol: `importlib.abc` would load `importlib.resources`, `tempfile` and
+    `shutil` into every process, a few milliseconds of start-up)."""
 
     def find_spec(self, name, path=None, target=None):
         if name not in MOVED:
             return None
-        return importlib.util.spec_from_loader(name, self)
+        return importlib.machinery.ModuleSpec(name, self)
 
     def create_module(self, spec):
         return importlib.import_module(MOVED[spec.name])

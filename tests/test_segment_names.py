@@ -84,11 +84,11 @@ def test_segment_names_are_random_and_a_squatted_one_is_replaced(squat, monkeypa
             centre.unlink()
     squat(["platoon-%s-centre-%s" % (job_id, "0" * 16)])
     draws = iter(["0" * 16, "1" * 16])
-    monkeypatch.setattr("platoon._centre.shmem.secrets.token_hex", lambda n: next(draws))
+    monkeypatch.setattr(secrets, "token_hex", lambda n: next(draws))
     with SharedCentre.create(job_id, layout) as centre:
         assert centre.name == "/platoon-%s-centre-%s" % (job_id, "1" * 16)
     assert "exists already" in caplog.text
-    monkeypatch.setattr("platoon._centre.shmem.secrets.token_hex", lambda n: "0" * 16)
+    monkeypatch.setattr(secrets, "token_hex", lambda n: "0" * 16)
     with pytest.raises(PlatoonError, match="another local user may be squatting"):
         SharedCentre.create(job_id, layout)
 

@@ -25,7 +25,6 @@ import logging
 import math
 import mmap
 import os
-import secrets
 import stat
 import struct
 import threading
@@ -71,6 +70,8 @@ def new_segment_name(job_id, kind):
     """A fresh name for a segment of job `job_id`: ``/platoon-JOB-KIND-TOKEN``, TOKEN 16
     random hex digits. The job id is no secret (anyone can list /dev/shm), the token is:
     nobody can create the name before we do. Workers learn it from the controller."""
+    import secrets  # (loads OpenSSL, a few ms: only the controller names segments)
+
     return "%s%s-%s-%s" % (SEGMENT_PREFIX, job_id, kind, secrets.token_hex(8))
 
 

@@ -22,7 +22,7 @@ import zmq
 
 from .._centre.shmem import pid_alive
 from ..errors import PlatoonError, ProtocolError
-from .peers import count_connections, is_loopback_address
+from .peers import count_connections, holds_other_end, is_loopback_address
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
 
@@ -292,6 +292,8 @@ def check_peer(info: dict, identity_frame, transport: str, control_port: Optiona
                            "pid (platoon.Worker does)")
     if transport == "ipc":  # only this user can reach the 0700 socket directory
         reason = None if pid_alive(pid) else "no process %d runs on this machine" % pid
+    elif holds_other_end(pid, _source_fd(identity_frame)):  # it holds this very connection
+        reason = None
     else:  # each registration needs a connection of its own from that process
         try:
             held = count_connections(pid, control_port)
@@ -304,3 +306,12 @@ def check_peer(info: dict, identity_frame, transport: str, control_port: Optiona
         raise PlatoonError("registration refused: it claims pid %d, but %s; a worker "
                            "registers with its own pid (platoon.Worker does)" % (pid, reason))
     return pid, True
+
+
+def _source_fd(frame) -> int:
+    """The controller's descriptor of the connection `frame` came on (-1 if unknown: ZeroMQ
+    marks ZMQ_SRCFD deprecated; without it, `check_peer` counts the pid's connections)."""
+    try:
+        return frame.get(zmq.SRCFD)
+    except (zmq.ZMQError, AttributeError, TypeError):
+        return -1

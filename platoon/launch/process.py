@@ -11,10 +11,12 @@ import os
 import select
 import signal
 import stat
-import subprocess
 import threading
 import time
-from typing import Callable, Iterable, List, NamedTuple, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, List, NamedTuple, Optional
+
+if TYPE_CHECKING:  # subprocess is loaded by `stop` only: workers import this module too
+    import subprocess
 
 SHM_DIR = "/dev/shm"
 SEGMENT_PREFIX = "/platoon-"  # POSIX name of every platoon segment: /platoon-JOB-KIND-TOKEN
@@ -103,7 +105,7 @@ def start_time(pid: int) -> Optional[int]:
 
 # -- stopping ----------------------------------------------------------------
 
-def _send(proc: subprocess.Popen, signum: int, group: bool) -> None:
+def _send(proc: "subprocess.Popen", signum: int, group: bool) -> None:
     try:
         if group:
             os.killpg(proc.pid, signum)
@@ -113,7 +115,7 @@ def _send(proc: subprocess.Popen, signum: int, group: bool) -> None:
         pass
 
 
-def stop(procs: Iterable[subprocess.Popen], timeout_s: float, *, grace_s: float = 0.0,
+def stop(procs: Iterable["subprocess.Popen"], timeout_s: float, *, grace_s: float = 0.0,
          group: bool = True) -> None:
     """Stop `procs`: wait up to `grace_s` for them to exit by themselves, SIGTERM the rest,
     wait to a `timeout_s` deadline, SIGKILL what is left, and reap them all.
@@ -122,6 +124,8 @@ def stop(procs: Iterable[subprocess.Popen], timeout_s: float, *, grace_s: float 
     to the whole process group, so grandchildren are stopped too. Processes already reaped are
     never signalled: their pids may have been reused.
     """
+    import subprocess
+
     live = [p for p in procs if p.poll() is None]
     for wait_s, signum in ((grace_s, signal.SIGTERM), (timeout_s, signal.SIGKILL)):
         deadline = time.monotonic() + wait_s

@@ -8,10 +8,26 @@ Nesterov; `kernels` the compiled one-pass kernels (`_sync_kernels.c`) and their
 numpy fallback.
 """
 
+import importlib
+
 from .base import BLOCK_ELEMENTS, ParamSyncRule, RuleContext
-from .diloco import DelayedNesterov, DiLoCo
-from .downpour import SGD, Adam, Downpour
 from .elastic import ASGD, EASGD
 
 __all__ = ["ASGD", "BLOCK_ELEMENTS", "EASGD", "SGD", "Adam", "DelayedNesterov", "DiLoCo",
            "Downpour", "ParamSyncRule", "RuleContext"]
+
+# Loaded on first use (PEP 562): a worker loads the rule it syncs by, not every rule.
+_HOMES = {"SGD": "downpour", "Adam": "downpour", "Downpour": "downpour",
+          "DelayedNesterov": "diloco", "DiLoCo": "diloco"}
+
+
+def __getattr__(name):
+    if name not in _HOMES:
+        raise AttributeError("module %r has no attribute %r" % (__name__, name))
+    value = getattr(importlib.import_module("." + _HOMES[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
