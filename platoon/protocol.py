@@ -440,7 +440,7 @@ def _array(i, buf, dtype, shape, order, offset, nbytes):
         except (ValueError, TypeError, OverflowError) as exc:
             raise ProtocolError("minibatch array %d: numpy cannot make shape %s of %s: %s"
                                 % (i, shape, dtype.name, exc)) from None
-    array.flags.writeable = False  # a view of a received (writable) message: read-only
+    array.flags.writeable = False  # over a read-only view already, but for empty ones
     return array
 
 
@@ -472,7 +472,7 @@ def _decode_minibatch_checked(frames):
     if not frames:
         raise ProtocolError("empty minibatch message")
     first = frames[0]
-    buf = first.buffer if hasattr(first, "buffer") else memoryview(first)
+    buf = memoryview(first).toreadonly()
     if buf.nbytes >= 8 and buf[:4] == _PACKED:  # one frame: the header and the arrays
         if len(frames) != 1:
             raise ProtocolError("a packed minibatch is one frame, but %d arrived" % len(frames))
@@ -483,7 +483,7 @@ def _decode_minibatch_checked(frames):
                                 "(%d bytes)" % (length, len(buf)))
         header_bytes = bytes(buf[_PACKED_PREFIX.size:end])
         specs, expected, _ = _cached(_parsed_packed, header_bytes,
-                                  lambda: _parse_packed_prefix(header_bytes))
+                                     lambda: _parse_packed_prefix(header_bytes))
         if len(buf) != expected:
             raise ProtocolError("packed minibatch of %d bytes, but its header describes %d"
                                 % (len(buf), expected))
@@ -495,7 +495,7 @@ def _decode_minibatch_checked(frames):
                             % (len(specs), len(frames) - 1))
     arrays = []
     for i, ((dtype, shape, order, expected), frame) in enumerate(zip(specs, frames[1:])):
-        buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+        buf = memoryview(frame).toreadonly()
         if buf.nbytes != expected:
             raise ProtocolError("minibatch array %d: %d bytes arrived but dtype %s and shape %s "
                                 "need %d" % (i, buf.nbytes, dtype.name, shape, expected))

@@ -152,13 +152,18 @@ def test_fuzzed_minibatches_raise_only_protocol_errors():
     assert decoded > 50  # the fuzzer also produces well-formed messages
 
 
-def test_received_minibatch_arrays_are_read_only():
+@pytest.mark.parametrize("pack", [None, False])
+def test_received_minibatch_arrays_are_read_only(pack):
     arrays = [np.arange(6.0).reshape(2, 3), np.asfortranarray(np.ones((2, 2), np.int32))]
+    if pack is False:  # large enough to travel as a header and one frame per array
+        arrays.append(np.zeros(protocol.PACK_MAX_BYTES // 8 + 1))
     frames = [bytearray(f) for f in protocol.encode_minibatch(arrays)]  # writable buffers
-    for got in protocol.decode_minibatch(frames):
-        assert not got.flags.writeable
-        with pytest.raises(ValueError, match="read-only"):
-            got[...] = 0
+    assert len(frames) == (1 if pack is None else 4)
+    for _ in range(2):  # the first time, and with the header known
+        for got in protocol.decode_minibatch(frames):
+            assert not got.flags.writeable
+            with pytest.raises(ValueError, match="read-only"):
+                got[...] = 0
 
 
 def test_small_minibatches_travel_packed_in_one_frame_large_ones_as_views():
