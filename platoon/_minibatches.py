@@ -112,9 +112,11 @@ class MinibatchChannel:
         """Encode `arrays` and deliver them (see `Controller.send_mb`); the taker's id."""
         # With copy, one packed frame (a single copy); without, packed only when small
         # (ZeroMQ copies small frames anyway), else views of the arrays.
-        self._check_process("send_mb")
+        if os.getpid() != self._pid:
+            self._check_process("send_mb")
         frames = protocol.encode_minibatch(arrays, pack=True if copy else None)
-        nbytes = sum(len(frame) for frame in frames)  # bytes, or memoryviews cast to "B"
+        # bytes, or memoryviews cast to "B"
+        nbytes = len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
         with self._lock:
             taker = self.deliver(frames, nbytes, _deadline(timeout_s))
         if taker is None:
@@ -142,7 +144,8 @@ class MinibatchChannel:
             self._sends_undrained += 1
             if not self.ready or self._sends_undrained >= self.DRAIN_EVERY or self.left:
                 self._drain()
-            self._send_resends()
+            if self.resend:
+                self._send_resends()
             if not self.resend:
                 peer = self._next_ready()
                 if peer is not None:
@@ -220,7 +223,7 @@ class MinibatchChannel:
                         peer.credit = 0
         sock = self.sock
         for _ in range(self.DRAIN_AT_MOST):
-            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # cheaper than a recv raising Again
+            if not sock.getsockopt(_EVENTS) & _POLLIN:  # cheaper than a recv raising Again
                 break
             self._request(sock.recv_multipart())
 
@@ -340,7 +343,13 @@ class MinibatchChannel:
         peer.credit -= 1
         peer.unacked.append((peer.sent, frames, nbytes))
         peer.unacked_bytes += nbytes
-        self._queue(peer)  # behind the others that asked
+        # Queued again, behind the others that asked, if it has room (`_has_room`, inline:
+        # this runs for every minibatch)
+        if peer.credit > 0 and not peer.queued \
+                and (not peer.window_bytes or peer.unacked_bytes < peer.window_bytes) \
+                and (self.hwm is None or len(peer.unacked) < self.hwm):
+            peer.queued = True
+            self.ready.append(peer)
         return True
 
     def _drop(self, peer, why):
@@ -362,7 +371,11 @@ class MinibatchChannel:
         peer.unacked_bytes = 0
 
 
-_SNDMORE = int(zmq.SNDMORE)  # a plain int: flags are combined on every send
+# Plain ints: flags are combined and passed on every send (enum arithmetic costs a microsecond)
+_SNDMORE = int(zmq.SNDMORE)
+_NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 
 def _deadline(timeout_s):
@@ -433,13 +446,13 @@ class MinibatchClient:
         """
         sock = self.sock
         first = None
-        if self.asked and self.received - self.acked < self.ack_every \
-                and self.bytes_since_ack < self.ack_every_bytes:  # no request due: take one,
-            try:  # if here or within ACK_AFTER_MS (streaming, the next is microseconds away)
-                first = sock.recv(zmq.NOBLOCK, copy=False)
+        if self.received - self.acked < self.ack_every \
+                and self.bytes_since_ack < self.ack_every_bytes and self.asked:
+            try:  # no request due: take one, if here or within ACK_AFTER_MS (streaming,
+                first = sock.recv(_NOBLOCK, copy=False)  # the next is microseconds away)
             except zmq.Again:
                 if sock.poll(self.ACK_AFTER_MS):
-                    first = sock.recv(zmq.NOBLOCK, copy=False)
+                    first = sock.recv(_NOBLOCK, copy=False)
         if first is None:  # about to wait (or a request is due): ask first
             try:
                 self.ask()
@@ -450,9 +463,12 @@ class MinibatchClient:
             if first is None:
                 raise MinibatchTimeout("no minibatch from %s within %.3g s"
                                        % (self.address, timeout_s)) from None
-        frames = [first]
-        while frames[-1].more:  # the rest of a message is there once its first frame is
-            frames.append(sock.recv(copy=False))
+        if first.more:  # the rest of a message is there once its first frame is
+            frames = [first]
+            while frames[-1].more:
+                frames.append(sock.recv(copy=False))
+        else:
+            frames = (first,)
         try:
             arrays = protocol.decode_minibatch(frames)
         except ProtocolError:
@@ -464,7 +480,8 @@ class MinibatchClient:
                                     ) from None
             self.received_one(frames)  # a malformed one still counts: the controller sent it
             raise
-        self.received_one(frames)
+        self.received += 1  # received_one, inline
+        self.bytes_since_ack += len(first) if len(frames) == 1 else sum(map(len, frames))
         return arrays
 
     def _recv_asking_again(self, recv_within, deadline):
@@ -482,7 +499,7 @@ class MinibatchClient:
 
     def received_one(self, frames):
         self.received += 1
-        self.bytes_since_ack += sum(len(frame) for frame in frames)
+        self.bytes_since_ack += sum(map(len, frames))
 
     def leave(self):
         """Tell the controller this worker takes no more minibatches: those on their way

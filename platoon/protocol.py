@@ -287,6 +287,9 @@ _HEADER_CACHE_SIZE = 64  # minibatch headers repeat: parse or encode each distin
 _encoded_headers: Dict[Any, bytes] = {}
 _parsed_headers: Dict[bytes, Any] = {}
 _parsed_packed: Dict[bytes, Any] = {}
+# (type, dtype, shape, strides) of each array of a C-contiguous minibatch -> its header,
+# packed prefix, paddings and size: what encode_minibatch checked once for that layout
+_contiguous_layouts: Dict[Any, Any] = {}
 
 
 def _cached(cache, key, make):
@@ -328,10 +331,30 @@ def encode_minibatch(arrays, pack=None):
     (a view: no copy when the array is contiguous). Raises ProtocolError for an array
     that is not plain numeric.
     """
-    key, data, total = [], [], 0
+    if type(arrays) is not list and type(arrays) is not tuple:
+        arrays = list(arrays)
+    try:  # minibatches repeat their layout: C-contiguous arrays seen before skip the checks
+        layout = _contiguous_layouts.get(
+            tuple([(type(a), a.dtype, a.shape, a.strides) for a in arrays]))
+    except AttributeError:  # not arrays: converted below
+        layout = None
+    if layout is None:
+        return _encode_minibatch_checked(arrays, pack)
+    header, prefix, pads, total = layout
+    if pack or (pack is None and total <= PACK_MAX_BYTES):
+        parts = [prefix]
+        for a, pad in zip(arrays, pads):
+            parts += (a, pad)  # bytes.join reads a C-contiguous array's buffer directly
+        return [b"".join(parts)]
+    return [header] + [memoryview(a.reshape(-1)).cast("B") if a.size else b"" for a in arrays]
+
+
+def _encode_minibatch_checked(arrays, pack):
+    """`encode_minibatch` for arrays of a layout not seen yet (or not all C-contiguous)."""
+    key, data, total, contiguous = [], [], 0, True
     for i, a in enumerate(arrays):
         if type(a) is not np.ndarray:
-            a = np.asarray(a)
+            a, contiguous = np.asarray(a), False
         dtype = a.dtype
         if dtype.kind not in "biufc" or dtype.fields is not None:
             raise ProtocolError("minibatch array %d has dtype %s; only plain numeric arrays can "
@@ -340,19 +363,22 @@ def encode_minibatch(arrays, pack=None):
         if flags.c_contiguous:
             order = "C"
         elif flags.f_contiguous:
-            order, a = "F", a.T  # its transpose is C-contiguous: the same bytes
+            order, a, contiguous = "F", a.T, False  # its transpose is C-contiguous: same bytes
         else:
-            order, a = "C", np.ascontiguousarray(a)
+            order, a, contiguous = "C", np.ascontiguousarray(a), False
         nbytes = a.nbytes
         key.append((dtype, a.shape if order == "C" else a.shape[::-1], order, nbytes))
         data.append(a)
         total += nbytes
     key = tuple(key)
     header, prefix, pads = _cached(_encoded_headers, key, lambda: _encode_header(key))
+    if contiguous:  # the next minibatch of this layout takes the short way
+        _cached(_contiguous_layouts, tuple((type(a), a.dtype, a.shape, a.strides) for a in data),
+                lambda: (header, prefix, pads, total))
     if pack or (pack is None and total <= PACK_MAX_BYTES):
         parts = [prefix]
         for a, pad in zip(data, pads):
-            parts.append(a)  # bytes.join reads a C-contiguous array's buffer directly
+            parts.append(a)
             parts.append(pad)
         return [b"".join(parts)]
     return [header] + [memoryview(a.reshape(-1)).cast("B") if a.size else b"" for a in data]
@@ -386,14 +412,17 @@ def _parse_minibatch_header(payload):
 
 def _parse_packed_prefix(header_bytes):
     """[(dtype, shape, order, offset, nbytes)] and the frame's length, for a packed frame
-    whose JSON header is `header_bytes`; raises ProtocolError."""
+    whose JSON header is `header_bytes`, and the ndarray() arguments (shape, dtype, offset,
+    None, order) of each array (None if one is empty); raises ProtocolError."""
     offset = _PACKED_PREFIX.size + len(header_bytes)
     offset += _padding(offset)
     specs = []
     for dtype, shape, order, nbytes in _parse_minibatch_header(header_bytes):
         specs.append((dtype, shape, order, offset, nbytes))
         offset += nbytes + _padding(nbytes)
-    return specs, offset
+    views = (None if any(not nbytes for *_, nbytes in specs)
+             else [(shape, dtype, start, None, order) for dtype, shape, order, start, _ in specs])
+    return specs, offset, views
 
 
 def _array(i, buf, dtype, shape, order, offset, nbytes):
@@ -411,7 +440,7 @@ def _array(i, buf, dtype, shape, order, offset, nbytes):
         except (ValueError, TypeError, OverflowError) as exc:
             raise ProtocolError("minibatch array %d: numpy cannot make shape %s of %s: %s"
                                 % (i, shape, dtype.name, exc)) from None
-    array.flags.writeable = False  # a view of a received (writable) message: read-only
+    array.flags.writeable = False  # over a read-only view already, but for empty ones
     return array
 
 
@@ -420,10 +449,30 @@ def decode_minibatch(frames):
 
     Raises ProtocolError naming the first inconsistency.
     """
+    if len(frames) == 1:  # packed, with a header seen before: the short way
+        buf = memoryview(frames[0]).toreadonly()  # arrays over it are read-only too
+        size = buf.nbytes
+        if size >= _PACKED_PREFIX.size and buf.itemsize == 1:
+            magic, length = _PACKED_PREFIX.unpack_from(buf)
+            end = _PACKED_PREFIX.size + length
+            if magic == _PACKED and end <= size:
+                known = _parsed_packed.get(bytes(buf[_PACKED_PREFIX.size:end]))
+                if known is not None and known[1] == size and known[2] is not None:
+                    ndarray = np.ndarray
+                    try:
+                        return [ndarray(shape, dtype, buf, offset, strides, order)
+                                for shape, dtype, offset, strides, order in known[2]]
+                    except (ValueError, TypeError, OverflowError):
+                        pass  # numpy refuses the layout: the long way says why
+    return _decode_minibatch_checked(frames)
+
+
+def _decode_minibatch_checked(frames):
+    """`decode_minibatch` the long way, checking everything."""
     if not frames:
         raise ProtocolError("empty minibatch message")
     first = frames[0]
-    buf = first.buffer if hasattr(first, "buffer") else memoryview(first)
+    buf = memoryview(first).toreadonly()
     if buf.nbytes >= 8 and buf[:4] == _PACKED:  # one frame: the header and the arrays
         if len(frames) != 1:
             raise ProtocolError("a packed minibatch is one frame, but %d arrived" % len(frames))
@@ -433,8 +482,8 @@ def decode_minibatch(frames):
             raise ProtocolError("packed minibatch header of %d bytes is longer than its frame "
                                 "(%d bytes)" % (length, len(buf)))
         header_bytes = bytes(buf[_PACKED_PREFIX.size:end])
-        specs, expected = _cached(_parsed_packed, header_bytes,
-                                  lambda: _parse_packed_prefix(header_bytes))
+        specs, expected, _ = _cached(_parsed_packed, header_bytes,
+                                     lambda: _parse_packed_prefix(header_bytes))
         if len(buf) != expected:
             raise ProtocolError("packed minibatch of %d bytes, but its header describes %d"
                                 % (len(buf), expected))
@@ -446,7 +495,7 @@ def decode_minibatch(frames):
                             % (len(specs), len(frames) - 1))
     arrays = []
     for i, ((dtype, shape, order, expected), frame) in enumerate(zip(specs, frames[1:])):
-        buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+        buf = memoryview(frame).toreadonly()
         if buf.nbytes != expected:
             raise ProtocolError("minibatch array %d: %d bytes arrived but dtype %s and shape %s "
                                 "need %d" % (i, buf.nbytes, dtype.name, shape, expected))

@@ -100,3 +100,40 @@ def test_the_default_window_holds_16_mib_or_256_minibatches(serve, shape, held):
         worker.join(20)
     assert not errors and len(got) == held + 1
     serving.join()
+
+
+def test_the_controllers_hwm_caps_what_a_worker_holds(serve):
+    ctl = Controller(control_port=0, num_workers=1)
+    ctl.init_data(0, hwm=3)  # below the default window of 256 small minibatches
+    serving = serve(ctl)
+    first, release, got, errors = threading.Event(), threading.Event(), [], []
+
+    def work():
+        try:
+            with Worker(ctl.control_port, timeout_s=10) as w:
+                w.init_mb_sock(ctl.data_port)  # the default window
+                got.append(w.recv_mb())
+                first.set()  # holds it, and takes no more until released
+                assert release.wait(20)
+                for _ in range(3):
+                    got.append(w.recv_mb())
+        except Exception as exc:  # reported by the assertions below
+            errors.append(exc)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    try:
+        for i in range(3):  # hwm minibatches unacknowledged
+            ctl.send_mb([np.array([i])], timeout_s=10)
+            if i == 0:
+                assert first.wait(10)
+        with pytest.raises(MinibatchTimeout):  # not one more, whatever the window
+            ctl.send_mb([np.array([3])], timeout_s=0.2)
+        release.set()
+        ctl.send_mb([np.array([3])], timeout_s=10)
+        ctl.flush_mb(timeout_s=10)
+    finally:
+        release.set()
+        worker.join(20)
+    assert not errors and [int(a[0][0]) for a in got] == [0, 1, 2, 3]
+    serving.join()

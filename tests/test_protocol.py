@@ -152,13 +152,18 @@ def test_fuzzed_minibatches_raise_only_protocol_errors():
     assert decoded > 50  # the fuzzer also produces well-formed messages
 
 
-def test_received_minibatch_arrays_are_read_only():
+@pytest.mark.parametrize("pack", [None, False])
+def test_received_minibatch_arrays_are_read_only(pack):
     arrays = [np.arange(6.0).reshape(2, 3), np.asfortranarray(np.ones((2, 2), np.int32))]
+    if pack is False:  # large enough to travel as a header and one frame per array
+        arrays.append(np.zeros(protocol.PACK_MAX_BYTES // 8 + 1))
     frames = [bytearray(f) for f in protocol.encode_minibatch(arrays)]  # writable buffers
-    for got in protocol.decode_minibatch(frames):
-        assert not got.flags.writeable
-        with pytest.raises(ValueError, match="read-only"):
-            got[...] = 0
+    assert len(frames) == (1 if pack is None else 4)
+    for _ in range(2):  # the first time, and with the header known
+        for got in protocol.decode_minibatch(frames):
+            assert not got.flags.writeable
+            with pytest.raises(ValueError, match="read-only"):
+                got[...] = 0
 
 
 def test_small_minibatches_travel_packed_in_one_frame_large_ones_as_views():
@@ -205,6 +210,77 @@ def test_garbled_packed_minibatches_raise_only_protocol_errors():
         decoded += 1
         assert all(isinstance(a, np.ndarray) and not a.flags.writeable for a in arrays)
     assert decoded > 100  # flipped data bytes still decode: only the layout is checked
+
+
+class _Tagged(np.ndarray):
+    """An ndarray subclass: sent as its plain array."""
+
+
+class _ArrayLike:
+    """Not an ndarray, though it has the attributes of one: converted with __array__."""
+
+    def __init__(self, array):
+        self._array = array
+        self.dtype, self.shape, self.strides = array.dtype, array.shape, array.strides
+
+    def __array__(self, dtype=None, copy=None):
+        return self._array
+
+
+def _fortran_only(array):
+    return array.flags.f_contiguous and not array.flags.c_contiguous
+
+
+def test_layouts_seen_before_encode_and_decode_as_the_first_time():
+    """The second minibatch of a layout takes the short way on both sides (a cache by
+    type, dtype, shape and strides): it must give what the checked way gives, and arrays
+    that differ only in memory order, strides, byte order or type must not be mistaken
+    for it."""
+    base = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
+    labels = np.arange(64)
+    variants = [[base, labels], [base + 1, labels * 2],  # the same layout, other values
+                [np.asfortranarray(base), labels],  # F order: same shape and dtype
+                [base.T, labels],  # a transposed view: other strides
+                [np.arange(2 * 64 * 64, dtype=np.float32).reshape(64, 128)[:, ::2], labels],
+                [base.astype(">f4"), labels],  # byte-swapped dtype
+                [base.view(_Tagged), labels],  # a subclass
+                [_ArrayLike(base), labels],  # not an array: no buffer to pack directly
+                [np.zeros((0, 64), np.float32), labels],  # an empty array
+                [np.arange(protocol.PACK_MAX_BYTES // 8 + 1.0), labels]]  # too big to pack
+    for arrays in variants * 3:
+        for frames in (protocol.encode_minibatch(arrays),
+                       protocol.encode_minibatch(iter(arrays)),  # any iterable
+                       protocol.encode_minibatch(arrays, pack=True)):
+            for wire in ([bytes(f) for f in frames], [bytearray(f) for f in frames]):
+                got = protocol.decode_minibatch(wire)
+                assert len(got) == len(arrays)
+                for sent, received in zip(map(np.asarray, arrays), got):
+                    assert type(received) is np.ndarray and not received.flags.writeable
+                    assert received.dtype == sent.dtype and received.shape == sent.shape
+                    assert _fortran_only(received) == _fortran_only(sent)
+                    np.testing.assert_array_equal(received, sent)
+    again = protocol.encode_minibatch([base, labels])  # as the first time, byte for byte
+    assert again == protocol.encode_minibatch([base.copy(), labels.copy()])
+
+
+def test_packed_header_seen_before_still_checks_each_frame():
+    arrays = [np.arange(6.0).reshape(2, 3), np.arange(4)]
+    frame = protocol.encode_minibatch(arrays)[0]
+    protocol.decode_minibatch([frame])  # its header is now known
+    with pytest.raises(ProtocolError, match="packed minibatch of %d bytes" % (len(frame) - 8)):
+        protocol.decode_minibatch([frame[:-8]])
+    with pytest.raises(ProtocolError, match="packed minibatch of %d bytes" % (len(frame) + 8)):
+        protocol.decode_minibatch([frame + bytes(8)])
+    with pytest.raises(ProtocolError, match="packed minibatch is one frame"):
+        protocol.decode_minibatch([frame, b""])
+    with pytest.raises(ProtocolError, match="longer than its frame"):
+        protocol.decode_minibatch([frame[:4] + b"\xff\xff\x00\x00" + frame[8:]])
+    length = int.from_bytes(frame[4:8], "little")
+    with pytest.raises(ProtocolError):  # a shorter header length: the same bytes, misread
+        protocol.decode_minibatch([frame[:4] + (length - 1).to_bytes(4, "little") + frame[8:]])
+    for got, sent in zip(protocol.decode_minibatch([bytearray(frame)]), arrays):
+        assert not got.flags.writeable
+        np.testing.assert_array_equal(got, sent)
 
 
 def test_minibatch_requests_round_trip_and_garbage_is_refused():
