@@ -4,9 +4,12 @@
 segment (one per (dtype, size), created on first use and reused). On a job of
 one node the workers then meet in the segment without the controller: each
 publishes its round number in the segment's control words and waits for the
-others' (spinning briefly, then sleeping in growing steps), and each reduces
+others' (polling briefly, then sleeping in growing steps), and each reduces
 the slots in worker-id order into its result (so every worker gets
-bit-identical results, run after run). The slots alternate between two sets by
+bit-identical results, run after run). Where platoon's compiled module is
+built (`platoon.rules.kernels.Meeting`), a round's copy, wait and float
+sum/mean run in C without the GIL, with the same control words and lock as
+the Python path, so workers of either kind meet. The slots alternate between two sets by
 round, so a worker may start the next round while another still reads this
 one. A round is committed under the segment's lock by the first worker to see
 every other arrived; a worker whose timeout runs out withdraws under that lock
