@@ -9,11 +9,11 @@ the slots in worker-id order into its result (so every worker gets
 bit-identical results, run after run). Where platoon's compiled module is
 built (`platoon.rules.kernels.Meeting`), a round's copy, wait and float
 sum/mean run in C without the GIL, with the same control words and lock as
-the Python path, so workers of either kind meet. The slots alternate between two sets by
-round, so a worker may start the next round while another still reads this
-one. A round is committed under the segment's lock by the first worker to see
-every other arrived; a worker whose timeout runs out withdraws under that lock
-unless the round was committed. The controller marks the segment when a worker
+the Python path, so workers of either kind meet. The slots alternate between
+two sets by round, so a worker may start the next round while another still
+reads this one. A round is committed under the segment's lock by the first
+worker to see every other arrived; a worker whose timeout runs out withdraws
+under that lock unless the round was committed. The controller marks the segment when a worker
 leaves, which fails the waiting workers at once. Across nodes (a node link),
 each worker instead sends one ``platoon-allreduce`` request: when every worker
 of the node has arrived, the controller reduces the slots in worker-id order,
@@ -504,7 +504,7 @@ class WorkerCollectives:
         buf = self._last  # the checks below cost more than a 1K round: skip what was checked
         if buf is None or buf.dtype is not array.dtype or buf.count != array.size:
             buf = None
-        if buf is None or op not in buf.op_codes:
+        if buf is None or type(op) is not str or op not in buf.op_codes:
             check_op(op, array.dtype)
         out = array if out is None else out
         if out is not array and (not isinstance(out, np.ndarray) or out.shape != array.shape
