@@ -79,6 +79,9 @@ _PAUSE_S = (50e-6, 1e-3)  # sleeps between polls, doubling (a sleep lasts 50 us 
 # instead of after a trip through the scheduler. With more workers than cores it yields
 # from the start (the worker it waits for may need its core).
 _BUSY_S = 50e-6
+# ... and polls, yielding, for _SPIN_S plus the time of copying an array at 4 GB/s: workers of
+# a large all_reduce drift apart by more than 2 ms, and a sleep would cost up to 1 ms.
+_POLL_S_PER_BYTE = 0.25e-9
 _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 _MEETING_KINDS = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}  # reduced in C
 
@@ -361,7 +364,8 @@ class _Buffer:
             else:
                 _MEETINGS.add(self)
         self.busy_ns = int(_BUSY_S * 1e9) if slots <= _CORES else 0
-        self.poll_ns = int(_SPIN_S * 1e9)
+        self.poll_s = _SPIN_S + self.data[0].nbytes * _POLL_S_PER_BYTE
+        self.poll_ns = int(self.poll_s * 1e9)
 
     def meet(self, array, op, out, timeout_s):
         """One round in shared memory (see the module docstring); the result into `out`."""
@@ -369,7 +373,7 @@ class _Buffer:
         r = self.round + 1
         meeting = self.meeting
         if meeting is not None:  # the round in C, and the reduction where it can
-            poll_ns = self.poll_ns if timeout_s is None or timeout_s >= _SPIN_S \
+            poll_ns = self.poll_ns if timeout_s is None or timeout_s >= self.poll_s \
                 else int(timeout_s * 1e9)
             code = self.op_codes[op]
             status = meeting.meet(array, out, r, code, self.busy_ns, poll_ns)
