@@ -221,6 +221,12 @@ class CentreLock:
         self._owner = None
         self._depth = 0
 
+    def fileno(self):
+        """The descriptor whose bytes `start` .. `start` + `length` - 1 this lock locks (OFD
+        locks, on Linux), for code that takes it without Python (all_reduce's compiled
+        meeting, which locks byte 0 of an unstriped segment); -1 once closed."""
+        return -1 if self._fd is None else self._fd
+
     def close(self):
         """Release the descriptor (and with it any lock it holds). Idempotent."""
         if self._fd is not None:

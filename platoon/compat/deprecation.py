@@ -10,11 +10,15 @@ def renamed_keywords(**old_to_new):
     ``@renamed_keywords(timeout="timeout_s")`` lets callers still write
     ``f(timeout=3)``; passing both names raises TypeError.
     """
+    old_names = frozenset(old_to_new)
+
     def decorate(function):
         @functools.wraps(function)
         def accept_old_names(*args, **kwargs):
             if not kwargs:  # the common call, on hot paths (send_req, recv_mb, send_mb)
                 return function(*args)
+            if old_names.isdisjoint(kwargs):  # new names only (all_reduce(..., out=) in a loop)
+                return function(*args, **kwargs)
             for old, new in old_to_new.items():
                 if old in kwargs:
                     if new in kwargs:

@@ -481,6 +481,8 @@ static struct PyModuleDef module = {
     "the numpy path.", -1, methods,
 };
 
+static int add_meeting(PyObject *module);  /* all_reduce's Meeting, below */
+
 PyMODINIT_FUNC
 PyInit__sync_kernels(void)
 {
@@ -488,5 +490,345 @@ PyInit__sync_kernels(void)
     if (cpu_has_avx())
         loops = &avx_loops;
 #endif
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && add_meeting(m) < 0)
+        Py_CLEAR(m);
+    return m;
+}
+
+/* ---- all_reduce: the workers of a node meeting in shared memory (platoon/collectives.py) ----
+ *
+ * Meeting(data, control, slot, slots, fd, kind) is one worker's view of an all_reduce
+ * segment (collectives.reduction_layout): `data` its rows (two sets of `slots`, then the
+ * controller's), `control` its int64 words [each worker's round | each worker's op, by
+ * parity | the last committed round | 1 + the id of a worker that left], `fd` a descriptor
+ * of the segment, whose byte 0 is its lock (an OFD lock, as CentreLock takes it; Meeting
+ * keeps a duplicate), `kind` F32 or F64 for the dtypes reduced here, 0 for numpy's.
+ *
+ * meet(src, out, round, op, busy_ns, poll_ns) runs one round as collectives._Buffer does
+ * in Python, with the same words and the same lock, so workers of either kind meet: it
+ * copies `src` into this worker's row, writes its op and publishes the round; then, without
+ * the GIL, polls for the others, spinning for `busy_ns` and then yielding the core between
+ * polls until `poll_ns` have passed. The first worker to see all the others arrived commits
+ * the round under the lock (a worker whose timeout ran out withdraws under it). For a float
+ * sum or mean into a C-contiguous `out`, every worker's op alike, it then reduces the rows
+ * in worker-id order into `out`: numpy's operations in numpy's order, so the same bits.
+ * Returns MEET_DONE, or what the caller must do:
+ *   MEET_ARRIVED  the round is complete: check the ops and reduce (numpy)
+ *   MEET_PENDING  published but not complete within poll_ns: go on waiting, then as ARRIVED
+ *   MEET_GONE     published, and a worker has left the job
+ *   MEET_COPY     nothing done: `src` is not C-contiguous of a row's size; copy it into the
+ *                 row and call again with src None
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdint.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { MEET_DONE = 0, MEET_ARRIVED = 1, MEET_PENDING = 2, MEET_GONE = 3, MEET_COPY = 4 };
+enum { OP_SUM = 0, OP_MEAN = 1 };  /* their indexes in collectives.OPS */
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer data, control;
+    Py_ssize_t row_bytes;
+    int slot, slots, fd, kind;
+} Meeting;
+
+static inline int64_t load_acquire(const int64_t *p)
+{
+    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+
+static inline void store_release(int64_t *p, int64_t v)
+{
+    __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* Take (F_WRLCK) or release (F_UNLCK) the segment's lock, never waiting:
+ * 1 done, 0 another worker holds it, -1 error. */
+static int meeting_lock(int fd, short type)
+{
+#ifdef F_OFD_SETLK
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = 0;
+    fl.l_len = 1;
+    if (fcntl(fd, F_OFD_SETLK, &fl) == 0)
+        return 1;
+    return (errno == EAGAIN || errno == EACCES) ? 0 : -1;
+#else
+    return -1;
+#endif
+}
+
+static int all_arrived(const int64_t *arrived, int slots, int64_t r)
+{
+    for (int k = 0; k < slots; k++)
+        if (load_acquire(&arrived[k]) < r)
+            return 0;
+    return 1;
+}
+
+/* Poll until round r is committed (MEET_ARRIVED) or a worker has left (MEET_GONE); after
+ * poll_ns, or when the lock fails, MEET_PENDING (the caller's loop takes over). */
+static int meeting_wait(const Meeting *m, int64_t r, int64_t busy_ns, int64_t poll_ns)
+{
+    int64_t *ctl = m->control.buf;
+    int64_t *committed = ctl + 3 * m->slots, *gone = committed + 1;
+    int64_t start = now_ns();
+    int yielding = busy_ns <= 0;
+    for (unsigned i = 1;; i++) {
+        if (load_acquire(committed) >= r)
+            return MEET_ARRIVED;
+        if (all_arrived(ctl, m->slots, r)) {
+            int taken = meeting_lock(m->fd, F_WRLCK);
+            if (taken < 0)
+                return MEET_PENDING;
+            if (taken) {  /* commit, unless a worker withdrew meanwhile */
+                int ok = load_acquire(committed) >= r || all_arrived(ctl, m->slots, r);
+                if (ok && load_acquire(committed) < r)
+                    store_release(committed, r);
+                meeting_lock(m->fd, F_UNLCK);
+                if (ok)
+                    return MEET_ARRIVED;
+            }  /* else another worker holds the lock: poll again */
+        }
+        if (load_acquire(gone))  /* after the round: one that left after it is fine */
+            return MEET_GONE;
+        if (yielding || (i & 15) == 0) {
+            int64_t spent = now_ns() - start;
+            if (spent >= poll_ns)
+                return MEET_PENDING;
+            yielding = spent >= busy_ns;
+        }
+        if (yielding)
+            sched_yield();  /* to the worker we wait for, if it shares our core */
+        else
+            cpu_relax();
+    }
+}
+
+/* out = ((row 0 + row 1) + row 2) ... [/ slots], in blocks that stay in cache: each element
+ * sees numpy's operations (copyto, add, add, ..., divide) in numpy's order. */
+#define DEFINE_REDUCE(T, S, ATTR)                                                            \
+ATTR static void meeting_reduce_##S(T *restrict out, const char *rows, Py_ssize_t row_bytes, \
+                                    int slots, int mean, Py_ssize_t n)                      \
+{                                                                                        \
+    const Py_ssize_t block = 2048;                                                       \
+    const T div = (T)slots;                                                              \
+    for (Py_ssize_t lo = 0; lo < n; lo += block) {                                       \
+        Py_ssize_t len = n - lo < block ? n - lo : block;                                \
+        T *restrict o = out + lo;                                                        \
+        const T *restrict a = (const T *)rows + lo;                                      \
+        if (slots == 1) {                                                                \
+            memcpy(o, a, len * sizeof(T));                                               \
+        } else {                                                                         \
+            const T *restrict b = (const T *)(rows + row_bytes) + lo;                    \
+            for (Py_ssize_t i = 0; i < len; i++)                                         \
+                o[i] = a[i] + b[i];                                                      \
+        }                                                                                \
+        for (int k = 2; k < slots; k++) {                                                \
+            const T *restrict c = (const T *)(rows + k * row_bytes) + lo;                \
+            for (Py_ssize_t i = 0; i < len; i++)                                         \
+                o[i] = o[i] + c[i];                                                      \
+        }                                                                                \
+        if (mean)                                                                        \
+            for (Py_ssize_t i = 0; i < len; i++)                                         \
+                o[i] = o[i] / div;                                                       \
+    }                                                                                    \
+}
+
+DEFINE_REDUCE(float, f32, )
+DEFINE_REDUCE(double, f64, )
+#ifdef HAVE_AVX_LOOPS
+DEFINE_REDUCE(float, f32_avx, __attribute__((target("avx"))))
+DEFINE_REDUCE(double, f64_avx, __attribute__((target("avx"))))
+#endif
+
+static void (*reduce_f32)(float *, const char *, Py_ssize_t, int, int, Py_ssize_t) =
+    meeting_reduce_f32;
+static void (*reduce_f64)(double *, const char *, Py_ssize_t, int, int, Py_ssize_t) =
+    meeting_reduce_f64;
+
+static PyObject *
+meeting_meet(Meeting *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer src, out;
+    int have_src = 0, have_out = 0, status;
+    if (nargs != 6)
+        return PyErr_Format(PyExc_TypeError, "meet(src, out, round, op, busy_ns, poll_ns) "
+                            "takes 6 arguments, got %zd", nargs);
+    long long r = PyLong_AsLongLong(args[2]);
+    long op = PyLong_AsLong(args[3]);
+    long long busy_ns = PyLong_AsLongLong(args[4]), poll_ns = PyLong_AsLongLong(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (r < 1)
+        return PyErr_Format(PyExc_ValueError, "meet: round must be >= 1, got %lld", r);
+    if (args[0] != Py_None) {
+        if (PyObject_GetBuffer(args[0], &src, PyBUF_SIMPLE) < 0) {  /* C-contiguous only */
+            PyErr_Clear();
+            return PyLong_FromLong(MEET_COPY);
+        }
+        if (src.len != m->row_bytes) {
+            PyBuffer_Release(&src);
+            return PyLong_FromLong(MEET_COPY);
+        }
+        have_src = 1;
+    }
+    if (m->kind && (op == OP_SUM || op == OP_MEAN)) {
+        if (PyObject_GetBuffer(args[1], &out, PyBUF_SIMPLE | PyBUF_WRITABLE) == 0) {
+            if (out.len == m->row_bytes)
+                have_out = 1;
+            else
+                PyBuffer_Release(&out);
+        } else {
+            PyErr_Clear();  /* not C-contiguous, say: numpy reduces */
+        }
+    }
+    int parity = (int)(r & 1), slots = m->slots;
+    char *rows = (char *)m->data.buf + (Py_ssize_t)parity * slots * m->row_bytes;
+    int64_t *ctl = m->control.buf, *ops = ctl + slots + parity * slots;
+    Py_BEGIN_ALLOW_THREADS
+    if (have_src)
+        memcpy(rows + m->slot * m->row_bytes, src.buf, m->row_bytes);
+    __atomic_store_n(&ops[m->slot], (int64_t)op, __ATOMIC_RELAXED);
+    store_release(&ctl[m->slot], r);  /* publishes the row and the op */
+    status = meeting_wait(m, r, busy_ns, poll_ns);
+    if (status == MEET_ARRIVED && have_out) {
+        int alike = 1;
+        for (int k = 0; k < slots; k++)
+            alike &= ops[k] == op;
+        if (alike) {
+            Py_ssize_t n = m->row_bytes / (m->kind == F32 ? 4 : 8);
+            if (m->kind == F32)
+                reduce_f32(out.buf, rows, m->row_bytes, slots, op == OP_MEAN, n);
+            else
+                reduce_f64(out.buf, rows, m->row_bytes, slots, op == OP_MEAN, n);
+            status = MEET_DONE;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (have_src)
+        PyBuffer_Release(&src);
+    if (have_out)
+        PyBuffer_Release(&out);
+    return PyLong_FromLong(status);
+}
+
+static void
+meeting_dealloc(Meeting *m)
+{
+    if (m->data.obj != NULL)
+        PyBuffer_Release(&m->data);
+    if (m->control.obj != NULL)
+        PyBuffer_Release(&m->control);
+    if (m->fd >= 0)
+        close(m->fd);
+    Py_TYPE(m)->tp_free((PyObject *)m);
+}
+
+static PyObject *
+meeting_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *data, *control;
+    int slot, slots, fd, kind;
+    if (!PyArg_ParseTuple(args, "OOiiii:Meeting", &data, &control, &slot, &slots, &fd, &kind))
+        return NULL;
+#ifndef F_OFD_SETLK
+    PyErr_SetString(PyExc_NotImplementedError, "Meeting needs OFD locks (Linux)");
+    return NULL;
+#endif
+    if (slots < 1 || slot < 0 || slot >= slots || (kind != 0 && kind != F32 && kind != F64))
+        return PyErr_Format(PyExc_ValueError, "Meeting: slot %d of %d, kind %d", slot, slots,
+                            kind);
+    Meeting *m = (Meeting *)type->tp_alloc(type, 0);
+    if (m == NULL)
+        return NULL;
+    m->fd = -1;
+    m->slot = slot;
+    m->slots = slots;
+    m->kind = kind;
+    if (PyObject_GetBuffer(data, &m->data, PyBUF_SIMPLE | PyBUF_WRITABLE) < 0
+            || PyObject_GetBuffer(control, &m->control, PyBUF_SIMPLE | PyBUF_WRITABLE) < 0)
+        goto fail;
+    m->row_bytes = m->data.len / (2 * slots + 1);
+    if (m->data.len % (2 * slots + 1) != 0
+            || (kind && m->row_bytes % (kind == F32 ? 4 : 8) != 0)
+            || (uintptr_t)m->control.buf % 8 != 0
+            || m->control.len != (Py_ssize_t)sizeof(int64_t) * (3 * slots + 2)) {
+        PyErr_SetString(PyExc_ValueError, "Meeting: the buffers do not fit reduction_layout");
+        goto fail;
+    }
+    m->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (m->fd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto fail;
+    }
+    return (PyObject *)m;
+fail:
+    Py_DECREF(m);
+    return NULL;
+}
+
+static PyMethodDef meeting_methods[] = {
+    {"meet", (PyCFunction)(void (*)(void))meeting_meet, METH_FASTCALL,
+     "meet(src, out, round, op, busy_ns, poll_ns) -> int: one all_reduce round (see the "
+     "source); MEET_DONE or what the caller must do next."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject MeetingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "platoon.rules._sync_kernels.Meeting",
+    .tp_basicsize = sizeof(Meeting),
+    .tp_dealloc = (destructor)meeting_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Meeting(data, control, slot, slots, fd, kind): a worker's side of an "
+              "all_reduce segment (platoon.collectives).",
+    .tp_methods = meeting_methods,
+    .tp_new = meeting_new,
+};
+
+static int add_meeting(PyObject *module)
+{
+#ifdef HAVE_AVX_LOOPS
+    if (cpu_has_avx()) {
+        reduce_f32 = meeting_reduce_f32_avx;
+        reduce_f64 = meeting_reduce_f64_avx;
+    }
+#endif
+    if (PyType_Ready(&MeetingType) < 0)
+        return -1;
+    Py_INCREF(&MeetingType);
+    if (PyModule_AddObject(module, "Meeting", (PyObject *)&MeetingType) < 0) {
+        Py_DECREF(&MeetingType);
+        return -1;
+    }
+    return PyModule_AddIntConstant(module, "MEET_DONE", MEET_DONE) < 0
+        || PyModule_AddIntConstant(module, "MEET_ARRIVED", MEET_ARRIVED) < 0
+        || PyModule_AddIntConstant(module, "MEET_PENDING", MEET_PENDING) < 0
+        || PyModule_AddIntConstant(module, "MEET_GONE", MEET_GONE) < 0
+        || PyModule_AddIntConstant(module, "MEET_COPY", MEET_COPY) < 0 ? -1 : 0;
 }

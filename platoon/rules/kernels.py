@@ -116,3 +116,11 @@ def numpy_only():
 
 def _numpy_path(*args):
     return False
+
+
+# all_reduce's compiled meeting of a node's workers (platoon.collectives): the class
+# ``Meeting`` of the compiled module, or None where numpy and Python do the round (the
+# module is not built, is out of date, or PLATOON_SYNC_KERNELS=numpy). Both kinds use the
+# same words and lock of the segment, so workers of either kind meet each other.
+Meeting = getattr(compiled, "Meeting", None)
+MEET_DONE, MEET_ARRIVED, MEET_PENDING, MEET_GONE, MEET_COPY = range(5)  # as in the C source
