@@ -64,8 +64,9 @@ def measure(names, quick, log):
             results["control_" + transport] = bench_transport.control_round_trip(
                 transport, count=500, rounds=4 if quick else 16)
     if "minibatch" in names:
-        for transport, shape, count in (("tcp", (256, 1024), 150), ("ipc", (256, 1024), 150),
-                                        ("tcp", (64, 64), 1000), ("ipc", (64, 64), 1000)):
+        # About 0.1 s of traffic a round (a 20 ms round swung 0.5x-1.9x at load 4).
+        for transport, shape, count in (("tcp", (256, 1024), 600), ("ipc", (256, 1024), 600),
+                                        ("tcp", (64, 64), 5000), ("ipc", (64, 64), 5000)):
             log("minibatches, %s, %s" % (transport, shape))
             key = "minibatch_%s_%dx%d" % (transport, shape[0], shape[1])
             results[key] = bench_transport.minibatch_throughput(

@@ -475,7 +475,7 @@ class _held:
 
 
 # Buffers with a compiled meeting: a forked child must not use its parent's lock descriptor.
-_MEETINGS = weakref.WeakSet()
+_MEETINGS: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def _forget_meetings_after_fork():
