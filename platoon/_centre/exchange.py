@@ -3,7 +3,10 @@
 `Exchange.sync` updates the worker's parameters and the centre in place.
 `Exchange.start` snapshots the parameters and pushes the snapshot to the
 centre in a background thread; `SyncHandle.wait` then pulls the result into
-the parameters, keeping whatever the worker changed in the meantime.
+the parameters, keeping whatever the worker changed in the meantime. With
+``snapshot=False`` the background thread runs `sync`'s own in-place update on
+the parameters instead (no copy, no pull; the worker must not write them
+until `wait`).
 
 Only the centre's own reads and writes happen under a lock, and only under the
 lock of the stripe being updated. Each stripe's update is atomic with respect
@@ -90,8 +93,9 @@ class _SyncThread:
 class SyncHandle:
     """An asynchronous sync started by `Worker.start_sync`; call `wait` to finish it."""
 
-    def __init__(self, exchange: "Exchange"):
+    def __init__(self, exchange: "Exchange", snapshot: bool = True):
         self._exchange = exchange
+        self.snapshot = snapshot  # True: the parameters were copied; False: synced in place
         self._errors: list = []
         self._finished = False
         self._background_done = threading.Event()  # set when the push in the thread ends
@@ -103,7 +107,7 @@ class SyncHandle:
     def _push(self):
         """The background part (in the sync thread)."""
         try:
-            self._exchange.push_snapshot()
+            self._exchange.push_background()
         except BaseException as exc:  # raised again by wait()
             self._errors.append(exc)
         finally:
@@ -115,7 +119,8 @@ class SyncHandle:
 
     @renamed_keywords(timeout="timeout_s")
     def wait(self, timeout_s: Optional[float] = None) -> None:
-        """Finish the sync: apply its result to the worker's parameters.
+        """Finish the sync: apply its result to the worker's parameters (a sync without
+        snapshot has already updated them in place: `wait` only finishes its stripes).
 
         `timeout_s` in float seconds (None: forever); raises SyncTimeout if the
         background part is still running then (the sync stays in flight; call
@@ -159,6 +164,7 @@ class Exchange:
         self.first = False  # set by `share`: this worker's values initialised the centre
         self._inflight: Optional[SyncHandle] = None
         self._snapshots: Optional[List[np.ndarray]] = None
+        self._live = False  # the sync in flight updates the parameters in place (no snapshot)
         # The sync in flight: stripes not yet taken, ranges (index, start, stop) pushed, and
         # whether a push failed; shared by the sync thread and `wait`'s, under `_claim`.
         self._pending: List[int] = []
@@ -269,8 +275,15 @@ class Exchange:
 
     # -- asynchronous --
 
-    def start(self) -> SyncHandle:
-        """Snapshot the parameters and push them in a background thread; returns a SyncHandle."""
+    def start(self, snapshot: bool = True) -> SyncHandle:
+        """Start a sync in the background thread; returns a SyncHandle.
+
+        snapshot=True: copy the parameters and push the copy (`wait` pulls the result
+        on top of what the worker wrote meanwhile). snapshot=False: update the
+        parameters and the centre in place, stripe by stripe, with the rule's
+        `update_range`, as `sync` does (the caller must not write the parameters
+        until `wait`); parameters that are not all C-contiguous take a snapshot anyway.
+        """
         if self._inflight is not None:
             raise PlatoonError("a sync started by start_sync() is already in flight; call its "
                                "wait() before starting another")
@@ -283,16 +296,20 @@ class Exchange:
         if self.centre.lock.held:
             raise PlatoonError("start_sync() called while this thread holds the centre's lock "
                                "(Worker.lock); unlock() first, or call sync_params()")
-        if self._snapshots is None:
-            self._snapshots = [np.empty(p.size, p.dtype) for p in self.local]
-        snapshots = self._snapshots
-        for snap, p in zip(snapshots, self.local):
-            snap.reshape(p.shape)[...] = p
-        handle = SyncHandle(self)
+        live = not snapshot and self._contiguous
+        if not live:
+            if self._snapshots is None:
+                self._snapshots = [np.empty(p.size, p.dtype) for p in self.local]
+            for snap, p in zip(self._snapshots, self.local):
+                snap.reshape(p.shape)[...] = p
+        handle = SyncHandle(self, snapshot=not live)
+        self._live = live
         self._pending = list(self._order)
         self._pushed = []
         self._failed = False
-        self._host_ready = False  # before_pull done (by `take_over`)
+        # before_pull done (by `take_over`); never again while a live sync updates the host
+        # arrays: copying the device's parameters over them would undo the stripes done.
+        self._host_ready = live
         self._taken_over = False
         self._inflight = handle
         handle.start()
@@ -307,9 +324,10 @@ class Exchange:
 
     # -- what a SyncHandle calls: the push in the sync thread (and in `wait`), then the pull --
 
-    def push_snapshot(self) -> None:
-        """Push the snapshot `start` took to the centre, stripe by stripe (the sync thread),
-        until `take_over`."""
+    def push_background(self) -> None:
+        """Push the snapshot `start` took to the centre (or, for a live sync, update the
+        parameters and the centre in place), stripe by stripe (the sync thread), until
+        `take_over`."""
         self._push_pending(fuse=False)
 
     def take_over(self) -> None:
@@ -334,7 +352,7 @@ class Exchange:
         pending stripe is busy."""
         stripes, locks, stats = self.centre.stripes, self.centre.stripe_locks, self.stats
         snaps, central, rule, local = self._snapshots, self._central, self.rule, self._flat_local
-        pending, pushed, claim = self._pending, self._pushed, self._claim
+        pending, pushed, claim, live = self._pending, self._pushed, self._claim, self._live
         give_up = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         pause = _STRIPE_PAUSE_S[0]
         waited_since = None
@@ -362,6 +380,10 @@ class Exchange:
             pause = _STRIPE_PAUSE_S[0]
             try:
                 for index, start, stop in stripes[k]:
+                    if live:  # sync's own update, on the parameters: nothing to pull
+                        rule.update_range(index, start, local[index][start:stop],
+                                          central[index][start:stop])
+                        continue
                     if fuse:  # pulled as well: not for `_pull`
                         rule.push_pull(index, start, local[index][start:stop],
                                        snaps[index][start:stop], central[index][start:stop])
@@ -390,7 +412,8 @@ class Exchange:
         """Apply the pushed ranges to the parameters (all of them when `complete`)."""
         if self.before_pull is not None and not self._host_ready:
             self.before_pull()
-        self._pull_ranges(self._pushed)
+        if self._pushed:  # none for a live sync: its stripes are already in the parameters
+            self._pull_ranges(self._pushed)
         if complete:
             self.stats.syncs += 1
             self._counter[0] += 1
