@@ -93,8 +93,9 @@ class _SyncThread:
 class SyncHandle:
     """An asynchronous sync started by `Worker.start_sync`; call `wait` to finish it."""
 
-    def __init__(self, exchange: "Exchange", snapshot: bool = True):
+    def __init__(self, exchange: "Exchange", snapshot: bool = True, generation: int = 0):
         self._exchange = exchange
+        self._generation = generation  # which of the exchange's syncs this is
         self.snapshot = snapshot  # True: the parameters were copied; False: synced in place
         self._errors: list = []
         self._finished = False
@@ -107,7 +108,7 @@ class SyncHandle:
     def _push(self):
         """The background part (in the sync thread)."""
         try:
-            self._exchange.push_background()
+            self._exchange.push_background(self._generation)
         except BaseException as exc:  # raised again by wait()
             self._errors.append(exc)
         finally:
@@ -139,6 +140,8 @@ class SyncHandle:
                 self._exchange.take_over()
             except BaseException as exc:  # as the background part's own errors
                 self._errors.append(exc)
+            if self._exchange.background_idle():  # no need to wait for the thread to wake up
+                self._background_done.set()
         if not self._background_done.wait(timeout_s):
             raise SyncTimeout("the sync started by start_sync() is still running after %.3g s; "
                               "call wait() again, or wait longer" % (timeout_s or 0.0))
@@ -173,6 +176,8 @@ class Exchange:
         self._host_ready = False
         self._taken_over = False
         self._claim = threading.Lock()
+        self._generation = 0  # counts `start`s: a task of an earlier sync takes no stripe
+        self._active = False  # the sync thread is in `_push_pending` (and has not failed)
         self._thread: Optional[_SyncThread] = None  # started by the first `start`
         self.before_pull = None  # called by SyncHandle.wait before / after it applies a sync
         self.after_pull = None   # (the worker copies device parameters to host and back)
@@ -302,7 +307,8 @@ class Exchange:
                 self._snapshots = [np.empty(p.size, p.dtype) for p in self.local]
             for snap, p in zip(self._snapshots, self.local):
                 snap.reshape(p.shape)[...] = p
-        handle = SyncHandle(self, snapshot=not live)
+        self._generation += 1
+        handle = SyncHandle(self, snapshot=not live, generation=self._generation)
         self._live = live
         self._pending = list(self._order)
         self._pushed = []
@@ -324,11 +330,18 @@ class Exchange:
 
     # -- what a SyncHandle calls: the push in the sync thread (and in `wait`), then the pull --
 
-    def push_background(self) -> None:
+    def push_background(self, generation: int) -> None:
         """Push the snapshot `start` took to the centre (or, for a live sync, update the
         parameters and the centre in place), stripe by stripe (the sync thread), until
-        `take_over`."""
-        self._push_pending(fuse=False)
+        `take_over`; nothing when sync number `generation` is no longer the one in flight."""
+        self._push_pending(fuse=False, generation=generation)
+
+    def background_idle(self) -> bool:
+        """True when the sync thread will take no more stripes of the sync in flight and is
+        not in the middle of one (it has not started, or has returned without an error), so
+        `wait` need not wait for it (after `take_over`)."""
+        with self._claim:
+            return not self._active and (self._taken_over or self._failed or not self._pending)
 
     def take_over(self) -> None:
         """Push and pull, in one pass per stripe (`push_pull`), the stripes that the sync
@@ -345,7 +358,7 @@ class Exchange:
         self._taken_over = True
         self._push_pending(fuse=True)
 
-    def _push_pending(self, fuse):
+    def _push_pending(self, fuse, generation=None):
         """Take free stripes from the shared pending list and push them (and pull them, when
         `fuse`; else only until `take_over`), until the list is empty or a push has failed;
         waits with back-off (up to the worker's timeout_s, then LockTimeout) while every
@@ -358,8 +371,13 @@ class Exchange:
         waited_since = None
         while True:
             with claim:
-                if not pending or self._failed or (self._taken_over and not fuse):
+                if not pending or self._failed or (self._taken_over and not fuse) \
+                        or (generation is not None and generation != self._generation):
+                    if not fuse:
+                        self._active = False
                     return
+                if not fuse:
+                    self._active = True  # stays True if this raises: `wait` waits for the error
                 for pos, k in enumerate(pending):  # noqa: B007 (pos is used after the loop)
                     if locks[k].try_acquire():
                         del pending[pos]
