@@ -228,11 +228,12 @@ def test_buffers_are_synced_or_excluded(one_worker, buffers):
 
 @pytest.mark.parametrize("rule", [ASGD(), Downpour(SGD(lr=1.0)), Downpour(SGD(0.5, 0.9)),
                                   Downpour(Adam(1e-3))], ids=repr)
-def test_any_rule_syncs_through_the_wrapper(one_worker, rule):
+@pytest.mark.parametrize("overlap", [True, "step"])
+def test_any_rule_syncs_through_the_wrapper(one_worker, rule, overlap):
     ctl, w = one_worker
     model = nn.Linear(3, 2)
     opt = PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=2,
-                       rule=rule, overlap=rule.supports_async)
+                       rule=rule, overlap=overlap if rule.supports_async else False)
     before = [c.copy() for c in ctl.centre]
     with opt:
         for _ in range(4):

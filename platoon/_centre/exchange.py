@@ -91,7 +91,11 @@ class _SyncThread:
 
 
 class SyncHandle:
-    """An asynchronous sync started by `Worker.start_sync`; call `wait` to finish it."""
+    """An asynchronous sync started by `Worker.start_sync`; call `wait` to finish it.
+
+    `snapshot` is True when the parameters were copied first, False when the sync
+    updates them in place (``start_sync(snapshot=False)`` on C-contiguous parameters).
+    """
 
     def __init__(self, exchange: "Exchange", snapshot: bool = True, generation: int = 0):
         self._exchange = exchange
