@@ -90,7 +90,7 @@ class PeriodicSync(torch.optim.Optimizer):
             `step()`, before the optimizer writes the parameters; it updates
             the parameters in place, without copying them
             (``Worker.start_sync(snapshot=False)``), at about the cost of an
-            in-place sync, so it hides the sync rather than adding to it. The
+            in-place sync, so that, given a free core, it hides the sync. The
             forward and backward read the parameters while the sync updates
             them (each element from before or after it); the optimizer's step
             then sees exactly the parameters of an in-place sync. The script
