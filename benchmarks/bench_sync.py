@@ -49,9 +49,11 @@ def sync_throughput(n, rounds, dtype="float32", overlap=False):
     """GB/s of platoon's EASGD sync of n elements of `dtype` (counted as 4x the parameter
     bytes: x and c read and written once) against a numpy copy of x (counted as 2x: read
     and written), alternated in one run, best of `rounds`. Also the same sync by the numpy
-    path (no compiled kernels), start_sync+wait, and (up to 10M) the naive formula. With
-    `overlap`, also a compute loop about as long as the sync alone, and start_sync, that
-    loop, wait: the fraction of the sync hidden is 1 - (that - the loop) / the sync."""
+    path (no compiled kernels), start_sync+wait without a snapshot (`async_live_gbs`) and
+    with one (`async_gbs`), and (up to 10M) the naive formula. With `overlap`, also a
+    compute loop about as long as the sync alone, and start_sync, that loop, wait, without
+    and with a snapshot: the fraction of the sync hidden is
+    1 - (that - the loop) / the sync (`hidden_live`, `hidden`)."""
     dtype = np.dtype(dtype)
     x = _values(n, 1, dtype)
     centre = SharedCentre.create("bench%d%s" % (os.getpid(), os.urandom(4).hex()),
@@ -67,11 +69,14 @@ def sync_throughput(n, rounds, dtype="float32", overlap=False):
         def start_wait():
             ex.start().wait()
 
+        def start_wait_live():
+            ex.start(snapshot=False).wait()
+
         def numpy_path():
             with kernels.numpy_only():
                 ex.sync()
 
-        fns = [lambda: np.copyto(y, x), ex.sync, start_wait, numpy_path]
+        fns = [lambda: np.copyto(y, x), ex.sync, start_wait_live, start_wait, numpy_path]
         number = max(1, 4_000_000 // n)
         if overlap:
             compute = compute_loop(best_time(ex.sync, 3, number))
@@ -80,24 +85,32 @@ def sync_throughput(n, rounds, dtype="float32", overlap=False):
                 handle = ex.start()
                 compute()
                 handle.wait()
-            fns += [compute, overlapped]
+
+            def overlapped_live():
+                handle = ex.start(snapshot=False)
+                compute()
+                handle.wait()
+            fns += [compute, overlapped_live, overlapped]
         xn = cn = None
         if n <= 10_000_000:  # its temporaries would need 4 more arrays at 100M
             xn, cn = x.copy(), c.copy()
             fns.append(lambda: naive_easgd(xn, cn))
         times = interleaved(fns, rounds, number)
-        t_copy, t_sync, t_async, t_numpy = times[:4]
+        t_copy, t_sync, t_live, t_async, t_numpy = times[:5]
         t_naive = times[-1] if xn is not None else None
         nbytes = x.nbytes
         extra = {}
         if overlap:
-            t_compute, t_overlapped = times[4:6]
+            t_compute, t_overlapped_live, t_overlapped = times[5:8]
             extra = {"compute_ms": t_compute * 1e3, "overlapped_ms": t_overlapped * 1e3,
-                     "hidden": 1 - (t_overlapped - t_compute) / t_sync}
+                     "hidden": 1 - (t_overlapped - t_compute) / t_sync,
+                     "overlapped_live_ms": t_overlapped_live * 1e3,
+                     "hidden_live": 1 - (t_overlapped_live - t_compute) / t_sync}
         return {**extra, "n": n, "dtype": dtype.name, "stripes": len(centre.stripes),
                 "compiled": kernels.available(),
                 "copy_gbs": 2 * nbytes / t_copy / 1e9,
                 "sync_gbs": 4 * nbytes / t_sync / 1e9, "async_gbs": 4 * nbytes / t_async / 1e9,
+                "async_live_gbs": 4 * nbytes / t_live / 1e9,
                 "numpy_path_gbs": 4 * nbytes / t_numpy / 1e9,
                 "naive_gbs": 4 * nbytes / t_naive / 1e9 if t_naive else None,
                 "sync_ms": t_sync * 1e3,

@@ -3,7 +3,8 @@
 `PeriodicSync` wraps a ``torch.optim.Optimizer``, or none for a loop that
 updates the parameters by hand: every `sync_every` calls of its `step()` it
 syncs the model with the job's centre under a sync rule, in place or, with
-``overlap=True``, in the background while the next steps compute. Everything
+``overlap=True`` (or ``"step"``), in the background while the next steps (or the
+next step's forward and backward) compute. Everything
 else (``zero_grad``, ``param_groups``, ``state_dict``, learning-rate
 schedulers) goes to the wrapped optimizer, so it drops into existing code;
 ``with sync.centre():`` evaluates the centre in the model and gives the
@@ -16,7 +17,7 @@ Imported only when ``platoon.PeriodicSync`` is first used; torch is needed then.
 import contextlib
 import logging
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
 try:
     import torch
@@ -84,7 +85,22 @@ class PeriodicSync(torch.optim.Optimizer):
             centre's pull `sync_every` steps later, so the steps in between
             are computed from parameters not yet pulled (when the gradient
             does not depend on the parameters, the results are the same).
-            Needs a rule with push/pull (EASGD, ASGD, Downpour(SGD)).
+            "step": the sync runs in the background during the next step's
+            forward and backward and is finished at the start of the next
+            `step()`, before the optimizer writes the parameters; it updates
+            the parameters in place, without copying them
+            (``Worker.start_sync(snapshot=False)``), at about the cost of an
+            in-place sync, so that, given a free core, it hides the sync. The
+            forward and backward read the parameters while the sync updates
+            them (each element from before or after it); the optimizer's step
+            then sees exactly the parameters of an in-place sync. The script
+            must not write the parameters itself between `step()` calls (call
+            `wait()` first). With no optimizer (the script's own update comes
+            before `step()`) or shared buffers (BatchNorm's statistics, which
+            the forward writes) the sync copies the parameters first, as with
+            True, and is still finished at the next `step()`.
+            True and "step" need a rule with push/pull (EASGD, ASGD,
+            Downpour(SGD)).
         buffers: "sync" (default): floating-point buffers, such as
             BatchNorm's running mean and variance, are shared through the
             centre under the same rule as the parameters, so the centre is a
@@ -113,7 +129,7 @@ class PeriodicSync(torch.optim.Optimizer):
 
     def __init__(self, worker, model: "torch.nn.Module",
                  optimizer: Optional["torch.optim.Optimizer"] = None, *, sync_every: int,
-                 rule: Optional[ParamSyncRule] = None, overlap: bool = False,
+                 rule: Optional[ParamSyncRule] = None, overlap: Union[bool, str] = False,
                  buffers: str = "sync"):
         # Deliberately no super().__init__: param_groups and state are the inner optimizer's.
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
@@ -125,6 +141,8 @@ class PeriodicSync(torch.optim.Optimizer):
                             % type(model).__name__)
         if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
             raise ValueError("sync_every must be an integer >= 1, got %r" % (sync_every,))
+        if overlap not in (False, True, "step"):
+            raise ValueError("overlap must be False, True or \"step\", got %r" % (overlap,))
         if buffers not in BUFFERS:
             raise ValueError("buffers must be one of %s, got %r" % (", ".join(BUFFERS), buffers))
         if rule is None:
@@ -133,13 +151,14 @@ class PeriodicSync(torch.optim.Optimizer):
             raise TypeError("rule must be a platoon.ParamSyncRule (such as EASGD(0.45)), got %r"
                             % (rule,))
         if overlap and not (rule.supports_async and rule.elementwise):
-            raise TypeError("overlap=True needs a rule that supports start_sync() (EASGD, ASGD, "
-                            "Downpour(SGD(...))); %r does not: use overlap=False" % (rule,))
+            raise TypeError("overlap=%r needs a rule that supports start_sync() (EASGD, ASGD, "
+                            "Downpour(SGD(...))); %r does not: use overlap=False"
+                            % (overlap, rule))
         self.optimizer = optimizer
         self.worker = worker
         self.model = model
         self.sync_every = sync_every
-        self.overlap = bool(overlap)
+        self.overlap = "step" if overlap == "step" else bool(overlap)
         self.buffers = buffers
         self.rule = rule
         self.steps = 0  # step() calls so far
@@ -150,8 +169,13 @@ class PeriodicSync(torch.optim.Optimizer):
         if optimizer is not None:
             _warn_unshared(optimizer, model)
         worker.init_shared_params(tensors, rule, names=self._names)
+        # overlap="step" syncs the live parameters when only `step()` writes what is shared.
+        params = {id(p) for p in model.parameters()}
+        self._in_place = self.overlap == "step" and optimizer is not None \
+            and all(id(t) in params for t in tensors)
         log.info("worker %s: PeriodicSync of %d tensors every %d steps, %r%s", worker.worker_id,
-                 len(tensors), sync_every, rule, ", overlapped" if overlap else "")
+                 len(tensors), sync_every, rule, ", overlapped" if self.overlap is True
+                 else ", overlapped with the next step" if self.overlap == "step" else "")
 
     # -- the optimizer --
 
@@ -171,10 +195,14 @@ class PeriodicSync(torch.optim.Optimizer):
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """The wrapped optimizer's step (returns its result); then, every `sync_every`-th
         call, a sync with the centre (started in the background with `overlap`, after
-        finishing the previous one). Without an optimizer, call it after the script's own
+        finishing the previous one; with ``overlap="step"`` a sync in flight is finished
+        first, before the optimizer's step). Without an optimizer, call it after the script's own
         update: it only counts and syncs (and returns `closure()`'s result, if given).
         Raises PlatoonError inside ``with centre():``."""
         self._refuse_in_centre("step")
+        if self.overlap == "step" and self._handle is not None:
+            with self._naming_changes():
+                self._finish()  # before the optimizer writes the parameters
         if self.optimizer is None:
             loss = None if closure is None else closure()
         else:
@@ -184,7 +212,7 @@ class PeriodicSync(torch.optim.Optimizer):
             with self._naming_changes():
                 if self.overlap:
                     self._finish()
-                    self._handle = self.worker.start_sync()
+                    self._handle = self.worker.start_sync(snapshot=not self._in_place)
                 else:
                     self.worker.sync_params()
         return loss
@@ -224,7 +252,7 @@ class PeriodicSync(torch.optim.Optimizer):
         self.steps = steps
 
     def __repr__(self) -> str:
-        return "PeriodicSync(%r, sync_every=%d, rule=%r, overlap=%s, buffers=%r)" % (
+        return "PeriodicSync(%r, sync_every=%d, rule=%r, overlap=%r, buffers=%r)" % (
             self.optimizer, self.sync_every, self.rule, self.overlap, self.buffers)
 
     def __getstate__(self):

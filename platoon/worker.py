@@ -357,20 +357,34 @@ class Worker:
             adapter.push()
         return adapter.params()
 
-    def start_sync(self) -> SyncHandle:
+    def start_sync(self, *, snapshot: bool = True) -> SyncHandle:
         """Start a sync in a background thread; returns a SyncHandle: call its `wait()`.
 
-        The parameters are copied (a snapshot) before this returns; until
-        `wait()` platoon does not touch them, so the worker may go on computing
-        and updating them. `wait()` applies the sync's effect on top of those
-        updates: EASGD ``x += -alpha * (x_snap - c)``, ASGD
-        ``x = c_new + (x - x_snap)``, where ``x_snap`` is the snapshot and ``c``
-        each stripe of the centre when it was pushed. When the parameters did
-        not change in between, the result equals `sync_params()` bit for bit.
-        Device parameters are copied to host at the start and at `wait()`, and
-        back after it. One sync at a time: raises PlatoonError while one is in
-        flight; TypeError for rules without push/pull and for immutable (JAX)
-        parameters, which need `sync_params(params=...)`.
+        snapshot=True (the default): the parameters are copied (a snapshot)
+        before this returns; until `wait()` platoon does not touch them, so the
+        worker may go on computing and updating them. `wait()` applies the
+        sync's effect on top of those updates: EASGD ``x += -alpha * (x_snap - c)``,
+        ASGD ``x = c_new + (x - x_snap)``, where ``x_snap`` is the snapshot and
+        ``c`` each stripe of the centre when it was pushed. When the parameters
+        did not change in between, the result equals `sync_params()` bit for bit.
+
+        snapshot=False: no copy; the background thread runs `sync_params()`'s
+        own update on the parameters themselves, stripe by stripe, at about
+        `sync_params()`'s cost. Until `wait()` returns the caller must not write
+        the parameters (an optimizer step, a load, ``p.data = ...``): such a write
+        may be lost or half-applied. Reading them is safe (say the next
+        minibatch's forward and backward): each element read holds its value
+        from before or from after the sync, not one torn in between, and
+        elements in different stripes may differ in which. After `wait()` the
+        parameters and the centre are bit for bit what `sync_params()` gives.
+        Parameters that are not all C-contiguous are copied anyway (the
+        handle's ``snapshot`` attribute says which path ran).
+
+        Device parameters are copied to host at the start (and, with a
+        snapshot, at `wait()`), and back after `wait()`. One sync at a time:
+        raises PlatoonError while one is in flight; TypeError for rules without
+        push/pull and for immutable (JAX) parameters, which need
+        `sync_params(params=...)`.
         """
         adapter, exchange = self._shared("start_sync")
         if not adapter.in_place:
@@ -379,7 +393,7 @@ class Worker:
         self._client.check_controller()
         with self._sync_lock:
             adapter.pull()
-            return exchange.start()
+            return exchange.start(snapshot=snapshot)
 
     def _shared(self, caller: str) -> "tuple[adapters.Adapter, Exchange]":
         """The adapter and exchange of the shared parameters; PlatoonError before

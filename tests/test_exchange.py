@@ -423,3 +423,112 @@ def test_a_failed_async_push_is_not_counted_and_both_counters_agree(serve):
         w.start_sync().wait(timeout_s=20)
         assert w.syncs == w.sync_stats.syncs == 2
     serving.join()
+
+
+# -- start(snapshot=False): the background thread runs sync's own update on the parameters --
+
+def downpour_sgd():
+    from platoon import SGD, Downpour
+    rule = Downpour(SGD(0.2, 0.9, nesterov=True))
+    rule.check(make_params(0))
+    rule.state = [np.zeros(s, np.float32) for s in SHAPES]  # what Worker.attach would map
+    return rule
+
+
+@pytest.mark.parametrize("timeout_s", [20, None])  # None: wait takes over pending stripes
+@pytest.mark.parametrize("rule_class", [lambda: EASGD(0.3), ASGD, downpour_sgd],
+                         ids=["easgd", "asgd", "downpour_sgd"])
+def test_sync_without_snapshot_is_bit_identical_to_sync_params(centre_pair, rule_class,
+                                                                timeout_s):
+    centre, _ = centre_pair
+
+    def three_syncs(live):
+        for c, v in zip(centre.arrays, make_params(2)):
+            c[...] = v
+        xs = make_params(3)
+        ex = attach_worker(centre, rule_class(), xs, timeout_s=20)
+        for r in range(3):
+            for x, d in zip(xs, make_params(30 + r)):
+                x += d  # trained before the sync starts
+            if live:
+                handle = ex.start(snapshot=False)
+                assert handle.snapshot is False
+                handle.wait(timeout_s=timeout_s)
+            else:
+                ex.sync()
+        assert ex.stats.syncs == 3
+        if live:
+            assert ex._snapshots is None  # no copy was ever made
+        ex.close(5.0)
+        return xs + [c.copy() for c in centre.arrays]
+
+    want = three_syncs(False)
+    got = three_syncs(True)
+    for g, w in zip(got, want):
+        assert g.tobytes() == w.tobytes()
+
+
+def test_reads_while_a_sync_without_snapshot_runs_see_each_element_before_or_after(
+        centre_pair):
+    centre, other = centre_pair
+    for c, v in zip(centre.arrays, make_params(2)):
+        c[...] = v
+    xs = make_params(3)
+    ex = attach_worker(centre, EASGD(0.5), xs, timeout_s=20)
+    before = [x.copy() for x in xs]
+    held = centre.stripes[-1]
+    other.stripe_locks[len(centre.stripes) - 1].acquire()  # keeps the sync in flight
+    try:
+        handle = ex.start(snapshot=False)
+        seen = [[x.copy() for x in xs] for _ in range(3)]  # read while it runs
+        with pytest.raises(SyncTimeout):
+            handle.wait(timeout_s=0.05)
+        for index, start, stop in held:  # the stripe still locked is not touched
+            np.testing.assert_array_equal(xs[index].reshape(-1)[start:stop],
+                                          before[index].reshape(-1)[start:stop])
+    finally:
+        other.stripe_locks[len(centre.stripes) - 1].release()
+    handle.wait(timeout_s=20)
+    for reading in seen:
+        for r, b, a in zip(reading, before, xs):
+            assert np.all((r == b) | (r == a))
+    assert any(not np.array_equal(b, a) for b, a in zip(before, xs))
+
+
+def test_parameters_that_are_not_contiguous_are_copied_anyway():
+    params = [np.arange(40, dtype=np.float64).reshape(4, 10)[:, ::2]]  # a strided view
+    layout = layout_of([np.ascontiguousarray(params[0])])
+    centre = SharedCentre.create("xchg%d" % os.getpid() + os.urandom(4).hex(), layout)
+    try:
+        centre.arrays[0][...] = 1.0
+        ex = attach_worker(centre, EASGD(0.5), params)
+        want = 0.5 * (np.arange(40.0).reshape(4, 10)[:, ::2] + 1.0)
+        handle = ex.start(snapshot=False)
+        assert handle.snapshot is True
+        handle.wait(timeout_s=20)
+        np.testing.assert_array_equal(params[0], want)
+        np.testing.assert_array_equal(centre.arrays[0], want)
+        ex.close(5.0)
+    finally:
+        centre.close()
+        centre.unlink()
+
+
+def test_worker_start_sync_without_snapshot_with_torch_tensors(serve):
+    torch = pytest.importorskip("torch", reason="needs PyTorch")
+    ctl = Controller(control_port=0, num_workers=2)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout_s=10) as a, Worker(ctl.control_port, timeout_s=10) as b:
+        a.init_shared_params([np.full(4, 2.0, np.float32)], EASGD(0.5))
+        t = torch.zeros(4)
+        b.init_shared_params([t], EASGD(0.5))
+        t += 2.0
+        handle = b.start_sync(snapshot=False)
+        assert handle.snapshot is False
+        handle.wait(timeout_s=10)
+        torch.testing.assert_close(t, torch.full((4,), 3.0))  # 4 - 0.5 * (4 - 2)
+        np.testing.assert_array_equal(ctl.centre[0], 3.0)
+        assert b.syncs == 1
+        b.start_sync(snapshot=False)      # never waited for: close() finishes it
+    serving.join()
+    torch.testing.assert_close(t, torch.full((4,), 3.0))

@@ -81,7 +81,7 @@ def test_two_worker_processes_train_and_the_centre_moves_and_loads_into_a_fresh_
 
 # -- the wrapper in this process --
 
-@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("overlap", [False, True, "step"])
 def test_syncs_happen_exactly_every_n_steps(one_worker, overlap):
     _, w = one_worker
     model = nn.Linear(3, 1)
@@ -92,7 +92,10 @@ def test_syncs_happen_exactly_every_n_steps(one_worker, overlap):
         train_step(model, opt, torch.ones(2, 3))
         seen.append(w.syncs)
         started.append(opt.in_flight)
-    if overlap:
+    if overlap == "step":  # started at steps 3, 6, 9; finished by the next step()
+        assert seen == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
+        assert started == [False, False, True] * 3 + [False]
+    elif overlap:
         assert seen == [0, 0, 0, 0, 0, 1, 1, 1, 2, 2]
         assert started == [False, False] + [True] * 8  # one in flight from step 3 on
         opt.wait()
@@ -153,6 +156,48 @@ def test_overlap_differs_when_gradients_depend_on_the_parameters(serve):
     assert any(not np.allclose(a, b, rtol=1e-4) for a, b in zip(plain, overlapped))
 
 
+def test_overlap_with_the_next_step_syncs_in_place_and_equals_syncs_in_step(serve):
+    # The sync runs during the next forward and backward and is finished before the
+    # optimizer's step, without a copy of the parameters: with a gradient that does not
+    # read them, every step gives the bits of syncing in step(), not merely close values.
+    for a, b in zip(run_linear_job(serve, False, linear, 12),
+                    run_linear_job(serve, "step", linear, 12)):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("case", ["parameters", "shared buffers", "no optimizer"])
+def test_overlap_with_the_next_step_copies_only_when_something_else_writes(one_worker, case):
+    _, w = one_worker
+    model = bn_model() if case == "shared buffers" else nn.Linear(3, 2)
+    inner = None if case == "no optimizer" else torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = PeriodicSync(w, model, inner, sync_every=1, rule=EASGD(0.5), overlap="step")
+    for _ in range(3):
+        if inner is None:
+            opt.zero_grad()
+            model(torch.ones(2, 3)).sum().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.1 * p.grad  # the script's own update, before step()
+            opt.step()
+        else:
+            train_step(model, opt, torch.ones(2, 3))
+        assert opt.in_flight
+    assert w.syncs == 2
+    # Live syncs allocate no snapshot; BatchNorm's forward writes its shared statistics,
+    # and a script without an optimizer writes before step(): those copy first.
+    assert (w._exchange._snapshots is None) == (case == "parameters")
+    opt.wait()
+    assert w.syncs == 3 and not opt.in_flight
+
+
+def test_overlap_must_be_false_true_or_step(one_worker):
+    _, w = one_worker
+    model = nn.Linear(3, 2)
+    with pytest.raises(ValueError, match="overlap must be"):
+        PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=2,
+                     overlap="always")
+
+
 @pytest.mark.parametrize("buffers", ["sync", "exclude"])
 def test_buffers_are_synced_or_excluded(one_worker, buffers):
     ctl, w = one_worker
@@ -183,11 +228,12 @@ def test_buffers_are_synced_or_excluded(one_worker, buffers):
 
 @pytest.mark.parametrize("rule", [ASGD(), Downpour(SGD(lr=1.0)), Downpour(SGD(0.5, 0.9)),
                                   Downpour(Adam(1e-3))], ids=repr)
-def test_any_rule_syncs_through_the_wrapper(one_worker, rule):
+@pytest.mark.parametrize("overlap", [True, "step"])
+def test_any_rule_syncs_through_the_wrapper(one_worker, rule, overlap):
     ctl, w = one_worker
     model = nn.Linear(3, 2)
     opt = PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=2,
-                       rule=rule, overlap=rule.supports_async)
+                       rule=rule, overlap=overlap if rule.supports_async else False)
     before = [c.copy() for c in ctl.centre]
     with opt:
         for _ in range(4):
@@ -200,7 +246,7 @@ def test_any_rule_syncs_through_the_wrapper(one_worker, rule):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible")
-@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("overlap", [False, True, "step"])
 def test_a_model_on_the_gpu_syncs_through_host_buffers(one_worker, overlap):
     ctl, w = one_worker
     model = bn_model().to("cuda")

@@ -3,7 +3,10 @@
 `Exchange.sync` updates the worker's parameters and the centre in place.
 `Exchange.start` snapshots the parameters and pushes the snapshot to the
 centre in a background thread; `SyncHandle.wait` then pulls the result into
-the parameters, keeping whatever the worker changed in the meantime.
+the parameters, keeping whatever the worker changed in the meantime. With
+``snapshot=False`` the background thread runs `sync`'s own in-place update on
+the parameters instead (no copy, no pull; the worker must not write them
+until `wait`).
 
 Only the centre's own reads and writes happen under a lock, and only under the
 lock of the stripe being updated. Each stripe's update is atomic with respect
@@ -88,10 +91,16 @@ class _SyncThread:
 
 
 class SyncHandle:
-    """An asynchronous sync started by `Worker.start_sync`; call `wait` to finish it."""
+    """An asynchronous sync started by `Worker.start_sync`; call `wait` to finish it.
 
-    def __init__(self, exchange: "Exchange"):
+    `snapshot` is True when the parameters were copied first, False when the sync
+    updates them in place (``start_sync(snapshot=False)`` on C-contiguous parameters).
+    """
+
+    def __init__(self, exchange: "Exchange", snapshot: bool = True, generation: int = 0):
         self._exchange = exchange
+        self._generation = generation  # which of the exchange's syncs this is
+        self.snapshot = snapshot  # True: the parameters were copied; False: synced in place
         self._errors: list = []
         self._finished = False
         self._background_done = threading.Event()  # set when the push in the thread ends
@@ -103,7 +112,7 @@ class SyncHandle:
     def _push(self):
         """The background part (in the sync thread)."""
         try:
-            self._exchange.push_snapshot()
+            self._exchange.push_background(self._generation)
         except BaseException as exc:  # raised again by wait()
             self._errors.append(exc)
         finally:
@@ -115,7 +124,8 @@ class SyncHandle:
 
     @renamed_keywords(timeout="timeout_s")
     def wait(self, timeout_s: Optional[float] = None) -> None:
-        """Finish the sync: apply its result to the worker's parameters.
+        """Finish the sync: apply its result to the worker's parameters (a sync without
+        snapshot has already updated them in place: `wait` only finishes its stripes).
 
         `timeout_s` in float seconds (None: forever); raises SyncTimeout if the
         background part is still running then (the sync stays in flight; call
@@ -134,6 +144,8 @@ class SyncHandle:
                 self._exchange.take_over()
             except BaseException as exc:  # as the background part's own errors
                 self._errors.append(exc)
+            if self._exchange.background_idle():  # no need to wait for the thread to wake up
+                self._background_done.set()
         if not self._background_done.wait(timeout_s):
             raise SyncTimeout("the sync started by start_sync() is still running after %.3g s; "
                               "call wait() again, or wait longer" % (timeout_s or 0.0))
@@ -159,6 +171,7 @@ class Exchange:
         self.first = False  # set by `share`: this worker's values initialised the centre
         self._inflight: Optional[SyncHandle] = None
         self._snapshots: Optional[List[np.ndarray]] = None
+        self._live = False  # the sync in flight updates the parameters in place (no snapshot)
         # The sync in flight: stripes not yet taken, ranges (index, start, stop) pushed, and
         # whether a push failed; shared by the sync thread and `wait`'s, under `_claim`.
         self._pending: List[int] = []
@@ -167,6 +180,8 @@ class Exchange:
         self._host_ready = False
         self._taken_over = False
         self._claim = threading.Lock()
+        self._generation = 0  # counts `start`s: a task of an earlier sync takes no stripe
+        self._active = False  # the sync thread is in `_push_pending` (and has not failed)
         self._thread: Optional[_SyncThread] = None  # started by the first `start`
         self.before_pull = None  # called by SyncHandle.wait before / after it applies a sync
         self.after_pull = None   # (the worker copies device parameters to host and back)
@@ -269,8 +284,15 @@ class Exchange:
 
     # -- asynchronous --
 
-    def start(self) -> SyncHandle:
-        """Snapshot the parameters and push them in a background thread; returns a SyncHandle."""
+    def start(self, snapshot: bool = True) -> SyncHandle:
+        """Start a sync in the background thread; returns a SyncHandle.
+
+        snapshot=True: copy the parameters and push the copy (`wait` pulls the result
+        on top of what the worker wrote meanwhile). snapshot=False: update the
+        parameters and the centre in place, stripe by stripe, with the rule's
+        `update_range`, as `sync` does (the caller must not write the parameters
+        until `wait`); parameters that are not all C-contiguous take a snapshot anyway.
+        """
         if self._inflight is not None:
             raise PlatoonError("a sync started by start_sync() is already in flight; call its "
                                "wait() before starting another")
@@ -283,16 +305,21 @@ class Exchange:
         if self.centre.lock.held:
             raise PlatoonError("start_sync() called while this thread holds the centre's lock "
                                "(Worker.lock); unlock() first, or call sync_params()")
-        if self._snapshots is None:
-            self._snapshots = [np.empty(p.size, p.dtype) for p in self.local]
-        snapshots = self._snapshots
-        for snap, p in zip(snapshots, self.local):
-            snap.reshape(p.shape)[...] = p
-        handle = SyncHandle(self)
+        live = not snapshot and self._contiguous
+        if not live:
+            if self._snapshots is None:
+                self._snapshots = [np.empty(p.size, p.dtype) for p in self.local]
+            for snap, p in zip(self._snapshots, self.local):
+                snap.reshape(p.shape)[...] = p
+        self._generation += 1
+        handle = SyncHandle(self, snapshot=not live, generation=self._generation)
+        self._live = live
         self._pending = list(self._order)
         self._pushed = []
         self._failed = False
-        self._host_ready = False  # before_pull done (by `take_over`)
+        # before_pull done (by `take_over`); never again while a live sync updates the host
+        # arrays: copying the device's parameters over them would undo the stripes done.
+        self._host_ready = live
         self._taken_over = False
         self._inflight = handle
         handle.start()
@@ -307,10 +334,18 @@ class Exchange:
 
     # -- what a SyncHandle calls: the push in the sync thread (and in `wait`), then the pull --
 
-    def push_snapshot(self) -> None:
-        """Push the snapshot `start` took to the centre, stripe by stripe (the sync thread),
-        until `take_over`."""
-        self._push_pending(fuse=False)
+    def push_background(self, generation: int) -> None:
+        """Push the snapshot `start` took to the centre (or, for a live sync, update the
+        parameters and the centre in place), stripe by stripe (the sync thread), until
+        `take_over`; nothing when sync number `generation` is no longer the one in flight."""
+        self._push_pending(fuse=False, generation=generation)
+
+    def background_idle(self) -> bool:
+        """True when the sync thread will take no more stripes of the sync in flight and is
+        not in the middle of one (it has not started, or has returned without an error), so
+        `wait` need not wait for it (after `take_over`)."""
+        with self._claim:
+            return not self._active and (self._taken_over or self._failed or not self._pending)
 
     def take_over(self) -> None:
         """Push and pull, in one pass per stripe (`push_pull`), the stripes that the sync
@@ -327,21 +362,26 @@ class Exchange:
         self._taken_over = True
         self._push_pending(fuse=True)
 
-    def _push_pending(self, fuse):
+    def _push_pending(self, fuse, generation=None):
         """Take free stripes from the shared pending list and push them (and pull them, when
         `fuse`; else only until `take_over`), until the list is empty or a push has failed;
         waits with back-off (up to the worker's timeout_s, then LockTimeout) while every
         pending stripe is busy."""
         stripes, locks, stats = self.centre.stripes, self.centre.stripe_locks, self.stats
         snaps, central, rule, local = self._snapshots, self._central, self.rule, self._flat_local
-        pending, pushed, claim = self._pending, self._pushed, self._claim
+        pending, pushed, claim, live = self._pending, self._pushed, self._claim, self._live
         give_up = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         pause = _STRIPE_PAUSE_S[0]
         waited_since = None
         while True:
             with claim:
-                if not pending or self._failed or (self._taken_over and not fuse):
+                if not pending or self._failed or (self._taken_over and not fuse) \
+                        or (generation is not None and generation != self._generation):
+                    if not fuse:
+                        self._active = False
                     return
+                if not fuse:
+                    self._active = True  # stays True if this raises: `wait` waits for the error
                 for pos, k in enumerate(pending):  # noqa: B007 (pos is used after the loop)
                     if locks[k].try_acquire():
                         del pending[pos]
@@ -362,6 +402,10 @@ class Exchange:
             pause = _STRIPE_PAUSE_S[0]
             try:
                 for index, start, stop in stripes[k]:
+                    if live:  # sync's own update, on the parameters: nothing to pull
+                        rule.update_range(index, start, local[index][start:stop],
+                                          central[index][start:stop])
+                        continue
                     if fuse:  # pulled as well: not for `_pull`
                         rule.push_pull(index, start, local[index][start:stop],
                                        snaps[index][start:stop], central[index][start:stop])
@@ -390,7 +434,8 @@ class Exchange:
         """Apply the pushed ranges to the parameters (all of them when `complete`)."""
         if self.before_pull is not None and not self._host_ready:
             self.before_pull()
-        self._pull_ranges(self._pushed)
+        if self._pushed:  # none for a live sync: its stripes are already in the parameters
+            self._pull_ranges(self._pushed)
         if complete:
             self.stats.syncs += 1
             self._counter[0] += 1
