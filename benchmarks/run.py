@@ -70,7 +70,7 @@ def measure(names, quick, log):
             log("minibatches, %s, %s" % (transport, shape))
             key = "minibatch_%s_%dx%d" % (transport, shape[0], shape[1])
             results[key] = bench_transport.minibatch_throughput(
-                transport, shape, count // (2 if quick else 1), rounds=2 if quick else 10)
+                transport, shape, count // (2 if quick else 1), rounds=2 if quick else 20)
     if "idle" in names:
         log("idle controller")
         results["idle"] = bench_transport.idle_controller_cpu(1.0 if quick else 3.0)
