@@ -192,7 +192,6 @@ def test_wait_without_timeout_keeps_local_changes_and_one_sync_thread_serves_eve
     assert not thread.is_alive()
 
 
-
 def test_sync_thread_runs_every_task_in_order_however_fast_they_come_and_close_ends_it():
     from platoon._centre.exchange import _SyncThread
     thread = _SyncThread()
@@ -202,10 +201,11 @@ def test_sync_thread_runs_every_task_in_order_however_fast_they_come_and_close_e
     thread.run(last.set)
     assert last.wait(10)
     assert ran == list(range(2000))
-    thread.run(lambda: ran.append("after"))  # the thread is asleep again: woken once more
+    thread.run(lambda: ran.append("after"))  # queued after the thread went idle
     thread.close()
     thread._thread.join(5)
     assert not thread._thread.is_alive() and ran[-1] == "after"
+
 
 def _all_stripes_free(centre):
     taken = [lock.try_acquire() for lock in centre.stripe_locks]

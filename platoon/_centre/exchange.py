@@ -79,7 +79,7 @@ class _SyncThread:
     def _loop(self):
         wake, tasks = self._wake, self._tasks
         while True:
-            wake.acquire()  # after a release that may have come before the previous look
+            wake.acquire()  # returns at once if run() or close() released it since the last look
             while tasks:
                 tasks.popleft()()
             if self._closed:
@@ -91,7 +91,7 @@ class _SyncThread:
         return self._thread.is_alive() and not self._closed
 
     def close(self) -> None:
-        """Let the thread end once its task is done. Idempotent."""
+        """Let the thread end once its tasks are done. Idempotent."""
         self._closed = True
         self._signal()
 
