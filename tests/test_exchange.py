@@ -192,6 +192,21 @@ def test_wait_without_timeout_keeps_local_changes_and_one_sync_thread_serves_eve
     assert not thread.is_alive()
 
 
+def test_sync_thread_runs_every_task_in_order_however_fast_they_come_and_close_ends_it():
+    from platoon._centre.exchange import _SyncThread
+    thread = _SyncThread()
+    ran, last = [], threading.Event()
+    for i in range(2000):  # most are queued before the thread wakes up for the one before
+        thread.run(lambda i=i: ran.append(i))
+    thread.run(last.set)
+    assert last.wait(10)
+    assert ran == list(range(2000))
+    thread.run(lambda: ran.append("after"))  # queued after the thread went idle
+    thread.close()
+    thread._thread.join(5)
+    assert not thread._thread.is_alive() and ran[-1] == "after"
+
+
 def _all_stripes_free(centre):
     taken = [lock.try_acquire() for lock in centre.stripe_locks]
     for ok, lock in zip(taken, centre.stripe_locks):
