@@ -112,8 +112,7 @@ class MinibatchChannel:
         """Encode `arrays` and deliver them (see `Controller.send_mb`); the taker's id."""
         # With copy, one packed frame (a single copy); without, packed only when small
         # (ZeroMQ copies small frames anyway), else views of the arrays.
-        if os.getpid() != self._pid:
-            self._check_process("send_mb")
+        self._check_process("send_mb")
         frames = protocol.encode_minibatch(arrays, pack=True if copy else None)
         # bytes, or memoryviews cast to "B"
         nbytes = len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
@@ -343,13 +342,7 @@ class MinibatchChannel:
         peer.credit -= 1
         peer.unacked.append((peer.sent, frames, nbytes))
         peer.unacked_bytes += nbytes
-        # Queued again, behind the others that asked, if it has room (`_has_room`, inline:
-        # this runs for every minibatch)
-        if peer.credit > 0 and not peer.queued \
-                and (not peer.window_bytes or peer.unacked_bytes < peer.window_bytes) \
-                and (self.hwm is None or len(peer.unacked) < self.hwm):
-            peer.queued = True
-            self.ready.append(peer)
+        self._queue(peer)  # behind the others that asked
         return True
 
     def _drop(self, peer, why):
@@ -480,8 +473,7 @@ class MinibatchClient:
                                     ) from None
             self.received_one(frames)  # a malformed one still counts: the controller sent it
             raise
-        self.received += 1  # received_one, inline
-        self.bytes_since_ack += len(first) if len(frames) == 1 else sum(map(len, frames))
+        self.received_one(frames)
         return arrays
 
     def _recv_asking_again(self, recv_within, deadline):

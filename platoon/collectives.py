@@ -377,15 +377,12 @@ class _Buffer:
                 else int(timeout_s * 1e9)
             code = self.op_codes[op]
             status = meeting.meet(array, out, r, code, self.busy_ns, poll_ns)
-            if status == kernels.MEET_DONE:
-                self.round = r
-                return
             if status == kernels.MEET_COPY:  # not C-contiguous: copy here
                 np.copyto(self._rows(r)[slot].reshape(array.shape), array)
                 status = meeting.meet(None, out, r, code, self.busy_ns, poll_ns)
-                if status == kernels.MEET_DONE:
-                    self.round = r
-                    return
+            if status == kernels.MEET_DONE:
+                self.round = r
+                return
             if status == kernels.MEET_GONE:
                 raise self._gone(int(self.control[-1]))
             if status == kernels.MEET_PENDING:

@@ -340,7 +340,12 @@ def encode_minibatch(arrays, pack=None):
         layout = None
     if layout is None:
         return _encode_minibatch_checked(arrays, pack)
-    header, prefix, pads, total = layout
+    return _frames(arrays, *layout, pack)
+
+
+def _frames(arrays, header, prefix, pads, total, pack):
+    """The frames of C-contiguous `arrays` under their encoded header: one packed frame
+    (when `pack`, or None and the total is small), else the header and a view of each."""
     if pack or (pack is None and total <= PACK_MAX_BYTES):
         parts = [prefix]
         for a, pad in zip(arrays, pads):
@@ -375,13 +380,7 @@ def _encode_minibatch_checked(arrays, pack):
     if contiguous:  # the next minibatch of this layout takes the short way
         _cached(_contiguous_layouts, tuple((type(a), a.dtype, a.shape, a.strides) for a in data),
                 lambda: (header, prefix, pads, total))
-    if pack or (pack is None and total <= PACK_MAX_BYTES):
-        parts = [prefix]
-        for a, pad in zip(data, pads):
-            parts.append(a)
-            parts.append(pad)
-        return [b"".join(parts)]
-    return [header] + [memoryview(a.reshape(-1)).cast("B") if a.size else b"" for a in data]
+    return _frames(data, header, prefix, pads, total, pack)
 
 
 def _parse_minibatch_header(payload):

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -161,9 +162,8 @@ def _fastest(summary, prefix):
 
 
 def _median(values):
-    values = sorted(v for v in values if v is not None)
-    return values[len(values) // 2] if len(values) % 2 else (
-        (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2 if values else None)
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
 
 
 def _median_time(runs):
