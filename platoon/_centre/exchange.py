@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import protocol
 from ..compat.deprecation import renamed_keywords
-from ..errors import LayoutMismatch, PlatoonError, RemoteError, SyncTimeout
+from ..errors import LayoutMismatch, LockTimeout, PlatoonError, RemoteError, SyncTimeout
 from ..rules import ParamSyncRule
 from .shmem import SharedCentre
 
@@ -48,6 +48,44 @@ class SyncStats:
     def mean_hold_s(self) -> float:
         """Mean time a lock was held per sync."""
         return self.lock_hold_s / self.syncs if self.syncs else 0.0
+
+
+def _take_free(pending: List[int], locks) -> Optional[int]:
+    """Lock the first stripe of `pending` whose lock is free and remove it from the list;
+    None (nothing taken) when every pending stripe is busy."""
+    for pos, k in enumerate(pending):
+        if locks[k].try_acquire():
+            del pending[pos]
+            return k
+    return None
+
+
+class _AllBusy:
+    """The back-off of a sync while every stripe it still needs is locked by others: sleeps
+    growing from _STRIPE_PAUSE_S[0] to [1], until `timeout_s` has passed since it began."""
+
+    def __init__(self, timeout_s: Optional[float]):
+        self.timeout_s = timeout_s
+        self.give_up = None if timeout_s is None else time.monotonic() + timeout_s
+        self.pause = _STRIPE_PAUSE_S[0]
+        self.since: Optional[float] = None  # perf_counter() when this wait began
+
+    def wait(self, locks, pending: List[int]) -> None:
+        """Sleep a while; once the sync's timeout has passed, raises the LockTimeout of the
+        first pending stripe's lock instead."""
+        if self.since is None:
+            self.since = time.perf_counter()
+        if self.give_up is not None and time.monotonic() >= self.give_up:
+            raise locks[pending[0]].timeout_error(self.timeout_s)
+        time.sleep(self.pause)
+        self.pause = min(2 * self.pause, _STRIPE_PAUSE_S[1])
+
+    def took(self, got: float) -> float:
+        """A stripe was taken at `got` (perf_counter): the seconds waited for it (0.0 when
+        it was free at once); the back-off starts over."""
+        waited = 0.0 if self.since is None else got - self.since
+        self.since, self.pause = None, _STRIPE_PAUSE_S[0]
+        return waited
 
 
 class _SyncThread:
@@ -260,27 +298,14 @@ class Exchange:
         """
         stripes, locks = self.centre.stripes, self.centre.stripe_locks
         pending = list(self._order)
-        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
-        pause = _STRIPE_PAUSE_S[0]
-        waited_since = None
+        busy = _AllBusy(self.timeout_s)
         while pending:
-            for pos, k in enumerate(pending):  # noqa: B007 (pos is used after the loop)
-                if locks[k].try_acquire():
-                    break
-            else:
-                if waited_since is None:
-                    waited_since = time.perf_counter()
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise locks[pending[0]].timeout_error(self.timeout_s)
-                time.sleep(pause)
-                pause = min(2 * pause, _STRIPE_PAUSE_S[1])
+            k = _take_free(pending, locks)
+            if k is None:
+                busy.wait(locks, pending)
                 continue
             got = time.perf_counter()
-            if waited_since is not None:
-                self.stats.lock_wait_s += got - waited_since
-                waited_since = None
-            pause = _STRIPE_PAUSE_S[0]
-            del pending[pos]
+            self.stats.lock_wait_s += busy.took(got)
             try:
                 for index, start, stop in stripes[k]:
                     update(index, start, stop)
@@ -376,9 +401,7 @@ class Exchange:
         stripes, locks, stats = self.centre.stripes, self.centre.stripe_locks, self.stats
         snaps, central, rule, local = self._snapshots, self._central, self.rule, self._flat_local
         pending, pushed, claim, live = self._pending, self._pushed, self._claim, self._live
-        give_up = None if self.timeout_s is None else time.monotonic() + self.timeout_s
-        pause = _STRIPE_PAUSE_S[0]
-        waited_since = None
+        busy = _AllBusy(self.timeout_s)
         while True:
             with claim:
                 if not pending or self._failed or (self._taken_over and not fuse) \
@@ -388,24 +411,16 @@ class Exchange:
                     return
                 if not fuse:
                     self._active = True  # stays True if this raises: `wait` waits for the error
-                for pos, k in enumerate(pending):  # noqa: B007 (pos is used after the loop)
-                    if locks[k].try_acquire():
-                        del pending[pos]
-                        break
-                else:
-                    k = None
+                k = _take_free(pending, locks)
             if k is None:
-                now = time.monotonic()
-                if waited_since is None:
-                    waited_since = time.perf_counter()
-                if give_up is not None and now >= give_up:
+                try:
+                    busy.wait(locks, pending)
+                except LockTimeout:
                     self._failed = True
-                    raise locks[pending[0]].timeout_error(self.timeout_s)
-                time.sleep(pause)
-                pause = min(2 * pause, _STRIPE_PAUSE_S[1])
+                    raise
                 continue
             got = time.perf_counter()
-            pause = _STRIPE_PAUSE_S[0]
+            waited = busy.took(got)
             try:
                 for index, start, stop in stripes[k]:
                     if live:  # sync's own update, on the parameters: nothing to pull
@@ -425,10 +440,8 @@ class Exchange:
             finally:
                 locks[k].release()
                 with claim:
-                    if waited_since is not None:
-                        stats.lock_wait_s += got - waited_since
+                    stats.lock_wait_s += waited
                     self._count_hold(got, got)
-            waited_since = None
 
     def finish_async(self, complete: bool) -> None:
         """End the sync in flight: pull what its push did into the parameters (and count

@@ -47,10 +47,6 @@ NAMES = ("easgd_update", "easgd_push", "easgd_push_pull", "add_into", "asgd_upda
 _warned = False
 
 
-KERNELS = ("easgd_update", "easgd_push", "easgd_push_pull", "add_into", "asgd_update",
-           "asgd_push", "take_pull", "sgd")
-
-
 def _load():
     """The compiled module; None with the reason when it is not to be used."""
     choice = os.environ.get(ENV, "").strip().lower()
@@ -63,7 +59,7 @@ def _load():
         from . import _sync_kernels
     except ImportError as exc:
         return None, exc
-    missing = [name for name in KERNELS if not hasattr(_sync_kernels, name)]
+    missing = [name for name in NAMES if not hasattr(_sync_kernels, name)]
     if missing:  # built from an older source: its kernels would not match this module
         return None, ImportError("the compiled module is out of date (it lacks %s)"
                                  % ", ".join(missing))
