@@ -86,6 +86,15 @@ _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else o
 _MEETING_KINDS = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}  # reduced in C
 
 
+def combine(result, rows, op):
+    """result = rows[0] op rows[1] op ... in that order (a mean's sum: the caller divides);
+    every reduction of all_reduce, so that all give the same bits."""
+    ufunc = _UFUNCS[op]
+    np.copyto(result, rows[0])
+    for row in rows[1:]:
+        ufunc(result, row, out=result)
+
+
 def reduction_layout(dtype_str, slots, count):
     """The segment of an all_reduce buffer: two sets of `slots` slots and the controller's
     result row; control words (int64): each worker's round, each worker's op by parity,
@@ -238,10 +247,7 @@ class NodeCollectives:
     def _reduce(self, red, slots, op):
         buf = red.buffer
         result = buf[2 * red.slots]
-        ufunc = _UFUNCS[op]
-        result[...] = buf[slots[0]]
-        for k in slots[1:]:
-            ufunc(result, buf[k], out=result)
+        combine(result, [buf[k] for k in slots], op)
         total = len(slots)
         link = self._ctl.node_link
         if link is not None:
@@ -393,7 +399,6 @@ class _Buffer:
             self.control[slot] = r  # publishes the slot
             self._wait_for_all(r, timeout_s, time.monotonic())
         self.round = r
-        ufunc, rows = _UFUNCS[op], self._rows(r)
         ops = self.ops[r % 2].tolist()
         if len(set(ops)) != 1:
             raise RemoteError("the workers called all_reduce with different ops: %s; every "
@@ -403,9 +408,7 @@ class _Buffer:
         # The controller's order and operations (NodeCollectives._reduce): the same bits.
         contiguous = out.flags.c_contiguous
         result = out.reshape(-1) if contiguous else np.empty(out.size, out.dtype)
-        np.copyto(result, rows[0])
-        for k in range(1, slots):
-            ufunc(result, rows[k], out=result)
+        combine(result, self._rows(r), op)
         if op == "mean":
             np.divide(result, slots, out=result, casting="unsafe")
         if not contiguous:

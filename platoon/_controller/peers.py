@@ -26,26 +26,42 @@ def is_loopback_address(address):
         return address.startswith(_LOOPBACK_HINTS)
 
 
-# sock_diag (linux/sock_diag.h, linux/inet_diag.h): a dump of TCP sockets in one state.
+# sock_diag (linux/sock_diag.h, linux/inet_diag.h): TCP sockets in one state, a dump of all
+# or a lookup of one by its addresses.
 _NETLINK_SOCK_DIAG = 4
 _SOCK_DIAG_BY_FAMILY = 20
-_NLM_F_REQUEST_DUMP = 0x1 | 0x300
+_NLM_F_REQUEST = 0x1
+_NLM_F_REQUEST_DUMP = _NLM_F_REQUEST | 0x300
 _NLMSG_ERROR, _NLMSG_DONE = 2, 3
 _TCP_ESTABLISHED = 1
-_DPORT_AT, _INODE_AT = 16 + 6, 16 + 68  # in a reply: nlmsghdr, then inet_diag_msg fields
+_ANY_SOCKET = bytes(48)  # an inet_diag_sockid that matches every socket (in a dump)
+_NO_COOKIE = b"\xff" * 8  # INET_DIAG_NOCOOKIE: do not check the socket's cookie
+# in a reply: nlmsghdr, then inet_diag_msg fields
+_STATE_AT, _DPORT_AT, _INODE_AT = 16 + 1, 16 + 6, 16 + 68
+
+
+def _diag_socket():
+    """A netlink socket to the kernel's sock_diag (OSError or AttributeError where none)."""
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG)
+    sock.settimeout(5.0)
+    return sock
+
+
+def _diag_request(family, flags, seq, sockid):
+    """A SOCK_DIAG_BY_FAMILY message asking for established TCP sockets of `family` that
+    match `sockid` (an inet_diag_sockid, or _ANY_SOCKET)."""
+    req = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 1 << _TCP_ESTABLISHED)
+    return struct.pack("=IHHII", 16 + len(req) + len(sockid), _SOCK_DIAG_BY_FAMILY, flags,
+                       seq, 0) + req + sockid
 
 
 def _diag_inodes(port):
     """As `_established_inodes`, from the kernel's sock_diag netlink; None if it refuses."""
     inodes = set()
     try:
-        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG) as sock:
-            sock.settimeout(5.0)
+        with _diag_socket() as sock:
             for seq, family in enumerate((socket.AF_INET, socket.AF_INET6), 1):
-                req = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0,
-                                  1 << _TCP_ESTABLISHED) + bytes(48)  # any socket id
-                sock.send(struct.pack("=IHHII", 16 + len(req), _SOCK_DIAG_BY_FAMILY,
-                                      _NLM_F_REQUEST_DUMP, seq, 0) + req)
+                sock.send(_diag_request(family, _NLM_F_REQUEST_DUMP, seq, _ANY_SOCKET))
                 done = False
                 while not done:
                     data = sock.recv(65536)
@@ -67,11 +83,6 @@ def _diag_inodes(port):
     return inodes
 
 
-_NLM_F_REQUEST = 0x1
-_STATE_AT = 16 + 1
-_NO_COOKIE = b"\xff" * 8  # INET_DIAG_NOCOOKIE: do not check the socket's cookie
-
-
 def other_end_inode(fd):
     """Inode of the socket at the other end of our TCP connection on descriptor `fd`, when
     that end is in this network namespace (on this machine); None when the kernel finds no
@@ -86,11 +97,8 @@ def other_end_inode(fd):
         # The other end's socket: its source is our remote end, its destination our local one.
         sockid = (struct.pack(">HH", remote[1], local[1]) + address(remote) + address(local)
                   + bytes(4) + _NO_COOKIE)
-        req = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 1 << _TCP_ESTABLISHED)
-        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG) as sock:
-            sock.settimeout(5.0)
-            sock.send(struct.pack("=IHHII", 16 + len(req) + len(sockid), _SOCK_DIAG_BY_FAMILY,
-                                  _NLM_F_REQUEST, 1, 0) + req + sockid)
+        with _diag_socket() as sock:
+            sock.send(_diag_request(family, _NLM_F_REQUEST, 1, sockid))
             data = sock.recv(65536)
     except (OSError, AttributeError, ValueError):  # no netlink, not a socket, closed since
         return None
