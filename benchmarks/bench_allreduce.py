@@ -19,7 +19,6 @@ median of that over the rounds.
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,8 @@ import threading
 import time
 
 import numpy as np
+
+from platoon.launch.process import find_mpiexec
 
 SIZES = {"1 float": 1, "1M floats": 1 << 20}
 SUITE_SIZES = {"1K": 1_000, "1M": 1_000_000, "10M": 10_000_000}
@@ -113,11 +114,6 @@ def one_node(iters, workers=2, sizes=None):
     return result_of("".join(outputs))
 
 
-def _mpiexec():
-    return shutil.which("mpiexec", path=os.path.dirname(sys.executable)) \
-        or shutil.which("mpiexec")
-
-
 def _child_env():
     env = {k: v for k, v in os.environ.items() if not k.startswith("PLATOON_")}
     env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
@@ -140,7 +136,7 @@ def suite(rounds=3, iters=50, sizes=SUITE_SIZES):
     calls at 1M, more for smaller sizes), then the best run. Seconds by setup and size;
     mpi4py's are None without mpiexec (pip install -e '.[mpi]')."""
     spec = ",".join("%s=%d" % item for item in sizes.items())
-    mpiexec = _mpiexec()
+    mpiexec = find_mpiexec()
     setups = {
         "platoon": lambda: one_node(iters, 2, spec),
         "numpy_sum": lambda: {label: numpy_sum(n, iters) for label, n in sizes.items()},
@@ -175,7 +171,7 @@ def main():
         return raw_mpi(args.iters, args.sizes)
     if args.worker:
         return platoon_worker(args.iters, args.sizes)
-    mpiexec = _mpiexec()
+    mpiexec = find_mpiexec()
     if mpiexec is None:
         raise SystemExit("no mpiexec: pip install -e '.[mpi]'")
     env = _child_env()

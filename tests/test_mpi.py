@@ -17,13 +17,14 @@ import pytest
 from conftest import PROCS, Proc, platoon_segments
 
 from platoon._centre.shmem import pid_alive
+from platoon.launch.process import find_mpiexec
 
 try:
     from mpi4py import MPI  # noqa: F401  (fails without an MPI library)
     MPI_ERROR = None
 except ImportError as exc:
     MPI_ERROR = str(exc)
-MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+MPIEXEC = find_mpiexec()
 
 pytestmark = [
     pytest.mark.skipif(MPI_ERROR is not None, reason="mpi4py cannot be imported (%s): pip install "

@@ -1,4 +1,5 @@
-"""Processes: signals, dying with the parent, pid checks, stopping, the ready pipe, job segments.
+"""Processes: signals, dying with the parent, pid checks, stopping, the ready pipe, job segments,
+finding mpiexec.
 
 Standard library only (no zmq, no numpy), so that every process the launcher,
 the MPI runner or the reaper starts can use it without paying for the rest of
@@ -9,8 +10,10 @@ import ctypes
 import json
 import os
 import select
+import shutil
 import signal
 import stat
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Callable, Iterable, List, NamedTuple, Optional
@@ -209,3 +212,10 @@ def unlink_job_segments(job_id: str, shm_dir: str = SHM_DIR) -> List[str]:
             continue  # gone meanwhile
         removed.append(path)
     return removed
+
+
+def find_mpiexec() -> Optional[str]:
+    """The path of mpiexec: the one beside this Python (a virtual environment's, from pip's
+    mpich) first, else the first on PATH; None when there is none."""
+    return (shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+            or shutil.which("mpiexec"))

@@ -13,7 +13,6 @@ import pwd
 import secrets
 import select
 import shlex
-import shutil
 import signal
 import stat
 import subprocess
@@ -21,7 +20,13 @@ import sys
 import time
 
 from .environment import JobEnvironment, without_job_variables
-from .process import read_announcement, signal_name, stop, unlink_job_segments
+from .process import (
+    find_mpiexec,
+    read_announcement,
+    signal_name,
+    stop,
+    unlink_job_segments,
+)
 from .statusfile import read_status
 
 log = logging.getLogger(__name__)
@@ -272,8 +277,7 @@ class Launch:
 
     def run_hosts(self, worker_script, controller_script):
         """A multi-node job: mpiexec runs `platoon.mpi` once per host; it is the one child."""
-        mpiexec = (shutil.which("mpiexec", path=os.path.dirname(sys.executable))
-                   or shutil.which("mpiexec"))
+        mpiexec = find_mpiexec()
         if mpiexec is None:
             raise UsageError("--hosts needs mpiexec: pip install mpi4py mpich (in platoon's "
                              "clone: pip install -e '.[mpi]')")
