@@ -11,7 +11,7 @@ from ..time_to_accuracy.harness import prewarm
 from ..time_to_accuracy.tuning import tune_and_measure
 from . import __doc__ as PACKAGE_DOC
 from .methods import FULL, MEASURED, QUICK, methods
-from .report import COMMAND, RESULTS, markdown, stem, write
+from .report import COMMAND, RESULTS, fastest, markdown, stem, write
 
 
 def _tuned(path, table, log):
@@ -133,10 +133,7 @@ def main(argv=None):
     measured = tune_and_measure(ctx, problem, fixed, False, reps, 0, log)
     patterns = args.straggler
     if patterns == "fastest":
-        s = measured["summary"]
-        times = {n: r.get("measure", {}).get("time_s") for n, r in s.items()}
-        patterns = ",".join(min((n for n in s if n.startswith(p) and times[n]),
-                                key=times.get, default="") for p in ("ddp", "platoon_"))
+        patterns = ",".join(fastest(measured["summary"], p) or "" for p in ("ddp", "platoon_"))
     slow = _matching(patterns, fixed)
     straggler_reps = args.straggler_reps if args.straggler_reps is not None else reps
     phases = {"methods_s": time.monotonic() - started}

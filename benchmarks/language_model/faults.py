@@ -154,13 +154,6 @@ def one_case(method, recovery, problem, cfg, seed, kill_at, cap_s, log):
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _fastest(summary, prefix):
-    times = {n: r.get("measure", {}).get("time_s") for n, r in summary.items()
-             if n.startswith(prefix)}
-    times = {n: t for n, t in times.items() if t is not None}
-    return min(times, key=times.get) if times else None
-
-
 def _median(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
@@ -180,10 +173,11 @@ def run_faults(problem, chosen, measured, log, seeds=(1, 2, 3)):
     median time with the kill over the median without (a run that misses the target counts
     as slower than any that reaches it)."""
     from .methods import methods
+    from .report import fastest
     summary = measured["summary"]
     table = methods()
     cases = []
-    ddp, platoon_method = _fastest(summary, "ddp"), _fastest(summary, "platoon_")
+    ddp, platoon_method = fastest(summary, "ddp"), fastest(summary, "platoon_")
     if ddp:
         cases.append((ddp, "torchrun"))
     if platoon_method:

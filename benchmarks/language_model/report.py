@@ -4,6 +4,7 @@ import json
 import os
 
 from .._util import ROOT
+from ..time_to_accuracy.report import fmt, ratio
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 DOC = os.path.join(ROOT, "docs", "language-model.md")
@@ -20,42 +21,31 @@ def stem(quick, kind=""):
     return "language_model" + ("_" + kind if kind else "") + ("_quick" if quick else "")
 
 
-def _fmt(value, spec="%.2f", none="-"):
-    return none if value is None else spec % value
-
-
-def _ratio(a, b):
-    return None if a is None or b is None or not b else a / b
-
-
 def _measure(report, name, phase="measure"):
     part = report["measured"] if phase == "measure" else (report.get("straggler") or {})
     return part.get("summary", {}).get(name, {}).get(phase, {})
 
 
-def fastest(report, prefix):
-    """The measured method named `prefix`... with the shortest median time to target."""
-    s = report["measured"]["summary"]
-    times = {n: _measure(report, n).get("time_s") for n in s if n.startswith(prefix)}
+def fastest(summary, prefix):
+    """The method of `summary` (a run's measured methods) named `prefix`... with the
+    shortest median time to target; None when none of them reached it."""
+    times = {n: r.get("measure", {}).get("time_s") for n, r in summary.items()
+             if n.startswith(prefix)}
     times = {n: t for n, t in times.items() if t is not None}
     return min(times, key=times.get) if times else None
 
 
-def best_platoon(report):
-    return fastest(report, "platoon_")
-
-
 def goals(report):
     """[(goal, measured, limit)]."""
-    best = best_platoon(report)
+    s = report["measured"]["summary"]
+    best, ddp, single = fastest(s, "platoon_"), fastest(s, "ddp"), fastest(s, "single")
     t = lambda n, phase="measure": _measure(report, n, phase).get("time_s")  # noqa: E731
-    ddp, single = fastest(report, "ddp"), fastest(report, "single")
     out = [("best platoon rule (%s) vs the faster DDP (%s)" % (best, ddp),
-            _ratio(t(best), t(ddp)), GOAL_VS_DDP),
+            ratio(t(best), t(ddp)), GOAL_VS_DDP),
            ("best platoon rule vs the faster one process (%s)" % single,
-            _ratio(t(best), t(single)), GOAL_VS_SINGLE),
+            ratio(t(best), t(single)), GOAL_VS_SINGLE),
            ("best platoon rule with a 2x straggler vs all fast",
-            _ratio(t(best, "straggler"), t(best)), GOAL_STRAGGLER)]
+            ratio(t(best, "straggler"), t(best)), GOAL_STRAGGLER)]
     for row in (report.get("faults") or {}).get("rows", []):
         if row["method"].startswith("platoon"):
             out.append(("%s with --%s, worker SIGKILLed halfway, vs no fault" % (
@@ -69,7 +59,7 @@ def limits(report):
     (steps to target ratio) x (time per step ratio). Two processes on two cores can at best
     halve the first and keep the second."""
     s = report["measured"]["summary"]
-    best = fastest(report, "single")
+    best = fastest(s, "single")
     single = s.get(best, {}).get("measure", {})
     lines = ["What the times are made of, against %s (time ratio = steps ratio x time-per-step "
              "ratio; 2 processes on 2 cores at best 0.50x x 1.00x):" % best, ""]
@@ -82,7 +72,7 @@ def limits(report):
                          name, m["steps"] / single["steps"],
                          single["steps_per_s"] / m["steps_per_s"], 1000 / m["steps_per_s"],
                          m.get("sync_ms_per_step") or 0.0,
-                         _ratio(m["time_s"], single["time_s"]) or float("nan")))
+                         ratio(m["time_s"], single["time_s"]) or float("nan")))
     return lines
 
 
@@ -133,8 +123,8 @@ def markdown(report):
 def _tables(report):
     meta, m, c = report["meta"], report["measured"], report["corpus"]
     d = m["dataset"]
-    single = _measure(report, fastest(report, "single"))
-    ddp = _measure(report, fastest(report, "ddp"))
+    single_name, ddp_name = fastest(m["summary"], "single"), fastest(m["summary"], "ddp")
+    single, ddp = _measure(report, single_name), _measure(report, ddp_name)
     lines = ["### Byte-level LSTM on the standard library's source, target %.2f bits per byte"
              % d["target"], "",
              "Embedding %d, LSTM %d, batch %d windows of %d bytes, SGD clipped at norm %g; "
@@ -148,8 +138,7 @@ def _tables(report):
                  c["valid_bytes"] // 1000, d["eval_every"], m["cap_s"]), "",
              "| method | lr grid | lr | fixed | reached | median time | median steps per process "
              "| steps vs %s | time vs %s | time vs %s | steps/s per process "
-             "| sync ms/step |" % (fastest(report, "single"), fastest(report, "single"),
-                                   fastest(report, "ddp")),
+             "| sync ms/step |" % (single_name, single_name, ddp_name),
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     grids = report.get("tuning", {}).get("grids", {})
     for name, row in m["summary"].items():
@@ -160,12 +149,12 @@ def _tables(report):
             name, ", ".join("%g" % g["lr"] for g in grid) if grid else "not tuned",
             m["chosen"][name]["lr"],
             ", ".join("%s=%g" % kv for kv in sorted(fixed.items())) or "-",
-            r.get("reached", 0), r.get("runs", 0), _fmt(r.get("time_s"), "%.1f s"),
-            _fmt(r.get("steps"), "%.0f"), _fmt(_ratio(r.get("steps"), single.get("steps")),
+            r.get("reached", 0), r.get("runs", 0), fmt(r.get("time_s"), "%.1f s"),
+            fmt(r.get("steps"), "%.0f"), fmt(ratio(r.get("steps"), single.get("steps")),
                                              "%.2fx"),
-            _fmt(_ratio(r.get("time_s"), single.get("time_s")), "%.2fx"),
-            _fmt(_ratio(r.get("time_s"), ddp.get("time_s")), "%.2fx"),
-            _fmt(r.get("steps_per_s"), "%.1f"), _fmt(r.get("sync_ms_per_step"), "%.2f")))
+            fmt(ratio(r.get("time_s"), single.get("time_s")), "%.2fx"),
+            fmt(ratio(r.get("time_s"), ddp.get("time_s")), "%.2fx"),
+            fmt(r.get("steps_per_s"), "%.1f"), fmt(r.get("sync_ms_per_step"), "%.2f")))
     lines += [""] + limits(report) + [""] + _tuning(report)
     st = report.get("straggler")
     if st:
@@ -178,8 +167,8 @@ def _tables(report):
             s = row.get("straggler", {})
             fast = _measure(report, name).get("time_s")
             lines.append("| %s | %s | %s | %s | %s | %d/%d |" % (
-                name, _fmt(s.get("time_s"), "%.1f s"), _fmt(fast, "%.1f s"),
-                _fmt(_ratio(s.get("time_s"), fast), "%.2fx"), _fmt(s.get("steps"), "%.0f"),
+                name, fmt(s.get("time_s"), "%.1f s"), fmt(fast, "%.1f s"),
+                fmt(ratio(s.get("time_s"), fast), "%.2fx"), fmt(s.get("steps"), "%.0f"),
                 s.get("reached", 0), s.get("runs", 0)))
     faults = report.get("faults")
     if faults:
@@ -189,15 +178,15 @@ def _tables(report):
                   "|---|---|---|---|---|---|---|---|"]
         for row in faults["rows"]:
             lines.append("| %s | %s | %s | %s | %s | %s, %s | %s | %s |" % (
-                row["method"], row["how"], _fmt(row.get("time_s"), "%.1f s"),
-                _fmt(row.get("base_s"), "%.1f s"), _fmt(row.get("ratio"), "%.2fx"),
-                _fmt(row.get("steps"), "%d"), _fmt(row.get("base_steps"), "%d"),
+                row["method"], row["how"], fmt(row.get("time_s"), "%.1f s"),
+                fmt(row.get("base_s"), "%.1f s"), fmt(row.get("ratio"), "%.2fx"),
+                fmt(row.get("steps"), "%d"), fmt(row.get("base_steps"), "%d"),
                 "%s/%s" % (row.get("reached", "-"), row.get("runs", 1)),
                 row.get("others_restarted", "-")))
     lines += ["", "### Goals", "", "| goal | measured | target | met |", "|---|---|---|---|"]
     for what, value, limit in goals(report):
         met = value is not None and value <= limit
-        lines.append("| %s | %s | <= %.2fx | %s |" % (what, _fmt(value, "%.2fx"), limit,
+        lines.append("| %s | %s | <= %.2fx | %s |" % (what, fmt(value, "%.2fx"), limit,
                                                       "met" if met else "**not met**"))
     lines += ["", "Commit %s, %s; %s, %d cores, torch %s; load average %.2f at start, %.2f at "
               "end; ran in %.0f s%s." % (meta["commit"], meta["date"], meta["cpu"],

@@ -16,11 +16,13 @@ GOAL_VS_HOGWILD = 1.0   # ... and <= this x Hogwild's
 GOAL_STRAGGLER = 1.2    # platoon with a 2x straggler <= this x its all-fast time
 
 
-def _fmt(value, spec="%.2f", none="-"):
+def fmt(value, spec="%.2f", none="-"):
+    """`value` formatted by `spec`, or `none` for None."""
     return none if value is None else spec % value
 
 
-def _ratio(a, b):
+def ratio(a, b):
+    """a / b, or None when either is unknown (or b is 0)."""
     return None if a is None or b is None or not b else a / b
 
 
@@ -31,8 +33,8 @@ def goals(result):
     modes = [n for n in s if n.startswith("platoon_") and t[n] is not None]
     out = []
     best_mode = min(modes, key=lambda n: t[n]) if modes else None
-    vs_single = _ratio(t.get(best_mode), t.get("single"))
-    vs_hog = _ratio(t.get(best_mode), t.get("hogwild"))
+    vs_single = ratio(t.get(best_mode), t.get("single"))
+    vs_hog = ratio(t.get(best_mode), t.get("hogwild"))
     name = result["dataset"]["name"]
     out.append(("%s: best platoon mode (%s) vs best-tuned single process" % (name, best_mode),
                 vs_single, GOAL_VS_SINGLE))
@@ -40,7 +42,7 @@ def goals(result):
     if best_mode:
         slow = s[best_mode].get("straggler", {}).get("time_s")
         out.append(("%s: %s with a 2x straggler vs all fast" % (name, best_mode),
-                    _ratio(slow, t[best_mode]), GOAL_STRAGGLER))
+                    ratio(slow, t[best_mode]), GOAL_STRAGGLER))
     return out
 
 
@@ -62,7 +64,7 @@ def limits(result):
                 name, m["steps"] / single["steps"], single["steps_per_s"] / m["steps_per_s"],
                 step_ms, m["sync_ms_per_step"] or 0.0, m["lock_wait_ms_per_sync"] or 0.0,
                 m["lock_hold_ms_per_sync"] or 0.0,
-                _ratio(m["time_s"], single["time_s"]) or float("nan")))
+                ratio(m["time_s"], single["time_s"]) or float("nan")))
     return lines
 
 
@@ -104,11 +106,11 @@ def _tables(report):
                 name, key, ", ".join("%g" % g[key] for g in grid),
                 "".join("; %s=%g" % kv for kv in sorted(fixed.items())),
                 "%g" % result["chosen"][name][key], m.get("reached", 0), m.get("runs", 0),
-                _fmt(m.get("time_s"), "%.2f s"), _fmt(m.get("steps"), "%.0f"),
-                _fmt(_ratio(m.get("time_s"), single), "%.2fx"),
-                _fmt(_ratio(m.get("time_s"), hog), "%.2fx"),
-                _fmt(m.get("steps_per_s"), "%.0f"), _fmt(m.get("sync_ms_per_step"), "%.2f"),
-                _fmt(m.get("setup_s"), "%.2f")))
+                fmt(m.get("time_s"), "%.2f s"), fmt(m.get("steps"), "%.0f"),
+                fmt(ratio(m.get("time_s"), single), "%.2fx"),
+                fmt(ratio(m.get("time_s"), hog), "%.2fx"),
+                fmt(m.get("steps_per_s"), "%.0f"), fmt(m.get("sync_ms_per_step"), "%.2f"),
+                fmt(m.get("setup_s"), "%.2f")))
         lines += [""] + limits(result)
         lines += ["", "With a 2x straggler (one of the two processes sleeps its step time "
                   "after each step):", "",
@@ -121,15 +123,15 @@ def _tables(report):
                 continue
             fast = row.get("measure", {}).get("time_s")
             lines.append("| %s | %s | %s | %s | %d/%d | %s |" % (
-                name, _fmt(st["time_s"], "%.2f s"), _fmt(fast, "%.2f s"),
-                _fmt(_ratio(st["time_s"], fast), "%.2fx"), st["reached"], st["runs"],
-                _fmt(st.get("lock_wait_ms_per_sync"), "%.2f")))
+                name, fmt(st["time_s"], "%.2f s"), fmt(fast, "%.2f s"),
+                fmt(ratio(st["time_s"], fast), "%.2fx"), st["reached"], st["runs"],
+                fmt(st.get("lock_wait_ms_per_sync"), "%.2f")))
         lines.append("")
     lines += ["### Goals", "", "| goal | measured | target | met |", "|---|---|---|---|"]
     for result in report["datasets"]:
         for what, value, limit in goals(result):
             met = value is not None and value <= limit
-            lines.append("| %s | %s | <= %.2fx | %s |" % (what, _fmt(value, "%.2fx"), limit,
+            lines.append("| %s | %s | <= %.2fx | %s |" % (what, fmt(value, "%.2fx"), limit,
                                                           "met" if met else "**not met**"))
     lines += ["", "Commit %s, %s; %s, %d cores; load average %.2f at start, %.2f at end; "
               "ran in %.0f s%s." % (meta["commit"], meta["date"], meta["cpu"], meta["cores"],
