@@ -69,6 +69,26 @@ def test_the_default_window_holds_16_mib_or_256_minibatches(serve, shape, held):
     batch = [np.zeros(shape, np.float32)]
     size = len(encode_minibatch(batch, pack=True)[0])
     assert held == min(256, math.ceil((16 << 20) / size))
+    got, errors = fill_a_held_window(ctl, [batch] * (held + 1))
+    assert not errors and len(got) == held + 1
+    serving.join()
+
+
+def test_the_controllers_hwm_caps_what_a_worker_holds(serve):
+    ctl = Controller(control_port=0, num_workers=1)
+    ctl.init_data(0, hwm=3)  # below the default window of 256 small minibatches
+    serving = serve(ctl)
+    # hwm minibatches unacknowledged, and not one more, whatever the window
+    got, errors = fill_a_held_window(ctl, [[np.array([i])] for i in range(4)])
+    assert not errors and [int(a[0][0]) for a in got] == [0, 1, 2, 3]
+    serving.join()
+
+
+def fill_a_held_window(ctl, minibatches):
+    """A worker with the default window takes the first of `minibatches` and holds it,
+    taking no more, while `ctl` sends all but the last; the last then finds no room
+    (MinibatchTimeout), and goes once the worker is let take the rest.
+    Returns (what the worker got, its errors)."""
     first, release, got, errors = threading.Event(), threading.Event(), [], []
 
     def work():
@@ -78,62 +98,24 @@ def test_the_default_window_holds_16_mib_or_256_minibatches(serve, shape, held):
                 got.append(w.recv_mb())
                 first.set()  # holds it, and takes no more until released
                 assert release.wait(20)
-                for _ in range(held):
+                for _ in range(len(minibatches) - 1):
                     got.append(w.recv_mb())
-        except Exception as exc:  # reported by the assertions below
+        except Exception as exc:  # reported by the assertions of the caller
             errors.append(exc)
 
     worker = threading.Thread(target=work)
     worker.start()
     try:
-        for i in range(held):  # all sent although the worker took only the first
-            ctl.send_mb(batch, timeout_s=10)
+        for i, minibatch in enumerate(minibatches[:-1]):  # all sent, though 1 was taken
+            ctl.send_mb(minibatch, timeout_s=10)
             if i == 0:
                 assert first.wait(10)
         with pytest.raises(MinibatchTimeout):  # no room for one more
-            ctl.send_mb(batch, timeout_s=0.2)
+            ctl.send_mb(minibatches[-1], timeout_s=0.2)
         release.set()
-        ctl.send_mb(batch, timeout_s=10)
+        ctl.send_mb(minibatches[-1], timeout_s=10)
         ctl.flush_mb(timeout_s=10)
     finally:
         release.set()
         worker.join(20)
-    assert not errors and len(got) == held + 1
-    serving.join()
-
-
-def test_the_controllers_hwm_caps_what_a_worker_holds(serve):
-    ctl = Controller(control_port=0, num_workers=1)
-    ctl.init_data(0, hwm=3)  # below the default window of 256 small minibatches
-    serving = serve(ctl)
-    first, release, got, errors = threading.Event(), threading.Event(), [], []
-
-    def work():
-        try:
-            with Worker(ctl.control_port, timeout_s=10) as w:
-                w.init_mb_sock(ctl.data_port)  # the default window
-                got.append(w.recv_mb())
-                first.set()  # holds it, and takes no more until released
-                assert release.wait(20)
-                for _ in range(3):
-                    got.append(w.recv_mb())
-        except Exception as exc:  # reported by the assertions below
-            errors.append(exc)
-
-    worker = threading.Thread(target=work)
-    worker.start()
-    try:
-        for i in range(3):  # hwm minibatches unacknowledged
-            ctl.send_mb([np.array([i])], timeout_s=10)
-            if i == 0:
-                assert first.wait(10)
-        with pytest.raises(MinibatchTimeout):  # not one more, whatever the window
-            ctl.send_mb([np.array([3])], timeout_s=0.2)
-        release.set()
-        ctl.send_mb([np.array([3])], timeout_s=10)
-        ctl.flush_mb(timeout_s=10)
-    finally:
-        release.set()
-        worker.join(20)
-    assert not errors and [int(a[0][0]) for a in got] == [0, 1, 2, 3]
-    serving.join()
+    return got, errors
