@@ -230,8 +230,8 @@ DEFINE_LOOPS(double, f64_avx, __attribute__((target("avx"))))
     void (*take_pull_##S)(T *, const T *, const T *, Py_ssize_t);                        \
     void (*sgd_##S)(T *, T *, T *, T *, T, T, int, int, Py_ssize_t);
 
-#define LOOP_INIT(S) easgd_update_##S, easgd_push_##S, easgd_push_pull_##S, add_into_##S, asgd_update_##S,     \
-    asgd_push_##S, take_pull_##S, sgd_##S
+#define LOOP_INIT(S) easgd_update_##S, easgd_push_##S, easgd_push_pull_##S, add_into_##S,   \
+    asgd_update_##S, asgd_push_##S, take_pull_##S, sgd_##S
 
 typedef struct {
     const char *name;
