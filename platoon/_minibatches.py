@@ -396,11 +396,10 @@ class MinibatchClient:
     ACK_AFTER_MS = 1  # a worker waiting this long for a minibatch acknowledges what it has
     ASK_AGAIN_S = 0.5  # a worker waiting this long for a minibatch repeats its request
     DEFAULT_PREFETCH = 255  # with prefetch None: the window's cap in messages is 256
-    DEFAULT_WINDOW_BYTES = protocol.DEFAULT_MB_WINDOW_BYTES
     ACKS_PER_WINDOW = 4  # requests per window's worth of minibatches, while they stream
 
     def __init__(self, sock, worker_id, token, prefetch, controller_alive, address=None,
-                 window_bytes=DEFAULT_WINDOW_BYTES):
+                 window_bytes=protocol.DEFAULT_MB_WINDOW_BYTES):
         self.sock = sock
         self.address = address  # the controller's data endpoint, for messages
         self.worker_id = worker_id
