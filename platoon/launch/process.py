@@ -10,7 +10,6 @@ import ctypes
 import json
 import os
 import select
-import shutil
 import signal
 import stat
 import sys
@@ -217,5 +216,7 @@ def unlink_job_segments(job_id: str, shm_dir: str = SHM_DIR) -> List[str]:
 def find_mpiexec() -> Optional[str]:
     """The path of mpiexec: the one beside this Python (a virtual environment's, from pip's
     mpich) first, else the first on PATH; None when there is none."""
+    import shutil  # (not loaded by the workers, which import this module too)
+
     return (shutil.which("mpiexec", path=os.path.dirname(sys.executable))
             or shutil.which("mpiexec"))
