@@ -616,6 +616,30 @@ def test_two_signals_at_once_during_start_up(tmp_path):
             launch.close()
 
 
+@pytest.mark.slow
+def test_a_second_signal_late_in_the_stop_changes_nothing(tmp_path):
+    """SIGTERM after SIGTERM, arriving while the launcher is already finishing (a loaded
+    machine can delay the second of two signals that long): the exit code stays the first
+    signal's, not a death by the second (Python restores the default action as it exits)."""
+    launch = Launched(launcher_cmd(os.path.join(EXPERIMENTS, "forever"), "-n", "1"), tmp_path)
+    try:
+        wait_until(lambda: catches(launch.popen.pid, signal.SIGTERM)
+                   or launch.popen.poll() is not None, 20, "the launcher's handlers")
+        deadline = time.monotonic() + 30
+        while launch.popen.poll() is None:  # SIGTERMs in every phase of the stop and exit
+            assert time.monotonic() < deadline, "the launcher still runs:\n" + launch.output()
+            try:
+                os.kill(launch.popen.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                break  # exited between the poll and the kill
+        code = launch.popen.wait(30)
+        out = launch.output()
+        assert code == 128 + signal.SIGTERM, out
+        assert out.count("received: stopping the job") == 1, out
+    finally:
+        launch.close()
+
+
 OTHER_UID = 65534  # nobody: "another user" (the tests run as root, which may chown)
 
 

@@ -364,6 +364,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if launch.controller is not None:  # the job started: how it went, what it left
                 for line in launch.summary():
                     launch.say(line)
+        # Python restores the default actions as it exits: a signal arriving then (a loaded
+        # machine can delay the second of two that long) would kill the launcher and replace
+        # its exit code. Blocked, it stays pending until the process is gone. (The launcher
+        # has no other thread, and starts no child from here on.)
+        received.append(0)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 if __name__ == "__main__":
