@@ -357,16 +357,27 @@ class Worker:
             adapter.push()
         return adapter.params()
 
-    def start_sync(self, *, snapshot: bool = True) -> SyncHandle:
+    def start_sync(self, *, snapshot: Optional[bool] = None) -> SyncHandle:
         """Start a sync in a background thread; returns a SyncHandle: call its `wait()`.
 
-        snapshot=True (the default): the parameters are copied (a snapshot)
-        before this returns; until `wait()` platoon does not touch them, so the
-        worker may go on computing and updating them. `wait()` applies the
-        sync's effect on top of those updates: EASGD ``x += -alpha * (x_snap - c)``,
-        ASGD ``x = c_new + (x - x_snap)``, where ``x_snap`` is the snapshot and
-        ``c`` each stripe of the centre when it was pushed. When the parameters
-        did not change in between, the result equals `sync_params()` bit for bit.
+        Default (snapshot=None): until `wait()` platoon does not touch the
+        parameters, so the worker may go on computing and updating them; `wait()`
+        applies the sync's effect on top of those updates. Of the two ways to keep
+        that promise, the worker takes whichever cost its calling thread less in
+        the syncs it measured: overlapping (as snapshot=True) or syncing at once
+        before this returns (the handle's ``at_once`` is then True and `wait()`
+        has nothing to do). It tries the other way every 16 syncs, so the choice
+        follows the compute beside it. Either way the default never costs much
+        more than `sync_params()`.
+
+        snapshot=True: always overlap. The parameters are copied (a snapshot)
+        before this returns; `wait()` applies the sync's effect on top of the
+        worker's updates: EASGD ``x += -alpha * (x_snap - c)``, ASGD
+        ``x = c_new + (x - x_snap)``, where ``x_snap`` is the snapshot and ``c``
+        each stripe of the centre when it was pushed. When the parameters did
+        not change in between, the result equals `sync_params()` bit for bit.
+        The copy and the pull cost the caller about one sync's time: it pays
+        only when the compute beside it hides more.
 
         snapshot=False: no copy; the background thread runs `sync_params()`'s
         own update on the parameters themselves, stripe by stripe, at about
@@ -392,8 +403,17 @@ class Worker:
                             "allow; call sync_params(params=...) instead")
         self._client.check_controller()
         with self._sync_lock:
+            began = time.perf_counter()
+            choice = exchange.overlap if snapshot is None else None
+            if choice is not None and choice.choose() == choice.AT_ONCE:
+                exchange.check_async()
+                adapter.pull()
+                exchange.sync()
+                adapter.push()
+                choice.record(choice.AT_ONCE, time.perf_counter() - began)
+                return SyncHandle.finished(exchange)
             adapter.pull()
-            return exchange.start(snapshot=snapshot)
+            return exchange.start(snapshot=snapshot is not False, choice=choice, began=began)
 
     def _shared(self, caller: str) -> "tuple[adapters.Adapter, Exchange]":
         """The adapter and exchange of the shared parameters; PlatoonError before

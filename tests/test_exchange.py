@@ -547,3 +547,112 @@ def test_worker_start_sync_without_snapshot_with_torch_tensors(serve):
         b.start_sync(snapshot=False)      # never waited for: close() finishes it
     serving.join()
     torch.testing.assert_close(t, torch.full((4,), 3.0))
+
+
+class _Recording(EASGD):
+    """EASGD that notes which thread updated each stripe (and can fail on one of them)."""
+
+    def __init__(self, alpha, fail_at=None):
+        super().__init__(alpha)
+        self.threads, self.fail_at, self._lock = [], fail_at, threading.Lock()
+
+    def update_range(self, index, start, local, central):
+        with self._lock:
+            self.threads.append(threading.current_thread().name)
+            if self.fail_at is not None and len(self.threads) == self.fail_at:
+                raise RuntimeError("update failed on stripe call %d" % self.fail_at)
+        super().update_range(index, start, local, central)
+
+
+@pytest.mark.parametrize("threads", ["1", "2", "4"])
+def test_a_sync_on_several_threads_is_bit_identical_and_uses_them(centre_pair, monkeypatch,
+                                                                 threads):
+    """PLATOON_SYNC_THREADS: helper threads take stripes beside the caller (the compiled
+    kernels release the GIL); every stripe is updated once, to the same bits."""
+    monkeypatch.setenv("PLATOON_SYNC_THREADS", threads)
+    centre, other = centre_pair
+    for c, v in zip(centre.arrays, make_params(1)):
+        c[...] = v
+    xs, want_x, want_c = make_params(2), make_params(2), make_params(1)
+    rule = _Recording(0.3)
+    ex = attach_worker(centre, rule, xs)
+    for _ in range(3):
+        ex.sync()
+        naive(rule, want_x, want_c)
+    for got, want in zip(xs + centre.arrays, want_x + want_c):
+        assert got.tobytes() == want.tobytes()
+    assert len(rule.threads) == 3 * sum(len(s) for s in centre.stripes)
+    helpers = {name for name in rule.threads if name == "platoon-sync-helper"}
+    assert bool(helpers) == (threads != "1")
+    assert ex.stats.syncs == 3 and _all_stripes_free(other)
+    ex.close(5.0)
+
+
+def test_a_failing_or_blocked_stripe_on_a_helper_thread_fails_the_sync_and_frees_every_lock(
+        centre_pair, monkeypatch):
+    monkeypatch.setenv("PLATOON_SYNC_THREADS", "2")
+    centre, other = centre_pair
+    ex = attach_worker(centre, _Recording(0.5, fail_at=4), make_params(4))
+    with pytest.raises(RuntimeError, match="stripe call 4"):
+        ex.sync()
+    assert _all_stripes_free(other) and ex.stats.syncs == 0
+    ex.rule.fail_at = None
+    ex.timeout_s = 0.2
+    other.stripe_locks[5].acquire()
+    try:
+        with pytest.raises(LockTimeout, match="stripe 5"):
+            ex.sync()
+    finally:
+        other.stripe_locks[5].release()
+    assert _all_stripes_free(other)
+    ex.sync()  # syncs again
+    ex.close(5.0)
+
+
+def test_bad_sync_thread_settings_say_what_to_give(monkeypatch):
+    from platoon._centre.exchange import default_sync_threads
+    for bad in ("two", "0"):
+        monkeypatch.setenv("PLATOON_SYNC_THREADS", bad)
+        with pytest.raises(ValueError, match="PLATOON_SYNC_THREADS"):
+            default_sync_threads()
+    monkeypatch.delenv("PLATOON_SYNC_THREADS")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the launcher's share of the cores
+    assert default_sync_threads() == 1
+
+
+def test_the_default_start_sync_takes_the_path_that_cost_the_caller_less():
+    """Pure logic of OverlapChoice: the cheaper path by a running mean, the other one tried
+    every 16th sync, so a change in the compute beside the sync is noticed."""
+    from platoon._centre.exchange import OverlapChoice
+    choice = OverlapChoice()
+    assert choice.choose() == choice.OVERLAP  # nothing measured: try overlapping
+    choice.record(choice.OVERLAP, 2.0)
+    assert choice.choose() == choice.AT_ONCE  # then the other
+    choice.record(choice.AT_ONCE, 1.0)
+    picks = [choice.choose() for _ in range(32)]
+    assert picks.count(choice.OVERLAP) == 2 and picks.count(choice.AT_ONCE) == 30
+    for _ in range(20):  # overlapping became cheap (more compute to hide behind)
+        choice.record(choice.OVERLAP, 0.1)
+    assert [choice.choose() for _ in range(3)] == [choice.OVERLAP] * 3
+
+
+def test_default_start_sync_keeps_its_promise_on_either_path(serve):
+    """Whichever path the measured default takes, the worker's writes between start_sync
+    and wait are kept and the sync's effect lands on top: the same numbers as overlapping."""
+    ctl = Controller(control_port=0, num_workers=1)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout_s=10) as w:
+        p = [np.zeros(1000)]
+        w.init_shared_params(p, EASGD(0.5))
+        paths = set()
+        for r in range(40):
+            before, centre = p[0].copy(), ctl.centre[0].copy()
+            handle = w.start_sync()
+            paths.add(handle.at_once)
+            p[0] += 1.0  # written while the sync may be in flight
+            handle.wait()
+            d = 0.5 * (before - centre)
+            np.testing.assert_allclose(p[0], before - d + 1.0)
+            np.testing.assert_allclose(ctl.centre[0], centre + d)
+        assert paths == {True, False} and w.syncs == 40
+    serving.join()

@@ -15,12 +15,14 @@ this worker's stripes 1 and 3), exactly as independent syncs of smaller models.
 """
 
 import collections
+import contextlib
 import logging
+import os
 import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -92,7 +94,7 @@ class _SyncThread:
     """The persistent thread that runs an Exchange's background work, one task at a time
     (starting a thread per sync cost about as much as syncing 1M floats)."""
 
-    def __init__(self):
+    def __init__(self, name: str = "platoon-sync"):
         # Woken by releasing `_wake` (a lock held while there is nothing to do): one futex
         # wake-up, where a Condition's notify and wait cost the GIL several Python calls in
         # both threads (a sync of 1M floats lasts about 0.1 ms).
@@ -100,7 +102,7 @@ class _SyncThread:
         self._wake.acquire()
         self._tasks: collections.deque = collections.deque()  # appends and pops are atomic
         self._closed = False
-        self._thread = threading.Thread(target=self._loop, name="platoon-sync", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     def run(self, task: Callable[[], None]) -> None:
@@ -134,20 +136,134 @@ class _SyncThread:
         self._signal()
 
 
+def default_sync_threads() -> int:
+    """Threads one sync's host update may use: ``PLATOON_SYNC_THREADS`` if set, else the cores
+    this process may run on, at most ``OMP_NUM_THREADS`` (the launcher's share of the cores
+    for each worker) and at most 8 (memory bandwidth, not cores, bounds the update)."""
+    text = os.environ.get("PLATOON_SYNC_THREADS", "").strip()
+    if text:
+        try:
+            threads = int(text)
+        except ValueError:
+            raise ValueError("PLATOON_SYNC_THREADS=%r is not an integer; give the number of "
+                             "threads a sync may use (1: the calling thread only)" % text) from None
+        if threads < 1:
+            raise ValueError("PLATOON_SYNC_THREADS=%d: give at least 1" % threads)
+        return threads
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1)
+    try:
+        cores = min(cores, int(os.environ.get("OMP_NUM_THREADS", "") or cores))
+    except ValueError:
+        pass
+    return max(1, min(cores, 8))
+
+
+class _StripePool:
+    """Helper threads that take stripes of a sync beside the calling thread (the compiled
+    kernels release the GIL, so stripes update on several cores at once)."""
+
+    MIN_STRIPES_PER_THREAD = 2  # fewer, and the hand-off costs more than it saves
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self._helpers: List[_SyncThread] = []
+
+    def helpers_for(self, stripes: int) -> int:
+        """How many helper threads a sync of `stripes` stripes should use."""
+        return max(0, min(self.threads, stripes // self.MIN_STRIPES_PER_THREAD) - 1)
+
+    def run(self, task: Callable[[], None], helpers: int) -> None:
+        """Run `task` (which must not raise) in `helpers` helper threads and in the calling
+        thread; return when every copy has returned."""
+        self._helpers = [h for h in self._helpers if h.alive]  # none in a forked child
+        while len(self._helpers) < helpers:
+            self._helpers.append(_SyncThread("platoon-sync-helper"))
+        latches = []
+        for helper in self._helpers[:helpers]:
+            done = threading.Lock()
+            done.acquire()
+
+            def part(done=done):
+                task()
+                done.release()
+
+            helper.run(part)
+            latches.append(done)
+        task()
+        for done in latches:
+            done.acquire()  # each helper's task ends (its loop is bounded by the sync's timeout)
+
+    def close(self) -> None:
+        for helper in self._helpers:
+            helper.close()
+        self._helpers = []
+
+
+class OverlapChoice:
+    """Chooses the path of a default `start_sync()`: overlap (a snapshot pushed by the sync
+    thread) or sync at once, whichever cost the calling thread less in the syncs measured
+    (a running mean of each), trying the other every `probe_every` syncs. Overlapping costs
+    the caller a copy and a pull; it pays only when the compute beside it hides more."""
+
+    OVERLAP, AT_ONCE = "overlap", "at once"
+    WEIGHT = 0.25  # of the newest measurement in the running mean
+
+    def __init__(self, probe_every: int = 16):
+        self.probe_every = probe_every
+        self.cost: Dict[str, Optional[float]] = {self.OVERLAP: None, self.AT_ONCE: None}
+        self._count = 0
+
+    def choose(self) -> str:
+        self._count += 1
+        overlap, at_once = self.cost[self.OVERLAP], self.cost[self.AT_ONCE]
+        if overlap is None:
+            return self.OVERLAP
+        if at_once is None:
+            return self.AT_ONCE
+        best, other = (self.OVERLAP, self.AT_ONCE) if overlap <= at_once \
+            else (self.AT_ONCE, self.OVERLAP)
+        return other if self._count % self.probe_every == 0 else best
+
+    def record(self, path: str, seconds: float) -> None:
+        """The calling thread spent `seconds` on a sync that took `path`."""
+        before = self.cost[path]
+        self.cost[path] = seconds if before is None \
+            else before + self.WEIGHT * (seconds - before)
+
+
 class SyncHandle:
     """An asynchronous sync started by `Worker.start_sync`; call `wait` to finish it.
 
     `snapshot` is True when the parameters were copied first, False when the sync
-    updates them in place (``start_sync(snapshot=False)`` on C-contiguous parameters).
+    updates them in place (``start_sync(snapshot=False)`` on C-contiguous parameters) or
+    was done before `start_sync` returned (`at_once` True: `wait` has nothing to do).
     """
 
-    def __init__(self, exchange: "Exchange", snapshot: bool = True, generation: int = 0):
+    def __init__(self, exchange: "Exchange", snapshot: bool = True, generation: int = 0,
+                 choice: Optional["OverlapChoice"] = None):
         self._exchange = exchange
         self._generation = generation  # which of the exchange's syncs this is
         self.snapshot = snapshot  # True: the parameters were copied; False: synced in place
+        self.at_once = False  # True: synced before start_sync returned (see `finished`)
+        self._choice = choice  # told what the sync cost the caller, when it chose the path
+        self._caller_s = 0.0  # the calling thread's seconds on this sync so far
         self._errors: list = []
         self._finished = False
         self._background_done = threading.Event()  # set when the push in the thread ends
+
+    @classmethod
+    def finished(cls, exchange: "Exchange") -> "SyncHandle":
+        """The handle of a sync that `start_sync` did at once: done, `wait` does nothing."""
+        handle = cls(exchange, snapshot=False)
+        handle.at_once = True
+        handle._finished = True
+        handle._background_done.set()
+        return handle
+
+    def add_caller_time(self, seconds: float) -> None:
+        """The calling thread spent `seconds` more on this sync (in `start_sync`)."""
+        self._caller_s += seconds
 
     def start(self) -> None:
         """Run the push in the background (`Exchange.start` calls it)."""
@@ -183,6 +299,15 @@ class SyncHandle:
         """
         if self._finished:
             return
+        began = time.perf_counter()
+        try:
+            self._finish(timeout_s)
+        finally:
+            self._caller_s += time.perf_counter() - began
+            if self._finished and self._choice is not None:
+                self._choice.record(OverlapChoice.OVERLAP, self._caller_s)
+
+    def _finish(self, timeout_s: Optional[float]) -> None:
         if timeout_s is None and not self._background_done.is_set():
             try:
                 self._exchange.take_over()
@@ -227,6 +352,9 @@ class Exchange:
         self._generation = 0  # counts `start`s: a task of an earlier sync takes no stripe
         self._active = False  # the sync thread is in `_push_pending` (and has not failed)
         self._thread: Optional[_SyncThread] = None  # started by the first `start`
+        self._pool = _StripePool(default_sync_threads())  # helper threads of `sync`
+        self._pool_closer = weakref.finalize(self, self._pool.close)
+        self.overlap = OverlapChoice()  # the path of a default start_sync() (Worker)
         self.before_pull = None  # called by SyncHandle.wait before / after it applies a sync
         self.after_pull = None   # (the worker copies device parameters to host and back)
         self._central = [c.reshape(-1) for c in centre.arrays]
@@ -294,28 +422,56 @@ class Exchange:
         """Call update(index, start, stop) for every range, each stripe under its lock.
 
         Takes whichever pending stripe is free; waits (with back-off, up to the
-        timeout_s) only when all pending stripes are busy.
+        timeout_s) only when all pending stripes are busy. Rules declaring
+        ``concurrent_stripes`` have helper threads take stripes too (`_StripePool`).
         """
-        stripes, locks = self.centre.stripes, self.centre.stripe_locks
         pending = list(self._order)
+        helpers = self._pool.helpers_for(len(pending)) if self.rule.concurrent_stripes else 0
+        if not helpers:
+            self._take_stripes(pending, update, contextlib.nullcontext(), [])
+            return
+        claim, errors = threading.Lock(), []
+        self._pool.run(lambda: self._take_stripes(pending, update, claim, errors), helpers)
+        if errors:
+            raise errors[0]
+
+    def _take_stripes(self, pending, update, claim, errors):
+        """One thread's part of `_each_stripe`: stripes from `pending` (shared, under
+        `claim`) until none is left or a thread failed; its error is appended to `errors`
+        (raised at once when `errors` is not shared)."""
+        stripes, locks = self.centre.stripes, self.centre.stripe_locks
         busy = _AllBusy(self.timeout_s)
-        while pending:
-            k = _take_free(pending, locks)
-            if k is None:
-                busy.wait(locks, pending)
-                continue
-            got = time.perf_counter()
-            self.stats.lock_wait_s += busy.took(got)
+        while True:
+            with claim:
+                if not pending or errors:
+                    return
+                k = _take_free(pending, locks)
+                waiting_for = pending[:1]
             try:
-                for index, start, stop in stripes[k]:
-                    update(index, start, stop)
-            finally:
-                locks[k].release()
-                self._count_hold(got, got)
+                if k is None:
+                    busy.wait(locks, waiting_for)
+                    continue
+                got = time.perf_counter()
+                waited = busy.took(got)
+                try:
+                    for index, start, stop in stripes[k]:
+                        update(index, start, stop)
+                finally:
+                    locks[k].release()
+                    with claim:
+                        self.stats.lock_wait_s += waited
+                        self._count_hold(got, got)
+            except BaseException as exc:
+                if isinstance(claim, contextlib.nullcontext):
+                    raise
+                with claim:
+                    errors.append(exc)
+                return
 
     # -- asynchronous --
 
-    def start(self, snapshot: bool = True) -> SyncHandle:
+    def start(self, snapshot: bool = True, choice: Optional[OverlapChoice] = None,
+              began: Optional[float] = None) -> SyncHandle:
         """Start a sync in the background thread; returns a SyncHandle.
 
         snapshot=True: copy the parameters and push the copy (`wait` pulls the result
@@ -323,7 +479,35 @@ class Exchange:
         parameters and the centre in place, stripe by stripe, with the rule's
         `update_range`, as `sync` does (the caller must not write the parameters
         until `wait`); parameters that are not all C-contiguous take a snapshot anyway.
+        `choice` (with `began`, the caller's perf_counter() when it started) is told what
+        the sync cost the calling thread once it is finished.
         """
+        self.check_async()
+        live = not snapshot and self._contiguous
+        if not live:
+            if self._snapshots is None:
+                self._snapshots = [np.empty(p.size, p.dtype) for p in self.local]
+            for snap, p in zip(self._snapshots, self.local):
+                snap.reshape(p.shape)[...] = p
+        self._generation += 1
+        handle = SyncHandle(self, snapshot=not live, generation=self._generation, choice=choice)
+        self._live = live
+        self._pending = list(self._order)
+        self._pushed = []
+        self._failed = False
+        # before_pull done (by `take_over`); never again while a live sync updates the host
+        # arrays: copying the device's parameters over them would undo the stripes done.
+        self._host_ready = live
+        self._taken_over = False
+        self._inflight = handle
+        handle.start()
+        if began is not None:
+            handle.add_caller_time(time.perf_counter() - began)
+        return handle
+
+    def check_async(self) -> None:
+        """Raise unless a `start` may begin now (nothing in flight, a rule with push and
+        pull, the centre's whole lock not held by this thread)."""
         if self._inflight is not None:
             raise PlatoonError("a sync started by start_sync() is already in flight; call its "
                                "wait() before starting another")
@@ -336,25 +520,6 @@ class Exchange:
         if self.centre.lock.held:
             raise PlatoonError("start_sync() called while this thread holds the centre's lock "
                                "(Worker.lock); unlock() first, or call sync_params()")
-        live = not snapshot and self._contiguous
-        if not live:
-            if self._snapshots is None:
-                self._snapshots = [np.empty(p.size, p.dtype) for p in self.local]
-            for snap, p in zip(self._snapshots, self.local):
-                snap.reshape(p.shape)[...] = p
-        self._generation += 1
-        handle = SyncHandle(self, snapshot=not live, generation=self._generation)
-        self._live = live
-        self._pending = list(self._order)
-        self._pushed = []
-        self._failed = False
-        # before_pull done (by `take_over`); never again while a live sync updates the host
-        # arrays: copying the device's parameters over them would undo the stripes done.
-        self._host_ready = live
-        self._taken_over = False
-        self._inflight = handle
-        handle.start()
-        return handle
 
     def in_background(self, task: Callable[[], None]) -> None:
         """Run `task` (which must not raise) in this exchange's sync thread."""
@@ -488,6 +653,7 @@ class Exchange:
         if self._thread is not None and self._inflight is None:
             self._thread_closer()
             self._thread = None
+        self._pool_closer()
 
 
 def share(request: Callable, adapter, rule: ParamSyncRule, res, worker_id: int = 0,
