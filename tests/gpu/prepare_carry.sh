@@ -60,7 +60,7 @@ if [ ! -f "$SO" ] || [ platoon/rules/_sync_kernels.c -nt "$SO" ]; then
     failed=1
   fi
 fi
-if [ -f "$SO" ]; then  # newest glibc symbol it needs (the GPU machine's image has 2.39)
+if [ -f "$SO" ]; then  # the newest glibc it needs (the probe stage prints the GPU machine's)
   need=$(objdump -T "$SO" 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -V | tail -1)
   echo "prepare_carry: kernels for CPython 3.12 in $SO (needs ${need:-an unknown glibc})"
 fi
