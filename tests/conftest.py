@@ -17,6 +17,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PROCS = os.path.join(HERE, "procs")
 SHM = "/dev/shm"
 
+# The launcher finds no GPU in the suite's jobs, on any machine: `-n 2` then means two CPU
+# workers, as on a machine without GPUs (with one, the launcher would place both on the
+# GPU). A test of GPU planning sets PLATOON_ASSUME_GPUS itself, or removes it to look at
+# the machine's GPUs.
+os.environ.setdefault("PLATOON_ASSUME_GPUS", "-1")
+
 
 def platoon_segments():
     try:

@@ -17,6 +17,8 @@ import pytest
 from platoon.launch import cli as launcher
 
 from platoon import load_centre
+from platoon.device import Device
+from platoon.launch.environment import THREAD_VARIABLES, XLA_MEMORY_VARIABLES, device_variables
 from platoon.launch.process import job_segments, pid_alive, signal_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -159,11 +161,109 @@ def test_devices_environment_and_thread_caps(tmp_path):
     assert code == 0, out
     assert "no envcheck_controller.py: using the default Controller" in out
     logs = tmp_path / "logs"
-    assert "DEVICE cuda3 CUDA_VISIBLE_DEVICES='3'" in (logs / "worker0.log").read_text()
-    cpu_threads = max(1, (os.cpu_count() or 1) // 1)
-    assert ("DEVICE cpu CUDA_VISIBLE_DEVICES='' OMP_NUM_THREADS=%d" % cpu_threads
+    threads = max(1, (os.cpu_count() or 1) // 2)  # the cores split among both workers
+    assert ("DEVICE cuda3 CUDA_VISIBLE_DEVICES='3' OMP_NUM_THREADS=%d "
+            "CUDA_DEVICE_ORDER=PCI_BUS_ID" % threads in (logs / "worker0.log").read_text())
+    assert ("DEVICE cpu CUDA_VISIBLE_DEVICES='' OMP_NUM_THREADS=%d" % threads
             in (logs / "worker1.log").read_text())
     assert '"minibatches": 10' in (logs / "status.json").read_text()
+
+
+def test_an_explicit_n_places_workers_in_turn_on_the_visible_gpus(tmp_path, monkeypatch):
+    for var in XLA_MEMORY_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"), "-n", "3"),
+                             tmp_path, env={"PLATOON_ASSUME_GPUS": "0"})  # pretend: one GPU
+    assert code == 0, out
+    assert ("planned 3 worker(s), -n 3 on 1 visible GPU(s): worker0 on cuda0, worker1 on "
+            "cuda0, worker2 on cuda0" in out), out
+    threads = max(1, (os.cpu_count() or 1) // 3)
+    for i in range(3):
+        assert ("DEVICE cuda0 CUDA_VISIBLE_DEVICES='0' OMP_NUM_THREADS=%d "
+                "CUDA_DEVICE_ORDER=PCI_BUS_ID XLA_PYTHON_CLIENT_MEM_FRACTION=0.25" % threads
+                in (tmp_path / "logs" / ("worker%d.log" % i)).read_text())
+
+
+def plan(argv, said=None):
+    return launcher.plan_devices(launcher.parse_args(["train.py"] + argv),
+                                 (said if said is not None else []).append)
+
+
+def test_the_suite_plans_as_on_a_machine_without_gpus():
+    assert launcher.find_gpus() == ([], ["PLATOON_ASSUME_GPUS='-1'"])  # conftest's setting
+    said = []
+    assert plan(["-n", "2"], said) == ["cpu", "cpu"]
+    assert said == ["no CUDA GPU visible: starting 2 CPU worker(s) (-n to change, -D to "
+                    "choose devices)"]
+
+
+def test_device_plans_with_gpus(monkeypatch):
+    monkeypatch.setenv("PLATOON_ASSUME_GPUS", "0,1")
+    said = []
+    assert plan([], said) == ["cuda0", "cuda1"]  # without -n: one worker per GPU
+    assert said == ["planned 2 worker(s), one per visible GPU; -n N to start N: worker0 on "
+                    "cuda0, worker1 on cuda1"]
+    assert plan(["-n", "3"]) == ["cuda0", "cuda1", "cuda0"]
+    assert plan(["-n", "1"]) == ["cuda0"]
+    assert plan(["-D", "cuda1", "cuda1", "-n", "2"]) == ["cuda1", "cuda1"]
+    with pytest.raises(launcher.UsageError, match=r"-n 3 and -D cuda1 cpu disagree"):
+        plan(["-D", "cuda1", "cpu", "-n", "3"])
+    monkeypatch.setenv("PLATOON_ASSUME_GPUS", "1,-1,0")  # as CUDA reads it: GPU 1 only
+    assert plan([]) == ["cuda1"]
+
+
+@pytest.fixture
+def nvidia_smi(tmp_path, monkeypatch):
+    """A stand-in nvidia-smi on PATH listing two GPUs with their UUIDs (the launcher's
+    search, without a GPU); PLATOON_ASSUME_GPUS removed so that the launcher uses it."""
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho '0, GPU-0a1b2c3d-0000-0000-0000-000000000000'\n"
+                   "echo '1, GPU-9f8e7d6c-0000-0000-0000-000000000000'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (smi.parent, os.environ["PATH"]))
+    monkeypatch.delenv("PLATOON_ASSUME_GPUS")
+
+
+def test_cuda_visible_devices_by_uuid_index_or_mig(nvidia_smi, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-9f8e7d6c")  # a UUID prefix, as CUDA takes
+    assert launcher.find_gpus()[0] == ["1"]
+    assert plan(["-D", "cuda1"]) == ["cuda1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0,7,0")  # 7 is no GPU: CUDA stops there
+    assert launcher.find_gpus()[0] == ["1", "0"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "NoDevFiles")  # what some schedulers set
+    assert plan(["-n", "2"]) == ["cpu", "cpu"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-77")
+    with pytest.raises(launcher.UsageError, match=r"names GPU GPU-77, which is not among the "
+                       r"GPUs nvidia-smi lists here"):
+        plan([])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-4b1c2a3e-0000-0000-0000-000000000000")
+    with pytest.raises(launcher.UsageError, match=r"names a MIG instance .*whole GPUs"):
+        plan(["-n", "2"])
+    assert plan(["-D", "cpu", "cpu"]) == ["cpu", "cpu"]  # no GPU wanted: not looked at
+
+
+def test_the_environment_of_each_worker():
+    devices = ["cuda0", "cuda0", "cuda1", "cpu"]
+    env = device_variables("cuda0", devices, 16, {})
+    assert env == dict({var: "4" for var in THREAD_VARIABLES}, CUDA_VISIBLE_DEVICES="0",
+                       CUDA_DEVICE_ORDER="PCI_BUS_ID", XLA_PYTHON_CLIENT_MEM_FRACTION="0.375")
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in device_variables("cuda1", devices, 16, {})
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in device_variables(
+        "cuda0", devices, 16, {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})  # the user decided
+    cpu = device_variables("cpu", devices, 2, {})
+    assert (cpu["CUDA_VISIBLE_DEVICES"], cpu["OMP_NUM_THREADS"]) == ("", "1")
+
+
+def test_a_worker_names_its_gpu_as_cuda_does(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    assert Device("cuda1").local == "cuda:1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,-1,1")  # CUDA ignores -1 and what follows
+    with pytest.raises(ValueError, match="hidden from this process"):
+        Device("cuda1").local
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-0a1b2c3d")
+    with pytest.raises(ValueError, match=r"names GPUs by UUID \(GPU-0a1b2c3d\).*nvidia-smi -L"):
+        Device("cuda0").local
 
 
 def test_a_crashing_worker_stops_the_job(tmp_path):

@@ -80,9 +80,9 @@ def main():
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
-    device = torch.device("cuda:%s" % os.environ["LOCAL_RANK"] if torch.cuda.is_available()
-                          else "cpu")
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    gpus = torch.cuda.device_count()  # ranks may share a GPU: NCCL refuses that, gloo does not
+    device = torch.device("cuda:%d" % (int(os.environ["LOCAL_RANK"]) % gpus) if gpus else "cpu")
+    dist.init_process_group("nccl" if 0 < int(os.environ["LOCAL_WORLD_SIZE"]) <= gpus else "gloo")
     files = TRAIN_FILES[dist.get_rank()::dist.get_world_size()]
     train = batchify(read_bytes(files), args.batch_size).to(device)
     steps = torch.tensor(train.size(0), device=device)

@@ -13,8 +13,9 @@ import shutil
 import signal
 import subprocess
 import sys
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..device import visible_devices
 from .environment import JobEnvironment
 from .supervision import (  # noqa: F401
     EXIT_FAILED,
@@ -35,8 +36,9 @@ any script: SCRIPT.py runs as each worker, with the words after -- as its argume
 the default controller (which serves until the workers are done) or --controller's:
   platoon-launcher -n 2 train.py -- --lr 20 --epochs 3
 
-devices: without -D, every visible CUDA GPU gets a worker; with none, -n CPU workers run.
-Each worker sees only its GPU (CUDA_VISIBLE_DEVICES) and learns its name from Worker.device.
+devices: without -D, every visible CUDA GPU gets a worker (with -n N, N workers take the
+visible GPUs in turn, several may share one); with none, -n CPU workers run. Each worker
+sees only its GPU (CUDA_VISIBLE_DEVICES) and learns its name from Worker.device.
 
 script arguments: after --, each worker's; -c and -w take one string, which may start
 with a dash:
@@ -130,9 +132,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "Controller, serving until the workers are done)")
     parser.add_argument("-D", "--devices", nargs="+", metavar="DEV",
                         help="devices, one worker each: cuda0 cuda1 ... or cpu")
-    parser.add_argument("-n", "--workers", type=int, default=2, metavar="N",
-                        help="CPU workers when no GPU is used (default 2); with --hosts, "
-                        "workers per host")
+    parser.add_argument("-n", "--workers", type=int, metavar="N",
+                        help="workers: on CPUs when no GPU is visible (default 2), else "
+                        "placed in turn on the visible GPUs (default one per GPU); with "
+                        "--hosts, workers per host")
     parser.add_argument("-c", "--controller-args", default="", metavar="ARGS",
                         help="arguments for the controller script, as one string: "
                         '-c "--no-baseline"')
@@ -198,6 +201,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     for dest, default in DEFAULTS.items():
         if getattr(args, dest) is None:
             setattr(args, dest, default)
+    args.workers_given = args.workers is not None  # an explicit -n is honoured on GPUs too
+    if args.workers is None:
+        args.workers = 2
     if args.workers < 1:
         parser.error("-n must be at least 1")
     if args.status_every_s <= 0:
@@ -232,49 +238,89 @@ def find_scripts(experiment, controller=None):
     return worker, controller if os.path.isfile(controller) else None
 
 
-def _indices(listed: str) -> List[str]:
-    return [d.strip() for d in listed.split(",") if d.strip() and d.strip() != "-1"]
+def _indices(listed: str, name: str, uuids: Optional[Dict[str, str]] = None) -> List[str]:
+    """The GPU indices a CUDA_VISIBLE_DEVICES-style list (variable `name`) names, as CUDA reads
+    it: up to the first entry that names no GPU ("-1" names none); GPU UUIDs become their index
+    through `uuids` (UUID -> index, from nvidia-smi; CUDA takes a unique prefix). Raises
+    UsageError for a MIG instance (cudaN names a whole GPU) and for a UUID nvidia-smi does not
+    list."""
+    indices = []
+    for entry in visible_devices(listed):
+        if entry.startswith("MIG-"):
+            raise UsageError(
+                "%s=%r names a MIG instance (%s); the launcher places workers on whole GPUs "
+                "(cudaN), which cannot name one. List whole GPUs there (indices or GPU-... "
+                "UUIDs, see nvidia-smi -L), or use -D cpu, or run the worker script on the "
+                "instance yourself" % (name, listed, entry))
+        if entry.isdigit():
+            indices.append(str(int(entry)))
+            continue
+        matches = sorted({index for uuid, index in (uuids or {}).items()
+                          if uuid.startswith(entry)})
+        if len(matches) != 1:
+            raise UsageError(
+                "%s=%r names GPU %s, which %s; nvidia-smi -L lists the GPUs with their UUIDs "
+                "(or list indices: 0,1)" % (
+                    name, listed, entry, "several GPUs' UUIDs start with" if matches else
+                    "is not among the GPUs nvidia-smi lists here" if uuids else
+                    "cannot be matched to an index without nvidia-smi"))
+        indices.append(matches[0])
+    return indices
 
 
-def _machine_gpus() -> Tuple[List[str], List[str]]:
-    """(indices of the machine's NVIDIA GPUs, what was looked at): nvidia-smi's list, else
-    the /dev/nvidiaN device files."""
+def _machine_gpus() -> Tuple[List[str], List[str], Dict[str, str]]:
+    """(indices of the machine's NVIDIA GPUs, what was looked at, their UUIDs -> indices):
+    nvidia-smi's list, else the /dev/nvidiaN device files (no UUIDs then)."""
     seen = []
     smi = shutil.which("nvidia-smi")
     if smi is None:
         seen.append("nvidia-smi (not on PATH)")
     else:
         try:
-            out = subprocess.run([smi, "--query-gpu=index", "--format=csv,noheader"],
+            out = subprocess.run([smi, "--query-gpu=index,uuid", "--format=csv,noheader"],
                                  capture_output=True, text=True, timeout=20)
         except (OSError, subprocess.TimeoutExpired) as exc:
             seen.append("nvidia-smi (failed: %s)" % exc)
         else:
-            found = [line.strip() for line in out.stdout.splitlines() if line.strip().isdigit()]
+            rows = [[word.strip() for word in line.split(",")]
+                    for line in out.stdout.splitlines()]
+            uuids = {row[1]: row[0] for row in rows if len(row) == 2 and row[0].isdigit()}
+            found = [row[0] for row in rows if row and row[0].isdigit()]
             if found:
-                return found, ["nvidia-smi (GPUs %s)" % ", ".join(found)]
+                return found, ["nvidia-smi (GPUs %s)" % ", ".join(found)], uuids
             seen.append("nvidia-smi (no GPU listed, exit code %d)" % out.returncode)
     found = sorted((name[len("nvidia"):] for name in os.listdir("/dev")
                     if re.fullmatch(r"nvidia\d+", name)), key=int) if os.path.isdir("/dev") else []
     seen.append("/dev/nvidiaN (%s)" % (", ".join("nvidia" + i for i in found) or "none"))
-    return found, seen
+    return found, seen, {}
 
 
 def find_gpus() -> Tuple[List[str], List[str]]:
     """(indices of the CUDA GPUs this process may use, what was looked at to find them).
 
     The machine's GPUs (nvidia-smi, else /dev/nvidiaN), narrowed to those CUDA_VISIBLE_DEVICES
-    lists if it is set; PLATOON_ASSUME_GPUS (indices, "0,3") replaces the search (tests, or
-    GPUs the launcher cannot see).
+    lists if it is set (indices or GPU UUIDs, read as CUDA reads them); PLATOON_ASSUME_GPUS
+    (indices, "0,3"; "-1" for none) replaces the search (tests, or GPUs the launcher cannot
+    see). Raises UsageError for a CUDA_VISIBLE_DEVICES naming MIG instances or unknown UUIDs.
     """
     assumed = JobEnvironment.read("assume_gpus").assume_gpus
     if assumed is not None:
-        return _indices(assumed), ["PLATOON_ASSUME_GPUS=%r" % assumed]
-    found, seen = _machine_gpus()
+        return (_indices(assumed, "PLATOON_ASSUME_GPUS"),
+                ["PLATOON_ASSUME_GPUS=%r" % assumed])
+    found, seen, uuids = _machine_gpus()
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is None:
         return found, seen + ["CUDA_VISIBLE_DEVICES (unset)"]
-    return (_indices(listed) if found else []), seen + ["CUDA_VISIBLE_DEVICES=%r" % listed]
+    seen = seen + ["CUDA_VISIBLE_DEVICES=%r" % listed]
+    if not found:
+        return [], seen
+    shown = []
+    for index in _indices(listed, "CUDA_VISIBLE_DEVICES", uuids):
+        if index not in found:  # CUDA ignores this entry and those after it
+            break
+        if index not in shown:
+            shown.append(index)
+    return shown, seen
 
 
 def visible_gpus() -> List[str]:
@@ -283,12 +329,20 @@ def visible_gpus() -> List[str]:
 
 
 def plan_devices(args, say) -> List[str]:
-    """The device of each worker: 'cudaK' or 'cpu'. Raises UsageError for a device that is
-    not "cpu" or "cudaK", or a GPU this machine does not have (or hides)."""
+    """The device of each worker: 'cudaK' or 'cpu'. Without -D: one worker per visible GPU,
+    or with an explicit -n, N workers taking the visible GPUs in turn (several may share one);
+    -n CPU workers when no GPU is visible. Says what it planned. Raises UsageError for a device
+    that is not "cpu" or "cudaK", a GPU this machine does not have (or hides), or an -n that
+    disagrees with -D."""
     if args.devices:
         for dev in args.devices:
             if dev != "cpu" and not re.fullmatch(r"cuda\d+", dev):
                 raise UsageError("unknown device %r; use cuda0, cuda1, ... or cpu" % dev)
+        if getattr(args, "workers_given", False) and args.workers != len(args.devices):
+            raise UsageError(
+                "-n %d and -D %s disagree: -D starts one worker per device it names; leave "
+                "out -n, or name a GPU once per worker (-D cuda0 cuda0)"
+                % (args.workers, " ".join(args.devices)))
         wanted = [dev for dev in args.devices if dev != "cpu"]
         if wanted:
             gpus, seen = find_gpus()
@@ -301,11 +355,19 @@ def plan_devices(args, say) -> List[str]:
                         ", ".join(seen)))
         return list(args.devices)
     gpus = visible_gpus()
-    if gpus:
-        return ["cuda%s" % g for g in gpus]
-    say("no CUDA GPU visible: starting %d CPU worker(s) (-n to change, -D to choose devices)"
-        % args.workers)
-    return ["cpu"] * args.workers
+    if not gpus:
+        say("no CUDA GPU visible: starting %d CPU worker(s) (-n to change, -D to choose "
+            "devices)" % args.workers)
+        return ["cpu"] * args.workers
+    if getattr(args, "workers_given", False):
+        devices = ["cuda%s" % gpus[i % len(gpus)] for i in range(args.workers)]
+        how = "-n %d on %d visible GPU(s)" % (args.workers, len(gpus))
+    else:
+        devices = ["cuda%s" % g for g in gpus]
+        how = "one per visible GPU; -n N to start N"
+    say("planned %d worker(s), %s: %s" % (len(devices), how, ", ".join(
+        "worker%d on %s" % (i, dev) for i, dev in enumerate(devices))))
+    return devices
 
 
 def run(launch: Launch) -> int:

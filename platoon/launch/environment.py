@@ -79,3 +79,38 @@ def without_job_variables(env, *names):
 def _variable(field_name):
     """The environment variable of a setting: PLATOON_ and its name in capitals."""
     return "PLATOON_" + field_name.upper()
+
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+# What JAX preallocates on a GPU when nothing says otherwise (XLA's default), and the variables
+# with which a user decides it: the launcher leaves the decision to them when one is set.
+XLA_MEMORY_FRACTION = 0.75
+XLA_MEMORY_VARIABLES = ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE",
+                        "XLA_PYTHON_CLIENT_ALLOCATOR")
+
+
+def device_variables(device, devices, cpus, environ):
+    """The environment variables of a worker on `device` (one of the job's `devices`: "cpu" or
+    "cudaK") on a machine with `cpus` cores, `environ` being the launcher's environment.
+
+    - ``CUDA_VISIBLE_DEVICES``: its GPU only ("" for a CPU worker), and
+      ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so that K is the index nvidia-smi shows (CUDA
+      otherwise numbers the fastest GPU first);
+    - BLAS/OpenMP threads: the cores split evenly among all the workers (GPU workers too:
+      their data work runs on the CPU, and k workers x all cores oversubscribe it);
+    - ``XLA_PYTHON_CLIENT_MEM_FRACTION``: when k workers share a GPU, 0.75/k each (JAX
+      preallocates 0.75 of the GPU in every process, and the second would fail), unless the
+      launcher's environment sets one of `XLA_MEMORY_VARIABLES`.
+    """
+    threads = str(max(1, cpus // max(len(devices), 1)))
+    env = {var: threads for var in THREAD_VARIABLES}
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        return env
+    env["CUDA_VISIBLE_DEVICES"] = device[len("cuda"):]
+    sharing = devices.count(device)
+    if sharing > 1 and not any(var in environ for var in XLA_MEMORY_VARIABLES):
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = "%.3g" % (XLA_MEMORY_FRACTION / sharing)
+    return env

@@ -19,7 +19,12 @@ import subprocess
 import sys
 import time
 
-from .environment import JobEnvironment, without_job_variables
+from .environment import (
+    THREAD_VARIABLES,
+    JobEnvironment,
+    device_variables,
+    without_job_variables,
+)
 from .process import (
     find_mpiexec,
     read_announcement,
@@ -32,8 +37,6 @@ from .statusfile import read_status
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
 class UsageError(Exception):
@@ -256,20 +259,16 @@ class Launch:
 
     def start_workers(self, script, devices, ready):
         self.worker_script, self.ready = script, ready
-        self.cpu_threads = str(max(1, (os.cpu_count() or 1) // max(devices.count("cpu"), 1)))
         for index, device in enumerate(devices):
             self.start_worker(index, device)
 
     def start_worker(self, index, device, attempt=0):
+        """Start (or restart) worker `index` on `device`, with its device's variables
+        (`environment.device_variables`: its GPU, thread caps, JAX's share of a GPU)."""
         env = self.child_env(control_port=self.ready["control_port"],
                              data_port=self.ready.get("data_port"), num_workers=len(self.devices),
                              device=device, worker_index=index)
-        if device == "cpu":
-            env["CUDA_VISIBLE_DEVICES"] = ""
-            for var in THREAD_VARIABLES:
-                env[var] = self.cpu_threads
-        else:
-            env["CUDA_VISIBLE_DEVICES"] = device[len("cuda"):]
+        env.update(device_variables(device, self.devices, os.cpu_count() or 1, os.environ))
         name = "worker%d" % index + (".restart%d" % attempt if attempt else "")
         self.workers.append(Process(name, self.worker_script, self.args.worker_argv,
                                     env, os.path.join(self.log_dir, name + ".log"),

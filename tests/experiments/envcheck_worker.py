@@ -7,8 +7,11 @@ import numpy as np
 from platoon import EASGD, Worker
 
 with Worker() as w:
-    print("DEVICE %s CUDA_VISIBLE_DEVICES=%r OMP_NUM_THREADS=%s"
-          % (w.device, os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("OMP_NUM_THREADS")))
+    print("DEVICE %s CUDA_VISIBLE_DEVICES=%r OMP_NUM_THREADS=%s CUDA_DEVICE_ORDER=%s "
+          "XLA_PYTHON_CLIENT_MEM_FRACTION=%s"
+          % (w.device, os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("OMP_NUM_THREADS"),
+             os.environ.get("CUDA_DEVICE_ORDER"),
+             os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")))
     w.init_shared_params([np.zeros(10)], EASGD(0.5))
     w.sync_params()
     w.report(minibatches=5, loss=0.5)
