@@ -51,3 +51,14 @@ def test_smallest_configuration_runs_end_to_end(tmp_path):
     assert len(platoon["ranks"]) == 2
     assert all(rank["syncs"] >= rank["steps"] // 4 > 0 for rank in platoon["ranks"])
     assert "| single |" in (tmp_path / "time_to_accuracy_quick.md").read_text()
+
+
+def test_the_sync_threads_benchmark_runs_and_prints_its_table():
+    """benchmarks.bench_sync_threads at its smallest (the figures are not checked: only a
+    quiet machine gives meaningful ones)."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.bench_sync_threads", "--sizes",
+                           "3e6", "--rounds", "1", "--threads", "2"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (row,) = [line for line in done.stdout.splitlines() if line.startswith("| 3e+06")]
+    assert row.count("x") >= 5 and "nan" not in row
