@@ -62,3 +62,14 @@ def test_the_sync_threads_benchmark_runs_and_prints_its_table():
     assert done.returncode == 0, done.stdout + done.stderr
     (row,) = [line for line in done.stdout.splitlines() if line.startswith("| 3e+06")]
     assert row.count("x") >= 5 and "nan" not in row
+
+
+def test_the_gpu_sync_benchmark_says_when_there_is_no_gpu():
+    """benchmarks.bench_gpu_sync (run by tests/gpu/device_run.sh bench) exits 0 saying why
+    where there is no CUDA GPU, instead of failing; on a GPU machine it measures."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run([sys.executable, "-m", "benchmarks.bench_gpu_sync", "--sizes", "1e6",
+                           "--reps", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "nothing to measure" in done.stdout
