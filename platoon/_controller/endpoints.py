@@ -1,18 +1,23 @@
 """The controller's listening sockets: where they bind (tcp host and port, or ipc paths in
-a private directory) and who may connect (CURVE keys)."""
+a private directory) and who may connect (CURVE keys; on this machine, only this user)."""
 
 import logging
 import os
+import resource
 import shutil
 import tempfile
+import threading
 import weakref
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from .. import security
 from .._resources import Resources
 from ..errors import PlatoonError, PortInUse
+from . import peers
+from .logthrottle import ThrottledLog
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
 
@@ -32,6 +37,83 @@ def bind_tcp(sock, host: str, port: Optional[int]) -> int:
         raise PlatoonError("cannot listen on tcp://%s:%s: %s" % (host, port, exc)) from None
 
 
+def raise_descriptor_limit() -> int:
+    """Raise this process's soft limit of open descriptors to its hard limit, so that
+    connections (each takes one) do not starve the job's own files; returns the limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            return hard
+        except (ValueError, OSError):  # (RLIM_INFINITY above the kernel's nr_open)
+            pass
+    return soft
+
+
+class StrangerGuard:
+    """Hangs up, as ZeroMQ accepts them, TCP connections to a listening socket whose other
+    end is a socket of another user on this machine (root's are admitted).
+
+    ZeroMQ accepts connections before any handshake and gives each a descriptor: without
+    this, another local user holding idle connections exhausts the controller's descriptors
+    (no worker can register, checkpoints fail). Such a peer could never register anyway
+    (`registry.check_peer` needs its /proc). One thread per watched socket reads its
+    ZeroMQ monitor; each check is one sock_diag lookup on a netlink socket opened here, so a
+    controller out of descriptors still drops them. Peers on other machines are not judged
+    here: CURVE keys keep them out (`security`)."""
+
+    def __init__(self, res: Resources):
+        self._res = res
+        self._diag = peers.open_diag()
+        self._admitted = {os.getuid(), 0}
+        self._stop = threading.Event()
+        self._threads: List[threading.Thread] = []
+        self._log = ThrottledLog(log)
+        self.dropped = 0
+        res.stoppers.append(self.close)
+
+    def watch(self, sock: zmq.Socket, name: str) -> None:
+        """Check each connection `sock` (bound for `name`) accepts from now on."""
+        if self._diag is None:
+            return  # no sock_diag: peers cannot be told apart (the limit is raised still)
+        address = "inproc://platoon-accepted-%s-%x" % (name, id(sock))
+        sock.monitor(address, zmq.EVENT_ACCEPTED)
+        monitor = self._res.socket(zmq.PAIR)
+        monitor.connect(address)
+        thread = threading.Thread(target=self._run, args=(monitor, name), daemon=True,
+                                  name="platoon-guard-%s" % name)
+        self._threads.append(thread)
+        thread.start()
+
+    def _run(self, monitor: zmq.Socket, name: str) -> None:
+        while not self._stop.is_set():
+            if monitor.poll(100):
+                event = recv_monitor_message(monitor)
+                if event["event"] == zmq.EVENT_ACCEPTED:
+                    self._check(event["value"], name)
+
+    def _check(self, fd: int, name: str) -> None:
+        end = peers.other_end(fd, self._diag)
+        if end is None or end[1] in self._admitted:
+            return
+        peers.hang_up(fd)
+        self.dropped += 1
+        self._log.warning("stranger", "dropped a connection to the %s socket from uid %d "
+                          "(another user on this machine): only uid %d's processes may "
+                          "join this job", name, end[1], os.getuid())
+
+    def close(self) -> None:
+        """Stop the threads and close the netlink socket. Idempotent."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(5)
+        self._threads = []
+        self._log.flush()
+        if self._diag is not None:
+            self._diag.close()
+            self._diag = None
+
+
 class Endpoints:
     """Makes server sockets in `res` on `transport` ("tcp" on `host`, or "ipc"), secured
     with the CURVE keys in `keys_file` if given. `close` removes the ipc directory."""
@@ -47,6 +129,10 @@ class Endpoints:
         self._ipc_dir: Optional[str] = None
         self._ipc_cleanup = None
         self._keys = security.load_keys(keys_file) if keys_file else None
+        self._guard: Optional[StrangerGuard] = None
+        if transport == "tcp":  # (an ipc socket's 0700 directory keeps other users out)
+            raise_descriptor_limit()
+            self._guard = StrangerGuard(res)
         if self._keys is not None:
             res.authenticator = security.start_authenticator(res.context, self._keys)
         elif not security.is_loopback(host):
@@ -63,6 +149,8 @@ class Endpoints:
             security.make_server(sock, self._keys)
         for option, value in options.items():
             sock.setsockopt(option, value)
+        if self._guard is not None:
+            self._guard.watch(sock, name)
         try:
             port, address = self._bind(sock, port, name)
         except (PlatoonError, ValueError):
