@@ -17,6 +17,7 @@ from .. import security
 from .._resources import Resources
 from ..errors import PlatoonError, PortInUse
 from . import peers
+from .config import check_port
 from .logthrottle import ThrottledLog
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
@@ -142,8 +143,9 @@ class Endpoints:
     def listen(self, port: Optional[int], name: str,
                options: dict) -> Tuple[zmq.Socket, Optional[int], str]:
         """A ROUTER with socket `options` ({zmq option: value}), bound for `name` ("control",
-        "data"): (socket, port or None, endpoint). Raises PortInUse or PlatoonError if it
-        cannot bind."""
+        "data"): (socket, port or None, endpoint). Raises ValueError for a port out of
+        range, PortInUse or PlatoonError if it cannot bind."""
+        port = check_port(port, name)
         sock = self._res.socket(zmq.ROUTER)
         if self._keys is not None:
             security.make_server(sock, self._keys)
