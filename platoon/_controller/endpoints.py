@@ -59,60 +59,56 @@ class StrangerGuard:
     this, another local user holding idle connections exhausts the controller's descriptors
     (no worker can register, checkpoints fail). Such a peer could never register anyway
     (`registry.check_peer` needs its /proc). One thread per watched socket reads its
-    ZeroMQ monitor; each check is one sock_diag lookup on a netlink socket opened here, so a
-    controller out of descriptors still drops them. Peers on other machines are not judged
-    here: CURVE keys keep them out (`security`)."""
+    ZeroMQ monitor; each check is one sock_diag lookup on a netlink socket the thread opened
+    beforehand, so a controller out of descriptors still drops them. Peers on other machines
+    are not judged here: CURVE keys keep them out (`security`)."""
 
     def __init__(self, res: Resources):
         self._res = res
-        self._diag = peers.open_diag()
         self._admitted = {os.getuid(), 0}
         self._stop = threading.Event()
         self._threads: List[threading.Thread] = []
         self._log = ThrottledLog(log)
-        self.dropped = 0
         res.stoppers.append(self.close)
 
     def watch(self, sock: zmq.Socket, name: str) -> None:
         """Check each connection `sock` (bound for `name`) accepts from now on."""
-        if self._diag is None:
+        diag = peers.open_diag()  # (this thread's own: one netlink socket, one question at once)
+        if diag is None:
             return  # no sock_diag: peers cannot be told apart (the limit is raised still)
         address = "inproc://platoon-accepted-%s-%x" % (name, id(sock))
         sock.monitor(address, zmq.EVENT_ACCEPTED)
         monitor = self._res.socket(zmq.PAIR)
         monitor.connect(address)
-        thread = threading.Thread(target=self._run, args=(monitor, name), daemon=True,
+        thread = threading.Thread(target=self._run, args=(monitor, diag, name), daemon=True,
                                   name="platoon-guard-%s" % name)
         self._threads.append(thread)
         thread.start()
 
-    def _run(self, monitor: zmq.Socket, name: str) -> None:
-        while not self._stop.is_set():
-            if monitor.poll(100):
-                event = recv_monitor_message(monitor)
-                if event["event"] == zmq.EVENT_ACCEPTED:
-                    self._check(event["value"], name)
+    def _run(self, monitor: zmq.Socket, diag, name: str) -> None:
+        with diag:
+            while not self._stop.is_set():
+                if monitor.poll(100):
+                    event = recv_monitor_message(monitor)
+                    if event["event"] == zmq.EVENT_ACCEPTED:
+                        self._check(event["value"], diag, name)
 
-    def _check(self, fd: int, name: str) -> None:
-        end = peers.other_end(fd, self._diag)
+    def _check(self, fd: int, diag, name: str) -> None:
+        end = peers.other_end(fd, diag)
         if end is None or end[1] in self._admitted:
             return
         peers.hang_up(fd)
-        self.dropped += 1
         self._log.warning("stranger", "dropped a connection to the %s socket from uid %d "
                           "(another user on this machine): only uid %d's processes may "
                           "join this job", name, end[1], os.getuid())
 
     def close(self) -> None:
-        """Stop the threads and close the netlink socket. Idempotent."""
+        """Stop the threads (each closes its netlink socket). Idempotent."""
         self._stop.set()
         for thread in self._threads:
             thread.join(5)
         self._threads = []
         self._log.flush()
-        if self._diag is not None:
-            self._diag.close()
-            self._diag = None
 
 
 class Endpoints:
