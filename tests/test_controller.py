@@ -297,3 +297,21 @@ def test_a_node_link_passed_in_joins_registration_barrier_and_the_end(serve):
         w.barrier()
     serving.join()
     assert link.calls == ["start", "barrier", "finish"]
+
+
+@pytest.mark.parametrize("ports, named", [
+    ({"control_port": 70001}, "control_port"), ({"control_port": -1}, "control_port"),
+    ({"control_port": 0, "data_port": 65536}, "data_port"),
+    ({"control_port": True}, "control_port"), ({"control_port": "5000"}, "control_port")])
+def test_a_port_out_of_range_is_refused_naming_it(ports, named):
+    """ZeroMQ took 70001 as 4465 and -1 as 65535: the controller listened on a port it did
+    not report."""
+    value = ports[named]
+    with pytest.raises(ValueError, match=r"%s must be a tcp port, 1 to 65535, or 0 \(or None\) "
+                       r"for a free one; got %s" % (named, re.escape(repr(value)))):
+        Controller(**ports)
+    with Controller(control_port=0, data_port=None) as ctl:
+        assert 0 < ctl.control_port <= 65535 and ctl.data_port is None
+        with pytest.raises(ValueError, match="data_port must be a tcp port"):
+            ctl.init_data(-1)
+        assert 0 < ctl.init_data(0) <= 65535

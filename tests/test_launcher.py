@@ -788,3 +788,34 @@ def test_a_planted_link_in_the_log_dir_is_never_followed(tmp_path):
     assert victim.read_text() == "precious"
     assert_job_gone(job_id_of(out))
 
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--control-port", "70001"], "argument --control-port: '70001' is not a tcp port: give 1 "
+     "to 65535, or 0 for a free one"),
+    (["--data-port", "-1"], "argument --data-port: '-1' is not a tcp port"),
+    (["--control-port", "http"], "argument --control-port: 'http' is not a tcp port"),
+    (["--ready-timeout-s", "nan"], "argument --ready-timeout-s: 'nan' is not a duration: give "
+     "a number of seconds, 0 or more"),
+    (["--finish-timeout-s", "inf"], "argument --finish-timeout-s: 'inf' is not a duration"),
+    (["--stop-timeout", "-1"], "argument --stop-timeout: '-1' is not a duration"),
+    (["--status-every-s", "0"], "--status-every-s must be more than 0"),
+    (["--checkpoint-every-s", "0"], "--checkpoint-every-s must be more than 0"),
+    (["--hosts", "h1", "--tie-every-syncs", "0"], "--tie-every-syncs must be at least 1"),
+    (["-c", "--a 'b"], "-c/--controller-args \"--a 'b\": No closing quotation; quote it as a "
+     "shell would"),
+    (["-w", '"x'], "-w/--worker-args '\"x': No closing quotation")])
+def test_bad_values_are_usage_errors(argv, error, capsys):
+    """Each ended in a traceback (exit 1), or was taken: --control-port 70001 ran a job on
+    port 4465."""
+    with pytest.raises(SystemExit) as exc:
+        launcher.parse_args(["x"] + argv)
+    assert exc.value.code == 2
+    assert error in capsys.readouterr().err
+
+
+def test_a_port_out_of_range_ends_the_launcher_with_a_usage_error(tmp_path):
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"),
+                                          "--control-port", "70001"), tmp_path)
+    assert code == 2 and "'70001' is not a tcp port" in out, out
+    assert not (tmp_path / "logs").exists()

@@ -3,6 +3,7 @@ and /proc/net (the fallback) find the same connections, and the other end of one
 found by its addresses, on real TCP sockets."""
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -96,3 +97,32 @@ def test_the_other_end_of_one_connection_is_found_by_its_addresses(connected):
         assert peers.other_end_inode(not_a_socket.fileno()) is None
     assert peers.other_end_inode(-1) is None
     assert not peers.holds_other_end(os.getpid(), -1)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="a connection from another user needs root")
+def test_the_owner_of_the_other_end_is_told_and_its_connection_can_be_hung_up():
+    """What the controller drops connections of other local users by: the uid of the other
+    end, found without opening a descriptor, and a shutdown of our end."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        stranger = subprocess.Popen(
+            [sys.executable, "-c", "import os, socket; os.setgid(65534); os.setuid(65534); "
+             "s = socket.socket(); s.connect(('127.0.0.1', %d)); print(len(s.recv(1)), "
+             "flush=True)" % port], stdout=subprocess.PIPE, text=True)
+        try:
+            server.settimeout(10)
+            theirs, _ = server.accept()
+            with theirs, socket.create_connection(("127.0.0.1", port)), \
+                    server.accept()[0] as ours:
+                diag = peers.open_diag()
+                if diag is None:
+                    pytest.skip("no sock_diag netlink here (not Linux, or filtered)")
+                with diag:
+                    assert peers.other_end(theirs.fileno(), diag)[1] == 65534
+                    assert peers.other_end(ours.fileno(), diag)[1] == os.getuid()
+                peers.hang_up(theirs.fileno())
+                assert stranger.communicate(timeout=10)[0] == "0\n"  # it read the end
+                assert theirs.fileno() >= 0  # hung up, still ours to close
+        finally:
+            stranger.kill()
+            stranger.wait(10)

@@ -1,6 +1,8 @@
-"""CURVE authentication: only holders of the job's keys get in; keys stay private."""
+"""Who may reach a controller: only holders of the job's keys (CURVE), keys that stay private,
+and no other user of this machine, whose connections are dropped."""
 
 import os
+import resource
 import stat
 import subprocess
 import sys
@@ -91,3 +93,42 @@ def test_keys_of_another_user_or_behind_a_link_are_refused(keys, tmp_path):
     with pytest.raises(PlatoonError, match=r"keys file %s belongs to uid 65534, not to you"
                        % keys):
         load_keys(keys)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="opening connections as another user needs root")
+@pytest.mark.parametrize("flooded", ["control", "data"])
+def test_a_flood_of_idle_connections_from_another_user_ends_nothing(procs, tmp_path, flooded):
+    """Another local user opening more idle connections than the controller may hold
+    descriptors (here 128) starves neither registration, syncs nor checkpoints: its
+    connections are dropped as they are accepted."""
+    checkpoint = tmp_path / "centre.npz"
+    ctl = procs("flood_controller.py", 128, checkpoint)
+    control_port, data_port = map(int, ctl.wait_for_line("PORT").split()[1:])
+    flood = procs("flood_connect.py", control_port if flooded == "control" else data_port,
+                  300, 60, "hold")
+    flood.wait_for_line("FLOODING", timeout=30)
+    worker = procs("sync_worker.py", control_port, 1, 3, "ordered", "easgd",
+                   str(tmp_path / "params%d.npz"))
+    worker.wait_for_line("DONE 0", timeout=40)
+    assert worker.wait(30) == 0, worker.output
+    ctl.wait_for_line("SERVED", timeout=30)
+    assert ctl.wait(30) == 0, ctl.output
+    assert "Too many open files" not in ctl.output
+    assert "from uid 65534 (another user on this machine)" in ctl.output
+    with np.load(checkpoint) as saved:
+        assert {"param_0", "param_1"} <= set(saved.files)  # sync_worker's two arrays
+
+
+def test_a_controller_may_open_as_many_descriptors_as_its_hard_limit_allows():
+    """Connections each take a descriptor: a tcp controller raises its soft limit to the
+    hard one, so that the job's files keep room beside them."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 256:
+        pytest.skip("a hard limit of %d descriptors leaves nothing to raise" % hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
+    try:
+        with Controller(control_port=0):
+            raised = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert raised == hard

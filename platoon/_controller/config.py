@@ -10,6 +10,17 @@ from .. import protocol
 from ..launch.environment import JobEnvironment
 
 
+def check_port(port, name: str) -> int:
+    """`port` for the socket `name` ("control", "data"), checked: 0 or None (a free one, as
+    0) or 1-65535. Raises ValueError naming the bad value (ZeroMQ would take 70001 as 4465)."""
+    if port is None:
+        return 0
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+        raise ValueError("%s_port must be a tcp port, 1 to 65535, or 0 (or None) for a free "
+                         "one; got %r" % (name, port))
+    return port
+
+
 def default_max_shared_bytes() -> int:
     """Half of the smaller of physical memory and /dev/shm: what one job may hold."""
     sizes = []

@@ -37,7 +37,7 @@ _TCP_ESTABLISHED = 1
 _ANY_SOCKET = bytes(48)  # an inet_diag_sockid that matches every socket (in a dump)
 _NO_COOKIE = b"\xff" * 8  # INET_DIAG_NOCOOKIE: do not check the socket's cookie
 # in a reply: nlmsghdr, then inet_diag_msg fields
-_STATE_AT, _DPORT_AT, _INODE_AT = 16 + 1, 16 + 6, 16 + 68
+_STATE_AT, _DPORT_AT, _UID_AT, _INODE_AT = 16 + 1, 16 + 6, 16 + 64, 16 + 68
 
 
 def _diag_socket():
@@ -83,10 +83,21 @@ def _diag_inodes(port):
     return inodes
 
 
-def other_end_inode(fd):
-    """Inode of the socket at the other end of our TCP connection on descriptor `fd`, when
-    that end is in this network namespace (on this machine); None when the kernel finds no
-    such socket or cannot be asked. One sock_diag lookup by the connection's addresses."""
+def open_diag():
+    """A netlink socket to the kernel's sock_diag for `other_end`, to keep and close; None
+    where there is none (not Linux, or filtered)."""
+    try:
+        return _diag_socket()
+    except (OSError, AttributeError):
+        return None
+
+
+def other_end(fd, diag=None):
+    """(inode, uid) of the socket at the other end of our TCP connection on descriptor `fd`,
+    when that end is in this network namespace (on this machine); None when the kernel
+    finds no such socket or cannot be asked. One sock_diag lookup by the connection's
+    addresses, on `diag` (from `open_diag`) if given, else on a netlink socket of its own:
+    with `diag` it opens no descriptor, so it works when the process has none left."""
     try:
         family, local, remote = _ends(fd)
         if family not in (socket.AF_INET, socket.AF_INET6):
@@ -97,9 +108,11 @@ def other_end_inode(fd):
         # The other end's socket: its source is our remote end, its destination our local one.
         sockid = (struct.pack(">HH", remote[1], local[1]) + address(remote) + address(local)
                   + bytes(4) + _NO_COOKIE)
-        with _diag_socket() as sock:
-            sock.send(_diag_request(family, _NLM_F_REQUEST, 1, sockid))
-            data = sock.recv(65536)
+        if diag is not None:
+            data = _ask(diag, _diag_request(family, _NLM_F_REQUEST, 1, sockid))
+        else:
+            with _diag_socket() as sock:
+                data = _ask(sock, _diag_request(family, _NLM_F_REQUEST, 1, sockid))
     except (OSError, AttributeError, ValueError):  # no netlink, not a socket, closed since
         return None
     if len(data) < _INODE_AT + 4 or struct.unpack_from("=H", data, 4)[0] != _SOCK_DIAG_BY_FAMILY:
@@ -107,19 +120,43 @@ def other_end_inode(fd):
     if data[_STATE_AT] != _TCP_ESTABLISHED or struct.unpack_from(
             ">H", data, _DPORT_AT)[0] != local[1]:
         return None  # (a listening socket on that port, say: not a connection to us)
-    return str(struct.unpack_from("=I", data, _INODE_AT)[0])
+    return (str(struct.unpack_from("=I", data, _INODE_AT)[0]),
+            struct.unpack_from("=I", data, _UID_AT)[0])
+
+
+def _ask(sock, request):
+    """The kernel's answer to one sock_diag `request` (a lookup: one message)."""
+    sock.send(request)
+    return sock.recv(65536)
+
+
+def other_end_inode(fd):
+    """Inode of the socket at the other end of our TCP connection on descriptor `fd` (see
+    `other_end`); None when the kernel finds no such socket or cannot be asked."""
+    end = other_end(fd)
+    return None if end is None else end[0]
 
 
 def _ends(fd):
-    """(family, our address, the remote address) of the connected socket `fd`."""
-    dup = os.dup(fd)
+    """(family, our address, the remote address) of the connected socket `fd`, borrowed: no
+    descriptor is opened or closed."""
+    ours = socket.socket(fileno=fd)
     try:
-        ours = socket.socket(fileno=dup)
-    except BaseException:
-        os.close(dup)
-        raise
-    with ours:
         return ours.family, ours.getsockname(), ours.getpeername()
+    finally:
+        ours.detach()
+
+
+def hang_up(fd):
+    """Shut down both directions of the TCP connection on descriptor `fd`, which ZeroMQ owns:
+    ZeroMQ then sees it closed, and closes and forgets it. No descriptor is opened."""
+    ours = socket.socket(fileno=fd)
+    try:
+        ours.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # closed meanwhile, or not connected (any more)
+    finally:
+        ours.detach()
 
 
 def holds_other_end(pid, fd):

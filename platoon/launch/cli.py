@@ -6,6 +6,7 @@ job, and `main`. Running the job is `platoon.launch.supervision`'s.
 
 import argparse
 import logging
+import math
 import os
 import re
 import shlex
@@ -87,11 +88,36 @@ def _deprecated(new):
     return Deprecated
 
 
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError("%r is not a duration: give a number of seconds, 0 or "
+                                         "more" % text)
+    return value
+
+
+def _port(text: str) -> int:
+    """An argparse type: a tcp port, 1 to 65535, or 0 for a free one (the range the
+    controller checks, `platoon._controller.config.check_port`, which loads numpy)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError("%r is not a tcp port: give 1 to 65535, or 0 for a "
+                                         "free one" % text)
+    return value
+
+
 def _duration(parser, new, old, help, default=None):
     """A duration flag in seconds, `new` ending in -s, and its deprecated spelling `old`."""
     dest = new.lstrip("-").replace("-", "_")
-    parser.add_argument(new, type=float, default=default, metavar="S", dest=dest, help=help)
-    parser.add_argument(old, type=float, dest=dest, default=argparse.SUPPRESS,
+    parser.add_argument(new, type=_seconds, default=default, metavar="S", dest=dest, help=help)
+    parser.add_argument(old, type=_seconds, dest=dest, default=argparse.SUPPRESS,
                         help=argparse.SUPPRESS, action=_deprecated(new))
 
 
@@ -143,8 +169,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="arguments for each worker script, as one string: "
                         '-w "--lr 0.8"')
     parser.add_argument("--log-dir", help="default: PLATOON_LOGS/EXPERIMENT/<timestamp>/")
-    parser.add_argument("--control-port", type=int, help="default: a free port")
-    parser.add_argument("--data-port", type=int, help="default: a free port")
+    parser.add_argument("--control-port", type=_port, help="default: a free port")
+    parser.add_argument("--data-port", type=_port, help="default: a free port")
     _duration(parser, "--ready-timeout-s", "--ready-timeout", default=120.0,
               help="seconds for the controller to start serving (default 120)")
     _duration(parser, "--finish-timeout-s", "--finish-timeout", default=60.0,
@@ -168,7 +194,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--hosts", nargs="+", metavar="HOST",
                         help="one controller per host, as MPI ranks (mpiexec from "
                         "the mpi extra), each running -n workers; see README, Multi-node jobs")
-    parser.add_argument("--tie-every-s", type=float, metavar="S",
+    parser.add_argument("--tie-every-s", type=_seconds, metavar="S",
                         help="with --hosts: tie the node centres every S seconds")
     parser.add_argument("--tie-every-syncs", type=int, metavar="K",
                         help="with --hosts: tie the node centres every K syncs")
@@ -185,7 +211,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if unknown:
         parser.error("unrecognized arguments: %s (the worker script's arguments go after "
                      "--: platoon-launcher train.py -- --lr 20)" % " ".join(unknown))
-    args.worker_argv = shlex.split(args.worker_args) + script_args
+    split = {}
+    for flag, dest in (("-c/--controller-args", "controller_args"),
+                       ("-w/--worker-args", "worker_args")):
+        try:  # (the controller's arguments are split again when it starts)
+            split[dest] = shlex.split(getattr(args, dest))
+        except ValueError as exc:  # unbalanced quotes
+            parser.error("%s %r: %s; quote it as a shell would: -c \"--name 'a b'\""
+                         % (flag, getattr(args, dest), exc))
+    args.worker_argv = split["worker_args"] + script_args
     if args.controller and not is_script(args.experiment):
         parser.error("--controller goes with a SCRIPT.py (ending in .py); the EXPERIMENT form "
                      "runs %s_controller.py" % args.experiment)
@@ -206,8 +240,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         args.workers = 2
     if args.workers < 1:
         parser.error("-n must be at least 1")
-    if args.status_every_s <= 0:
-        parser.error("--status-every-s must be more than 0")
+    for dest in ("status_every_s", "checkpoint_every_s", "tie_every_s"):
+        if getattr(args, dest) == 0:
+            parser.error("--%s must be more than 0" % dest.replace("_", "-"))
+    if args.tie_every_syncs is not None and args.tie_every_syncs < 1:
+        parser.error("--tie-every-syncs must be at least 1")
     if args.restart < 0:
         parser.error("--restart must be at least 0")
     if args.resume and not os.path.exists(args.resume):
