@@ -32,9 +32,12 @@ class CentreTie:
     controllers average their centres over MPI and move each toward the mean:
     ``c += beta * (mean - c)``, with `c` and `mean` taken at the same instant
     so syncs made meanwhile are kept; beta=1 makes the centres equal. Rounds
-    go on while any node trains. Once every node's workers are done, a final
-    round sets every node's centre to the mean of the node centres, the same
-    bits on every node: what each controller then holds and checkpoints.
+    go on while any node trains. A node whose workers are done stops moving:
+    its centre enters the mean of the next round once (handed over to the
+    nodes still training), then sits the rounds out. Once every node is done,
+    a final round gives every node the mean of the centres not handed over
+    (the nodes that finished last; one such centre is copied as it is), the
+    same bits on every node: what each controller then holds and checkpoints.
     Raises ValueError for bad values.
     """
 
