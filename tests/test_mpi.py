@@ -187,6 +187,8 @@ exec ip netns exec "$ns" unshare --uts sh -c "hostname $name && exec $*"
 """
 NETNS_IPS = ("10.217.0.1", "10.217.0.2")
 NETNS_DEVICE = "plt0"  # the veth end's name in both namespaces
+TCP_ENV = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ucx", "UCX_TLS": "tcp",
+           "UCX_NET_DEVICES": NETNS_DEVICE}  # MPICH over the veth, not shared memory
 
 
 @pytest.fixture
@@ -232,9 +234,7 @@ def test_two_hosts_over_tcp_end_with_one_identical_centre(mpi_job, two_hosts, tm
     hostname, MPI forced onto TCP over the veth pair between them."""
     job = mpi_job("uneven", "--controller", os.path.join(PROCS, "centre_controller.py"),
                   "--controller-args", str(tmp_path), "--tie-every-s", "0.05",
-                  mpiexec=two_hosts, env_extra={
-                      "MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ucx",
-                      "UCX_TLS": "tcp", "UCX_NET_DEVICES": NETNS_DEVICE})
+                  mpiexec=two_hosts, env_extra=TCP_ENV)
     assert job.wait(90) == 0, job.output
     assert job.count("LEFT after") == 4 and job.count("CENTRE node") == 2, job.output
     returned, final = _node_centres(tmp_path, "centre"), _node_centres(tmp_path, "final")
@@ -243,6 +243,36 @@ def test_two_hosts_over_tcp_end_with_one_identical_centre(mpi_job, two_hosts, tm
     for a, b in zip(*returned):
         assert a.tobytes() == b.tobytes(), \
             "node centres differ by up to %g:\n%s" % (float(np.abs(a - b).max()), job.output)
+
+
+def _true_weights_distance(centre):
+    (weights,) = centre
+    return float(np.linalg.norm(weights - np.arange(weights.size) / weights.size))
+
+
+@pytest.mark.parametrize("hosts", ["one host", "two hosts"])
+def test_a_lagging_node_does_not_spoil_the_centre_of_a_finished_one(mpi_job, request, tmp_path,
+                                                                    hosts):
+    """Node 0 converges and leaves; node 1 idles through tie rounds (far from the true weights),
+    then converges too. The job's final centre must be as close to the true weights as the
+    workers got: a finished node's centre is not dragged toward the lagging one, nor a stale
+    centre averaged into the end."""
+    options = {}
+    if hosts == "two hosts":
+        options = dict(mpiexec=request.getfixturevalue("two_hosts"), env_extra=TCP_ENV)
+    job = mpi_job("-", "--controller", os.path.join(PROCS, "centre_controller.py"),
+                  "--controller-args", str(tmp_path), "--tie-every-s", "0.25",
+                  "--", WORKER, "lagging", "1.0", **options)
+    assert job.wait(90) == 0, job.output
+    workers = [float(d) for d in re.findall(r"DIST (\S+)", job.output)]
+    assert len(workers) == 4 and job.count("CENTRE node") == 2, job.output
+    returned = _node_centres(tmp_path, "centre")
+    assert returned[0][0].tobytes() == returned[1][0].tobytes(), job.output
+    centre = _true_weights_distance(returned[0])
+    print("centre %.6f workers %s" % (centre, " ".join("%.6f" % d for d in workers)))
+    assert centre <= 2 * max(workers), \
+        "the final centre is %.4g from the true weights, the workers %s:\n%s" % (
+            centre, workers, job.output)
 
 
 def test_a_stop_requested_on_one_node_reaches_every_node(mpi_job):

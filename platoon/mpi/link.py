@@ -148,12 +148,15 @@ class NodeLink:
                 self._tie_thread = TieThread(self.tie, self._tie_comm, controller, self.abort)
 
     def finish(self):
-        """This node is done: check that every node is (a node still in a collective gets an
-        error instead of a hang), then end the centre tie. The controller calls it when
-        serve() ends, before its centre goes away. Collective; idempotent."""
+        """This node is done: freeze its centre for the tie, check that every node is done (a
+        node still in a collective gets an error instead of a hang), then end the centre tie.
+        The controller calls it when serve() ends, before its centre goes away. Collective;
+        idempotent."""
         if self._finished:
             return
         self._finished = True
+        if self._tie_thread is not None:
+            self._tie_thread.node_done()  # its centre freezes while the others train on
         self._agree(("done",))
         self._drain_stops()
         if self._tie_thread is not None:

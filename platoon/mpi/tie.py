@@ -32,9 +32,12 @@ class CentreTie:
     controllers average their centres over MPI and move each toward the mean:
     ``c += beta * (mean - c)``, with `c` and `mean` taken at the same instant
     so syncs made meanwhile are kept; beta=1 makes the centres equal. Rounds
-    go on while any node trains. Once every node's workers are done, a final
-    round sets every node's centre to the mean of the node centres, the same
-    bits on every node: what each controller then holds and checkpoints.
+    go on while any node trains. A node whose workers are done stops moving:
+    its centre enters the mean of the next round once (handed over to the
+    nodes still training), then sits the rounds out. Once every node is done,
+    a final round gives every node the mean of the centres not handed over
+    (the nodes that finished last; one such centre is copied as it is), the
+    same bits on every node: what each controller then holds and checkpoints.
     Raises ValueError for bad values.
     """
 
@@ -57,45 +60,67 @@ class CentreTie:
 
 class TieThread:
     """The thread that runs `tie`'s rounds for `controller` on `comm` (a communicator of its
-    own, one rank per node); `on_failure(code)` is called if a round fails (it aborts)."""
+    own, one rank per node); `on_failure(code)` is called if a round fails (it aborts).
+
+    A node is training until `node_done` (its workers are all done). Its centre then never
+    moves again: at the next round it hands it over (the mean the training nodes move
+    toward includes it), and from then on sits the rounds out. The final round (`stop`)
+    gives every node the mean of the centres not yet handed over: those of the nodes that
+    finished last, which hold everything the others handed over.
+    """
 
     def __init__(self, tie, comm, controller, on_failure):
         self.tie, self.comm, self.ctl, self.on_failure = tie, comm, controller, on_failure
         self.MPI = import_mpi()
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.rounds = 0
-        self._stop = threading.Event()
+        self._done = threading.Event()  # this node's workers are all done
+        self._handed_over = False  # this node's final centre is in the training nodes' mean
         self._thread = threading.Thread(target=self._run, name="platoon-centre-tie",
                                         daemon=True)
         self._thread.start()
 
+    def node_done(self):
+        """This node's workers are all done: freeze its centre (it no longer moves toward
+        the others) and hand it over at the next round. Call it before waiting for the
+        other nodes."""
+        self._done.set()
+
     def stop(self):
-        """End the rounds once every node has called stop (the rounds are collective), then
-        run the final round. Call it when this node's workers are all done."""
-        self._stop.set()
+        """End the rounds once every node is done (the rounds are collective), then run the
+        final round. Call it when this node's workers are all done."""
+        self._done.set()
         self._thread.join()
         self._final_round()
 
     def _run(self):
-        MPI, ctl = self.MPI, self.ctl
         try:
             while True:
                 self._wait_for_round()
-                flags = np.array([ctl.centre_ready, self._stop.is_set()], np.int32)
-                wait(self.comm.Iallreduce(MPI.IN_PLACE, flags, MPI.MIN))
-                if flags[1]:  # every node is done
+                mine = np.array([self.ctl.centre_ready, self._done.is_set(),
+                                 self._handed_over], np.int32)
+                states = np.empty((self.size, 3), np.int32)
+                wait(self.comm.Iallgather(mine, states))
+                ready, done, handed_over = states.astype(bool).T
+                if done.all():  # every node is done: the final round follows
                     return
-                if flags[0]:
-                    self._round()
+                if not ready.all():
+                    continue
+                leaving = done & ~handed_over
+                if (~done).sum() + leaving.sum() > 1:  # alone, a node's mean is its centre
+                    self._round(training=~done, leaving=leaving)
+                    if leaving[self.rank]:
+                        self._handed_over = True
         except Exception:
             log.exception("the centre tie failed on node %d", self.rank)
             self.on_failure(1)
 
     def _wait_for_round(self):
-        """Return when this node is due for a tie round (or is done)."""
+        """Return when this node is due for a tie round (at once once it is done: the
+        training nodes set the pace)."""
         tie, start = self.tie, time.monotonic()
         syncs = self.ctl.progress["syncs"]
-        while not self._stop.is_set():
+        while not self._done.is_set():
             left = None if tie.every_s is None else start + tie.every_s - time.monotonic()
             if left is not None and left <= 0:
                 return
@@ -103,7 +128,7 @@ class TieThread:
                 if self.ctl.progress["syncs"] - syncs >= tie.every_syncs:
                     return
                 left = 0.01 if left is None else min(left, 0.01)  # syncs: a poll
-            self._stop.wait(left)
+            self._done.wait(left)
 
     def _check_layouts(self, centre):
         if self.rounds == 0:
@@ -111,19 +136,26 @@ class TieThread:
             if any(lay != centre.layout for lay in layouts):
                 raise PlatoonError("the nodes' centres differ in layout: %s" % layouts)
 
-    def _round(self):
+    def _round(self, training, leaving):
+        """Move the training nodes' centres toward the mean of the training and leaving
+        nodes' centres (boolean arrays, one entry per rank); the others contribute nothing."""
         comm, MPI = self.comm, self.MPI
         centre = self.ctl.shared_centre
         self._check_layouts(centre)
+        contributes = training[self.rank] or leaving[self.rank]
         centre.lock.acquire(LOCK_TIMEOUT_S)  # a stopped holder: LockTimeout, the tie fails
         try:
-            snaps = [a.copy() for a in centre.arrays]
+            snaps = [a.copy() if contributes else np.zeros_like(a) for a in centre.arrays]
         finally:
             centre.lock.release()
         means = [s.copy() for s in snaps]
+        count = int(training.sum() + leaving.sum())
         for m in means:
             comm.Allreduce(MPI.IN_PLACE, m.reshape(-1), MPI.SUM)  # peers are here: blocking
-            m /= self.size
+            m /= count
+        self.rounds += 1
+        if not training[self.rank] or self._done.is_set():  # done since the round began
+            return
         centre.lock.acquire(LOCK_TIMEOUT_S)
         try:
             for c, s, m in zip(centre.arrays, snaps, means):
@@ -132,40 +164,44 @@ class TieThread:
                 c += m
         finally:
             centre.lock.release()
-        self.rounds += 1
         log.debug("node %d: centre tie round %d", self.rank, self.rounds)
 
     def _final_round(self):
         """Every node is done (no worker syncs any more): make each node's centre the mean
-        of them all. Rank 0 computes it and sends its bytes, so the centres are identical
-        (an Allreduce may round differently on different ranks)."""
+        of the centres not handed over yet (the nodes that finished last). One node computes
+        it and sends its bytes, so the centres are identical (an Allreduce may round
+        differently on different ranks); a single such centre is sent as it is."""
         comm, MPI, ctl = self.comm, self.MPI, self.ctl
-        ready = np.array([ctl.centre_ready], np.int32)
-        comm.Allreduce(MPI.IN_PLACE, ready, MPI.MIN)  # every node is here: blocking
-        if not ready[0]:
+        states = np.array(comm.allgather((bool(ctl.centre_ready), self._handed_over)), bool)
+        if not states[:, 0].all():  # every node is here: blocking
             if ctl.centre_ready:
                 log.warning("node %d: no final centre tie: another node has no centre (its "
                             "workers never shared parameters)", self.rank)
             return
+        last = np.flatnonzero(~states[:, 1])  # not empty: a round hands over only to a trainer
+        root = int(last[0])
         centre = ctl.shared_centre
         self._check_layouts(centre)
         for array in centre.arrays:
             centre.lock.acquire(LOCK_TIMEOUT_S)
             try:
-                mine = array.copy()
+                mine = array.copy() if self.rank in last else np.zeros_like(array)
             finally:
                 centre.lock.release()
-            mean = np.empty_like(mine) if self.rank == 0 else mine
-            comm.Reduce(mine.reshape(-1), mean.reshape(-1) if self.rank == 0 else None,
-                        MPI.SUM, root=0)
-            if self.rank == 0:
-                mean /= self.size
-            comm.Bcast(mean.reshape(-1), root=0)
+            if len(last) > 1:
+                mean = np.empty_like(mine) if self.rank == root else mine
+                comm.Reduce(mine.reshape(-1), mean.reshape(-1) if self.rank == root else None,
+                            MPI.SUM, root=root)
+                if self.rank == root:
+                    mean /= len(last)
+            else:
+                mean = mine
+            comm.Bcast(mean.reshape(-1), root=root)
             centre.lock.acquire(LOCK_TIMEOUT_S)
             try:
                 array[...] = mean
             finally:
                 centre.lock.release()
         self.rounds += 1
-        log.info("node %d: final centre tie round %d: the node centres are equal",
-                 self.rank, self.rounds)
+        log.info("node %d: final centre tie round %d: every node holds the centre of node(s) "
+                 "%s", self.rank, self.rounds, ", ".join(str(r) for r in last))

@@ -12,6 +12,10 @@ usage: mpi_worker.py SCENARIO
        node 1's agree; then everyone all_reduces ones: prints ROUND1 and ROUND2 results
   uneven: node 0's workers sync 20 times and leave; node 1's go on moving their parameters and
        syncing for 1.5 s more, so centre tie rounds run while only node 1 trains; prints LEFT
+  lagging: linear regression toward known true weights, every worker starting from the same
+       far point; node 0's workers converge and leave (after an all_reduce that node 1's workers
+       wait in); node 1 lags: its workers idle for LAG seconds (argv[2], default 1.0) while tie
+       rounds run, then converge too; each prints DIST (its distance to the true weights)
   stop: every worker syncs until it sees the stop signal, which global worker 0 requests after
        5 syncs; prints STOPPED <reason>
 """
@@ -27,6 +31,9 @@ from platoon import EASGD, RemoteError, Worker, protocol
 CASES = [(op, dt) for dt in ["float32", "float64", "int32", "int64", "uint8", "complex128"]
          for op in ["sum", "mean", "max", "min"]
          if not (op == "mean" and dt[0] in "iu") and not (op in ("max", "min") and dt[0] == "c")]
+
+
+LINEAR_FEATURES = 20
 
 
 def contribution(k, dtype, shape=(5, 7)):
@@ -122,6 +129,23 @@ def main():
                     p += rng.normal(scale=0.1, size=p.shape).astype(p.dtype)
                 w.sync_params()
             say("LEFT after %d syncs %s" % (w.syncs, tag))
+        elif scenario == "lagging":
+            true_w = np.arange(LINEAR_FEATURES) / LINEAR_FEATURES
+            weights = np.random.default_rng(0).normal(size=LINEAR_FEATURES)  # same everywhere
+            w.init_shared_params([weights], EASGD(0.5))
+            data = np.random.default_rng(100 + w.global_rank)
+            if w.node_rank == 1:
+                w.all_reduce(np.ones(1))  # node 0's workers are done training
+                time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 1.0)  # a slow node
+            for _ in range(30):
+                for _ in range(5):
+                    x = data.normal(size=(32, LINEAR_FEATURES))
+                    y = x @ true_w + 0.01 * data.normal(size=32)
+                    weights -= 0.3 * x.T @ (x @ weights - y) / len(y)
+                w.sync_params()
+            if w.node_rank == 0:
+                w.all_reduce(np.ones(1))
+            say("DIST %.6f %s" % (float(np.linalg.norm(weights - true_w)), tag))
         elif scenario == "stop":
             params = [np.zeros(100)]
             w.init_shared_params(params, EASGD(0.5))
