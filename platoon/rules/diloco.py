@@ -45,10 +45,8 @@ from typing import Optional
 
 import numpy as np
 
-from .._centre.shmem import stripe_ranges
-from .base import BLOCK_ELEMENTS, RuleContext
+from .base import RuleContext
 from .downpour import SGD, Downpour
-from .journal import Journal, journal_layout
 
 
 def _job_workers(rule, worker, what):
@@ -93,6 +91,13 @@ class _PerPush:
     def apply_block(self, central, g, state, scratch):
         np.divide(g, self.workers, out=g)
         self.inner.apply_block(central, g, state, scratch)
+
+    def kernel_settings(self):
+        """The inner SGD's kernel settings with ``g / workers`` (see `SGD.kernel_settings`)."""
+        inner = getattr(self.inner, "kernel_settings", lambda: None)()
+        if inner is None or inner[3] != 1.0:
+            return None
+        return inner[:3] + (float(self.workers),)
 
     def __repr__(self):
         return "%r on g/%s" % (self.inner, self.workers)
@@ -204,6 +209,12 @@ class _DelayedNesterovOuter:
         m, buf, count = state
         self.step(central, g, m, buf, count, scratch)
 
+    def apply_block_to(self, central, g, state, scratch, out):
+        """`apply_block` with the new centre, m, D and t written to `out` (the inputs are
+        left as they were)."""
+        m, buf, count = state
+        self.step(central, g, m, buf, count, scratch, out)
+
     def __repr__(self):
         return "DelayedNesterovOuter(lr=%r, beta=%r, delay=%r, activation=%r)" % (
             self.lr, self.beta, self.delay, self.activation)
@@ -292,63 +303,6 @@ class DelayedNesterov(Downpour):
             self._check_activation(delay)
             self.optimizer.delay = delay
         super().attach(worker)
-        # The journal: one slot per stripe, as the exchange cuts the centre (platoon._centre.shmem).
-        stripes = stripe_ranges(self._layout)
-        self._ranges = [[(k, a, b) for k, s in enumerate(stripes) for i, a, b in s if i == index]
-                        for index in range(len(self._layout))]
-        self._slot_of = {(i, a): k for k, s in enumerate(stripes) for i, a, _ in s}
-        block = self._block = min(BLOCK_ELEMENTS,
-                                  max([b - a for s in stripes for _, a, b in s] + [1]))
-        dtype = np.result_type(*[e["dtype"] for e in self._layout]) if self._layout \
-            else np.float64
-        rows = worker.shared_state(self.state_name + "-journal",
-                                   journal_layout(len(stripes), block, [dtype] * 3 + ["<u4"]))
-        assert worker.shared_params is not None  # the centre is shared before attach
-        centre = [c.reshape(-1) for c in worker.shared_params]
-        assert self.state is not None  # attached by Downpour.attach just above
-        state = [s.reshape(-1) for s in self.state]
-        count = len(centre)
-        self._journal = Journal(rows, lambda i: [centre[i]] + state[i::count])
-
-    def _descend(self, index, start, src, central, take):
-        """Push g = last - src into central[start:...] block by block, each all or nothing
-        through the journal slot of the stripe (its lock is held); see platoon.rules.journal."""
-        slot = self._slot_of[(index, start)]
-        journal = self._journal
-        journal.recover(slot)  # a push cut by a killed worker: finish it first
-        n = src.size
-        last = self._last[index].reshape(-1)[start:start + n]
-        m, buf, count = self._state_blocks(index, start, n)
-        buffers = self.__dict__.setdefault("_buffers", {})
-        if src.dtype not in buffers:
-            buffers[src.dtype] = np.empty((5, self._block), src.dtype)
-        g_all, scratch, *private = buffers[src.dtype]
-        for a in range(0, n, self._block):
-            b = min(a + self._block, n)
-            g = g_all[:b - a]
-            np.subtract(last[a:b], src[a:b], out=g)
-            out = journal.staging(slot, b - a)
-            values = out[:3] if out[0].dtype == src.dtype else [p[:b - a] for p in private]
-            self.optimizer.step(central[a:b], g, m[a:b], buf[a:b], count[a:b], scratch,
-                                values + out[3:])
-            if values is not out[:3]:
-                for dst, value in zip(out, values):
-                    dst[...] = value  # to the journal's wider dtype: exact
-            journal.commit(slot, index, start + a, b - a)
-            if take:
-                src[a:b] = central[a:b]
-            last[a:b] = central[a:b]
-
-    def update(self, index: int, local: np.ndarray, central: np.ndarray) -> None:
-        # Whole parameters (under the whole lock): stripe range by stripe range, so each
-        # block goes through its stripe's journal slot.
-        flat = local.reshape(-1) if local.flags.c_contiguous else \
-            np.ascontiguousarray(local).reshape(-1)
-        flat_central = central.reshape(-1)
-        for _, a, b in self._ranges[index]:
-            self._descend(index, a, flat[a:b], flat_central[a:b], take=True)
-        if not local.flags.c_contiguous:
-            local[...] = flat.reshape(local.shape)
 
     def __repr__(self) -> str:
         return ("DelayedNesterov(outer_lr=%r, momentum=%r, delay=%r, activation=%r, workers=%r)"

@@ -22,12 +22,15 @@ another worker's), so Downpour(Adam) keeps one lock around the whole centre.
 ``Downpour(SGD(lr=1.0))`` is exactly ASGD.
 """
 
+import bisect
 from typing import List, Optional, Sequence
 
 import numpy as np
 
+from .._centre.shmem import stripe_ranges
 from . import kernels
-from .base import ParamSyncRule, RuleContext, require_float, take_pull
+from .base import BLOCK_ELEMENTS, ParamSyncRule, RuleContext, require_float, take_pull
+from .journal import Journal, journal_layout
 
 
 class SGD:
@@ -49,6 +52,14 @@ class SGD:
     def state_layout(self, layout):
         """Layout of this optimizer's state for parameters of `layout`."""
         return [dict(e) for e in layout] if self.momentum else []
+
+    def kernel_settings(self):
+        """``(lr, momentum, nesterov, divisor)`` for the compiled kernel
+        (`platoon.rules.kernels.sgd`), or None when a subclass changed the arithmetic."""
+        cls = type(self)
+        if cls.apply_block is not SGD.apply_block or cls.state_layout is not SGD.state_layout:
+            return None
+        return self.lr, self.momentum, self.nesterov, 1.0
 
     def apply(self, index, central, g, state):
         """Apply descent `g` to `central` (parameter `index`), updating `state` in place."""
@@ -150,6 +161,7 @@ class Downpour(ParamSyncRule):
         self.state_name = state_name
         self.state: Optional[List[np.ndarray]] = None  # attached by `attach`
         self._last: List[np.ndarray] = []  # the centre as this worker last saw it
+        self._journal: Optional[Journal] = None  # attached with a stateful elementwise optimizer
         fast = getattr(optimizer, "elementwise", False) is True \
             and hasattr(optimizer, "apply_block")
         self.elementwise = self.supports_async = fast  # per instance: see the class docstring
@@ -159,9 +171,40 @@ class Downpour(ParamSyncRule):
         self._layout = [{"dtype": p.dtype.str, "shape": list(p.shape)} for p in local_params]
 
     def attach(self, worker: RuleContext) -> None:
-        """Attach the optimizer's state in shared memory (called by init_shared_params)."""
+        """Attach the optimizer's state in shared memory (called by init_shared_params), and
+        with an elementwise optimizer that has state, its journal (see `_descend_journaled`)."""
         layout = self.optimizer.state_layout(self._layout)
         self.state = worker.shared_state(self.state_name, layout) if layout else []
+        self._journal = None
+        if self.elementwise and self.state:
+            self._attach_journal(worker, layout)
+
+    def _attach_journal(self, worker: RuleContext, state_layout: list) -> None:
+        """One journal slot per stripe, as the exchange cuts the centre (platoon._centre.shmem),
+        with a row for the centre and one per state array of a parameter."""
+        stripes = stripe_ranges(self._layout)
+        self._ranges = [sorted((a, b, k) for k, s in enumerate(stripes) for i, a, b in s
+                               if i == index) for index in range(len(self._layout))]
+        self._starts = [[a for a, _, _ in ranges] for ranges in self._ranges]
+        self._block = min(BLOCK_ELEMENTS, max([b - a for s in stripes for _, a, b in s] + [1]))
+        count = len(self._layout)
+        rows = [[e["dtype"] for e in self._layout]] + [
+            [e["dtype"] for e in state_layout[j * count:(j + 1) * count]]
+            for j in range(len(state_layout) // count)]
+        self._row_dtypes = [[np.dtype(d) for d in row] for row in rows]  # [row][param]
+        wide = [np.result_type(*row) for row in self._row_dtypes]
+        arrays = worker.shared_state(self.state_name + "-journal",
+                                     journal_layout(len(stripes), self._block, wide))
+        assert worker.shared_params is not None  # the centre is shared before attach
+        centre = [c.reshape(-1) for c in worker.shared_params]
+        assert self.state is not None
+        state = [s.reshape(-1) for s in self.state]
+        self._journal = Journal(arrays, lambda i: [centre[i]] + state[i::count])
+        self._private = {}  # parameter index -> its rows' buffers, where the journal's are wider
+        for index in range(count):
+            if any(row[index] != w for row, w in zip(self._row_dtypes, wide)):
+                self._private[index] = [np.empty(self._block, row[index])
+                                        for row in self._row_dtypes]
 
     def setup(self, local_params: Sequence[np.ndarray]) -> None:
         if self.state is None:
@@ -175,30 +218,80 @@ class Downpour(ParamSyncRule):
         return [self.state[j * count + index].reshape(-1)[start:start + n]
                 for j in range(per_param)]
 
+    def _kernel_settings(self):
+        settings = getattr(self.optimizer, "kernel_settings", None)
+        return settings() if settings is not None else None
+
     def _descend(self, index, start, src, central, take):
         """Apply g = last - src to central[start:...]; last (and src when `take`) become
-        the new centre. In one pass for SGD (platoon.rules.kernels), else block by block."""
+        the new centre. In one pass for SGD (platoon.rules.kernels), else block by block;
+        with optimizer state, each block all or nothing (`_descend_journaled`)."""
         n = src.size
         last = self._last[index].reshape(-1)[start:start + n]
         state = self._state_blocks(index, start, n)
-        opt = self.optimizer
-        if type(opt) is SGD and len(state) == (1 if opt.momentum else 0) and kernels.sgd(
-                src, central, last, state[0] if state else None, opt.lr, opt.momentum,
-                opt.nesterov, take):
+        if self._journal is not None:
+            self._descend_journaled(index, start, src, central, last, state, take)
+            return
+        settings = None if state else self._kernel_settings()
+        if settings is not None and kernels.sgd(src, central, last, None, settings[0],
+                                                settings[1], settings[2], take, settings[3]):
             return
         k = len(state)
-        extra = self.__dict__.setdefault("_extra", {})
-        scratch = extra.get(src.dtype)
-        if scratch is None:
-            scratch = extra[src.dtype] = np.empty_like(self._scratch(src.dtype))
         apply_block = self.optimizer.apply_block
         for blocks in self._blocks(src, central, last, *state):
             s, c, x_last, g = blocks[0], blocks[1], blocks[2], blocks[-1]
             np.subtract(x_last, s, out=g)
-            apply_block(c, g, blocks[3:3 + k], scratch[:g.size])
+            apply_block(c, g, blocks[3:3 + k], self._scratch2(src.dtype)[:g.size])
             if take:
                 s[...] = c
             x_last[...] = c
+
+    def _scratch2(self, dtype):
+        """A second block of scratch (the first is `_scratch`'s, for g)."""
+        extra = self.__dict__.setdefault("_extra", {})
+        scratch = extra.get(dtype)
+        if scratch is None:
+            scratch = extra[dtype] = np.empty_like(self._scratch(dtype))
+        return scratch
+
+    def _descend_journaled(self, index, start, src, central, last, state, take):
+        """`_descend` for an optimizer with state: each block of the push is all or nothing
+        when this worker is killed. Its new centre and state go first to the journal slot
+        of the stripe (whose lock is held), are committed, then copied to their places; the
+        next sync taking the stripe completes a committed block (platoon.rules.journal)."""
+        if not src.size:
+            return
+        slot = self._ranges[index][bisect.bisect_right(self._starts[index], start) - 1][2]
+        journal = self._journal
+        assert journal is not None
+        journal.recover(slot)  # a push cut by a killed worker: finish it first
+        settings = self._kernel_settings()
+        private = self._private.get(index)
+        apply_to = getattr(self.optimizer, "apply_block_to", None)
+        for a in range(0, src.size, self._block):
+            b = min(a + self._block, src.size)
+            staged = journal.staging(slot, b - a)
+            out = staged if private is None else [p[:b - a] for p in private]
+            if settings is None or len(state) != 1 or not kernels.sgd_staged(
+                    src[a:b], central[a:b], last[a:b], state[0][a:b], out[0], out[1],
+                    settings[0], settings[1], settings[2], take, settings[3]):
+                g = self._scratch(src.dtype)[:b - a]
+                np.subtract(last[a:b], src[a:b], out=g)
+                blocks = [s[a:b] for s in state]
+                scratch = self._scratch2(src.dtype)[:b - a]
+                if apply_to is not None:
+                    apply_to(central[a:b], g, blocks, scratch, out)
+                else:  # the optimizer updates in place: on copies in the staging rows
+                    for dst, value in zip(out, [central[a:b]] + blocks):
+                        dst[...] = value
+                    self.optimizer.apply_block(out[0], g, out[1:], scratch)
+                if take:
+                    src[a:b] = out[0]
+                last[a:b] = out[0]
+            if private is not None:
+                for dst, value in zip(staged, out):
+                    dst[...] = value  # to the journal's wider dtype: exact
+            journal.commit(slot, index, start + a, b - a)
 
     def update_range(self, index: int, start: int, local: np.ndarray,
                      central: np.ndarray) -> None:
@@ -212,8 +305,17 @@ class Downpour(ParamSyncRule):
         take_pull(local, snapshot, self._last[index].reshape(-1)[start:start + local.size])
 
     def update(self, index: int, local: np.ndarray, central: np.ndarray) -> None:
-        if self.elementwise and local.flags.c_contiguous and central.flags.c_contiguous:
-            self._descend(index, 0, local.reshape(-1), central.reshape(-1), take=True)
+        if self.elementwise and central.flags.c_contiguous:
+            flat = local.reshape(-1) if local.flags.c_contiguous else \
+                np.ascontiguousarray(local).reshape(-1)
+            flat_central = central.reshape(-1)
+            if self._journal is None:
+                self._descend(index, 0, flat, flat_central, take=True)
+            else:  # stripe range by stripe range: each block through its stripe's slot
+                for a, b, _ in self._ranges[index]:
+                    self._descend(index, a, flat[a:b], flat_central[a:b], take=True)
+            if not local.flags.c_contiguous:
+                local[...] = flat.reshape(local.shape)
             return
         last = self._last[index]
         g = last - local
