@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from platoon import (EASGD, Controller, ControllerGone, ControllerTimeout, LayoutMismatch,
-                     PlatoonError, Worker, WorkerDied)
+from platoon import (EASGD, SGD, Controller, ControllerGone, ControllerTimeout, DiLoCo,
+                     Downpour, LayoutMismatch, PlatoonError, Worker, WorkerDied)
 from platoon._centre import checkpoint
 from platoon.protocol import layout_of
 from platoon.launch.process import job_segments
@@ -64,6 +64,78 @@ def test_worker_killed_holding_the_lock_mid_update(serve, procs):
         np.testing.assert_array_equal(centre[:50000], 6.0)
         np.testing.assert_array_equal(centre[50000:], 1.0)
     serving.join()  # the dead worker counts as done, so serve returns
+
+
+# -- a pusher of a momentum rule killed part-way through a push (tests/procs/momentum_pusher.py)
+
+PUSHER_SHAPE, PUSHER_STEP = (1 << 20,), 0.015625
+PUSHER_RULES = {  # as in momentum_pusher.py
+    "diloco": lambda: DiLoCo(0.7, 0.9, workers=2),
+    "momentum": lambda: Downpour(SGD(0.5, 0.9)),
+    "nesterov": lambda: Downpour(SGD(0.5, 0.9, nesterov=True)),
+}
+
+
+class OneElement:
+    """A `RuleContext` for replaying pushes on one-element arrays."""
+
+    num_workers = 2
+
+    def __init__(self):
+        self.shared_params, self.states = [np.zeros(1)], {}
+
+    def shared_state(self, name, layout):
+        if name not in self.states:
+            self.states[name] = [np.zeros(e["shape"], e["dtype"]) for e in layout]
+        return self.states[name]
+
+
+def after_pushes(make_rule, pushes):
+    """(centre, momentum) of an element after the pusher's first `pushes` pushes of
+    g = STEP and the keeper's push of g = 0."""
+    ctx, keeper, pusher = OneElement(), make_rule(), make_rule()
+    for rule in (keeper, pusher):
+        rule.check([np.zeros(1)])
+        rule.attach(ctx)
+        rule.setup([np.zeros(1)])
+    x = np.zeros(1)
+    for _ in range(pushes):
+        x -= PUSHER_STEP
+        pusher.update_params([x], ctx.shared_params)
+    keeper.update_params([np.zeros(1)], ctx.shared_params)
+    return ctx.shared_params[0][0], pusher.state[0][0]
+
+
+@pytest.mark.parametrize("name, kernels", [("diloco", "compiled"), ("diloco", "numpy"),
+                                           ("momentum", "numpy"), ("nesterov", "numpy"),
+                                           ("nesterov", "compiled")])
+def test_a_pusher_killed_mid_push_leaves_no_element_torn(serve, procs, name, kernels):
+    # The pusher dies at its second push's first write to a chosen page of the centre.
+    # Each element must then hold the centre and the momentum of one push or of two (a
+    # block of the push lands whole or not at all; the keeper's next sync completes one the
+    # pusher committed), never a momentum of two pushes beside a centre of one (before the
+    # journal: the rest of the 65,536-element block with numpy's passes, DiLoCo's always).
+    ctl = Tolerant(control_port=0, liveness_interval_s=0.2)
+    serving = serve(ctl, 90)
+    make_rule = PUSHER_RULES[name]
+    with Worker(ctl.control_port, timeout_s=30) as keeper:
+        rule = make_rule()
+        keeper.init_shared_params([np.zeros(PUSHER_SHAPE)], rule)
+        pusher = procs("momentum_pusher.py", ctl.control_port, name,
+                       env={"PLATOON_SYNC_KERNELS": kernels})
+        pusher.wait_for_line("READY", 60)
+        assert pusher.wait(60) == -signal.SIGSEGV, pusher.output
+        keeper.sync_params()  # takes every stripe, recovering any committed block first
+        assert keeper.shared_params is not None and rule.state
+        centre, momentum = keeper.shared_params[0].copy(), rule.state[0].copy()
+    serving.join()
+    (c1, v1), (c2, v2) = after_pushes(make_rule, 1), after_pushes(make_rule, 2)
+    once, twice = (centre == c1) & (momentum == v1), (centre == c2) & (momentum == v2)
+    torn = np.flatnonzero(~(once | twice))
+    assert not torn.size, "%d elements whose centre and momentum are of no whole number of " \
+        "pushes (first: element %d, centre %r, momentum %r; one push: %r, %r; two: %r, %r)" % (
+            torn.size, torn[0], centre[torn[0]], momentum[torn[0]], c1, v1, c2, v2)
+    assert once.any() and twice.any(), "the kill did not cut the second push part-way"
 
 
 def test_by_default_a_dead_worker_ends_serve(procs):
