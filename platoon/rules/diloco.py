@@ -124,7 +124,9 @@ class DiLoCo(Downpour):
             checkpointed with the centre.
 
     Elementwise: syncs stripe by stripe and supports `Worker.start_sync`, like
-    `Downpour(SGD(...))`. Raises ValueError for out-of-range settings.
+    `Downpour(SGD(...))`, with the same compiled kernel and the same journal (each block
+    of a push all or nothing when the worker is killed). Raises ValueError for
+    out-of-range settings.
     """
 
     def __init__(self, outer_lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True,
@@ -252,9 +254,10 @@ class DelayedNesterov(Downpour):
     as the order of pushes differs between stripes for every striped rule. The
     price is memory: shared state of 2 parameter-sized arrays (m, D) plus 4 bytes
     per element (t), against 1 array for `DiLoCo`, plus a journal of one block
-    (65,536 elements of c, m, D and t) per stripe that makes each block of a push
-    all or nothing when the pushing worker is killed (`platoon.rules.journal`; the next
-    sync that takes the stripe completes a block the dead worker committed).
+    (65,536 elements of c, m, D and t; DiLoCo's: c and v) per stripe that makes each
+    block of a push all or nothing when the pushing worker is killed
+    (`platoon.rules.journal`; the next sync that takes the stripe completes a block the
+    dead worker committed).
     Time per push is about
     DiLoCo's with N = 2 and less with larger N (the momentum pass runs once per N
     pushes; docs/choosing-a-rule.md). The whole-centre alternative (one counter,

@@ -12,12 +12,19 @@ centre's lock, so state and centre change together.
 With an elementwise optimizer (SGD, with or without momentum) Downpour is
 elementwise too: it syncs stripe by stripe, each under its stripe's lock with
 the optimizer state sliced alike, and supports `Worker.start_sync`. With `SGD`
-on C-contiguous float32 or float64 it runs a compiled one-pass kernel
+(or DiLoCo's SGD on g/p: an optimizer whose `kernel_settings` says so) on
+C-contiguous float32 or float64 it runs a compiled one-pass kernel
 (`platoon.rules.kernels`); otherwise the optimizer's `apply_block` in cache-sized
 blocks with preallocated scratch. The result is bit-for-bit that of the
-whole-parameter formulas either way. Adam is not elementwise (its step count is per
-parameter, and a sync of one parameter may interleave stripe by stripe with
-another worker's), so Downpour(Adam) keeps one lock around the whole centre.
+whole-parameter formulas either way. An elementwise optimizer with state (SGD with
+momentum) writes each block of a push through a journal in shared memory
+(`platoon.rules.journal`, the state `state_name + "-journal"`): a worker killed
+mid-push leaves each block whole or untouched, centre and state together, never
+a momentum that disagrees with its centre. Adam is not elementwise (its step
+count is per parameter, and a sync of one parameter may interleave stripe by
+stripe with another worker's), so Downpour(Adam) keeps one lock around the whole
+centre, and has no journal: a worker killed mid-push may leave a parameter's
+moments, step count and centre of different pushes.
 
 ``Downpour(SGD(lr=1.0))`` is exactly ASGD.
 """
