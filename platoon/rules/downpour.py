@@ -23,8 +23,9 @@ mid-push leaves each block whole or untouched, centre and state together, never
 a momentum that disagrees with its centre. Adam is not elementwise (its step
 count is per parameter, and a sync of one parameter may interleave stripe by
 stripe with another worker's), so Downpour(Adam) keeps one lock around the whole
-centre, and has no journal: a worker killed mid-push may leave a parameter's
-moments, step count and centre of different pushes.
+centre; it too writes each block through a journal (one slot), and its step count
+advances once all blocks of a parameter are committed: a push cut part-way by a
+kill is not counted.
 
 ``Downpour(SGD(lr=1.0))`` is exactly ASGD.
 """
@@ -110,9 +111,11 @@ class Adam:
     parameter in the shared state. Raises ValueError for out-of-range settings.
 
     Not elementwise: `t` must advance once per sync of a whole parameter, so
-    Downpour(Adam) updates the whole centre under one lock."""
+    Downpour(Adam) updates the whole centre under one lock. It does so block by block
+    through a journal (`begin`, `apply_block_at`, `finish`), each block all or nothing."""
 
     elementwise = False
+    per_parameter_arrays = 2  # m and v: the state arrays shaped like a parameter
 
     def __init__(self, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8):
         self.lr, self.beta1, self.beta2, self.eps = float(lr), float(beta1), float(beta2), \
@@ -137,6 +140,28 @@ class Adam:
         m_hat = m / (1.0 - self.beta1 ** t)
         v_hat = v / (1.0 - self.beta2 ** t)
         central -= self.lr * m_hat / (np.sqrt(v_hat) + self.eps)
+
+    def begin(self, index, state):
+        """The step count t of a push of parameter `index` (its blocks then take it)."""
+        return int(state[-1][index]) + 1
+
+    def apply_block_at(self, t, central, g, state, out):
+        """`apply` with step count `t` on one block (`state`: its m and v blocks), writing the
+        new centre, m and v to `out` and leaving the inputs as they were. The same
+        operations as `apply`, so bit-identical."""
+        (m, v), (c_out, m_out, v_out) = state, out
+        np.multiply(m, self.beta1, out=m_out)
+        m_out += (1 - self.beta1) * g
+        np.multiply(v, self.beta2, out=v_out)
+        v_out += (1 - self.beta2) * (g * g)
+        m_hat = m_out / (1.0 - self.beta1 ** t)
+        v_hat = v_out / (1.0 - self.beta2 ** t)
+        np.subtract(central, self.lr * m_hat / (np.sqrt(v_hat) + self.eps), out=c_out)
+
+    def finish(self, index, state, t):
+        """Count the push of parameter `index`, once all its blocks are committed (one aligned
+        8-byte store: a push cut part-way is not counted)."""
+        state[-1][index] = t
 
     def __repr__(self):
         return "Adam(lr=%r, beta1=%r, beta2=%r, eps=%r)" % (self.lr, self.beta1, self.beta2,
@@ -183,13 +208,20 @@ class Downpour(ParamSyncRule):
         layout = self.optimizer.state_layout(self._layout)
         self.state = worker.shared_state(self.state_name, layout) if layout else []
         self._journal = None
+        count = len(self._layout)
         if self.elementwise and self.state:
-            self._attach_journal(worker, layout)
+            self._attach_journal(worker, layout, stripe_ranges(self._layout),
+                                 len(layout) // count)
+        elif self.state and hasattr(self.optimizer, "apply_block_at"):  # one slot: whole lock
+            sizes = [int(np.prod(e["shape"], dtype=np.int64)) for e in self._layout]
+            self._attach_journal(worker, layout, [[(i, 0, n) for i, n in enumerate(sizes) if n]],
+                                 self.optimizer.per_parameter_arrays)
 
-    def _attach_journal(self, worker: RuleContext, state_layout: list) -> None:
-        """One journal slot per stripe, as the exchange cuts the centre (platoon._centre.shmem),
-        with a row for the centre and one per state array of a parameter."""
-        stripes = stripe_ranges(self._layout)
+    def _attach_journal(self, worker: RuleContext, state_layout: list, stripes: list,
+                        per_param: int) -> None:
+        """One journal slot per stripe (`stripes` as `stripe_ranges` gives them: as the
+        exchange cuts the centre), with a row for the centre and one for each of the first
+        `per_param` state arrays of a parameter."""
         self._ranges = [sorted((a, b, k) for k, s in enumerate(stripes) for i, a, b in s
                                if i == index) for index in range(len(self._layout))]
         self._starts = [[a for a, _, _ in ranges] for ranges in self._ranges]
@@ -197,7 +229,7 @@ class Downpour(ParamSyncRule):
         count = len(self._layout)
         rows = [[e["dtype"] for e in self._layout]] + [
             [e["dtype"] for e in state_layout[j * count:(j + 1) * count]]
-            for j in range(len(state_layout) // count)]
+            for j in range(per_param)]
         self._row_dtypes = [[np.dtype(d) for d in row] for row in rows]  # [row][param]
         wide = [np.result_type(*row) for row in self._row_dtypes]
         arrays = worker.shared_state(self.state_name + "-journal",
@@ -206,7 +238,8 @@ class Downpour(ParamSyncRule):
         centre = [c.reshape(-1) for c in worker.shared_params]
         assert self.state is not None
         state = [s.reshape(-1) for s in self.state]
-        self._journal = Journal(arrays, lambda i: [centre[i]] + state[i::count])
+        self._journal = Journal(arrays, lambda i: [centre[i]] + [
+            state[j * count + i] for j in range(per_param)])
         self._private = {}  # parameter index -> its rows' buffers, where the journal's are wider
         for index in range(count):
             if any(row[index] != w for row, w in zip(self._row_dtypes, wide)):
@@ -300,6 +333,36 @@ class Downpour(ParamSyncRule):
                     dst[...] = value  # to the journal's wider dtype: exact
             journal.commit(slot, index, start + a, b - a)
 
+    def _update_journaled(self, index, local, central):
+        """`update` of a whole parameter by an optimizer that is not elementwise (Adam, under
+        the whole centre's lock), block by block through the journal's one slot: each block
+        all or nothing, and the push counted (`finish`) once every block is committed."""
+        journal, opt = self._journal, self.optimizer
+        assert journal is not None and self.state is not None
+        journal.recover(0)  # a push cut by a killed worker: finish its committed block first
+        flat = local.reshape(-1) if local.flags.c_contiguous else \
+            np.ascontiguousarray(local).reshape(-1)
+        flat_central, last = central.reshape(-1), self._last[index].reshape(-1)
+        count = len(self._layout)
+        state = [self.state[j * count + index].reshape(-1) for j in range(opt.per_parameter_arrays)]
+        private = self._private.get(index)
+        t = opt.begin(index, self.state)
+        for a in range(0, flat.size, self._block):
+            b = min(a + self._block, flat.size)
+            staged = journal.staging(0, b - a)
+            out = staged if private is None else [p[:b - a] for p in private]
+            g = np.subtract(last[a:b], flat[a:b], out=self._scratch(flat.dtype)[:b - a])
+            opt.apply_block_at(t, flat_central[a:b], g, [s[a:b] for s in state], out)
+            flat[a:b] = out[0]
+            last[a:b] = out[0]
+            if private is not None:
+                for dst, value in zip(staged, out):
+                    dst[...] = value  # to the journal's wider dtype: exact
+            journal.commit(0, index, a, b - a)
+        opt.finish(index, self.state, t)
+        if not local.flags.c_contiguous:
+            local[...] = flat.reshape(local.shape)
+
     def update_range(self, index: int, start: int, local: np.ndarray,
                      central: np.ndarray) -> None:
         self._descend(index, start, local, central, take=True)
@@ -323,6 +386,9 @@ class Downpour(ParamSyncRule):
                     self._descend(index, a, flat[a:b], flat_central[a:b], take=True)
             if not local.flags.c_contiguous:
                 local[...] = flat.reshape(local.shape)
+            return
+        if self._journal is not None and central.flags.c_contiguous:
+            self._update_journaled(index, local, central)
             return
         last = self._last[index]
         g = last - local

@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-from platoon import SGD, DiLoCo, Downpour, Worker
+from platoon import SGD, Adam, DiLoCo, Downpour, Worker
 
 SHAPE = (1 << 20,)  # 8 MB of float64: 8 stripes of 2 blocks
 STEP = 0.015625  # 2**-6
@@ -26,6 +26,7 @@ RULES = {
     "diloco": lambda: DiLoCo(0.7, 0.9, workers=2),
     "momentum": lambda: Downpour(SGD(0.5, 0.9)),
     "nesterov": lambda: Downpour(SGD(0.5, 0.9, nesterov=True)),
+    "adam": lambda: Downpour(Adam(0.01, 0.9, 0.99)),
 }
 
 
