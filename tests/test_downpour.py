@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from platoon import ASGD, Controller, Worker
+from platoon.rules import BLOCK_ELEMENTS
 from platoon.rules.downpour import SGD, Adam, Downpour
 
 ROUNDS = 4
@@ -332,3 +333,42 @@ def test_whole_parameter_update_is_the_blocked_kernel_and_handles_views(nesterov
         np.testing.assert_array_equal(central, want)
         np.testing.assert_array_equal(local, want)
         np.testing.assert_array_equal(rule.state[0], v)
+
+
+class PrivateContext:
+    """A `RuleContext` over private zeroed arrays, for a rule outside a job."""
+
+    num_workers = None
+
+    def __init__(self, centre):
+        self.shared_params = centre
+
+    def shared_state(self, name, layout):
+        return [np.zeros(e["shape"], e["dtype"]) for e in layout]
+
+
+@pytest.mark.parametrize("make_optimizer", [lambda: SGD(0.2, 0.9, nesterov=True),
+                                            lambda: Adam(0.01, 0.9, 0.99, 1e-6)],
+                         ids=["nesterov", "adam"])
+def test_journaled_pushes_of_many_blocks_and_mixed_dtypes_are_the_formula(make_optimizer):
+    # Each block goes through the journal (float64 rows; the float32 parameter's blocks
+    # through private buffers first); the result is bit for bit the whole-array formula.
+    rng = np.random.default_rng(3)
+    params = [rng.normal(size=2 * BLOCK_ELEMENTS + 5).astype(np.float32), rng.normal(size=(3, 5))]
+    centre = [p + rng.normal(size=p.shape).astype(p.dtype) for p in params]
+    rule = Downpour(make_optimizer())
+    rule.check(params)
+    rule.attach(PrivateContext(centre))
+    rule.setup(params)
+    assert rule._journal is not None
+    optimizer, last = make_optimizer(), [p.copy() for p in params]
+    want_centre, want_state = [c.copy() for c in centre], [s.copy() for s in rule.state]
+    for _ in range(3):
+        for p in params:
+            p += (rng.normal(size=p.shape) * 0.1).astype(p.dtype)
+        for i, p in enumerate(params):
+            optimizer.apply(i, want_centre[i], last[i] - p, want_state)
+            last[i] = want_centre[i].copy()
+        rule.update_params(params, centre)
+        for got, want in zip(centre + rule.state + params, want_centre + want_state + last):
+            assert got.dtype == want.dtype and got.tobytes() == want.tobytes()

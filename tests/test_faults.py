@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from platoon import (EASGD, Controller, ControllerGone, ControllerTimeout, LayoutMismatch,
-                     PlatoonError, Worker, WorkerDied)
+from platoon import (EASGD, SGD, Adam, Controller, ControllerGone, ControllerTimeout, DiLoCo,
+                     Downpour, LayoutMismatch, PlatoonError, Worker, WorkerDied)
 from platoon._centre import checkpoint
 from platoon.protocol import layout_of
 from platoon.launch.process import job_segments
@@ -64,6 +64,92 @@ def test_worker_killed_holding_the_lock_mid_update(serve, procs):
         np.testing.assert_array_equal(centre[:50000], 6.0)
         np.testing.assert_array_equal(centre[50000:], 1.0)
     serving.join()  # the dead worker counts as done, so serve returns
+
+
+# -- a pusher of a momentum rule killed part-way through a push (tests/procs/momentum_pusher.py)
+
+PUSHER_SHAPE, PUSHER_STEP = (1 << 20,), 0.015625
+PUSHER_RULES = {  # as in momentum_pusher.py
+    "diloco": lambda: DiLoCo(0.7, 0.9, workers=2),
+    "momentum": lambda: Downpour(SGD(0.5, 0.9)),
+    "nesterov": lambda: Downpour(SGD(0.5, 0.9, nesterov=True)),
+    "adam": lambda: Downpour(Adam(0.01, 0.9, 0.99)),
+}
+
+
+class OneElement:
+    """A `RuleContext` for replaying pushes on one-element arrays."""
+
+    num_workers = 2
+
+    def __init__(self):
+        self.shared_params, self.states = [np.zeros(1)], {}
+
+    def shared_state(self, name, layout):
+        if name not in self.states:
+            self.states[name] = [np.zeros(e["shape"], e["dtype"]) for e in layout]
+        return self.states[name]
+
+
+def after_pushes(make_rule, pushes, last_counted=True):
+    """The centre and per-element state arrays of an element after the pusher's first
+    `pushes` pushes of g = STEP and the keeper's push of g = 0. `last_counted` False: Adam's
+    step count misses the pusher's last push (cut part-way, it is not counted)."""
+    ctx, keeper, pusher = OneElement(), make_rule(), make_rule()
+    for rule in (keeper, pusher):
+        rule.check([np.zeros(1)])
+        rule.attach(ctx)
+        rule.setup([np.zeros(1)])
+    x = np.zeros(1)
+    for _ in range(pushes):
+        x -= PUSHER_STEP
+        pusher.update_params([x], ctx.shared_params)
+    if not last_counted:
+        pusher.state[-1][0] -= 1
+    keeper.update_params([np.zeros(1)], ctx.shared_params)
+    return [a[0] for a in ctx.shared_params + per_element(pusher.state, (1,))]
+
+
+def per_element(state, shape):
+    """The arrays of a rule's state shaped like its one parameter (not Adam's step count)."""
+    return [a for a in state if a.shape == shape]
+
+
+@pytest.mark.parametrize("name, kernels", [("diloco", "compiled"), ("diloco", "numpy"),
+                                           ("momentum", "numpy"), ("nesterov", "numpy"),
+                                           ("nesterov", "compiled"), ("adam", "compiled")])
+def test_a_pusher_killed_mid_push_leaves_no_element_torn(serve, procs, name, kernels):
+    # The pusher dies at its second push's first write to a chosen page of the centre.
+    # Each element must then hold the centre and the momentum of one push or of two (a
+    # block of the push lands whole or not at all; the keeper's next sync completes one the
+    # pusher committed), never a momentum of two pushes beside a centre of one (before the
+    # journal: the rest of the 65,536-element block with numpy's passes, DiLoCo's always).
+    ctl = Tolerant(control_port=0, liveness_interval_s=0.2)
+    serving = serve(ctl, 90)
+    make_rule = PUSHER_RULES[name]
+    with Worker(ctl.control_port, timeout_s=30) as keeper:
+        rule = make_rule()
+        keeper.init_shared_params([np.zeros(PUSHER_SHAPE)], rule)
+        pusher = procs("momentum_pusher.py", ctl.control_port, name,
+                       env={"PLATOON_SYNC_KERNELS": kernels})
+        pusher.wait_for_line("READY", 60)
+        assert pusher.wait(60) == -signal.SIGSEGV, pusher.output
+        keeper.sync_params()  # takes every stripe, recovering any committed block first
+        assert keeper.shared_params is not None and rule.state
+        got = [a.copy() for a in keeper.shared_params + per_element(rule.state, PUSHER_SHAPE)]
+        steps = rule.state[-1].copy()
+    serving.join()
+    once = after_pushes(make_rule, 1)
+    twice = after_pushes(make_rule, 2, last_counted=name != "adam")
+    at_once = np.logical_and.reduce([a == w for a, w in zip(got, once)])
+    at_twice = np.logical_and.reduce([a == w for a, w in zip(got, twice)])
+    torn = np.flatnonzero(~(at_once | at_twice))
+    assert not torn.size, "%d elements whose centre and state are of no whole number of " \
+        "pushes (first: element %d, centre and state %r; one push: %r; two: %r)" % (
+            torn.size, torn[0], [a[torn[0]] for a in got], once, twice)
+    assert at_once.any() and at_twice.any(), "the kill did not cut the second push part-way"
+    if name == "adam":  # the pusher's first push and the keeper's: the cut one is not counted
+        np.testing.assert_array_equal(steps, [2.0])
 
 
 def test_by_default_a_dead_worker_ends_serve(procs):

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from platoon import ASGD, EASGD, kernels
+from platoon import ASGD, EASGD, DiLoCo, kernels
 from platoon.rules.downpour import SGD, Downpour
 from platoon.rules import BLOCK_ELEMENTS
 
@@ -27,14 +27,31 @@ def stripes(n):
 def make_rules():
     return {"easgd": EASGD(0.3), "asgd": ASGD(), "sgd": Downpour(SGD(0.2)),
             "momentum": Downpour(SGD(0.2, 0.9)),
-            "nesterov": Downpour(SGD(0.2, 0.9, nesterov=True))}
+            "nesterov": Downpour(SGD(0.2, 0.9, nesterov=True)),
+            "diloco": DiLoCo(0.7, 0.9, workers=3),  # g/3: a division that rounds
+            "diloco-plain": DiLoCo(0.7, 0.0, workers=3)}
 
 
-def setup_rule(rule, params, rng):
+RULES = list(make_rules())
+
+
+class Context:
+    """A `RuleContext` over private arrays: random optimizer state, zeroed journals."""
+
+    num_workers = None
+
+    def __init__(self, centre, rng):
+        self.shared_params, self.rng = centre, rng
+
+    def shared_state(self, name, layout):
+        if name.endswith("-journal"):
+            return [np.zeros(e["shape"], e["dtype"]) for e in layout]
+        return [self.rng.normal(size=e["shape"]).astype(e["dtype"]) for e in layout]
+
+
+def setup_rule(rule, params, centre, rng):
     rule.check(params)
-    if isinstance(rule, Downpour):  # stands in for the shared state Worker.attach maps
-        layout = rule.optimizer.state_layout(rule._layout)
-        rule.state = [rng.normal(size=e["shape"]).astype(e["dtype"]) for e in layout]
+    rule.attach(Context(centre, rng))
     rule.setup(params)
 
 
@@ -45,7 +62,7 @@ def run(name, dtype, n, how):
     x = [rng.normal(size=n).astype(dtype), rng.normal(size=(3, 5)).astype(dtype)]
     c = [p + rng.normal(size=p.shape).astype(dtype) for p in x]
     rule = make_rules()[name]
-    setup_rule(rule, x, rng)
+    setup_rule(rule, x, c, rng)
     for step in range(3):
         for p in x:
             p += (rng.normal(size=p.shape) * 0.1).astype(dtype)
@@ -97,7 +114,7 @@ def isa(request):
 
 @pytest.mark.parametrize("how", ["whole", "stripes", "push_pull"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("name", ["easgd", "asgd", "sgd", "momentum", "nesterov"])
+@pytest.mark.parametrize("name", RULES)
 def test_compiled_kernels_are_bit_identical_to_numpy(name, dtype, how, isa):
     for n in SIZES:
         got = run(name, dtype, n, how)
@@ -110,7 +127,7 @@ def test_compiled_kernels_are_bit_identical_to_numpy(name, dtype, how, isa):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("name", ["easgd", "asgd", "sgd", "momentum", "nesterov"])
+@pytest.mark.parametrize("name", RULES)
 def test_push_pull_in_one_pass_is_bit_identical_to_push_then_pull(name, dtype, isa):
     for n in SIZES:
         got = run(name, dtype, n, "fused")
@@ -118,6 +135,31 @@ def test_push_pull_in_one_pass_is_bit_identical_to_push_then_pull(name, dtype, i
             want = run(name, dtype, n, "push_pull")
         for g, w in zip(got, want):
             assert g.tobytes() == w.tobytes(), (name, dtype, n, isa)
+
+
+@pytest.mark.parametrize("name", ["sgd", "momentum", "nesterov", "diloco", "diloco-plain"])
+def test_downpour_and_diloco_take_the_compiled_kernel(name, monkeypatch, isa):
+    # Chosen by what the optimizer computes (SGD, DiLoCo's SGD on g/p), not by its type.
+    calls = []
+    for kernel in ("sgd", "sgd_staged"):
+        def spy(*args, _real=getattr(kernels, kernel), _kernel=kernel):
+            calls.append((_kernel, _real(*args)))
+            return calls[-1][1]
+        monkeypatch.setattr(kernels, kernel, spy)
+    run(name, np.float64, 1000, "stripes")
+    assert calls and all(done for _, done in calls), calls
+    staged = "sgd_staged" if name in ("momentum", "nesterov", "diloco") else "sgd"
+    assert {kernel for kernel, _ in calls} == {staged}  # with momentum: into the journal
+
+
+def test_an_sgd_subclass_with_its_own_arithmetic_takes_numpy():
+    class Clipped(SGD):
+        def apply_block(self, central, g, state, scratch):
+            np.clip(g, -0.1, 0.1, out=g)
+            super().apply_block(central, g, state, scratch)
+
+    assert SGD(0.1, 0.9).kernel_settings() == (0.1, 0.9, False, 1.0)
+    assert Clipped(0.1, 0.9).kernel_settings() is None
 
 
 def test_the_best_loops_for_this_cpu_are_in_use():

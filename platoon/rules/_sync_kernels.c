@@ -16,7 +16,7 @@
 #include <Python.h>
 #include <string.h>
 
-#define MAX_ARRAYS 5
+#define MAX_ARRAYS 6
 
 enum { F32 = 1, F64 = 2 };
 
@@ -160,54 +160,47 @@ ATTR static void take_pull_##S(T *restrict x, const T *restrict s, const T *rest
     for (Py_ssize_t i = 0; i < n; i++)                                                   \
         x[i] = (x[i] - s[i]) + l[i];                                                     \
 }                                                                                        \
-/* Downpour(SGD): g = last - s; c <- SGD step with g; last = c (and s = c when `take`).  \
-   Same operations as SGD.apply_block: plain g *= lr; c -= g. Momentum v *= mu;         \
-   v += g; then Nesterov g += v*mu; g *= lr, else g = v*lr; c -= g. */                   \
+/* Downpour(SGD) with momentum, writing the new centre and momentum to cn and vn (the     \
+   journal's staging rows, or c and v themselves: then they alias, hence no restrict on     \
+   c, v, cn, vn; each element is read before it is written). */                           \
+ATTR static void sgd_staged_##S(T *restrict s, const T *c, T *restrict l, const T *v,       \
+                           T *cn, T *vn, T lr, T mu, T d, int scaled, int nesterov,      \
+                           int take, Py_ssize_t n)                                       \
+{                                                                                        \
+    for (Py_ssize_t i = 0; i < n; i++) {                                                 \
+        T g = l[i] - s[i];                                                               \
+        if (scaled) g = g / d;                                                           \
+        T m = v[i] * mu + g;                                                             \
+        T w = nesterov ? c[i] - (g + m * mu) * lr : c[i] - m * lr;                      \
+        vn[i] = m; cn[i] = w; l[i] = w;                                                  \
+        if (take) s[i] = w;                                                              \
+    }                                                                                    \
+}                                                                                        \
+/* Downpour(SGD): g = last - s (divided by d when `scaled`: DiLoCo's g/p); c <- SGD step  \
+   with g; last = c (and s = c when `take`). Same operations as SGD.apply_block: plain    \
+   g *= lr; c -= g. Momentum v *= mu; v += g; then Nesterov g += v*mu; g *= lr, else      \
+   g = v*lr; c -= g. */                                                                  \
 ATTR static void sgd_##S(T *restrict s, T *restrict c, T *restrict l, T *restrict v,          \
-                    T lr, T mu, int nesterov, int take, Py_ssize_t n)                    \
+                    T lr, T mu, T d, int scaled, int nesterov, int take, Py_ssize_t n)   \
 {                                                                                        \
     if (v == NULL && take) {                                                             \
         for (Py_ssize_t i = 0; i < n; i++) {                                             \
-            T w = c[i] - (l[i] - s[i]) * lr;                                             \
+            T g = l[i] - s[i];                                                           \
+            if (scaled) g = g / d;                                                       \
+            T w = c[i] - g * lr;                                                         \
             c[i] = w; s[i] = w; l[i] = w;                                                \
         }                                                                                \
     } else if (v == NULL) {                                                              \
         for (Py_ssize_t i = 0; i < n; i++) {                                             \
-            T w = c[i] - (l[i] - s[i]) * lr;                                             \
-            c[i] = w; l[i] = w;                                                          \
-        }                                                                                \
-    } else if (nesterov && take) {                                                       \
-        for (Py_ssize_t i = 0; i < n; i++) {                                             \
             T g = l[i] - s[i];                                                           \
-            T m = v[i] * mu + g;                                                         \
-            v[i] = m;                                                                    \
-            T w = c[i] - (g + m * mu) * lr;                                              \
-            c[i] = w; s[i] = w; l[i] = w;                                                \
-        }                                                                                \
-    } else if (nesterov) {                                                               \
-        for (Py_ssize_t i = 0; i < n; i++) {                                             \
-            T g = l[i] - s[i];                                                           \
-            T m = v[i] * mu + g;                                                         \
-            v[i] = m;                                                                    \
-            T w = c[i] - (g + m * mu) * lr;                                              \
+            if (scaled) g = g / d;                                                       \
+            T w = c[i] - g * lr;                                                         \
             c[i] = w; l[i] = w;                                                          \
-        }                                                                                \
-    } else if (take) {                                                                   \
-        for (Py_ssize_t i = 0; i < n; i++) {                                             \
-            T m = v[i] * mu + (l[i] - s[i]);                                             \
-            v[i] = m;                                                                    \
-            T w = c[i] - m * lr;                                                         \
-            c[i] = w; s[i] = w; l[i] = w;                                                \
         }                                                                                \
     } else {                                                                             \
-        for (Py_ssize_t i = 0; i < n; i++) {                                             \
-            T m = v[i] * mu + (l[i] - s[i]);                                             \
-            v[i] = m;                                                                    \
-            T w = c[i] - m * lr;                                                         \
-            c[i] = w; l[i] = w;                                                          \
-        }                                                                                \
+        sgd_staged_##S(s, c, l, v, c, v, lr, mu, d, scaled, nesterov, take, n);          \
     }                                                                                    \
-}
+}                                                                                        \
 
 DEFINE_LOOPS(float, f32, )
 DEFINE_LOOPS(double, f64, )
@@ -228,10 +221,12 @@ DEFINE_LOOPS(double, f64_avx, __attribute__((target("avx"))))
     void (*asgd_update_##S)(T *, T *, T *, Py_ssize_t);                                  \
     void (*asgd_push_##S)(const T *, T *, T *, Py_ssize_t);                              \
     void (*take_pull_##S)(T *, const T *, const T *, Py_ssize_t);                        \
-    void (*sgd_##S)(T *, T *, T *, T *, T, T, int, int, Py_ssize_t);
+    void (*sgd_##S)(T *, T *, T *, T *, T, T, T, int, int, int, Py_ssize_t);                 \
+    void (*sgd_staged_##S)(T *, const T *, T *, const T *, T *, T *, T, T, T, int, int, int, \
+                           Py_ssize_t);
 
 #define LOOP_INIT(S) easgd_update_##S, easgd_push_##S, easgd_push_pull_##S, add_into_##S,   \
-    asgd_update_##S, asgd_push_##S, take_pull_##S, sgd_##S
+    asgd_update_##S, asgd_push_##S, take_pull_##S, sgd_##S, sgd_staged_##S
 
 typedef struct {
     const char *name;
@@ -247,7 +242,7 @@ static const Loops *loops = &generic_loops;  /* set by module init and set_isa *
 
 /* ---- Python entry points ---- */
 
-static const int RW[MAX_ARRAYS] = {1, 1, 1, 1, 1};
+static const int RW[MAX_ARRAYS] = {1, 1, 1, 1, 1, 1};
 
 static PyObject *
 py_easgd_update(PyObject *self, PyObject *args)
@@ -394,22 +389,51 @@ static PyObject *
 py_sgd(PyObject *self, PyObject *args)
 {
     PyObject *o[4];
-    double lr, mu;
+    double lr, mu, d = 1.0;
     int nesterov, take_it;
     Arrays a;
-    if (!PyArg_ParseTuple(args, "OOOOddpp:sgd", &o[0], &o[1], &o[2], &o[3], &lr, &mu,
-                          &nesterov, &take_it))
+    if (!PyArg_ParseTuple(args, "OOOOddpp|d:sgd", &o[0], &o[1], &o[2], &o[3], &lr, &mu,
+                          &nesterov, &take_it, &d))
         return NULL;
-    int count = o[3] == Py_None ? 3 : 4;
+    int count = o[3] == Py_None ? 3 : 4, scaled = d != 1.0;
     if (!take(&a, o, RW, count))
         Py_RETURN_FALSE;
     Py_BEGIN_ALLOW_THREADS
     if (a.dtype == F32)
         loops->sgd_f32(BUF(0, float), BUF(1, float), BUF(2, float),
-                count == 4 ? BUF(3, float) : NULL, (float)lr, (float)mu, nesterov, take_it, a.n);
+                       count == 4 ? BUF(3, float) : NULL, (float)lr, (float)mu, (float)d,
+                       scaled, nesterov, take_it, a.n);
     else
         loops->sgd_f64(BUF(0, double), BUF(1, double), BUF(2, double),
-                count == 4 ? BUF(3, double) : NULL, lr, mu, nesterov, take_it, a.n);
+                       count == 4 ? BUF(3, double) : NULL, lr, mu, d, scaled, nesterov,
+                       take_it, a.n);
+    Py_END_ALLOW_THREADS
+    release(&a);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *
+py_sgd_staged(PyObject *self, PyObject *args)
+{
+    PyObject *o[6];
+    double lr, mu, d;
+    int nesterov, take_it;
+    Arrays a;
+    if (!PyArg_ParseTuple(args, "OOOOOOddppd:sgd_staged", &o[0], &o[1], &o[2], &o[3], &o[4],
+                          &o[5], &lr, &mu, &nesterov, &take_it, &d))
+        return NULL;
+    if (!take(&a, o, RW, 6))
+        Py_RETURN_FALSE;
+    int scaled = d != 1.0;
+    Py_BEGIN_ALLOW_THREADS
+    if (a.dtype == F32)
+        loops->sgd_staged_f32(BUF(0, float), BUF(1, float), BUF(2, float), BUF(3, float),
+                              BUF(4, float), BUF(5, float), (float)lr, (float)mu, (float)d,
+                              scaled, nesterov, take_it, a.n);
+    else
+        loops->sgd_staged_f64(BUF(0, double), BUF(1, double), BUF(2, double), BUF(3, double),
+                              BUF(4, double), BUF(5, double), lr, mu, d, scaled, nesterov,
+                              take_it, a.n);
     Py_END_ALLOW_THREADS
     release(&a);
     Py_RETURN_TRUE;
@@ -470,8 +494,11 @@ static PyMethodDef methods[] = {
     {"take_pull", py_take_pull, METH_VARARGS,
      "take_pull(x, s, last) -> bool: x = (x-s) + last."},
     {"sgd", py_sgd, METH_VARARGS,
-     "sgd(s, c, last, v_or_None, lr, momentum, nesterov, take) -> bool: Downpour(SGD) "
-     "with g = last-s; last = c (and s = c when take)."},
+     "sgd(s, c, last, v_or_None, lr, momentum, nesterov, take, divisor=1.0) -> bool: "
+     "Downpour(SGD) with g = (last-s)/divisor; last = c (and s = c when take)."},
+    {"sgd_staged", py_sgd_staged, METH_VARARGS,
+     "sgd_staged(s, c, last, v, c_new, v_new, lr, momentum, nesterov, take, divisor) -> bool: "
+     "sgd with momentum, the new c and v written to c_new and v_new (c and v unchanged)."},
     {NULL, NULL, 0, NULL},
 };
 

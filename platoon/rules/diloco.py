@@ -45,10 +45,8 @@ from typing import Optional
 
 import numpy as np
 
-from .._centre.shmem import stripe_ranges
-from .base import BLOCK_ELEMENTS, RuleContext
+from .base import RuleContext
 from .downpour import SGD, Downpour
-from .journal import Journal, journal_layout
 
 
 def _job_workers(rule, worker, what):
@@ -94,6 +92,13 @@ class _PerPush:
         np.divide(g, self.workers, out=g)
         self.inner.apply_block(central, g, state, scratch)
 
+    def kernel_settings(self):
+        """The inner SGD's kernel settings with ``g / workers`` (see `SGD.kernel_settings`)."""
+        inner = getattr(self.inner, "kernel_settings", lambda: None)()
+        if inner is None or inner[3] != 1.0:
+            return None
+        return inner[:3] + (float(self.workers),)
+
     def __repr__(self):
         return "%r on g/%s" % (self.inner, self.workers)
 
@@ -119,7 +124,9 @@ class DiLoCo(Downpour):
             checkpointed with the centre.
 
     Elementwise: syncs stripe by stripe and supports `Worker.start_sync`, like
-    `Downpour(SGD(...))`. Raises ValueError for out-of-range settings.
+    `Downpour(SGD(...))`, with the same compiled kernel and the same journal (each block
+    of a push all or nothing when the worker is killed). Raises ValueError for
+    out-of-range settings.
     """
 
     def __init__(self, outer_lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True,
@@ -204,6 +211,12 @@ class _DelayedNesterovOuter:
         m, buf, count = state
         self.step(central, g, m, buf, count, scratch)
 
+    def apply_block_to(self, central, g, state, scratch, out):
+        """`apply_block` with the new centre, m, D and t written to `out` (the inputs are
+        left as they were)."""
+        m, buf, count = state
+        self.step(central, g, m, buf, count, scratch, out)
+
     def __repr__(self):
         return "DelayedNesterovOuter(lr=%r, beta=%r, delay=%r, activation=%r)" % (
             self.lr, self.beta, self.delay, self.activation)
@@ -241,9 +254,10 @@ class DelayedNesterov(Downpour):
     as the order of pushes differs between stripes for every striped rule. The
     price is memory: shared state of 2 parameter-sized arrays (m, D) plus 4 bytes
     per element (t), against 1 array for `DiLoCo`, plus a journal of one block
-    (65,536 elements of c, m, D and t) per stripe that makes each block of a push
-    all or nothing when the pushing worker is killed (`platoon.rules.journal`; the next
-    sync that takes the stripe completes a block the dead worker committed).
+    (65,536 elements of c, m, D and t; DiLoCo's: c and v) per stripe that makes each
+    block of a push all or nothing when the pushing worker is killed
+    (`platoon.rules.journal`; the next sync that takes the stripe completes a block the
+    dead worker committed).
     Time per push is about
     DiLoCo's with N = 2 and less with larger N (the momentum pass runs once per N
     pushes; docs/choosing-a-rule.md). The whole-centre alternative (one counter,
@@ -292,63 +306,6 @@ class DelayedNesterov(Downpour):
             self._check_activation(delay)
             self.optimizer.delay = delay
         super().attach(worker)
-        # The journal: one slot per stripe, as the exchange cuts the centre (platoon._centre.shmem).
-        stripes = stripe_ranges(self._layout)
-        self._ranges = [[(k, a, b) for k, s in enumerate(stripes) for i, a, b in s if i == index]
-                        for index in range(len(self._layout))]
-        self._slot_of = {(i, a): k for k, s in enumerate(stripes) for i, a, _ in s}
-        block = self._block = min(BLOCK_ELEMENTS,
-                                  max([b - a for s in stripes for _, a, b in s] + [1]))
-        dtype = np.result_type(*[e["dtype"] for e in self._layout]) if self._layout \
-            else np.float64
-        rows = worker.shared_state(self.state_name + "-journal",
-                                   journal_layout(len(stripes), block, [dtype] * 3 + ["<u4"]))
-        assert worker.shared_params is not None  # the centre is shared before attach
-        centre = [c.reshape(-1) for c in worker.shared_params]
-        assert self.state is not None  # attached by Downpour.attach just above
-        state = [s.reshape(-1) for s in self.state]
-        count = len(centre)
-        self._journal = Journal(rows, lambda i: [centre[i]] + state[i::count])
-
-    def _descend(self, index, start, src, central, take):
-        """Push g = last - src into central[start:...] block by block, each all or nothing
-        through the journal slot of the stripe (its lock is held); see platoon.rules.journal."""
-        slot = self._slot_of[(index, start)]
-        journal = self._journal
-        journal.recover(slot)  # a push cut by a killed worker: finish it first
-        n = src.size
-        last = self._last[index].reshape(-1)[start:start + n]
-        m, buf, count = self._state_blocks(index, start, n)
-        buffers = self.__dict__.setdefault("_buffers", {})
-        if src.dtype not in buffers:
-            buffers[src.dtype] = np.empty((5, self._block), src.dtype)
-        g_all, scratch, *private = buffers[src.dtype]
-        for a in range(0, n, self._block):
-            b = min(a + self._block, n)
-            g = g_all[:b - a]
-            np.subtract(last[a:b], src[a:b], out=g)
-            out = journal.staging(slot, b - a)
-            values = out[:3] if out[0].dtype == src.dtype else [p[:b - a] for p in private]
-            self.optimizer.step(central[a:b], g, m[a:b], buf[a:b], count[a:b], scratch,
-                                values + out[3:])
-            if values is not out[:3]:
-                for dst, value in zip(out, values):
-                    dst[...] = value  # to the journal's wider dtype: exact
-            journal.commit(slot, index, start + a, b - a)
-            if take:
-                src[a:b] = central[a:b]
-            last[a:b] = central[a:b]
-
-    def update(self, index: int, local: np.ndarray, central: np.ndarray) -> None:
-        # Whole parameters (under the whole lock): stripe range by stripe range, so each
-        # block goes through its stripe's journal slot.
-        flat = local.reshape(-1) if local.flags.c_contiguous else \
-            np.ascontiguousarray(local).reshape(-1)
-        flat_central = central.reshape(-1)
-        for _, a, b in self._ranges[index]:
-            self._descend(index, a, flat[a:b], flat_central[a:b], take=True)
-        if not local.flags.c_contiguous:
-            local[...] = flat.reshape(local.shape)
 
     def __repr__(self) -> str:
         return ("DelayedNesterov(outer_lr=%r, momentum=%r, delay=%r, activation=%r, workers=%r)"

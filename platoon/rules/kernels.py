@@ -1,6 +1,6 @@
 """One-pass sync kernels: the compiled `platoon.rules._sync_kernels`, or numpy where it cannot run.
 
-The built-in rules (EASGD, ASGD, Downpour(SGD)) call the functions below first;
+The built-in rules (EASGD, ASGD, Downpour(SGD), DiLoCo) call the functions below first;
 each returns True when it did the update, in one pass that reads and writes
 every element once, bit-identical to the rule's numpy formula. It returns False,
 touching nothing, when the arrays need the numpy path: not C-contiguous, not
@@ -25,9 +25,12 @@ the arrays' dtype as numpy does):
 - ``asgd_update(x, c, last)``: ``c += x-last; x = c; last = c``
 - ``asgd_push(s, c, last)``: ``c += s-last; last = c``
 - ``take_pull(x, s, last)``: ``x = (x-s) + last`` (ASGD's and Downpour's pull)
-- ``sgd(s, c, last, v, lr, momentum, nesterov, take)``: Downpour(SGD) with
-  ``g = last-s``, momentum state `v` (None without momentum); ``last = c``, and
-  ``s = c`` when `take`.
+- ``sgd(s, c, last, v, lr, momentum, nesterov, take, divisor=1.0)``: Downpour(SGD) with
+  ``g = last-s`` (then ``g /= divisor`` unless it is 1: DiLoCo's ``g/p``), momentum state
+  `v` (None without momentum); ``last = c``, and ``s = c`` when `take`.
+- ``sgd_staged(s, c, last, v, c_new, v_new, lr, momentum, nesterov, take, divisor)``: the
+  same with momentum, but the new centre and momentum go to `c_new` and `v_new` (a
+  journal's staging rows, `platoon.rules.journal`), `c` and `v` are only read.
 
 On x86 the module has its loops twice, plain and for AVX, and uses AVX where the
 CPU has it (the same operations, so the same bits); ``compiled.isas()`` lists
@@ -42,7 +45,7 @@ log = logging.getLogger(__name__)
 
 ENV = "PLATOON_SYNC_KERNELS"  # "numpy": do not load the compiled kernels; "compiled": default
 NAMES = ("easgd_update", "easgd_push", "easgd_push_pull", "add_into", "asgd_update",
-         "asgd_push", "take_pull", "sgd")
+         "asgd_push", "take_pull", "sgd", "sgd_staged")
 
 _warned = False
 
@@ -86,10 +89,10 @@ if compiled is not None:
     easgd_push_pull = compiled.easgd_push_pull
     asgd_update, asgd_push, take_pull = (compiled.asgd_update, compiled.asgd_push,
                                          compiled.take_pull)
-    sgd = compiled.sgd
+    sgd, sgd_staged = compiled.sgd, compiled.sgd_staged
 else:
     easgd_update = easgd_push = easgd_push_pull = add_into = asgd_update = asgd_push = \
-        take_pull = sgd = _fallback
+        take_pull = sgd = sgd_staged = _fallback
 
 
 def available() -> bool:
