@@ -119,11 +119,13 @@ class Controller:
             self.job_id, self.num_workers, restarts=cast(int, config.restarts),
             replacement_timeout_s=config.replacement_timeout_s,
             liveness_interval_s=config.liveness_interval_s,
-            on_left=lambda rec: me._worker_left(rec))  # noqa: SLF001
+            on_left=lambda rec: me._worker_left(rec),  # noqa: SLF001
+            on_registered=lambda rec: me._progress.write(force=True))  # noqa: SLF001
         registry = self._registry
         self._progress = Progress(env.status_file, lambda: (len(registry),
                                                             len(registry.departed())),
-                                  counted=lambda: me._counted())  # noqa: SLF001
+                                  counted=lambda: me._counted(),  # noqa: SLF001
+                                  pids=registry.pids)
         self._next_tick = 0.0
         self._announced = False
         # close() from another thread stops serve() first: ZeroMQ sockets are not thread-safe.

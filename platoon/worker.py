@@ -18,8 +18,7 @@ from ._resources import Resources
 from .collectives import WorkerCollectives
 from .compat.deprecation import renamed_keywords
 from .device import Device
-from .errors import (ControllerGone, ControllerTimeout, PlatoonError, StopRequested,
-                     WorkerClosed)
+from .errors import ControllerGone, ControllerTimeout, PlatoonError, StopRequested, WorkerClosed
 from .launch.environment import JobEnvironment
 from .rules import ParamSyncRule
 
