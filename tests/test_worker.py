@@ -1,5 +1,6 @@
 """The worker against a real controller: timeouts, shared parameters, lock, minibatches."""
 
+import sys
 import threading
 import time
 
@@ -56,6 +57,25 @@ def test_closed_worker(serve):
     with pytest.raises(PlatoonError, match="closed"):
         w.send_req("x")
     serving.join()
+
+
+@pytest.mark.parametrize("code, fails", [(0, False), (None, False), (3, True)])
+def test_sys_exit_inside_a_with_block_fails_the_worker_only_if_non_zero(serve, code, fails):
+    """sys.exit(0) in `with Worker()` told the controller the worker failed ("SystemExit: 0")
+    while its process exited 0: the launcher and the controller disagreed."""
+    deaths = []
+
+    class Recording(Controller):
+        def handle_worker_death(self, worker_id, exit_info):
+            deaths.append(exit_info.get("error"))
+
+    ctl = Recording(control_port=0, num_workers=1)
+    serving = serve(ctl)
+    with pytest.raises(SystemExit):
+        with Worker(ctl.control_port, timeout_s=5):
+            sys.exit(code)
+    serving.join()
+    assert deaths == (["SystemExit: 3"] if fails else [])
 
 
 def test_every_method_of_a_closed_worker_says_it_is_closed(serve):
