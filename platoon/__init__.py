@@ -28,6 +28,7 @@ __all__ = [
     "PlatoonError", "ControllerTimeout", "LockTimeout", "ServeTimeout", "MinibatchTimeout",
     "ProtocolError", "RemoteError", "LayoutMismatch", "PortInUse", "WorkerDied",
     "ControllerGone", "SyncTimeout", "CheckpointError", "StopRequested", "UsedAfterFork",
+    "WorkerClosed",
     "Downpour", "SGD", "Adam", "average_gradients", "shard", "DiLoCo", "DelayedNesterov",
     "PeriodicSync", "load_centre",
 ]

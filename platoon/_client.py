@@ -243,6 +243,13 @@ def uncaught_error() -> Optional[str]:
     return _uncaught[-1] if _uncaught else None
 
 
+def note_failed_exit(code) -> None:
+    """The script is ending with sys.exit(`code`), a failure: an unclosed worker reports it
+    at exit (platoon.launch.child calls this; SystemExit never reaches sys.excepthook)."""
+    _uncaught.append("SystemExit: the script exited with %s" % (
+        "exit code %d" % code if isinstance(code, int) else "the message %r" % (code,)))
+
+
 def _record_uncaught(exc_type, exc, tb):
     _uncaught.append("%s: %s" % (exc_type.__name__, exc))
     _previous_excepthook(exc_type, exc, tb)

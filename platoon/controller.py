@@ -13,6 +13,7 @@ which is why the socket is a ROUTER and not a REP.
 import dataclasses
 import logging
 import os
+import threading
 import time
 import weakref
 from typing import Any, Dict, List, Optional, cast
@@ -118,13 +119,21 @@ class Controller:
             self.job_id, self.num_workers, restarts=cast(int, config.restarts),
             replacement_timeout_s=config.replacement_timeout_s,
             liveness_interval_s=config.liveness_interval_s,
-            on_left=lambda rec: me._worker_left(rec))  # noqa: SLF001
+            on_left=lambda rec: me._worker_left(rec),  # noqa: SLF001
+            on_registered=lambda rec: me._progress.write(force=True))  # noqa: SLF001
         registry = self._registry
         self._progress = Progress(env.status_file, lambda: (len(registry),
                                                             len(registry.departed())),
-                                  counted=lambda: me._counted())  # noqa: SLF001
+                                  counted=lambda: me._counted(),  # noqa: SLF001
+                                  pids=registry.pids)
         self._next_tick = 0.0
         self._announced = False
+        # close() from another thread stops serve() first: ZeroMQ sockets are not thread-safe.
+        self._serve_guard = threading.Lock()  # orders serve()'s start against close()
+        self._closing = threading.Event()  # close() was called: serve() returns
+        self._not_serving = threading.Event()  # no serve() is running
+        self._not_serving.set()
+        self._serving_thread: Optional[threading.Thread] = None
         # Read now, so a bad checkpoint fails the controller at start, not a worker later.
         resume = Resume(config.resume_from, allow_nonfinite=config.allow_nonfinite) \
             if config.resume_from else None
@@ -385,8 +394,28 @@ class Controller:
         traceback, within about `liveness_interval_s`. Under platoon-launcher, the
         exception serve raises (unless `handle_worker_death` raised it) leads the
         launcher's failure report.
+
+        `close()` from another thread makes serve return (within about
+        `liveness_interval_s`) before it closes anything. Raises PlatoonError on a closed
+        controller, or while serve already runs.
         """
         requests = self._dispatcher("serve")
+        with self._serve_guard:
+            if self._closing.is_set():
+                raise PlatoonError("serve() on a closed controller (job %s): create a new "
+                                   "Controller" % self.job_id)
+            if not self._not_serving.is_set():
+                raise PlatoonError("serve() is already running in thread %r; one serve() at "
+                                   "a time" % getattr(self._serving_thread, "name", None))
+            self._not_serving.clear()
+            self._serving_thread = threading.current_thread()
+        try:
+            self._serve(requests, timeout_s)
+        finally:
+            self._serving_thread = None
+            self._not_serving.set()
+
+    def _serve(self, requests: RequestDispatcher, timeout_s: Optional[float]) -> None:
         after_job = cast(AfterJobReplies, self._after_job)  # made with the dispatcher
         after_job.stop()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -403,6 +432,11 @@ class Controller:
         try:
             self._raise_thread_failure()
             while not self.all_done():
+                if self._closing.is_set():
+                    log.warning("the controller is being closed while serving, with %d "
+                                "worker(s) registered, %d done: serve() returns",
+                                len(self._registry), len(self.departed_workers()))
+                    return
                 wake = time.monotonic() + self.liveness_interval_s
                 requests.serve_next(wake if deadline is None else min(wake, deadline))
                 self._raise_thread_failure()
@@ -528,8 +562,30 @@ class Controller:
 
     # -- teardown --
 
+    CLOSE_WAITS_FOR_SERVE_S = 30.0  # plus liveness_interval_s: a handle_control's own time
+
     def close(self) -> None:
-        """Close the sockets and unlink the shared centre. Idempotent."""
+        """Close the sockets and unlink the shared centre. Idempotent.
+
+        Safe from any thread: a `serve()` running in another one (leaving a ``with
+        Controller()`` block through an exception, say) is made to return first, so no
+        socket is closed under it. Raises PlatoonError when called from inside serve()
+        (a handle_control, say: call request_stop there), or when serve() does not return
+        within `CLOSE_WAITS_FOR_SERVE_S` seconds (the sockets are then left open).
+        """
+        with self._serve_guard:
+            serving = self._serving_thread
+            if serving is threading.current_thread():
+                raise PlatoonError("close() called from inside serve(): its sockets are in "
+                                   "use; call request_stop() to end the job, and close the "
+                                   "controller after serve() returns")
+            self._closing.set()
+        limit = self.CLOSE_WAITS_FOR_SERVE_S + self.liveness_interval_s
+        if not self._not_serving.wait(limit):
+            raise PlatoonError("serve() in thread %r did not return within %.3g s of close(); "
+                               "the controller's sockets are left open (a handle_control or "
+                               "handle_worker_death that does not return?)"
+                               % (getattr(serving, "name", None), limit))
         self._checkpointer.join()
         self._thread_failures_finalizer()
         if self._mb is not None:

@@ -81,6 +81,10 @@ class WorkerDied(PlatoonError, RuntimeError):
     `Controller.handle_worker_death`)."""
 
 
+class WorkerClosed(PlatoonError, ValueError):
+    """A Worker was used after `close()` (or after its ``with`` block ended)."""
+
+
 class ControllerGone(PlatoonError, ConnectionError):
     """The controller process has exited; the worker cannot go on."""
 

@@ -1,5 +1,6 @@
 """The worker: a client of the controller that shares its parameters through the centre."""
 
+import functools
 import logging
 import threading
 import time
@@ -17,7 +18,7 @@ from ._resources import Resources
 from .collectives import WorkerCollectives
 from .compat.deprecation import renamed_keywords
 from .device import Device
-from .errors import ControllerGone, ControllerTimeout, PlatoonError, StopRequested
+from .errors import ControllerGone, ControllerTimeout, PlatoonError, StopRequested, WorkerClosed
 from .launch.environment import JobEnvironment
 from .rules import ParamSyncRule
 
@@ -30,6 +31,19 @@ _DEFAULT: Any = object()  # "the worker's timeout_s"
 _STOP_POLL_S = 0.1  # how often recv_mb looks at the stop signal while it waits
 _REMOTE_STOP_POLL_S = 1.0  # how often a worker without the segment asks the controller
 Port = Union[int, str, None]  # a port number or an endpoint string
+
+
+def _while_open(method):
+    """`method` raises WorkerClosed once the worker is closed (its sockets, centre and
+    minibatch channel are gone then: no method may reach them)."""
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        if self._closed:
+            raise WorkerClosed("worker %s is closed (by close(), or at the end of its with "
+                               "block): %s() needs an open worker; create a new Worker to "
+                               "take part again" % (self.worker_id, method.__name__))
+        return method(self, *args, **kwargs)
+    return guarded
 
 
 class Worker:
@@ -124,6 +138,7 @@ class Worker:
     # -- control --
 
     @renamed_keywords(timeout="timeout_s")
+    @_while_open
     def send_req(self, req: Any, info: Any = None, *, timeout_s: Optional[float] = _DEFAULT
                  ) -> Any:
         """Send request `req` with JSON-serialisable `info`; return the controller's reply.
@@ -137,12 +152,12 @@ class Worker:
         included). If the connection was reset meanwhile, the worker registers
         again under its id and sends the request once more.
         """
-        self._check_open()
         return self._client.request(req, info, timeout_s=self._timeout_s(timeout_s))
 
     def _timeout_s(self, timeout_s):
         return self.timeout_s if timeout_s is _DEFAULT else timeout_s
 
+    @_while_open
     def report(self, minibatches: int = 0, **metrics: Any) -> None:
         """Tell the controller about progress: `minibatches` trained since the last report
         and any JSON metrics (loss=..., error=...). The launcher shows them in its status line.
@@ -151,6 +166,7 @@ class Worker:
                                         "metrics": metrics})
 
     @renamed_keywords(timeout="timeout_s")
+    @_while_open
     def barrier(self, *, timeout_s: Optional[float] = _DEFAULT) -> None:
         """Wait until every worker of the job has reached the barrier.
 
@@ -169,6 +185,7 @@ class Worker:
 
     # -- stopping --
 
+    @_while_open
     def request_stop(self, reason: Optional[str] = None) -> None:
         """Ask every worker of the job to stop (each sees `stop_requested` turn True).
 
@@ -177,7 +194,6 @@ class Worker:
         elsewhere) keeps the first reason; asking once the controller has gone does
         nothing. Raises RemoteError/ControllerTimeout as `send_req`.
         """
-        self._check_open()
         if reason is not None and not isinstance(reason, str):
             raise TypeError("reason must be a string or None, got %r" % (reason,))
         try:
@@ -246,6 +262,7 @@ class Worker:
         self.num_nodes = info.get("num_nodes", 1)
 
     @renamed_keywords(timeout="timeout_s")
+    @_while_open
     def all_reduce(self, array: np.ndarray, op: str = "sum", *, out: Optional[np.ndarray] = None,
                    timeout_s: Optional[float] = _DEFAULT) -> np.ndarray:
         """Reduce `array` over every worker of the job; return the result.
@@ -259,9 +276,9 @@ class Worker:
         array, ControllerTimeout after `timeout_s` s (default: the worker's),
         RemoteError if a worker left or the workers' ops differ.
         """
-        self._check_open()
         return self._coll.all_reduce(self.send_req, array, op, out, self._timeout_s(timeout_s))
 
+    @_while_open
     def shared_state(self, name: str, layout: List[dict]) -> List[np.ndarray]:
         """Zero-initialised arrays in shared memory, one set per job and `name`.
 
@@ -269,12 +286,12 @@ class Worker:
         `platoon.protocol.layout_of`); every worker asking for `name` gets the
         same memory. The controller owns it (`Controller.shared_states`).
         """
-        self._check_open()
         reply = self.send_req(protocol.INIT_STATE, {"name": name, "layout": layout})
         return self._coll.attach(reply["segment"], protocol.validate_layout(layout)).arrays
 
     # -- shared parameters --
 
+    @_while_open
     def init_shared_params(self, params: Any, param_sync_rule: ParamSyncRule,
                            cleanup: bool = False, *,
                            names: Optional[Sequence[str]] = None) -> None:
@@ -297,7 +314,6 @@ class Worker:
         (the centre is left untouched), TypeError for unusable arrays, and
         TypeError or ValueError for bad `names`.
         """
-        self._check_open()
         if self._local is not None:
             raise PlatoonError("init_shared_params() was already called on worker %s"
                                % self.worker_id)
@@ -324,6 +340,7 @@ class Worker:
         centre = self._res.centre
         return None if centre is None else centre.arrays
 
+    @_while_open
     def snapshot_centre(self, timeout_s: Optional[float] = _DEFAULT) -> List[np.ndarray]:
         """Copies of the central parameters, taken under the centre's whole lock.
 
@@ -336,6 +353,7 @@ class Worker:
             raise PlatoonError("call init_shared_params() before snapshot_centre()")
         return self._res.centre.snapshot(self._timeout_s(timeout_s))
 
+    @_while_open
     def sync_params(self, synchronous: bool = True, *, params: Optional[Sequence] = None
                     ) -> List[Any]:
         """Apply the sync rule between this worker's parameters and the centre, in place.
@@ -357,6 +375,7 @@ class Worker:
             adapter.push()
         return adapter.params()
 
+    @_while_open
     def start_sync(self, *, snapshot: Optional[bool] = None) -> SyncHandle:
         """Start a sync in a background thread; returns a SyncHandle: call its `wait()`.
 
@@ -434,6 +453,7 @@ class Worker:
         return None if self._exchange is None else self._exchange.stats
 
     @renamed_keywords(timeout="timeout_s")
+    @_while_open
     def lock(self, timeout_s: Optional[float] = None) -> "HeldLock":
         """Take the centre's whole lock, waiting at most `timeout_s` seconds (None: forever).
 
@@ -445,6 +465,7 @@ class Worker:
         self._res.centre.lock.acquire(timeout_s)
         return HeldLock(self.unlock)
 
+    @_while_open
     def unlock(self) -> None:
         """Release the centre's lock taken by `lock`."""
         if self._res.centre is None:
@@ -453,6 +474,7 @@ class Worker:
 
     # -- minibatches --
 
+    @_while_open
     def init_mb_sock(self, port: Port = None, *, prefetch: Optional[int] = None,
                      window_bytes: Optional[int] = protocol.DEFAULT_MB_WINDOW_BYTES) -> None:
         """Connect to the controller's minibatch channel on `port` (an endpoint string, or
@@ -467,7 +489,6 @@ class Worker:
         `window_bytes` plus one minibatch, re-sent to others. A worker that never
         calls `recv_mb` gets none. See docs/api.md, "The minibatch window".
         """
-        self._check_open()
         if port is None:
             port = JobEnvironment.read().data_port
             if port is None:
@@ -493,6 +514,7 @@ class Worker:
         self._mb_leave = weakref.finalize(self, client.leave)
 
     @renamed_keywords(timeout="timeout_s")
+    @_while_open
     def recv_mb(self, *, timeout_s: Optional[float] = _DEFAULT) -> List[np.ndarray]:
         """Receive one minibatch: the list of arrays given to `Controller.send_mb`.
 
@@ -507,7 +529,6 @@ class Worker:
         """
         if self._mb is None:
             raise PlatoonError("call init_mb_sock(port) (or pass data_port) before recv_mb()")
-        self._check_open()
         if self.stop_requested:
             raise self._stopped("recv_mb")
         timeout_s = self._timeout_s(timeout_s)
@@ -526,10 +547,6 @@ class Worker:
                 raise self._stopped("recv_mb")
 
     # -- teardown --
-
-    def _check_open(self):
-        if self._closed:
-            raise PlatoonError("worker %s is closed" % self.worker_id)
 
     def close(self, error: Optional[str] = None) -> None:
         """Tell the controller this worker is done, then release everything. Idempotent.
@@ -566,6 +583,9 @@ class Worker:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> Optional[bool]:
+        if exc_type is SystemExit and exc.code in (None, 0):  # sys.exit(0): a success
+            self.close()
+            return None
         if exc_type is None or issubclass(exc_type, (ControllerGone, StopRequested)):
             self.close()
             if exc_type is not None:  # a requested stop ends the block quietly

@@ -315,3 +315,26 @@ def test_a_port_out_of_range_is_refused_naming_it(ports, named):
         with pytest.raises(ValueError, match="data_port must be a tcp port"):
             ctl.init_data(-1)
         assert 0 < ctl.init_data(0) <= 65535
+
+
+def test_leaving_a_with_block_while_serve_runs_in_another_thread_stops_serve_first(procs):
+    """close() from another thread made libzmq abort the process (a socket closed under a
+    recv), killed the serve thread, or hung; now serve() returns first, then the sockets
+    close."""
+    proc = procs("close_while_serving.py", 6)
+    proc.wait_for_line("ALL OK", timeout=60)
+    assert proc.popen.wait(30) == 0, proc.output
+    assert "serve() returns" in proc.output  # (the controller's warning)
+
+
+def test_close_from_inside_serve_is_refused_and_serving_goes_on(serve):
+    class Closing(Controller):
+        def handle_control(self, req, worker_id, req_info):
+            self.close()
+
+    ctl = Closing(control_port=0)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout_s=10) as w:
+        with pytest.raises(RemoteError, match=r"close\(\) called from inside serve\(\)"):
+            w.send_req("close")
+    serving.join()

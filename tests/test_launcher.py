@@ -397,6 +397,71 @@ def test_restart_replaces_a_crashed_worker_and_the_job_completes(tmp_path):
     assert_job_gone(job_id_of(out))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["one", "after-close"])
+def test_a_worker_exiting_non_zero_is_replaced_under_its_own_id(tmp_path, mode):
+    """sys.exit(3), with the Worker left open (or after close()): the controller counted the
+    worker done and the launcher failed; the replacement registered as worker 2 (or the job
+    ended without it and the replacement waited for the stopped controller)."""
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "exitcode"), "-n", "2",
+                                          "--restart", "1"), tmp_path, timeout=60,
+                             script_args=[mode])
+    assert code == 0, out
+    assert "worker1 failed (exit code 3); starting a replacement" in out
+    logs = tmp_path / "logs"
+    assert "REPLACEMENT worker 1 has worker id 1" in (logs / "worker1.restart1.log").read_text()
+    controller = (logs / "controller.log").read_text()
+    assert re.search(r"worker 1 registered \(pid \d+\) as the replacement of a failed one",
+                     controller), controller
+    assert "job finished: 2 worker(s) done, 1 failed" in out
+    assert_job_gone(job_id_of(out))
+
+
+@pytest.mark.slow
+def test_every_worker_exiting_non_zero_is_replaced_and_the_job_completes(tmp_path):
+    start = time.monotonic()
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "exitcode"), "-n", "2",
+                                          "--restart", "2"), tmp_path, timeout=60,
+                             script_args=["all"])
+    assert code == 0, out
+    for index in (0, 1):
+        assert ("REPLACEMENT worker %d has worker id %d" % (index, index)) in \
+            (tmp_path / "logs" / ("worker%d.restart1.log" % index)).read_text()
+    assert time.monotonic() - start < 30, out  # (the replacements waited 30 s, then failed)
+
+
+@pytest.mark.slow
+def test_no_replacement_waits_for_a_controller_that_has_finished(tmp_path):
+    """Every worker closes, then exits 3: the controller finishes; the job fails at once,
+    naming the first failure, instead of replacements waiting for a stopped controller."""
+    start = time.monotonic()
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "exitcode"), "-n", "2",
+                                          "--restart", "2"), tmp_path, timeout=60,
+                             script_args=["all-after-close"])
+    assert code == 1, out
+    assert re.search(r"worker\d failed \(exit code 3\)(, and the controller finished|"
+                     r" after the controller had finished)", out), out
+    assert "ControllerTimeout" not in out
+    assert time.monotonic() - start < 20, out
+    assert_job_gone(job_id_of(out))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", [[], ["--restart", "1", "--keep-going"]])
+def test_a_script_that_never_creates_a_worker_ends_the_job_saying_so(tmp_path, options):
+    """An unported script exits 0 without registering: the launcher waited forever."""
+    start = time.monotonic()
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "unported"), "-n", "2",
+                                          *options), tmp_path, timeout=60)
+    assert code == 1, out
+    assert re.search(r"worker\d \(pid \d+\) exited \(exit code 0\) without ever creating a "
+                     r"platoon.Worker, while the controller waits for it to register", out), out
+    assert "docs/porting-a-script.md" in out
+    assert "UNPORTED: trained alone" in out  # the tail of its log
+    assert time.monotonic() - start < 20, out
+    assert_job_gone(job_id_of(out))
+
+
 def test_resume_starts_from_the_saved_centre(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     first.mkdir()

@@ -1,5 +1,6 @@
 """The worker against a real controller: timeouts, shared parameters, lock, minibatches."""
 
+import sys
 import threading
 import time
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 from platoon import (ASGD, EASGD, Controller, ControllerTimeout, LockTimeout, MinibatchTimeout,
-                     ParamSyncRule, PlatoonError, ProtocolError, Worker)
+                     ParamSyncRule, PlatoonError, ProtocolError, Worker, WorkerClosed)
 
 
 class CountController(Controller):
@@ -55,6 +56,52 @@ def test_closed_worker(serve):
     w.close()
     with pytest.raises(PlatoonError, match="closed"):
         w.send_req("x")
+    serving.join()
+
+
+@pytest.mark.parametrize("code, fails", [(0, False), (None, False), (3, True)])
+def test_sys_exit_inside_a_with_block_fails_the_worker_only_if_non_zero(serve, code, fails):
+    """sys.exit(0) in `with Worker()` told the controller the worker failed ("SystemExit: 0")
+    while its process exited 0: the launcher and the controller disagreed."""
+    deaths = []
+
+    class Recording(Controller):
+        def handle_worker_death(self, worker_id, exit_info):
+            deaths.append(exit_info.get("error"))
+
+    ctl = Recording(control_port=0, num_workers=1)
+    serving = serve(ctl)
+    with pytest.raises(SystemExit):
+        with Worker(ctl.control_port, timeout_s=5):
+            sys.exit(code)
+    serving.join()
+    assert deaths == (["SystemExit: 3"] if fails else [])
+
+
+def test_every_method_of_a_closed_worker_says_it_is_closed(serve):
+    """Each public method raises WorkerClosed after close() (sync_params and start_sync
+    raised a TypeError from a closed socket), also for a worker that shared parameters."""
+    ctl = Controller(control_port=0, data_port=0, num_workers=1)
+    serving = serve(ctl)
+    w = Worker(ctl.control_port, timeout_s=5)
+    w.init_shared_params([np.zeros(8)], EASGD(0.5))
+    w.init_mb_sock(ctl.data_address)
+    w.close()
+    calls = {"sync_params": lambda: w.sync_params(), "start_sync": lambda: w.start_sync(),
+             "snapshot_centre": lambda: w.snapshot_centre(), "lock": lambda: w.lock(1),
+             "unlock": lambda: w.unlock(), "barrier": lambda: w.barrier(),
+             "report": lambda: w.report(1), "request_stop": lambda: w.request_stop(),
+             "all_reduce": lambda: w.all_reduce(np.ones(2)),
+             "shared_state": lambda: w.shared_state("s", [{"dtype": "float64", "shape": [2]}]),
+             "init_shared_params": lambda: w.init_shared_params([np.zeros(8)], EASGD(0.5)),
+             "init_mb_sock": lambda: w.init_mb_sock(ctl.data_address),
+             "recv_mb": lambda: w.recv_mb(timeout_s=1), "send_req": lambda: w.send_req("x")}
+    for name, call in calls.items():
+        with pytest.raises(WorkerClosed, match=r"worker 0 is closed .*%s\(\) needs an open "
+                                               r"worker" % name):
+            call()
+    assert issubclass(WorkerClosed, PlatoonError)
+    assert w.syncs == 0 and not w.stop_requested  # its counters stay readable
     serving.join()
 
 

@@ -75,13 +75,16 @@ class WorkerRegistry:
 
     def __init__(self, job_id: str, num_workers: Optional[int], *, restarts: int,
                  replacement_timeout_s: float, liveness_interval_s: float,
-                 on_left: Callable[[WorkerRecord], None]):
+                 on_left: Callable[[WorkerRecord], None],
+                 on_registered: Callable[[WorkerRecord], None] = lambda record: None):
         self.job_id = job_id
         self.num_workers = num_workers
         self.restarts_left = restarts
         self.replacement_timeout_s = replacement_timeout_s
         self.liveness_interval_s = liveness_interval_s
         self._on_left = on_left
+        self._on_registered = on_registered
+        self._pids: List[int] = []  # of every worker that registered, in order
         self._by_id: Dict[int, WorkerRecord] = {}
         self._by_identity: Dict[bytes, WorkerRecord] = {}
         self._awaiting: List[Tuple[float, int]] = []  # (deadline, id) of expected replacements
@@ -102,6 +105,10 @@ class WorkerRegistry:
     def departed(self) -> List[int]:
         """Ids of the workers that have left (done or failed)."""
         return sorted(wid for wid, rec in self._by_id.items() if rec.has_left)
+
+    def pids(self) -> List[int]:
+        """The pids of every worker that ever registered (those that left included)."""
+        return list(self._pids)
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -156,12 +163,20 @@ class WorkerRegistry:
                 break
         replaced = self._by_id.get(record.worker_id)
         if replaced is not None:
+            if replaced.state is WorkerState.DONE:  # it failed after saying it was done
+                self.restarts_left -= 1
+                log.error("worker %d (pid %s) exited after saying it was done, and a "
+                          "replacement came for it: it failed (%d restart(s) left)",
+                          replaced.worker_id, replaced.pid, self.restarts_left)
             replaced.state = WorkerState.REPLACED
             self._by_identity.pop(replaced.identity, None)
         self._by_id[record.worker_id] = record
         self._by_identity[identity] = record
+        if pid is not None:
+            self._pids.append(pid)
         log.info("worker %d registered (pid %s)%s", record.worker_id, pid,
                  " as the replacement of a failed one" if replaced is not None else "")
+        self._on_registered(record)  # before the reply: the launcher may see it exit at once
         return record, True
 
     def _claimed_by(self, pid) -> int:
@@ -176,7 +191,8 @@ class WorkerRegistry:
         ok = isinstance(requested, int) and not isinstance(requested, bool) and requested >= 0 \
             and (self.num_workers is None or requested < self.num_workers)
         if ok and (requested not in self._by_id
-                   or any(entry[1] == requested for entry in self._awaiting)):
+                   or any(entry[1] == requested for entry in self._awaiting)
+                   or self._done_then_died(requested)):
             return requested
         if self._awaiting:
             return self._awaiting[0][1]
@@ -184,6 +200,14 @@ class WorkerRegistry:
         while wid in self._by_id:
             wid += 1
         return wid
+
+    def _done_then_died(self, worker_id: int) -> bool:
+        """Whether worker `worker_id` said it was done, but its process has exited since and a
+        restart is left: the launcher replaces a worker whose exit status is a failure
+        (sys.exit(3) after close()), and the replacement takes its id."""
+        record = self._by_id[worker_id]
+        return (record.state is WorkerState.DONE and self.restarts_left > 0 and record.local
+                and record.pid is not None and not pid_alive(record.pid))
 
     def _reconnect(self, identity: bytes, info: dict,
                    welcome: Optional[Callable[[WorkerRecord, bool], None]]) -> WorkerRecord:

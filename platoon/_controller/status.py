@@ -25,9 +25,11 @@ class Progress:
     MIN_INTERVAL_S = 0.5
 
     def __init__(self, path: Optional[str], counts: Callable[[], Tuple[int, int]],
-                 counted: Callable[[], Tuple[List[int], int]] = lambda: ([], 0)):
+                 counted: Callable[[], Tuple[List[int], int]] = lambda: ([], 0),
+                 pids: Callable[[], List[int]] = list):
         self.path = path
         self._counts = counts
+        self._pids = pids  # of the workers that registered: the launcher's check
         self._counted = counted
         self.totals: Dict[str, Any] = {"minibatches": 0, "syncs": 0, "metrics": {}}
         self._reported_minibatches = 0
@@ -99,7 +101,7 @@ class Progress:
         self._written = now
         self.pending = False
         workers, done = self._counts()
-        status = dict(self.refresh(), workers=workers, done=done,
+        status = dict(self.refresh(), workers=workers, done=done, worker_pids=self._pids(),
                       reports={str(wid): report for wid, report in self._reports.items()})
         if self.started is not None:
             elapsed = now - self.started

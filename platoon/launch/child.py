@@ -5,7 +5,9 @@ from PLATOON_LOG_LEVEL, lines tagged with LABEL), makes the process die with
 the launcher (PR_SET_PDEATHSIG), turns SIGTERM into SystemExit so `finally`
 blocks and finalizers release sockets and shared memory, then runs SCRIPT as
 ``__main__`` (SCRIPT ``-m:MODULE`` calls ``MODULE.main()`` instead, and
-``-x:PROGRAM`` executes that program, which keeps the death signal).
+``-x:PROGRAM`` executes that program, which keeps the death signal). A script that
+ends with a non-zero exit status has failed, whatever it said before: a Worker it left open
+tells the controller so at exit, as the launcher sees it.
 """
 
 import importlib
@@ -33,13 +35,28 @@ def main() -> None:
         format="%(asctime)s " + label + " %(levelname)s %(name)s: %(message)s")
     if target.startswith("-x:"):
         os.execv(target[3:], [target[3:]] + args)
-    if target.startswith("-m:"):
-        sys.argv = [target[3:]] + args
-        importlib.import_module(target[3:]).main()
-    else:
-        sys.argv = [target] + args
-        sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
-        runpy.run_path(target, run_name="__main__")
+    try:
+        if target.startswith("-m:"):
+            sys.argv = [target[3:]] + args
+            importlib.import_module(target[3:]).main()
+        else:
+            sys.argv = [target] + args
+            sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        _note_failed_exit(exc.code)
+        raise
+
+
+def _note_failed_exit(code) -> None:
+    """sys.exit(code): if it is a failure and the script's process holds platoon's worker
+    side, have an unclosed Worker's goodbye at exit say it failed (the launcher counts this
+    exit as a failure; the controller must too, or a replacement could not take its id)."""
+    if code is None or code == 0:
+        return
+    client = sys.modules.get("platoon._client")  # loaded with a Worker; never imported here
+    if client is not None:
+        client.note_failed_exit(code)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ summary. Its keys are the contract between the two processes:
 
 - ``minibatches``, ``syncs``: totals over the job; ``metrics``: the latest reported;
   ``reports``: {worker id: its reported totals and latest metrics};
-  ``workers`` (registered), ``done`` (left); ``elapsed_s`` (since `serve` started) and
+  ``workers`` (registered), ``done`` (left); ``worker_pids``: the pid of every worker
+  that registered (written before its registration is answered, so a worker process that
+  has exited and is not listed never registered); ``elapsed_s`` (since `serve` started) and
   ``syncs_per_s``;
 - ``failure``: {``error``: "Type: message", ``thread``: a thread's name}, once `serve`
   raised an error of its own (the controller's fault: it leads the failure report);

@@ -216,6 +216,8 @@ class Launch:
         self._finished_at = None
         self._failed = set()
         self._replaced = set()
+        self._seen_registered = set()  # workers the status file lists as registered
+        self._replacement_of = {}  # replacement -> the failed worker it replaces
         self._exit_pass = {}  # process -> the supervision pass that first saw it exited
         self._passes = 0
         self._started = time.monotonic()
@@ -359,12 +361,20 @@ class Launch:
         self._note_exits()
         if self.controller.poll() not in (None, 0):
             return self.controller_failed()
+        for new, old in self._replacement_of.items():
+            if self.controller.poll() == 0 and self._registered(new, final=True) is False:
+                return self.fail(old, "%s failed (%s), and the controller finished (its job "
+                                 "done) before %s, its replacement, registered"
+                                 % (old.label, old.describe_exit(), new.label))
         for proc in list(self.workers):
             if proc.poll() not in (None, 0) and proc not in self._failed:
                 self._failed.add(proc)
                 failure = self.worker_failed(proc)
                 if failure is not None:
                     return failure
+        for proc in self.workers:
+            if proc.poll() == 0 and self._registered(proc) is False:
+                return self.fail(proc, self._never_registered(proc))
         if self.controller.poll() == 0 and self._finished_at is None:
             self._finished_at = time.monotonic()
         lingering = [p for p in self.workers if p.poll() is None]
@@ -446,17 +456,47 @@ class Launch:
                    and p not in self._replaced and self._exit_pass.get(p, seen + 1) <= seen]
         return min(earlier, key=self._exit_pass.get, default=None)
 
+    def _registered(self, proc, final=False):
+        """Whether the worker `proc`, exited (or, with `final`, the controller), registered
+        with the controller: None while that is not known (no status file yet, or --hosts),
+        and once the controller has stopped unless `final` (it needs no worker then). The
+        controller lists a worker's pid in its status file before it answers the
+        registration, so an exited worker it does not list never registered."""
+        if proc in self._seen_registered:
+            return True
+        if self.args.hosts or (self.controller.poll() is not None and not final):
+            return None
+        pids = read_status(self.status_file).get("worker_pids")
+        if not isinstance(pids, list):
+            return None
+        if proc.pid in pids:
+            self._seen_registered.add(proc)
+            return True
+        return False
+
+    def _never_registered(self, proc):
+        return ("%s (pid %d) exited (%s) without ever creating a platoon.Worker, while the "
+                "controller waits for it to register: its script is not ported to platoon. "
+                "Create a Worker in it (see docs/porting-a-script.md); a script that is not "
+                "a platoon worker runs without the launcher"
+                % (proc.label, proc.pid, proc.describe_exit()))
+
     def worker_failed(self, proc):
         """Restart, tolerate or fail the job for a failed worker; returns an exit code to fail."""
         reason = "%s failed (%s)" % (proc.label, proc.describe_exit())
-        if self.restarts_left > 0:
+        if self.controller.poll() is not None:  # a replacement would wait for it in vain
+            reason += " after the controller had finished"
+        elif self.restarts_left > 0:
             self.restarts_left -= 1
             attempt = sum(p.index == proc.index for p in self.workers)
             self.say("%s; starting a replacement (%d restart(s) left). Last lines of %s:\n%s"
                      % (reason, self.restarts_left, proc.log_path, proc.tail(5).rstrip()))
             self._replaced.add(proc)
             self.start_worker(proc.index, proc.device, attempt)
+            self._replacement_of[self.workers[-1]] = proc
             return None
+        if self._registered(proc) is False:  # the controller waits for it: no carrying on
+            return self.fail(proc, self._never_registered(proc))
         if self.args.keep_going:
             self.say("%s; carrying on without it (--keep-going)" % reason)
             return None
