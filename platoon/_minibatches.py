@@ -20,9 +20,9 @@ an ended epoch are re-sent), so a count made before a reset, or one including
 minibatches still arriving from the old connection, never acknowledges a minibatch
 the worker has not received. (ZeroMQ keeps one receive queue per connected endpoint:
 whatever the old connection brought comes before the new epoch's first message.)
-Everything here runs in the thread
-calling `send_mb` / `flush_mb`, in the process that made the channel; the serve thread
-only reports workers that left, through a deque and a wake-up pipe.
+Everything here runs in the thread calling `send_mb` / `flush_mb`, in the process that
+made the channel; the serve thread only reports workers that left, through a deque and
+a wake-up pipe.
 """
 
 import collections
@@ -277,10 +277,10 @@ class MinibatchChannel:
 
     def _connected(self, peer, wid, token, identity, epoch, done):
         """Worker `wid` (`peer`, or None if new) asks on connection `identity`: open an epoch
-        on it. An older connection of the worker was reset: the minibatches sent on it that
-        this request (counting `done` of `epoch`) does not acknowledge were lost with it (or
-        are arriving still: delivery is at least once) and go to the next workers that ask.
-        Returns the peer, or None if the new connection is gone already."""
+        on it. If `peer` had another connection, that one was reset: the minibatches sent
+        on it that this request (counting `done` of `epoch`) does not acknowledge were lost
+        with it (or are arriving still: delivery is at least once) and go to the next
+        workers that ask. Returns the peer, or None if the new connection is gone already."""
         if peer is None:
             peer = self.peers[wid] = _Peer(wid, token)
         else:
