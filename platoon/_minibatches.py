@@ -13,9 +13,16 @@ the workers' requests. Minibatches sent to a worker and not yet acknowledged are
 kept, by worker rather than by connection: when the worker fails they are re-sent to
 the next workers that ask; when it closes, those it prefetched but never took are;
 when its connection is reset, those it had not received by its first request on
-the new one are. Everything here runs in the thread calling `send_mb` / `flush_mb`,
-in the process that made the channel; the serve thread only reports workers that
-left, through a deque and a wake-up pipe.
+the new one are. Acknowledgements count by connection: the first message on each
+connection a worker asks on opens a new epoch, numbered across the channel; a request
+names the epoch it counts in and acknowledges only that epoch's minibatches (those of
+an ended epoch are re-sent), so a count made before a reset, or one including
+minibatches still arriving from the old connection, never acknowledges a minibatch
+the worker has not received. (ZeroMQ keeps one receive queue per connected endpoint:
+whatever the old connection brought comes before the new epoch's first message.)
+Everything here runs in the thread calling `send_mb` / `flush_mb`, in the process that
+made the channel; the serve thread only reports workers that left, through a deque and
+a wake-up pipe.
 """
 
 import collections
@@ -37,16 +44,17 @@ log = logging.getLogger(__name__)
 class _Peer:
     """A worker's connection to the data socket."""
 
-    __slots__ = ("worker_id", "token", "identity", "credit", "window_bytes", "sent", "unacked",
-                 "unacked_bytes", "queued", "gone")
+    __slots__ = ("worker_id", "token", "identity", "epoch", "credit", "window_bytes", "sent",
+                 "unacked", "unacked_bytes", "queued", "gone")
 
-    def __init__(self, worker_id, token, identity, received):
+    def __init__(self, worker_id, token):
         self.worker_id = worker_id
         self.token = token
-        self.identity = identity  # of its current connection
+        self.identity = None  # of its current connection
+        self.epoch = 0  # that connection's: requests counting in another acknowledge nothing
         self.credit = 0  # minibatches asked for and not yet sent
         self.window_bytes = 0  # bytes it lets be unacknowledged (0: no byte bound)
-        self.sent = received  # minibatches sent, which numbers them: the worker counts the same
+        self.sent = 0  # minibatches sent in this epoch, which numbers them: the worker too
         self.unacked = collections.deque()  # (number, frames, nbytes) sent, not acknowledged
         self.unacked_bytes = 0  # their total size
         self.queued = False  # in the channel's `ready` deque
@@ -67,6 +75,7 @@ class MinibatchChannel:
     DRAIN_EVERY = 8
     DRAIN_AT_MOST = 64  # requests read at once: a flood must not keep the sender reading
     REFUSED_AT_MOST = 4096  # connections remembered as refused (their frames dropped unread)
+    RETIRED_AT_MOST = 4096  # workers' replaced connections remembered (their requests ignored)
 
     def __init__(self, sock, hwm, workers, address):
         self._lock = threading.Lock()  # one sending thread at a time
@@ -76,6 +85,8 @@ class MinibatchChannel:
         self.address = address
         self.peers = {}  # worker id -> _Peer
         self.refused = {}  # identities of connections refused once (insertion-ordered)
+        self.retired = {}  # identities of workers' connections replaced or dropped (same)
+        self.epochs = 0  # epochs opened so far: the last one's number
         self.ready = collections.deque()  # peers with credit, in the order they asked
         self.resend = collections.deque()  # (frames, nbytes) to deliver again, first
         self.left = collections.deque()  # (token, failed) of workers that left: serve thread
@@ -233,7 +244,8 @@ class MinibatchChannel:
         try:
             if len(frames) != 2:
                 raise ProtocolError("a minibatch request is one frame, got %d" % (len(frames) - 1))
-            wid, token, done, credit, bye, window_bytes = protocol.decode_mb_request(frames[1])
+            wid, token, done, credit, bye, window_bytes, epoch = \
+                protocol.decode_mb_request(frames[1])
         except ProtocolError as exc:
             return self._refuse(identity, str(exc))
         record = self.workers.get(wid)
@@ -244,32 +256,55 @@ class MinibatchChannel:
         peer = self.peers.get(wid)
         if bye:  # a worker leaving: what it has not taken goes to others
             if peer is not None:
-                self._ack(peer, done)
+                self._ack(peer, epoch, done)
                 self._drop(peer, "left")
             return None
+        if identity in self.retired:  # sent before its connection was replaced: it asks
+            return None  # again on the new one, where all it has not acknowledged is re-sent
         if record.has_left:
             return self._refuse(identity, "worker %d has left the job; it gets no more "
                                 "minibatches" % wid)
-        if peer is None:
-            peer = self.peers[wid] = _Peer(wid, record.token, identity, done)
-        elif peer.identity != identity:
-            self._reconnected(peer, identity, done)
+        if peer is None or peer.identity != identity:
+            peer = self._connected(peer, wid, record.token, identity, epoch, done)
+            if peer is None:
+                return None
         peer.window_bytes = window_bytes
-        self._ack(peer, done)
-        peer.credit = max(0, done + credit - peer.sent)
+        self._ack(peer, epoch, done)
+        received = done if epoch == peer.epoch else 0  # of this epoch's, as far as it knows
+        peer.credit = max(0, received + credit - peer.sent)
         self._queue(peer)
         return None
 
-    def _reconnected(self, peer, identity, done):
-        """`peer` asks on a new connection (the old one was reset), having received `done`:
-        those sent after them were lost with the old connection (or are arriving still:
-        delivery is at least once) and go to the next workers that ask."""
-        self._ack(peer, done)
-        log.warning("worker %d's data connection was reset; re-sending the %d minibatch(es) "
-                    "sent to it that it had not received", peer.worker_id, len(peer.unacked))
-        self._take_back(peer)
-        peer.identity = identity
-        peer.sent = done  # the numbers it gives from now on
+    def _connected(self, peer, wid, token, identity, epoch, done):
+        """Worker `wid` (`peer`, or None if new) asks on connection `identity`: open an epoch
+        on it. If `peer` had another connection, that one was reset: the minibatches sent
+        on it that this request (counting `done` of `epoch`) does not acknowledge were lost
+        with it (or are arriving still: delivery is at least once) and go to the next
+        workers that ask. Returns the peer, or None if the new connection is gone already."""
+        if peer is None:
+            peer = self.peers[wid] = _Peer(wid, token)
+        else:
+            self._ack(peer, epoch, done)
+            log.warning("worker %d's data connection was reset; re-sending the %d "
+                        "minibatch(es) sent to it that it had not acknowledged", wid,
+                        len(peer.unacked))
+            self._take_back(peer)
+            self._retire(peer.identity)
+        self.epochs += 1
+        peer.identity, peer.epoch, peer.sent = identity, self.epochs, 0
+        try:
+            self.sock.send_multipart([identity, protocol.encode_mb_epoch(peer.epoch)])
+        except zmq.ZMQError:  # EHOSTUNREACH: disconnected already
+            self._drop(peer, "disconnected")
+            return None
+        return peer
+
+    def _retire(self, identity):
+        """Remember `identity` as a worker's connection replaced or dropped (bounded)."""
+        retired = self.retired
+        if len(retired) >= self.RETIRED_AT_MOST:
+            del retired[next(iter(retired))]  # the oldest
+        retired[identity] = None
 
     def _refuse(self, identity, message):
         """Answer the connection `identity` once with `message`; its later frames are dropped."""
@@ -283,10 +318,13 @@ class MinibatchChannel:
         except zmq.ZMQError:  # the peer is gone already
             pass
 
-    def _ack(self, peer, done):
-        unacked = peer.unacked
-        while unacked and unacked[0][0] <= done:
-            peer.unacked_bytes -= unacked.popleft()[2]
+    def _ack(self, peer, epoch, done):
+        """`peer` has finished the first `done` minibatches of `epoch`: forget those that
+        are of its current epoch (an older epoch's were taken back when it ended)."""
+        if epoch == peer.epoch:
+            unacked = peer.unacked
+            while unacked and unacked[0][0] <= done:
+                peer.unacked_bytes -= unacked.popleft()[2]
         self._queue(peer)
 
     def _has_room(self, peer):
@@ -350,6 +388,7 @@ class MinibatchChannel:
         peer.gone = True
         if self.peers.get(peer.worker_id) is peer:
             del self.peers[peer.worker_id]
+        self._retire(peer.identity)
         if peer.unacked:
             log.warning("worker %d %s holding %d minibatch(es) (%d bytes) it had not finished; "
                         "re-sending them to the next workers that ask", peer.worker_id, why,
@@ -387,7 +426,9 @@ class MinibatchClient:
     waiting in `recv_mb` has acknowledged all it finished (so `flush_mb` completes). A
     request gives the window beyond those received, not an increment, so repeating
     it is harmless: a worker still waiting after ASK_AGAIN_S asks again, in case its
-    request or minibatches were lost with a reset connection.
+    request or minibatches were lost with a reset connection. Counts are of the current
+    epoch: a message from the controller opening a new one (on a new connection) starts
+    them again from 0.
 
     Holds no reference to the Worker, so a finalizer can say goodbye (`leave`)
     when the worker is closed or its process exits.
@@ -412,7 +453,8 @@ class MinibatchClient:
         self.ack_every = -(-self.window // self.ACKS_PER_WINDOW)
         self.ack_every_bytes = (-(-window_bytes // self.ACKS_PER_WINDOW) if window_bytes
                                 else float("inf"))
-        self.received = 0  # minibatch messages received: the controller numbers them alike
+        self.epoch = 0  # opened by the controller on this connection (0: none yet)
+        self.received = 0  # its minibatch messages received: the controller numbers them alike
         self.acked = 0  # how many of them the controller was told are finished
         self.bytes_since_ack = 0  # of those received since
         self.asked = False  # has a request stated the window (since a refusal)?
@@ -425,7 +467,7 @@ class MinibatchClient:
         if again or not self.asked or self.received > self.acked:
             self.sock.send(protocol.encode_mb_request(
                 self.worker_id, self.token, self.received, self.window,
-                window_bytes=self.window_bytes), zmq.NOBLOCK)
+                window_bytes=self.window_bytes, epoch=self.epoch), zmq.NOBLOCK)
             self.acked = self.received
             self.bytes_since_ack = 0
             self.asked = True
@@ -436,6 +478,29 @@ class MinibatchClient:
         `recv_within(sock, deadline, copy)` waits for a frame until `deadline`
         (monotonic) and returns None then. Raises MinibatchTimeout, ProtocolError.
         """
+        while True:
+            frames = self._next_message(recv_within, deadline, timeout_s)
+            try:
+                arrays = protocol.decode_minibatch(frames)
+            except ProtocolError:
+                epoch = protocol.mb_epoch(frames)
+                if epoch is not None:  # a new connection: count its minibatches from 0
+                    self.epoch, self.received, self.acked = epoch, 0, 0
+                    self.bytes_since_ack, self.asked = 0, False  # and say so soon
+                    continue
+                refusal = protocol.mb_refusal(frames)
+                if refusal is not None:
+                    self.asked = False
+                    raise ProtocolError("the controller at %s refused worker %s's minibatch "
+                                        "request: %s" % (self.address, self.worker_id, refusal)
+                                        ) from None
+                self.received_one(frames)  # a malformed one still counts: the controller sent it
+                raise
+            self.received_one(frames)
+            return arrays
+
+    def _next_message(self, recv_within, deadline, timeout_s):
+        """Ask for minibatches (when due) and receive the next message; its frames."""
         sock = self.sock
         first = None
         if self.received - self.acked < self.ack_every \
@@ -455,25 +520,12 @@ class MinibatchClient:
             if first is None:
                 raise MinibatchTimeout("no minibatch from %s within %.3g s"
                                        % (self.address, timeout_s)) from None
-        if first.more:  # the rest of a message is there once its first frame is
-            frames = [first]
-            while frames[-1].more:
-                frames.append(sock.recv(copy=False))
-        else:
-            frames = (first,)
-        try:
-            arrays = protocol.decode_minibatch(frames)
-        except ProtocolError:
-            refusal = protocol.mb_refusal(frames)
-            if refusal is not None:
-                self.asked = False
-                raise ProtocolError("the controller at %s refused worker %s's minibatch "
-                                    "request: %s" % (self.address, self.worker_id, refusal)
-                                    ) from None
-            self.received_one(frames)  # a malformed one still counts: the controller sent it
-            raise
-        self.received_one(frames)
-        return arrays
+        if not first.more:  # the rest of a message is there once its first frame is
+            return (first,)
+        frames = [first]
+        while frames[-1].more:
+            frames.append(sock.recv(copy=False))
+        return frames
 
     def _recv_asking_again(self, recv_within, deadline):
         """`recv_within` until `deadline`, repeating the request every ASK_AGAIN_S."""
@@ -501,7 +553,7 @@ class MinibatchClient:
         done = self.received - (1 if failed and self.received else 0)
         try:
             self.sock.send(protocol.encode_mb_request(self.worker_id, self.token, done, 0,
-                                                      bye=True), zmq.NOBLOCK)
+                                                      bye=True, epoch=self.epoch), zmq.NOBLOCK)
             self.sock.linger = 1000  # let it leave before the socket closes
         except zmq.ZMQError:
             pass

@@ -13,13 +13,16 @@ A minibatch is one JSON header ``[{"dtype": str, "shape": [int, ...], "order":
 travel packed in one frame: ``b"PMB\\x01"``, the header's length (uint32, little
 endian), the header, then each array, every part starting at a multiple of 8
 bytes (zero padding). Larger ones are a multipart message: the header frame, then
-one frame per array. A worker asks for minibatches with one binary frame: ``b"PMR\\x02"``,
-bye (1 byte), 3 zero bytes, its worker id (int64), how many minibatches it has
-finished (uint64: acknowledging them all), how many beyond those it wants sent (its
-window, uint32: a repeated request asks for nothing new), how many bytes of minibatches
-it lets be unacknowledged (uint64; 0: no byte bound; at least one minibatch is sent
-whatever its size), little endian, then its registration token (ASCII); with bye it
-leaves the channel. A connection whose request
+one frame per array. A worker asks for minibatches with one binary frame: ``b"PMR\\x03"``,
+bye (1 byte), 3 zero bytes, its worker id (int64), the epoch it counts in (uint64; 0
+before the first), how many minibatches of that epoch it has finished (uint64:
+acknowledging them all), how many beyond those it wants sent (its window, uint32: a
+repeated request asks for nothing new), how many bytes of minibatches it lets be
+unacknowledged (uint64; 0: no byte bound; at least one minibatch is sent whatever its
+size), little endian, then its registration token (ASCII); with bye it leaves the
+channel. The controller's first message on each connection a worker asks on opens an
+epoch: one frame, ``b"PME\\x01"`` and the epoch (uint64, little endian, never 0); the
+minibatches after it are that epoch's, counted from 1. A connection whose request
 is refused is answered once with one frame ``{"error": str}``; its later frames are dropped.
 """
 
@@ -502,29 +505,30 @@ def _decode_minibatch_checked(frames):
     return arrays
 
 
-# magic, bye, worker id, done, credit, window bytes; then the token
-_MB_REQUEST = struct.Struct("<4s?xxxqQIQ")
-_MB_REQUEST_MAGIC = b"PMR\x02"
+# magic, bye, worker id, epoch, done, credit, window bytes; then the token
+_MB_REQUEST = struct.Struct("<4s?xxxqQQIQ")
+_MB_REQUEST_MAGIC = b"PMR\x03"
 _MAX_TOKEN_BYTES = 256
 _MAX_CREDIT = 1 << 20
 
 
-def encode_mb_request(worker_id, token, done, credit, bye=False, window_bytes=0):
-    """A worker's request frame on the data channel (see the module docstring)."""
-    return _MB_REQUEST.pack(_MB_REQUEST_MAGIC, bye, worker_id, done, credit,
+def encode_mb_request(worker_id, token, done, credit, bye=False, window_bytes=0, epoch=0):
+    """A worker's request frame on the data channel (see the module docstring): `done`
+    minibatches of `epoch` finished, `credit` more wanted."""
+    return _MB_REQUEST.pack(_MB_REQUEST_MAGIC, bye, worker_id, epoch, done, credit,
                             window_bytes) + token.encode()
 
 
 def decode_mb_request(payload):
-    """``(worker_id, token, done, credit, bye, window_bytes)`` from a request frame; raises
-    ProtocolError."""
+    """``(worker_id, token, done, credit, bye, window_bytes, epoch)`` from a request frame;
+    raises ProtocolError."""
     size = _MB_REQUEST.size
     if not size <= len(payload) <= size + _MAX_TOKEN_BYTES \
             or payload[:4] != _MB_REQUEST_MAGIC or payload[4] > 1:
         raise ProtocolError("a minibatch request is a binary frame of %d to %d bytes starting "
                             "with %r, got %d bytes; platoon.Worker.recv_mb sends them"
                             % (size, size + _MAX_TOKEN_BYTES, _MB_REQUEST_MAGIC, len(payload)))
-    _, bye, wid, done, credit, window_bytes = _MB_REQUEST.unpack_from(payload)
+    _, bye, wid, epoch, done, credit, window_bytes = _MB_REQUEST.unpack_from(payload)
     if credit > _MAX_CREDIT:
         raise ProtocolError("minibatch request asks for %d minibatches; at most %d at once"
                             % (credit, _MAX_CREDIT))
@@ -532,7 +536,24 @@ def decode_mb_request(payload):
         token = payload[size:].decode("ascii")
     except UnicodeDecodeError:
         raise ProtocolError("minibatch request token is not ASCII") from None
-    return wid, token, done, credit, bye, window_bytes
+    return wid, token, done, credit, bye, window_bytes, epoch
+
+
+_MB_EPOCH = struct.Struct("<4sQ")
+_MB_EPOCH_MAGIC = b"PME\x01"
+
+
+def encode_mb_epoch(epoch):
+    """The controller's first message on a worker's connection: it opens `epoch` (>= 1)."""
+    return _MB_EPOCH.pack(_MB_EPOCH_MAGIC, epoch)
+
+
+def mb_epoch(frames):
+    """The epoch a message opens (see `encode_mb_epoch`), or None for anything else."""
+    if len(frames) != 1 or len(frames[0]) != _MB_EPOCH.size:
+        return None
+    magic, epoch = _MB_EPOCH.unpack_from(frames[0])
+    return epoch if magic == _MB_EPOCH_MAGIC and epoch else None
 
 
 def encode_mb_refusal(message):

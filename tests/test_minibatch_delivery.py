@@ -4,6 +4,11 @@ a reset data connection loses none, and a forked feeder is told to use a thread.
 
 import math
 import multiprocessing
+import os
+import re
+import shutil
+import signal
+import subprocess
 import threading
 import time
 
@@ -152,6 +157,104 @@ def test_flush_mb_returns_after_the_data_connection_is_reset(serve):
         link.close()
     assert not errors and seen == set(range(6))
     serving.join()
+
+
+def ss(*args):
+    """`ss -tnH ARGS` (iproute2): TCP sockets without a header line."""
+    done = subprocess.run(["ss", "-tnH"] + list(args), capture_output=True, text=True,
+                          timeout=10)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def connections_to(port):
+    """{local port: (Recv-Q, bytes received)} of the established connections to port."""
+    found, local = {}, None
+    for line in ss("-i", "state", "established", "dport", "=", ":%d" % port).splitlines():
+        if not line.strip():
+            continue
+        if not line[0].isspace():  # Recv-Q Send-Q local peer
+            fields = line.split()
+            local = int(fields[2].rsplit(":", 1)[1])
+            found[local] = (int(fields[0]), 0)
+        elif local is not None:  # its details
+            match = re.search(r"bytes_received:(\d+)", line)
+            if match:
+                found[local] = (found[local][0], int(match.group(1)))
+    return found
+
+
+def wait_for(condition, what, timeout=20.0):
+    """The first true value of condition() (polled); fails the test after timeout s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "%s: not within %.3g s" % (what, timeout)
+        time.sleep(0.02)
+
+
+needs_ss_kill = pytest.mark.skipif(
+    shutil.which("ss") is None or os.geteuid() != 0,
+    reason="resets a worker's TCP connection with `ss -K`, which needs iproute2 and root")
+
+
+@needs_ss_kill
+def test_no_minibatch_is_lost_when_a_worker_dies_after_a_reset_of_its_data_connection(
+        serve, procs):
+    """The worker's connection is reset (`ss -K`: its kernel aborts the socket and sends the
+    controller a RST; ZeroMQ reconnects) while 7 minibatches wait in its queue; its first
+    request on the new connection acknowledges 2 of them. It takes up to minibatch 10 and
+    holds it, and is killed. Before: the controller numbered its minibatches from that
+    stale 2, so the worker's later requests acknowledged minibatches it had not taken;
+    they were not re-sent when it died, and flush_mb returned without them."""
+    ctl = Tolerant(control_port=0, data_port=0, num_workers=2, liveness_interval_s=0.2)
+    serving = serve(ctl, timeout=90)
+    count, last = 24, 10
+    victim = procs("mb_worker.py", ctl.control_port, ctl.data_port, "pause", last)
+    victim_id = worker_id(victim)
+    takers = [ctl.send_mb(batch(i), timeout_s=10) for i in range(8)]  # its window: 8
+    assert takers == [victim_id] * 8
+    assert victim.wait_for_line("HOLDING") == "HOLDING 0"
+    # Every byte of the 8 is in its ZeroMQ queue (read from the kernel), 7 not yet taken.
+    size = len(encode_minibatch(batch(0))[0])
+    [(local, _)] = wait_for(
+        lambda: [(port, got) for port, (queued, got) in connections_to(ctl.data_port).items()
+                 if not queued and got >= 8 * size + 64],
+        "the victim receiving its 8 minibatches")
+    ss("-K", "state", "established", "sport", "=", ":%d" % local)
+    if local in connections_to(ctl.data_port):
+        pytest.skip("`ss -K` cannot abort sockets here (a kernel without "
+                    "CONFIG_INET_DIAG_DESTROY)")
+    wait_for(lambda: connections_to(ctl.data_port), "the victim reconnecting")
+    os.kill(victim.pid, signal.SIGUSR1)
+    # Feed it while it takes, until it holds minibatch `last` and the controller, having
+    # read its last requests, has no room for more (a send times out after it is HELD).
+    i, held, deadline = 8, False, time.monotonic() + 60
+    while i < count:
+        assert time.monotonic() < deadline, victim.output
+        try:
+            assert ctl.send_mb(batch(i), timeout_s=1.0) == victim_id
+            i += 1
+        except MinibatchTimeout:
+            if held:
+                break
+            if i > last:  # it has been sent every one it takes
+                held = victim.wait_for_line("HELD", timeout=30) == "HELD"
+    victim.kill()
+    survivor = procs("mb_worker.py", ctl.control_port, ctl.data_port, "drain")
+    worker_id(survivor)
+    for j in range(i, count):
+        ctl.send_mb(batch(j), timeout_s=30)
+    ctl.flush_mb(timeout_s=30)  # until every one is acknowledged: re-sent ones too
+    ctl.send_mb([np.full(125, -1, np.int64)], timeout_s=30)
+    assert survivor.wait(60) == 0, survivor.output
+    missing = set(range(count)) - set(got(victim)) - set(got(survivor))
+    assert not missing, "minibatches %s reached no worker (victim got %s, survivor %s)" % (
+        sorted(missing), got(victim), got(survivor))
+    serving.join()
+    assert [death[0] for death in ctl.deaths] == [victim_id]
 
 
 def test_an_unauthenticated_flood_does_not_stall_send_mb(serve, procs):

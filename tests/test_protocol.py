@@ -284,8 +284,8 @@ def test_packed_header_seen_before_still_checks_each_frame():
 
 
 def test_minibatch_requests_round_trip_and_garbage_is_refused():
-    frame = protocol.encode_mb_request(7, "ab" * 16, 12, 9, window_bytes=5 << 30)
-    assert protocol.decode_mb_request(frame) == (7, "ab" * 16, 12, 9, False, 5 << 30)
+    frame = protocol.encode_mb_request(7, "ab" * 16, 12, 9, window_bytes=5 << 30, epoch=3)
+    assert protocol.decode_mb_request(frame) == (7, "ab" * 16, 12, 9, False, 5 << 30, 3)
     assert protocol.decode_mb_request(protocol.encode_mb_request(1, "t", 0, 0, bye=True))[4]
     for garbage in (b"", b"junk", b'{"worker_id": 1}', frame[:10], frame + b"x" * 300,
                     b"XXXX" + frame[4:], frame[:4] + b"\x02" + frame[5:],
@@ -293,3 +293,15 @@ def test_minibatch_requests_round_trip_and_garbage_is_refused():
                     frame[:-1] + b"\xff"):
         with pytest.raises(ProtocolError, match="minibatch request"):
             protocol.decode_mb_request(garbage)
+
+
+def test_an_epoch_message_is_told_apart_from_minibatches_and_refusals():
+    frame = protocol.encode_mb_epoch(5)
+    assert protocol.mb_epoch([frame]) == 5
+    assert protocol.mb_refusal([frame]) is None
+    with pytest.raises(ProtocolError):
+        protocol.decode_minibatch([frame])
+    for other in ([frame, b""], [frame[:-1]], [protocol.encode_mb_epoch(0)],
+                  [b"PMB\x01" + frame[4:]], protocol.encode_minibatch([np.zeros(1)]),
+                  [protocol.encode_mb_refusal("no")]):
+        assert protocol.mb_epoch(other) is None
