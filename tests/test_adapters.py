@@ -183,3 +183,12 @@ def test_jax_arrays_returned_by_a_sync_stay_unchanged(serve):
         for p, n in zip(first, sizes):
             np.testing.assert_array_equal(np.asarray(p + 0.0), np.ones(n))
     serving.join()
+
+
+def test_two_worker_processes_with_bfloat16_tensors(procs, tmp_path):
+    """The GPU test's two workers (tests/gpu/test_gpu_adapters.py), with CPU tensors."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu"))
+    from test_gpu_adapters import two_workers_in_turn
+    two_workers_in_turn(procs, tmp_path, "cpu")

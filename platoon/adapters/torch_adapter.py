@@ -122,7 +122,7 @@ class TorchStagedAdapter(Adapter):
 
     def __init__(self, params, names=None):
         self._layouts = [(p.dtype, p.shape, p.device.type) for p in params]
-        self._staging = flat_staging(params, pin=params[0].device.type == "cuda")
+        self._staging = flat_staging(params, pin=any(p.is_cuda for p in params))
         self._names = names
         super().__init__(params, [s.numpy() for s in self._staging])
 
