@@ -155,6 +155,28 @@ def test_bfloat16_tensors_sync_as_float32(serve):
     serving.join()
 
 
+@pytest.mark.parametrize("snapshot", [False, True])
+def test_bfloat16_tensors_start_sync(serve, snapshot):
+    """start_sync through the staging: the update runs on the float32 staging arrays and
+    wait() writes the result back (with a snapshot, on top of the updates made meanwhile)."""
+    ctl = Nothing(control_port=0)
+    serving = serve(ctl)
+    x = torch.zeros(4096, dtype=torch.bfloat16)
+    with Worker(ctl.control_port, timeout_s=5) as w:
+        w.init_shared_params([x], EASGD(0.5))
+        x += 3.0
+        handle = w.start_sync(snapshot=snapshot)
+        assert handle.snapshot is snapshot
+        if snapshot:
+            x += 1.0
+        handle.wait(10)
+        # EASGD: x += -0.5 * (x_snap - c) with x_snap = 3, c = 0; the centre moves to 1.5
+        assert x.dtype == torch.bfloat16
+        np.testing.assert_array_equal(x.float().numpy(), np.full(4096, 2.5 if snapshot else 1.5))
+        np.testing.assert_array_equal(ctl.centre[0], np.full(4096, 1.5))
+    serving.join()
+
+
 def test_host_arrays_of_bfloat16_tensors_are_float32_copies_installed_back():
     t = torch.tensor([1.0, 2.0, 3.0], dtype=torch.bfloat16)
     f = torch.zeros(2)

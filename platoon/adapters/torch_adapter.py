@@ -39,7 +39,7 @@ def _numpy_holds(dtype):
         return False
     try:
         torch.empty(0, dtype=dtype).numpy()
-    except TypeError:  # "Got unsupported ScalarType ..."
+    except (TypeError, RuntimeError):  # "Got unsupported ScalarType ...", quantized types
         return False
     return True
 
