@@ -5,15 +5,25 @@ process sees it as device 0.
 """
 
 import atexit
+import logging
 
 from .errors import PlatoonError
 
+log = logging.getLogger(__name__)
+
 
 def init_context(device_index=0):
-    """Create and push a pycuda context on visible GPU `device_index`; returns it.
+    """Make the primary context of visible GPU `device_index` current on this thread for
+    pycuda; returns it (a ``pycuda.driver.Context``).
 
-    The context is popped at exit. Raises PlatoonError when pycuda is missing
-    or no GPU is visible.
+    The primary context is the one the CUDA runtime, and so PyTorch, CuPy and JAX, use: device
+    pointers pass freely between pycuda and them, and their calls on this thread still run in
+    their own context. The context is popped at exit. pycuda keeps a current context per
+    thread: GPUArrays shared with `Worker.init_shared_params` may be synced from any thread
+    (the adapter pushes this context where needed); other pycuda calls on another thread need
+    ``context.push()`` / ``pycuda.driver.Context.pop()`` around them. Calling it again on the
+    same thread returns the current context. Raises PlatoonError when pycuda is missing or no
+    such GPU is visible.
     """
     try:
         import pycuda.driver as cuda
@@ -29,6 +39,23 @@ def init_context(device_index=0):
     if device_index >= count:
         raise PlatoonError("no GPU %d: this process sees %d GPU(s) (CUDA_VISIBLE_DEVICES pins "
                            "launched workers to one, as device 0)" % (device_index, count))
-    context = cuda.Device(device_index).make_context()
-    atexit.register(context.pop)
+    context = cuda.Device(device_index).retain_primary_context()
+    current = cuda.Context.get_current()
+    if current is not None and current == context:
+        return current
+    context.push()
+    atexit.register(_pop_at_exit, cuda, context)
     return context
+
+
+def _pop_at_exit(cuda, context):
+    """Pop `context` if it is still current on the exiting thread (a context pushed on
+    another thread ends with that thread), and drop pycuda's per-context caches."""
+    try:
+        current = cuda.Context.get_current()
+        if current is not None and current == context:
+            cuda.Context.pop()
+        from pycuda.tools import clear_context_caches
+        clear_context_caches()
+    except cuda.Error as exc:  # at exit: say so, nothing left to do about it
+        log.warning("could not pop the pycuda context at exit: %s", exc)

@@ -1,4 +1,6 @@
-"""Framework adapters: torch tensors and modules shared with real workers; GPU paths skip here."""
+"""Framework adapters: torch tensors and modules shared with real workers, the layout checks of
+the CuPy and pycuda adapters (on numpy arrays, which have the same flags), JAX on the CPU; the
+GPU paths are in tests/gpu/test_gpu_adapters.py and skip without a GPU."""
 
 import numpy as np
 import pytest
@@ -50,8 +52,8 @@ def test_unsupported_and_mixed_parameters():
         adapters.adapt(["weights"])
     with pytest.raises(TypeError, match="mix frameworks"):
         adapters.adapt([np.zeros(2), torch.zeros(2)])
-    with pytest.raises(TypeError, match="numpy cannot hold"):
-        adapters.adapt([torch.zeros(2, dtype=torch.bfloat16)])
+    with pytest.raises(TypeError, match="float8_e4m3fn, which numpy cannot hold"):
+        adapters.adapt([torch.zeros(2, dtype=torch.float8_e4m3fn)])
     with pytest.raises(TypeError, match="non-contiguous"):
         adapters.adapt([torch.zeros(4, 4).t()])
 
@@ -59,7 +61,7 @@ def test_unsupported_and_mixed_parameters():
 def test_pycuda_helper_fails_clearly_without_a_gpu():
     try:
         import pycuda.driver  # noqa: F401
-        pytest.skip("pycuda is installed: tests/gpu/check_gpu.py covers it")
+        pytest.skip("pycuda is installed: tests/gpu/test_gpu_adapters.py covers it")
     except ImportError:
         pass
     from platoon.cuda import init_context
@@ -93,3 +95,122 @@ def test_jax_arrays_are_replaced_by_sync(serve):
         params = w.sync_params(params=params)
         np.testing.assert_allclose(np.asarray(params[0]), 1.0)
     serving.join()
+
+
+def test_device_arrays_are_staged_in_their_own_order_or_refused():
+    """The CuPy and pycuda adapters stage each array in its memory order (pycuda copies two
+    contiguous arrays flat, so a Fortran array staged in C order would land transposed) and
+    refuse other layouts before anything is copied, saying how to fix it."""
+    c = np.zeros((3, 4), np.float32)
+    assert adapters.staging_order(0, c, "x") == "C"
+    assert adapters.staging_order(0, np.asfortranarray(c), "x") == "F"
+    assert adapters.staging_order(0, c[1], "x") == "C"
+    with pytest.raises(TypeError, match=r"parameter 2 is not contiguous \(strides \(16,\) for "
+                                        r"shape \(3,\)\).*share cupy.ascontiguousarray\(p\)"):
+        adapters.staging_order(2, c[:, 0], "cupy.ascontiguousarray(p)")
+    with pytest.raises(TypeError, match="not contiguous"):
+        adapters.staging_order(0, c[:, ::2], "x")
+
+
+def test_flat_staging_holds_every_tensor_aligned_in_one_buffer():
+    from platoon.adapters.torch_adapter import flat_staging
+    tensors = [torch.zeros(3), torch.zeros(2, 5, dtype=torch.bfloat16), torch.zeros(0),
+               torch.zeros(7, dtype=torch.float64), torch.zeros(1, dtype=torch.int8)]
+    staging = flat_staging(tensors, pin=False)
+    assert [s.dtype for s in staging] == [torch.float32, torch.float32, torch.float32,
+                                          torch.float64, torch.int8]
+    assert [s.shape for s in staging] == [t.shape for t in tensors]
+    base = staging[0].untyped_storage().data_ptr()
+    assert all(s.untyped_storage().data_ptr() == base for s in staging)  # one allocation
+    spans = [(s.data_ptr(), s.data_ptr() + s.numel() * s.element_size()) for s in staging]
+    assert all((a - base) % 64 == 0 for a, _ in spans)
+    spans = sorted(span for span in spans if span[0] != span[1])
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))  # no overlap
+
+
+def test_bfloat16_tensors_sync_as_float32(serve):
+    """bfloat16 (numpy has none) is staged as float32: the centre is float32, and the sync's
+    result is written back rounded to bfloat16."""
+    ctl = Nothing(control_port=0)
+    serving = serve(ctl)
+    model = torch.nn.Linear(3, 2).to(torch.bfloat16)
+    with torch.no_grad():
+        model.weight.copy_(torch.arange(6.0).reshape(2, 3))
+        model.bias.fill_(-1.0)
+    with Worker(ctl.control_port, timeout_s=5) as w:
+        w.init_shared_params(model, EASGD(0.5))
+        assert ctl.centre[0].dtype == np.float32
+        np.testing.assert_array_equal(ctl.centre[0], np.arange(6.0).reshape(2, 3))
+        with torch.no_grad():
+            model.weight += 3.0
+        w.sync_params()  # EASGD 0.5: both move halfway, by 1.5
+        expected = np.arange(6.0).reshape(2, 3) + 1.5
+        assert model.weight.dtype == torch.bfloat16
+        np.testing.assert_array_equal(model.weight.detach().float().numpy(), expected)
+        np.testing.assert_array_equal(ctl.centre[0], expected)
+        model.weight.data = model.weight.data.float()  # converted after sharing
+        with pytest.raises(PlatoonError, match=r"torch.bfloat16 \[2, 3\] on cpu to "
+                                               r"torch.float32"):
+            w.sync_params()
+    serving.join()
+
+
+@pytest.mark.parametrize("snapshot", [False, True])
+def test_bfloat16_tensors_start_sync(serve, snapshot):
+    """start_sync through the staging: the update runs on the float32 staging arrays and
+    wait() writes the result back (with a snapshot, on top of the updates made meanwhile)."""
+    ctl = Nothing(control_port=0)
+    serving = serve(ctl)
+    x = torch.zeros(4096, dtype=torch.bfloat16)
+    with Worker(ctl.control_port, timeout_s=5) as w:
+        w.init_shared_params([x], EASGD(0.5))
+        x += 3.0
+        handle = w.start_sync(snapshot=snapshot)
+        assert handle.snapshot is snapshot
+        if snapshot:
+            x += 1.0
+        handle.wait(10)
+        # EASGD: x += -0.5 * (x_snap - c) with x_snap = 3, c = 0; the centre moves to 1.5
+        assert x.dtype == torch.bfloat16
+        np.testing.assert_array_equal(x.float().numpy(), np.full(4096, 2.5 if snapshot else 1.5))
+        np.testing.assert_array_equal(ctl.centre[0], np.full(4096, 1.5))
+    serving.join()
+
+
+def test_host_arrays_of_bfloat16_tensors_are_float32_copies_installed_back():
+    t = torch.tensor([1.0, 2.0, 3.0], dtype=torch.bfloat16)
+    f = torch.zeros(2)
+    (host, host_f), install = adapters.host_arrays([t, f])
+    assert host.dtype == np.float32 and host_f.ctypes.data == f.data_ptr()
+    host[...] = [0.5, 1.0 / 3.0, 256.0]
+    install()
+    assert t.dtype == torch.bfloat16
+    assert t.tolist() == [0.5, torch.tensor(1.0 / 3.0).bfloat16().item(), 256.0]
+
+
+def test_jax_arrays_returned_by_a_sync_stay_unchanged(serve):
+    """device_put may alias its numpy input (JAX's CPU backend does, for a 64-byte aligned
+    one): the arrays a sync returns must not share memory with the staging arrays that the
+    next sync rewrites. (Eight sizes: some staging array lands 64-byte aligned.)"""
+    jnp = pytest.importorskip("jax.numpy", reason="JAX is not installed")
+    ctl = Nothing(control_port=0)
+    serving = serve(ctl)
+    sizes = [1000 + 4 * k for k in range(8)]
+    with Worker(ctl.control_port, timeout_s=5) as w:
+        params = [jnp.zeros(n) for n in sizes]
+        w.init_shared_params(params, EASGD(0.5))
+        first = w.sync_params(params=[p + 2.0 for p in params])  # x = 1, centre 1
+        w.sync_params(params=[p + 4.0 for p in first])  # the staging holds 5, then 3
+        # (read through a computation: np.asarray caches an array's first reading)
+        for p, n in zip(first, sizes):
+            np.testing.assert_array_equal(np.asarray(p + 0.0), np.ones(n))
+    serving.join()
+
+
+def test_two_worker_processes_with_bfloat16_tensors(procs, tmp_path):
+    """The GPU test's two workers (tests/gpu/test_gpu_adapters.py), with CPU tensors."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu"))
+    from test_gpu_adapters import two_workers_in_turn
+    two_workers_in_turn(procs, tmp_path, "cpu")

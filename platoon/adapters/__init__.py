@@ -5,8 +5,11 @@ updates (`arrays`), with `pull()` to bring device values into them before a
 sync and `push()` to install the result afterwards. numpy arrays and PyTorch
 CPU tensors are shared without any copy; CUDA tensors, CuPy and pycuda arrays
 go through one device-to-host and one host-to-device copy per sync into
-pinned staging buffers; JAX arrays are immutable, so `push()` builds new ones
-(`params()` returns them). A PyTorch tensor that torch moves after it was
+pinned staging buffers (CUDA bfloat16 tensors are staged, and synced, as float32);
+JAX arrays are immutable, so `push()` builds new ones (`params()` returns them). Device
+arrays are checked when shared: contiguous (C or, for CuPy and pycuda, Fortran order, whose
+staging follows it so that no parameter lands transposed in the centre), of a dtype numpy
+can hold. A PyTorch tensor that torch moves after it was
 shared (``model.share_memory()``, ``.data = ...``) is re-bound at the next
 `pull()`; one converted to another dtype or shape raises LayoutMismatch there
 (see `torch_adapter`). Each framework's module is imported only when its
@@ -60,6 +63,22 @@ class StagedAdapter(Adapter):
     def push(self):
         for host, p in zip(self.arrays, self._params):
             self._upload(p, host)
+
+
+def staging_order(i, p, remedy):
+    """"C" or "F": the memory order of device array `p` (parameter `i`), for a host staging
+    buffer laid out like it (so one flat copy moves it each way, never transposed).
+
+    `p` is anything with numpy-like ``flags`` (CuPy, pycuda and numpy arrays). Raises
+    TypeError for an array in neither order, naming `remedy` (how to make it contiguous).
+    """
+    if p.flags.c_contiguous:
+        return "C"
+    if p.flags.f_contiguous:
+        return "F"
+    raise TypeError("parameter %d is not contiguous (strides %s for shape %s); the staging "
+                    "copies need contiguous arrays: share %s instead, and train that one"
+                    % (i, tuple(p.strides), tuple(p.shape), remedy))
 
 
 def framework_of(obj):

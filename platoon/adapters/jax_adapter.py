@@ -1,4 +1,9 @@
-"""JAX arrays: immutable, so each sync builds new arrays on the same devices."""
+"""JAX arrays: immutable, so each sync builds new arrays on the same devices.
+
+`jax.device_put` of a numpy array may alias it (on the CPU backend it does, for an aligned
+buffer) and on a GPU copies it asynchronously; the staging arrays are rewritten by every
+sync, so each new array is made from a private copy that nothing writes again.
+"""
 
 import jax
 import numpy as np
@@ -19,7 +24,7 @@ class JaxAdapter(Adapter):
             host[...] = np.asarray(p)
 
     def push(self):
-        self._params = [jax.device_put(host, sharding)
+        self._params = [jax.device_put(np.array(host), sharding)
                         for host, sharding in zip(self.arrays, self._devices)]
 
 

@@ -1,4 +1,4 @@
-"""PyTorch tensors: CPU tensors shared in place, CUDA tensors through pinned staging buffers.
+"""PyTorch tensors: CPU tensors shared in place, CUDA tensors through pinned staging.
 
 torch may move a shared tensor's memory after it was shared (``model.share_memory()``,
 ``p.data = ...``, ``p.set_(...)``) or convert it (``model.double()``). Before every sync
@@ -6,6 +6,11 @@ torch may move a shared tensor's memory after it was shared (``model.share_memor
 tensor, no copy): a CPU tensor that moved with the same dtype and shape is
 re-bound and keeps syncing; one whose dtype, shape or device changed raises LayoutMismatch,
 and nothing touches its old memory.
+
+bfloat16, which numpy cannot hold, is staged as float32: the centre, the sync rule and
+checkpoints see float32 values (exact), and each sync writes back the float32 result
+rounded to bfloat16 by ``copy_``. CUDA tensors and CPU bfloat16 tensors go through one
+flat host buffer (pinned for CUDA) holding every tensor's staging array.
 """
 
 import logging
@@ -17,13 +22,46 @@ from . import Adapter
 
 log = logging.getLogger(__name__)
 
+STAGED_AS = {torch.bfloat16: torch.float32}  # dtypes numpy lacks, and what stands in for them
+_ALIGN = 64  # bytes; each staging array starts on a cache line
+
 
 def _check(i, t, contiguous=True):
-    if t.dtype in (torch.bfloat16, getattr(torch, "complex32", torch.bfloat16)):
+    if t.dtype not in STAGED_AS and not _numpy_holds(t.dtype):
         raise TypeError("parameter %d is %s, which numpy cannot hold; keep a float32 master copy "
                         "of it for syncing" % (i, t.dtype))
     if contiguous and not t.is_contiguous():
         raise TypeError("parameter %d is a non-contiguous tensor; pass .contiguous() tensors" % i)
+
+
+def _numpy_holds(dtype):
+    if dtype == getattr(torch, "complex32", None):  # (creating one warns)
+        return False
+    try:
+        torch.empty(0, dtype=dtype).numpy()
+    except (TypeError, RuntimeError):  # "Got unsupported ScalarType ...", quantized types
+        return False
+    return True
+
+
+def staged_dtype(dtype):
+    """The dtype of the host array that stands for a tensor of `dtype` (float32 for bfloat16)."""
+    return STAGED_AS.get(dtype, dtype)
+
+
+def flat_staging(tensors, pin):
+    """Host staging tensors for `tensors`, carved out of one flat buffer (pinned if `pin`):
+    one allocation (pinned memory is rounded up per allocation), each view 64-byte aligned,
+    in the tensor's shape and its `staged_dtype`."""
+    dtypes = [staged_dtype(t.dtype) for t in tensors]
+    offsets, end = [], 0
+    for t, dtype in zip(tensors, dtypes):
+        start = -(-end // _ALIGN) * _ALIGN
+        offsets.append(start)
+        end = start + t.numel() * dtype.itemsize
+    flat = torch.empty(max(end, 1), dtype=torch.uint8, pin_memory=pin)
+    return [flat[start:start + t.numel() * dtype.itemsize].view(dtype).view(t.shape)
+            for t, dtype, start in zip(tensors, dtypes, offsets)]
 
 
 def _which(i, names):
@@ -78,27 +116,38 @@ class TorchCPUAdapter(Adapter):
             self.on_rebind()
 
 
-class TorchCUDAAdapter(Adapter):
+class TorchStagedAdapter(Adapter):
+    """Tensors mirrored in host staging arrays: CUDA tensors (pinned staging, asynchronous
+    copies, one wait per direction), and CPU tensor lists holding bfloat16 (plain memory)."""
+
     def __init__(self, params, names=None):
-        self._staging = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in params]
+        self._layouts = [(p.dtype, p.shape, p.device.type) for p in params]
+        self._staging = flat_staging(params, pin=any(p.is_cuda for p in params))
         self._names = names
         super().__init__(params, [s.numpy() for s in self._staging])
 
     def pull(self, params=None):
         super().pull(params)
         # copy_ follows a tensor torch moved, but would convert dtypes and broadcast shapes.
-        for i, (s, p) in enumerate(zip(self._staging, self._params)):
-            if p.dtype != s.dtype or p.shape != s.shape:
-                was = describe_layout(s.dtype, s.shape, "cuda")
-                raise layout_changed(_which(i, self._names), was, p)
+        for i, (p, layout) in enumerate(zip(self._params, self._layouts)):
+            if (p.dtype, p.shape, p.device.type) != layout:
+                raise layout_changed(_which(i, self._names), describe_layout(*layout), p)
         with torch.no_grad():
             for s, p in zip(self._staging, self._params):
-                s.copy_(p.detach())  # device to host; synchronous into pinned memory
+                s.copy_(p.detach(), non_blocking=True)  # device to host, converting bfloat16
+        self._wait()
 
     def push(self):
         with torch.no_grad():
             for s, p in zip(self._staging, self._params):
-                p.copy_(s)
+                p.copy_(s, non_blocking=True)
+        self._wait()  # the staging may be written again (next pull) only once these are done
+
+    def _wait(self):
+        """Wait for the copies queued on the current stream of each GPU holding a parameter
+        (non_blocking copies from or to pinned memory are asynchronous; for CPU tensors a no-op)."""
+        for device in {p.device for p in self._params if p.device.type == "cuda"}:
+            torch.cuda.current_stream(device).synchronize()
 
 
 def adapt(params, names=None):
@@ -107,30 +156,34 @@ def adapt(params, names=None):
         _check(i, t)
     devices = {t.device.type for t in params}
     if devices == {"cpu"}:
+        if any(t.dtype in STAGED_AS for t in params):
+            return TorchStagedAdapter(params, names)
         return TorchCPUAdapter(params, names)
     if devices == {"cuda"}:
-        return TorchCUDAAdapter(params, names)
+        return TorchStagedAdapter(params, names)
     raise TypeError("parameters live on %s; put them all on the CPU or all on the worker's GPU"
                     % ", ".join(sorted(devices)))
 
 
 def host_arrays(tensors):
-    """`platoon.adapters.host_arrays` for torch tensors: CPU ones as numpy views, CUDA ones
-    copied to host and back."""
-    hosts, devices = [], []
+    """`platoon.adapters.host_arrays` for torch tensors: CPU ones as numpy views; CUDA ones
+    copied into one flat pinned buffer (torch caches it for the next call) and back;
+    bfloat16 ones as float32 copies, installed back rounded."""
+    tensors = list(tensors)
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError("array %d is a %s, not a tensor" % (i, type(t).__name__))
         _check(i, t, contiguous=False)
-        if t.device.type == "cpu":
-            hosts.append(t.detach().numpy())
-        else:
-            hosts.append(t.detach().cpu().numpy())
-            devices.append((t, hosts[-1]))
+    copied = [t for t in tensors if t.device.type != "cpu" or t.dtype in STAGED_AS]
+    staged = TorchStagedAdapter(copied) if copied else None
+    if staged is not None:
+        staged.pull()
+    it = iter(staged.arrays if staged is not None else [])
+    hosts = [next(it) if t.device.type != "cpu" or t.dtype in STAGED_AS else t.detach().numpy()
+             for t in tensors]
 
     def install():
-        with torch.no_grad():
-            for t, host in devices:
-                t.copy_(torch.from_numpy(host))
+        if staged is not None:
+            staged.push()
 
     return hosts, install
