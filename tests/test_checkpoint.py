@@ -357,3 +357,31 @@ def test_bad_parameter_names_are_refused_before_anything_is_shared(serve, names,
         assert ctl.centre is None
         w.init_shared_params([np.zeros(2), np.zeros(3)], EASGD(0.5), names=["a", "b"])
     serving.join()
+
+
+def test_a_checkpoint_holds_the_centre_and_the_shared_state_of_one_instant(serve, procs,
+                                                                           tmp_path):
+    """Two workers push through Downpour(Adam) all along: each push moves the centre by
+    exactly -LR and adds one to Adam's step count, so a checkpoint taken between two pushes
+    holds centre == -LR * steps. One that copied the centre and the state under two
+    separate holds of the lock would (now and then) hold a push in one and not the other."""
+    path = str(tmp_path / "centre.npz")
+    ctl = Answering(control_port=0, checkpoint_path=path)  # carries on when they are killed
+    serving = serve(ctl, timeout=120)
+    pushers = [procs("adam_pusher.py", ctl.control_port) for _ in range(2)]
+    for pusher in pushers:
+        pusher.wait_for_line("READY", timeout=60)
+    torn = []
+    for _ in range(600):
+        ctl.checkpoint()
+        (weights, bias), _ = checkpoint.load(path)
+        steps = checkpoint.load_states(path)["downpour"][-1]  # Adam's count, per parameter
+        for index, centre in enumerate((weights, bias)):
+            if not np.all(centre == -0.0625 * steps[index]):
+                torn.append((index, np.unique(centre / -0.0625), steps[index]))
+    assert steps[0] > 600, steps  # the workers pushed meanwhile
+    assert not torn, "%d of 600 checkpoints tore the centre (pushes) from the state: %s" % (
+        len(torn), torn[:5])
+    for pusher in pushers:
+        pusher.kill()
+    serving.join(60)
