@@ -1,8 +1,10 @@
 """Checkpoints of the centre: written atomically, read without unpickling anything."""
 
+import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -23,6 +25,7 @@ log = logging.getLogger(__name__)
 # What reading a damaged file can raise, from the zip layer, zlib and numpy's format.
 _READ_ERRORS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error,
                 struct.error, NotImplementedError, RuntimeError)
+_DEFLATE_MAX_RATIO = 1032  # deflate expands a byte to at most this many: a claim beyond is false
 _CHUNK = 1 << 20  # elements checked for NaN/Inf at a time (bounded scratch memory)
 _WRITING: Set[str] = set()  # temporaries this process is writing now
 _WRITING_LOCK = threading.Lock()
@@ -120,11 +123,61 @@ def _unreadable(path, exc, what="checkpoint"):
         % (what, path, type(exc).__name__, exc))
 
 
+@contextlib.contextmanager
 def _open(path):
-    data = np.load(path, allow_pickle=False)
-    if not hasattr(data, "files"):  # a bare .npy array, not an .npz archive
-        raise ValueError("a single array, not an .npz archive of a controller's checkpoint")
-    return data
+    """The .npz archive at `path`, open (numpy's NpzFile), once every entry's header has
+    been checked against the file's size: nothing is allocated for what a damaged or forged
+    file merely claims to hold."""
+    with open(path, "rb") as f:
+        head = f.read(len(np.lib.format.MAGIC_PREFIX))
+        if not head:
+            raise EOFError("the file is empty")
+        if head == np.lib.format.MAGIC_PREFIX:
+            raise ValueError("a single array, not an .npz archive of a controller's checkpoint")
+        if not head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+            raise ValueError("not an .npz archive (no zip signature at its start)")
+        f.seek(0)
+        size = os.fstat(f.fileno()).st_size
+        with zipfile.ZipFile(f) as archive:
+            for info in archive.infolist():
+                _check_entry(archive, info, size)
+        f.seek(0)
+        with np.load(f, allow_pickle=False) as data:
+            yield data
+
+
+def _check_entry(archive, info, size):
+    """Raise ValueError unless zip entry `info` of `archive` (a file of `size` bytes) is an
+    .npy array whose header's shape and dtype need exactly the bytes the entry holds, and
+    whose bytes fit in the file (stored) or in what deflate can expand it to."""
+    name = info.filename
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise ValueError("entry %s is compressed with zip method %d; a checkpoint's entries "
+                         "are stored or deflated (np.savez, np.savez_compressed)"
+                         % (name, info.compress_type))
+    if info.compress_size > size or (info.compress_type == zipfile.ZIP_STORED
+                                     and info.file_size != info.compress_size) \
+            or info.file_size > _DEFLATE_MAX_RATIO * info.compress_size + 1024:
+        raise ValueError("entry %s claims %d bytes (%d in the file), more than the file's %d "
+                         "bytes can hold" % (name, info.file_size, info.compress_size, size))
+    if not name.endswith(".npy"):
+        raise ValueError("entry %s is not an .npy array" % name)
+    with archive.open(info) as entry:
+        version = np.lib.format.read_magic(entry)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) \
+            else np.lib.format.read_array_header_2_0  # 3.0 differs only in its text encoding
+        shape, _, dtype = read_header(entry)
+        header_bytes = entry.tell()
+    if dtype.hasobject:
+        raise ValueError("entry %s holds Python objects (%s), which a checkpoint never does"
+                         % (name, dtype))
+    if any(n < 0 for n in shape):
+        raise ValueError("entry %s has a negative dimension in its shape %s" % (name, shape))
+    needed = math.prod(shape) * dtype.itemsize  # Python integers: no overflow
+    held = info.file_size - header_bytes
+    if needed != held:
+        raise ValueError("entry %s claims shape %s of %s (%d bytes) but holds %d bytes of data"
+                         % (name, shape, dtype, needed, held))
 
 
 def load(path, *, allow_nonfinite=False):
