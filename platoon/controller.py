@@ -122,7 +122,8 @@ class Controller:
         registry = self._registry
         self._progress = Progress(env.status_file, lambda: (len(registry),
                                                             len(registry.departed())),
-                                  counted=lambda: me._counted())  # noqa: SLF001
+                                  counted=lambda: me._counted(),  # noqa: SLF001
+                                  dir_fd=env.log_dir_fd)
         self._next_tick = 0.0
         self._announced = False
         # Read now, so a bad checkpoint fails the controller at start, not a worker later.
@@ -144,7 +145,10 @@ class Controller:
         self._checkpointer = Checkpointer(me, self._collectives, config.checkpoint_path,
                                           config.checkpoint_every_s,
                                           config.checkpoint_lock_timeout_s,
-                                          resume.job_id if resume is not None else None)
+                                          resume.job_id if resume is not None else None,
+                                          dir_fd=env.log_dir_fd
+                                          if config.checkpoint_path == env.checkpoint_path
+                                          else None)
         self.node_link = node_link  # a platoon.mpi.NodeLink when the job spans nodes
         if node_link is None and env.mpi_node:  # run by `python -m platoon.mpi`: join the job
             from .mpi import node_link_for

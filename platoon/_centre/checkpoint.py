@@ -31,50 +31,63 @@ _WRITING: Set[str] = set()  # temporaries this process is writing now
 _WRITING_LOCK = threading.Lock()
 
 
-def save(path, arrays, meta=None, states=None, *, job_id=None, resumed_job_id=None):
+def save(path, arrays, meta=None, states=None, *, job_id=None, resumed_job_id=None,
+         dir_fd=None):
     """Write `arrays` (and JSON `meta`) to `path` atomically: a crash mid-write leaves the
     previous checkpoint intact. The file is 0600 whatever the umask. `states`
     ({name: [arrays]}, a Downpour optimizer's) is saved alongside and read back by
     `load_states`. With `job_id`, the temporary file is named after the job, and the
     temporaries of `path` that writers of this job (or of `resumed_job_id`, the job it
     resumed from) left when killed mid-write are removed first; never another job's, nor
-    one being written. Raises OSError if it cannot be written."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
+    one being written. With `dir_fd` (the directory of `path`, opened by the launcher), the
+    file is written in that directory by name, whatever `path`'s directories lead to now.
+    Never through a link. Raises OSError if it cannot be written."""
+    directory, name = os.path.split(os.path.abspath(path))
+    if dir_fd is None:
+        os.makedirs(directory, exist_ok=True)
+        where = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    else:
+        where = os.dup(dir_fd)
+    try:
+        _save_in(where, directory, name, arrays, meta, states, job_id, resumed_job_id)
+        os.fsync(where)  # the rename is durable
+    finally:
+        os.close(where)
+
+
+def _save_in(dir_fd, directory, name, arrays, meta, states, job_id, resumed_job_id):
+    """`save` into file `name` of directory `dir_fd` (`directory`, in messages)."""
     # Unique per call: a periodic checkpoint may run beside an explicit one.
     if job_id is None:
-        tmp = "%s.%d.%s.tmp" % (path, os.getpid(), secrets.token_hex(4))
+        tmp = "%s.%d.%s.tmp" % (name, os.getpid(), secrets.token_hex(4))
     else:
         for ours in {job_id, resumed_job_id} - {None}:
-            _remove_stale_temporaries(path, _job_tag(ours))
-        tmp = "%s.%s.%d.%s.tmp" % (path, _job_tag(job_id), os.getpid(), secrets.token_hex(4))
+            _remove_stale_temporaries(dir_fd, directory, name, _job_tag(ours))
+        tmp = "%s.%s.%d.%s.tmp" % (name, _job_tag(job_id), os.getpid(), secrets.token_hex(4))
     payload = {"param_%d" % i: a for i, a in enumerate(arrays)}
-    for name, state in (states or {}).items():
-        payload.update(("state_%d_%s" % (i, name), a) for i, a in enumerate(state))
+    for state_name, state in (states or {}).items():
+        payload.update(("state_%d_%s" % (i, state_name), a) for i, a in enumerate(state))
     payload["meta"] = np.frombuffer(json.dumps(meta or {}).encode(), dtype=np.uint8)
     created = False
+    shown = os.path.join(directory, tmp)
     with _WRITING_LOCK:
-        _WRITING.add(os.path.abspath(tmp))
+        _WRITING.add(shown)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
+                     0o600, dir_fd=dir_fd)
         created = True
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o600)  # exactly 0600, whatever the umask removed
             np.savez(f, **payload)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         created = False
     finally:
         if created:
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
         with _WRITING_LOCK:
-            _WRITING.discard(os.path.abspath(tmp))
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+            _WRITING.discard(shown)
 
 
 def _job_tag(job_id):
@@ -85,14 +98,14 @@ def _job_tag(job_id):
     return hashlib.sha256(job_id.encode()).hexdigest()[:16]
 
 
-def _remove_stale_temporaries(path, tag):
-    """Unlink the temporaries of checkpoint `path` whose writer, of the job tagged `tag`, was
-    killed mid-write (its process is gone; they are never replaced). Those of other jobs,
-    of live processes, and this process's own in flight are left alone."""
-    directory, base = os.path.split(os.path.abspath(path))
+def _remove_stale_temporaries(dir_fd, directory, base, tag):
+    """Unlink the temporaries of checkpoint `base` in directory `dir_fd` (`directory`, in
+    messages) whose writer, of the job tagged `tag`, was killed mid-write (its process is
+    gone; they are never replaced). Those of other jobs, of live processes, and this
+    process's own in flight are left alone."""
     ours = re.compile(re.escape("%s.%s." % (base, tag)) + r"(\d+)\.[0-9a-f]+\.tmp")
     try:
-        names = os.listdir(directory)
+        names = os.listdir(dir_fd)
     except OSError:
         return
     for name in names:
@@ -105,7 +118,7 @@ def _remove_stale_temporaries(path, tag):
             if stale in _WRITING or (pid != os.getpid() and pid_alive(pid)):
                 continue
             try:
-                os.unlink(stale)
+                os.unlink(name, dir_fd=dir_fd)
             except FileNotFoundError:
                 continue  # removed meanwhile
         log.warning("removed %s, a checkpoint temporary that a killed writer (pid %d) of "

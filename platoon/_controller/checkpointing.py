@@ -24,13 +24,16 @@ class Checkpointer:
 
     `ctl` provides `job_id`, `shared_centre` and `param_names`; `every_s`
     (None: never) is the period of the checkpoints `tick` starts on a thread;
-    `resumed_job_id`: the job that wrote the checkpoint this one resumed from.
+    `resumed_job_id`: the job that wrote the checkpoint this one resumed from; `dir_fd`:
+    the directory of `path`, opened by the launcher, that checkpoints to `path` are
+    written in whatever the path leads to now.
     """
 
     def __init__(self, ctl: ControllerServices, collectives, path: Optional[str],
                  every_s: Optional[float], lock_timeout_s: float,
-                 resumed_job_id: Optional[str] = None):
+                 resumed_job_id: Optional[str] = None, dir_fd: Optional[int] = None):
         self._ctl = ctl
+        self._pinned = (path, dir_fd) if dir_fd is not None else None
         self._resumed_job_id = resumed_job_id
         self._collectives = collectives
         self.path = path
@@ -53,8 +56,10 @@ class Checkpointer:
         meta = {"job_id": self._ctl.job_id, "time": time.time(), "layout": centre.layout}
         if self._ctl.param_names is not None:
             meta["names"] = self._ctl.param_names
+        pinned = self._pinned
         save(path, arrays, meta, states, job_id=self._ctl.job_id,
-             resumed_job_id=self._resumed_job_id)
+             resumed_job_id=self._resumed_job_id,
+             dir_fd=pinned[1] if pinned is not None and pinned[0] == path else None)
         self._written = time.monotonic()
         log.info("centre checkpointed to %s", path)
         return path
