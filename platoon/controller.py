@@ -125,7 +125,7 @@ class Controller:
         self._progress = Progress(env.status_file, lambda: (len(registry),
                                                             len(registry.departed())),
                                   counted=lambda: me._counted(),  # noqa: SLF001
-                                  pids=registry.pids)
+                                  pids=registry.pids, dir_fd=env.log_dir_fd)
         self._next_tick = 0.0
         self._announced = False
         # close() from another thread stops serve() first: ZeroMQ sockets are not thread-safe.
@@ -153,7 +153,10 @@ class Controller:
         self._checkpointer = Checkpointer(me, self._collectives, config.checkpoint_path,
                                           config.checkpoint_every_s,
                                           config.checkpoint_lock_timeout_s,
-                                          resume.job_id if resume is not None else None)
+                                          resume.job_id if resume is not None else None,
+                                          dir_fd=env.log_dir_fd
+                                          if config.checkpoint_path == env.checkpoint_path
+                                          else None)
         self.node_link = node_link  # a platoon.mpi.NodeLink when the job spans nodes
         if node_link is None and env.mpi_node:  # run by `python -m platoon.mpi`: join the job
             from .mpi import node_link_for

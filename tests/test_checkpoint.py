@@ -1,14 +1,18 @@
 """Checkpoints with real files, processes and shared memory: damaged files, NaN, file modes,
 and periodic checkpoints that neither stall nor end the serve loop."""
 
+import io
 import logging
 import os
 import re
 import secrets
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import time
+import tracemalloc
 import zipfile
 
 import numpy as np
@@ -39,9 +43,16 @@ def _empty(path):
     open(path, "wb").close()
 
 
+def _npy(array):
+    """The bytes of `array` saved as an .npy file."""
+    out = io.BytesIO()
+    np.save(out, array)
+    return out.getvalue()
+
+
 def _no_params(path):
-    with zipfile.ZipFile(path, "w") as z:
-        z.writestr("meta.npy", b"")  # a zip, even an .npz, but without param_0
+    with zipfile.ZipFile(path, "w") as z:  # an .npz, but without param_0
+        z.writestr("meta.npy", _npy(np.frombuffer(b"{}", np.uint8)))
 
 
 def _bare_npy(path):
@@ -63,6 +74,50 @@ def test_a_damaged_checkpoint_fails_the_controller_at_start_naming_the_file(tmp_
     if damage is not _no_params:  # (a checkpoint without states is fine for load_states)
         with pytest.raises(CheckpointError, match="shared states of checkpoint %s" % path):
             checkpoint.load_states(path)
+
+
+def _forged_npy(shape, descr="<f8", data=b"\0" * 16):
+    """An .npy entry whose header claims `shape` of `descr` but that holds only `data`."""
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(out, {"descr": descr, "fortran_order": False,
+                                               "shape": shape})
+    return out.getvalue() + data
+
+
+@pytest.mark.parametrize("shape, descr, form", [
+    ((1 << 40,), "<f8", "npz"),  # 8 TiB: MemoryError once
+    ((1 << 62, 1 << 62), "<f8", "npz"),  # OverflowError once
+    ((200_000_000,), "<f8", "npz"),  # 1.6 GB: allocated in full, then EOFError, once
+    ((200_000_000,), "<f8", "deflated"),
+    ((1 << 40,), "<f8", "npy"),  # a bare .npy was read whole before it was refused
+    ((2,), "|O", "npz"),  # objects: never in a checkpoint
+])
+def test_a_forged_header_is_refused_before_anything_is_allocated(tmp_path, shape, descr, form):
+    path = str(tmp_path / "centre.npz")
+    if form == "npy":
+        with open(path, "wb") as f:
+            f.write(_forged_npy(shape, descr))
+    else:
+        method = zipfile.ZIP_DEFLATED if form == "deflated" else zipfile.ZIP_STORED
+        with zipfile.ZipFile(path, "w", compression=method) as z:
+            z.writestr("param_0.npy", _forged_npy(shape, descr))
+            z.writestr("meta.npy", _npy(np.frombuffer(b"{}", np.uint8)))
+    assert os.path.getsize(path) < 1000
+    reads = [checkpoint.load, load_centre, checkpoint.load_states,
+             lambda p: Controller(resume_from=p)]
+    tracemalloc.start()  # numpy reports its arrays' memory to tracemalloc
+    try:
+        for read in reads:
+            with pytest.raises(CheckpointError) as raised:
+                read(path)
+            message = str(raised.value)
+            assert path in message and "earlier copy" in message, message
+            assert ("claims shape" in message or "Python objects" in message
+                    or "not an .npz archive" in message), message
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak  # nothing of what the header claims was allocated
 
 
 def test_a_checkpoint_with_nan_is_refused_unless_allowed(serve, tmp_path):
@@ -357,3 +412,39 @@ def test_bad_parameter_names_are_refused_before_anything_is_shared(serve, names,
         assert ctl.centre is None
         w.init_shared_params([np.zeros(2), np.zeros(3)], EASGD(0.5), names=["a", "b"])
     serving.join()
+
+
+def test_a_checkpoint_holds_the_centre_and_the_shared_state_of_one_instant(serve, procs):
+    """Two workers push through Downpour(Adam) all along: each push moves the centre by
+    exactly -LR and adds one to Adam's step count, so a checkpoint taken between two pushes
+    holds centre == -LR * steps. One that copied the centre and the state under two
+    separate holds of the lock would (now and then: 1-8% of them here) hold a push in one
+    and not the other. The checkpoints go to tmpfs, where fsync costs nothing, so that
+    hundreds take a few seconds."""
+    directory = tempfile.mkdtemp(prefix="checkpoint-test-", dir="/dev/shm")
+    path = os.path.join(directory, "centre.npz")
+    ctl = Answering(control_port=0, checkpoint_path=path)  # carries on when they are killed
+    try:
+        serving = serve(ctl, timeout=120)
+        pushers = [procs("adam_pusher.py", ctl.control_port) for _ in range(2)]
+        for pusher in pushers:
+            pusher.wait_for_line("READY", timeout=60)
+        torn, taken = [], 0
+        deadline = time.monotonic() + 30  # (under load, fewer)
+        while taken < 600 and time.monotonic() < deadline:
+            ctl.checkpoint()
+            taken += 1
+            (weights, bias), _ = checkpoint.load(path)
+            steps = checkpoint.load_states(path)["downpour"][-1]  # Adam's count, by parameter
+            for index, centre in enumerate((weights, bias)):
+                if not np.all(centre == -0.0625 * steps[index]):
+                    torn.append((index, np.unique(centre / -0.0625), steps[index]))
+        assert steps[0] > taken, (steps, taken)  # the workers pushed meanwhile
+        assert not torn, "%d of %d checkpoints tore the centre (pushes) from the state: %s" % (
+            len(torn), taken, torn[:5])
+        for pusher in pushers:
+            pusher.kill()
+        serving.join(60)
+    finally:
+        ctl.checkpoint_path = None  # no final checkpoint when serving ends (after a failure)
+        shutil.rmtree(directory)

@@ -1,7 +1,10 @@
 """Who may reach a controller: only holders of the job's keys (CURVE), keys that stay private,
-and no other user of this machine, whose connections are dropped."""
+and no other user of this machine, whose connections are dropped. The log directory: no other
+user can redirect what the job writes there."""
 
+import json
 import os
+import re
 import resource
 import stat
 import subprocess
@@ -12,7 +15,7 @@ import numpy as np
 import pytest
 import zmq
 
-from platoon import ControllerTimeout, EASGD, Controller, PlatoonError, Worker
+from platoon import EASGD, Controller, ControllerTimeout, PlatoonError, Worker, load_centre
 from platoon.security import generate_keys, is_loopback, load_keys
 
 EXPERIMENTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "experiments")
@@ -132,3 +135,86 @@ def test_a_controller_may_open_as_many_descriptors_as_its_hard_limit_allows():
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert raised == hard
+
+
+OTHER_UID = 65534  # nobody: "another user" (the tests run as root, which may chown)
+
+
+def _launch(log_dir, cwd):
+    """(exit code, output) of a one-worker launcher job logging to `log_dir`."""
+    done = subprocess.run([sys.executable, "-m", "platoon.launch.cli",
+                           os.path.join(EXPERIMENTS, "envcheck"), "-n", "1",
+                           "--log-dir", str(log_dir)],
+                          capture_output=True, text=True, timeout=60, cwd=str(cwd))
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_a_log_dir_below_a_directory_others_can_change_is_refused(tmp_path):
+    """The log directory's owner could be us, but whoever can change a directory on the way
+    could swap it for a link (to a victim's directory, or their own) after the check."""
+    theirs = tmp_path / "theirs"  # another user's: they may rename what is in it
+    (theirs / "logs").mkdir(parents=True, mode=0o700)
+    os.chown(theirs, OTHER_UID, OTHER_UID)
+    shared = tmp_path / "shared"  # anyone may rename what is in it (not sticky)
+    (shared / "logs").mkdir(parents=True, mode=0o700)
+    os.chmod(shared, 0o777)
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    link = tmp_path / "their-link"  # theirs: they choose, and change, where it leads
+    os.symlink(mine, link)
+    os.lchown(link, OTHER_UID, OTHER_UID)
+    for log_dir, says in (
+            (theirs / "logs", r"is reached through %s, which belongs to uid %d \(\w+\)"
+             % (theirs, OTHER_UID)),
+            (shared / "logs", r"is reached through %s, which other users may write in "
+             r"\(mode 777, not sticky\)" % shared),
+            (link / "logs", r"is reached through %s, a link of uid %d \(\w+\), not yours"
+             % (link, OTHER_UID))):
+        code, out = _launch(log_dir, tmp_path)
+        assert code == 2, out
+        assert re.search(r"log directory %s %s.*choose a --log-dir of your own"
+                         % (re.escape(str(log_dir)), says), out), out
+        assert "job " not in out, out  # nothing started
+    assert os.listdir(theirs / "logs") == [] and os.listdir(shared / "logs") == []
+    assert os.listdir(mine) == []
+    # Directories only root or we can change are fine, a sticky one such as /tmp (which
+    # tmp_path is in), and our own links to them.
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    os.symlink(real, tmp_path / "alias")
+    code, out = _launch(tmp_path / "alias" / "logs", tmp_path)
+    assert code == 0, out
+    assert {"controller.log", "worker0.log", "status.json", "centre.npz"} <= set(
+        os.listdir(real / "logs")), os.listdir(real / "logs")
+
+
+def test_the_controller_writes_in_the_log_dir_the_launcher_opened_whatever_its_path_leads_to(
+        serve, tmp_path, monkeypatch):
+    """The launcher hands the controller its log directory opened (PLATOON_LOG_DIR_FD): the
+    status file and the checkpoints are written there even after its path was swapped for a
+    link, by whoever could, to a victim's directory."""
+    logs = tmp_path / "job" / "logs"
+    logs.mkdir(parents=True, mode=0o700)
+    victim = tmp_path / "victim"  # a 0700 directory the link leads to
+    victim.mkdir(mode=0o700)
+    dir_fd = os.open(logs, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        monkeypatch.setenv("PLATOON_LOG_DIR_FD", str(dir_fd))
+        monkeypatch.setenv("PLATOON_STATUS_FILE", str(logs / "status.json"))
+        monkeypatch.setenv("PLATOON_CHECKPOINT_PATH", str(logs / "centre.npz"))
+        ctl = Controller(control_port=0)
+        serving = serve(ctl)
+        with Worker(ctl.control_port, timeout_s=10) as w:
+            w.init_shared_params([np.arange(4.0)], EASGD(0.5))
+            os.rename(logs, tmp_path / "job" / "moved")  # the swap, before anything is written
+            os.symlink(victim, logs)
+            ctl.checkpoint()
+            w.report(minibatches=3)  # the status file is written at once
+        serving.join()  # and the final checkpoint
+    finally:
+        os.close(dir_fd)
+    assert os.listdir(victim) == []
+    moved = tmp_path / "job" / "moved"
+    assert sorted(os.listdir(moved)) == ["centre.npz", "status.json"]
+    assert json.loads((moved / "status.json").read_text())["minibatches"] == 3
+    np.testing.assert_array_equal(load_centre(str(moved))["param_0"], np.arange(4.0))

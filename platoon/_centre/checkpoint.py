@@ -1,8 +1,10 @@
 """Checkpoints of the centre: written atomically, read without unpickling anything."""
 
+import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -23,55 +25,69 @@ log = logging.getLogger(__name__)
 # What reading a damaged file can raise, from the zip layer, zlib and numpy's format.
 _READ_ERRORS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error,
                 struct.error, NotImplementedError, RuntimeError)
+_DEFLATE_MAX_RATIO = 1032  # deflate expands a byte to at most this many: a claim beyond is false
 _CHUNK = 1 << 20  # elements checked for NaN/Inf at a time (bounded scratch memory)
 _WRITING: Set[str] = set()  # temporaries this process is writing now
 _WRITING_LOCK = threading.Lock()
 
 
-def save(path, arrays, meta=None, states=None, *, job_id=None, resumed_job_id=None):
+def save(path, arrays, meta=None, states=None, *, job_id=None, resumed_job_id=None,
+         dir_fd=None):
     """Write `arrays` (and JSON `meta`) to `path` atomically: a crash mid-write leaves the
     previous checkpoint intact. The file is 0600 whatever the umask. `states`
     ({name: [arrays]}, a Downpour optimizer's) is saved alongside and read back by
     `load_states`. With `job_id`, the temporary file is named after the job, and the
     temporaries of `path` that writers of this job (or of `resumed_job_id`, the job it
     resumed from) left when killed mid-write are removed first; never another job's, nor
-    one being written. Raises OSError if it cannot be written."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
+    one being written. With `dir_fd` (the directory of `path`, opened by the launcher), the
+    file is written in that directory by name, whatever `path`'s directories lead to now.
+    Never through a link. Raises OSError if it cannot be written."""
+    directory, name = os.path.split(os.path.abspath(path))
+    if dir_fd is None:
+        os.makedirs(directory, exist_ok=True)
+        where = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    else:
+        where = os.dup(dir_fd)
+    try:
+        _save_in(where, directory, name, arrays, meta, states, job_id, resumed_job_id)
+        os.fsync(where)  # the rename is durable
+    finally:
+        os.close(where)
+
+
+def _save_in(dir_fd, directory, name, arrays, meta, states, job_id, resumed_job_id):
+    """`save` into file `name` of directory `dir_fd` (`directory`, in messages)."""
     # Unique per call: a periodic checkpoint may run beside an explicit one.
     if job_id is None:
-        tmp = "%s.%d.%s.tmp" % (path, os.getpid(), secrets.token_hex(4))
+        tmp = "%s.%d.%s.tmp" % (name, os.getpid(), secrets.token_hex(4))
     else:
         for ours in {job_id, resumed_job_id} - {None}:
-            _remove_stale_temporaries(path, _job_tag(ours))
-        tmp = "%s.%s.%d.%s.tmp" % (path, _job_tag(job_id), os.getpid(), secrets.token_hex(4))
+            _remove_stale_temporaries(dir_fd, directory, name, _job_tag(ours))
+        tmp = "%s.%s.%d.%s.tmp" % (name, _job_tag(job_id), os.getpid(), secrets.token_hex(4))
     payload = {"param_%d" % i: a for i, a in enumerate(arrays)}
-    for name, state in (states or {}).items():
-        payload.update(("state_%d_%s" % (i, name), a) for i, a in enumerate(state))
+    for state_name, state in (states or {}).items():
+        payload.update(("state_%d_%s" % (i, state_name), a) for i, a in enumerate(state))
     payload["meta"] = np.frombuffer(json.dumps(meta or {}).encode(), dtype=np.uint8)
     created = False
+    shown = os.path.join(directory, tmp)
     with _WRITING_LOCK:
-        _WRITING.add(os.path.abspath(tmp))
+        _WRITING.add(shown)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
+                     0o600, dir_fd=dir_fd)
         created = True
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o600)  # exactly 0600, whatever the umask removed
             np.savez(f, **payload)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         created = False
     finally:
         if created:
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
         with _WRITING_LOCK:
-            _WRITING.discard(os.path.abspath(tmp))
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+            _WRITING.discard(shown)
 
 
 def _job_tag(job_id):
@@ -82,14 +98,14 @@ def _job_tag(job_id):
     return hashlib.sha256(job_id.encode()).hexdigest()[:16]
 
 
-def _remove_stale_temporaries(path, tag):
-    """Unlink the temporaries of checkpoint `path` whose writer, of the job tagged `tag`, was
-    killed mid-write (its process is gone; they are never replaced). Those of other jobs,
-    of live processes, and this process's own in flight are left alone."""
-    directory, base = os.path.split(os.path.abspath(path))
+def _remove_stale_temporaries(dir_fd, directory, base, tag):
+    """Unlink the temporaries of checkpoint `base` in directory `dir_fd` (`directory`, in
+    messages) whose writer, of the job tagged `tag`, was killed mid-write (its process is
+    gone; they are never replaced). Those of other jobs, of live processes, and this
+    process's own in flight are left alone."""
     ours = re.compile(re.escape("%s.%s." % (base, tag)) + r"(\d+)\.[0-9a-f]+\.tmp")
     try:
-        names = os.listdir(directory)
+        names = os.listdir(dir_fd)
     except OSError:
         return
     for name in names:
@@ -102,7 +118,7 @@ def _remove_stale_temporaries(path, tag):
             if stale in _WRITING or (pid != os.getpid() and pid_alive(pid)):
                 continue
             try:
-                os.unlink(stale)
+                os.unlink(name, dir_fd=dir_fd)
             except FileNotFoundError:
                 continue  # removed meanwhile
         log.warning("removed %s, a checkpoint temporary that a killed writer (pid %d) of "
@@ -120,11 +136,61 @@ def _unreadable(path, exc, what="checkpoint"):
         % (what, path, type(exc).__name__, exc))
 
 
+@contextlib.contextmanager
 def _open(path):
-    data = np.load(path, allow_pickle=False)
-    if not hasattr(data, "files"):  # a bare .npy array, not an .npz archive
-        raise ValueError("a single array, not an .npz archive of a controller's checkpoint")
-    return data
+    """The .npz archive at `path`, open (numpy's NpzFile), once every entry's header has
+    been checked against the file's size: nothing is allocated for what a damaged or forged
+    file merely claims to hold."""
+    with open(path, "rb") as f:
+        head = f.read(len(np.lib.format.MAGIC_PREFIX))
+        if not head:
+            raise EOFError("the file is empty")
+        if head == np.lib.format.MAGIC_PREFIX:
+            raise ValueError("a single array, not an .npz archive of a controller's checkpoint")
+        if not head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+            raise ValueError("not an .npz archive (no zip signature at its start)")
+        f.seek(0)
+        size = os.fstat(f.fileno()).st_size
+        with zipfile.ZipFile(f) as archive:
+            for info in archive.infolist():
+                _check_entry(archive, info, size)
+        f.seek(0)
+        with np.load(f, allow_pickle=False) as data:
+            yield data
+
+
+def _check_entry(archive, info, size):
+    """Raise ValueError unless zip entry `info` of `archive` (a file of `size` bytes) is an
+    .npy array whose header's shape and dtype need exactly the bytes the entry holds, and
+    whose bytes fit in the file (stored) or in what deflate can expand it to."""
+    name = info.filename
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise ValueError("entry %s is compressed with zip method %d; a checkpoint's entries "
+                         "are stored or deflated (np.savez, np.savez_compressed)"
+                         % (name, info.compress_type))
+    if info.compress_size > size or (info.compress_type == zipfile.ZIP_STORED
+                                     and info.file_size != info.compress_size) \
+            or info.file_size > _DEFLATE_MAX_RATIO * info.compress_size + 1024:
+        raise ValueError("entry %s claims %d bytes (%d in the file), more than the file's %d "
+                         "bytes can hold" % (name, info.file_size, info.compress_size, size))
+    if not name.endswith(".npy"):
+        raise ValueError("entry %s is not an .npy array" % name)
+    with archive.open(info) as entry:
+        version = np.lib.format.read_magic(entry)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) \
+            else np.lib.format.read_array_header_2_0  # 3.0 differs only in its text encoding
+        shape, _, dtype = read_header(entry)
+        header_bytes = entry.tell()
+    if dtype.hasobject:
+        raise ValueError("entry %s holds Python objects (%s), which a checkpoint never does"
+                         % (name, dtype))
+    if any(n < 0 for n in shape):
+        raise ValueError("entry %s has a negative dimension in its shape %s" % (name, shape))
+    needed = math.prod(shape) * dtype.itemsize  # Python integers: no overflow
+    held = info.file_size - header_bytes
+    if needed != held:
+        raise ValueError("entry %s claims shape %s of %s (%d bytes) but holds %d bytes of data"
+                         % (name, shape, dtype, needed, held))
 
 
 def load(path, *, allow_nonfinite=False):

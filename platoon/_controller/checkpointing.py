@@ -7,7 +7,7 @@ and what to do when writing fails (log it and retry a period later: never fatal)
 import logging
 import threading
 import time
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -22,15 +22,18 @@ log = logging.getLogger("platoon.controller")  # the controller's log: users fil
 class Checkpointer:
     """Writes `ctl`'s centre (and `collectives`' shared states) to `path`.
 
-    `ctl` provides `job_id`, `shared_centre`, `param_names` and `snapshot_centre`; `every_s`
+    `ctl` provides `job_id`, `shared_centre` and `param_names`; `every_s`
     (None: never) is the period of the checkpoints `tick` starts on a thread;
-    `resumed_job_id`: the job that wrote the checkpoint this one resumed from.
+    `resumed_job_id`: the job that wrote the checkpoint this one resumed from; `dir_fd`:
+    the directory of `path`, opened by the launcher, that checkpoints to `path` are
+    written in whatever the path leads to now.
     """
 
     def __init__(self, ctl: ControllerServices, collectives, path: Optional[str],
                  every_s: Optional[float], lock_timeout_s: float,
-                 resumed_job_id: Optional[str] = None):
+                 resumed_job_id: Optional[str] = None, dir_fd: Optional[int] = None):
         self._ctl = ctl
+        self._pinned = (path, dir_fd) if dir_fd is not None else None
         self._resumed_job_id = resumed_job_id
         self._collectives = collectives
         self.path = path
@@ -47,16 +50,33 @@ class Checkpointer:
         if not path:
             raise PlatoonError("no checkpoint path: pass checkpoint_path to the Controller")
         centre = self._ctl.shared_centre
-        arrays = self._ctl.snapshot_centre(timeout_s=self.lock_timeout_s)
-        states = self._collectives.snapshot_states(centre.lock, self.lock_timeout_s)
+        if centre is None:
+            raise PlatoonError("no centre yet: no worker has called init_shared_params()")
+        arrays, states = self._copy(centre)
         meta = {"job_id": self._ctl.job_id, "time": time.time(), "layout": centre.layout}
         if self._ctl.param_names is not None:
             meta["names"] = self._ctl.param_names
+        pinned = self._pinned
         save(path, arrays, meta, states, job_id=self._ctl.job_id,
-             resumed_job_id=self._resumed_job_id)
+             resumed_job_id=self._resumed_job_id,
+             dir_fd=pinned[1] if pinned is not None and pinned[0] == path else None)
         self._written = time.monotonic()
         log.info("centre checkpointed to %s", path)
         return path
+
+    def _copy(self, centre) -> Tuple[List[np.ndarray], Dict[str, List[np.ndarray]]]:
+        """Copies of the centre and of every shared state, taken in one critical section:
+        the whole lock excludes every stripe's, so no push (which changes a stripe of the
+        centre and the same stripe of a rule's state together) lands between the two.
+        LockTimeout if the lock is not free within `lock_timeout_s`."""
+        centre.lock.acquire(self.lock_timeout_s)
+        try:
+            arrays = [a.copy() for a in centre.arrays]
+            states = {name: [a.copy() for a in state]
+                      for name, state in self._collectives.states.items()}
+        finally:
+            centre.lock.release()
+        return arrays, states
 
     def tick(self, now: float) -> None:
         """Start a periodic checkpoint on its own thread if one is due."""

@@ -18,7 +18,8 @@ class Progress:
     """Minibatches trained, syncs and the latest metrics of a job.
 
     `counts()` gives (workers registered, workers that left) for the status file
-    at `path` (None: none is written); `counted()` gives (syncs by worker id,
+    at `path` (None: none is written; `dir_fd`: its directory, opened by the launcher, to
+    write it in whatever the path leads to now); `counted()` gives (syncs by worker id,
     minibatches delivered), which platoon counts without reports.
     """
 
@@ -26,8 +27,9 @@ class Progress:
 
     def __init__(self, path: Optional[str], counts: Callable[[], Tuple[int, int]],
                  counted: Callable[[], Tuple[List[int], int]] = lambda: ([], 0),
-                 pids: Callable[[], List[int]] = list):
+                 pids: Callable[[], List[int]] = list, dir_fd: Optional[int] = None):
         self.path = path
+        self._dir_fd = dir_fd
         self._counts = counts
         self._pids = pids  # of the workers that registered: the launcher's check
         self._counted = counted
@@ -112,7 +114,7 @@ class Progress:
         if self.failed_worker is not None:
             status["failed_worker"] = self.failed_worker
         try:
-            write_status(path, status)
+            write_status(path, status, self._dir_fd)
         except (OSError, TypeError, ValueError) as exc:
             log.debug("status file %s not written: %s", path, exc)
 

@@ -37,6 +37,8 @@ class JobEnvironment:
     ready_fd: Optional[int] = None
     restarts: Optional[int] = None
     checkpoint_path: Optional[str] = None
+    log_dir_fd: Optional[int] = None  # the log directory, opened by the launcher: the
+    # controller writes status_file and checkpoint_path (both in it) relative to it
     checkpoint_every_s: Optional[float] = None
     resume_from: Optional[str] = None
     keys_file: Optional[str] = None

@@ -23,16 +23,19 @@ import os
 from typing import Any, Dict, Optional
 
 
-def write_status(path: str, status: Dict[str, Any]) -> None:
+def write_status(path: str, status: Dict[str, Any], dir_fd: Optional[int] = None) -> None:
     """Replace the status file at `path` with `status`, atomically, readable by its owner only.
+    With `dir_fd` (the directory of `path`, opened by the launcher), the file is written in
+    that directory by name, whatever `path`'s directories lead to now. Never through a link.
     Raises OSError, TypeError or ValueError (not JSON) as `json.dump` and `os.open` do."""
-    tmp = "%s.%d.tmp" % (path, os.getpid())
+    name = os.path.basename(path) if dir_fd is not None else path
+    tmp = "%s.%d.tmp" % (name, os.getpid())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW,
-                 0o600)
+                 0o600, dir_fd=dir_fd)
     with os.fdopen(fd, "w") as f:
         os.fchmod(f.fileno(), 0o600)
         json.dump(status, f)
-    os.replace(tmp, path)
+    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
 def read_status(path: Optional[str]) -> Dict[str, Any]:

@@ -7,6 +7,7 @@ any process fails, or the launcher is interrupted, the rest are stopped
 """
 
 import datetime
+import errno
 import logging
 import os
 import pwd
@@ -61,42 +62,130 @@ def _owner(uid):
         return "uid %d" % uid
 
 
-def check_private_dir(path):
-    """Raise UsageError unless the log directory `path` is this user's and no one else may
-    write in it (nor swap it through a link): anyone who can could plant links there that
-    the launcher, writing its logs and keys, would follow."""
-    info = os.lstat(path)
-    if stat.S_ISLNK(info.st_mode):
+_MAX_LINKS = 40  # as the kernel: more links than this on one path is a loop
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _check_on_the_way(info, log_dir, passed):
+    """Raise UsageError unless directory (or link) `passed`, on the way to `log_dir`, is one
+    only root or this user can change: owned by one of them, and not writable by others
+    unless sticky (as /tmp: others cannot rename what is ours in it). Anyone else could
+    swap what follows it for a link of theirs."""
+    if info.st_uid not in (0, os.getuid()):
+        raise UsageError("log directory %s is reached through %s, which belongs to %s: they "
+                         "could swap what follows for a link of theirs; choose a --log-dir "
+                         "of your own" % (log_dir, passed, _owner(info.st_uid)))
+    if stat.S_ISDIR(info.st_mode) and info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) \
+            and not info.st_mode & stat.S_ISVTX:
+        raise UsageError("log directory %s is reached through %s, which other users may write "
+                         "in (mode %03o, not sticky): they could swap what follows for a link "
+                         "of theirs; run chmod go-w on it, or choose a --log-dir of your own"
+                         % (log_dir, passed, stat.S_IMODE(info.st_mode)))
+
+
+def _walk(path, create):
+    """A descriptor of directory `path`, opened component by component from / without
+    following a link that root or this user does not own, through directories only they
+    can change (else UsageError); with `create`, missing ones are made 0700."""
+    links = [0]
+
+    def step(fd, where, part, last):
+        """The descriptor of `part` in directory `fd` (shown as `where`), a link followed."""
+        shown = os.path.join(where, part)
+        try:
+            return os.open(part, _DIR_FLAGS, dir_fd=fd)
+        except FileNotFoundError:
+            if not create:
+                raise
+            try:
+                os.mkdir(part, 0o700, dir_fd=fd)
+                made = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                os.fchmod(made, 0o700)  # exactly, whatever the umask
+                return made
+            except FileExistsError:
+                pass  # made meanwhile by someone else: looked at below
+        except OSError as exc:  # ELOOP: a link; ENOTDIR: not a directory
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+        info = os.stat(part, dir_fd=fd, follow_symlinks=False)
+        if not stat.S_ISLNK(info.st_mode):
+            if not stat.S_ISDIR(info.st_mode):
+                raise UsageError("log directory %s: %s is not a directory; choose another "
+                                 "--log-dir" % (path, shown))
+            return os.open(part, _DIR_FLAGS, dir_fd=fd)
+        if info.st_uid not in (0, os.getuid()):
+            raise UsageError("log directory %s %s a link of %s, not yours (%s): choose a "
+                             "--log-dir of your own"
+                             % (path, "is" if last else "is reached through %s," % shown,
+                                _owner(info.st_uid), _owner(os.getuid())))
+        links[0] += 1
+        if links[0] > _MAX_LINKS:
+            raise UsageError("log directory %s: too many links on the way (a loop?)" % path)
+        target = os.readlink(part, dir_fd=fd)
+        if target.startswith("/"):
+            return walk(_ROOT, "/", target, last)
+        return walk(fd, where, target, last)
+
+    def walk(start_fd, where, text, final):
+        """The descriptor of `text` from directory `start_fd`; `final`: it is `path` itself."""
+        parts = [part for part in text.split("/") if part not in ("", ".")]
+        fd = os.open(".", _DIR_FLAGS, dir_fd=start_fd) if start_fd != _ROOT \
+            else os.open("/", _DIR_FLAGS)
+        try:
+            for index, part in enumerate(parts):
+                last = final and index == len(parts) - 1
+                child = step(fd, where, part, last)
+                os.close(fd)
+                fd = child
+                where = os.path.join(where, part)
+                if not last:
+                    _check_on_the_way(os.fstat(fd), path, where)
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    absolute = path if path.startswith("/") else os.path.join(os.getcwd(), path)
+    return walk(_ROOT, "/", absolute, True)
+
+
+_ROOT = -1  # `walk` from / rather than from a descriptor
+
+
+def open_private_dir(path, create=False):
+    """A descriptor (close-on-exec) of the log directory `path`, for the job's files to be
+    written relative to it: what `path` leads to later (a parent's owner swapping it for a
+    link) then does not matter. Raises UsageError unless it is this user's, no one else may
+    write in it, and every directory on the way from / is one only root or this user can
+    change (links on the way too: their own, in such directories). With `create`, missing
+    directories are made 0700 whatever the umask."""
+    fd = _walk(path, create)
+    try:
+        info = os.fstat(fd)
         if info.st_uid != os.getuid():
-            raise UsageError("log directory %s is a link of %s, not yours (%s): choose a "
+            raise UsageError("log directory %s belongs to %s, not to you (%s): choose a "
                              "--log-dir of your own" % (path, _owner(info.st_uid),
                                                         _owner(os.getuid())))
-        info = os.stat(path)
-    if info.st_uid != os.getuid():
-        raise UsageError("log directory %s belongs to %s, not to you (%s): choose a --log-dir "
-                         "of your own" % (path, _owner(info.st_uid), _owner(os.getuid())))
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UsageError("log directory %s is writable by other users (mode %03o); run chmod "
-                         "go-w on it, or choose a --log-dir of your own"
-                         % (path, stat.S_IMODE(info.st_mode)))
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise UsageError("log directory %s is writable by other users (mode %03o); run "
+                             "chmod go-w on it, or choose a --log-dir of your own"
+                             % (path, stat.S_IMODE(info.st_mode)))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_private_dir(path):
+    """Raise UsageError unless the log directory `path` passes `open_private_dir`'s checks."""
+    os.close(open_private_dir(path))
 
 
 def make_private_dirs(path):
-    """Create `path` and its missing parents as 0700, whatever the umask; directories that
-    exist already are left as they are (a --log-dir may be the user's own), but `path` must
-    pass `check_private_dir` (else UsageError)."""
-    missing = []
-    head = os.path.abspath(path)
-    while not os.path.isdir(head):
-        missing.append(head)
-        head = os.path.dirname(head)
-    for directory in reversed(missing):
-        try:
-            os.mkdir(directory, 0o700)
-        except FileExistsError:
-            continue  # made meanwhile by someone else: theirs
-        os.chmod(directory, 0o700)
-    check_private_dir(path)
+    """`open_private_dir(path, create=True)`: create `path` and its missing parents as 0700,
+    whatever the umask (directories that exist already are left as they are: a --log-dir may
+    be the user's own), and return a descriptor of it; UsageError as `open_private_dir`."""
+    return open_private_dir(path, create=True)
 
 
 class Process:
@@ -213,6 +302,7 @@ class Launch:
         self.say = self.status.say
         self.restarts_left = args.restart
         self.keys_file = None
+        self.log_dir_fd = None  # the log directory, opened once (`make_private_dirs`)
         self._finished_at = None
         self._failed = set()
         self._replaced = set()
@@ -242,6 +332,7 @@ class Launch:
                              num_workers=self.num_workers, ready_fd=write_fd,
                              restarts=self.args.restart,
                              checkpoint_path=self.centre_path,
+                             log_dir_fd=self.log_dir_fd,
                              checkpoint_every_s=self.args.checkpoint_every_s,
                              resume_from=os.path.abspath(resume) if resume else None)
         for var in THREAD_VARIABLES:
@@ -251,7 +342,7 @@ class Launch:
             self.controller = Process("controller", target,
                                       shlex.split(self.args.controller_args), env,
                                       os.path.join(self.log_dir, "controller.log"),
-                                      pass_fds=(write_fd,))
+                                      pass_fds=(write_fd, self.log_dir_fd))
         finally:
             os.close(write_fd)
         try:
@@ -282,7 +373,7 @@ class Launch:
         if mpiexec is None:
             raise UsageError("--hosts needs mpiexec: pip install mpi4py mpich (in platoon's "
                              "clone: pip install -e '.[mpi]')")
-        make_private_dirs(self.log_dir)
+        self.log_dir_fd = make_private_dirs(self.log_dir)
         args = self.args
         cmd = ["-hosts", ",".join(args.hosts), "-n", str(len(args.hosts)), "-ppn", "1",
                sys.executable, "-m", "platoon.mpi", "--workers", str(args.workers),
@@ -310,7 +401,7 @@ class Launch:
         if os.path.exists(os.path.join(self.log_dir, "controller.log")):
             raise UsageError("log directory %s already holds a job's logs; choose another "
                              "--log-dir or remove it" % self.log_dir)
-        make_private_dirs(self.log_dir)
+        self.log_dir_fd = make_private_dirs(self.log_dir)
         if self.args.curve:
             from ..security import generate_keys  # imports zmq: only for a --curve job
             self.keys_file = generate_keys(os.path.join(self.log_dir, "curve_keys.json"))
