@@ -303,17 +303,6 @@ class NodeCollectives:
                 raise PlatoonError("shared state %r: %s" % (name, mismatch))
         return {"segment": seg.name}
 
-    def snapshot_states(self, lock, timeout=10.0):
-        """Copies of the shared states, taken under the centre's `lock` (Downpour updates
-        its optimizer's state under it)."""
-        if not self._states:
-            return {}
-        lock.acquire(timeout)
-        try:
-            return {name: [a.copy() for a in seg.arrays] for name, seg in self._states.items()}
-        finally:
-            lock.release()
-
     def _resume_state(self, name, seg):
         """Fill a new state segment from the controller's `resume_from` checkpoint, if any."""
         path = self._ctl.resume_from
