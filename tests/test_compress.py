@@ -109,6 +109,8 @@ def test_bad_names_and_arrays_are_refused():
         make_codec("int8").encode(np.arange(10))
     with pytest.raises(ValueError, match="a message of 3 bytes, expected 14"):
         make_codec("int8").decode(b"abc", np.empty(10, np.float32))
+    with pytest.raises(ValueError, match="C-contiguous float array"):
+        make_codec("int8").decode(make_codec("int8").encode(np.ones(10)), np.empty(20)[::2])
     with pytest.raises(ValueError, match="integer >= 0"):
         ErrorFeedback(-1)
 

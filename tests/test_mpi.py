@@ -451,3 +451,24 @@ def test_launcher_hosts_passes_tie_compress_to_every_node(tmp_path, capsys):
     assert code == 0, out + log.read_text()
     sent = re.findall(r"the tie sent (\d+) bytes from this node \(int8\)", log.read_text())
     assert len(sent) == 2, log.read_text()
+
+
+def test_compressed_mean_counts_the_bytes_that_cross_the_network(two_hosts):
+    """Two hosts (network namespaces, MPI over TCP on a veth pair): the bytes compressed_mean
+    counts are those the device sends, but for TCP/IP's headers and MPI's small messages."""
+    out = subprocess.run(two_hosts + [sys.executable,
+                                      os.path.join(PROCS, "compressed_mean_wire.py"),
+                                      NETNS_DEVICE],
+                         capture_output=True, text=True, timeout=90,
+                         env=dict(os.environ, OMP_NUM_THREADS="1", **TCP_ENV))
+    assert out.returncode == 0, out.stdout + out.stderr
+    found = re.findall(r"WIRE rank (\d) (\w+) counted (\d+) wire (\d+)", out.stdout)
+    assert len(found) == 6, out.stdout + out.stderr
+    wire = {}
+    for rank, name, counted, sent in found:
+        print("rank %s %s: counted %s bytes, the device sent %s" % (rank, name, counted, sent))
+        assert int(counted) <= int(sent) <= 1.03 * int(counted), (rank, name, counted, sent)
+        wire[rank, name] = int(sent)
+    for rank in "01":
+        assert wire[rank, "float32"] / wire[rank, "int8"] > 3.8, wire
+        assert wire[rank, "float32"] / wire[rank, "int4"] > 7.4, wire

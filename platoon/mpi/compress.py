@@ -41,7 +41,6 @@ class Codec:
     """Encodes a float array of n elements into `encoded_size(n)` bytes, and back."""
 
     name = ""
-    lossless = False
 
     def encoded_size(self, n: int) -> int:
         """Bytes of the message for an array of `n` elements (no header: fixed by n)."""
@@ -87,6 +86,14 @@ def _message(out: Optional[np.ndarray], size: int) -> np.ndarray:
     return out.reshape(-1)
 
 
+def _target(out: np.ndarray) -> np.ndarray:
+    """`out` flattened without a copy (decoded values are written through it)."""
+    if not (isinstance(out, np.ndarray) and out.dtype.kind == "f" and out.flags.c_contiguous
+            and out.flags.writeable):
+        raise ValueError("decode needs a writeable, C-contiguous float array to write into")
+    return out.reshape(-1)
+
+
 def _received(buf, size: int) -> np.ndarray:
     data = np.frombuffer(buf, np.uint8) if not isinstance(buf, np.ndarray) else buf.reshape(-1)
     if data.dtype != np.uint8:
@@ -111,14 +118,12 @@ class Float32Codec(Codec):
         return msg
 
     def decode(self, buf, out):
-        out.reshape(-1)[...] = _received(buf, 4 * out.size).view("<f4")
+        _target(out)[...] = _received(buf, 4 * out.size).view("<f4")
         return out
 
 
 class RawCodec(Codec):
     """The array's own dtype, bit for bit: `dtype`'s itemsize bytes per element."""
-
-    lossless = True
 
     def __init__(self, dtype):
         self.dtype = np.dtype(dtype).newbyteorder("<")
@@ -134,7 +139,7 @@ class RawCodec(Codec):
         return msg
 
     def decode(self, buf, out):
-        out.reshape(-1)[...] = _received(buf, self.encoded_size(out.size)).view(self.dtype)
+        _target(out)[...] = _received(buf, self.encoded_size(out.size)).view(self.dtype)
         return out
 
     def __repr__(self):
@@ -203,7 +208,7 @@ class _BlockQuantizer(Codec):
     def _write(self, scales, levels, out):
         """out = levels * scales, blockwise, in float32 (levels: (nblocks, block) float32)."""
         levels *= scales[:, None]
-        out.reshape(-1)[...] = levels.reshape(-1)[:out.size]
+        _target(out)[...] = levels.reshape(-1)[:out.size]
         return out
 
 
@@ -281,8 +286,9 @@ class ErrorFeedback:
     running sum of what the rank's decoded messages carried equals the running sum of its
     inputs minus `residual`, which is at most one message's quantisation error (scale/2 per
     element): the error does not grow with the rounds. Use it for increments (DiLoCo's outer
-    gradients), not for states already sent as differences from a shared reference (there the
-    reference carries what was dropped, and feedback would send it twice).
+    gradients; the centre tie's moves of a centre since the last round), not for states sent
+    as differences from a shared reference (the reference already lacks what was dropped:
+    feedback would send it twice).
     """
 
     def __init__(self, size: int, dtype=np.float32):
@@ -294,6 +300,7 @@ class ErrorFeedback:
         self.residual = np.zeros(int(size), dtype)
 
     def reset(self) -> None:
+        """Forget what was dropped (when the messages start again from a new reference)."""
         self.residual[...] = 0
 
 
@@ -380,5 +387,5 @@ def compressed_mean(comm, array: np.ndarray, codec: Codec,
     if len(members) > 1:
         total /= len(members)
     mean = out if out is not None else np.empty(array.shape, array.dtype)
-    mean.reshape(-1)[...] = total
+    mean[...] = total.reshape(array.shape)
     return mean, (message_size * (size - 1) if sending else 0)
