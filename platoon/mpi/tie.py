@@ -14,7 +14,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import PlatoonError
-from ._comm import import_mpi, wait
+from ._comm import wait
 from .compress import CODECS, ErrorFeedback, RawCodec, compressed_mean, make_codec
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,6 @@ class TieThread:
 
     def __init__(self, tie, comm, controller, on_failure):
         self.tie, self.comm, self.ctl, self.on_failure = tie, comm, controller, on_failure
-        self.MPI = import_mpi()
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.rounds = 0
         self.bytes_sent = 0  # what this node's compressed_mean calls sent, every round
