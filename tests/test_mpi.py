@@ -472,3 +472,24 @@ def test_compressed_mean_counts_the_bytes_that_cross_the_network(two_hosts):
     for rank in "01":
         assert wire[rank, "float32"] / wire[rank, "int8"] > 3.8, wire
         assert wire[rank, "float32"] / wire[rank, "int4"] > 7.4, wire
+
+
+def test_a_compressed_tie_keeps_the_handover_and_ends_with_one_identical_centre(mpi_job,
+                                                                                tmp_path):
+    """int4 between nodes that finish at different times (node 0 hands its centre over while
+    node 1 trains on; a float32 and a float64 array): the final round, sent losslessly, still
+    leaves both nodes and their checkpoints with the same centre, bit for bit."""
+    job = mpi_job("uneven", "--controller", os.path.join(PROCS, "centre_controller.py"),
+                  "--controller-args", str(tmp_path), "--tie-every-s", "0.05",
+                  "--tie-compress", "int4")
+    assert job.wait(60) == 0, job.output
+    assert job.count("LEFT after") == 4, job.output
+    counts = re.findall(r"CENTRE node \d rounds (\d+) bytes (\d+)", job.output)
+    assert len(counts) == 2 and all(int(b) > 0 for _, b in counts), job.output
+    returned, final = _node_centres(tmp_path, "centre"), _node_centres(tmp_path, "final")
+    for node in range(2):
+        assert [a.dtype for a in returned[node]] == [np.dtype(np.float32), np.dtype(np.float64)]
+        for got, saved in zip(returned[node], final[node]):
+            assert got.tobytes() == saved.tobytes(), "node %d checkpointed another centre" % node
+    for a, b in zip(*returned):
+        assert a.tobytes() == b.tobytes(), job.output
