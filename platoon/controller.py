@@ -125,7 +125,8 @@ class Controller:
         self._progress = Progress(env.status_file, lambda: (len(registry),
                                                             len(registry.departed())),
                                   counted=lambda: me._counted(),  # noqa: SLF001
-                                  pids=registry.pids, dir_fd=env.log_dir_fd)
+                                  pids=registry.pids, dir_fd=env.log_dir_fd,
+                                  extra=lambda: getattr(me.node_link, "totals", dict)())
         self._next_tick = 0.0
         self._announced = False
         # close() from another thread stops serve() first: ZeroMQ sockets are not thread-safe.

@@ -93,3 +93,8 @@ class StopRequested(PlatoonError):
     """A stop of the job was requested (`Worker.request_stop`, `Controller.request_stop`);
     raised by `Worker.recv_mb` instead of waiting for minibatches that will not come.
     A ``with Worker()`` block left through it closes the worker as done, not failed."""
+
+
+class NonFiniteValues(PlatoonError, ValueError):
+    """An array to be sent compressed between nodes holds NaN or Inf (training diverged), which
+    a quantising codec cannot carry (`platoon.mpi.compress`)."""

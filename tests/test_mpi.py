@@ -374,3 +374,122 @@ def test_launcher_hosts_fails_cleanly_when_a_worker_fails(tmp_path):
     # The ranks' reapers unlink what the aborted job left, as they notice: wait for them.
     wait_until(lambda: not [s for s in platoon_segments() - before if job_id in s], 10,
                "shared memory of job %s left" % job_id)
+
+
+def test_compressed_mean_gives_every_rank_the_same_bits_and_counts_its_bytes():
+    """Every codec, float32 and float64, with error feedback, a subset of the ranks, and a NaN
+    on one rank (every rank raises, none hangs): checked against each other by the ranks."""
+    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable,
+                          os.path.join(PROCS, "compressed_mean_ranks.py")],
+                         capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert len(re.findall(r"OK rank \d checks 482", out.stdout)) == 2, out.stdout + out.stderr
+
+
+def _regression_job(mpi_job, out_dir, compress):
+    """The linear regression (256 float32 weights) on 2 nodes x 2 workers, the centres tied
+    every 0.02 s with `compress`: returns (the final centre's distance to the true weights,
+    [(tie rounds, tie bytes) of node 0, of node 1]) once both nodes hold the same centre."""
+    os.makedirs(str(out_dir))
+    job = mpi_job("-", "--controller", os.path.join(PROCS, "centre_controller.py"),
+                  "--controller-args", str(out_dir), "--tie-every-s", "0.02",
+                  "--tie-compress", compress,
+                  "--", os.path.join(PROCS, "tie_regression_worker.py"), "150")
+    assert job.wait(90) == 0, job.output
+    assert job.count("DIST ") == 4, job.output
+    counts = sorted(re.findall(r"CENTRE node (\d) rounds (\d+) bytes (\d+)", job.output))
+    assert len(counts) == 2, job.output
+    returned = _node_centres(out_dir, "centre")
+    assert returned[0][0].tobytes() == returned[1][0].tobytes(), job.output
+    (weights,) = returned[0]
+    distance = float(np.linalg.norm(weights - np.arange(256, dtype=np.float32) / 256))
+    return distance, [(int(rounds), int(sent)) for _, rounds, sent in counts]
+
+
+def test_an_int8_tie_trains_to_the_true_weights_with_4x_fewer_bytes(mpi_job, tmp_path):
+    """Each round a node sends its centre's difference from the shared reference: 1024 bytes in
+    float32, 256 + one 4-byte scale in int8; the final round sends the centre losslessly
+    (1024 bytes) from each node that finished last. Counted exactly, in the controller's
+    progress totals (`tie_bytes_sent`)."""
+    plain, plain_counts = _regression_job(mpi_job, tmp_path / "float32", "float32")
+    packed, packed_counts = _regression_job(mpi_job, tmp_path / "int8", "int8")
+    start = float(np.linalg.norm(np.random.default_rng(0).normal(size=256)
+                                 - np.arange(256) / 256))
+    print("distance to the true weights: start %.3f, float32 tie %.5f, int8 tie %.5f; "
+          "(rounds, bytes) float32 %s int8 %s" % (start, plain, packed, plain_counts,
+                                                  packed_counts))
+    assert plain < 0.05 and packed < 0.05, (start, plain, packed)
+    per_round, overall = {}, {}
+    for name, counts, message in [("float32", plain_counts, 1024), ("int8", packed_counts, 260)]:
+        compressed_bytes = compressed_rounds = 0
+        for rounds, sent in counts:  # sent = message * compressed rounds (+ 1024: final round)
+            final = 1024 if sent % message == 1024 % message and sent >= 1024 else 0
+            compressed = (sent - final) // message
+            assert sent == compressed * message + final and 0 < compressed < rounds, \
+                (name, rounds, sent)
+            compressed_bytes += sent - final
+            compressed_rounds += compressed
+        per_round[name] = compressed_bytes / compressed_rounds
+        overall[name] = sum(s for _, s in counts) / sum(r for r, _ in counts)
+    assert per_round["float32"] / per_round["int8"] > 3.9, per_round
+    assert overall["float32"] / overall["int8"] > 2.5, overall  # with the lossless final round
+
+
+def test_launcher_hosts_passes_tie_compress_to_every_node(tmp_path, capsys):
+    from platoon.launch import cli as launcher
+    with pytest.raises(SystemExit) as exc:
+        launcher.parse_args(["x", "--tie-compress", "int8"])
+    assert exc.value.code == 2 and "--tie-compress needs --hosts" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        launcher.parse_args(["x", "--hosts", "h1", "--tie-compress", "int2"])
+    assert "invalid choice: 'int2'" in capsys.readouterr().err
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code, out, log = _launch_hosts(tmp_path, os.path.join(root, "examples", "linear", "linear"),
+                                   "-n", "2", "-c", "--steps 1000", "--tie-every-s", "0.05",
+                                   "--tie-compress", "int8")
+    assert code == 0, out + log.read_text()
+    sent = re.findall(r"the tie sent (\d+) bytes from this node \(int8\)", log.read_text())
+    assert len(sent) == 2, log.read_text()
+
+
+def test_compressed_mean_counts_the_bytes_that_cross_the_network(two_hosts):
+    """Two hosts (network namespaces, MPI over TCP on a veth pair): the bytes compressed_mean
+    counts are those the device sends, but for TCP/IP's headers and MPI's small messages."""
+    out = subprocess.run(two_hosts + [sys.executable,
+                                      os.path.join(PROCS, "compressed_mean_wire.py"),
+                                      NETNS_DEVICE],
+                         capture_output=True, text=True, timeout=90,
+                         env=dict(os.environ, OMP_NUM_THREADS="1", **TCP_ENV))
+    assert out.returncode == 0, out.stdout + out.stderr
+    found = re.findall(r"WIRE rank (\d) (\w+) counted (\d+) wire (\d+)", out.stdout)
+    assert len(found) == 6, out.stdout + out.stderr
+    wire = {}
+    for rank, name, counted, sent in found:
+        print("rank %s %s: counted %s bytes, the device sent %s" % (rank, name, counted, sent))
+        assert int(counted) <= int(sent) <= 1.03 * int(counted), (rank, name, counted, sent)
+        wire[rank, name] = int(sent)
+    for rank in "01":
+        assert wire[rank, "float32"] / wire[rank, "int8"] > 3.8, wire
+        assert wire[rank, "float32"] / wire[rank, "int4"] > 7.4, wire
+
+
+def test_a_compressed_tie_keeps_the_handover_and_ends_with_one_identical_centre(mpi_job,
+                                                                                tmp_path):
+    """int4 between nodes that finish at different times (node 0 hands its centre over while
+    node 1 trains on; a float32 and a float64 array): the final round, sent losslessly, still
+    leaves both nodes and their checkpoints with the same centre, bit for bit."""
+    job = mpi_job("uneven", "--controller", os.path.join(PROCS, "centre_controller.py"),
+                  "--controller-args", str(tmp_path), "--tie-every-s", "0.05",
+                  "--tie-compress", "int4")
+    assert job.wait(60) == 0, job.output
+    assert job.count("LEFT after") == 4, job.output
+    counts = re.findall(r"CENTRE node \d rounds (\d+) bytes (\d+)", job.output)
+    assert len(counts) == 2 and all(int(b) > 0 for _, b in counts), job.output
+    returned, final = _node_centres(tmp_path, "centre"), _node_centres(tmp_path, "final")
+    for node in range(2):
+        assert [a.dtype for a in returned[node]] == [np.dtype(np.float32), np.dtype(np.float64)]
+        for got, saved in zip(returned[node], final[node]):
+            assert got.tobytes() == saved.tobytes(), "node %d checkpointed another centre" % node
+    for a, b in zip(*returned):
+        assert a.tobytes() == b.tobytes(), job.output

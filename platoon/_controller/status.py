@@ -20,19 +20,22 @@ class Progress:
     `counts()` gives (workers registered, workers that left) for the status file
     at `path` (None: none is written; `dir_fd`: its directory, opened by the launcher, to
     write it in whatever the path leads to now); `counted()` gives (syncs by worker id,
-    minibatches delivered), which platoon counts without reports.
+    minibatches delivered), which platoon counts without reports; `extra()` gives further
+    totals counted elsewhere (a multi-node job's ``tie_rounds``, ``tie_bytes_sent``).
     """
 
     MIN_INTERVAL_S = 0.5
 
     def __init__(self, path: Optional[str], counts: Callable[[], Tuple[int, int]],
                  counted: Callable[[], Tuple[List[int], int]] = lambda: ([], 0),
-                 pids: Callable[[], List[int]] = list, dir_fd: Optional[int] = None):
+                 pids: Callable[[], List[int]] = list, dir_fd: Optional[int] = None,
+                 extra: Callable[[], Dict[str, Any]] = dict):
         self.path = path
         self._dir_fd = dir_fd
         self._counts = counts
         self._pids = pids  # of the workers that registered: the launcher's check
         self._counted = counted
+        self._extra = extra
         self.totals: Dict[str, Any] = {"minibatches": 0, "syncs": 0, "metrics": {}}
         self._reported_minibatches = 0
         self._syncs_by_worker: Dict[int, int] = {}
@@ -61,6 +64,7 @@ class Progress:
                 syncs += n
         self.totals["syncs"] = syncs + sum(by_worker)
         self.totals["minibatches"] = max(self._reported_minibatches, delivered)
+        self.totals.update(self._extra())
         return self.totals
 
     def report(self, worker_id: int, info) -> None:

@@ -9,7 +9,7 @@ summary. Its keys are the contract between the two processes:
   ``workers`` (registered), ``done`` (left); ``worker_pids``: the pid of every worker
   that registered (written before its registration is answered, so a worker process that
   has exited and is not listed never registered); ``elapsed_s`` (since `serve` started) and
-  ``syncs_per_s``;
+  ``syncs_per_s``; ``tie_rounds``, ``tie_bytes_sent`` in a multi-node job with a centre tie;
 - ``failure``: {``error``: "Type: message", ``thread``: a thread's name}, once `serve`
   raised an error of its own (the controller's fault: it leads the failure report);
 - ``failed_worker``: {``worker_id``, ``pid``}, once `serve` ended because

@@ -385,6 +385,8 @@ class Launch:
             cmd += ["--tie-every-s", str(args.tie_every_s)]
         if args.tie_every_syncs:
             cmd += ["--tie-every-syncs", str(args.tie_every_syncs)]
+        if getattr(args, "tie_compress", None):
+            cmd += ["--tie-compress", args.tie_compress]
         cmd += ["--", worker_script] + args.worker_argv
         env = without_job_variables(os.environ)
         env.update(JobEnvironment(launcher_pid=os.getpid(), log_level=args.log_level).to_env())

@@ -4,7 +4,8 @@ platoon works without mpi4py on one node: it is imported only when a link is
 made. Run one controller per node with::
 
     mpiexec -n NODES python -m platoon.mpi --workers N [--controller SCRIPT.py | MOD:CLASS]
-        [--tie-every-s S] [--tie-every-syncs K] [--tie-beta B] -- WORKER_COMMAND...
+        [--tie-every-s S] [--tie-every-syncs K] [--tie-beta B] [--tie-compress C]
+        -- WORKER_COMMAND...
 
 Each rank (`run_node`) sets the ``PLATOON_*`` environment and runs the
 controller (a script as platoon-launcher runs it, or a class); the Controller

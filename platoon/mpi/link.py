@@ -66,6 +66,19 @@ class NodeLink:
         """Centre tie rounds done so far."""
         return 0 if self._tie_thread is None else self._tie_thread.rounds
 
+    @property
+    def tie_bytes_sent(self):
+        """Bytes this node has sent for the centre tie so far (`compress.compressed_mean`'s
+        count: its messages, once for each other node; MPI's headers not counted)."""
+        return 0 if self._tie_thread is None else self._tie_thread.bytes_sent
+
+    def totals(self):
+        """What this link adds to the controller's progress totals (and status file):
+        ``tie_rounds`` and ``tie_bytes_sent`` when the centres are tied, else nothing."""
+        if self.tie is None:
+            return {}
+        return {"tie_rounds": self.tie_rounds, "tie_bytes_sent": self.tie_bytes_sent}
+
     def topology(self, worker_id):
         """What a worker learns at registration, beyond its local id."""
         return {"global_rank": self.worker_offset + worker_id, "global_size": self.global_size,

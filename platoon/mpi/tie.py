@@ -2,7 +2,7 @@
 
 The tie reads its controller only through `Controller.centre_ready`,
 `Controller.shared_centre` (arrays and lock) and, for `every_syncs`, the sync
-count in `Controller.progress`.
+count in `Controller.progress`. Its messages go through `compress.compressed_mean`.
 """
 
 import logging
@@ -14,7 +14,8 @@ from typing import Optional
 import numpy as np
 
 from ..errors import PlatoonError
-from ._comm import import_mpi, wait
+from ._comm import wait
+from .compress import CODECS, ErrorFeedback, RawCodec, compressed_mean, make_codec
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +39,24 @@ class CentreTie:
     a final round gives every node the mean of the centres not handed over
     (the nodes that finished last; one such centre is copied as it is), the
     same bits on every node: what each controller then holds and checkpoints.
-    Raises ValueError for bad values.
+
+    `compress` ("float32", "int8" or "int4", see `platoon.mpi.compress`) is how
+    a round's centres travel. Not as values (large, hence coarse scales): each
+    node sends how far its centre moved since the last round, with error
+    feedback (what compression dropped goes out with its next message), so
+    every node's picture of each centre stays within one message's
+    quantisation error of it; the mean is the last round's mean plus the mean
+    of the decoded messages, the same bits on every node (when the members
+    change, each sends its centre's difference from the last mean instead).
+    The final round is sent losslessly, in the centres' own dtype, so the
+    nodes end with exactly the mean of their centres. Raises ValueError for
+    bad values.
     """
 
     every_s: Optional[float] = 1.0
     beta: float = 0.5
     every_syncs: Optional[int] = None
+    compress: str = "float32"
 
     def __post_init__(self):
         if self.every_s is None and self.every_syncs is None:
@@ -56,6 +69,9 @@ class CentreTie:
                              % (self.every_syncs,))
         if not 0 < self.beta <= 1:
             raise ValueError("CentreTie beta must be in (0, 1], got %r" % self.beta)
+        if self.compress not in CODECS:
+            raise ValueError("CentreTie compress must be one of %s, got %r"
+                             % (", ".join(CODECS), self.compress))
 
 
 class TieThread:
@@ -71,9 +87,14 @@ class TieThread:
 
     def __init__(self, tie, comm, controller, on_failure):
         self.tie, self.comm, self.ctl, self.on_failure = tie, comm, controller, on_failure
-        self.MPI = import_mpi()
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.rounds = 0
+        self.bytes_sent = 0  # what this node's compressed_mean calls sent, every round
+        self.codec = make_codec(tie.compress)
+        # Per centre array: the last round's mean (zeros before; the same on every node), and
+        # this node's centre at the last round and what compression has dropped since the
+        # members last changed (`_members`): see `_round`.
+        self._mean = self._base = self._feedback = self._members = None
         self._done = threading.Event()  # this node's workers are all done
         self._handed_over = False  # this node's final centre is in the training nodes' mean
         self._thread = threading.Thread(target=self._run, name="platoon-centre-tie",
@@ -138,40 +159,62 @@ class TieThread:
 
     def _round(self, training, leaving):
         """Move the training nodes' centres toward the mean of the training and leaving
-        nodes' centres (boolean arrays, one entry per rank); the others contribute nothing."""
-        comm, MPI = self.comm, self.MPI
+        nodes' centres (boolean arrays, one entry per rank); the others contribute nothing,
+        but keep the mean too.
+
+        What travels (see `CentreTie`): each member sends how far its centre moved since the
+        last round, plus what compression dropped from its earlier messages (its
+        `ErrorFeedback`), so the others' picture of its centre stays within one message's
+        error of it; the mean is the last one plus the mean of the decoded messages, the same
+        bits on every node. When the members change (the first round, a node handing over or
+        gone), every member starts again from the last mean: its message is its centre's
+        difference from it."""
         centre = self.ctl.shared_centre
         self._check_layouts(centre)
-        contributes = training[self.rank] or leaving[self.rank]
+        members = tuple(int(r) for r in np.flatnonzero(training | leaving))
+        contributes = self.rank in members
+        if self._mean is None:
+            self._mean = [np.zeros_like(a) for a in centre.arrays]
+        if members != self._members:  # start again from the mean: it is every member's base
+            self._base = [m.copy() for m in self._mean] if contributes else None
+            self._feedback = [ErrorFeedback(a.size, a.dtype) for a in centre.arrays] \
+                if contributes else None
+            self._members = members
         centre.lock.acquire(LOCK_TIMEOUT_S)  # a stopped holder: LockTimeout, the tie fails
         try:
-            snaps = [a.copy() if contributes else np.zeros_like(a) for a in centre.arrays]
+            snaps = [a.copy() for a in centre.arrays] if contributes else []
         finally:
             centre.lock.release()
-        means = [s.copy() for s in snaps]
-        count = int(training.sum() + leaving.sum())
-        for m in means:
-            comm.Allreduce(MPI.IN_PLACE, m.reshape(-1), MPI.SUM)  # peers are here: blocking
-            m /= count
+        for i, mean in enumerate(self._mean):  # peers are here: blocking
+            if contributes:
+                moved, feedback = snaps[i] - self._base[i], self._feedback[i]
+                self._base[i][...] = snaps[i]
+            else:
+                moved, feedback = mean, None  # (not read: this node sends nothing)
+            mean_moved, sent = compressed_mean(self.comm, moved, self.codec, feedback,
+                                               among=members)
+            mean += mean_moved  # the same bits on every node
+            self.bytes_sent += sent
         self.rounds += 1
         if not training[self.rank] or self._done.is_set():  # done since the round began
             return
         centre.lock.acquire(LOCK_TIMEOUT_S)
         try:
-            for c, s, m in zip(centre.arrays, snaps, means):
-                m -= s
-                m *= self.tie.beta
-                c += m
+            for c, s, m in zip(centre.arrays, snaps, self._mean):
+                move = m - s
+                move *= self.tie.beta
+                c += move
         finally:
             centre.lock.release()
-        log.debug("node %d: centre tie round %d", self.rank, self.rounds)
+        log.debug("node %d: centre tie round %d, %d bytes sent so far", self.rank, self.rounds,
+                  self.bytes_sent)
 
     def _final_round(self):
         """Every node is done (no worker syncs any more): make each node's centre the mean
-        of the centres not handed over yet (the nodes that finished last). One node computes
-        it and sends its bytes, so the centres are identical (an Allreduce may round
-        differently on different ranks); a single such centre is sent as it is."""
-        comm, MPI, ctl = self.comm, self.MPI, self.ctl
+        of the centres not handed over yet (the nodes that finished last). They send their
+        centres losslessly (`RawCodec`) and every node adds them up alike (`compressed_mean`),
+        so the centres are identical bit for bit; a single such centre is copied as it is."""
+        comm, ctl = self.comm, self.ctl
         states = np.array(comm.allgather((bool(ctl.centre_ready), self._handed_over)), bool)
         if not states[:, 0].all():  # every node is here: blocking
             if ctl.centre_ready:
@@ -179,24 +222,17 @@ class TieThread:
                             "workers never shared parameters)", self.rank)
             return
         last = np.flatnonzero(~states[:, 1])  # not empty: a round hands over only to a trainer
-        root = int(last[0])
         centre = ctl.shared_centre
         self._check_layouts(centre)
         for array in centre.arrays:
             centre.lock.acquire(LOCK_TIMEOUT_S)
             try:
-                mine = array.copy() if self.rank in last else np.zeros_like(array)
+                mine = array.copy()
             finally:
                 centre.lock.release()
-            if len(last) > 1:
-                mean = np.empty_like(mine) if self.rank == root else mine
-                comm.Reduce(mine.reshape(-1), mean.reshape(-1) if self.rank == root else None,
-                            MPI.SUM, root=root)
-                if self.rank == root:
-                    mean /= len(last)
-            else:
-                mean = mine
-            comm.Bcast(mean.reshape(-1), root=root)
+            mean, sent = compressed_mean(self.comm, mine, RawCodec(array.dtype), None,
+                                         among=last)
+            self.bytes_sent += sent
             centre.lock.acquire(LOCK_TIMEOUT_S)
             try:
                 array[...] = mean
@@ -204,4 +240,5 @@ class TieThread:
                 centre.lock.release()
         self.rounds += 1
         log.info("node %d: final centre tie round %d: every node holds the centre of node(s) "
-                 "%s", self.rank, self.rounds, ", ".join(str(r) for r in last))
+                 "%s; the tie sent %d bytes from this node (%s)", self.rank, self.rounds,
+                 ", ".join(str(r) for r in last), self.bytes_sent, self.codec.name)

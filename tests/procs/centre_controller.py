@@ -2,7 +2,8 @@
 
 usage: python -m platoon.mpi --controller centre_controller.py --controller-args "OUT_DIR" ...
 Node R checkpoints to OUT_DIR/final-nodeR.npz (the final checkpoint of serve()), saves
-`ctl.centre` after serve() to OUT_DIR/centre-nodeR.npz and prints "CENTRE node R rounds N".
+`ctl.centre` after serve() to OUT_DIR/centre-nodeR.npz and prints "CENTRE node R rounds N bytes B"
+(B: the bytes its centre tie sent, from the controller's progress totals).
 """
 
 import os
@@ -20,7 +21,9 @@ def main():
     with Controller(checkpoint_path=os.path.join(out_dir, "final-node%d.npz" % rank)) as ctl:
         ctl.serve(timeout_s=60)
         np.savez(os.path.join(out_dir, "centre-node%d.npz" % rank), *ctl.centre)
-        print("CENTRE node %d rounds %d" % (rank, ctl.node_link.tie_rounds), flush=True)
+        print("CENTRE node %d rounds %d bytes %s" % (rank, ctl.node_link.tie_rounds,
+                                                     ctl.progress.get("tie_bytes_sent")),
+              flush=True)
 
 
 if __name__ == "__main__":

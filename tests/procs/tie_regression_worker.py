@@ -1,0 +1,37 @@
+"""A worker of a multi-node linear regression (python -m platoon.mpi ... -- THIS_FILE SYNCS):
+SGD toward known true weights (256 float32 features: one block of the int8 and int4 codecs),
+EASGD with its node's centre, which the centre tie links to the other node's.
+
+Every worker starts from the same far point and trains on data of its own for SYNCS syncs
+(argv[1], default 40), 5 steps each; prints "DIST d" (its distance to the true weights).
+"""
+
+import sys
+
+import numpy as np
+
+from platoon import EASGD, Worker
+
+FEATURES = 256
+
+
+def main():
+    syncs = int(sys.argv[1]) if len(sys.argv) > 1 else 40
+    true_w = (np.arange(FEATURES) / FEATURES).astype(np.float32)
+    with Worker(timeout_s=30) as w:
+        weights = np.random.default_rng(0).normal(size=FEATURES).astype(np.float32)
+        w.init_shared_params([weights], EASGD(0.5))
+        data = np.random.default_rng(100 + w.global_rank)
+        for _ in range(syncs):
+            for _ in range(5):
+                x = data.normal(size=(64, FEATURES)).astype(np.float32)
+                y = x @ true_w + np.float32(0.01) * data.normal(size=64).astype(np.float32)
+                weights -= np.float32(0.1) * (x.T @ (x @ weights - y)) / np.float32(len(y))
+            w.sync_params()
+        sys.stdout.write("DIST %.6f node %d worker %d\n" % (
+            float(np.linalg.norm(weights - true_w)), w.node_rank, w.local_rank))
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
