@@ -46,6 +46,12 @@ class Adapter:
         """The user's parameters (new objects for immutable frameworks)."""
         return self._params
 
+    def device_sync(self, rule, centre, timeout_s):
+        """An object that syncs the parameters with `centre` on their device, without
+        `arrays` (see `torch_registered`), or None; once one is returned, `pull` and `push`
+        copy nothing. Called once, by `share`."""
+        return None
+
 
 class StagedAdapter(Adapter):
     """Device arrays mirrored in page-locked host buffers: one copy each way per sync."""
