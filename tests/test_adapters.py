@@ -235,7 +235,7 @@ class Registrar:
 
 
 def test_registration_covers_whole_pages_once_and_never_zero_bytes():
-    from platoon.adapters.cuda_register import Registry, RegistrationRefused, page_span
+    from platoon.adapters.cuda_register import RegistrationRefused, Registry, page_span
     assert page_span(8192, 1, page=4096) == (8192, 4096)
     assert page_span(8192 + 100, 4096, page=4096) == (8192, 8192)  # spills into a second page
     assert page_span(8192, 0, page=4096) is None
@@ -261,7 +261,7 @@ def test_registration_covers_whole_pages_once_and_never_zero_bytes():
 
 def test_the_centre_is_unregistered_while_still_mapped(tmp_path):
     """SharedCentre.close runs its hooks (unregistering from CUDA) before the unmap."""
-    from platoon._centre.shmem import SharedCentre
+    from platoon._centre.shmem import SharedCentre  # noqa: PLC2701 (the centre itself)
     from platoon.adapters.cuda_register import Registry
     registrar = Registrar()
     registry = Registry(registrar.register, registrar.unregister)
@@ -295,7 +295,7 @@ def test_registered_centre_setting(monkeypatch):
 
 
 def test_without_cuda_registration_is_refused_saying_why():
-    from platoon._centre.shmem import SharedCentre
+    from platoon._centre.shmem import SharedCentre  # noqa: PLC2701 (the centre itself)
     from platoon.adapters import torch_registered
     from platoon.adapters.cuda_register import RegistrationRefused
     if torch.cuda.is_available():
@@ -310,7 +310,7 @@ def test_the_staging_fallback_says_why_once_per_process(monkeypatch, caplog):
     """Parameters the registered centre cannot take: the reason is logged at INFO once per
     process, at DEBUG afterwards; PLATOON_REGISTERED_CENTRE=require raises it instead."""
     from platoon import ASGD
-    from platoon._centre.shmem import SharedCentre
+    from platoon._centre.shmem import SharedCentre  # noqa: PLC2701 (the centre itself)
     from platoon.adapters import cuda_register, torch_registered
     monkeypatch.setattr(cuda_register, "_told", __import__("threading").Event())
     params = [torch.zeros(10)]  # on the CPU: never registered
