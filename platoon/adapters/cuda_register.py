@@ -152,7 +152,10 @@ class DriverRegistrar:
                            ("cuMemHostRegister_v2", [vp, c.c_size_t, ui]),
                            ("cuMemHostUnregister", [vp]),
                            ("cuGetErrorName", [i, c.POINTER(c.c_char_p)])):
-            fn = getattr(self._cuda, name)
+            try:
+                fn = getattr(self._cuda, name)
+            except AttributeError:
+                raise RegistrationRefused("the CUDA driver lacks %s (too old)" % name) from None
             fn.argtypes, fn.restype = args, i
 
     def _name(self, code: int) -> str:

@@ -55,11 +55,20 @@ def attach(params_of: Callable[[], List[torch.Tensor]], rule, centre, timeout_s
         return None
     params = params_of()
     why = unfit(params, rule)
+    sync = None
     if why is None:
+        registration = None
         try:
-            register_centre(centre, params[0].device.index)
+            registration = register_centre(centre, params[0].device.index)
+            sync = RegisteredSync(params_of, rule, centre, timeout_s)
         except cuda_register.RegistrationRefused as exc:
             why = str(exc)
+        except Exception as exc:  # out of GPU memory, say: staging still works
+            if registration is not None:
+                registration.close()
+            if mode == cuda_register.REQUIRE:
+                raise
+            why = "%s: %s" % (type(exc).__name__, exc)
     if why is not None:
         if mode == cuda_register.REQUIRE:
             raise cuda_register.RegistrationRefused(
@@ -69,7 +78,7 @@ def attach(params_of: Callable[[], List[torch.Tensor]], rule, centre, timeout_s
         return None
     log.debug("the centre %s is registered with CUDA; syncs run on %s", centre.name,
               params[0].device)
-    return RegisteredSync(params_of, rule, centre, timeout_s)
+    return sync
 
 
 def register_centre(centre, ordinal: int):
