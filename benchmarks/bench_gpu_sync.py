@@ -1,17 +1,18 @@
-"""Syncing CUDA float32 parameters: the staging path against the pinned-copy limit, a
-registered-centre prototype, and what start_sync hides behind GPU compute.
+"""Syncing CUDA float32 parameters: the staging path and the registered centre against the
+pinned-copy limit, and what start_sync hides behind GPU compute.
 
 usage: python -m benchmarks.bench_gpu_sync [--sizes 1e7,1e8,1e9] [--reps 5]
 
 Per size, medians of --reps after one warm-up (the GPU synchronised around each call):
 - limit: pinned copy_ device->host, host->device, and both at once on two streams;
-- staging: what Worker.sync_params does today: pull (D2H into pinned staging), the host
-  update (on 1 thread and on the default threads), push (H2D), the whole sync_params;
-- registered: the centre's shared memory registered with CUDA (cudaHostRegister), each
-  stripe copied in on a copy stream, updated on the GPU, copied back, its lock released when
-  its copy back has landed (a prototype of the registered centre; skipped, saying why, when
-  registration is refused);
-- start_sync: the share of a sync hidden behind a loop of matrix products as long as it.
+- staging (PLATOON_REGISTERED_CENTRE=0): pull (D2H into pinned staging), the host update
+  (on 1 thread and on the default threads), push (H2D), the whole sync_params;
+- registered (PLATOON_REGISTERED_CENTRE=require): the library's registered centre, whose
+  sync_params copies each stripe of the centre's registered shared memory in on a copy
+  stream, updates it on the GPU, copies it back and releases its lock once the copy back
+  has landed; skipped, saying why, where CUDA refuses the registration;
+- start_sync: the share of a sync hidden behind a loop of matrix products as long as it,
+  on the path the worker takes by default (registered where CUDA allows).
 Ratios are to the limit (D2H + H2D: a sync must move the parameters both ways).
 Exits 0 saying so where there is no CUDA GPU.
 """
@@ -57,22 +58,37 @@ def limit(torch, n, reps):
 
 
 class OneWorkerJob:
-    """A controller serving in a thread and one worker syncing `x` by EASGD."""
+    """A controller serving in a thread and one worker syncing `x` by EASGD; `registered`:
+    PLATOON_REGISTERED_CENTRE for the worker ("0": staging, "require": registered, None: the
+    default)."""
 
-    def __init__(self, x, threads=None):
-        self.x, self.threads = x, threads
+    def __init__(self, x, threads=None, registered=None):
+        self.x, self.threads, self.registered = x, threads, registered
 
     def __enter__(self):
         from platoon import EASGD, Controller, Worker
-        if self.threads is not None:
-            os.environ["PLATOON_SYNC_THREADS"] = str(self.threads)
+        settings = {"PLATOON_SYNC_THREADS": self.threads,
+                    "PLATOON_REGISTERED_CENTRE": self.registered}
+        saved = {name: os.environ.get(name) for name in settings}
+        for name, value in settings.items():
+            if value is not None:
+                os.environ[name] = str(value)
         self.ctl = Controller(control_port=0, num_workers=1)
         self.serving = threading.Thread(target=self.ctl.serve, kwargs={"timeout_s": 3600},
                                         daemon=True)
         self.serving.start()
         self.worker = Worker(self.ctl.control_port, timeout_s=300)
-        self.worker.init_shared_params([self.x], EASGD(ALPHA))
-        os.environ.pop("PLATOON_SYNC_THREADS", None)
+        try:
+            self.worker.init_shared_params([self.x], EASGD(ALPHA))
+        except BaseException:
+            self.__exit__()
+            raise
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
         return self.worker
 
     def __exit__(self, *exc):
@@ -84,13 +100,13 @@ class OneWorkerJob:
 def staging(torch, n, reps):
     x = torch.randn(n, device="cuda")
     out = {}
-    with OneWorkerJob(x, threads=1) as w:
+    with OneWorkerJob(x, threads=1, registered="0") as w:
         adapter, exchange = w._adapter, w._exchange  # noqa: SLF001 (a benchmark's breakdown)
         out["pull"] = timed(torch, adapter.pull, reps)
         out["host_1"] = timed(torch, exchange.sync, reps)
         out["push"] = timed(torch, adapter.push, reps)
         out["sync_1"] = timed(torch, w.sync_params, reps)
-    with OneWorkerJob(x) as w:
+    with OneWorkerJob(x, registered="0") as w:
         out["host_n"] = timed(torch, w._exchange.sync, reps)  # noqa: SLF001
         out["threads"] = w._exchange._pool.threads  # noqa: SLF001
         out["sync_n"] = timed(torch, w.sync_params, reps)
@@ -98,59 +114,18 @@ def staging(torch, n, reps):
 
 
 def registered(torch, n, reps):
-    """The registered-centre prototype's sync time, or (None, why)."""
-    import numpy as np
+    """The registered centre's sync_params time, or (None, why CUDA refused it)."""
+    from platoon.adapters.cuda_register import RegistrationRefused
     x = torch.randn(n, device="cuda")
-    with OneWorkerJob(x) as w:
-        centre = w._res.centre  # noqa: SLF001
-        mapping = np.frombuffer(centre._map, np.uint8)  # noqa: SLF001 (the whole mmap)
-        cudart = torch.cuda.cudart()
-        err = int(cudart.cudaHostRegister(mapping.ctypes.data, mapping.nbytes, 1))
-        if err:
-            return None, "cudaHostRegister refused the centre: cudaError %d" % err
-        try:
-            c_host = torch.from_numpy(centre.arrays[0].reshape(-1))
-            if not c_host.is_pinned():
-                return None, "the registered centre is not seen as pinned by torch"
-            flat = x.view(-1)
-            width = max(b - a for ranges in centre.stripes for _, a, b in ranges)
-            bufs = [torch.empty(width, device="cuda") for _ in range(2)]
-            streams = [torch.cuda.Stream() for _ in range(2)]
-            locks = centre.stripe_locks
-
-            def sync():
-                main = torch.cuda.current_stream()
-                for s in streams:
-                    s.wait_stream(main)
-                pending = []
-                for k, ranges in enumerate(centre.stripes):
-                    locks[k].acquire(60)
-                    s, buf = streams[k % 2], bufs[k % 2]
-                    with torch.cuda.stream(s):
-                        for _, a, b in ranges:
-                            cb = buf[:b - a]
-                            cb.copy_(c_host[a:b], non_blocking=True)
-                            d = (flat[a:b] - cb).mul_(ALPHA)
-                            flat[a:b].sub_(d)
-                            cb.add_(d)
-                            c_host[a:b].copy_(cb, non_blocking=True)
-                        landed = torch.cuda.Event()
-                        landed.record(s)
-                    pending.append((k, landed))
-                    if len(pending) > 1:  # two stripes in flight: the older one's copy back
-                        j, ev = pending.pop(0)
-                        ev.synchronize()
-                        locks[j].release()
-                for j, ev in pending:
-                    ev.synchronize()
-                    locks[j].release()
-                for s in streams:
-                    main.wait_stream(s)
-
-            return timed(torch, sync, reps), None
-        finally:
-            torch.cuda.synchronize()
-            cudart.cudaHostUnregister(mapping.ctypes.data)
+    try:
+        job = OneWorkerJob(x, registered="require")
+        w = job.__enter__()
+    except RegistrationRefused as exc:
+        return None, str(exc)
+    try:
+        return timed(torch, w.sync_params, reps), None
+    finally:
+        job.__exit__()
 
 
 def hidden(torch, n, reps):

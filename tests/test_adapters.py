@@ -214,3 +214,133 @@ def test_two_worker_processes_with_bfloat16_tensors(procs, tmp_path):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu"))
     from test_gpu_adapters import two_workers_in_turn
     two_workers_in_turn(procs, tmp_path, "cpu")
+
+
+# The registered centre (platoon.adapters.cuda_register, torch_registered): what a machine
+# without CUDA can check. The GPU side is tests/gpu/test_gpu_registered.py.
+
+
+class Registrar:
+    """Records what a Registry asks of the CUDA driver (the bookkeeping under test is ours)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def register(self, start, length, **how):
+        self.calls.append(("register", start, length, how))
+        return ("handle", start)
+
+    def unregister(self, start, handle):
+        self.calls.append(("unregister", start, handle))
+
+
+def test_registration_covers_whole_pages_once_and_never_zero_bytes():
+    from platoon.adapters.cuda_register import RegistrationRefused, Registry, page_span
+    assert page_span(8192, 1, page=4096) == (8192, 4096)
+    assert page_span(8192 + 100, 4096, page=4096) == (8192, 8192)  # spills into a second page
+    assert page_span(8192, 0, page=4096) is None
+    registrar = Registrar()
+    registry = Registry(registrar.register, registrar.unregister, page=4096)
+    with pytest.raises(RegistrationRefused, match="zero bytes"):
+        registry.add(8192, 0)
+    first = registry.add(8192, 5000, ordinal=0)
+    assert registrar.calls == [("register", 8192, 8192, {"ordinal": 0})]
+    for address, nbytes in ((8192, 1), (12288 + 10, 100), (4096, 4097)):  # overlapping pages
+        with pytest.raises(RegistrationRefused, match="registered already"):
+            registry.add(address, nbytes)
+    other = registry.add(16384, 4096)  # the next page is free
+    assert registry.spans == {8192: 8192, 16384: 4096}
+    first.close()
+    first.close()  # idempotent: one unregister
+    assert registrar.calls[-1] == ("unregister", 8192, ("handle", 8192))
+    assert [c[0] for c in registrar.calls].count("unregister") == 1
+    registry.add(8192, 4096).close()  # free again once unregistered
+    other.close()
+    assert registry.spans == {}
+
+
+def test_the_centre_is_unregistered_while_still_mapped(tmp_path):
+    """SharedCentre.close runs its hooks (unregistering from CUDA) before the unmap."""
+    from platoon._centre.shmem import SharedCentre  # noqa: PLC2701 (the centre itself)
+    from platoon.adapters.cuda_register import Registry
+    registrar = Registrar()
+    registry = Registry(registrar.register, registrar.unregister)
+    seen = []
+    with SharedCentre.create("t27", [{"dtype": "float32", "shape": [3000]}]) as centre:
+        address, nbytes = centre.mapping()
+        assert address % 4096 == 0 and nbytes == centre.size
+        centre.arrays[0][:] = 7.0
+        registration = registry.add(address, nbytes)
+        centre.on_close(lambda: seen.append(
+            np.frombuffer(centre._map, np.float32, 1, 4096)[0]))  # noqa: SLF001 (mapped?)
+        centre.on_close(registration.close)  # runs first (newest first), then the reader
+        assert registrar.calls[0][1:3] == (address, 4096 * 4)  # header + 12000 bytes, pages
+        centre.close()
+        assert registrar.calls[-1][:2] == ("unregister", address)
+        assert seen == [7.0]  # the mapping was still there for the hooks
+        centre.close()
+        assert len(registrar.calls) == 2 and seen == [7.0]  # hooks run once
+        with pytest.raises(PlatoonError, match="closed"):
+            centre.mapping()
+
+
+def test_registered_centre_setting(monkeypatch):
+    from platoon.adapters import cuda_register as cr
+    for text, mode in (("", cr.AUTO), ("auto", cr.AUTO), ("1", cr.AUTO), ("0", cr.OFF),
+                       ("off", cr.OFF), ("require", cr.REQUIRE)):
+        assert cr.setting({"PLATOON_REGISTERED_CENTRE": text}) == mode
+    assert cr.setting({}) == cr.AUTO
+    with pytest.raises(ValueError, match="give 0 .* auto .* or require"):
+        cr.setting({"PLATOON_REGISTERED_CENTRE": "yes"})
+
+
+def test_without_cuda_registration_is_refused_saying_why():
+    from platoon._centre.shmem import SharedCentre  # noqa: PLC2701 (the centre itself)
+    from platoon.adapters import torch_registered
+    from platoon.adapters.cuda_register import RegistrationRefused
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is here: tests/gpu/test_gpu_registered.py covers registration")
+    with SharedCentre.create("t27", [{"dtype": "float32", "shape": [10]}]) as centre:
+        with pytest.raises(RegistrationRefused, match="CUDA|cuInit|device"):
+            torch_registered.register_centre(centre, 0)
+        assert centre._close_hooks == []  # noqa: SLF001 (nothing to undo at close)
+
+
+def test_the_staging_fallback_says_why_once_per_process(monkeypatch, caplog):
+    """Parameters the registered centre cannot take: the reason is logged at INFO once per
+    process, at DEBUG afterwards; PLATOON_REGISTERED_CENTRE=require raises it instead."""
+    from platoon import ASGD
+    from platoon._centre.shmem import SharedCentre  # noqa: PLC2701 (the centre itself)
+    from platoon.adapters import cuda_register, torch_registered
+    monkeypatch.setattr(cuda_register, "_told", __import__("threading").Event())
+    params = [torch.zeros(10)]  # on the CPU: never registered
+    with SharedCentre.create("t27", [{"dtype": "float32", "shape": [10]}]) as centre:
+        with caplog.at_level("DEBUG", logger="platoon.adapters.cuda_register"):
+            for rule in (EASGD(0.5), ASGD()):
+                assert torch_registered.attach(lambda: params, rule, centre, 5.0) is None
+        said = [(r.levelname, r.getMessage()) for r in caplog.records]
+        assert [level for level, _ in said] == ["INFO", "DEBUG"], said
+        assert "not all on one GPU (cpu)" in said[0][1] and "=0" in said[0][1]
+        monkeypatch.setenv("PLATOON_REGISTERED_CENTRE", "require")
+        with pytest.raises(PlatoonError, match="=require, but .* not all on one GPU"):
+            torch_registered.attach(lambda: params, EASGD(0.5), centre, 5.0)
+        caplog.clear()
+        monkeypatch.setenv("PLATOON_REGISTERED_CENTRE", "0")
+        assert torch_registered.attach(lambda: params, EASGD(0.5), centre, 5.0) is None
+        assert caplog.records == []  # turned off: nothing to say
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cpu_tensors_never_take_the_registered_path(serve, caplog, dtype):
+    ctl = Nothing(control_port=0)
+    serving = serve(ctl)
+    x = torch.full((1000,), 3.0, dtype=getattr(torch, dtype))
+    with caplog.at_level("DEBUG", logger="platoon.adapters"):
+        with Worker(ctl.control_port, timeout_s=10) as w:
+            w.init_shared_params([x], EASGD(0.5))
+            assert w._exchange.device is None  # noqa: SLF001
+            x += 2.0
+            w.sync_params()
+            assert x[0].item() == 4.0 and ctl.centre[0][0] == 4.0
+    assert not [r for r in caplog.records if "registered" in r.getMessage()]
+    serving.join()

@@ -1,5 +1,6 @@
 """Striped and asynchronous syncs: exact results, per-stripe atomicity, errors, locks."""
 
+import contextlib
 import os
 import threading
 
@@ -656,3 +657,83 @@ def test_default_start_sync_keeps_its_promise_on_either_path(serve):
             np.testing.assert_allclose(ctl.centre[0], centre + d)
         assert paths == {True, False} and w.syncs == 40
     serving.join()
+
+
+# The registered centre's sync (platoon.adapters.torch_registered) is GPU code; its stripes,
+# locks, formulas and its place in the Exchange (sync, start, wait) are checked here on CPU
+# tensors, with CUDA's streams and events stood in by no-ops. tests/gpu/test_gpu_registered.py
+# checks it on a GPU for real.
+
+
+class _NoStream:
+    def __init__(self, device=None):
+        pass
+
+    def wait_event(self, event):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+class _NoEvent:
+    def record(self, stream=None):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+def _device_sync_job(torch, serve, on_device, rule, mode):
+    """Parameters and centre after three syncs by `mode` (the other worker's moves of the
+    centre stood in by edits of the controller's view), on the host kernels or through a
+    RegisteredSync on the same tensors."""
+    from platoon.adapters.torch_registered import RegisteredSync
+    gen = torch.Generator().manual_seed(27)
+    params = [torch.randn(800_003, generator=gen), torch.randn(1001, generator=gen)]
+    ctl = Controller(control_port=0)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout_s=20) as w:
+        w.init_shared_params(params, rule)
+        if on_device:
+            exchange = w._exchange  # noqa: SLF001
+            exchange.device = RegisteredSync(lambda: params, rule, exchange.centre, 20)
+        for step in range(3):
+            for p in params:
+                p.add_(torch.randn(p.shape, generator=gen))
+            for c in ctl.centre:
+                c *= np.float32(0.875)
+                c += np.float32(0.0625 * (step + 1))
+            if mode == "sync_params":
+                w.sync_params()
+            elif mode == "locked":
+                with w.lock(10):
+                    w.sync_params()
+            elif mode == "live":
+                w.start_sync(snapshot=False).wait()
+            else:
+                handle = w.start_sync(snapshot=True)
+                for p in params:
+                    p.add_(torch.randn(p.shape, generator=gen))
+                handle.wait(20 if mode == "snapshot" else None)
+        assert w.syncs == 3
+        out = [p.numpy().copy() for p in params] + [c.copy() for c in ctl.centre]
+    serving.join()
+    return out
+
+
+@pytest.mark.parametrize("rule", ["easgd", "asgd"])
+@pytest.mark.parametrize("mode", ["sync_params", "locked", "live", "snapshot", "snapshot-take"])
+def test_the_registered_sync_matches_the_host_kernels_bit_for_bit(serve, monkeypatch, rule, mode):
+    torch = pytest.importorskip("torch")
+    for name, stand_in in (("Stream", _NoStream), ("Event", _NoEvent),
+                           ("current_stream", _NoStream),
+                           ("stream", lambda s: contextlib.nullcontext())):
+        monkeypatch.setattr(torch.cuda, name, stand_in)
+    make = (lambda: EASGD(0.3)) if rule == "easgd" else ASGD
+    host = _device_sync_job(torch, serve, False, make(), mode)
+    device = _device_sync_job(torch, serve, True, make(), mode)
+    assert len(host) == 4
+    for i, (a, b) in enumerate(zip(host, device)):
+        differ = np.flatnonzero(a.view(np.int32) != b.view(np.int32))
+        assert not differ.size, "array %d: %d elements differ" % (i, differ.size)

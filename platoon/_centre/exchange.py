@@ -12,6 +12,11 @@ Only the centre's own reads and writes happen under a lock, and only under the
 lock of the stripe being updated. Each stripe's update is atomic with respect
 to other workers; a whole sync is not (another worker may sync stripe 2 between
 this worker's stripes 1 and 3), exactly as independent syncs of smaller models.
+
+Where the adapter offers a device sync (`device`: the registered centre, for CUDA float32
+tensors under EASGD or ASGD, see `platoon.adapters.torch_registered`), `sync` and `start`
+run on the GPU against the centre's registered memory instead of the host arrays, with the
+same stripes, locks and results; the background thread then waits on CUDA events only.
 """
 
 import collections
@@ -22,7 +27,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -357,6 +362,8 @@ class Exchange:
         self.overlap = OverlapChoice()  # the path of a default start_sync() (Worker)
         self.before_pull = None  # called by SyncHandle.wait before / after it applies a sync
         self.after_pull = None   # (the worker copies device parameters to host and back)
+        self.device: Any = None  # a device sync, or None (set by `share`): see module doc
+        self._device_ready: Optional[Any] = None  # the CUDA event the sync in flight waits on
         self._central = [c.reshape(-1) for c in centre.arrays]
         self.rebind()
         # This worker's sync counter in the centre's header, read by the controller's status
@@ -386,7 +393,10 @@ class Exchange:
         if self._inflight is not None:
             raise PlatoonError("a sync started by start_sync() is in flight; call its wait() "
                                "before syncing again")
-        if not lock:
+        if self.device is not None:  # on the GPU; stripe locks unless the caller locks
+            self.device.update(self._order, self.device.begin(),
+                               lock and not self.centre.lock.held, self._count_hold)
+        elif not lock:
             self.rule.update_params(self.local, self.centre.arrays)
         elif not self._striped or self.centre.lock.held:
             self._whole(lambda: self.rule.update_params(self.local, self.centre.arrays))
@@ -484,7 +494,9 @@ class Exchange:
         """
         self.check_async()
         live = not snapshot and self._contiguous
-        if not live:
+        if self.device is not None:  # the snapshot (if any) is queued on the compute stream
+            self._device_ready = self.device.begin() if live else self.device.snapshot()
+        elif not live:
             if self._snapshots is None:
                 self._snapshots = [np.empty(p.size, p.dtype) for p in self.local]
             for snap, p in zip(self._snapshots, self.local):
@@ -534,12 +546,34 @@ class Exchange:
         """Push the snapshot `start` took to the centre (or, for a live sync, update the
         parameters and the centre in place), stripe by stripe (the sync thread), until
         `take_over`; nothing when sync number `generation` is no longer the one in flight."""
+        if self.device is not None:
+            self._push_on_device(generation)
+            return
         self._push_pending(fuse=False, generation=generation)
+
+    def _push_on_device(self, generation: int) -> None:
+        """The device sync's background part: every stripe (no `take_over`), waiting on CUDA
+        events only; a snapshot sync's finished ranges go to `_pushed` for `_pull`."""
+        device = self.device
+        with self._claim:
+            if generation != self._generation:
+                return
+            self._active = True
+        try:
+            if self._live:
+                device.update(self._order, self._device_ready, True, self._count_hold)
+            else:
+                device.push(self._order, self._device_ready, self._count_hold, self._pushed)
+        finally:
+            with self._claim:
+                self._active = False
 
     def background_idle(self) -> bool:
         """True when the sync thread will take no more stripes of the sync in flight and is
         not in the middle of one (it has not started, or has returned without an error), so
         `wait` need not wait for it (after `take_over`)."""
+        if self.device is not None:  # `wait` waits for the sync thread, which does it all
+            return False
         with self._claim:
             return not self._active and (self._taken_over or self._failed or not self._pending)
 
@@ -548,7 +582,7 @@ class Exchange:
         thread has not taken yet; the sync thread stops taking more (`SyncHandle.wait`
         calls this when it may wait as long as it takes, with rules that allow it: two
         threads taking turns at the GIL on a busy machine were slower than one)."""
-        if not self.rule.concurrent_stripes:
+        if not self.rule.concurrent_stripes or self.device is not None:
             return
         if self.before_pull is not None and not self._host_ready:
             self.before_pull()  # may re-bind the parameters
@@ -616,6 +650,14 @@ class Exchange:
 
     def _pull(self, complete):
         """Apply the pushed ranges to the parameters (all of them when `complete`)."""
+        if self.device is not None:  # queued on the calling thread's stream; nothing staged
+            if self._pushed:
+                self.device.pull(self._pushed)
+            self._device_ready = None
+            if complete:
+                self.stats.syncs += 1
+                self._counter[0] += 1
+            return
         if self.before_pull is not None and not self._host_ready:
             self.before_pull()
         if self._pushed:  # none for a live sync: its stripes are already in the parameters
@@ -708,4 +750,5 @@ def share(request: Callable, adapter, rule: ParamSyncRule, res, worker_id: int =
     exchange.before_pull = adapter.pull
     exchange.after_pull = adapter.push
     adapter.on_rebind = exchange.rebind
+    exchange.device = adapter.device_sync(rule, centre, timeout_s)
     return exchange

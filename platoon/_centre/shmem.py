@@ -345,6 +345,7 @@ class SharedCentre:
                 lock.close()
             raise
         self._closed = False
+        self._close_hooks = []
 
     def _open_fd(self):
         return os.open(_path(self.name), os.O_RDWR | os.O_CLOEXEC)
@@ -421,10 +422,28 @@ class SharedCentre:
         finally:
             self.lock.release()
 
+    def mapping(self):
+        """(address, bytes) of the whole mapping (page-aligned: an mmap), for registering it
+        with CUDA; PlatoonError once closed."""
+        if self._map is None:
+            raise PlatoonError("the centre %s is closed" % self.name)
+        return np.frombuffer(self._map, np.uint8).ctypes.data, self.size
+
+    def on_close(self, hook):
+        """Call `hook()` in `close`, while the mapping is still mapped (unregistering it from
+        CUDA must come before the unmap); hooks run newest first, errors are logged."""
+        self._close_hooks.append(hook)
+
     def close(self):
         if self._closed:
             return
         self._closed = True
+        while self._close_hooks:
+            hook = self._close_hooks.pop()
+            try:
+                hook()
+            except Exception:
+                log.exception("a close hook of the centre %s failed", self.name)
         # Views the user still holds keep the mapping alive (numpy does not pin an mmap's
         # buffer, so closing it explicitly could leave them dangling); the last one unmaps.
         self.arrays = []

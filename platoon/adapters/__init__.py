@@ -5,7 +5,9 @@ updates (`arrays`), with `pull()` to bring device values into them before a
 sync and `push()` to install the result afterwards. numpy arrays and PyTorch
 CPU tensors are shared without any copy; CUDA tensors, CuPy and pycuda arrays
 go through one device-to-host and one host-to-device copy per sync into
-pinned staging buffers (CUDA bfloat16 tensors are staged, and synced, as float32);
+pinned staging buffers (CUDA bfloat16 tensors are staged, and synced, as float32), except
+CUDA float32 tensors under EASGD or ASGD where CUDA registers the centre's shared memory
+(`Adapter.device_sync`: the registered centre of `torch_registered`, no staging copies);
 JAX arrays are immutable, so `push()` builds new ones (`params()` returns them). Device
 arrays are checked when shared: contiguous (C or, for CuPy and pycuda, Fortran order, whose
 staging follows it so that no parameter lands transposed in the centre), of a dtype numpy
@@ -45,6 +47,12 @@ class Adapter:
     def params(self):
         """The user's parameters (new objects for immutable frameworks)."""
         return self._params
+
+    def device_sync(self, rule, centre, timeout_s):
+        """An object that syncs the parameters with `centre` on their device, without
+        `arrays` (see `torch_registered`), or None; once one is returned, `pull` and `push`
+        copy nothing. Called once, by `share`."""
+        return None
 
 
 class StagedAdapter(Adapter):

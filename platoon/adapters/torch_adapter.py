@@ -10,7 +10,9 @@ and nothing touches its old memory.
 bfloat16, which numpy cannot hold, is staged as float32: the centre, the sync rule and
 checkpoints see float32 values (exact), and each sync writes back the float32 result
 rounded to bfloat16 by ``copy_``. CUDA tensors and CPU bfloat16 tensors go through one
-flat host buffer (pinned for CUDA) holding every tensor's staging array.
+flat host buffer (pinned for CUDA) holding every tensor's staging array, except where the
+registered centre syncs CUDA float32 tensors on the GPU (`torch_registered`): then `pull`
+and `push` copy nothing.
 """
 
 import logging
@@ -124,7 +126,19 @@ class TorchStagedAdapter(Adapter):
         self._layouts = [(p.dtype, p.shape, p.device.type) for p in params]
         self._staging = flat_staging(params, pin=any(p.is_cuda for p in params))
         self._names = names
+        self._on_device = False  # the registered centre syncs: no staging copies
         super().__init__(params, [s.numpy() for s in self._staging])
+
+    def device_sync(self, rule, centre, timeout_s):
+        """The registered centre's RegisteredSync for CUDA float32 tensors synced by EASGD or
+        ASGD, where CUDA registers the centre; else None (the staging path; why is logged
+        once per process)."""
+        if not all(p.is_cuda for p in self._params):
+            return None
+        from . import torch_registered
+        sync = torch_registered.attach(self.params, rule, centre, timeout_s)
+        self._on_device = sync is not None
+        return sync
 
     def pull(self, params=None):
         super().pull(params)
@@ -132,12 +146,16 @@ class TorchStagedAdapter(Adapter):
         for i, (p, layout) in enumerate(zip(self._params, self._layouts)):
             if (p.dtype, p.shape, p.device.type) != layout:
                 raise layout_changed(_which(i, self._names), describe_layout(*layout), p)
+        if self._on_device:
+            return
         with torch.no_grad():
             for s, p in zip(self._staging, self._params):
                 s.copy_(p.detach(), non_blocking=True)  # device to host, converting bfloat16
         self._wait()
 
     def push(self):
+        if self._on_device:
+            return
         with torch.no_grad():
             for s, p in zip(self._staging, self._params):
                 p.copy_(s, non_blocking=True)
