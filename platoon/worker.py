@@ -62,7 +62,9 @@ class Worker:
 
     Parameters:
         control_port: the controller's control port or endpoint string (None: the
-            launcher's).
+            launcher's; in a script run by itself, with no launcher, a one-worker job:
+            a controller serving in a thread of this process, closed with the worker,
+            said once on stderr, so one script serves alone and under the launcher).
         data_port: if given (a port or an endpoint string), also connect to the
             minibatch channel (see `recv_mb`).
         host: the controller's address.
