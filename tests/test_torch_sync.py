@@ -739,7 +739,7 @@ def test_the_centre_in_a_call_and_in_a_state_dict(one_worker, tmp_path):
 
 def test_workers_begin_training_together(serve, procs):
     ctl = Nothing(control_port=0, num_workers=2)
-    serving = serve(ctl, timeout=60)
+    serving = serve(ctl, timeout=120)
     first = procs("together_worker.py", ctl.control_port)
     first.wait_for_line("REGISTERED")
     # Alone, the first worker waits in PeriodicSync (before, it trained 801 steps alone).
@@ -747,7 +747,7 @@ def test_workers_begin_training_together(serve, procs):
         first.wait_for_line("TRAINING", timeout=1.5)
     second = procs("together_worker.py", ctl.control_port)
     for proc in (first, second):
-        assert proc.wait_for_line("TRAINING", timeout=30).split()[2] == "1"  # nothing moved
+        assert proc.wait_for_line("TRAINING", timeout=90).split()[2] == "1"  # nothing moved
         assert proc.wait(60) == 0, proc.output
         assert proc.wait_for_line("DONE").split()[2] == "20"
     serving.join()
@@ -775,11 +775,9 @@ def test_a_script_run_by_itself_is_a_one_worker_job(procs, tmp_path):
 
 def test_a_resumed_job_continues_the_curve(procs, tmp_path):
     ckpt = str(tmp_path / "ckpt.pt")
-    whole, _ = run_alone(procs, tmp_path, "whole", 30)
-    first, _ = run_alone(procs, tmp_path, "first", 16, "--save", ckpt)
+    whole, _ = run_alone(procs, tmp_path, "whole", 30, "--save-at", 16, ckpt)  # and goes on
     resumed, _ = run_alone(procs, tmp_path, "resumed", 30, "--resume", ckpt)
     centre_only, _ = run_alone(procs, tmp_path, "centre", 30, "--resume", ckpt, "--centre-only")
-    assert first["losses"] == {k: v for k, v in whole["losses"].items() if int(k) < 16}
     later = {k: v for k, v in whole["losses"].items() if int(k) >= 16}
     assert sorted(resumed["losses"], key=int) == sorted(later, key=int)  # steps 16..29
     for step, loss in later.items():

@@ -1,10 +1,10 @@
 """An ordinary training script made a platoon job, run by itself (no launcher, no port: a
 one-worker job) and resumed from its own checkpoint. usage:
-resume_trainer.py STEPS OUT [--save CKPT] [--resume CKPT] [--centre-only]
+resume_trainer.py STEPS OUT [--save-at N CKPT] [--resume CKPT] [--centre-only]
 
-SGD with momentum, a StepLR schedule, PeriodicSync every 3 steps. --save writes a checkpoint
-after the last step: the centre, this worker's weights, PeriodicSync's and the scheduler's
-state. --resume restores them all and goes on to STEPS; with --centre-only it restores the
+SGD with momentum, a StepLR schedule, PeriodicSync every 3 steps. --save-at writes a
+checkpoint after step N (and goes on): the centre, this worker's weights, PeriodicSync's and
+the scheduler's state. --resume restores them all and goes on to STEPS; with --centre-only it restores the
 centre only (what a resume gave before). OUT gets {"losses": {step: loss}, "final": ...}.
 """
 
@@ -27,7 +27,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("steps", type=int)
     parser.add_argument("out")
-    parser.add_argument("--save")
+    parser.add_argument("--save-at", nargs=2, metavar=("N", "CKPT"))
     parser.add_argument("--resume")
     parser.add_argument("--centre-only", action="store_true")
     args = parser.parse_args()
@@ -62,9 +62,10 @@ def main():
             sync.step(loss=loss)
             scheduler.step()
             losses[step] = loss.item()
-    if args.save:
-        torch.save({"centre": sync.centre_state_dict(), "model": model.state_dict(),
-                    "sync": sync.state_dict(), "scheduler": scheduler.state_dict()}, args.save)
+            if args.save_at and sync.steps == int(args.save_at[0]):
+                torch.save({"centre": sync.centre_state_dict(), "model": model.state_dict(),
+                            "sync": sync.state_dict(), "scheduler": scheduler.state_dict()},
+                           args.save_at[1])
     with open(args.out, "w") as f:
         json.dump({"losses": losses, "final": sync.final_result, "worker": w.worker_id,
                    "num_workers": w.num_workers}, f)

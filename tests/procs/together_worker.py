@@ -17,7 +17,7 @@ from platoon import EASGD, PeriodicSync, Worker
 def main():
     port, steps = int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 20
     torch.set_num_threads(1)
-    with Worker(control_port=port, timeout_s=30) as w:
+    with Worker(control_port=port, timeout_s=90) as w:
         print("REGISTERED %d" % w.worker_id, flush=True)
         torch.manual_seed(0)
         model = nn.Linear(4, 1)
