@@ -52,7 +52,7 @@ def measure(hidden=1024, sync_every=4, rounds=5):
             model = make()
             setups[name] = (model, PeriodicSync(w, model, torch.optim.SGD(
                 model.parameters(), lr=0.01), sync_every=sync_every, rule=EASGD(0.3),
-                overlap=overlap))
+                overlap=overlap, start_together=False))  # three workers of one thread
         steps = sync_every * 8
 
         def run(model, opt):

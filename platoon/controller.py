@@ -341,6 +341,12 @@ class Controller:
         """Reply to request `seq` from `envelope` with error `exc` (the worker raises it)."""
         self._dispatcher("fail").fail(envelope, seq, exc)
 
+    @property
+    def final_result(self) -> Optional[Dict[str, Any]]:
+        """The job's final result, once a worker reported it (`Worker.final_evaluation`):
+        {"metrics": {...}, "worker": its id}; None before. Also in the status file."""
+        return self._progress.final_result or None
+
     def departed_workers(self) -> List[int]:
         """Ids of the workers that have left the job (done or failed)."""
         return self._registry.departed()

@@ -45,6 +45,10 @@ BARRIER_CANCEL = "platoon-barrier-cancel"
 DONE = "platoon-done"
 REPORT = "platoon-report"
 STOP = "platoon-stop"  # {"request": bool, "reason": str | null}: ask for, or read, the stop
+# The job's one final result (Worker.final_evaluation): "trained" {} -> {"evaluate": bool};
+# "final-result" {"metrics": {...}} -> {"stored": bool}
+TRAINED = "platoon-trained"
+FINAL_RESULT = "platoon-final-result"
 # Collectives and shared state (platoon.collectives)
 ALLREDUCE_SETUP = "platoon-allreduce-setup"
 ALLREDUCE = "platoon-allreduce"

@@ -16,6 +16,7 @@ Imported only when ``platoon.PeriodicSync`` is first used; torch is needed then.
 
 import contextlib
 import logging
+import time
 import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
@@ -113,24 +114,42 @@ class PeriodicSync(torch.optim.Optimizer):
             ``num_batches_tracked``) cannot be averaged and are never shared:
             each worker keeps its own count, and `centre_state_dict` takes
             this worker's.
+        start_together: True (default): the constructor waits until every worker of
+            the job has shared its model (``Worker.start_together``, bounded by the
+            worker's timeout_s), so that no worker trains alone before the others
+            start; a replacement joining a job that already syncs does not wait.
+            False: start at once.
+        report_every_s: report progress to the controller (the launcher's status
+            line) from `step` at most this often, in seconds: ``steps`` and, once
+            given to `step(loss=...)` or `report_loss`, ``loss``; each report counts
+            the steps since the last as minibatches. None: never (the script calls
+            ``Worker.report`` itself).
+        evaluate: ``evaluate(model) -> dict`` of metrics, the job's one final
+            result: `finish()` (also leaving the ``with`` block) has the last worker
+            of the job to finish call it once, with the final centre in the model
+            (``Worker.final_evaluation``); the launcher's summary shows it.
 
     A shared tensor that torch moves in memory, dtype and shape unchanged
-    (``model.share_memory()``, ``p.data = ...``), keeps syncing; at a sync,
-    LayoutMismatch names one whose dtype, shape or device changed
-    (``model.double()``) or that the model replaced by a new tensor.
+    (``model.share_memory()``, ``p.data = ...``), keeps syncing; so does one the
+    model replaced by a tensor of the same dtype, shape and device (a buffer after
+    ``model.double()`` then ``model.float()``): its values are copied into the
+    shared tensor, which takes its place in the model again. At a sync,
+    LayoutMismatch names one whose dtype, shape or device is still changed.
 
     Raises ValueError for a bad `sync_every` or `buffers`, TypeError for a
     `model` or `optimizer` of the wrong kind or `overlap` with a rule that
     cannot run in the background, and as
-    ``Worker.init_shared_params``. It is a context manager: leaving the block
-    finishes a sync in flight (not after an exception: the worker's close
-    does).
+    ``Worker.init_shared_params``; ControllerTimeout when `start_together` waited
+    the worker's timeout_s. It is a context manager: leaving the block calls
+    `finish` (not after an exception: the worker's close finishes a sync in flight).
     """
 
     def __init__(self, worker, model: "torch.nn.Module",
                  optimizer: Optional["torch.optim.Optimizer"] = None, *, sync_every: int,
                  rule: Optional[ParamSyncRule] = None, overlap: Union[bool, str] = False,
-                 buffers: str = "sync"):
+                 buffers: str = "sync", start_together: bool = True,
+                 report_every_s: Optional[float] = 1.0,
+                 evaluate: Optional[Callable[["torch.nn.Module"], Dict[str, Any]]] = None):
         # Deliberately no super().__init__: param_groups and state are the inner optimizer's.
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError("PeriodicSync wraps a torch.optim.Optimizer (or None, when the "
@@ -145,6 +164,13 @@ class PeriodicSync(torch.optim.Optimizer):
             raise ValueError("overlap must be False, True or \"step\", got %r" % (overlap,))
         if buffers not in BUFFERS:
             raise ValueError("buffers must be one of %s, got %r" % (", ".join(BUFFERS), buffers))
+        if report_every_s is not None and not (isinstance(report_every_s, (int, float))
+                                               and report_every_s >= 0):
+            raise ValueError("report_every_s must be None or a number of seconds >= 0, got %r"
+                             % (report_every_s,))
+        if evaluate is not None and not callable(evaluate):
+            raise TypeError("evaluate must be a function evaluate(model) -> dict of metrics, "
+                            "got %r" % (evaluate,))
         if rule is None:
             rule = EASGD(min(0.9 / max(worker.global_size, 1), 1.0))
         if not isinstance(rule, ParamSyncRule):
@@ -162,6 +188,13 @@ class PeriodicSync(torch.optim.Optimizer):
         self.buffers = buffers
         self.rule = rule
         self.steps = 0  # step() calls so far
+        self.report_every_s = report_every_s
+        self.evaluate = evaluate
+        self.final_result: Optional[Dict[str, Any]] = None  # on the worker that evaluated
+        self._loss: Any = None  # the latest loss given (a detached tensor or a number)
+        self._reported_steps = 0
+        self._reported_at = time.monotonic()
+        self._finished = False
         self._handle: Optional[SyncHandle] = None
         self._centre_in = False  # inside `with centre():`
         self._names, tensors = _shared_tensors(model, buffers)
@@ -169,6 +202,8 @@ class PeriodicSync(torch.optim.Optimizer):
         if optimizer is not None:
             _warn_unshared(optimizer, model)
         worker.init_shared_params(tensors, rule, names=self._names)
+        if start_together:
+            worker.start_together()
         # overlap="step" syncs the live parameters when only `step()` writes what is shared.
         params = {id(p) for p in model.parameters()}
         self._in_place = self.overlap == "step" and optimizer is not None \
@@ -192,21 +227,22 @@ class PeriodicSync(torch.optim.Optimizer):
                 "the parameters itself, with its own learning rate" % name)
         return self.optimizer
 
-    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+    def step(self, closure: Optional[Callable[[], Any]] = None, *, loss: Any = None) -> Any:
         """The wrapped optimizer's step (returns its result); then, every `sync_every`-th
         call, a sync with the centre (started in the background with `overlap`, after
         finishing the previous one; with ``overlap="step"`` a sync in flight is finished
         first, before the optimizer's step). Without an optimizer, call it after the script's own
         update: it only counts and syncs (and returns `closure()`'s result, if given).
-        Raises PlatoonError inside ``with centre():``."""
+        `loss` (a tensor or a number), if given, is the progress reports' ``loss`` (as
+        `report_loss`). Raises PlatoonError inside ``with centre():``."""
         self._refuse_in_centre("step")
         if self.overlap == "step" and self._handle is not None:
             with self._naming_changes():
                 self._finish()  # before the optimizer writes the parameters
         if self.optimizer is None:
-            loss = None if closure is None else closure()
+            result = None if closure is None else closure()
         else:
-            loss = self.optimizer.step() if closure is None else self.optimizer.step(closure)
+            result = self.optimizer.step() if closure is None else self.optimizer.step(closure)
         self.steps += 1
         if self.steps % self.sync_every == 0:
             with self._naming_changes():
@@ -215,7 +251,44 @@ class PeriodicSync(torch.optim.Optimizer):
                     self._handle = self.worker.start_sync(snapshot=not self._in_place)
                 else:
                     self.worker.sync_params()
-        return loss
+        if loss is not None:
+            self.report_loss(loss)
+        self._report_progress()
+        return result
+
+    def report_loss(self, loss: Any) -> None:
+        """The loss the next progress report carries (a tensor, read only when reported,
+        or a number)."""
+        self._loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
+
+    def _report_progress(self, force: bool = False) -> None:
+        """Report steps (and the loss) to the controller, at most every `report_every_s`."""
+        now = time.monotonic()
+        if self.report_every_s is None or self.worker.worker_id is None or not (
+                force or now - self._reported_at >= self.report_every_s):
+            return
+        metrics: Dict[str, Any] = {"steps": self.steps}
+        if self._loss is not None:
+            metrics["loss"] = float(self._loss)
+        self.worker.report(max(0, self.steps - self._reported_steps), **metrics)
+        self._reported_steps, self._reported_at = self.steps, now
+
+    def finish(self) -> Optional[Dict[str, Any]]:
+        """End of training: finish a sync in flight, report the progress, and, with
+        `evaluate`, take part in the job's final evaluation (``Worker.final_evaluation``):
+        the last worker of the job to finish evaluates the final centre (after every
+        worker's last sync) and reports it; returns its metrics there, None elsewhere.
+        Once: later calls return the same. Leaving the ``with`` block calls it."""
+        if self._finished:
+            return self.final_result
+        self.wait()
+        self._report_progress(force=True)
+        self._finished = True
+        evaluate = self.evaluate
+        if evaluate is not None:
+            self.final_result = self.worker.final_evaluation(
+                lambda: self.on_centre(evaluate, self.model))
+        return self.final_result
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The wrapped optimizer's zero_grad; without one, the model's."""
@@ -231,7 +304,9 @@ class PeriodicSync(torch.optim.Optimizer):
 
     def state_dict(self) -> Dict[str, Any]:
         """The wrapped optimizer's state dict (without one, an empty one), with this
-        wrapper's step count (``"platoon_steps"``) so a resumed run keeps its sync phase."""
+        wrapper's step count (``"platoon_steps"``) so a resumed run keeps its sync phase
+        and its learning-rate schedule. Save it with the model's own weights and the
+        scheduler's state; see docs/porting-a-script.md, "Resuming"."""
         state = {} if self.optimizer is None else self.optimizer.state_dict()
         state["platoon_steps"] = self.steps
         return state
@@ -318,6 +393,13 @@ class PeriodicSync(torch.optim.Optimizer):
                 out[key] = value
         return out
 
+    def on_centre(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` with the centre in the model (``with centre():`` as a
+        call, for a lambda or a hook): ``val = sync.on_centre(evaluate, model, data)``.
+        Returns what `fn` returns; raises as `centre`."""
+        with self.centre():
+            return fn(*args, **kwargs)
+
     @contextlib.contextmanager
     def centre(self, timeout_s: Optional[float] = _WORKERS) -> Iterator["torch.nn.Module"]:
         """Within the block the model holds the centre; on leaving it, its own values again.
@@ -364,17 +446,39 @@ class PeriodicSync(torch.optim.Optimizer):
 
     def _check_shared(self):
         """Raise LayoutMismatch for a shared tensor the model no longer holds, or whose dtype,
-        shape or device changed."""
+        shape or device changed; put back one the model replaced by a tensor of its layout."""
         for name, (table, leaf, tensor, layout) in zip(self._names, self._slots):
             now = table.get(leaf)
             if now is tensor:
                 continue
             if isinstance(now, torch.Tensor) and (now.dtype, now.shape, now.device) != layout:
                 raise layout_changed("the model's %r" % name, describe_layout(*layout), now)
+            if isinstance(now, torch.Tensor) and (tensor.dtype, tensor.shape, tensor.device) \
+                    == layout and now.is_contiguous():
+                self._put_back(name, table, leaf, tensor, now)
+                continue
             raise LayoutMismatch(
-                "the model's %r is no longer the tensor PeriodicSync shared: a new tensor was "
-                "assigned to it, so it would no longer be synced. Update it in place (copy_(), "
-                "zero_()), and convert or move the model before PeriodicSync" % name)
+                "the model's %r is no longer the tensor PeriodicSync shared: it now holds %s, "
+                "so it would no longer be synced. Give it back a tensor of the shared dtype, "
+                "shape and device (or update it in place: copy_(), zero_()), and convert or "
+                "move the model before PeriodicSync" % (name, type(now).__name__))
+
+    def _put_back(self, name, table, leaf, tensor, now):
+        """The model replaced shared tensor `tensor` by `now`, of the same layout (a buffer
+        after ``model.double()`` then ``model.float()``): `tensor` takes `now`'s values and
+        its place again (in the optimizer too), so it keeps syncing."""
+        self._finish()  # a sync in flight lands in `tensor` first
+        with torch.no_grad():
+            tensor.copy_(now)
+        table[leaf] = tensor
+        if self.optimizer is not None:
+            for group in self.optimizer.param_groups:
+                group["params"] = [tensor if p is now else p for p in group["params"]]
+            if now in self.optimizer.state:
+                self.optimizer.state[tensor] = self.optimizer.state.pop(now)
+        log.info("worker %s: the model's %r was replaced by a tensor of its dtype, shape and "
+                 "device; its values are synced through the shared tensor again",
+                 self.worker.worker_id, name)
 
     @contextlib.contextmanager
     def _naming_changes(self):
@@ -398,7 +502,7 @@ class PeriodicSync(torch.optim.Optimizer):
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
-            self.wait()
+            self.finish()
 
 
 def _shared_tensors(model, buffers):

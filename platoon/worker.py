@@ -2,10 +2,11 @@
 
 import functools
 import logging
+import sys
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Union, cast
 
 import numpy as np
 import zmq
@@ -61,7 +62,9 @@ class Worker:
 
     Parameters:
         control_port: the controller's control port or endpoint string (None: the
-            launcher's).
+            launcher's; in a script run by itself, with no launcher, a one-worker job:
+            a controller serving in a thread of this process, closed with the worker,
+            said once on stderr, so one script serves alone and under the launcher).
         data_port: if given (a port or an endpoint string), also connect to the
             minibatch channel (see `recv_mb`).
         host: the controller's address.
@@ -80,11 +83,15 @@ class Worker:
                  host: str = "127.0.0.1", timeout_s: Optional[float] = 60.0,
                  keys_file: Optional[str] = None):
         env = JobEnvironment.read()
+        alone = None
         if control_port is None:
             control_port = env.control_port
-            if control_port is None:
+            if control_port is None and env.launcher_pid is not None:
                 raise ValueError("Worker needs the controller's control_port, or to run under "
                                  "platoon-launcher (which sets PLATOON_CONTROL_PORT)")
+            if control_port is None:  # a script run by itself: a one-worker job
+                alone = _OwnController(host)
+                control_port = alone.address
         self.host = host
         self.timeout_s = timeout_s
         self.device = Device(env.device or "cpu")
@@ -93,6 +100,11 @@ class Worker:
         self.is_first = False
         self.job_id = None
         self._res = Resources()
+        # Its own controller (if any) closes after the worker's goodbye: finalizers made
+        # later run first.
+        self._own_controller = alone
+        if alone is not None:
+            self._own_finalizer = weakref.finalize(self, alone.close)
         self._finalizer = weakref.finalize(self, self._res.close)
         self._closed = False
         self._sync_lock = threading.Lock()
@@ -121,6 +133,8 @@ class Worker:
                 self.init_mb_sock(data_port)
         except BaseException:
             self._finalizer()
+            if alone is not None:
+                self._own_finalizer()
             raise
         self._client.arm_farewell()
         log.info("worker %d registered with job %s at %s", self.worker_id, self.job_id,
@@ -164,6 +178,59 @@ class Worker:
         """
         self.send_req(protocol.REPORT, {"minibatches": minibatches, "syncs": self.syncs,
                                         "metrics": metrics})
+
+    @_while_open
+    def final_evaluation(self, evaluate: Callable[[], Any], *,
+                         timeout_s: Optional[float] = _DEFAULT) -> Optional[Dict[str, Any]]:
+        """Call after this worker's last sync: the job's last worker to do so evaluates the
+        final centre, once, with `evaluate`, and the controller keeps the result.
+
+        The final centre is the centre after the last sync of every worker. Each worker
+        tells the controller it is past its last sync; the last one of the job's workers
+        (none may be still to register or to replace) calls ``evaluate()``, which loads
+        the centre and returns its metrics (a dict of JSON numbers or strings; tensors and
+        numpy scalars are converted), and reports them: the controller writes them to the
+        status file as ``final_result`` {"metrics", "worker"} and the launcher's summary
+        shows them. Returns the metrics on that worker, None on the others (which do not
+        wait). `PeriodicSync(..., evaluate=fn)` calls this from its `finish()`.
+        Raises TypeError when `evaluate` returns something else than a dict, and as
+        `send_req`.
+        """
+        reply = self.send_req(protocol.TRAINED, {}, timeout_s=timeout_s)
+        if not (isinstance(reply, dict) and reply.get("evaluate")):
+            return None
+        result = evaluate()
+        if not isinstance(result, dict):
+            raise TypeError("the final evaluation must return a dict of metrics, such as "
+                            "{'accuracy': 0.89}, got %r" % (result,))
+        metrics = {str(key): _json_number(value) for key, value in result.items()}
+        self.send_req(protocol.FINAL_RESULT, {"metrics": metrics}, timeout_s=timeout_s)
+        log.info("worker %d: final result %s", self.worker_id, metrics)
+        return metrics
+
+    @_while_open
+    def start_together(self, *, timeout_s: Optional[float] = _DEFAULT) -> bool:
+        """Wait until every worker of the job is here (a `barrier`), so that all begin
+        training together; returns True. Once training is underway (the centre has
+        counted a sync: a replacement, or a worker registering late) it returns False at
+        once. Call it after `init_shared_params`.
+
+        Raises ControllerTimeout after `timeout_s` seconds (default: the worker's), saying
+        how many workers the job expects.
+        """
+        centre = self._res.centre
+        if centre is not None and centre.sync_counts.any():
+            return False
+        timeout_s = self._timeout_s(timeout_s)
+        try:
+            self.barrier(timeout_s=timeout_s)
+        except ControllerTimeout as exc:
+            raise ControllerTimeout(
+                "worker %s waited %s s for the job's %s workers to start together, and not all "
+                "came (%s); start them all, give the worker a longer timeout_s, or opt out "
+                "(PeriodicSync(..., start_together=False))"
+                % (self.worker_id, timeout_s, self.num_workers or "registered", exc)) from exc
+        return True
 
     @renamed_keywords(timeout="timeout_s")
     @_while_open
@@ -578,6 +645,8 @@ class Worker:
             if self._stop_signal is not None:
                 self._stop_finalizer()
             self._finalizer()
+            if self._own_controller is not None:
+                self._own_finalizer()
 
     def __enter__(self) -> "Worker":
         return self
@@ -593,6 +662,62 @@ class Worker:
             return None
         self.close(error="%s: %s" % (exc_type.__name__, exc))
         return None
+
+
+def _json_number(value: Any) -> Any:
+    """A metric as JSON: tensors and numpy scalars as Python numbers; strings and numbers
+    as they are."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    item = getattr(value, "item", None)  # a one-element tensor or a numpy scalar
+    if item is not None:
+        return item()
+    raise TypeError("a final metric must be a number or a string, got %r" % (value,))
+
+
+class _OwnController:
+    """The controller of a script run by itself (no port, no launcher): a one-worker job
+    served by a thread of this process, closed with the worker."""
+
+    def __init__(self, host: str):
+        from .controller import Controller  # only a script run alone needs it here
+
+        class _Alone(Controller):
+            def handle_control(self, req, worker_id, req_info):
+                raise PlatoonError("request %r: a script run by itself has a controller that "
+                                   "handles only platoon's own requests; run it under "
+                                   "platoon-launcher with your controller" % (req,))
+
+        self.controller = ctl = _Alone(control_port=0, num_workers=1, host=host)
+        self.address = cast(str, ctl.control_address)
+        self._thread = threading.Thread(target=self._serve, name="platoon-own-controller",
+                                        daemon=True)
+        self._thread.start()
+        _say_alone(ctl.job_id)
+
+    def _serve(self) -> None:
+        try:
+            self.controller.serve()
+        except Exception:  # noqa: BLE001 - logged: the worker's requests then fail
+            log.exception("the controller of this one-worker job failed")
+
+    def close(self) -> None:
+        """Stop serving (it ends by itself once the worker said it is done), then close."""
+        self.controller.close()
+        self._thread.join(5.0)
+
+
+_told_alone: List[str] = []
+
+
+def _say_alone(job_id: str) -> None:
+    """Say once per process that a script runs as a one-worker job."""
+    if not _told_alone:
+        _told_alone.append(job_id)
+        sys.stderr.write("platoon: no controller port and not under platoon-launcher: running "
+                         "as a one-worker job (job %s), with a controller in this process\n"
+                         % job_id)
+        sys.stderr.flush()
 
 
 class HeldLock:

@@ -2,6 +2,7 @@
 launcher, with real processes) and as a DDP job, and the diffs docs/porting-a-script.md shows."""
 
 import difflib
+import json
 import os
 import re
 import subprocess
@@ -52,6 +53,17 @@ def test_the_single_process_script_trains():
     assert re.search(r"^epoch 2: 12 batches in .*, lr 20,", proc.stdout, re.M), proc.stdout
 
 
+def test_the_platoon_version_runs_by_itself_as_a_one_worker_job():
+    pytest.importorskip("torch", reason="examples/lm needs PyTorch")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLATOON_")}
+    proc = subprocess.run([sys.executable, os.path.join(LM, "train.py")] + QUICK,
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(env, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^epoch 2: \d+ batches in .*, lr 20,", proc.stdout, re.M), proc.stdout
+    assert proc.stderr.count("running as a one-worker job") == 1, proc.stderr
+
+
 @pytest.mark.slow
 def test_the_platoon_version_runs_under_the_launcher_with_its_arguments(tmp_path):
     torch = pytest.importorskip("torch", reason="examples/lm needs PyTorch")
@@ -82,3 +94,7 @@ def test_the_platoon_version_runs_under_the_launcher_with_its_arguments(tmp_path
     assert all(not torch.equal(torch.from_numpy(centre[k]), start[k]) for k in start)
     # 2 workers x 24 steps, every 4th a sync
     assert re.search(r"job summary: .*, 12 syncs", out), out
+    status = json.loads((logs / "status.json").read_text())
+    for k in ("0", "1"):  # sync.step(loss=loss) reported progress: no w.report in the script
+        assert status["reports"][k]["metrics"]["steps"] == 24, status
+        assert status["reports"][k]["metrics"]["loss"] > 0, status

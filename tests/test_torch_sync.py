@@ -2,11 +2,16 @@
 and Worker.device, with real controllers, workers, sockets and shared memory."""
 
 import json
+import os
+import re
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
+
+import platoon
 
 from platoon import (ASGD, EASGD, SGD, Adam, Controller, Downpour, PlatoonError, Worker,
                      average_gradients)
@@ -17,7 +22,7 @@ from conftest import PROCS, Nothing
 torch = pytest.importorskip("torch", reason="the PyTorch tests need PyTorch")
 from torch import nn  # noqa: E402
 
-from platoon import LockTimeout, PeriodicSync, load_centre  # noqa: E402
+from platoon import LayoutMismatch, LockTimeout, PeriodicSync, load_centre  # noqa: E402
 
 sys.path.insert(0, PROCS)
 from torch_sync_worker import make_model  # noqa: E402
@@ -600,3 +605,210 @@ def test_worker_device_is_usable_with_torch(serve, monkeypatch):
     with Worker(ctl.control_port, timeout_s=10) as w:
         assert w.device == "cuda1" and w.device.torch == torch.device("cuda:0")
     serving.join()
+
+
+# -- a first day with the launcher: progress, starting together, one final result --
+
+@pytest.mark.slow
+def test_a_launched_job_reports_steps_loss_and_one_final_result(tmp_path):
+    from test_launcher import EXPERIMENTS, launcher_cmd, run_launcher
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "torchjob"), "-n", "2"),
+                             tmp_path, timeout=120, script_args=["40"])
+    assert code == 0, out
+    status = json.loads((tmp_path / "logs" / "status.json").read_text())
+    for wid in ("0", "1"):  # every step counted, the last loss kept: no w.report in the script
+        report = status["reports"][wid]
+        assert report["minibatches"] == 40 and report["metrics"]["steps"] == 40, status
+        assert isinstance(report["metrics"]["loss"], float), status
+    assert status["minibatches"] == 80, status
+    final = status["final_result"]
+    assert set(final) == {"metrics", "worker"} and final["worker"] in (0, 1), status
+    logs = "".join((tmp_path / "logs" / ("worker%d.log" % k)).read_text() for k in (0, 1))
+    printed = re.findall(r"FINAL (.*)", logs)
+    assert len(printed) == 1, logs  # exactly one worker evaluated the final centre
+    assert json.loads(printed[0]) == final["metrics"], logs
+    assert final["metrics"]["loss"] < 1.0, status
+
+
+def test_steps_and_the_loss_are_reported_at_most_every_report_every_s(one_worker):
+    ctl, w = one_worker
+    model = nn.Linear(3, 1)
+    sync = PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=2,
+                        report_every_s=3600.0)
+    for _ in range(5):
+        sync.zero_grad()
+        loss = model(torch.ones(2, 3)).pow(2).mean()
+        loss.backward()
+        sync.step(loss=loss)
+    assert ctl.progress["metrics"] == {}  # within the hour: no report, no round trip
+    sync.finish()  # the end of training reports what is left
+    assert ctl.progress["minibatches"] == 5
+    assert ctl.progress["metrics"] == {"steps": 5, "loss": pytest.approx(loss.item())}
+    sync.report_every_s = 0.0
+    sync.step()
+    sync.report_loss(0.25)
+    sync.step()
+    assert ctl.progress["minibatches"] == 7
+    assert ctl.progress["metrics"] == {"steps": 7, "loss": 0.25}
+
+
+def test_the_last_worker_to_finish_evaluates_the_final_centre_once(two_workers):
+    calls = []
+
+    def evaluate(model):
+        calls.append([p.detach().clone() for p in model.parameters()])
+        return {"weight_sum": model.weight.sum(), "note": "centre"}
+
+    def body(w):
+        torch.manual_seed(0)
+        model = nn.Linear(3, 1)
+        sync = PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.1),
+                            sync_every=1, rule=EASGD(0.5), evaluate=evaluate)
+        for _ in range(3 + 3 * w.worker_id):  # worker 1 finishes last
+            train_step(model, sync, torch.full((2, 3), 1.0 + w.worker_id))
+        with sync:
+            pass
+        return sync, model
+
+    (s0, m0), (s1, m1) = run_all(two_workers, body)
+    assert len(calls) == 1  # one evaluation in the job
+    assert s0.final_result is None and s1.final_result is not None
+    centre = two_workers[1].shared_params
+    np.testing.assert_array_equal(calls[0][0].numpy(), centre[0])  # the final centre
+    assert s1.final_result == {"weight_sum": pytest.approx(float(centre[0].sum())),
+                               "note": "centre"}
+    assert s1.finish() is s1.final_result  # once
+    assert len(calls) == 1
+
+
+def test_start_together_waits_for_every_worker_within_the_timeout(serve):
+    ctl = Nothing(control_port=0, num_workers=2)
+    serve(ctl)
+    with Worker(ctl.control_port, timeout_s=1.0) as w:
+        began = time.monotonic()
+        with pytest.raises(platoon.ControllerTimeout, match=r"job's 2 workers to start "
+                           r"together.*start_together=False"):
+            PeriodicSync(w, nn.Linear(3, 1), sync_every=1)
+        assert time.monotonic() - began < 10
+        w2 = Worker(ctl.control_port, timeout_s=1.0)
+        w2.init_shared_params(nn.Linear(3, 1), EASGD(0.5))
+        w2.sync_params()  # the job is underway: a late worker does not wait
+        assert w2.start_together() is False
+        w2.close()
+    ctl.close()
+
+
+def test_a_model_converted_and_converted_back_syncs_again(one_worker):
+    _, w = one_worker
+    model = bn_model()
+    sync = PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=1)
+    train_step(model, sync, torch.ones(4, 3))
+    model.double()
+    with pytest.raises(LayoutMismatch, match="float32.*float64"):
+        train_step(model, sync, torch.ones(4, 3, dtype=torch.float64))
+    model.float()  # the remedy the error gives: the model holds float32 tensors again
+    for _ in range(3):
+        train_step(model, sync, torch.ones(4, 3))
+    assert w.syncs == 4
+    centre = sync.centre_state_dict()
+    assert not torch.equal(centre["1.running_mean"], torch.zeros(4))  # buffers sync too
+    w.sync_params()
+    for name, array in zip(sync.shared_names, w.shared_params):
+        assert array.dtype == np.float32, name
+
+
+def test_the_centre_in_a_call_and_in_a_state_dict(one_worker, tmp_path):
+    _, w = one_worker
+    model = nn.Linear(3, 1)
+    sync = PeriodicSync(w, model, sync_every=2, rule=EASGD(0.5))  # a hand-written update
+    for _ in range(2):
+        model.zero_grad()
+        model(torch.ones(2, 3)).sum().backward()
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-0.1)
+        sync.step()
+    own = model.weight.detach().clone()
+    seen = sync.on_centre(lambda m: m.weight.detach().clone(), model)
+    np.testing.assert_array_equal(seen.numpy(), w.shared_params[0])
+    assert torch.equal(model.weight, own)  # the worker's own weights are back
+    torch.save(sync.centre_state_dict(), tmp_path / "centre.pt")
+    fresh = nn.Linear(3, 1)
+    fresh.load_state_dict(torch.load(tmp_path / "centre.pt"))
+    np.testing.assert_array_equal(fresh.weight.detach().numpy(), w.shared_params[0])
+
+
+def test_workers_begin_training_together(serve, procs):
+    ctl = Nothing(control_port=0, num_workers=2)
+    serving = serve(ctl, timeout=120)
+    first = procs("together_worker.py", ctl.control_port)
+    first.wait_for_line("REGISTERED")
+    # Alone, the first worker waits in PeriodicSync (before, it trained 801 steps alone).
+    with pytest.raises(pytest.fail.Exception, match="no line 'TRAINING'"):
+        first.wait_for_line("TRAINING", timeout=1.5)
+    second = procs("together_worker.py", ctl.control_port)
+    for proc in (first, second):
+        assert proc.wait_for_line("TRAINING", timeout=90).split()[2] == "1"  # nothing moved
+        assert proc.wait(60) == 0, proc.output
+        assert proc.wait_for_line("DONE").split()[2] == "20"
+    serving.join()
+
+
+# -- one script, alone or in a job; a full resume --
+
+def run_alone(procs, tmp_path, name, *args):
+    """Run resume_trainer.py by itself (no launcher variables); its JSON output and output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLATOON_")}
+    out = str(tmp_path / (name + ".json"))
+    proc = procs("resume_trainer.py", *args[:1], out, *args[1:], env=env)
+    assert proc.wait(90) == 0, proc.output
+    with open(out) as f:
+        return json.load(f), proc.output
+
+
+def test_a_script_run_by_itself_is_a_one_worker_job(procs, tmp_path):
+    report, output = run_alone(procs, tmp_path, "alone", 6)
+    assert (report["worker"], report["num_workers"]) == (0, 1)
+    assert len(report["losses"]) == 6
+    assert report["final"]["loss"] > 0  # the final evaluation ran on its one worker
+    assert output.count("running as a one-worker job") == 1, output
+
+
+def test_a_resumed_job_continues_the_curve(procs, tmp_path):
+    ckpt = str(tmp_path / "ckpt.pt")
+    whole, _ = run_alone(procs, tmp_path, "whole", 30, "--save-at", 16, ckpt)  # and goes on
+    resumed, _ = run_alone(procs, tmp_path, "resumed", 30, "--resume", ckpt)
+    centre_only, _ = run_alone(procs, tmp_path, "centre", 30, "--resume", ckpt, "--centre-only")
+    later = {k: v for k, v in whole["losses"].items() if int(k) >= 16}
+    assert sorted(resumed["losses"], key=int) == sorted(later, key=int)  # steps 16..29
+    for step, loss in later.items():
+        assert resumed["losses"][step] == pytest.approx(loss, rel=1e-5), step
+    assert resumed["final"]["loss"] == pytest.approx(whole["final"]["loss"], rel=1e-5)
+    # Restoring the centre only (the optimizer, steps and schedule start over) leaves the curve.
+    assert len(centre_only["losses"]) == 30
+    assert any(centre_only["losses"][step] != pytest.approx(loss, rel=1e-3)
+               for step, loss in later.items())
+
+
+def test_distributed_sampler_and_shard_feed_each_worker_its_part_every_epoch(two_workers):
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    dataset = TensorDataset(torch.arange(10.0))
+
+    def epochs(w):
+        # As a DDP script does, with the worker's id and the job's number of workers.
+        sampler = DistributedSampler(dataset, num_replicas=w.num_workers, rank=w.worker_id,
+                                     shuffle=True, seed=3)
+        loader = DataLoader(dataset, batch_size=2, sampler=sampler)
+        seen = []
+        for epoch in range(2):
+            sampler.set_epoch(epoch)  # a new order each epoch, the same on every worker
+            seen.append([int(v) for (batch,) in loader for v in batch])
+        sharded = [[int(i) for i in platoon.shard(10, w.worker_id, w.num_workers, epoch=e)]
+                   for e in range(2)]
+        return seen, sharded
+
+    (seen0, sharded0), (seen1, sharded1) = run_all(two_workers, epochs)
+    for parts in ((seen0, seen1), (sharded0, sharded1)):
+        for epoch in range(2):  # disjoint halves that cover the data set
+            assert sorted(parts[0][epoch] + parts[1][epoch]) == list(range(10))
+            assert len(parts[0][epoch]) == len(parts[1][epoch]) == 5
+        assert parts[0][0] != parts[0][1]  # the epoch changes the order

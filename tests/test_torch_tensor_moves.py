@@ -87,13 +87,21 @@ def test_a_changed_shape_or_device_is_refused(one_worker):
     assert w.syncs == 1
 
 
-def test_a_replaced_buffer_is_refused_naming_it(one_worker):
+def test_a_replaced_buffer_is_refused_naming_it_until_its_layout_is_back(one_worker):
     _, w = one_worker
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
     opt = PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=1,
                        rule=EASGD(0.5))
-    model[1].running_mean = torch.zeros(4)  # a new tensor object, not the one shared
-    with pytest.raises(LayoutMismatch, match="'1.running_mean'.*in place"):
+    shared = model[1].running_mean
+    model[1].running_mean = torch.zeros(4, dtype=torch.float64)  # another dtype
+    with pytest.raises(LayoutMismatch, match=r"'1.running_mean'.*float32.*float64"):
+        opt.sync()
+    model[1].running_mean = torch.full((4,), 2.0)  # a new tensor of the shared layout
+    opt.sync()
+    assert model[1].running_mean is shared  # back in its place, with the new values synced
+    np.testing.assert_array_equal(w.shared_params[4], np.full(4, 1.0))  # 0.5 * (2 - 0)
+    model[1].running_mean = None
+    with pytest.raises(LayoutMismatch, match="'1.running_mean'.*no longer the tensor"):
         opt.sync()
 
 

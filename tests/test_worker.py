@@ -95,7 +95,9 @@ def test_every_method_of_a_closed_worker_says_it_is_closed(serve):
              "shared_state": lambda: w.shared_state("s", [{"dtype": "float64", "shape": [2]}]),
              "init_shared_params": lambda: w.init_shared_params([np.zeros(8)], EASGD(0.5)),
              "init_mb_sock": lambda: w.init_mb_sock(ctl.data_address),
-             "recv_mb": lambda: w.recv_mb(timeout_s=1), "send_req": lambda: w.send_req("x")}
+             "recv_mb": lambda: w.recv_mb(timeout_s=1), "send_req": lambda: w.send_req("x"),
+             "final_evaluation": lambda: w.final_evaluation(dict),
+             "start_together": lambda: w.start_together()}
     for name, call in calls.items():
         with pytest.raises(WorkerClosed, match=r"worker 0 is closed .*%s\(\) needs an open "
                                                r"worker" % name):
@@ -276,4 +278,54 @@ def test_old_duration_keywords_still_work_and_warn(serve):
         w.unlock()
         with pytest.warns(DeprecationWarning, match=r"SyncHandle.wait\(timeout="):
             w.start_sync().wait(timeout=5)
+    serving.join()
+
+
+# -- a script run by itself; one final result --
+
+def test_a_worker_without_port_or_launcher_runs_a_one_worker_job(monkeypatch):
+    for name in [n for n in __import__("os").environ if n.startswith("PLATOON_")]:
+        monkeypatch.delenv(name)
+    with Worker(timeout_s=10) as w:  # before: ValueError, "needs the controller's port"
+        assert (w.worker_id, w.num_workers) == (0, 1)
+        x = np.ones(4)
+        w.init_shared_params([x], EASGD(0.5))
+        assert w.start_together() is True  # the job is this one worker
+        x += 2.0
+        w.sync_params()
+        np.testing.assert_array_equal(w.shared_params[0], np.full(4, 2.0))
+        assert w.final_evaluation(lambda: {"value": np.float32(2.5)}) == {"value": 2.5}
+    assert not [t for t in threading.enumerate() if t.name == "platoon-own-controller"]
+
+
+def test_a_launched_worker_without_a_port_is_still_refused(monkeypatch):
+    monkeypatch.setenv("PLATOON_LAUNCHER_PID", "1")
+    monkeypatch.delenv("PLATOON_CONTROL_PORT", raising=False)
+    with pytest.raises(ValueError, match="control_port.*PLATOON_CONTROL_PORT"):
+        Worker()
+
+
+def test_one_final_result_is_kept_from_the_last_worker_past_its_last_sync(serve):
+    ctl = Controller(control_port=0, num_workers=2)
+    serving = serve(ctl)
+    w0, w1 = sorted((Worker(ctl.control_port, timeout_s=10) for _ in range(2)),
+                    key=lambda w: w.worker_id)
+    calls = []
+    assert w0.final_evaluation(lambda: calls.append(0) or {"a": 1}) is None  # w1 trains
+    assert ctl.final_result is None
+    with pytest.raises(TypeError, match="dict of metrics"):
+        w1.final_evaluation(lambda: 0.5)
+    assert ctl.final_result is None and calls == []
+    w0.close()
+    w1.close()
+    serving.join()
+    ctl2 = Controller(control_port=0, num_workers=2)
+    serving = serve(ctl2)
+    w0, w1 = (Worker(ctl2.control_port, timeout_s=10) for _ in range(2))
+    assert w0.final_evaluation(lambda: {"x": 1}) is None
+    w0.close()  # a worker that left after its last sync does not hold the result up
+    assert w1.final_evaluation(lambda: {"accuracy": 0.89}) == {"accuracy": 0.89}
+    assert ctl2.final_result == {"metrics": {"accuracy": 0.89}, "worker": w1.worker_id}
+    assert w1.final_evaluation(lambda: {"accuracy": 0.5}) is None  # once per job
+    w1.close()
     serving.join()

@@ -103,9 +103,8 @@ def main():
             nn.utils.clip_grad_norm_(model.parameters(), args.clip)
             for p in model.parameters():
                 p.data.add_(p.grad, alpha=-lr)
-            sync.step()
-        with sync.centre():
-            val_loss = evaluate(model, valid, args.bptt)
+            sync.step(loss=loss)
+        val_loss = sync.on_centre(evaluate, model, valid, args.bptt)
         print("epoch %d: %d batches in %.1f s, lr %g, training loss %.3f, validation loss "
               "%.3f (%.3f bits per byte)" % (epoch, len(batches), time.time() - start, lr,
                                                loss.item(), val_loss, val_loss / math.log(2)),
@@ -114,6 +113,7 @@ def main():
             best = val_loss
         else:
             lr /= 4.0
+    sync.finish()
 
 
 if __name__ == "__main__":

@@ -53,6 +53,8 @@ class RequestDispatcher:
             protocol.ALLREDUCE_SETUP: self._all_reduce_setup,
             protocol.INIT_STATE: self._init_state,
             protocol.STOP: self._stop,
+            protocol.TRAINED: self._trained,
+            protocol.FINAL_RESULT: self._final_result,
         }
 
     # -- replies --
@@ -220,6 +222,18 @@ class RequestDispatcher:
     def _report(self, envelope, request, record, _):
         self._progress.report(record.worker_id, request.req_info)
         self.reply(envelope, request.seq, None)
+
+    def _trained(self, envelope, request, record, _):
+        """``platoon-trained``: the worker made its last sync; the reply tells the last of the
+        job's workers to do so to evaluate the final centre."""
+        self.reply(envelope, request.seq,
+                   {"evaluate": self._progress.trained(record.worker_id, self._registry)})
+
+    def _final_result(self, envelope, request, record, _):
+        """``platoon-final-result`` {metrics}: the final centre's evaluation (the first kept)."""
+        info = request.req_info if isinstance(request.req_info, dict) else {}
+        self.reply(envelope, request.seq,
+                   {"stored": self._progress.final(record.worker_id, info.get("metrics"))})
 
     def _all_reduce(self, envelope, request, record, _):
         self._collectives.join(envelope, request.seq, record.worker_id, request.req_info)

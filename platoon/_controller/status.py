@@ -45,6 +45,8 @@ class Progress:
         self.started: Optional[float] = None  # when serve started (monotonic)
         self.failure: Optional[Dict[str, Any]] = None  # what serve raised, for the launcher
         self.failed_worker: Optional[Dict[str, Any]] = None  # whose death ended serve
+        self._trained: set = set()  # ids of the workers past their last sync
+        self.final_result: Optional[Dict[str, Any]] = None  # {"metrics", "worker"}
 
     def start(self) -> None:
         """Serving starts: elapsed time counts from the first call."""
@@ -94,6 +96,28 @@ class Progress:
         report["metrics"].update(metrics or {})
         self.write()
 
+    def trained(self, worker_id: int, registry) -> bool:
+        """Worker `worker_id` made its last sync. True, once, when it is the last of the
+        workers `registry` still expects: the centre is final, and that worker evaluates it."""
+        self._trained.add(worker_id)
+        if self.final_result is not None or registry.still_expected() > registry.running():
+            return False  # (workers still to register, or replacements to come)
+        if not set(registry.ids()) - set(registry.departed()) <= self._trained:
+            return False
+        self.final_result = {}  # claimed: no other worker is told to evaluate
+        return True
+
+    def final(self, worker_id: int, metrics) -> bool:
+        """``platoon-final-result``: keep the first worker's `metrics` (an object) as the job's
+        ``final_result``; False when one was already kept."""
+        if not isinstance(metrics, dict):
+            raise ProtocolError("platoon-final-result needs metrics (an object)")
+        if self.final_result:
+            return False
+        self.final_result = {"metrics": metrics, "worker": worker_id}
+        self.write(force=True)
+        return True
+
     def write(self, force: bool = False) -> None:
         """Write the status file; sooner than `MIN_INTERVAL_S` after the last write (unless
         `force`), only mark it `pending` for the next tick."""
@@ -117,6 +141,8 @@ class Progress:
             status["failure"] = self.failure
         if self.failed_worker is not None:
             status["failed_worker"] = self.failed_worker
+        if self.final_result:
+            status["final_result"] = self.final_result
         try:
             write_status(path, status, self._dir_fd)
         except (OSError, TypeError, ValueError) as exc:
