@@ -54,6 +54,7 @@ exit codes:
 
 # --tie-compress's codecs (platoon.mpi.compress.CODECS, named here: the launcher loads no numpy)
 TIE_CODECS = ("float32", "int8", "int4")
+TIE_OUTER_RULES = ("easgd", "diloco")  # platoon.mpi.tie.OUTER_RULES
 
 # Options a --hosts job cannot honour, and why (each is refused rather than dropped).
 NOT_WITH_HOSTS = [
@@ -204,6 +205,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--tie-compress", choices=TIE_CODECS, metavar="{%s}" % ",".join(TIE_CODECS),
                         help="with --hosts: how the node centres travel at a tie (default "
                         "float32; int8 and int4 send 3.9x and 7.8x fewer bytes)")
+    parser.add_argument("--tie-outer", choices=TIE_OUTER_RULES,
+                        help="with --hosts: what a tie round does: easgd (each centre moves "
+                        "toward the mean; default) or diloco (an outer Nesterov step)")
+    parser.add_argument("--tie-outer-lr", type=float, metavar="LR",
+                        help="with --hosts and --tie-outer diloco: the outer lr (default 0.7)")
+    parser.add_argument("--tie-outer-momentum", type=float, metavar="MU",
+                        help="with --hosts and --tie-outer diloco: the outer Nesterov momentum "
+                        "(default 0.9)")
     parser.add_argument("--curve", action="store_true",
                         help="authenticate every connection with CURVE keys made for this job "
                         "(written 0600 to LOG_DIR/curve_keys.json); not with --hosts")
@@ -234,7 +243,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             if getattr(args, dest) not in (None, False):
                 parser.error("%s cannot be used with --hosts: %s" % (flag, why))
     else:
-        for flag in ("tie_every_s", "tie_every_syncs", "tie_compress"):
+        for flag in ("tie_every_s", "tie_every_syncs", "tie_compress", "tie_outer",
+                     "tie_outer_lr", "tie_outer_momentum"):
             if getattr(args, flag) is not None:
                 parser.error("--%s needs --hosts: it ties the centres of the nodes' "
                              "controllers" % flag.replace("_", "-"))
@@ -251,6 +261,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             parser.error("--%s must be more than 0" % dest.replace("_", "-"))
     if args.tie_every_syncs is not None and args.tie_every_syncs < 1:
         parser.error("--tie-every-syncs must be at least 1")
+    if args.tie_outer_lr is not None and not 0 < args.tie_outer_lr <= 10:
+        parser.error("--tie-outer-lr must be in (0, 10], got %r" % args.tie_outer_lr)
+    if args.tie_outer_momentum is not None and not 0 <= args.tie_outer_momentum < 1:
+        parser.error("--tie-outer-momentum must be in [0, 1), got %r" % args.tie_outer_momentum)
+    if (args.tie_outer_lr is not None or args.tie_outer_momentum is not None) \
+            and args.tie_outer != "diloco":
+        parser.error("--tie-outer-lr and --tie-outer-momentum go with --tie-outer diloco")
     if args.restart < 0:
         parser.error("--restart must be at least 0")
     if args.resume and not os.path.exists(args.resume):

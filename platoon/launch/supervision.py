@@ -385,8 +385,9 @@ class Launch:
             cmd += ["--tie-every-s", str(args.tie_every_s)]
         if args.tie_every_syncs:
             cmd += ["--tie-every-syncs", str(args.tie_every_syncs)]
-        if getattr(args, "tie_compress", None):
-            cmd += ["--tie-compress", args.tie_compress]
+        for dest in ("tie_compress", "tie_outer", "tie_outer_lr", "tie_outer_momentum"):
+            if getattr(args, dest, None) is not None:
+                cmd += ["--" + dest.replace("_", "-"), str(getattr(args, dest))]
         cmd += ["--", worker_script] + args.worker_argv
         env = without_job_variables(os.environ)
         env.update(JobEnvironment(launcher_pid=os.getpid(), log_level=args.log_level).to_env())

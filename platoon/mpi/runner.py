@@ -22,7 +22,7 @@ from ..launch.process import die_with_parent, read_announcement, stop
 from ._comm import abort, import_mpi
 from .compress import CODECS
 from .link import NodeLink
-from .tie import CentreTie
+from .tie import OUTER_RULES, CentreTie
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +224,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--tie-compress", choices=list(CODECS), default="float32",
                         help="how the centres travel at a tie: float32 (default), int8 or "
                              "int4 (per-block scales, 3.9x or 7.8x fewer bytes)")
+    parser.add_argument("--tie-outer", choices=list(OUTER_RULES), default="easgd",
+                        help="what a tie round does: easgd (each centre moves toward the "
+                             "mean; default) or diloco (an outer Nesterov step on the nodes' "
+                             "mean pseudo-gradient)")
+    parser.add_argument("--tie-outer-lr", type=float, default=0.7,
+                        help="diloco: the outer learning rate (default 0.7)")
+    parser.add_argument("--tie-outer-momentum", type=float, default=0.9,
+                        help="diloco: the outer Nesterov momentum (default 0.9)")
     parser.add_argument("--serve-timeout-s", type=float, default=None)
     parser.add_argument("--ready-timeout-s", type=float, default=120.0,
                         help="seconds for the controller to start serving (default 120)")
@@ -243,8 +251,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     tie = None
     if args.tie_every_s is not None or args.tie_every_syncs is not None:
-        tie = CentreTie(args.tie_every_s, args.tie_beta, args.tie_every_syncs,
-                        compress=args.tie_compress)
+        try:
+            tie = CentreTie(args.tie_every_s, args.tie_beta, args.tie_every_syncs,
+                            compress=args.tie_compress, outer=args.tie_outer,
+                            outer_lr=args.tie_outer_lr, outer_momentum=args.tie_outer_momentum)
+        except ValueError as exc:
+            parser.error(str(exc))
     return run_node(command, args.workers, controller=args.controller,
                     controller_args=shlex.split(args.controller_args), tie=tie, host=args.host,
                     serve_timeout=args.serve_timeout_s, ready_timeout_s=args.ready_timeout_s,

@@ -1,4 +1,6 @@
-"""Hierarchical EASGD: the node centres of a multi-node job, elastically tied over MPI.
+"""The node centres of a multi-node job, tied over MPI: hierarchical EASGD (each centre moves
+toward the mean) or DiLoCo's outer step (the nodes average how far their centres moved and
+apply one outer Nesterov step to a common anchor).
 
 The tie reads its controller only through `Controller.centre_ready`,
 `Controller.shared_centre` (arrays and lock) and, for `every_syncs`, the sync
@@ -20,43 +22,64 @@ from .compress import CODECS, ErrorFeedback, RawCodec, compressed_mean, make_cod
 log = logging.getLogger(__name__)
 
 LOCK_TIMEOUT_S = 60.0  # a worker stopped while holding the centre fails the tie
+OUTER_RULES = ("easgd", "diloco")
+IDLE_POLL_S = 0.05  # between the tie thread's checks while there is nothing to tie
 
 
 @dataclass
 class CentreTie:
-    """Hierarchical EASGD between node centres.
+    """How the node centres of a multi-node job are tied.
 
-    A tie round comes every `every_s` seconds, or once every node's workers
-    have made `every_syncs` syncs since the last round (counted in the centre's
-    shared memory, or from `Worker.report()` where that is larger), whichever
-    is set (both: whichever comes first on each node). In a round the
-    controllers average their centres over MPI and move each toward the mean:
-    ``c += beta * (mean - c)``, with `c` and `mean` taken at the same instant
-    so syncs made meanwhile are kept; beta=1 makes the centres equal. Rounds
-    go on while any node trains. A node whose workers are done stops moving:
-    its centre enters the mean of the next round once (handed over to the
-    nodes still training), then sits the rounds out. Once every node is done,
-    a final round gives every node the mean of the centres not handed over
+    A tie round comes every `every_s` seconds (counted from the start of the
+    last round; a round that took longer is followed at once, so rounds come
+    as often as the link carries them and never queue), or
+    once every node's workers have made `every_syncs` syncs since the last
+    round (counted in the centre's shared memory, or from `Worker.report()`
+    where that is larger), whichever is set (both: whichever comes first on
+    each node). A round runs in the controller's tie thread against a
+    snapshot of the node centre; the workers sync with their centre
+    meanwhile, and what they add during the round is kept.
+
+    `outer` is what a round does:
+
+    - ``"easgd"`` (hierarchical EASGD): the controllers average their centres
+      and move each toward the mean, ``c += beta * (mean - c)``; beta=1 makes
+      the centres equal.
+    - ``"diloco"`` (DiLoCo's outer step): the nodes share one anchor (the
+      first round sets it to the mean of the centres, losslessly). Each round,
+      every node's pseudo-gradient is how far its centre moved from the
+      anchor; the nodes average them and every node applies the same outer
+      SGD step with Nesterov momentum to the anchor, ``u = mu*u + d;
+      anchor += outer_lr * (d + mu*u)`` (d: the mean move, -gradient), then
+      sets its centre to the new anchor plus what its workers added since
+      the snapshot. The outer state (anchor, u) is held once per node, in the
+      controller, the same bits on every node. outer_lr=1, momentum 0 is
+      plain averaging.
+
+    Rounds go on while any node trains. A node whose workers are done stops
+    moving: its centre enters the next round once (handed over to the nodes
+    still training), then sits the rounds out. Once every node is done, a
+    final round gives every node the mean of the centres not handed over
     (the nodes that finished last; one such centre is copied as it is), the
     same bits on every node: what each controller then holds and checkpoints.
 
     `compress` ("float32", "int8" or "int4", see `platoon.mpi.compress`) is how
-    a round's centres travel. Not as values (large, hence coarse scales): each
-    node sends how far its centre moved since the last round, with error
-    feedback (what compression dropped goes out with its next message), so
-    every node's picture of each centre stays within one message's
-    quantisation error of it; the mean is the last round's mean plus the mean
-    of the decoded messages, the same bits on every node (when the members
-    change, each sends its centre's difference from the last mean instead).
-    The final round is sent losslessly, in the centres' own dtype, so the
-    nodes end with exactly the mean of their centres. Raises ValueError for
-    bad values.
+    a round's moves travel. Not as values (large, hence coarse scales): each
+    node sends how far its centre moved (since the last round; with
+    ``"diloco"``, from the anchor), with error feedback (what compression
+    dropped goes out with its next message), so the error does not grow with
+    the rounds; every node decodes and adds the messages alike, so the result
+    is the same bits on every node. The final round is sent losslessly, in
+    the centres' own dtype. Raises ValueError for bad values.
     """
 
     every_s: Optional[float] = 1.0
     beta: float = 0.5
     every_syncs: Optional[int] = None
     compress: str = "float32"
+    outer: str = "easgd"
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
 
     def __post_init__(self):
         if self.every_s is None and self.every_syncs is None:
@@ -72,6 +95,14 @@ class CentreTie:
         if self.compress not in CODECS:
             raise ValueError("CentreTie compress must be one of %s, got %r"
                              % (", ".join(CODECS), self.compress))
+        if self.outer not in OUTER_RULES:
+            raise ValueError("CentreTie outer must be one of %s, got %r"
+                             % (", ".join(OUTER_RULES), self.outer))
+        if not 0 < self.outer_lr <= 10:
+            raise ValueError("CentreTie outer_lr must be in (0, 10], got %r" % self.outer_lr)
+        if not 0 <= self.outer_momentum < 1:
+            raise ValueError("CentreTie outer_momentum must be in [0, 1), got %r"
+                             % self.outer_momentum)
 
 
 class TieThread:
@@ -91,12 +122,14 @@ class TieThread:
         self.rounds = 0
         self.bytes_sent = 0  # what this node's compressed_mean calls sent, every round
         self.codec = make_codec(tie.compress)
-        # Per centre array: the last round's mean (zeros before; the same on every node), and
-        # this node's centre at the last round and what compression has dropped since the
-        # members last changed (`_members`): see `_round`.
-        self._mean = self._base = self._feedback = self._members = None
+        # Per centre array, the same bits on every node: the last round's mean (zeros
+        # before), or with DiLoCo the anchor and the outer momentum. This node's own: its
+        # centre at the last round and what compression has dropped since the members last
+        # changed (`_members`). See `_round`.
+        self._mean = self._velocity = self._base = self._feedback = self._members = None
         self._done = threading.Event()  # this node's workers are all done
         self._handed_over = False  # this node's final centre is in the training nodes' mean
+        self._last_start = time.monotonic()  # of the last round (its period counts from it)
         self._thread = threading.Thread(target=self._run, name="platoon-centre-tie",
                                         daemon=True)
         self._thread.start()
@@ -118,6 +151,7 @@ class TieThread:
         try:
             while True:
                 self._wait_for_round()
+                self._last_start = time.monotonic()
                 mine = np.array([self.ctl.centre_ready, self._done.is_set(),
                                  self._handed_over], np.int32)
                 states = np.empty((self.size, 3), np.int32)
@@ -125,21 +159,22 @@ class TieThread:
                 ready, done, handed_over = states.astype(bool).T
                 if done.all():  # every node is done: the final round follows
                     return
-                if not ready.all():
-                    continue
                 leaving = done & ~handed_over
-                if (~done).sum() + leaving.sum() > 1:  # alone, a node's mean is its centre
+                if ready.all() and (~done).sum() + leaving.sum() > 1:  # alone: no round
                     self._round(training=~done, leaving=leaving)
                     if leaving[self.rank]:
                         self._handed_over = True
+                else:  # nothing to tie: poll, even with a tiny every_s
+                    time.sleep(IDLE_POLL_S)
         except Exception:
             log.exception("the centre tie failed on node %d", self.rank)
             self.on_failure(1)
 
     def _wait_for_round(self):
-        """Return when this node is due for a tie round (at once once it is done: the
-        training nodes set the pace)."""
-        tie, start = self.tie, time.monotonic()
+        """Return when this node is due for a tie round: `every_s` after the last round
+        began (at once if that round took longer), or once its workers made `every_syncs`
+        syncs; at once when it is done (the training nodes set the pace)."""
+        tie, start = self.tie, self._last_start
         syncs = self.ctl.progress["syncs"]
         while not self._done.is_set():
             left = None if tie.every_s is None else start + tie.every_s - time.monotonic()
@@ -158,23 +193,27 @@ class TieThread:
                 raise PlatoonError("the nodes' centres differ in layout: %s" % layouts)
 
     def _round(self, training, leaving):
-        """Move the training nodes' centres toward the mean of the training and leaving
-        nodes' centres (boolean arrays, one entry per rank); the others contribute nothing,
-        but keep the mean too.
+        """One round among the training and leaving nodes (boolean arrays, one entry per
+        rank); the others contribute nothing, but keep the mean (the anchor) too. Then the
+        training nodes' centres move: EASGD toward the mean by `beta`, DiLoCo to the new
+        anchor, each keeping what its workers added since the snapshot.
 
         What travels (see `CentreTie`): each member sends how far its centre moved since the
-        last round, plus what compression dropped from its earlier messages (its
-        `ErrorFeedback`), so the others' picture of its centre stays within one message's
-        error of it; the mean is the last one plus the mean of the decoded messages, the same
-        bits on every node. When the members change (the first round, a node handing over or
-        gone), every member starts again from the last mean: its message is its centre's
-        difference from it."""
+        last round (DiLoCo: from the anchor, its pseudo-gradient), plus what compression
+        dropped from its earlier messages (its `ErrorFeedback`); every node decodes and adds
+        the messages alike, so the mean (the anchor) is the same bits on every node. EASGD:
+        when the members change (the first round, a node handing over), every member starts
+        again from the last mean: its message is its centre's difference from it. DiLoCo:
+        the first round sends the centres losslessly and their mean becomes the anchor."""
         centre = self.ctl.shared_centre
         self._check_layouts(centre)
+        diloco = self.tie.outer == "diloco"
         members = tuple(int(r) for r in np.flatnonzero(training | leaving))
         contributes = self.rank in members
-        if self._mean is None:
+        first = self._mean is None
+        if first:
             self._mean = [np.zeros_like(a) for a in centre.arrays]
+            self._velocity = [np.zeros_like(a) for a in centre.arrays] if diloco else None
         if members != self._members:  # start again from the mean: it is every member's base
             self._base = [m.copy() for m in self._mean] if contributes else None
             self._feedback = [ErrorFeedback(a.size, a.dtype) for a in centre.arrays] \
@@ -186,14 +225,22 @@ class TieThread:
         finally:
             centre.lock.release()
         for i, mean in enumerate(self._mean):  # peers are here: blocking
-            if contributes:
-                moved, feedback = snaps[i] - self._base[i], self._feedback[i]
-                self._base[i][...] = snaps[i]
+            if diloco and first:  # the anchor: the mean of the centres, exactly
+                _, sent = compressed_mean(self.comm, snaps[i] if contributes else mean,
+                                          RawCodec(mean.dtype), None, among=members, out=mean)
             else:
-                moved, feedback = mean, None  # (not read: this node sends nothing)
-            mean_moved, sent = compressed_mean(self.comm, moved, self.codec, feedback,
-                                               among=members)
-            mean += mean_moved  # the same bits on every node
+                if contributes:
+                    moved, feedback = snaps[i] - self._base[i], self._feedback[i]
+                else:
+                    moved, feedback = mean, None  # (not read: this node sends nothing)
+                mean_moved, sent = compressed_mean(self.comm, moved, self.codec, feedback,
+                                                   among=members)
+                if diloco:
+                    self._outer_step(mean, self._velocity[i], mean_moved)
+                else:
+                    mean += mean_moved  # the same bits on every node
+            if contributes:
+                self._base[i][...] = mean if diloco else snaps[i]
             self.bytes_sent += sent
         self.rounds += 1
         if not training[self.rank] or self._done.is_set():  # done since the round began
@@ -201,13 +248,29 @@ class TieThread:
         centre.lock.acquire(LOCK_TIMEOUT_S)
         try:
             for c, s, m in zip(centre.arrays, snaps, self._mean):
-                move = m - s
-                move *= self.tie.beta
-                c += move
+                if diloco:  # the anchor plus what the workers added since the snapshot
+                    c -= s
+                    c += m
+                else:
+                    move = m - s
+                    move *= self.tie.beta
+                    c += move
         finally:
             centre.lock.release()
         log.debug("node %d: centre tie round %d, %d bytes sent so far", self.rank, self.rounds,
                   self.bytes_sent)
+
+    def _outer_step(self, anchor, velocity, mean_moved):
+        """DiLoCo's outer SGD step with Nesterov momentum on `anchor`, in place: the gradient
+        is -mean_moved (the nodes' mean pseudo-gradient). With lr 1 and momentum 0 the new
+        anchor is the mean of the centres."""
+        lr, mu = self.tie.outer_lr, self.tie.outer_momentum
+        velocity *= mu
+        velocity += mean_moved
+        step = velocity * mu
+        step += mean_moved
+        step *= lr
+        anchor += step
 
     def _final_round(self):
         """Every node is done (no worker syncs any more): make each node's centre the mean
@@ -239,6 +302,10 @@ class TieThread:
             finally:
                 centre.lock.release()
         self.rounds += 1
+        tie = self.tie
+        outer = "outer diloco (lr %g, momentum %g)" % (tie.outer_lr, tie.outer_momentum) \
+            if tie.outer == "diloco" else "outer easgd (beta %g)" % tie.beta
         log.info("node %d: final centre tie round %d: every node holds the centre of node(s) "
-                 "%s; the tie sent %d bytes from this node (%s)", self.rank, self.rounds,
-                 ", ".join(str(r) for r in last), self.bytes_sent, self.codec.name)
+                 "%s; the tie sent %d bytes from this node (%s), %.0f a round; %s", self.rank,
+                 self.rounds, ", ".join(str(r) for r in last), self.bytes_sent,
+                 self.codec.name, self.bytes_sent / self.rounds, outer)
