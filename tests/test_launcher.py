@@ -283,7 +283,8 @@ def test_the_launcher_ends_with_a_summary_of_the_job(tmp_path):
     summary = out[out.index("platoon-launcher: job summary:"):]  # the last lines
     centre = tmp_path / "logs" / "centre.npz"
     assert re.match(r"platoon-launcher: job summary: wall time \d+\.\d s, 60 minibatches, "
-                    r"0 syncs\n", summary), out
+                    r"0 syncs\nplatoon-launcher:   warning: the workers never synced \(0 "
+                    r"syncs\), so they shared nothing", summary), out
     for worker in (0, 1):
         assert ("\nplatoon-launcher:   worker %d last reported: loss 0.5 (30 minibatches, "
                 "0 syncs)\n" % worker) in summary, out

@@ -628,6 +628,12 @@ def test_a_launched_job_reports_steps_loss_and_one_final_result(tmp_path):
     assert len(printed) == 1, logs  # exactly one worker evaluated the final centre
     assert json.loads(printed[0]) == final["metrics"], logs
     assert final["metrics"]["loss"] < 1.0, status
+    summary = out[out.index("platoon-launcher: job summary:"):]  # the result, on the terminal
+    shown = ", ".join("%s %s" % (k, "%.4g" % v if isinstance(v, float) else v)
+                      for k, v in sorted(final["metrics"].items()))
+    assert ("platoon-launcher:   final result (the final centre, evaluated once by worker %d): "
+            "%s\n" % (final["worker"], shown)) in summary, out
+    assert "never synced" not in summary, out
 
 
 def test_steps_and_the_loss_are_reported_at_most_every_report_every_s(one_worker):

@@ -631,6 +631,16 @@ class Launch:
             if isinstance(status.get(key), int):
                 head += ", %d %s" % (status[key], key)
         lines = [head]
+        final = status.get("final_result")
+        if isinstance(final, dict) and isinstance(final.get("metrics"), dict):
+            lines.append("  final result (the final centre, evaluated once by worker %s): %s"
+                         % (final.get("worker", "?"), ", ".join(
+                             _metric(key, value) for key, value in sorted(
+                                 final["metrics"].items())) or "(no metrics)"))
+        if status.get("syncs") == 0 and self.args.workers > 1 and not self.args.hosts:
+            lines.append("  warning: the workers never synced (0 syncs), so they shared "
+                         "nothing: each trained alone. Call w.sync_params() (or "
+                         "PeriodicSync.step()) in the training loop")
         reports = status.get("reports")
         for wid, report in sorted(reports.items() if isinstance(reports, dict) else [],
                                   key=lambda item: (len(item[0]), item[0])):  # 0, 1, ..., 10
