@@ -276,6 +276,40 @@ def test_a_crashing_worker_stops_the_job(tmp_path):
     assert_job_gone(job_id_of(out))
 
 
+def test_a_crashing_workers_traceback_starts_at_its_own_frames(tmp_path):
+    """Streamed to the terminal, prefixed, and from the script's frame on: no frame of runpy
+    or of the launcher's bootstrap above it."""
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "crash"), "-n", "2"),
+                             tmp_path)
+    assert code == 1, out
+    shown = re.search(r"^\[worker1\] Traceback \(most recent call last\):\n"
+                      r"\[worker1\]   File \"([^\"]+)\", line \d+, in <module>\n", out, re.M)
+    assert shown and shown.group(1).endswith("crash_worker.py"), out
+    assert "[worker1] RuntimeError: deliberate crash in worker 1" in out, out
+    assert "runpy" not in out and "platoon/launch/child.py" not in out, out
+    assert re.search(r"worker1 failed \(exit code 1\).*; stopped the job\. Its output is above "
+                     r"\(prefixed \[worker1\]; log: \S+worker1\.log\)", out), out
+
+
+def test_each_workers_output_is_shown_with_its_name_unless_quiet(tmp_path):
+    """torchrun-style: every line a worker prints reaches the launcher's terminal prefixed with
+    the worker, and its log too; --quiet leaves it in the logs only."""
+    cmd = launcher_cmd(os.path.join(EXPERIMENTS, "argv"), "-n", "2", "-w", "--tag x")
+    (tmp_path / "shown").mkdir()
+    (tmp_path / "quiet").mkdir()
+    code, out = run_launcher(cmd, tmp_path / "shown")
+    assert code == 0, out
+    for worker in (0, 1):
+        assert "\n[worker%d] WORKER ARGV ['--tag', 'x']\n" % worker in out, out
+        log = (tmp_path / "shown" / "logs" / ("worker%d.log" % worker)).read_text()
+        assert "WORKER ARGV ['--tag', 'x']" in log, log
+    assert out.index("[worker1] WORKER ARGV") < out.index("platoon-launcher: job summary"), out
+    code, out = run_launcher(cmd + ["--quiet"], tmp_path / "quiet")
+    assert code == 0, out
+    assert "WORKER ARGV" not in out and "[worker" not in out, out
+    assert "WORKER ARGV" in (tmp_path / "quiet" / "logs" / "worker0.log").read_text()
+
+
 def test_the_launcher_ends_with_a_summary_of_the_job(tmp_path):
     code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "progress"), "-n", "2"),
                              tmp_path, timeout=60)

@@ -331,6 +331,23 @@ def test_a_failure_on_one_node_ends_the_job_everywhere(mpi_job, how):
                "shared memory of job %s left" % job_id)
 
 
+def test_each_nodes_workers_take_its_gpus_in_turn(mpi_job, monkeypatch):
+    """As the launcher's -n does: a node's workers get its visible GPUs in turn (here one,
+    pretended, shared by both), with CUDA_VISIBLE_DEVICES, PCI bus order, their share of the
+    cores and of the GPU for JAX."""
+    for var in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE",
+                "XLA_PYTHON_CLIENT_ALLOCATOR"):
+        monkeypatch.delenv(var, raising=False)
+    experiments = os.path.join(os.path.dirname(PROCS), "experiments")
+    job = mpi_job("-", "--", os.path.join(experiments, "envcheck_worker.py"),
+                  env_extra={"PLATOON_ASSUME_GPUS": "0"})
+    assert job.wait(60) == 0, job.output
+    threads = max(1, (os.cpu_count() or 1) // 2)
+    line = ("DEVICE cuda0 CUDA_VISIBLE_DEVICES='0' OMP_NUM_THREADS=%d "
+            "CUDA_DEVICE_ORDER=PCI_BUS_ID XLA_PYTHON_CLIENT_MEM_FRACTION=0.375" % threads)
+    assert job.count(line) == 4, job.output
+
+
 def test_a_launcher_style_controller_script_runs_as_each_node(mpi_job):
     """The linear example, unchanged, as a 2-node job: its controller script is each rank.
     --controller-args takes a value that looks like an option (no space in it)."""

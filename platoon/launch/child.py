@@ -3,7 +3,8 @@
 ``python -m platoon.launch.child LABEL SCRIPT [ARGS...]`` configures logging (level
 from PLATOON_LOG_LEVEL, lines tagged with LABEL), makes the process die with
 the launcher (PR_SET_PDEATHSIG), turns SIGTERM into SystemExit so `finally`
-blocks and finalizers release sockets and shared memory, then runs SCRIPT as
+blocks and finalizers release sockets and shared memory, prints an uncaught
+exception's traceback from the script's own frames on, then runs SCRIPT as
 ``__main__`` (SCRIPT ``-m:MODULE`` calls ``MODULE.main()`` instead, and
 ``-x:PROGRAM`` executes that program, which keeps the death signal). A script that
 ends with a non-zero exit status has failed, whatever it said before: a Worker it left open
@@ -30,6 +31,7 @@ def main() -> None:
     if die_with_parent() and env.launcher_pid and os.getppid() != env.launcher_pid:
         sys.exit("platoon: the launcher is gone; exiting")  # it died before prctl took effect
     signal.signal(signal.SIGTERM, raise_system_exit)
+    sys.excepthook = _from_the_scripts_frames
     logging.basicConfig(
         level=(env.log_level or "INFO").upper(),
         format="%(asctime)s " + label + " %(levelname)s %(name)s: %(message)s")
@@ -46,6 +48,19 @@ def main() -> None:
     except SystemExit as exc:
         _note_failed_exit(exc.code)
         raise
+
+
+def _from_the_scripts_frames(exc_type, exc, tb) -> None:
+    """sys.excepthook: print an uncaught exception's traceback from the script's frames on,
+    without the frames of this bootstrap and runpy above them."""
+    internal = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
+    while tb is not None and tb.tb_next is not None and (
+            os.path.abspath(tb.tb_frame.f_code.co_filename) in internal
+            or tb.tb_frame.f_code.co_filename.startswith("<frozen ")):
+        tb = tb.tb_next
+    if exc is not None:
+        exc.__traceback__ = tb  # (what Python's hook prints)
+    sys.__excepthook__(exc_type, exc, tb)
 
 
 def _note_failed_exit(code) -> None:

@@ -213,6 +213,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--tie-outer-momentum", type=float, metavar="MU",
                         help="with --hosts and --tie-outer diloco: the outer Nesterov momentum "
                         "(default 0.9)")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="do not show the workers' output here, each line prefixed "
+                        "[workerN] (it is in LOG_DIR/workerN.log either way)")
     parser.add_argument("--curve", action="store_true",
                         help="authenticate every connection with CURVE keys made for this job "
                         "(written 0600 to LOG_DIR/curve_keys.json); not with --hosts")
@@ -484,6 +487,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if launch is not None:
             launch.make_status_private()
             if launch.controller is not None:  # the job started: how it went, what it left
+                launch.echo_output(final=True)
                 for line in launch.summary():
                     launch.say(line)
         # Python restores the default actions as it exits: a signal arriving then (a loaded

@@ -188,6 +188,10 @@ def make_private_dirs(path):
     return open_private_dir(path, create=True)
 
 
+OUTPUT_CHUNK = 1 << 20  # the most of a log shown on the terminal per look
+SUPERVISION_PERIOD_S = 0.2  # between looks at the processes (and their output) at most
+
+
 class Process:
     """A child process in its own session, logging to a file."""
 
@@ -207,6 +211,24 @@ class Process:
             os.close(log_fd)
         self.pid = self.popen.pid
         self.returncode = None
+        self._read_to = 0  # how far `new_lines` has read the log
+        self._partial = b""  # a line not yet ended
+
+    def new_lines(self, final=False):
+        """The lines its log gained since the last call (`final`: the unended last one too)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._read_to)
+                data = f.read(OUTPUT_CHUNK)
+        except OSError:
+            return []
+        self._read_to += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        if final and self._partial:
+            lines.append(self._partial)
+            self._partial = b""
+        return [line.decode(errors="replace").rstrip("\r") for line in lines]
 
     def poll(self):
         if self.returncode is None:
@@ -438,7 +460,7 @@ class Launch:
                 code = self._supervision_pass()
                 if code is not None:
                     return code
-                readable, _, _ = select.select([wakeup_r], [], [], 0.5)
+                readable, _, _ = select.select([wakeup_r], [], [], SUPERVISION_PERIOD_S)
                 if readable:  # drain the signals' bytes; never block here (the fd is
                     try:      # non-blocking too), or the loop stalls until the next signal
                         os.read(wakeup_r, 4096)
@@ -452,6 +474,7 @@ class Launch:
 
     def _supervision_pass(self):
         """Act on what changed since the last pass; an exit code once the job has ended."""
+        self.echo_output()
         self._note_exits()
         if self.controller.poll() not in (None, 0):
             return self.controller_failed()
@@ -603,9 +626,32 @@ class Launch:
 
     def fail(self, proc, reason):
         self.stop_all()
-        self.say("%s; stopped the job. Last lines of %s:\n%s"
-                 % (reason, proc.log_path, proc.tail().rstrip() or "(empty)"))
+        if self.shows_output(proc):
+            self.echo_output(final=True)
+            self.say("%s; stopped the job. Its output is above (prefixed [%s]; log: %s)"
+                     % (reason, proc.label, proc.log_path))
+        else:
+            self.say("%s; stopped the job. Last lines of %s:\n%s"
+                     % (reason, proc.log_path, proc.tail().rstrip() or "(empty)"))
         return EXIT_FAILED
+
+    def shows_output(self, proc):
+        """Whether `proc`'s output is echoed on the terminal: every worker's (mpiexec's, which
+        carries the workers', with --hosts) unless --quiet."""
+        return not getattr(self.args, "quiet", False) and (
+            proc in self.workers or (bool(self.args.hosts) and proc is self.controller))
+
+    def echo_output(self, final=False):
+        """Show on the terminal, each line prefixed with its process ([worker0] ...), what the
+        logs of the processes it shows (`shows_output`) gained since the last look."""
+        for proc in [self.controller] + self.workers:
+            if proc is not None and self.shows_output(proc):
+                lines = proc.new_lines(final)
+                if lines:
+                    self.status.clear()
+                    self.status.out.write("".join("[%s] %s\n" % (proc.label, line)
+                                                  for line in lines))
+                    self.status.out.flush()
 
     def running(self):
         """Whether any of the job's processes is still running."""

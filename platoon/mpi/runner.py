@@ -16,8 +16,8 @@ import threading
 from typing import Mapping, Optional, Sequence, Union
 
 from ..errors import PlatoonError
-from ..launch.cli import join_option_values
-from ..launch.environment import JobEnvironment, without_job_variables
+from ..launch.cli import find_gpus, join_option_values
+from ..launch.environment import JobEnvironment, device_variables, without_job_variables
 from ..launch.process import die_with_parent, read_announcement, stop
 from ._comm import abort, import_mpi
 from .compress import CODECS
@@ -42,6 +42,15 @@ def node_link_for(controller) -> NodeLink:
                            "node; leave num_workers to the environment (PLATOON_NUM_WORKERS)"
                            % (controller.num_workers, link.num_workers))
     return link
+
+
+def node_devices(count):
+    """Each of this node's `count` workers' device, as the launcher plans them with -n: the
+    node's visible GPUs in turn (several workers may share one), else "cpu"."""
+    gpus = find_gpus()[0]
+    if not gpus:
+        return ["cpu"] * count
+    return ["cuda%s" % gpus[i % len(gpus)] for i in range(count)]
 
 
 def _kill_with_parent():
@@ -102,11 +111,14 @@ class _Workers:
                 return self._fail("the controller did not start serving within %.3g s (does "
                                   "the controller script call serve()?)" % self.ready_timeout_s)
             from ..launch import reaper
-            for index in range(self.count):
+            devices = node_devices(self.count)
+            for index, device in enumerate(devices):
                 env = dict(self.env)
                 env.update(JobEnvironment(control_port=ready["control_port"],
                                           data_port=ready.get("data_port") or None,
-                                          worker_index=index, host=self.host).to_env())
+                                          worker_index=index, host=self.host,
+                                          device=device).to_env())
+                env.update(device_variables(device, devices, os.cpu_count() or 1, os.environ))
                 proc = subprocess.Popen(self.argv, env=env, preexec_fn=_kill_with_parent)
                 reaper.watch(self.reaper_fd, proc.pid)
                 self.procs.append(proc)
