@@ -15,6 +15,7 @@ from . import link as netns
 from .methods import (
     METHODS,
     default_cap_s,
+    define,
     estimate_s,
     learning_rates,
     model_bytes_of,
@@ -64,6 +65,10 @@ def main(argv=None):
     parser.add_argument("--methods", default=None,
                         help="comma-separated methods (default: the default plan): "
                         + ", ".join(METHODS))
+    parser.add_argument("--define", action="append", default=[], metavar="NAME=OPTIONS",
+                        help="a platoon method of your own: its python -m platoon.mpi options "
+                        '(e.g. "platoon_int8_fast=--tie-every-s 0.25 --tie-compress int8"); '
+                        "then name it in --methods")
     parser.add_argument("--cap-s", type=float, default=None,
                         help="seconds a run may train before it counts as not reaching the "
                         "target (default 240; --quick 45)")
@@ -82,6 +87,8 @@ def main(argv=None):
         print(markdown(report))
         return 0
     try:
+        for spec in args.define:
+            define(spec)
         plan = pairs(_names(args.methods), _names(args.links))
     except ValueError as exc:
         parser.error(str(exc))

@@ -220,6 +220,7 @@ def run_one(name, link, problem, lr, cap_s, seed, mpiexec, model_bytes, log, tag
         if hosts:
             tx_after = hosts.tx_bytes()
             row["bytes_job"] = [b - a for a, b in zip(tx_before, tx_after)]
+            row["shaping"] = hosts.shaping()
             row["bytes_window"] = [r["tx_end"] - r["tx_start"] for r in ranks
                                    if r.get("tx_start") is not None]
             check_crossed(name, row, model_bytes)

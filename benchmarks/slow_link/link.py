@@ -177,6 +177,19 @@ class TwoHosts:
             out.append(int(json.loads(text)[0]["stats64"]["tx"]["bytes"]))
         return out
 
+    def shaping(self):
+        """[{rate_bits_s, bytes, drops, overlimits}] of each end's tbf since it was made
+        (None when unshaped): drops and overlimits show the link was the bottleneck."""
+        if not self.rate:
+            return None
+        out = []
+        for name in self.names:
+            text = _run(["tc", "-n", name, "-s", "-j", "qdisc", "show", "dev", DEVICE]).stdout
+            tbf = [q for q in json.loads(text) if q.get("kind") == "tbf"][0]
+            out.append({"rate_bits_s": 8 * tbf["options"]["rate"], "bytes": tbf["bytes"],
+                        "drops": tbf["drops"], "overlimits": tbf["overlimits"]})
+        return out
+
     def kill_all(self):
         """Stop every process still in either namespace (SIGTERM, then SIGKILL)."""
         for name in self.made:

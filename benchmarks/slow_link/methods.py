@@ -73,6 +73,19 @@ DEFAULT_PAIRS = ([("single", "none"), ("platoon_easgd_f32", "none"),
                  + [("ddp", "1gbit"), ("platoon_easgd_f32", "1gbit")])
 
 
+def define(spec):
+    """Add (or replace) a platoon method from "NAME=OPTIONS" (OPTIONS: platoon.mpi's options,
+    shell-quoted, e.g. "platoon_int8_fast=--tie-every-s 0.25 --tie-compress int8"), with
+    EAMSGD workers as the others; returns its name. Raises ValueError for a bad spec."""
+    import shlex
+    name, sep, options = spec.partition("=")
+    if not sep or not name.startswith("platoon_") or not options.strip():
+        raise ValueError("--define %r: give NAME=OPTIONS with NAME starting platoon_" % spec)
+    METHODS[name] = Method("platoon", "platoon_eamsgd", tuple(shlex.split(options)),
+                           {"rule": "easgd", "alpha": 0.45, "tau": 4}, "defined: " + options)
+    return name
+
+
 def pairs(methods=None, links=None):
     """The (method, link) pairs to run: the default ones, or every valid pair of the
     `methods` and `links` given (a single process only runs without a link; the others

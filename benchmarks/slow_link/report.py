@@ -73,7 +73,8 @@ def summarise(runs, one_host=None):
                             if s["link"] != "none" else None)
         ddp = index.get((s["link"], "ddp"))
         s["bytes_vs_ddp"] = (sum(s["bytes_window"]) / sum(ddp["bytes_window"])
-                             if s["bytes_window"] and ddp and ddp["bytes_window"]
+                             if s["bytes_window"] and ddp and ddp is not s
+                             and ddp["bytes_window"]
                              and sum(ddp["bytes_window"]) else None)
     order = {"none": 0, "10mbit": 1, "100mbit": 2, "1gbit": 3}
     out.sort(key=lambda s: (order.get(s["link"], 9), s["method"] != "single",

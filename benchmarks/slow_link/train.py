@@ -88,9 +88,8 @@ class Torch:
     gloo rendezvous (`address`) and the world size of the config."""
 
     def __init__(self, config, model, rank):
-        from benchmarks.time_to_accuracy import methods
-        cls = {"single": methods.Member, "ddp": methods.DDP,
-               "local_sgd": methods.LocalSGD}[config["kind"]]
+        from benchmarks.time_to_accuracy.methods import DDP, LocalSGD, Member
+        cls = {"single": Member, "ddp": DDP, "local_sgd": LocalSGD}[config["kind"]]
         job = SimpleNamespace(address=config.get("address"), world=config["world"],
                               cfg=config["cfg"])
         self.rank, self.kind = rank, config["kind"]
