@@ -13,6 +13,8 @@ import sys
 import tempfile
 import time
 
+from platoon.launch.process import die_with_parent
+
 from .._util import ROOT, SINGLE_THREAD_ENV
 from . import link as netns
 from .methods import METHODS
@@ -35,6 +37,12 @@ def _env(**extra):
     env = dict(os.environ, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1", **SINGLE_THREAD_ENV)
     env.update(extra)
     return env
+
+
+def _die_with_us():
+    """Child side of Popen: SIGTERM this process if the benchmark dies (mpiexec then ends
+    its ranks); what is left in the namespaces is removed by the next run."""
+    die_with_parent(signal.SIGTERM)
 
 
 def _session_pids(sid):
@@ -197,14 +205,16 @@ def run_one(name, link, problem, lr, cap_s, seed, mpiexec, model_bytes, log, tag
         if link != "none":
             hosts = netns.TwoHosts(netns.rate_bits(link), tag).__enter__()
         deadline_s = cap_s + STARTUP_ALLOWANCE_S
+        # the controllers stop the job on their own a little before it is killed
         tx_before = hosts.tx_bytes() if hosts else None
         out = open(os.path.join(workdir, "output.log"), "w")
-        for argv, extra in commands(name, link, config_path, result_dir, deadline_s, mpiexec,
-                                    hosts):
+        for argv, extra in commands(name, link, config_path, result_dir, deadline_s - 30,
+                                    mpiexec, hosts):
             procs.append(subprocess.Popen(argv, cwd=ROOT, env=_env(PLATOON_JOB_ID=job_id,
                                                                    **extra),
                                           stdout=out, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True))
+                                          stdin=subprocess.DEVNULL, start_new_session=True,
+                                          preexec_fn=_die_with_us))
         end = time.monotonic() + deadline_s
         for p in procs:
             try:

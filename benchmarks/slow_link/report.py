@@ -102,6 +102,18 @@ def _fmt_ratio(r):
     return {"=": "", "<": "< ", ">": "> "}[kind] + "%.2fx" % value
 
 
+def _fmt_bytes_ratio(s):
+    """What `s` sent as a fraction of DDP's bytes on the same link ("< " where DDP stopped at
+    its cap: it would have sent more)."""
+    r = s["bytes_vs_ddp"]
+    if r is None:
+        return "-"
+    if r <= 0:
+        return "0"
+    ddp_capped = s["vs_ddp"] is not None and s["vs_ddp"][1] in "<?"
+    return ("< " if ddp_capped else "") + ("1/%.0f" % (1 / r) if r < 1 else "%.1fx" % r)
+
+
 def _fmt_time(s):
     if s["time_s"] is None:
         return "failed"
@@ -135,7 +147,8 @@ def markdown(report):
              "platoon.mpi` rank per host. Time: wall time from a barrier after start-up to the "
              "evaluation that reached the target, evaluation excluded; runs capped at %.0f s. "
              "Bytes: what each veth end sent (`tx_bytes`) while the clock ran, host A / host "
-             "B. Compute share: the CPU time of each worker's training thread (its steps and "
+             "B (\"bytes vs DDP\": of all that crossed, against DDP on the same link). "
+             "Compute share: the CPU time of each worker's training thread (its steps and "
              "syncs) over the wall time. "
              "%d repetition(s); %s, %s cores, commit %s, %s; load average %.2f at the start "
              "and %.2f at the end; %.0f s in all."
@@ -154,8 +167,7 @@ def markdown(report):
         lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             LINK_NAMES.get(s["link"], s["link"]), s["method"], _fmt_time(s),
             _fmt_list(s["steps"], "%d"), _fmt_mb(s["bytes_window"]),
-            "-" if s["bytes_vs_ddp"] is None else "1/%.0f" % (1 / s["bytes_vs_ddp"])
-            if s["bytes_vs_ddp"] > 0 else "0",
+            _fmt_bytes_ratio(s),
             _fmt_list(s["compute_share"], "%.2f"), _fmt_ratio(s["vs_ddp"]),
             _fmt_ratio(s["vs_local_sgd"]), vs_one, _fmt_list(s["tie_rounds"], "%d"),
             _fmt_list(s["tie_cpu_s"], "%.1f")))
