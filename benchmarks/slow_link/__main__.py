@@ -100,6 +100,9 @@ def main(argv=None):
     if why:
         print("slow_link: skipped: %s" % why, flush=True)
         return 0
+    if netns.missing() is None:
+        for name in netns.remove_stale():
+            log("removed the namespace %s of an earlier run" % name)
     helptext, skipped = platoon_help(), []
     for name, link in list(plan):
         missing = unsupported(METHODS[name], helptext)
@@ -119,8 +122,6 @@ def main(argv=None):
     lrs = learning_rates()
     from platoon.launch.process import find_mpiexec
     mpiexec = find_mpiexec()
-    for name in netns.remove_stale():
-        log("removed the namespace %s of an earlier run" % name)
 
     def _terminate(signum, frame):
         raise SystemExit(128 + signum)

@@ -71,7 +71,7 @@ def remove_stale():
     """Delete the namespaces of earlier runs whose process is gone; returns their names."""
     out = _run(["ip", "netns", "list"], check=False).stdout
     gone = []
-    for name in re.findall(r"^(%s(\d+)[ab])\b" % PREFIX, out, re.M):
+    for name in re.findall(r"^(%s(\d+)\w*)" % PREFIX, out, re.M):
         if not _pid_alive(int(name[1])):
             _kill_all_in(name[0])
             _run(["ip", "netns", "del", name[0]], check=False)
