@@ -15,6 +15,13 @@ the two veth ends sent (their `tx_bytes`), the share of the wall time the worker
 and the ratios to DDP on the same link and to the same platoon job on one host
 (`report`: benchmarks/results/slow_link.{json,md}; `--quick`: slow_link_quick.*).
 
+The default plan (`methods.DEFAULT_PAIRS`, one repetition) takes about 25 minutes on the
+2-core machine, idle; `--estimate` prints the plan and its estimated duration without running
+it. A platoon method is its list of `python -m platoon.mpi` options (`methods.METHODS`; add
+one with `--define NAME=OPTIONS`); a method whose options this checkout lacks is skipped and
+said so. A run whose traffic did not cross the veth (each end's counter below what the tie,
+or gloo, must have sent) fails loudly, and the command exits 1.
+
 Needs root, `ip`, `tc` and `unshare` (skipped with the reason otherwise: exit 0); every
 namespace, process and /dev/shm entry it makes is removed at the end, also on failure.
 """

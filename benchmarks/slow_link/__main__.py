@@ -138,7 +138,10 @@ def main(argv=None):
     runs = []
     for rep in range(args.reps):  # the repetitions outside: methods and links alternate
         for i, (name, link) in enumerate(plan):
-            log("%s over %s (seed %d, lr %g) ..." % (name, link, rep + 1, lrs[name]))
+            done = rep * len(plan) + i
+            left = total * (1 - done / (args.reps * len(plan)))
+            log("[%d/%d, about %.0f min left] %s over %s (seed %d, lr %g) ..." % (
+                done + 1, args.reps * len(plan), left / 60, name, link, rep + 1, lrs[name]))
             row = run_one_logged(name, link, problem, lrs[name], cap_s, rep + 1, mpiexec,
                                  model_bytes, log, "r%dx%d" % (rep, i))
             runs.append(row)

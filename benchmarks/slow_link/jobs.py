@@ -205,9 +205,9 @@ def run_one(name, link, problem, lr, cap_s, seed, mpiexec, model_bytes, log, tag
         if link != "none":
             hosts = netns.TwoHosts(netns.rate_bits(link), tag).__enter__()
         deadline_s = cap_s + STARTUP_ALLOWANCE_S
-        # the controllers stop the job on their own a little before it is killed
         tx_before = hosts.tx_bytes() if hosts else None
         out = open(os.path.join(workdir, "output.log"), "w")
+        # (the controllers stop the job on their own a little before it would be killed)
         for argv, extra in commands(name, link, config_path, result_dir, deadline_s - 30,
                                     mpiexec, hosts):
             procs.append(subprocess.Popen(argv, cwd=ROOT, env=_env(PLATOON_JOB_ID=job_id,
@@ -234,7 +234,7 @@ def run_one(name, link, problem, lr, cap_s, seed, mpiexec, model_bytes, log, tag
             row["bytes_window"] = [r["tx_end"] - r["tx_start"] for r in ranks
                                    if r.get("tx_start") is not None]
             check_crossed(name, row, model_bytes)
-    except (RuntimeError, OSError, ValueError) as exc:
+    except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as exc:
         row["error"] = "%s: %s" % (type(exc).__name__, exc)
         if out is not None:
             out.flush()
