@@ -188,7 +188,7 @@ def check_crossed(name, row, model_bytes):
 def run_one(name, link, problem, lr, cap_s, seed, mpiexec, model_bytes, log, tag=""):
     """Run `name` over `link` once; returns its row (with "error" when it failed)."""
     method = METHODS[name]
-    workdir = tempfile.mkdtemp(prefix="slow-link-")
+    workdir = tempfile.mkdtemp(prefix="%s%d-" % (netns.PREFIX, os.getpid()))
     result_dir = os.path.join(workdir, "results")
     os.makedirs(result_dir)
     job_id = "slk%d%s" % (os.getpid(), tag)

@@ -7,12 +7,14 @@ whose process is gone are removed when the next one starts.
 """
 
 import atexit
+import glob
 import json
 import os
 import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 
 IPS = ("10.217.1.1", "10.217.1.2")
@@ -68,7 +70,8 @@ def _pid_alive(pid):
 
 
 def remove_stale():
-    """Delete the namespaces of earlier runs whose process is gone; returns their names."""
+    """Delete the namespaces, and the temporary files, of earlier runs whose process is
+    gone; returns the namespaces' names."""
     out = _run(["ip", "netns", "list"], check=False).stdout
     gone = []
     for name in re.findall(r"^(%s(\d+)\w*)" % PREFIX, out, re.M):
@@ -76,6 +79,13 @@ def remove_stale():
             _kill_all_in(name[0])
             _run(["ip", "netns", "del", name[0]], check=False)
             gone.append(name[0])
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), PREFIX + "[0-9]*")):
+        pid = re.match(r"%s(\d+)" % PREFIX, os.path.basename(path))
+        if pid and not _pid_alive(int(pid.group(1))):
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
     return gone
 
 
@@ -151,7 +161,7 @@ class TwoHosts:
                 except subprocess.CalledProcessError as exc:
                     raise RuntimeError("`%s` failed: %s" % (" ".join(cmd),
                                                               exc.stderr.strip())) from None
-        self.launcher = "/tmp/%s-launcher.sh" % self.names[0]
+        self.launcher = os.path.join(tempfile.gettempdir(), self.names[0] + "-launcher.sh")
         with open(self.launcher, "w") as f:
             f.write(LAUNCHER % (IPS[0], self.names[0], HOSTNAMES[0],
                                 IPS[1], self.names[1], HOSTNAMES[1]))
