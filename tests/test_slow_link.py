@@ -251,3 +251,15 @@ def test_skipped_with_the_reason_without_root(monkeypatch, capsys):
     assert cli.main(["--quick", "--links", "10mbit", "--methods", "ddp"]) == 0
     assert "skipped: no `tc` on PATH" in capsys.readouterr().out
     shutil.which("ip")  # (the real one is untouched outside the patch)
+
+
+def test_committed_results_render_to_the_committed_page():
+    path = os.path.join(report.RESULTS, "slow_link.json")
+    if not os.path.exists(path):
+        pytest.skip("no measured run committed yet: python -m benchmarks.slow_link")
+    with open(path) as f:
+        rep = json.load(f)
+    with open(os.path.join(report.RESULTS, "slow_link.md")) as f:
+        assert f.read() == report.markdown(rep), \
+            "slow_link.md is stale: python -m benchmarks.slow_link --render"
+    assert not rep["meta"]["quick"] and rep["runs"]
