@@ -1,0 +1,220 @@
+"""Two "hosts" on one machine: network namespaces joined by a veth pair, the link shaped by
+`tc` tbf on both ends (each direction gets the rate; this kernel has no netem, so no delay).
+
+`TwoHosts` is a context manager; `close()` (also run at exit) stops every process left in
+either namespace and deletes both (which removes the veth pair). Namespaces of an earlier run
+whose process is gone are removed when the next one starts.
+"""
+
+import atexit
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+IPS = ("10.217.1.1", "10.217.1.2")
+DEVICE = "slk0"  # the veth end's name in both namespaces
+HOSTNAMES = ("nodea", "nodeb")
+PREFIX = "slk"  # namespaces: slk<pid>a, slk<pid>b
+# MPICH over the veth, not shared memory (see ../shared/FACTS.md)
+MPI_TCP_ENV = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ucx", "UCX_TLS": "tcp",
+               "UCX_NET_DEVICES": DEVICE}
+# An ssh stand-in for mpiexec (hydra's -launcher-exec): "[-x] HOST COMMAND" runs COMMAND in
+# HOST's namespace under HOST's own hostname (as tests/test_mpi.py's two_hosts does).
+LAUNCHER = """#!/bin/sh
+while [ "${1#-}" != "$1" ]; do shift; done
+case $1 in %s) ns=%s; name=%s ;; %s) ns=%s; name=%s ;; *) echo "no host $1" >&2; exit 2 ;; esac
+shift
+exec ip netns exec "$ns" unshare --uts sh -c "hostname $name && exec $*"
+"""
+RATES = {"10mbit": 10e6, "100mbit": 100e6, "1gbit": 1e9}  # bits per second
+
+
+def missing():
+    """Why two hosts cannot be made here (None when they can)."""
+    if os.geteuid() != 0:
+        return "not root (network namespaces and tc need root)"
+    for tool in ("ip", "tc", "unshare"):
+        if not shutil.which(tool):
+            return "no `%s` on PATH" % tool
+    return None
+
+
+def rate_bits(link):
+    """The rate of a link name ("10mbit", "100mbit", "1gbit") in bits per second; None for
+    "none" (no link: one host)."""
+    if link == "none":
+        return None
+    if link not in RATES:
+        raise ValueError("unknown link %r: choose from none, %s" % (link, ", ".join(RATES)))
+    return RATES[link]
+
+
+def _run(args, timeout_s=10.0, check=True):
+    return subprocess.run(args, check=check, capture_output=True, text=True, timeout=timeout_s)
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale():
+    """Delete the namespaces, and the temporary files, of earlier runs whose process is
+    gone; returns the namespaces' names."""
+    out = _run(["ip", "netns", "list"], check=False).stdout
+    gone = []
+    for name in re.findall(r"^(%s(\d+)\w*)" % PREFIX, out, re.M):
+        if not _pid_alive(int(name[1])):
+            _kill_all_in(name[0])
+            _run(["ip", "netns", "del", name[0]], check=False)
+            gone.append(name[0])
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), PREFIX + "[0-9]*")):
+        pid = re.match(r"%s(\d+)" % PREFIX, os.path.basename(path))
+        if pid and not _pid_alive(int(pid.group(1))):
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+    return gone
+
+
+def _kill_all_in(namespace, grace_s=3.0):
+    """SIGTERM every process in `namespace`, then SIGKILL those left after `grace_s`."""
+    def pids():
+        out = _run(["ip", "netns", "pids", namespace], check=False).stdout
+        return [int(p) for p in out.split() if p.isdigit() and int(p) != os.getpid()]
+    left = pids()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in left:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = [p for p in left if _pid_alive(p)]
+        if not left:
+            return
+        left = pids()
+
+
+class TwoHosts:
+    """Namespaces A and B joined by a veth pair (`DEVICE` in both, `IPS`), loopback up, both
+    ends shaped to `rate_bits_s` by tbf (None: unshaped). Raises RuntimeError (with `ip`'s or
+    `tc`'s message) when they cannot be made."""
+
+    def __init__(self, rate_bits_s=None, tag=""):
+        self.rate = rate_bits_s
+        self.names = ["%s%d%s%s" % (PREFIX, os.getpid(), tag, side) for side in "ab"]
+        self.made = []
+        self.launcher = None
+        self._closed = False
+
+    def __enter__(self):
+        atexit.register(self.close)
+        try:
+            self._make()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _make(self):
+        def ip(*args):
+            try:
+                _run(["ip"] + list(args))
+            except subprocess.CalledProcessError as exc:
+                raise RuntimeError("`ip %s` failed: %s" % (" ".join(args),
+                                                            exc.stderr.strip())) from None
+        for name in self.names:
+            ip("netns", "add", name)
+            self.made.append(name)
+        ip("link", "add", self.names[0], "type", "veth", "peer", "name", self.names[1])
+        for name, address in zip(self.names, IPS):
+            ip("link", "set", name, "netns", name)
+            ip("-n", name, "link", "set", name, "name", DEVICE)
+            ip("-n", name, "addr", "add", address + "/24", "dev", DEVICE)
+            ip("-n", name, "link", "set", DEVICE, "up")
+            ip("-n", name, "link", "set", "lo", "up")
+            if self.rate:
+                # burst: at least 64 KiB (a GSO packet) and 5 ms at the rate; a queue of 100 ms
+                burst = max(64 * 1024, int(self.rate / 8 * 0.005))
+                cmd = ["tc", "-n", name, "qdisc", "replace", "dev", DEVICE, "root", "tbf",
+                       "rate", "%dbit" % self.rate, "burst", str(burst), "latency", "100ms"]
+                try:
+                    _run(cmd)
+                except subprocess.CalledProcessError as exc:
+                    raise RuntimeError("`%s` failed: %s" % (" ".join(cmd),
+                                                              exc.stderr.strip())) from None
+        self.launcher = os.path.join(tempfile.gettempdir(), self.names[0] + "-launcher.sh")
+        with open(self.launcher, "w") as f:
+            f.write(LAUNCHER % (IPS[0], self.names[0], HOSTNAMES[0],
+                                IPS[1], self.names[1], HOSTNAMES[1]))
+        os.chmod(self.launcher, 0o755)
+
+    def prefix(self, side):
+        """The command prefix that runs a command in host `side` (0 or 1) under its hostname."""
+        return ["ip", "netns", "exec", self.names[side], "unshare", "--uts", "sh", "-c",
+                'hostname %s && exec "$@"' % HOSTNAMES[side], "sh"]
+
+    def mpiexec(self, mpiexec):
+        """mpiexec on host 0 with one rank on each host (hydra reaching host 1 through the
+        launcher script); give it `MPI_TCP_ENV` in its environment."""
+        return self.prefix(0) + [mpiexec, "-launcher", "ssh", "-launcher-exec", self.launcher,
+                                 "-iface", DEVICE, "-hosts", ",".join(IPS), "-n", "2",
+                                 "-ppn", "1"]
+
+    def tx_bytes(self):
+        """[bytes sent by host 0's veth end, by host 1's], from the kernel's counters."""
+        out = []
+        for name in self.names:
+            text = _run(["ip", "-n", name, "-s", "-j", "link", "show", "dev", DEVICE]).stdout
+            out.append(int(json.loads(text)[0]["stats64"]["tx"]["bytes"]))
+        return out
+
+    def shaping(self):
+        """[{rate_bits_s, bytes, drops, overlimits}] of each end's tbf since it was made
+        (None when unshaped): drops and overlimits show the link was the bottleneck."""
+        if not self.rate:
+            return None
+        out = []
+        for name in self.names:
+            text = _run(["tc", "-n", name, "-s", "-j", "qdisc", "show", "dev", DEVICE]).stdout
+            tbf = [q for q in json.loads(text) if q.get("kind") == "tbf"][0]
+            out.append({"rate_bits_s": 8 * tbf["options"]["rate"], "bytes": tbf["bytes"],
+                        "drops": tbf["drops"], "overlimits": tbf["overlimits"]})
+        return out
+
+    def kill_all(self):
+        """Stop every process still in either namespace (SIGTERM, then SIGKILL)."""
+        for name in self.made:
+            _kill_all_in(name)
+
+    def close(self):
+        """Stop what runs in the namespaces and delete them (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.kill_all()
+        finally:
+            for name in self.made:
+                _run(["ip", "netns", "del", name], check=False)
+            if self.launcher and os.path.exists(self.launcher):
+                os.unlink(self.launcher)
+            atexit.unregister(self.close)
