@@ -22,7 +22,8 @@ setup(
     entry_points={"console_scripts": ["platoon-launcher=platoon.launch.cli:main"]},
     extras_require={
         # torch is pinned: that release has a CPU build; an unpinned one pulls a CUDA build.
-        "test": ["pytest>=7", "pytest-timeout>=2", "scikit-learn", "matplotlib",
+        # pytest-xdist: the suite runs its test files on 2 processes (pytest.ini)
+        "test": ["pytest>=7", "pytest-timeout>=2", "pytest-xdist>=3", "scikit-learn", "matplotlib",
                  "torch==2.13.0", "ruff==0.17.6", "mypy==2.4.1"],
         "examples": ["scikit-learn", "matplotlib"],
         "torch": ["torch==2.13.0"],

@@ -15,7 +15,7 @@ def main():
     import torch
     if not torch.cuda.is_available():
         sys.exit("no CUDA GPU visible: nothing to check here")
-    code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-rs",
+    code = subprocess.call([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-rs",
                             os.path.join(ROOT, "tests", "test_adapters.py"),
                             os.path.join(ROOT, "tests", "test_torch_sync.py")])
     code |= subprocess.call([sys.executable, "-m", "platoon.launch.cli",

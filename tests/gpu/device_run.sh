@@ -153,7 +153,8 @@ PY
 }
 
 gputests() {
-  XLA_PYTHON_CLIENT_PREALLOCATE=false "$PY" -m pytest -q -rs -p no:cacheprovider --timeout 240 \
+  # -o addopts: pytest.ini's "-n 2" needs pytest-xdist, which the GPU machine lacks
+  XLA_PYTHON_CLIENT_PREALLOCATE=false "$PY" -m pytest -o addopts= -q -rs -p no:cacheprovider --timeout 240 \
     --junitxml "$OUT/gputests.xml" tests/test_adapters.py tests/test_torch_sync.py \
     tests/test_torch_tensor_moves.py tests/gpu
 }
@@ -193,7 +194,7 @@ launch() {
 }
 
 suite() {
-  CUDA_VISIBLE_DEVICES="" "$PY" -m pytest -q -p no:cacheprovider --durations 15 \
+  CUDA_VISIBLE_DEVICES="" "$PY" -m pytest -o addopts=-ra -q -p no:cacheprovider --durations 15 \
     --junitxml "$OUT/suite.xml" ${SUITE_ARGS:-}
 }
 
