@@ -35,7 +35,7 @@ import time
 import zmq
 
 from . import protocol
-from ._controller.logthrottle import ThrottledLog
+from ._os.logthrottle import ThrottledLog
 from .errors import MinibatchTimeout, ProtocolError, StopRequested, UsedAfterFork
 
 log = logging.getLogger(__name__)

@@ -34,14 +34,14 @@ from ._controller.rendezvous import Rendezvous
 from ._controller.status import Progress
 from ._controller.threadfailures import ThreadFailures
 from ._minibatches import MinibatchChannel
+from ._os.environment import JobEnvironment
+from ._os.process import announce, raise_system_exit  # noqa: F401
+from ._os.process import exit_on_sigterm as _exit_on_sigterm
 from ._resources import Resources
 from .collectives import NodeCollectives
 from .compat.controller_args import default_arguments, default_parser
 from .compat.deprecation import renamed_keywords
 from .errors import PlatoonError, ServeTimeout, StopRequested, WorkerDied
-from .launch.environment import JobEnvironment
-from .launch.process import announce, raise_system_exit  # noqa: F401
-from .launch.process import exit_on_sigterm as _exit_on_sigterm
 
 log = logging.getLogger(__name__)
 

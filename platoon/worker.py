@@ -15,12 +15,12 @@ from . import adapters, protocol, security
 from ._centre.exchange import Exchange, SyncHandle, SyncStats, share
 from ._centre.stopsignal import StopSignal, describe
 from ._client import ControlClient, endpoint, uncaught_error
+from ._os.environment import JobEnvironment
 from ._resources import Resources
 from .collectives import WorkerCollectives
 from .compat.deprecation import renamed_keywords
 from .device import Device
 from .errors import ControllerGone, ControllerTimeout, PlatoonError, StopRequested, WorkerClosed
-from .launch.environment import JobEnvironment
 from .rules import ParamSyncRule
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ import zmq
 from platoon import (EASGD, Controller, LayoutMismatch, MinibatchTimeout, PlatoonError,
                      PortInUse, RemoteError, ServeTimeout, Worker)
 from platoon.compat.channel import Lieutenant, Soldier
-from platoon.launch.process import job_segments
+from platoon._os.process import job_segments
 
 
 class EchoController(Controller):

@@ -19,10 +19,10 @@ def loaded_after(statement):
     return set(out.stdout.split())
 
 
-@pytest.mark.parametrize("module", ["platoon", "platoon.launch", "platoon.launch.process",
+@pytest.mark.parametrize("module", ["platoon", "platoon.launch", "platoon._os.process",
                                     "platoon.launch.child", "platoon.launch.cli",
                                     "platoon.launch.supervision", "platoon.launch.reaper",
-                                    "platoon.launch.environment", "platoon.launcher",
+                                    "platoon._os.environment", "platoon.launcher",
                                     "platoon.child"])
 def test_supervising_modules_load_neither_zmq_nor_numpy(module):
     loaded = loaded_after("import " + module)
@@ -40,8 +40,8 @@ def test_a_worker_loads_only_what_it_starts_with():
               "tempfile", "shutil", "platoon.rules.diloco", "platoon.rules.downpour",
               "platoon.controller", "platoon._minibatches"}
     assert not unused & loaded, sorted(unused & loaded)
-    assert "subprocess" in loaded_after("import platoon.launch.process\n"
-                                        "platoon.launch.process.stop([], 0.0)")
+    assert "subprocess" in loaded_after("import platoon._os.process\n"
+                                        "platoon._os.process.stop([], 0.0)")
     assert "platoon.rules.diloco" in loaded_after("from platoon.rules import DiLoCo")
 
 
@@ -114,7 +114,7 @@ def test_mpi_and_launcher_names_of_today():
         assert callable(getattr(mpi, name)), name
     assert callable(launcher.main)
     from platoon.controller import raise_system_exit
-    from platoon.launch.process import raise_system_exit as moved
+    from platoon._os.process import raise_system_exit as moved
     from platoon.process import raise_system_exit as old_path
     assert raise_system_exit is moved is old_path
 

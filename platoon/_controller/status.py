@@ -8,8 +8,8 @@ import logging
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .._os.statusfile import write_status
 from ..errors import ProtocolError
-from ..launch.statusfile import write_status
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
 

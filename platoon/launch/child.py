@@ -17,8 +17,8 @@ import runpy
 import signal
 import sys
 
-from .environment import JobEnvironment
-from .process import die_with_parent, raise_system_exit
+from .._os.environment import JobEnvironment
+from .._os.process import die_with_parent, raise_system_exit
 
 
 def main() -> None:

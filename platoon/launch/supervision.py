@@ -20,20 +20,20 @@ import subprocess
 import sys
 import time
 
-from .environment import (
+from .._os.environment import (
     THREAD_VARIABLES,
     JobEnvironment,
     device_variables,
     without_job_variables,
 )
-from .process import (
+from .._os.process import (
     find_mpiexec,
     read_announcement,
     signal_name,
     stop,
     unlink_job_segments,
 )
-from .statusfile import read_status
+from .._os.statusfile import read_status
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ import sys
 import threading
 from typing import Mapping, Optional, Sequence, Union
 
+from .._os.argv import join_option_values
+from .._os.environment import JobEnvironment, without_job_variables
+from .._os.process import die_with_parent, read_announcement, stop
 from ..errors import PlatoonError
-from ..launch.cli import join_option_values
-from ..launch.environment import JobEnvironment, without_job_variables
-from ..launch.process import die_with_parent, read_announcement, stop
 from ._comm import abort, import_mpi
 from .compress import CODECS
 from .link import NodeLink
