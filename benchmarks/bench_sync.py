@@ -6,7 +6,7 @@ import os
 import numpy as np
 
 from platoon import EASGD, kernels
-from platoon._centre.exchange import Exchange
+from platoon._worker.exchange import Exchange
 from platoon._centre.shmem import SharedCentre
 from platoon.protocol import layout_of
 from platoon.rules.downpour import SGD, Downpour

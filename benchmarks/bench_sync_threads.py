@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from platoon import EASGD
-from platoon._centre.exchange import Exchange, default_sync_threads
+from platoon._worker.exchange import Exchange, default_sync_threads
 from platoon._centre.shmem import SharedCentre
 from platoon.protocol import layout_of
 

@@ -39,7 +39,7 @@ _HOMES = {
     "ParamSyncRule": "rules", "EASGD": "rules", "ASGD": "rules",
     "Downpour": "rules", "SGD": "rules", "Adam": "rules",
     "DiLoCo": "rules", "DelayedNesterov": "rules",
-    "SyncHandle": "_centre.exchange", "SyncStats": "_centre.exchange",
+    "SyncHandle": "_worker.exchange", "SyncStats": "_worker.exchange",
     "average_gradients": "collectives", "shard": "sharding",
     "PeriodicSync": "torch_sync",  # imports torch, so only when used
     "load_centre": "checkpoint",

@@ -42,13 +42,13 @@ MOVED = {
     "platoon.status": "platoon._controller.status",
     # the centre's machinery, used by both sides (private)
     "platoon.shmem": "platoon._centre.shmem",
-    "platoon.exchange": "platoon._centre.exchange",
+    "platoon.exchange": "platoon._worker.exchange",
     "platoon.stopsignal": "platoon._centre.stopsignal",
     "platoon.checkpoint": "platoon._centre.checkpoint",
     # both sides' plumbing (private)
-    "platoon.client": "platoon._client",
+    "platoon.client": "platoon._worker.client",
     "platoon.resources": "platoon._resources",
-    "platoon.minibatches": "platoon._minibatches",
+    "platoon.minibatches": "platoon._controller.minibatches",
 }
 
 

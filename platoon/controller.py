@@ -26,19 +26,19 @@ from ._centre.shmem import SharedCentre, remove_stale_segments
 from ._centre.stopsignal import CONTROLLER, JobStop
 from ._controller.afterjob import AfterJobReplies
 from ._controller.checkpointing import Checkpointer, Resume
+from ._controller.collectives import NodeCollectives
 from ._controller.config import ControllerConfig, default_max_shared_bytes
 from ._controller.dispatch import RequestDispatcher
 from ._controller.endpoints import Endpoints
+from ._controller.minibatches import MinibatchChannel
 from ._controller.registry import WorkerRecord, WorkerRegistry, describe_death
 from ._controller.rendezvous import Rendezvous
 from ._controller.status import Progress
 from ._controller.threadfailures import ThreadFailures
-from ._minibatches import MinibatchChannel
 from ._os.environment import JobEnvironment
 from ._os.process import announce, raise_system_exit  # noqa: F401
 from ._os.process import exit_on_sigterm as _exit_on_sigterm
 from ._resources import Resources
-from .collectives import NodeCollectives
 from .compat.controller_args import default_arguments, default_parser
 from .compat.deprecation import renamed_keywords
 from .errors import PlatoonError, ServeTimeout, StopRequested, WorkerDied

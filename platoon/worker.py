@@ -12,19 +12,19 @@ import numpy as np
 import zmq
 
 from . import adapters, protocol, security
-from ._centre.exchange import Exchange, SyncHandle, SyncStats, share
 from ._centre.stopsignal import StopSignal, describe
-from ._client import ControlClient, endpoint, uncaught_error
 from ._os.environment import JobEnvironment
 from ._resources import Resources
-from .collectives import WorkerCollectives
+from ._worker.client import ControlClient, endpoint, uncaught_error
+from ._worker.collectives import WorkerCollectives
+from ._worker.exchange import Exchange, SyncHandle, SyncStats, share
 from .compat.deprecation import renamed_keywords
 from .device import Device
 from .errors import ControllerGone, ControllerTimeout, PlatoonError, StopRequested, WorkerClosed
 from .rules import ParamSyncRule
 
 if TYPE_CHECKING:
-    from ._minibatches import MinibatchClient
+    from ._worker.minibatches import MinibatchClient
 
 log = logging.getLogger(__name__)
 
@@ -569,7 +569,7 @@ class Worker:
         if window_bytes is not None and (not isinstance(window_bytes, int) or window_bytes < 1):
             raise ValueError("window_bytes must be None or an integer >= 1, got %r"
                              % (window_bytes,))
-        from ._minibatches import MinibatchClient  # loaded by the workers that use it only
+        from ._worker.minibatches import MinibatchClient  # loaded by the workers that use it only
         sock = self._client.socket(zmq.DEALER)
         address = endpoint(self.host, port)
         sock.connect(address)

@@ -38,7 +38,7 @@ def test_a_worker_loads_only_what_it_starts_with():
     loaded = loaded_after("import platoon\nplatoon.Worker\nfrom platoon import EASGD")
     unused = {"subprocess", "secrets", "hmac", "socket", "importlib.abc", "importlib.resources",
               "tempfile", "shutil", "platoon.rules.diloco", "platoon.rules.downpour",
-              "platoon.controller", "platoon._minibatches"}
+              "platoon.controller", "platoon._controller.minibatches"}
     assert not unused & loaded, sorted(unused & loaded)
     assert "subprocess" in loaded_after("import platoon._os.process\n"
                                         "platoon._os.process.stop([], 0.0)")

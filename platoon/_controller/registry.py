@@ -20,7 +20,7 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 import zmq
 
-from .._centre.shmem import pid_alive
+from .._os.process import pid_alive
 from ..errors import PlatoonError, ProtocolError
 from .peers import count_connections, holds_other_end, is_loopback_address
 

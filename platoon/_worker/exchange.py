@@ -32,10 +32,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from .. import protocol
+from .._centre.shmem import SharedCentre
 from ..compat.deprecation import renamed_keywords
 from ..errors import LayoutMismatch, LockTimeout, PlatoonError, RemoteError, SyncTimeout
 from ..rules import ParamSyncRule
-from .shmem import SharedCentre
 
 log = logging.getLogger(__name__)
 

@@ -54,7 +54,7 @@ def _note_failed_exit(code) -> None:
     exit as a failure; the controller must too, or a replacement could not take its id)."""
     if code is None or code == 0:
         return
-    client = sys.modules.get("platoon._client")  # loaded with a Worker; never imported here
+    client = sys.modules.get("platoon._worker.client")  # loaded with a Worker; never imported here
     if client is not None:
         client.note_failed_exit(code)
 
