@@ -159,9 +159,9 @@ class Controller:
                                           if config.checkpoint_path == env.checkpoint_path
                                           else None)
         self.node_link = node_link  # a platoon.mpi.NodeLink when the job spans nodes
-        if node_link is None and env.mpi_node:  # run by `python -m platoon.mpi`: join the job
-            from .mpi import node_link_for
-            self.node_link = node_link_for(self)
+        if env.mpi_node:  # run by `python -m platoon.mpi`: the link it passes, or offers
+            from .mpi.handoff import node_link_for
+            self.node_link = node_link_for(self, node_link)
         if control_port is None:
             control_port = env.control_port
         if control_port is not None:
