@@ -42,7 +42,7 @@ _HOMES = {
     "SyncHandle": "_worker.exchange", "SyncStats": "_worker.exchange",
     "average_gradients": "collectives", "shard": "sharding",
     "PeriodicSync": "torch_sync",  # imports torch, so only when used
-    "load_centre": "checkpoint",
+    "load_centre": "_centre.checkpoint",
 }
 _HOMES.update((name, "errors") for name in __all__ if name not in _HOMES)
 
