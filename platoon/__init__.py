@@ -16,6 +16,7 @@ old import paths (`platoon._moved`).
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
 from . import _moved
 
@@ -32,6 +33,43 @@ __all__ = [
     "Downpour", "SGD", "Adam", "average_gradients", "shard", "DiLoCo", "DelayedNesterov",
     "PeriodicSync", "load_centre",
 ]
+
+if TYPE_CHECKING:  # what users' type checkers see (py.typed); at run time, __getattr__ below
+    from ._centre.checkpoint import load_centre
+    from ._worker.exchange import SyncHandle, SyncStats
+    from .collectives import average_gradients
+    from .controller import Controller
+    from .errors import (
+        CheckpointError,
+        ControllerGone,
+        ControllerTimeout,
+        LayoutMismatch,
+        LockTimeout,
+        MinibatchTimeout,
+        PlatoonError,
+        PortInUse,
+        ProtocolError,
+        RemoteError,
+        ServeTimeout,
+        StopRequested,
+        SyncTimeout,
+        UsedAfterFork,
+        WorkerClosed,
+        WorkerDied,
+    )
+    from .rules import (
+        ASGD,
+        EASGD,
+        SGD,
+        Adam,
+        DelayedNesterov,
+        DiLoCo,
+        Downpour,
+        ParamSyncRule,
+    )
+    from .sharding import shard
+    from .torch_sync import PeriodicSync
+    from .worker import Worker
 
 # Where each public name lives.
 _HOMES = {
