@@ -215,8 +215,8 @@ class Controller:
             raise ValueError("hwm must be None or a positive integer, got %r" % (hwm,))
         sock, self.data_port, self.data_address = self._endpoints.listen(
             port, "data", MinibatchChannel.SOCKET_OPTIONS)
-        self._mb = channel = MinibatchChannel(sock, hwm, self._registry, self.data_address)
-        channel.stopped = self._job_stop.message  # send_mb raises StopRequested after a stop
+        self._mb = channel = MinibatchChannel(  # send_mb raises StopRequested after a stop
+            sock, hwm, self._registry, self.data_address, stopped=self._job_stop.message)
         self._job_stop.listeners.append(channel.wake)
         self._data = sock
         return self.data_port

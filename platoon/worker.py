@@ -573,10 +573,10 @@ class Worker:
         sock = self._client.socket(zmq.DEALER)
         address = endpoint(self.host, port)
         sock.connect(address)
-        self._mb = client = MinibatchClient(sock, self.worker_id, self._client.token, prefetch,
-                                            self._client.controller_alive, address,
-                                            window_bytes or 0)
-        client.failed = lambda: uncaught_error() is not None  # an exception ending the script
+        self._mb = client = MinibatchClient(
+            sock, self.worker_id, self._client.token, prefetch, self._client.controller_alive,
+            address, window_bytes or 0,
+            failed=lambda: uncaught_error() is not None)  # an exception ending the script
         # Created after the sockets' finalizer, so it runs first at exit: goodbye, then close.
         self._mb_leave = weakref.finalize(self, client.leave)
 
@@ -625,9 +625,10 @@ class Worker:
         """
         if self._closed:
             return
-        if self._mb is not None:  # before DONE: what it has not taken goes to others
-            self._mb.failed = lambda: error is not None
-            self._mb_leave()
+        # Before DONE, the goodbye (once: the finalizer is detached): what this worker has
+        # not taken goes to others.
+        if self._mb is not None and self._mb_leave.detach() is not None:
+            self._mb.leave(failed=error is not None)
         try:
             if self._exchange is not None:  # its last push lands before the controller hears
                 self._exchange.close(30.0 if self.timeout_s is None else self.timeout_s)

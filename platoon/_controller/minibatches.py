@@ -77,7 +77,7 @@ class MinibatchChannel:
     REFUSED_AT_MOST = 4096  # connections remembered as refused (their frames dropped unread)
     RETIRED_AT_MOST = 4096  # workers' replaced connections remembered (their requests ignored)
 
-    def __init__(self, sock, hwm, workers, address):
+    def __init__(self, sock, hwm, workers, address, stopped=lambda: None):
         self._lock = threading.Lock()  # one sending thread at a time
         self.sock = sock
         self.hwm = hwm
@@ -93,7 +93,7 @@ class MinibatchChannel:
         self.resent = 0  # minibatches re-sent so far
         self.delivered = 0  # minibatches sent by send_mb (re-sends not counted again)
         self._sends_undrained = 0  # sends since the socket was last read
-        self.stopped = None  # a callable: a message once the job's stop was requested, else None
+        self.stopped = stopped  # a message once the job's stop was requested, else None
         self._warnings = ThrottledLog(log)
         self._pid = os.getpid()  # its sockets work in this process only
         self._wake_r, self._wake_w = os.pipe()
@@ -197,7 +197,7 @@ class MinibatchChannel:
                 "not from a multiprocessing.Process" % (caller, os.getpid(), self._pid))
 
     def _check_stopped(self):
-        stopped = self.stopped() if self.stopped is not None else None
+        stopped = self.stopped()
         if stopped is not None:
             raise StopRequested("no more minibatches are delivered from %s: %s"
                                 % (self.address, stopped))

@@ -31,7 +31,8 @@ class MinibatchClient:
     them again from 0.
 
     Holds no reference to the Worker, so a finalizer can say goodbye (`leave`)
-    when the worker is closed or its process exits.
+    when the worker is closed or its process exits; `failed()` says then whether the
+    worker failed (the Worker passes whether an exception is ending its script).
     """
 
     ACK_AFTER_MS = 1  # a worker waiting this long for a minibatch acknowledges what it has
@@ -40,7 +41,7 @@ class MinibatchClient:
     ACKS_PER_WINDOW = 4  # requests per window's worth of minibatches, while they stream
 
     def __init__(self, sock, worker_id, token, prefetch, controller_alive, address=None,
-                 window_bytes=protocol.DEFAULT_MB_WINDOW_BYTES):
+                 window_bytes=protocol.DEFAULT_MB_WINDOW_BYTES, failed=lambda: False):
         self.sock = sock
         self.address = address  # the controller's data endpoint, for messages
         self.worker_id = worker_id
@@ -58,7 +59,7 @@ class MinibatchClient:
         self.acked = 0  # how many of them the controller was told are finished
         self.bytes_since_ack = 0  # of those received since
         self.asked = False  # has a request stated the window (since a refusal)?
-        self.failed = None  # a callable: did the worker fail? (set by the Worker)
+        self.failed = failed  # did the worker fail? (asked when it leaves)
         self._controller_alive = controller_alive
 
     def ask(self, again=False):
@@ -144,10 +145,11 @@ class MinibatchClient:
         self.received += 1
         self.bytes_since_ack += sum(map(len, frames))
 
-    def leave(self):
+    def leave(self, failed=None):
         """Tell the controller this worker takes no more minibatches: those on their way
-        here go to others, and so does the last one received if the worker failed."""
-        failed = self.failed() if self.failed is not None else False
+        here go to others, and so does the last one received if the worker failed
+        (`failed`; None: ask the `failed` given at construction)."""
+        failed = self.failed() if failed is None else failed
         if self.sock.closed or not self._controller_alive():
             return
         done = self.received - (1 if failed and self.received else 0)
