@@ -6,7 +6,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 import zmq
@@ -406,6 +406,13 @@ class Worker:
         """The central parameters as numpy arrays in shared memory (None before init)."""
         centre = self._res.centre
         return None if centre is None else centre.arrays
+
+    @property
+    def stripes(self) -> List[List[Tuple[int, int, int]]]:
+        """How the centre is cut into stripes, each locked on its own: for each stripe,
+        (param_index, start, stop) ranges of flat element indices ([] before init)."""
+        centre = self._res.centre
+        return [] if centre is None else centre.stripes
 
     @_while_open
     def snapshot_centre(self, timeout_s: Optional[float] = _DEFAULT) -> List[np.ndarray]:
