@@ -7,12 +7,12 @@ and periodically syncs them with the centre under a `ParamSyncRule`.
 The names below are imported on first use (PEP 562), so the processes that
 only supervise others (`platoon.launch`) load neither zmq nor numpy.
 
-Layout (docs/architecture.md has the whole map): `controller` and `worker`, the
-two sides; `rules/` the sync rules; `launch/` the launcher's processes;
-`adapters/` one module per array framework; `mpi/` jobs across nodes; `compat/`
-the original Platoon's names; `_controller/` the controller's private parts;
-`_centre/` the shared-memory centre both sides use. Modules that moved keep their
-old import paths (`platoon._moved`).
+Layout, along the process line (docs/architecture.md has the whole map):
+`controller` and `_controller/` run in the controller, `worker` and `_worker/` in a
+worker; `_centre/` (shared memory) and `_os/` (the standard library only) serve both;
+`rules/` the sync rules; `launch/` the launcher app; `adapters/` one module per array
+framework; `mpi/` jobs across nodes; `compat/` the original Platoon's names (and their
+module paths, `platoon._moved`).
 """
 
 import importlib

@@ -170,3 +170,73 @@ def test_the_import_graph_has_no_cycle():
 
     for module in sorted(graph):
         visit(module)
+
+
+def every_import():
+    """{module: (platoon modules, other top-level packages) it imports anywhere, at load
+    time or inside functions} (not under `if TYPE_CHECKING:`)."""
+    import ast
+    import os
+
+    root = os.path.dirname(platoon.__file__)
+    files = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                module = "platoon." + os.path.relpath(path, root)[:-3].replace(os.sep, ".")
+                files[module[:-len(".__init__")] if module.endswith(".__init__") else module] = path
+    found = {}
+    for module, path in files.items():
+        package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        typing_only = {id(sub) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and "TYPE_CHECKING" in ast.dump(node.test) for sub in ast.walk(node)}
+        ours, theirs = set(), set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package
+                for _ in range(node.level - 1):
+                    base = base.rsplit(".", 1)[0]
+                base = base + "." + node.module if node.module else base
+                ours.update(base + "." + a.name if base + "." + a.name in files else base
+                            for a in node.names)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for name in ([a.name for a in node.names] if isinstance(node, ast.Import)
+                             else [node.module]):
+                    (ours if name.split(".")[0] == "platoon" else theirs).add(
+                        name if name.split(".")[0] == "platoon" else name.split(".")[0])
+        found[module] = (ours, theirs)
+    return found
+
+
+# The process line (docs/architecture.md): what each private home may not import, anywhere.
+NEVER = {
+    "platoon._controller": ("platoon._worker", "platoon.worker", "platoon.launch"),
+    "platoon._worker": ("platoon._controller", "platoon.controller", "platoon.launch",
+                        "platoon.mpi"),
+    "platoon._centre": ("platoon._controller", "platoon._worker", "platoon.controller",
+                        "platoon.worker", "platoon.launch", "platoon.mpi", "zmq",
+                        "platoon._resources", "platoon.security"),
+    "platoon._os": ("platoon.", "zmq", "numpy"),  # the standard library only
+    "platoon.rules": ("platoon._", "platoon.controller", "platoon.worker", "zmq"),
+    "platoon.launch": ("platoon._controller", "platoon._worker", "platoon._centre",
+                       "platoon.controller", "platoon.worker", "platoon.mpi", "zmq", "numpy"),
+}
+
+
+@pytest.mark.parametrize("home", sorted(NEVER))
+def test_each_home_keeps_to_its_side_of_the_process_line(home):
+    crossings = []
+    for module, (ours, theirs) in every_import().items():
+        if module == home or module.startswith(home + "."):
+            for name in sorted(ours | theirs):
+                if name.startswith(home) or name == "platoon.errors" and home != "platoon._os":
+                    continue
+                if any(name == bad or name.startswith(bad if bad.endswith(("_", ".")) else
+                                                      bad + ".") for bad in NEVER[home]):
+                    crossings.append("%s imports %s" % (module, name))
+    assert not crossings, crossings

@@ -1,7 +1,7 @@
 """The job's progress, as the launcher's status line and end-of-job summary show it: counted
 by platoon (syncs in shared memory, minibatches as `send_mb` delivers them) and from the
 workers' reports, and written to the launcher's status file (0600), at most twice a second.
-The file's keys are listed in `platoon.launch.statusfile`.
+The file's keys are listed in `platoon._os.statusfile`.
 """
 
 import logging

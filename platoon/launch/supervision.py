@@ -3,7 +3,7 @@
 Every process runs in its own session through `platoon.launch.child` (dies with the
 launcher, SIGTERM becomes an orderly exit) and writes to its own log file. If
 any process fails, or the launcher is interrupted, the rest are stopped
-(`platoon.launch.process.stop`), the job's shared memory is removed, and the job fails.
+(`platoon._os.process.stop`), the job's shared memory is removed, and the job fails.
 """
 
 import datetime
