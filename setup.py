@@ -16,6 +16,7 @@ setup(
     long_description_content_type="text/markdown",
     license="MIT",
     packages=find_packages(include=["platoon", "platoon.*"]),
+    package_data={"platoon": ["py.typed"]},  # users' type checkers read the annotations
     ext_modules=[SYNC_KERNELS],
     python_requires=">=3.9",
     install_requires=["numpy>=1.22", "pyzmq>=22", "posix_ipc>=1.0"],

@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from platoon.launch.process import find_mpiexec
+from platoon._os.process import find_mpiexec
 
 SIZES = {"1 float": 1, "1M floats": 1 << 20}
 SUITE_SIZES = {"1K": 1_000, "1M": 1_000_000, "10M": 10_000_000}

@@ -5,10 +5,11 @@ import os
 
 import numpy as np
 
-from platoon import EASGD, kernels
-from platoon._centre.exchange import Exchange
+from platoon import EASGD
 from platoon._centre.shmem import SharedCentre
+from platoon._worker.exchange import Exchange
 from platoon.protocol import layout_of
+from platoon.rules import kernels
 from platoon.rules.downpour import SGD, Downpour
 
 from ._util import Children, best_time, interleaved

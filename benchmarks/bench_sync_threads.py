@@ -20,8 +20,8 @@ import time
 import numpy as np
 
 from platoon import EASGD
-from platoon._centre.exchange import Exchange, default_sync_threads
 from platoon._centre.shmem import SharedCentre
+from platoon._worker.exchange import Exchange, default_sync_threads
 from platoon.protocol import layout_of
 
 from ._util import interleaved

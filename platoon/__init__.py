@@ -7,15 +7,16 @@ and periodically syncs them with the centre under a `ParamSyncRule`.
 The names below are imported on first use (PEP 562), so the processes that
 only supervise others (`platoon.launch`) load neither zmq nor numpy.
 
-Layout (docs/architecture.md has the whole map): `controller` and `worker`, the
-two sides; `rules/` the sync rules; `launch/` the launcher's processes;
-`adapters/` one module per array framework; `mpi/` jobs across nodes; `compat/`
-the original Platoon's names; `_controller/` the controller's private parts;
-`_centre/` the shared-memory centre both sides use. Modules that moved keep their
-old import paths (`platoon._moved`).
+Layout, along the process line (docs/architecture.md has the whole map):
+`controller` and `_controller/` run in the controller, `worker` and `_worker/` in a
+worker; `_centre/` (shared memory) and `_os/` (the standard library only) serve both;
+`rules/` the sync rules; `launch/` the launcher app; `adapters/` one module per array
+framework; `mpi/` jobs across nodes; `compat/` the original Platoon's names (and their
+module paths, `platoon._moved`).
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
 from . import _moved
 
@@ -33,16 +34,53 @@ __all__ = [
     "PeriodicSync", "load_centre",
 ]
 
+if TYPE_CHECKING:  # what users' type checkers see (py.typed); at run time, __getattr__ below
+    from ._centre.checkpoint import load_centre
+    from ._worker.exchange import SyncHandle, SyncStats
+    from .collectives import average_gradients
+    from .controller import Controller
+    from .errors import (
+        CheckpointError,
+        ControllerGone,
+        ControllerTimeout,
+        LayoutMismatch,
+        LockTimeout,
+        MinibatchTimeout,
+        PlatoonError,
+        PortInUse,
+        ProtocolError,
+        RemoteError,
+        ServeTimeout,
+        StopRequested,
+        SyncTimeout,
+        UsedAfterFork,
+        WorkerClosed,
+        WorkerDied,
+    )
+    from .rules import (
+        ASGD,
+        EASGD,
+        SGD,
+        Adam,
+        DelayedNesterov,
+        DiLoCo,
+        Downpour,
+        ParamSyncRule,
+    )
+    from .sharding import shard
+    from .torch_sync import PeriodicSync
+    from .worker import Worker
+
 # Where each public name lives.
 _HOMES = {
     "Controller": "controller", "Worker": "worker",
     "ParamSyncRule": "rules", "EASGD": "rules", "ASGD": "rules",
     "Downpour": "rules", "SGD": "rules", "Adam": "rules",
     "DiLoCo": "rules", "DelayedNesterov": "rules",
-    "SyncHandle": "_centre.exchange", "SyncStats": "_centre.exchange",
+    "SyncHandle": "_worker.exchange", "SyncStats": "_worker.exchange",
     "average_gradients": "collectives", "shard": "sharding",
     "PeriodicSync": "torch_sync",  # imports torch, so only when used
-    "load_centre": "checkpoint",
+    "load_centre": "_centre.checkpoint",
 }
 _HOMES.update((name, "errors") for name in __all__ if name not in _HOMES)
 

@@ -1,9 +1,10 @@
-"""Import paths of modules that moved into subpackages, kept working.
+"""The original Platoon's module paths, kept working: `import platoon.channel` and
+`from platoon.param_sync import EASGD` load the module at its home in `platoon.compat`
+(the same module object, so `platoon.channel is platoon.compat.channel`).
 
-`import platoon.channel`, `from platoon.shmem import SharedCentre` and `python -m
-platoon.child` load the module at its new home (the same module object, so
-`platoon.channel is platoon.compat.channel`). One line per old path below: this
-table is also the map of where each old module went.
+The 30 other old paths this table held (`platoon.launcher`, `platoon.shmem`,
+`platoon.child`, ...) existed only between unreleased versions of this package and were
+removed with version 0.1.0's layout (docs/architecture.md maps the tree).
 """
 
 import importlib
@@ -11,44 +12,9 @@ import importlib.machinery
 import sys
 
 MOVED = {
-    # the launcher's processes (platoon.launch: loads neither zmq nor numpy)
-    "platoon.launcher": "platoon.launch.cli",
-    "platoon.supervision": "platoon.launch.supervision",
-    "platoon.child": "platoon.launch.child",
-    "platoon.reaper": "platoon.launch.reaper",
-    "platoon.process": "platoon.launch.process",
-    "platoon.environment": "platoon.launch.environment",
-    # sync rules (platoon.rules)
-    "platoon.downpour": "platoon.rules.downpour",
-    "platoon.diloco": "platoon.rules.diloco",
-    "platoon.kernels": "platoon.rules.kernels",
-    "platoon._sync_kernels": "platoon.rules._sync_kernels",
     # the original Platoon's names (platoon.compat)
     "platoon.channel": "platoon.compat.channel",
     "platoon.param_sync": "platoon.compat.param_sync",
-    "platoon.controller_args": "platoon.compat.controller_args",
-    "platoon.deprecation": "platoon.compat.deprecation",
-    # the controller's parts (private)
-    "platoon.controller_config": "platoon._controller.config",
-    "platoon.afterjob": "platoon._controller.afterjob",
-    "platoon.checkpointing": "platoon._controller.checkpointing",
-    "platoon.dispatch": "platoon._controller.dispatch",
-    "platoon.endpoints": "platoon._controller.endpoints",
-    "platoon.logthrottle": "platoon._controller.logthrottle",
-    "platoon.peers": "platoon._controller.peers",
-    "platoon.registry": "platoon._controller.registry",
-    "platoon.rendezvous": "platoon._controller.rendezvous",
-    "platoon.services": "platoon._controller.services",
-    "platoon.status": "platoon._controller.status",
-    # the centre's machinery, used by both sides (private)
-    "platoon.shmem": "platoon._centre.shmem",
-    "platoon.exchange": "platoon._centre.exchange",
-    "platoon.stopsignal": "platoon._centre.stopsignal",
-    "platoon.checkpoint": "platoon._centre.checkpoint",
-    # both sides' plumbing (private)
-    "platoon.client": "platoon._client",
-    "platoon.resources": "platoon._resources",
-    "platoon.minibatches": "platoon._minibatches",
 }
 
 

@@ -26,22 +26,22 @@ from ._centre.shmem import SharedCentre, remove_stale_segments
 from ._centre.stopsignal import CONTROLLER, JobStop
 from ._controller.afterjob import AfterJobReplies
 from ._controller.checkpointing import Checkpointer, Resume
+from ._controller.collectives import NodeCollectives
 from ._controller.config import ControllerConfig, default_max_shared_bytes
 from ._controller.dispatch import RequestDispatcher
 from ._controller.endpoints import Endpoints
+from ._controller.minibatches import MinibatchChannel
 from ._controller.registry import WorkerRecord, WorkerRegistry, describe_death
 from ._controller.rendezvous import Rendezvous
 from ._controller.status import Progress
 from ._controller.threadfailures import ThreadFailures
-from ._minibatches import MinibatchChannel
+from ._os.environment import JobEnvironment
+from ._os.process import announce, raise_system_exit  # noqa: F401
+from ._os.process import exit_on_sigterm as _exit_on_sigterm
 from ._resources import Resources
-from .collectives import NodeCollectives
 from .compat.controller_args import default_arguments, default_parser
 from .compat.deprecation import renamed_keywords
 from .errors import PlatoonError, ServeTimeout, StopRequested, WorkerDied
-from .launch.environment import JobEnvironment
-from .launch.process import announce, raise_system_exit  # noqa: F401
-from .launch.process import exit_on_sigterm as _exit_on_sigterm
 
 log = logging.getLogger(__name__)
 
@@ -91,17 +91,12 @@ class Controller:
                  allow_nonfinite: bool = False, checkpoint_lock_timeout_s: float = 10.0,
                  node_link: Any = None):
         self._env = env = JobEnvironment.read()
-        # Every setting, resolved (given, else the launcher's, else the default): the one
-        # place the controller and its parts read them from.
-        self.config = config = ControllerConfig(
-            num_workers=num_workers, host=host, job_id=job_id,
-            max_request_bytes=max_request_bytes, max_shared_bytes=max_shared_bytes,
-            restarts=restarts, checkpoint_path=checkpoint_path,
-            checkpoint_every_s=checkpoint_every_s, resume_from=resume_from,
-            liveness_interval_s=liveness_interval_s, keys_file=keys_file,
-            replacement_timeout_s=replacement_timeout_s, transport=transport,
-            allow_nonfinite=allow_nonfinite, checkpoint_lock_timeout_s=checkpoint_lock_timeout_s,
-        ).with_environment(env)
+        # Every setting, resolved (given, else the launcher's, else the default) and checked
+        # in one place: the one object the controller and its parts read them from.
+        given = locals()
+        self.config = config = ControllerConfig(**{
+            f.name: given[f.name] for f in dataclasses.fields(ControllerConfig)
+        }).with_environment(env)
         remove_stale_segments()
         self.control_port: Optional[int] = None
         self.data_port: Optional[int] = None
@@ -116,9 +111,7 @@ class Controller:
         self._after_job: Optional[AfterJobReplies] = None
         me = weakref.proxy(self)  # the parts hold the controller weakly: no cycles
         self._registry = WorkerRegistry(
-            self.job_id, self.num_workers, restarts=cast(int, config.restarts),
-            replacement_timeout_s=config.replacement_timeout_s,
-            liveness_interval_s=config.liveness_interval_s,
+            lambda: me.config,
             on_left=lambda rec: me._worker_left(rec),  # noqa: SLF001
             on_registered=lambda rec: me._progress.write(force=True))  # noqa: SLF001
         registry = self._registry
@@ -151,17 +144,15 @@ class Controller:
                                                ignore=(StopRequested,))
         self._thread_failures.watch()
         self._thread_failures_finalizer = weakref.finalize(self, self._thread_failures.close)
-        self._checkpointer = Checkpointer(me, self._collectives, config.checkpoint_path,
-                                          config.checkpoint_every_s,
-                                          config.checkpoint_lock_timeout_s,
+        self._checkpointer = Checkpointer(me, self._collectives, lambda: me.config,
                                           resume.job_id if resume is not None else None,
                                           dir_fd=env.log_dir_fd
                                           if config.checkpoint_path == env.checkpoint_path
                                           else None)
         self.node_link = node_link  # a platoon.mpi.NodeLink when the job spans nodes
-        if node_link is None and env.mpi_node:  # run by `python -m platoon.mpi`: join the job
-            from .mpi import node_link_for
-            self.node_link = node_link_for(self)
+        if env.mpi_node:  # run by `python -m platoon.mpi`: the link it passes, or offers
+            from .mpi.handoff import node_link_for
+            self.node_link = node_link_for(self, node_link)
         if control_port is None:
             control_port = env.control_port
         if control_port is not None:
@@ -177,15 +168,20 @@ class Controller:
     max_shared_bytes = _configured("max_shared_bytes", "Shared memory the job may hold.",
                                    settable=True)
     resume_from = _configured("resume_from", "The checkpoint the centre starts from.")
-    checkpoint_path = _setting("_checkpointer", "path", "Where `checkpoint` writes.")
-    checkpoint_every_s = _setting("_checkpointer", "every_s", "Period of the checkpoints.")
-    checkpoint_lock_timeout_s = _setting("_checkpointer", "lock_timeout_s",
-                                         "How long a checkpoint waits for the centre's lock.")
-    restarts_left = _setting("_registry", "restarts_left", "Replacements still allowed.")
-    replacement_timeout_s = _setting("_registry", "replacement_timeout_s",
-                                     "How long a failed worker's replacement is waited for.")
-    liveness_interval_s = _setting("_registry", "liveness_interval_s",
-                                   "How often local workers' pids are checked.")
+    checkpoint_path = _configured("checkpoint_path", "Where `checkpoint` writes.",
+                                  settable=True)
+    checkpoint_every_s = _configured("checkpoint_every_s", "Period of the checkpoints.",
+                                     settable=True)
+    checkpoint_lock_timeout_s = _configured(
+        "checkpoint_lock_timeout_s", "How long a checkpoint waits for the centre's lock.",
+        settable=True)
+    replacement_timeout_s = _configured(
+        "replacement_timeout_s", "How long a failed worker's replacement is waited for.",
+        settable=True)
+    liveness_interval_s = _configured("liveness_interval_s",
+                                      "How often local workers' pids are checked.", settable=True)
+    restarts_left = _setting("_registry", "restarts_left",
+                             "Replacements still allowed (a count the registry keeps).")
     default_parser = staticmethod(default_parser)
     default_arguments = staticmethod(default_arguments)
 
@@ -219,8 +215,8 @@ class Controller:
             raise ValueError("hwm must be None or a positive integer, got %r" % (hwm,))
         sock, self.data_port, self.data_address = self._endpoints.listen(
             port, "data", MinibatchChannel.SOCKET_OPTIONS)
-        self._mb = channel = MinibatchChannel(sock, hwm, self._registry, self.data_address)
-        channel.stopped = self._job_stop.message  # send_mb raises StopRequested after a stop
+        self._mb = channel = MinibatchChannel(  # send_mb raises StopRequested after a stop
+            sock, hwm, self._registry, self.data_address, stopped=self._job_stop.message)
         self._job_stop.listeners.append(channel.wake)
         self._data = sock
         return self.data_port

@@ -26,7 +26,7 @@ except ImportError as exc:  # pragma: no cover - torch is in the test extra
     raise ImportError("platoon.PeriodicSync needs PyTorch: pip install torch (or the "
                       "'torch' extra of platoon)") from exc
 
-from ._centre.exchange import SyncHandle
+from ._worker.exchange import SyncHandle
 from .adapters.torch_adapter import describe_layout, layout_changed
 from .errors import LayoutMismatch, PlatoonError
 from .rules import EASGD, ParamSyncRule

@@ -6,25 +6,25 @@ import sys
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 import zmq
 
 from . import adapters, protocol, security
-from ._centre.exchange import Exchange, SyncHandle, SyncStats, share
 from ._centre.stopsignal import StopSignal, describe
-from ._client import ControlClient, endpoint, uncaught_error
+from ._os.environment import JobEnvironment
 from ._resources import Resources
-from .collectives import WorkerCollectives
+from ._worker.client import ControlClient, endpoint, uncaught_error
+from ._worker.collectives import WorkerCollectives
+from ._worker.exchange import Exchange, SyncHandle, SyncStats, share
 from .compat.deprecation import renamed_keywords
 from .device import Device
 from .errors import ControllerGone, ControllerTimeout, PlatoonError, StopRequested, WorkerClosed
-from .launch.environment import JobEnvironment
 from .rules import ParamSyncRule
 
 if TYPE_CHECKING:
-    from ._minibatches import MinibatchClient
+    from ._worker.minibatches import MinibatchClient
 
 log = logging.getLogger(__name__)
 
@@ -407,6 +407,13 @@ class Worker:
         centre = self._res.centre
         return None if centre is None else centre.arrays
 
+    @property
+    def stripes(self) -> List[List[Tuple[int, int, int]]]:
+        """How the centre is cut into stripes, each locked on its own: for each stripe,
+        (param_index, start, stop) ranges of flat element indices ([] before init)."""
+        centre = self._res.centre
+        return [] if centre is None else centre.stripes
+
     @_while_open
     def snapshot_centre(self, timeout_s: Optional[float] = _DEFAULT) -> List[np.ndarray]:
         """Copies of the central parameters, taken under the centre's whole lock.
@@ -569,14 +576,14 @@ class Worker:
         if window_bytes is not None and (not isinstance(window_bytes, int) or window_bytes < 1):
             raise ValueError("window_bytes must be None or an integer >= 1, got %r"
                              % (window_bytes,))
-        from ._minibatches import MinibatchClient  # loaded by the workers that use it only
+        from ._worker.minibatches import MinibatchClient  # loaded by the workers that use it only
         sock = self._client.socket(zmq.DEALER)
         address = endpoint(self.host, port)
         sock.connect(address)
-        self._mb = client = MinibatchClient(sock, self.worker_id, self._client.token, prefetch,
-                                            self._client.controller_alive, address,
-                                            window_bytes or 0)
-        client.failed = lambda: uncaught_error() is not None  # an exception ending the script
+        self._mb = client = MinibatchClient(
+            sock, self.worker_id, self._client.token, prefetch, self._client.controller_alive,
+            address, window_bytes or 0,
+            failed=lambda: uncaught_error() is not None)  # an exception ending the script
         # Created after the sockets' finalizer, so it runs first at exit: goodbye, then close.
         self._mb_leave = weakref.finalize(self, client.leave)
 
@@ -625,9 +632,10 @@ class Worker:
         """
         if self._closed:
             return
-        if self._mb is not None:  # before DONE: what it has not taken goes to others
-            self._mb.failed = lambda: error is not None
-            self._mb_leave()
+        # Before DONE, the goodbye (once: the finalizer is detached): what this worker has
+        # not taken goes to others.
+        if self._mb is not None and self._mb_leave.detach() is not None:
+            self._mb.leave(failed=error is not None)
         try:
             if self._exchange is not None:  # its last push lands before the controller hears
                 self._exchange.close(30.0 if self.timeout_s is None else self.timeout_s)

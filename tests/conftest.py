@@ -10,7 +10,7 @@ import time
 import pytest
 
 from platoon import Controller, Worker
-from platoon.launch.process import proc_stat
+from platoon._os.process import proc_stat
 from platoon._centre.shmem import segment_owner
 
 HERE = os.path.dirname(os.path.abspath(__file__))

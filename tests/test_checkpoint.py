@@ -21,7 +21,7 @@ import pytest
 from platoon import (EASGD, CheckpointError, Controller, LayoutMismatch, Worker, WorkerDied,
                      load_centre)
 from platoon._centre import checkpoint
-from platoon.launch.process import unlink_job_segments
+from platoon._os.process import unlink_job_segments
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -214,7 +214,7 @@ def test_a_worker_that_times_out_withdraws_from_the_round(job):
 
 
 def test_the_number_of_buffers_a_worker_can_make_is_bounded(job, monkeypatch):
-    from platoon import collectives
+    from platoon._controller import collectives  # noqa: PLC2701 (the controller's bound)
     monkeypatch.setattr(collectives, "MAX_REDUCTION_BUFFERS", 2)
     _, workers = job
     for size in (1, 2):

@@ -14,7 +14,7 @@ import zmq
 from platoon import (EASGD, Controller, LayoutMismatch, MinibatchTimeout, PlatoonError,
                      PortInUse, RemoteError, ServeTimeout, Worker)
 from platoon.compat.channel import Lieutenant, Soldier
-from platoon.launch.process import job_segments
+from platoon._os.process import job_segments
 
 
 class EchoController(Controller):
@@ -338,3 +338,19 @@ def test_close_from_inside_serve_is_refused_and_serving_goes_on(serve):
         with pytest.raises(RemoteError, match=r"close\(\) called from inside serve\(\)"):
             w.send_req("close")
     serving.join()
+
+
+def test_each_setting_lives_in_the_config_alone(tmp_path):
+    """`ctl.checkpoint_path = x` (and every settable setting) replaces the one config, checked
+    again; the parts that use a setting read it from there."""
+    path = str(tmp_path / "a.ckpt")
+    with Controller(checkpoint_every_s=5.0, liveness_interval_s=0.3) as ctl:
+        assert ctl.checkpoint_path is None and ctl.config.checkpoint_every_s == 5.0
+        ctl.checkpoint_path = path
+        ctl.liveness_interval_s = 0.7
+        assert ctl.config.checkpoint_path == path == ctl._checkpointer.path  # noqa: SLF001
+        assert ctl.config.liveness_interval_s == 0.7 == ctl._registry.liveness_interval_s  # noqa: SLF001
+        with pytest.raises(AttributeError):
+            ctl.num_workers = 3  # fixed at start: the registry and collectives count on it
+        with pytest.raises(ValueError, match="transport must be"):
+            Controller(transport="udp")

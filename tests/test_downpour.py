@@ -6,6 +6,8 @@ import pytest
 from platoon import ASGD, Controller, Worker
 from platoon.rules import BLOCK_ELEMENTS
 from platoon.rules.downpour import SGD, Adam, Downpour
+from platoon._centre.shmem import stripe_ranges  # noqa: PLC2701 (the exchange's cut)
+from platoon.protocol import layout_of
 
 ROUNDS = 4
 
@@ -342,6 +344,7 @@ class PrivateContext:
 
     def __init__(self, centre):
         self.shared_params = centre
+        self.stripes = stripe_ranges(layout_of(centre))  # as a worker's exchange cuts it
 
     def shared_state(self, name, layout):
         return [np.zeros(e["shape"], e["dtype"]) for e in layout]

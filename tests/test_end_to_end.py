@@ -9,7 +9,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "procs"))
 from shared_math import initial_params, local_delta  # noqa: E402
 
-from platoon.launch.process import job_segments  # noqa: E402
+from platoon._os.process import job_segments  # noqa: E402
 
 
 def run_job(procs, tmp_path, num_workers, rounds, mode, rule):

@@ -72,7 +72,7 @@ def centre_pair():
 
 def attach_worker(centre, rule, params, timeout_s=5.0):
     """An Exchange as Worker.init_shared_params builds it, without the control round trips."""
-    from platoon._centre.exchange import Exchange
+    from platoon._worker.exchange import Exchange
     rule.check(params)
     rule.setup(params)
     return Exchange(rule, params, centre, worker_id=1, timeout_s=timeout_s)
@@ -194,7 +194,7 @@ def test_wait_without_timeout_keeps_local_changes_and_one_sync_thread_serves_eve
 
 
 def test_sync_thread_runs_every_task_in_order_however_fast_they_come_and_close_ends_it():
-    from platoon._centre.exchange import _SyncThread
+    from platoon._worker.exchange import _SyncThread
     thread = _SyncThread()
     ran, last = [], threading.Event()
     for i in range(2000):  # most are queued before the thread wakes up for the one before
@@ -611,7 +611,7 @@ def test_a_failing_or_blocked_stripe_on_a_helper_thread_fails_the_sync_and_frees
 
 
 def test_bad_sync_thread_settings_say_what_to_give(monkeypatch):
-    from platoon._centre.exchange import default_sync_threads
+    from platoon._worker.exchange import default_sync_threads
     for bad in ("two", "0"):
         monkeypatch.setenv("PLATOON_SYNC_THREADS", bad)
         with pytest.raises(ValueError, match="PLATOON_SYNC_THREADS"):
@@ -624,7 +624,7 @@ def test_bad_sync_thread_settings_say_what_to_give(monkeypatch):
 def test_the_default_start_sync_takes_the_path_that_cost_the_caller_less():
     """Pure logic of OverlapChoice: the cheaper path by a running mean, the other one tried
     every 16th sync, so a change in the compute beside the sync is noticed."""
-    from platoon._centre.exchange import OverlapChoice
+    from platoon._worker.exchange import OverlapChoice
     choice = OverlapChoice()
     assert choice.choose() == choice.OVERLAP  # nothing measured: try overlapping
     choice.record(choice.OVERLAP, 2.0)

@@ -14,7 +14,7 @@ from platoon import (EASGD, SGD, Adam, Controller, ControllerGone, ControllerTim
                      Downpour, LayoutMismatch, PlatoonError, Worker, WorkerDied)
 from platoon._centre import checkpoint
 from platoon.protocol import layout_of
-from platoon.launch.process import job_segments
+from platoon._os.process import job_segments
 from platoon._centre.shmem import HEADER, MAGIC, SharedCentre, remove_stale_segments
 
 

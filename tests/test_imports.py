@@ -1,5 +1,5 @@
-"""The public API imports on demand: supervising processes load neither zmq nor numpy; every
-module that moved into a subpackage keeps its old import path."""
+"""The public API imports on demand: supervising processes load neither zmq nor numpy; the
+original Platoon's module paths still import; the package's imports make no circle."""
 
 import importlib
 import subprocess
@@ -19,11 +19,11 @@ def loaded_after(statement):
     return set(out.stdout.split())
 
 
-@pytest.mark.parametrize("module", ["platoon", "platoon.launch", "platoon.launch.process",
+@pytest.mark.parametrize("module", ["platoon", "platoon.launch", "platoon._os.process",
                                     "platoon.launch.child", "platoon.launch.cli",
                                     "platoon.launch.supervision", "platoon.launch.reaper",
-                                    "platoon.launch.environment", "platoon.launcher",
-                                    "platoon.child"])
+                                    "platoon._os.environment", "platoon._os.statusfile",
+                                    "platoon._os.argv", "platoon._os.logthrottle"])
 def test_supervising_modules_load_neither_zmq_nor_numpy(module):
     loaded = loaded_after("import " + module)
     heavy = {m for m in loaded if m.split(".")[0] in ("zmq", "numpy", "mpi4py", "posix_ipc")}
@@ -38,15 +38,16 @@ def test_a_worker_loads_only_what_it_starts_with():
     loaded = loaded_after("import platoon\nplatoon.Worker\nfrom platoon import EASGD")
     unused = {"subprocess", "secrets", "hmac", "socket", "importlib.abc", "importlib.resources",
               "tempfile", "shutil", "platoon.rules.diloco", "platoon.rules.downpour",
-              "platoon.controller", "platoon._minibatches"}
+              "platoon.controller", "platoon._controller.minibatches",
+              "platoon._worker.minibatches", "platoon.mpi"}
     assert not unused & loaded, sorted(unused & loaded)
-    assert "subprocess" in loaded_after("import platoon.launch.process\n"
-                                        "platoon.launch.process.stop([], 0.0)")
+    assert "subprocess" in loaded_after("import platoon._os.process\n"
+                                        "platoon._os.process.stop([], 0.0)")
     assert "platoon.rules.diloco" in loaded_after("from platoon.rules import DiLoCo")
 
 
-@pytest.mark.parametrize("child", ["platoon.launch.child", "platoon.child"])
-def test_a_launched_child_loads_neither_zmq_nor_numpy(tmp_path, child):
+def test_a_launched_child_loads_neither_zmq_nor_numpy(tmp_path):
+    child = "platoon.launch.child"
     script = tmp_path / "probe.py"
     script.write_text("import sys\nprint(sorted(m for m in sys.modules if m.split('.')[0] in "
                       "('zmq', 'numpy')))\n")
@@ -94,29 +95,25 @@ def test_every_old_import_path_gives_the_moved_module(old):
     assert getattr(platoon, old.split(".")[1]) is module
 
 
-def test_old_paths_in_from_imports_and_python_dash_m(tmp_path):
+def test_the_original_platoons_paths_import_and_unreleased_ones_are_gone():
     from platoon.channel import Controller
     from platoon.compat.channel import Controller as moved
     from platoon.param_sync import EASGD
     assert Controller is moved and EASGD is platoon.EASGD
-    # `python -m OLD.PATH` runs the module at its new path as __main__
-    out = subprocess.run([sys.executable, "-m", "platoon.launcher", "--help"],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and "platoon-launcher" in out.stdout, out.stderr
+    assert sorted(MOVED) == ["platoon.channel", "platoon.param_sync"]
+    for gone in ("platoon.launcher", "platoon.shmem", "platoon.child", "platoon.process"):
+        with pytest.raises(ImportError):
+            importlib.import_module(gone)
 
 
-def test_mpi_and_launcher_names_of_today():
-    from platoon import launcher, mpi
-    from platoon.launch import cli
-    assert launcher is cli
+def test_mpi_names_of_today():
+    from platoon import mpi
     for name in ("CentreTie", "NodeLink", "node_link_for", "run_node", "main", "import_mpi",
                  "load_controller_class"):
         assert callable(getattr(mpi, name)), name
-    assert callable(launcher.main)
     from platoon.controller import raise_system_exit
-    from platoon.launch.process import raise_system_exit as moved
-    from platoon.process import raise_system_exit as old_path
-    assert raise_system_exit is moved is old_path
+    from platoon._os.process import raise_system_exit as moved
+    assert raise_system_exit is moved
 
 
 def module_imports():
@@ -173,3 +170,73 @@ def test_the_import_graph_has_no_cycle():
 
     for module in sorted(graph):
         visit(module)
+
+
+def every_import():
+    """{module: (platoon modules, other top-level packages) it imports anywhere, at load
+    time or inside functions} (not under `if TYPE_CHECKING:`)."""
+    import ast
+    import os
+
+    root = os.path.dirname(platoon.__file__)
+    files = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                module = "platoon." + os.path.relpath(path, root)[:-3].replace(os.sep, ".")
+                files[module[:-len(".__init__")] if module.endswith(".__init__") else module] = path
+    found = {}
+    for module, path in files.items():
+        package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        typing_only = {id(sub) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and "TYPE_CHECKING" in ast.dump(node.test) for sub in ast.walk(node)}
+        ours, theirs = set(), set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package
+                for _ in range(node.level - 1):
+                    base = base.rsplit(".", 1)[0]
+                base = base + "." + node.module if node.module else base
+                ours.update(base + "." + a.name if base + "." + a.name in files else base
+                            for a in node.names)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for name in ([a.name for a in node.names] if isinstance(node, ast.Import)
+                             else [node.module]):
+                    (ours if name.split(".")[0] == "platoon" else theirs).add(
+                        name if name.split(".")[0] == "platoon" else name.split(".")[0])
+        found[module] = (ours, theirs)
+    return found
+
+
+# The process line (docs/architecture.md): what each private home may not import, anywhere.
+NEVER = {
+    "platoon._controller": ("platoon._worker", "platoon.worker", "platoon.launch"),
+    "platoon._worker": ("platoon._controller", "platoon.controller", "platoon.launch",
+                        "platoon.mpi"),
+    "platoon._centre": ("platoon._controller", "platoon._worker", "platoon.controller",
+                        "platoon.worker", "platoon.launch", "platoon.mpi", "zmq",
+                        "platoon._resources", "platoon.security"),
+    "platoon._os": ("platoon.", "zmq", "numpy"),  # the standard library only
+    "platoon.rules": ("platoon._", "platoon.controller", "platoon.worker", "zmq"),
+    "platoon.launch": ("platoon._controller", "platoon._worker", "platoon._centre",
+                       "platoon.controller", "platoon.worker", "platoon.mpi", "zmq", "numpy"),
+}
+
+
+@pytest.mark.parametrize("home", sorted(NEVER))
+def test_each_home_keeps_to_its_side_of_the_process_line(home):
+    crossings = []
+    for module, (ours, theirs) in every_import().items():
+        if module == home or module.startswith(home + "."):
+            for name in sorted(ours | theirs):
+                if name.startswith(home) or name == "platoon.errors" and home != "platoon._os":
+                    continue
+                if any(name == bad or name.startswith(bad if bad.endswith(("_", ".")) else
+                                                      bad + ".") for bad in NEVER[home]):
+                    crossings.append("%s imports %s" % (module, name))
+    assert not crossings, crossings

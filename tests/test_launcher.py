@@ -18,8 +18,8 @@ from platoon.launch import cli as launcher
 
 from platoon import load_centre
 from platoon.device import Device
-from platoon.launch.environment import THREAD_VARIABLES, XLA_MEMORY_VARIABLES, device_variables
-from platoon.launch.process import job_segments, pid_alive, signal_name
+from platoon._os.environment import THREAD_VARIABLES, XLA_MEMORY_VARIABLES, device_variables
+from platoon._os.process import job_segments, pid_alive, signal_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

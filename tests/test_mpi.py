@@ -17,7 +17,7 @@ import pytest
 from conftest import PROCS, Proc, platoon_segments
 
 from platoon._centre.shmem import pid_alive
-from platoon.launch.process import find_mpiexec
+from platoon._os.process import find_mpiexec
 
 try:
     from mpi4py import MPI  # noqa: F401  (fails without an MPI library)

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from platoon import load_centre
-from platoon.launch.process import job_segments
+from platoon._os.process import job_segments
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LM = os.path.join(ROOT, "examples", "lm")

@@ -256,7 +256,7 @@ def test_a_worker_without_a_controller_says_it_is_still_waiting(procs):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     worker = procs("lonely_worker.py", port, 60)
-    line = worker.wait_for_line("WARNING platoon._client: still waiting", 30)
+    line = worker.wait_for_line("WARNING platoon._worker.client: still waiting", 30)
     assert "tcp://127.0.0.1:%d (timeout 60 s)" % port in line
     assert worker.popen.poll() is None  # long before its 60 s timeout
     worker.kill()

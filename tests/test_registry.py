@@ -4,13 +4,15 @@ so no pid is checked)."""
 import pytest
 
 from platoon.errors import PlatoonError, ProtocolError
+from platoon._controller.config import ControllerConfig
 from platoon._controller.registry import WorkerRegistry, WorkerState, describe_death
 
 
 def registry(num_workers=2, restarts=0):
     left = []
-    reg = WorkerRegistry("job", num_workers, restarts=restarts, replacement_timeout_s=60,
-                         liveness_interval_s=0.5, on_left=left.append)
+    config = ControllerConfig(num_workers=num_workers, job_id="job", restarts=restarts,
+                              replacement_timeout_s=60, liveness_interval_s=0.5)
+    reg = WorkerRegistry(lambda: config, on_left=left.append)
     return reg, left
 
 

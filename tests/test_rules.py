@@ -261,3 +261,20 @@ def test_easgd_centre_drifts_at_p_over_p_plus_1_of_a_worker_and_asgd_at_p(worker
                 rule.update_params([x], centre)
         speed = float(centre[0][0] - start[0]) / (rounds * tau)
         assert abs(speed - expected) < 1e-3 * expected, (rule_of(), speed, expected)
+
+
+def test_a_rule_takes_its_stripes_from_the_context():
+    """Downpour's journal has one slot per stripe of the worker's cut (RuleContext.stripes),
+    not of a cut the rule makes up; a context without stripes has one."""
+    from platoon import SGD, Downpour
+    centre = [np.zeros(1000, np.float32), np.zeros(10, np.float32)]
+    cut = [[(0, 0, 500)], [(0, 500, 1000), (1, 0, 10)]]
+    for stripes, slots in ((cut, 2), (None, 1)):
+        ctx = PlainContext(centre, 2)
+        if stripes is not None:
+            ctx.stripes = stripes
+        rule = Downpour(SGD(0.1, 0.9, nesterov=True))
+        rule.check([c.copy() for c in centre])
+        rule.attach(ctx)
+        journal = ctx.states["%s-journal" % rule.state_name]
+        assert journal[0].shape[0] == slots, [a.shape for a in journal]

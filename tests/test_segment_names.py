@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from platoon import Controller, PlatoonError, RemoteError, Worker
-from platoon.launch.process import job_segments
+from platoon._os.process import job_segments
 from platoon.protocol import layout_of
 from platoon._centre.shmem import SharedCentre
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from platoon import Controller, StopRequested, Worker
-from platoon.launch.process import job_segments
+from platoon._os.process import job_segments
 from platoon._centre.shmem import remove_stale_segments, segment_owner
 from platoon._centre.stopsignal import CONTROLLER, MAX_REASON_BYTES, JobStop, StopSignal
 

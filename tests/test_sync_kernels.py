@@ -8,9 +8,12 @@ import threading
 import numpy as np
 import pytest
 
-from platoon import ASGD, EASGD, DiLoCo, kernels
+from platoon import ASGD, EASGD, DiLoCo
+from platoon.rules import kernels
 from platoon.rules.downpour import SGD, Downpour
 from platoon.rules import BLOCK_ELEMENTS
+from platoon._centre.shmem import stripe_ranges  # noqa: PLC2701 (the exchange's cut)
+from platoon.protocol import layout_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,6 +45,7 @@ class Context:
 
     def __init__(self, centre, rng):
         self.shared_params, self.rng = centre, rng
+        self.stripes = stripe_ranges(layout_of(centre))  # as a worker's exchange cuts it
 
     def shared_state(self, name, layout):
         if name.endswith("-journal"):
@@ -239,7 +243,8 @@ import sys
 if sys.argv[1] == "missing":
     sys.modules["platoon.rules._sync_kernels"] = None  # makes the import fail, as with no .so
 import numpy as np
-from platoon import EASGD, kernels
+from platoon import EASGD
+from platoon.rules import kernels
 print("available", kernels.available())
 x, c = np.arange(5, dtype=np.float32), np.zeros(5, np.float32)
 rule = EASGD(0.5)

@@ -50,7 +50,7 @@ def _own_session(stacks_after_s):
     thread's stack to stderr if still running after `stacks_after_s` (a hang's diagnosis)."""
     import faulthandler
 
-    from platoon.launch.process import die_with_parent
+    from platoon._os.process import die_with_parent
     die_with_parent(signal.SIGKILL)
     os.setsid()
     if stacks_after_s:

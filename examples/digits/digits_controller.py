@@ -15,7 +15,7 @@ import numpy as np
 import baseline
 import mlp
 from platoon import Controller
-from platoon.launch.environment import JobEnvironment
+from platoon._os.environment import JobEnvironment
 
 log = logging.getLogger("digits")
 

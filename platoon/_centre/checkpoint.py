@@ -16,8 +16,8 @@ from typing import Dict, Set
 
 import numpy as np
 
+from .._os.process import pid_alive
 from ..errors import CheckpointError
-from ..launch.process import pid_alive
 from ..protocol import check_names
 
 log = logging.getLogger(__name__)

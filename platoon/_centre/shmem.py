@@ -34,8 +34,8 @@ import weakref
 import numpy as np
 import posix_ipc
 
+from .._os.process import SEGMENT_PREFIX, own_segments, pid_alive  # noqa: F401  (re-exported)
 from ..errors import LockTimeout, PlatoonError, SegmentExists
-from ..launch.process import SEGMENT_PREFIX, own_segments, pid_alive  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 

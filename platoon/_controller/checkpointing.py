@@ -7,41 +7,54 @@ and what to do when writing fails (log it and retry a period later: never fatal)
 import logging
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from .. import protocol
 from .._centre.checkpoint import load, names_in, save
 from ..errors import LayoutMismatch, PlatoonError
+from .config import ControllerConfig
 from .services import ControllerServices
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
 
 
 class Checkpointer:
-    """Writes `ctl`'s centre (and `collectives`' shared states) to `path`.
+    """Writes `ctl`'s centre (and `collectives`' shared states) to the checkpoint path.
 
-    `ctl` provides `job_id`, `shared_centre` and `param_names`; `every_s`
-    (None: never) is the period of the checkpoints `tick` starts on a thread;
-    `resumed_job_id`: the job that wrote the checkpoint this one resumed from; `dir_fd`:
-    the directory of `path`, opened by the launcher, that checkpoints to `path` are
-    written in whatever the path leads to now.
+    `ctl` provides `job_id`, `shared_centre` and `param_names`; `settings()` gives the
+    controller's one `ControllerConfig`, read at each use: `checkpoint_path`,
+    `checkpoint_every_s` (None: never; the period of the checkpoints `tick` starts on a
+    thread) and `checkpoint_lock_timeout_s`. `resumed_job_id`: the job that wrote the
+    checkpoint this one resumed from; `dir_fd`: the directory of the path configured now,
+    opened by the launcher, that checkpoints to that path are written in whatever the
+    path leads to later.
     """
 
-    def __init__(self, ctl: ControllerServices, collectives, path: Optional[str],
-                 every_s: Optional[float], lock_timeout_s: float,
+    def __init__(self, ctl: ControllerServices, collectives,
+                 settings: Callable[[], ControllerConfig],
                  resumed_job_id: Optional[str] = None, dir_fd: Optional[int] = None):
         self._ctl = ctl
-        self._pinned = (path, dir_fd) if dir_fd is not None else None
+        self._settings = settings
+        self._pinned = (settings().checkpoint_path, dir_fd) if dir_fd is not None else None
         self._resumed_job_id = resumed_job_id
         self._collectives = collectives
-        self.path = path
-        self.every_s = every_s
-        self.lock_timeout_s = lock_timeout_s
         self._written = time.monotonic()
         self._thread: Optional[threading.Thread] = None  # the periodic one being written
         self._failures = 0  # periodic checkpoints failed in a row
+
+    @property
+    def path(self) -> Optional[str]:
+        return self._settings().checkpoint_path
+
+    @property
+    def every_s(self) -> Optional[float]:
+        return self._settings().checkpoint_every_s
+
+    @property
+    def lock_timeout_s(self) -> float:
+        return self._settings().checkpoint_lock_timeout_s
 
     def write(self, path: Optional[str] = None) -> str:
         """Write the centre to `path` (default: `self.path`) atomically; returns the path.

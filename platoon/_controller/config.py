@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .. import protocol
-from ..launch.environment import JobEnvironment
+from .._os.environment import JobEnvironment
 
 
 def check_port(port, name: str) -> int:

@@ -15,8 +15,8 @@ from typing import Any, Optional
 import zmq
 
 from .. import protocol
+from .._os.logthrottle import ThrottledLog
 from ..errors import NotRegistered, PlatoonError, ProtocolError
-from .logthrottle import ThrottledLog
 from .registry import HOSTNAME, WorkerRecord
 from .services import ControllerServices
 

@@ -14,11 +14,11 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from .. import security
+from .._os.logthrottle import ThrottledLog
 from .._resources import Resources
 from ..errors import PlatoonError, PortInUse
 from . import peers
 from .config import check_port
-from .logthrottle import ThrottledLog
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
 

@@ -16,12 +16,13 @@ import logging
 import secrets
 import socket
 import time
-from typing import Callable, Deque, Dict, List, Optional, Tuple
+from typing import Callable, Deque, Dict, List, Optional, Tuple, cast
 
 import zmq
 
-from .._centre.shmem import pid_alive
+from .._os.process import pid_alive
 from ..errors import PlatoonError, ProtocolError
+from .config import ControllerConfig
 from .peers import count_connections, holds_other_end, is_loopback_address
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
@@ -68,20 +69,18 @@ class WorkerRecord:
 class WorkerRegistry:
     """The workers of one job, by id and by connection identity.
 
-    `on_left(record)` is called once for each worker that leaves (done or
-    failed). Deaths that no replacement is expected for wait in `deaths` for
-    the controller's hook.
+    `settings()` gives the controller's one `ControllerConfig` (read at each use, so a
+    setting changed on the controller holds here at once): the job id, its number of
+    workers, restarts and the replacement and liveness periods. `on_left(record)` is
+    called once for each worker that leaves (done or failed). Deaths that no
+    replacement is expected for wait in `deaths` for the controller's hook.
     """
 
-    def __init__(self, job_id: str, num_workers: Optional[int], *, restarts: int,
-                 replacement_timeout_s: float, liveness_interval_s: float,
+    def __init__(self, settings: Callable[[], ControllerConfig], *,
                  on_left: Callable[[WorkerRecord], None],
                  on_registered: Callable[[WorkerRecord], None] = lambda record: None):
-        self.job_id = job_id
-        self.num_workers = num_workers
-        self.restarts_left = restarts
-        self.replacement_timeout_s = replacement_timeout_s
-        self.liveness_interval_s = liveness_interval_s
+        self._settings = settings
+        self.restarts_left: int = settings().restarts or 0  # a count, not a setting
         self._on_left = on_left
         self._on_registered = on_registered
         self._pids: List[int] = []  # of every worker that registered, in order
@@ -89,6 +88,22 @@ class WorkerRegistry:
         self._by_identity: Dict[bytes, WorkerRecord] = {}
         self._awaiting: List[Tuple[float, int]] = []  # (deadline, id) of expected replacements
         self.deaths: Deque[Tuple[int, dict]] = collections.deque()  # (id, exit info) for the hook
+
+    @property
+    def job_id(self) -> str:
+        return cast(str, self._settings().job_id)
+
+    @property
+    def num_workers(self) -> Optional[int]:
+        return self._settings().num_workers
+
+    @property
+    def replacement_timeout_s(self) -> float:
+        return self._settings().replacement_timeout_s
+
+    @property
+    def liveness_interval_s(self) -> float:
+        return self._settings().liveness_interval_s
 
     # -- lookup --
 

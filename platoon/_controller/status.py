@@ -1,15 +1,15 @@
 """The job's progress, as the launcher's status line and end-of-job summary show it: counted
 by platoon (syncs in shared memory, minibatches as `send_mb` delivers them) and from the
 workers' reports, and written to the launcher's status file (0600), at most twice a second.
-The file's keys are listed in `platoon.launch.statusfile`.
+The file's keys are listed in `platoon._os.statusfile`.
 """
 
 import logging
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .._os.statusfile import write_status
 from ..errors import ProtocolError
-from ..launch.statusfile import write_status
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
 

@@ -3,7 +3,7 @@
 import argparse
 from typing import Any, Dict
 
-from ..launch.environment import JobEnvironment
+from .._os.environment import JobEnvironment
 
 
 def default_parser() -> argparse.ArgumentParser:

@@ -2,9 +2,12 @@
 
 import functools
 import warnings
+from typing import Any, Callable, TypeVar, cast
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def renamed_keywords(**old_to_new):
+def renamed_keywords(**old_to_new: str) -> Callable[[F], F]:
     """Decorator: accept each old keyword name as a deprecated alias of its new name.
 
     ``@renamed_keywords(timeout="timeout_s")`` lets callers still write
@@ -12,7 +15,7 @@ def renamed_keywords(**old_to_new):
     """
     old_names = frozenset(old_to_new)
 
-    def decorate(function):
+    def decorate(function: F) -> F:
         @functools.wraps(function)
         def accept_old_names(*args, **kwargs):
             if not kwargs:  # the common call, on hot paths (send_req, recv_mb, send_mb)
@@ -28,5 +31,5 @@ def renamed_keywords(**old_to_new):
                         function.__qualname__, old, new), DeprecationWarning, stacklevel=2)
                     kwargs[new] = kwargs.pop(old)
             return function(*args, **kwargs)
-        return accept_old_names
+        return cast(F, accept_old_names)  # the same signature: old names are not advertised
     return decorate

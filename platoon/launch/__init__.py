@@ -1,4 +1,5 @@
-"""The launcher's processes: `platoon-launcher` (`cli`), the supervision of a job's
-children (`supervision`, `process`), the bootstrap of every child (`child`), the
-watchdog of a killed controller (`reaper`) and the settings handed to children
-(`environment`). Nothing here loads zmq or numpy (tests/test_imports.py)."""
+"""The launcher app: `platoon-launcher` (`cli`), the supervision of a job's children
+(`supervision`), the bootstrap of every child (`child`) and the watchdog of a killed
+controller (`reaper`). The OS helpers they share with the other processes (signals,
+pids, the ``PLATOON_*`` settings, the status file) are `platoon._os`'s. Nothing here
+loads zmq or numpy (tests/test_imports.py)."""

@@ -18,8 +18,8 @@ import runpy
 import signal
 import sys
 
-from .environment import JobEnvironment
-from .process import die_with_parent, raise_system_exit
+from .._os.environment import JobEnvironment
+from .._os.process import die_with_parent, raise_system_exit
 
 
 def main() -> None:
@@ -69,7 +69,7 @@ def _note_failed_exit(code) -> None:
     exit as a failure; the controller must too, or a replacement could not take its id)."""
     if code is None or code == 0:
         return
-    client = sys.modules.get("platoon._client")  # loaded with a Worker; never imported here
+    client = sys.modules.get("platoon._worker.client")  # loaded with a Worker; never imported here
     if client is not None:
         client.note_failed_exit(code)
 

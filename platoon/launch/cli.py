@@ -16,8 +16,9 @@ import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .._os.argv import join_option_values
+from .._os.environment import JobEnvironment
 from ..device import visible_devices
-from .environment import JobEnvironment
 from .supervision import (  # noqa: F401
     EXIT_FAILED,
     EXIT_OK,
@@ -127,22 +128,6 @@ def _duration(parser, new, old, help, default=None):
 
 # Options whose value is a command line of their own: it may start with a dash.
 SCRIPT_ARGS_OPTIONS = ("-c", "--controller-args", "-w", "--worker-args")
-
-
-def join_option_values(argv: Sequence[str], options: Sequence[str]) -> List[str]:
-    """`argv` with each of `options` written as its own word (``-c VALUE``) joined to the next
-    word (``-c=VALUE``), so that argparse takes a VALUE that looks like an option, such as
-    ``--no-baseline``. Words after ``--`` are left as they are."""
-    joined: List[str] = []
-    words = list(argv)
-    while words:
-        word = words.pop(0)
-        if word == "--":
-            return joined + [word] + words
-        if word in options and words:
-            word += "=" + words.pop(0)
-        joined.append(word)
-    return joined
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

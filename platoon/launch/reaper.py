@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 
-from .process import start_time, unlink_job_segments
+from .._os.process import start_time, unlink_job_segments
 
 
 def start(job_id: str) -> int:

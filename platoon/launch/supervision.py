@@ -3,7 +3,7 @@
 Every process runs in its own session through `platoon.launch.child` (dies with the
 launcher, SIGTERM becomes an orderly exit) and writes to its own log file. If
 any process fails, or the launcher is interrupted, the rest are stopped
-(`platoon.launch.process.stop`), the job's shared memory is removed, and the job fails.
+(`platoon._os.process.stop`), the job's shared memory is removed, and the job fails.
 """
 
 import datetime
@@ -20,20 +20,20 @@ import subprocess
 import sys
 import time
 
-from .environment import (
+from .._os.environment import (
     THREAD_VARIABLES,
     JobEnvironment,
     device_variables,
     without_job_variables,
 )
-from .process import (
+from .._os.process import (
     find_mpiexec,
     read_announcement,
     signal_name,
     stop,
     unlink_job_segments,
 )
-from .statusfile import read_status
+from .._os.statusfile import read_status
 
 log = logging.getLogger(__name__)
 

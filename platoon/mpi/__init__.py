@@ -25,14 +25,33 @@ it only while all of the node's workers wait in that collective anyway) and
 in the tie thread, on separate duplicated communicators; this needs
 MPI_THREAD_MULTIPLE, which mpi4py requests by default.
 
-Modules: `link` (NodeLink), `tie` (CentreTie and its rounds), `runner`
-(run_node, main); this one only re-exports them.
+Modules: `link` (NodeLink), `tie` (CentreTie and its rounds), `handoff` (how the
+controller gets its link), `runner` (run_node, main; loaded on first use, so the
+controller, which imports `handoff`, and the runner, which imports the controller,
+make no circle); this one only re-exports them.
 """
 
+import importlib
+from typing import TYPE_CHECKING
+
 from ._comm import ABORT_GRACE_S, import_mpi
+from .handoff import node_link_for
 from .link import NodeLink
-from .runner import load_controller_class, main, node_link_for, run_node
 from .tie import CentreTie
+
+if TYPE_CHECKING:
+    from .runner import load_controller_class, main, run_node
+
+_RUNNER_NAMES = ("load_controller_class", "main", "run_node")  # loaded on first use (PEP 562)
+
+
+def __getattr__(name):
+    if name in _RUNNER_NAMES:
+        value = getattr(importlib.import_module(".runner", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError("module 'platoon.mpi' has no attribute %r" % name)
+
 
 __all__ = ["CentreTie", "NodeLink", "node_link_for", "run_node", "main", "import_mpi",
            "load_controller_class", "ABORT_GRACE_S"]

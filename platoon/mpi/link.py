@@ -6,8 +6,8 @@ import threading
 import numpy as np
 
 from .._centre.stopsignal import OTHER_NODE
+from .._os.environment import JobEnvironment
 from ..errors import PlatoonError
-from ..launch.environment import JobEnvironment
 from ._comm import abort, import_mpi, wait
 from .tie import TieThread
 

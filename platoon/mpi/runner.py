@@ -15,38 +15,25 @@ import sys
 import threading
 from typing import Mapping, Optional, Sequence, Union
 
+from .._os.argv import join_option_values
+from .._os.environment import JobEnvironment, device_variables, without_job_variables
+from .._os.process import die_with_parent, read_announcement, stop
 from ..errors import PlatoonError
-from ..launch.cli import find_gpus, join_option_values
-from ..launch.environment import JobEnvironment, device_variables, without_job_variables
-from ..launch.process import die_with_parent, read_announcement, stop
 from ._comm import abort, import_mpi
 from .compress import CODECS
+from .handoff import offered
 from .link import NodeLink
 from .tie import OUTER_RULES, CentreTie
 
 log = logging.getLogger(__name__)
 
-_RUNNER_LINK = None  # the NodeLink that `run_node` made for this process's controller
 WORKER_STOP_TIMEOUT_S = 3.0  # between SIGTERM and SIGKILL when stopping workers
-
-
-def node_link_for(controller) -> NodeLink:
-    """The NodeLink of this rank, for a Controller created under `python -m platoon.mpi`
-    (which sets PLATOON_MPI_NODE). Raises PlatoonError elsewhere."""
-    link = _RUNNER_LINK
-    if link is None:
-        raise PlatoonError("PLATOON_MPI_NODE is set but this process was not started by "
-                           "python -m platoon.mpi (or platoon.mpi.run_node); unset it")
-    if controller.num_workers != link.num_workers:
-        raise PlatoonError("the controller expects %s workers but platoon.mpi starts %d on this "
-                           "node; leave num_workers to the environment (PLATOON_NUM_WORKERS)"
-                           % (controller.num_workers, link.num_workers))
-    return link
 
 
 def node_devices(count):
     """Each of this node's `count` workers' device, as the launcher plans them with -n: the
     node's visible GPUs in turn (several workers may share one), else "cpu"."""
+    from ..launch.cli import find_gpus  # (the launcher's GPU discovery, subprocess and all)
     gpus = find_gpus()[0]
     if not gpus:
         return ["cpu"] * count
@@ -163,7 +150,6 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
     Workers still running `finish_timeout_s` seconds after the controller
     finished are stopped (SIGTERM, then SIGKILL).
     """
-    global _RUNNER_LINK
     MPI = import_mpi()
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
@@ -178,7 +164,7 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
                                      num_workers=num_workers, ready_fd=write_fd).to_env())
     workers = None
     try:
-        _RUNNER_LINK = link = NodeLink(num_workers, world, tie)
+        link = NodeLink(num_workers, world, tie)
         print("platoon.mpi: node %d of %d, controller pid %d, job %s"
               % (rank, size, os.getpid(), job_id), file=sys.stderr, flush=True)
         workers = _Workers(worker_argv, num_workers, host, read_fd, reaper_fd, world,
@@ -186,11 +172,12 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
         if isinstance(controller, str) and controller.endswith(".py"):
             sys.argv = [controller] + list(controller_args)
             sys.path.insert(0, os.path.dirname(os.path.abspath(controller)))
-            runpy.run_path(controller, run_name="__main__")
+            with offered(link):  # the script's Controller takes it (handoff.node_link_for)
+                runpy.run_path(controller, run_name="__main__")
         else:
             cls = controller if isinstance(controller, type) else \
                 load_controller_class(controller)
-            with cls(host=host) as ctl:
+            with cls(host=host, node_link=link) as ctl:
                 ctl.serve(timeout_s=serve_timeout)
         if not workers.started.is_set():
             raise PlatoonError("the controller returned before serving its workers")
@@ -208,8 +195,6 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
             stop(workers.procs, WORKER_STOP_TIMEOUT_S, group=False)
         abort(world, 1)
         raise
-    finally:
-        _RUNNER_LINK = None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

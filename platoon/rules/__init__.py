@@ -9,9 +9,14 @@ numpy fallback.
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
 from .base import BLOCK_ELEMENTS, ParamSyncRule, RuleContext
 from .elastic import ASGD, EASGD
+
+if TYPE_CHECKING:  # what type checkers see of the names loaded on first use
+    from .diloco import DelayedNesterov, DiLoCo
+    from .downpour import SGD, Adam, Downpour
 
 __all__ = ["ASGD", "BLOCK_ELEMENTS", "EASGD", "SGD", "Adam", "DelayedNesterov", "DiLoCo",
            "Downpour", "ParamSyncRule", "RuleContext"]

@@ -12,7 +12,7 @@ scratch buffer (several passes over each block, no temporaries).
 
 import threading
 import warnings
-from typing import Iterator, List, Optional, Protocol, Sequence
+from typing import Iterator, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from . import kernels
 
 class RuleContext(Protocol):
     """What a rule may ask of the worker it syncs for, in `attach`: a `Worker` is one; a
-    test can pass any object with these three."""
+    test can pass any object with these three (and `stripes`, see `stripes_of`)."""
 
     @property
     def num_workers(self) -> Optional[int]:
@@ -34,6 +34,21 @@ class RuleContext(Protocol):
     def shared_state(self, name: str, layout: list) -> List[np.ndarray]:
         """Arrays of `layout` in shared memory, named `name`, shared by the job's workers
         (zeros when first made)."""
+
+    # Also, where the worker syncs stripe by stripe (a `Worker` does):
+    #   stripes: List[List[Tuple[int, int, int]]], how its exchange cuts the centre: for each
+    #   stripe, (param_index, start, stop) ranges of flat element indices (see `stripes_of`).
+
+
+def stripes_of(worker: RuleContext, layout: list) -> List[List[Tuple[int, int, int]]]:
+    """The stripes `worker` cuts the centre into (its `stripes`), so that a rule's per-stripe
+    state matches the exchange's cut; a context without them (a rule outside a job) has the
+    whole of every parameter of `layout` in one stripe."""
+    stripes = getattr(worker, "stripes", None)
+    if stripes is not None:
+        return stripes
+    sizes = [int(np.prod(e["shape"], dtype=np.int64)) for e in layout]
+    return [[(i, 0, n) for i, n in enumerate(sizes) if n]]
 
 
 BLOCK_ELEMENTS = 1 << 16  # 256 KiB of float32: stays in L2 while a block is updated

@@ -35,9 +35,15 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from .._centre.shmem import stripe_ranges
 from . import kernels
-from .base import BLOCK_ELEMENTS, ParamSyncRule, RuleContext, require_float, take_pull
+from .base import (
+    BLOCK_ELEMENTS,
+    ParamSyncRule,
+    RuleContext,
+    require_float,
+    stripes_of,
+    take_pull,
+)
 from .journal import Journal, journal_layout
 
 
@@ -210,7 +216,7 @@ class Downpour(ParamSyncRule):
         self._journal = None
         count = len(self._layout)
         if self.elementwise and self.state:
-            self._attach_journal(worker, layout, stripe_ranges(self._layout),
+            self._attach_journal(worker, layout, stripes_of(worker, self._layout),
                                  len(layout) // count)
         elif self.state and hasattr(self.optimizer, "apply_block_at"):  # one slot: whole lock
             sizes = [int(np.prod(e["shape"], dtype=np.int64)) for e in self._layout]
@@ -219,7 +225,7 @@ class Downpour(ParamSyncRule):
 
     def _attach_journal(self, worker: RuleContext, state_layout: list, stripes: list,
                         per_param: int) -> None:
-        """One journal slot per stripe (`stripes` as `stripe_ranges` gives them: as the
+        """One journal slot per stripe (`stripes` as the worker gives them: as its
         exchange cuts the centre), with a row for the centre and one for each of the first
         `per_param` state arrays of a parameter."""
         self._ranges = [sorted((a, b, k) for k, s in enumerate(stripes) for i, a, b in s

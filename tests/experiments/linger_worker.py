@@ -5,7 +5,7 @@ import time
 import numpy as np
 
 from platoon import EASGD, Worker
-from platoon.launch.environment import JobEnvironment
+from platoon._os.environment import JobEnvironment
 
 with Worker(timeout_s=30) as w:
     w.init_shared_params([np.zeros(10)], EASGD(0.5))

@@ -32,10 +32,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from .. import protocol
+from .._centre.shmem import SharedCentre
 from ..compat.deprecation import renamed_keywords
 from ..errors import LayoutMismatch, LockTimeout, PlatoonError, RemoteError, SyncTimeout
 from ..rules import ParamSyncRule
-from .shmem import SharedCentre
 
 log = logging.getLogger(__name__)
 
@@ -336,13 +336,19 @@ class Exchange:
     """Syncs one worker's parameters with the centre under a rule (see module docstring)."""
 
     def __init__(self, rule: ParamSyncRule, local: List[np.ndarray], centre: SharedCentre,
-                 worker_id: int = 0, timeout_s: Optional[float] = None):
+                 worker_id: int = 0, timeout_s: Optional[float] = None, *, first: bool = False,
+                 before_pull: Optional[Callable[[], None]] = None,
+                 after_pull: Optional[Callable[[], None]] = None, device: Any = None):
+        """`first`: this worker's values initialised the centre. `before_pull` and
+        `after_pull`: called by SyncHandle.wait before and after it applies a sync (the
+        worker copies device parameters to host and back). `device`: a device sync, or
+        None (see the module docstring)."""
         self.rule = rule
         self.local = local
         self.centre = centre
         self.timeout_s = timeout_s
         self.stats = SyncStats()
-        self.first = False  # set by `share`: this worker's values initialised the centre
+        self.first = first
         self._inflight: Optional[SyncHandle] = None
         self._snapshots: Optional[List[np.ndarray]] = None
         self._live = False  # the sync in flight updates the parameters in place (no snapshot)
@@ -360,9 +366,9 @@ class Exchange:
         self._pool = _StripePool(default_sync_threads())  # helper threads of `sync`
         self._pool_closer = weakref.finalize(self, self._pool.close)
         self.overlap = OverlapChoice()  # the path of a default start_sync() (Worker)
-        self.before_pull = None  # called by SyncHandle.wait before / after it applies a sync
-        self.after_pull = None   # (the worker copies device parameters to host and back)
-        self.device: Any = None  # a device sync, or None (set by `share`): see module doc
+        self.before_pull = before_pull
+        self.after_pull = after_pull
+        self.device: Any = device
         self._device_ready: Optional[Any] = None  # the CUDA event the sync in flight waits on
         self._central = [c.reshape(-1) for c in centre.arrays]
         self.rebind()
@@ -373,8 +379,8 @@ class Exchange:
             else np.zeros(1, np.int64)
         # Workers start on different stripes, so two of them rarely want the same one.
         count = len(centre.stripes)
-        first = (worker_id * (count // 2 + 1)) % count if count else 0
-        self._order = list(range(first, count)) + list(range(first))
+        start = (worker_id * (count // 2 + 1)) % count if count else 0
+        self._order = list(range(start, count)) + list(range(start))
 
     def rebind(self) -> None:
         """Re-derive the flat views of `local` after some of its arrays were replaced (the
@@ -745,10 +751,8 @@ def share(request: Callable, adapter, rule: ParamSyncRule, res, worker_id: int =
         request(protocol.PARAMS_READY)
     else:
         adapter.push()
-    exchange = Exchange(rule, params, centre, worker_id, timeout_s)
-    exchange.first = first
-    exchange.before_pull = adapter.pull
-    exchange.after_pull = adapter.push
-    adapter.on_rebind = exchange.rebind
-    exchange.device = adapter.device_sync(rule, centre, timeout_s)
+    exchange = Exchange(rule, params, centre, worker_id, timeout_s, first=first,
+                        before_pull=adapter.pull, after_pull=adapter.push,
+                        device=adapter.device_sync(rule, centre, timeout_s))
+    adapter.on_rebind = exchange.rebind  # the adapter was made first: it learns its exchange
     return exchange

@@ -20,10 +20,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import zmq
 
-from . import protocol, security
-from ._centre.shmem import pid_alive
-from ._resources import Resources
-from .errors import ControllerGone, ControllerTimeout, NotRegistered, ProtocolError, RemoteError
+from .. import protocol, security
+from .._os.process import pid_alive
+from .._resources import Resources
+from ..errors import ControllerGone, ControllerTimeout, NotRegistered, ProtocolError, RemoteError
 
 log = logging.getLogger(__name__)
 
