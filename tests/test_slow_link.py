@@ -172,7 +172,7 @@ def _skip_without_two_hosts():
         from mpi4py import MPI  # noqa: F401
     except ImportError as exc:
         pytest.skip("mpi4py cannot be imported: %s" % exc)
-    from platoon.launch.process import find_mpiexec
+    from platoon._os.process import find_mpiexec
     if find_mpiexec() is None:
         pytest.skip("no mpiexec: pip install -e '.[mpi]'")
 

@@ -40,7 +40,7 @@ def _prerequisites(plan):
     except ImportError:
         return "no torch: pip install -e '.[bench]'"
     if any(METHODS[m].kind == "platoon" for m, _ in plan):
-        from platoon.launch.process import find_mpiexec
+        from platoon._os.process import find_mpiexec
         if find_mpiexec() is None:
             return "no mpiexec beside python or on PATH: pip install -e '.[mpi]'"
         try:
@@ -120,7 +120,7 @@ def main(argv=None):
     if args.estimate or not plan:
         return 0
     lrs = learning_rates()
-    from platoon.launch.process import find_mpiexec
+    from platoon._os.process import find_mpiexec
     mpiexec = find_mpiexec()
 
     def _terminate(signum, frame):

@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 
-from platoon.launch.process import die_with_parent
+from platoon._os.process import die_with_parent
 
 from .._util import ROOT, SINGLE_THREAD_ENV
 from . import link as netns
