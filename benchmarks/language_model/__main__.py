@@ -1,6 +1,7 @@
 """`python -m benchmarks.language_model`: tune (--tune), measure, report (see the package)."""
 
 import argparse
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -98,6 +99,9 @@ def main(argv=None):
     parser.add_argument("--fault-reps", type=int, default=None,
                         help="seeds of each kill-halfway case (default 3; --quick 1)")
     parser.add_argument("--out", default=RESULTS, help="directory for the .json and .md")
+    parser.add_argument("--cap-s", type=float, default=None,
+                        help="seconds a run may train before it stops short of the target "
+                             "(default: the problem's)")
     parser.add_argument("--render", action="store_true",
                         help="only rewrite the .md and the docs page from the JSON")
     args = parser.parse_args(argv)
@@ -109,6 +113,8 @@ def main(argv=None):
         print(markdown(report))
         return
     problem = QUICK if args.quick else FULL
+    if args.cap_s is not None:
+        problem = dataclasses.replace(problem, cap_s=args.cap_s)
     table = methods()
     picked = ([n for n in args.methods.split(",") if n] if args.methods is not None
               else list(table) if args.tune else MEASURED)
