@@ -22,13 +22,14 @@ def import_mpi():
 
 
 def wait(request, timeout_s=None, spin_s=100e-6):
-    """Complete a small non-blocking MPI request without spinning a core while a peer is late.
+    """Complete a non-blocking MPI request without spinning a core while a peer is late or
+    a slow link carries the data.
 
-    MPI's blocking calls busy-poll; a controller waiting for a slower node would
-    take a core from its own workers. So: poll for `spin_s`, then sleep between
-    polls with a backoff capped at 0.5 ms. Used to meet the peers; the data then
-    moves with a blocking call, which progresses faster once everyone is there.
-    Returns False if the peers did not all arrive within `timeout_s` (None: forever).
+    MPI's blocking calls busy-poll; a controller waiting for a slower node, or for a
+    message crossing a slow link, would take a core from its own workers. So: poll for
+    `spin_s`, then sleep between polls with a backoff capped at 0.5 ms (each poll also
+    moves the data along). Returns False if the request did not complete within
+    `timeout_s` (None: forever).
     """
     spin_until = time.perf_counter() + spin_s
     while time.perf_counter() < spin_until:

@@ -333,7 +333,7 @@ def compressed_mean(comm, array: np.ndarray, codec: Codec,
     Raises NonFiniteValues (a quantising codec, NaN or Inf in the input: nothing is sent, so
     every rank must get the same error, or the others wait) and ValueError.
     """
-    from ._comm import import_mpi
+    from ._comm import import_mpi, wait
     MPI = import_mpi()
     array = np.asarray(array)
     if array.dtype.kind != "f":
@@ -368,8 +368,11 @@ def compressed_mean(comm, array: np.ndarray, codec: Codec,
     for r in range(1, size):
         displacements[r] = displacements[r - 1] + counts[r - 1]
     gathered = np.empty(message_size * len(members), np.uint8).reshape(len(members), message_size)
-    comm.Allgatherv([mine, len(mine), MPI.BYTE],
-                    [gathered, (counts, displacements), MPI.BYTE])
+    # Non-blocking, completed by polling with sleeps (`_comm.wait`): MPI's blocking call
+    # busy-polls for the whole transfer, a core taken from the node's workers for as long as a
+    # slow link needs (at 10 Mbit/s, a float32 message of 1.5 MB: 1.2 s a round).
+    wait(comm.Iallgatherv([mine, len(mine), MPI.BYTE],
+                          [gathered, (counts, displacements), MPI.BYTE]))
     refusing = [r for r, message in zip(members, gathered) if codec.refused(message)]
     if refusing:
         raise NonFiniteValues("compressed_mean: rank(s) %s of %d hold NaN or Inf, which %s "
