@@ -5,6 +5,7 @@ made. Run one controller per node with::
 
     mpiexec -n NODES python -m platoon.mpi --workers N [--controller SCRIPT.py | MOD:CLASS]
         [--tie-every-s S] [--tie-every-syncs K] [--tie-beta B] [--tie-compress C]
+        [--tie-outer easgd|diloco [--tie-outer-lr L] [--tie-outer-momentum M]]
         -- WORKER_COMMAND...
 
 Each rank (`run_node`) sets the ``PLATOON_*`` environment and runs the
@@ -12,8 +13,8 @@ controller (a script as platoon-launcher runs it, or a class); the Controller
 sees PLATOON_MPI_NODE and takes this rank's `NodeLink` (`node_link_for`).
 Once it serves, the rank starts N workers running WORKER_COMMAND. Through the
 link, all_reduce and barrier span the job, every worker learns its global
-rank, and an optional `CentreTie` keeps the node centres elastically tied
-(hierarchical EASGD).
+rank, and an optional `CentreTie` keeps the node centres tied (hierarchical
+EASGD, or DiLoCo's outer step).
 
 A failure anywhere ends the job: a worker that exits non-zero or a controller
 error makes the rank call MPI_Abort; a rank that dies makes ``mpiexec`` kill
