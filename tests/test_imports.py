@@ -116,10 +116,8 @@ def test_mpi_names_of_today():
     assert raise_system_exit is moved
 
 
-def module_imports():
-    """{module: platoon modules it imports when loaded} (imports inside functions and under
-    `if TYPE_CHECKING:` do not count: they run later, or never)."""
-    import ast
+def platoon_sources():
+    """{module name: its file} for every module of the platoon package."""
     import os
 
     root = os.path.dirname(platoon.__file__)
@@ -130,6 +128,15 @@ def module_imports():
                 path = os.path.join(folder, name)
                 module = "platoon." + os.path.relpath(path, root)[:-3].replace(os.sep, ".")
                 files[module[:-len(".__init__")] if module.endswith(".__init__") else module] = path
+    return files
+
+
+def module_imports():
+    """{module: platoon modules it imports when loaded} (imports inside functions and under
+    `if TYPE_CHECKING:` do not count: they run later, or never)."""
+    import ast
+
+    files = platoon_sources()
     graph = {}
     for module, path in files.items():
         package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
@@ -176,16 +183,8 @@ def every_import():
     """{module: (platoon modules, other top-level packages) it imports anywhere, at load
     time or inside functions} (not under `if TYPE_CHECKING:`)."""
     import ast
-    import os
 
-    root = os.path.dirname(platoon.__file__)
-    files = {}
-    for folder, _, names in os.walk(root):
-        for name in names:
-            if name.endswith(".py"):
-                path = os.path.join(folder, name)
-                module = "platoon." + os.path.relpath(path, root)[:-3].replace(os.sep, ".")
-                files[module[:-len(".__init__")] if module.endswith(".__init__") else module] = path
+    files = platoon_sources()
     found = {}
     for module, path in files.items():
         package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
