@@ -1,6 +1,7 @@
 """benchmarks.language_model: the committed results render to the committed pages, the
 smallest configuration runs end to end, and a worker killed under the launcher is survived."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -45,7 +46,7 @@ def test_smallest_configuration_runs_end_to_end(tmp_path):
     pytest.importorskip("torch")
     env = dict(os.environ, PYTHONPATH=ROOT)
     cmd = [sys.executable, "-m", "benchmarks.language_model", "--quick", "--methods",
-           "single,platoon_asgd", "--straggler", "", "--faults", "none", "--cap-s", "4",
+           "single,platoon_asgd", "--straggler", "", "--faults", "none", "--cap-s", "2",
            "--out", str(tmp_path)]  # runs stopped short of the target: the harness is checked
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -68,6 +69,8 @@ def test_a_worker_killed_under_keep_going_leaves_the_other_to_reach_the_target()
     from benchmarks.language_model.methods import QUICK, methods
     cfg = dict(methods()["platoon_asgd"][1], lr=10.0)
     lines = []
-    out = one_case("platoon_asgd", "keep-going", QUICK, cfg, 1, 40, 150.0, lines.append)
+    # A target reached some 100 steps after the kill at 40 (QUICK's own takes 2,000 more)
+    near = dataclasses.replace(QUICK, target=3.5)
+    out = one_case("platoon_asgd", "keep-going", near, cfg, 1, 40, 150.0, lines.append)
     assert out["time_s"] is not None, lines
     assert out["killed"] and out["rank0_pids"] == 1 and out["steps"] > 40

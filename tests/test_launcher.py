@@ -795,8 +795,9 @@ def test_two_signals_at_once_during_start_up(tmp_path):
         try:
             wait_until(lambda: catches(launch.popen.pid, signal.SIGTERM)
                        or launch.popen.poll() is not None, 20, "the launcher's handlers")
-            deadline = time.monotonic() + delay
-            while time.monotonic() < deadline:  # the moment of start-up to interrupt
+            deadline = time.monotonic() + delay  # the moment of start-up to interrupt:
+            time.sleep(max(0.0, delay - 0.01))  # (slept, not spun: the job needs the cores)
+            while time.monotonic() < deadline:  # and the last 10 ms spun, for precision
                 pass
             launch.popen.send_signal(first)
             launch.popen.send_signal(second)

@@ -177,12 +177,12 @@ def _skip_without_two_hosts():
         pytest.skip("no mpiexec: pip install -e '.[mpi]'")
 
 
-@pytest.mark.slow  # about 25 s idle: start-up, 8 s of training, the namespaces
+@pytest.mark.slow  # about 20 s idle: start-up, 4 s of training, the namespaces
 @pytest.mark.timeout(150)
 def test_a_quick_platoon_run_crosses_the_shaped_link(tmp_path):
     _skip_without_two_hosts()
     cmd = [sys.executable, "-m", "benchmarks.slow_link", "--quick", "--links", "100mbit",
-           "--methods", "platoon_easgd_f32", "--cap-s", "8", "--out", str(tmp_path)]
+           "--methods", "platoon_easgd_f32", "--cap-s", "4", "--out", str(tmp_path)]
     before = set(os.listdir("/dev/shm"))
     proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -212,8 +212,9 @@ def test_a_quick_platoon_run_crosses_the_shaped_link(tmp_path):
     model = rep["meta"]["model_bytes"]
     rounds = [t["tie_rounds"] for t in run["tie"]]
     assert min(rounds) >= 2, run["tie"]
-    for side in range(2):  # each end sent at least a model per round (float32)
-        assert run["bytes_job"][side] >= min(rounds) * model * 0.95, (run["bytes_job"], rounds)
+    for side in range(2):  # each end sent a model per round (float32), but a node that
+        # finished first sits out the final one
+        assert run["bytes_job"][side] >= (min(rounds) - 1) * model, (run["bytes_job"], rounds)
         assert run["bytes_window"][side] > model, run["bytes_window"]
     (row,) = rep["summary"]
     assert set(row) >= {"time_s", "steps", "bytes_window", "compute_share", "vs_ddp",

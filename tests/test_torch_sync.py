@@ -660,6 +660,7 @@ def test_steps_and_the_loss_are_reported_at_most_every_report_every_s(one_worker
 
 def test_the_last_worker_to_finish_evaluates_the_final_centre_once(two_workers):
     calls = []
+    first_finished = threading.Event()
 
     def evaluate(model):
         calls.append([p.detach().clone() for p in model.parameters()])
@@ -670,10 +671,14 @@ def test_the_last_worker_to_finish_evaluates_the_final_centre_once(two_workers):
         model = nn.Linear(3, 1)
         sync = PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.1),
                             sync_every=1, rule=EASGD(0.5), evaluate=evaluate)
-        for _ in range(3 + 3 * w.worker_id):  # worker 1 finishes last
+        for _ in range(3 + 3 * w.worker_id):
             train_step(model, sync, torch.full((2, 3), 1.0 + w.worker_id))
+        if w.worker_id == 1:  # worker 1 finishes last, whatever the threads' timing
+            assert first_finished.wait(20), "worker 0 did not finish"
         with sync:
             pass
+        if w.worker_id == 0:
+            first_finished.set()
         return sync, model
 
     (s0, m0), (s1, m1) = run_all(two_workers, body)

@@ -1,15 +1,16 @@
-"""A worker for tests: changes its model's tensors under PeriodicSync, then syncs again.
+"""A worker for tests: changes its model's tensors under PeriodicSync, syncing after each change.
 
-usage: torch_move_worker.py PORT CHANGE OVERLAP OUT
+usage: torch_move_worker.py PORT CHANGES OVERLAP OUT
 The only worker of its job, with EASGD(0.5) every 2 steps (overlapped when OVERLAP is 1).
-After two steps (one sync) it applies CHANGE to the model:
+After two steps (one sync) it applies each of CHANGES (comma-separated), in turn:
   share_memory  model.share_memory() (moves every CPU tensor's storage to shared memory)
   data          p.data = p.data.clone() for every parameter
   set           p.set_(p.detach().clone()) for every parameter
   double        model.double()
-then adds 0.1 to every parameter, takes two steps (a sync) and leaves the PeriodicSync block.
-OUT gets a JSON report: the largest |parameter - centre| after the last sync, and the
-largest |centre - centre before the last sync|; or, when the sync raised, the error.
+each followed by adding 0.1 to every parameter and two steps (a sync, waited for).
+OUT gets a JSON report per change: the largest |parameter - centre| after its sync, the
+largest |centre - centre before its sync| and the syncs so far; or, when the sync raised,
+the error (and no later change is made).
 """
 
 import json
@@ -42,7 +43,8 @@ def largest_difference(a, b):
 
 
 def main():
-    port, how, overlap, out = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", sys.argv[4]
+    port, changes, overlap, out = (int(sys.argv[1]), sys.argv[2].split(","), sys.argv[3] == "1",
+                                   sys.argv[4])
     torch.set_num_threads(1)
     torch.manual_seed(0)
     # 1024x1024 float32 (4 MiB): big enough that freeing its storage unmaps the pages.
@@ -59,27 +61,30 @@ def main():
             model(x.to(model[0].weight.dtype)).pow(2).mean().backward()
             opt.step()
 
+        how = None
         try:
             with opt:
                 step()
                 step()  # a sync
-                change(model, how)
-                with torch.no_grad():
-                    for p in model.parameters():
-                        p.add_(0.1)
-                before = opt.centre_state_dict()
-                step()
-                step()  # a sync, finished on leaving the block when overlapped
+                for how in changes:
+                    change(model, how)
+                    with torch.no_grad():
+                        for p in model.parameters():
+                            p.add_(0.1)
+                    before = opt.centre_state_dict()
+                    step()
+                    step()  # a sync
+                    opt.wait()  # (when overlapped)
+                    after = opt.centre_state_dict()
+                    state = model.state_dict()
+                    report[how] = {
+                        "param_vs_centre": largest_difference(
+                            [state[n] for n in names], [after[n] for n in names]),
+                        "centre_moved": largest_difference(
+                            [before[n] for n in names], [after[n] for n in names]),
+                        "syncs": w.syncs}
         except Exception as exc:  # the report says what the sync raised
-            report["error"] = "%s: %s" % (type(exc).__name__, exc)
-        else:
-            after = opt.centre_state_dict()
-            state = model.state_dict()
-            report["param_vs_centre"] = largest_difference(
-                [state[n] for n in names], [after[n] for n in names])
-            report["centre_moved"] = largest_difference(
-                [before[n] for n in names], [after[n] for n in names])
-            report["syncs"] = w.syncs
+            report[how] = {"error": "%s: %s" % (type(exc).__name__, exc)}
         with open(out, "w") as f:
             json.dump(report, f)
     print("DONE", flush=True)
