@@ -76,7 +76,7 @@ def test_a_killed_peer_fails_a_worker_waiting_without_timeout(serve, procs):
     victim.kill()
     assert survivor.wait(10) != 0
     line = survivor.wait_for_line("RAISED")
-    assert time.monotonic() - killed_at < 5.0
+    assert time.monotonic() - killed_at < 15.0  # (1 s idle; a hang waits forever)
     assert re.search(r"RemoteError: worker \d has left the job", line), survivor.output
     serving.join()
 

@@ -551,17 +551,28 @@ def test_worker_start_sync_without_snapshot_with_torch_tensors(serve):
 
 
 class _Recording(EASGD):
-    """EASGD that notes which thread updated each stripe (and can fail on one of them)."""
+    """EASGD that notes which thread updated each stripe (and can fail on one of them). With
+    `await_helper`, the caller's first stripe waits (10 s at most) until a helper thread has
+    taken one: on a loaded machine the caller may otherwise do every stripe before a helper
+    is scheduled."""
 
-    def __init__(self, alpha, fail_at=None):
+    def __init__(self, alpha, fail_at=None, await_helper=False):
         super().__init__(alpha)
         self.threads, self.fail_at, self._lock = [], fail_at, threading.Lock()
+        self.helper_took_one = threading.Event()
+        self.await_helper = await_helper
 
     def update_range(self, index, start, local, central):
+        name = threading.current_thread().name
         with self._lock:
-            self.threads.append(threading.current_thread().name)
+            self.threads.append(name)
             if self.fail_at is not None and len(self.threads) == self.fail_at:
                 raise RuntimeError("update failed on stripe call %d" % self.fail_at)
+        if name == "platoon-sync-helper":
+            self.helper_took_one.set()
+        elif self.await_helper:
+            self.await_helper = False
+            self.helper_took_one.wait(10)
         super().update_range(index, start, local, central)
 
 
@@ -575,7 +586,7 @@ def test_a_sync_on_several_threads_is_bit_identical_and_uses_them(centre_pair, m
     for c, v in zip(centre.arrays, make_params(1)):
         c[...] = v
     xs, want_x, want_c = make_params(2), make_params(2), make_params(1)
-    rule = _Recording(0.3)
+    rule = _Recording(0.3, await_helper=threads != "1")
     ex = attach_worker(centre, rule, xs)
     for _ in range(3):
         ex.sync()

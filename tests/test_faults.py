@@ -53,14 +53,14 @@ def test_worker_killed_holding_the_lock_mid_update(serve, procs):
         # Each element of the centre was either written by the victim (5) or not (0); the
         # survivor started from it, added 2 and synced halfway: 5 -> 6, 0 -> 1.
         centre = survivor.shared_params[0]
-        assert lock_recovered_s < 2.0
-        wait = time.monotonic() + 5
+        assert lock_recovered_s < 10.0  # (0.1 s idle; a held lock waits out its timeout)
+        wait = time.monotonic() + 15
         while not ctl.deaths and time.monotonic() < wait:
             survivor.send_req("poke")  # request-driven and bounded: no sleep
         assert ctl.deaths, "controller did not notice the death"
         worker_id, info, noticed_at = ctl.deaths[0]
         assert info["pid"] == victim.pid and worker_id == 0
-        assert noticed_at - killed_at < 2.0
+        assert noticed_at - killed_at < 15.0
         np.testing.assert_array_equal(centre[:50000], 6.0)
         np.testing.assert_array_equal(centre[50000:], 1.0)
     serving.join()  # the dead worker counts as done, so serve returns
@@ -185,7 +185,7 @@ def test_workers_notice_a_dead_controller(procs, tmp_path, mode):
     assert worker.wait(10) != 0
     line = worker.wait_for_line("RAISED")
     assert "ControllerGone" in line and "has exited" in line, worker.output
-    assert time.monotonic() - killed_at < 5.0
+    assert time.monotonic() - killed_at < 15.0  # (seconds idle; a hang waits forever)
     # A SIGKILLed controller cannot clean up; the next controller to start on this machine
     # does (possibly one of a suite running beside this one).
     with Controller():
@@ -319,7 +319,7 @@ def test_sigterm_to_a_serving_controller_cleans_up(procs, tmp_path):
 def test_a_worker_failing_in_its_with_block_ends_serve_by_default(serve):
     ctl = Controller(control_port=0, num_workers=2)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout_s=1):
+    with Worker(ctl.control_port, timeout_s=5):
         with pytest.raises(RuntimeError):
             with Worker(ctl.control_port, timeout_s=5):
                 raise RuntimeError("training diverged")
@@ -388,5 +388,5 @@ def test_recv_mb_notices_a_dead_controller(procs, tmp_path):
         start = time.monotonic()
         with pytest.raises(ControllerGone):
             w.recv_mb(timeout_s=None)
-        assert time.monotonic() - start < 3.0
+        assert time.monotonic() - start < 10.0  # (1 s idle; a hang waits forever)
     Controller().close()  # the next controller removes what the killed one left

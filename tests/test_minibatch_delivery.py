@@ -305,7 +305,7 @@ def test_send_mb_in_a_forked_child_of_the_controller_raises_at_once():
         child = fork.Process(target=_feed_from_a_fork, args=(ctl, results))
         child.start()
         try:
-            answers = [results.get(timeout=3) for _ in range(2)]
+            answers = [results.get(timeout=30) for _ in range(2)]
         finally:
             child.join(10)
             if child.is_alive():

@@ -701,7 +701,7 @@ def test_start_together_waits_for_every_worker_within_the_timeout(serve):
                            r"together.*start_together=False"):
             PeriodicSync(w, nn.Linear(3, 1), sync_every=1)
         assert time.monotonic() - began < 10
-        w2 = Worker(ctl.control_port, timeout_s=1.0)
+        w2 = Worker(ctl.control_port, timeout_s=10.0)
         w2.init_shared_params(nn.Linear(3, 1), EASGD(0.5))
         w2.sync_params()  # the job is underway: a late worker does not wait
         assert w2.start_together() is False
@@ -752,7 +752,7 @@ def test_workers_begin_training_together(serve, procs):
     ctl = Nothing(control_port=0, num_workers=2)
     serving = serve(ctl, timeout=120)
     first = procs("together_worker.py", ctl.control_port)
-    first.wait_for_line("REGISTERED")
+    first.wait_for_line("REGISTERED", timeout=90)  # (torch's import)
     # Alone, the first worker waits in PeriodicSync (before, it trained 801 steps alone).
     with pytest.raises(pytest.fail.Exception, match="no line 'TRAINING'"):
         first.wait_for_line("TRAINING", timeout=1.5)

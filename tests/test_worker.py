@@ -154,7 +154,7 @@ def test_lock_blocks_other_workers_and_sync_releases_it_on_errors(serve):
 
     ctl = CountController(control_port=0)
     serving = serve(ctl)
-    with Worker(ctl.control_port, timeout_s=0.2) as a, Worker(ctl.control_port, timeout_s=5) as b:
+    with Worker(ctl.control_port, timeout_s=2) as a, Worker(ctl.control_port, timeout_s=5) as b:
         a.init_shared_params([np.ones(2)], ASGD())
         b.init_shared_params([np.ones(2)], Exploding())
         a.lock()
@@ -163,7 +163,7 @@ def test_lock_blocks_other_workers_and_sync_releases_it_on_errors(serve):
         a.unlock()
         with pytest.raises(RuntimeError, match="rule failed"):
             b.sync_params()
-        a.sync_params()  # would time out after 0.2 s if b still held the lock
+        a.sync_params()  # would time out after 2 s if b still held the lock
         a.lock()
         a.sync_params(synchronous=False)
         a.unlock()

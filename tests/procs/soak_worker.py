@@ -16,7 +16,7 @@ port, steps = int(sys.argv[1]), int(sys.argv[2])
 with Worker(port, timeout_s=30) as w:
     params = [np.zeros(SIZE)]
     w.init_shared_params(params, ASGD())
-    w.barrier()
+    w.barrier(timeout_s=120)  # the last of 16 workers' imports, on 2 cores
     rng = np.random.default_rng(w.worker_id)
     total = np.zeros(SIZE)
     for i in range(steps):
