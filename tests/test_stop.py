@@ -75,13 +75,20 @@ def test_a_long_reason_is_cut_and_a_missing_one_reads_as_none():
 
 
 def test_a_stop_segment_left_by_a_dead_controller_is_removed(tmp_path):
+    # The dead process says where its segment is: a controller starting in a test running
+    # beside this one (pytest-xdist) may remove it too, before this test looks for it.
+    job = "test-stale-%d" % os.getpid()
     code = ("import os; from platoon._centre.stopsignal import StopSignal; "
-            "s = StopSignal.create('test-stale-%d'); os._exit(0)" % os.getpid())
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=30,
-                   env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)))
-    (path,) = job_segments("test-stale-%d" % os.getpid(), kind="stop")
-    assert path in remove_stale_segments()
-    assert not os.path.exists(path)
+            "from platoon._os.process import job_segments; "
+            "s = StopSignal.create(%r); (path,) = job_segments(%r, kind='stop'); "
+            "print(path, flush=True); os._exit(0)" % (job, job))
+    done = subprocess.run([sys.executable, "-c", code], check=True, timeout=30,
+                          capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)))
+    path = done.stdout.strip()
+    assert path.startswith("/dev/shm/platoon-" + job), done.stdout
+    removed = remove_stale_segments()
+    assert not os.path.exists(path), removed
 
 
 # -- with workers --
