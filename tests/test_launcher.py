@@ -585,7 +585,7 @@ def test_the_status_line_refreshes_on_a_terminal(tmp_path):
     counts = minibatch_counts(re.split(r"[\r\n]+", out))
     assert counts and counts[-1] == 60, out
     during = set(counts) - {0, 60}  # refreshed while the workers ran, not only at the end
-    assert len(during) >= 3, (sorted(during), out)
+    assert len(during) >= 2, (sorted(during), out)  # (about 6 idle; a loaded machine fewer)
 
 
 @pytest.mark.slow
@@ -597,7 +597,7 @@ def test_without_a_terminal_a_status_line_every_few_seconds(tmp_path):
     counts = minibatch_counts(line for line in out.splitlines()
                               if line.startswith("platoon-launcher: workers alive"))
     assert counts and counts[-1] == 60, out
-    assert len(set(counts) - {0, 60}) >= 3, out  # while the workers ran, not only at exits
+    assert len(set(counts) - {0, 60}) >= 2, out  # while the workers ran, not only at exits
 
 
 def test_the_linear_example_runs_by_hand_without_python_on_path(tmp_path):
