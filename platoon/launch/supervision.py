@@ -213,13 +213,24 @@ class Process:
         self.returncode = None
         self._read_to = 0  # how far `new_lines` has read the log
         self._partial = b""  # a line not yet ended
+        self._shown_until = None  # where `new_lines` stops (`end_shown_output`), if set
+
+    def end_shown_output(self):
+        """From now on `new_lines` gives only what the log holds now: what the process writes
+        while it is being stopped stays in its log."""
+        try:
+            self._shown_until = os.path.getsize(self.log_path)
+        except OSError:
+            self._shown_until = self._read_to
 
     def new_lines(self, final=False):
         """The lines its log gained since the last call (`final`: the unended last one too)."""
+        size = OUTPUT_CHUNK if self._shown_until is None else min(
+            OUTPUT_CHUNK, max(0, self._shown_until - self._read_to))
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(self._read_to)
-                data = f.read(OUTPUT_CHUNK)
+                data = f.read(size)
         except OSError:
             return []
         self._read_to += len(data)
@@ -625,6 +636,7 @@ class Launch:
             self.say("last lines of %s:\n%s" % (proc.log_path, text))
 
     def fail(self, proc, reason):
+        self.end_shown_output()
         self.stop_all()
         if self.shows_output(proc):
             self.echo_output(final=True)
@@ -652,6 +664,14 @@ class Launch:
                     self.status.out.write("".join("[%s] %s\n" % (proc.label, line)
                                                   for line in lines))
                     self.status.out.flush()
+
+    def end_shown_output(self):
+        """Before stopping the job: the terminal shows what the processes wrote until now,
+        not what they write as they are stopped (tracebacks of the interrupt); the logs
+        keep it all."""
+        for proc in [self.controller] + self.workers:
+            if proc is not None:
+                proc.end_shown_output()
 
     def running(self):
         """Whether any of the job's processes is still running."""
