@@ -465,7 +465,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if launch is None:
             print("platoon-launcher: %s" % message, file=sys.stderr, flush=True)
         else:
-            launch.end_shown_output()
             launch.say(message)
             launch.stop_all()
         return 128 + exc.signum

@@ -636,7 +636,6 @@ class Launch:
             self.say("last lines of %s:\n%s" % (proc.log_path, text))
 
     def fail(self, proc, reason):
-        self.end_shown_output()
         self.stop_all()
         if self.shows_output(proc):
             self.echo_output(final=True)
@@ -665,22 +664,18 @@ class Launch:
                                                   for line in lines))
                     self.status.out.flush()
 
-    def end_shown_output(self):
-        """Before stopping the job: the terminal shows what the processes wrote until now,
-        not what they write as they are stopped (tracebacks of the interrupt); the logs
-        keep it all."""
-        for proc in [self.controller] + self.workers:
-            if proc is not None:
-                proc.end_shown_output()
-
     def running(self):
         """Whether any of the job's processes is still running."""
         return any(p is not None and p.poll() is None for p in [self.controller] + self.workers)
 
     def stop_all(self):
         """Stop every live process group (SIGTERM, SIGKILL at the deadline), reap them all, and
-        remove the job's shared memory."""
+        remove the job's shared memory. The terminal shows what the processes wrote until
+        now, not what they write as they are stopped (tracebacks of the interrupt); the logs
+        keep it all."""
         everyone = [p for p in self.workers + [self.controller] if p is not None]
+        for proc in everyone:
+            proc.end_shown_output()
         stop([p.popen for p in everyone], self.args.stop_timeout_s)
         for proc in everyone:
             proc.poll()
