@@ -36,6 +36,9 @@ STAGE_MAX_S=540
 BUDGET_S=${DEVICE_RUN_BUDGET_S:-570}
 SETUP_DONE=/tmp/platoon-device-setup-done
 export PYTHONUNBUFFERED=1
+# the checkout on every process's path, also where the editable install fails (subprocesses of
+# the tests start from other folders)
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$OUT"
 
 log() { echo "== device_run: $* ($(date +%T))"; }
@@ -125,7 +128,9 @@ setup() {
     pip_install "$CARRY"/setuptools-*.whl
   fi
   # the distribution (its name, the platoon-launcher script); builds the kernels if it can
-  pip_install --no-build-isolation -e . 2>&1 | tail -5
+  # --use-pep517: without it pip runs `setup.py develop`, which setuptools >= 80 hands to a
+  # nested pip that builds in isolation, i.e. needs a network (the first device run failed so)
+  pip_install --no-build-isolation --use-pep517 -e . 2>&1 | tail -15
   local so=platoon/rules/_sync_kernels.cpython-312-x86_64-linux-gnu.so
   if ! "$PY" -c "from platoon.rules import kernels as k; exit(k.compiled is None)" 2>/dev/null \
       && [ -f "$CARRY/${so##*/}" ]; then
