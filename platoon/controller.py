@@ -27,7 +27,7 @@ from ._centre.stopsignal import CONTROLLER, JobStop
 from ._controller.afterjob import AfterJobReplies
 from ._controller.checkpointing import Checkpointer, Resume
 from ._controller.collectives import NodeCollectives
-from ._controller.config import ControllerConfig, default_max_shared_bytes
+from ._controller.config import ControllerConfig, check_count, default_max_shared_bytes
 from ._controller.dispatch import RequestDispatcher
 from ._controller.endpoints import Endpoints
 from ._controller.minibatches import MinibatchChannel
@@ -46,15 +46,12 @@ from .errors import PlatoonError, ServeTimeout, StopRequested, WorkerDied
 log = logging.getLogger(__name__)
 
 
-def _setting(part: str, name: str, doc: str) -> property:
-    """A read-write attribute kept by one of the controller's parts."""
-    return property(lambda self: getattr(getattr(self, part), name),
-                    lambda self, value: setattr(getattr(self, part), name, value), doc=doc)
-
-
 def _configured(name: str, doc: str, settable: bool = False) -> property:
-    """An attribute read from the controller's one `config` (settable: a new config)."""
+    """An attribute read from the controller's one `config` (settable: a new config, checked
+    as at the start: ValueError naming the setting; None for max_shared_bytes: the default)."""
     def set_(self, value):
+        if name == "max_shared_bytes" and value is None:
+            value = default_max_shared_bytes()
         self.config = dataclasses.replace(self.config, **{name: value})
     return property(lambda self: getattr(self.config, name), set_ if settable else None,
                     doc=doc)
@@ -180,8 +177,16 @@ class Controller:
         settable=True)
     liveness_interval_s = _configured("liveness_interval_s",
                                       "How often local workers' pids are checked.", settable=True)
-    restarts_left = _setting("_registry", "restarts_left",
-                             "Replacements still allowed (a count the registry keeps).")
+    @property
+    def restarts_left(self) -> int:
+        """Replacements still allowed (a count the registry keeps; starts at `restarts`).
+        Setting it checks it: ValueError unless an integer, 0 or more."""
+        return self._registry.restarts_left
+
+    @restarts_left.setter
+    def restarts_left(self, value: int) -> None:
+        self._registry.restarts_left = check_count("restarts_left", value, 0)
+
     default_parser = staticmethod(default_parser)
     default_arguments = staticmethod(default_arguments)
 

@@ -15,6 +15,7 @@ from platoon import (EASGD, Controller, LayoutMismatch, MinibatchTimeout, Platoo
                      PortInUse, RemoteError, ServeTimeout, Worker)
 from platoon.compat.channel import Lieutenant, Soldier
 from platoon._os.process import job_segments
+from platoon.controller import default_max_shared_bytes
 
 
 class EchoController(Controller):
@@ -355,3 +356,45 @@ def test_each_setting_lives_in_the_config_alone(tmp_path):
             ctl.num_workers = 3  # fixed at start: the registry and collectives count on it
         with pytest.raises(ValueError, match="transport must be"):
             Controller(transport="udp")
+
+
+@pytest.mark.parametrize("setting, value", [
+    ("liveness_interval_s", float("inf")), ("liveness_interval_s", 0),
+    ("liveness_interval_s", -1), ("liveness_interval_s", float("nan")),
+    ("checkpoint_every_s", -1), ("checkpoint_every_s", float("nan")),
+    ("checkpoint_every_s", float("inf")), ("max_request_bytes", -1), ("max_request_bytes", 0),
+    ("max_shared_bytes", -5), ("replacement_timeout_s", float("nan")),
+    ("replacement_timeout_s", -1), ("checkpoint_lock_timeout_s", float("inf")),
+    ("restarts", -3), ("restarts", 1.5), ("restarts", True), ("num_workers", True),
+    ("job_id", "a/b"), ("job_id", ""), ("job_id", "x" * 65)])
+def test_a_bad_setting_is_refused_naming_it(setting, value):
+    """inf took liveness_interval_s (a SIGKILLed worker was never reported), 0 spun serve, nan
+    raised a bare ValueError at the first tick; "a/b" as a job id named no segment."""
+    with pytest.raises(ValueError, match=r"^%s must be .*got %s" % (setting,
+                                                                      re.escape(repr(value)))):
+        Controller(**{setting: value})
+
+
+@pytest.mark.parametrize("setting, value", [
+    ("liveness_interval_s", float("inf")), ("liveness_interval_s", 0),
+    ("checkpoint_every_s", float("nan")), ("max_shared_bytes", -5),
+    ("replacement_timeout_s", -1), ("checkpoint_lock_timeout_s", float("nan")),
+    ("restarts_left", -3), ("restarts_left", 1.5)])
+def test_a_bad_setting_is_refused_at_run_time_too(setting, value):
+    with Controller(liveness_interval_s=0.3, restarts=2) as ctl:
+        with pytest.raises(ValueError, match=r"^%s must be .*got %s" % (setting,
+                                                                          re.escape(repr(value)))):
+            setattr(ctl, setting, value)
+        assert ctl.liveness_interval_s == 0.3 and ctl.restarts_left == 2  # unchanged
+        ctl.max_shared_bytes = None  # the default again, as at the start
+        assert ctl.max_shared_bytes == default_max_shared_bytes()
+
+
+def test_good_settings_at_their_bounds_are_taken():
+    with Controller(liveness_interval_s=0.01, checkpoint_every_s=1e-3, max_request_bytes=1024,
+                    max_shared_bytes=1, replacement_timeout_s=0, restarts=0,
+                    job_id="JOB_1.n-2") as ctl:
+        ctl.liveness_interval_s = 3600
+        ctl.restarts_left = 5
+        ctl.checkpoint_every_s = None
+        assert (ctl.liveness_interval_s, ctl.restarts_left, ctl.job_id) == (3600, 5, "JOB_1.n-2")

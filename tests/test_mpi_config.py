@@ -1,6 +1,7 @@
 """Settings of multi-node jobs that need no MPI: tie configuration, controller loading."""
 
 import os
+import re
 
 import pytest
 
@@ -17,6 +18,20 @@ def test_centre_tie_validates_its_settings():
         CentreTie(beta=0)
     with pytest.raises(ValueError, match="every_syncs must be an integer >= 1"):
         CentreTie(every_syncs=0)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 0, -1, 1e300, "1"])
+def test_centre_tie_refuses_a_period_it_cannot_wait(value):
+    """every_s=inf killed every tie thread with OverflowError (Event.wait(inf))."""
+    refused = r"^CentreTie every_s must be .*got %s" % re.escape(repr(value))
+    with pytest.raises(ValueError, match=refused):
+        CentreTie(every_s=value)
+    tie = CentreTie(every_s=2.0)
+    with pytest.raises(ValueError, match=refused):
+        tie.every_s = value  # changed at run time: checked again
+    assert tie.every_s == 2.0
+    tie.every_s = 0.5
+    assert tie.every_s == 0.5
 
 
 def test_controller_class_from_module_or_file():

@@ -1,7 +1,10 @@
 """A controller's settings: its keyword arguments, checked, with the launcher's defaults."""
 
 import dataclasses
+import math
+import numbers
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Optional
@@ -19,6 +22,46 @@ def check_port(port, name: str) -> int:
         raise ValueError("%s_port must be a tcp port, 1 to 65535, or 0 (or None) for a free "
                          "one; got %r" % (name, port))
     return port
+
+
+MAX_SECONDS = 1e9  # a longer wait than this overflows threading's (about 9.2e9 s on Linux)
+LIVENESS_INTERVAL_S = (0.01, 3600.0)  # shorter spins serve; longer is a dead worker unseen
+MIN_REQUEST_BYTES = 1024  # a registration must fit
+JOB_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # it names /dev/shm segments and files
+
+
+def check_seconds(name: str, value, low: float = 0.0, high: float = MAX_SECONDS, *,
+                  zero: bool = False, none: str = ""):
+    """`value` of setting `name`, checked: a number of seconds more than `low` (or equal to
+    it with `zero`) and at most `high`, finite; None where `none` says what None means.
+    Raises ValueError naming the setting, the accepted range and the value."""
+    if value is None and none:
+        return None
+    seconds = math.nan
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        try:
+            seconds = float(value)
+        except OverflowError:  # an integer past float's range
+            seconds = math.inf
+    if not (math.isfinite(seconds) and (seconds >= low if zero else seconds > low)
+            and seconds <= high):
+        raise ValueError("%s must be a number of seconds, %s %g %s %g%s; got %r"
+                         % (name, "from" if zero else "more than", low,
+                            "to" if zero else "and at most", high,
+                            ", or None " + none if none else "", value))
+    return value
+
+
+def check_count(name: str, value, low: int = 0, *, none: str = "", what: str = ""):
+    """`value` of setting `name`, checked: an integer (not a bool) of at least `low`; None
+    where `none` says what None means. Raises ValueError naming the setting."""
+    if value is None and none:
+        return None
+    if not (isinstance(value, numbers.Integral) and not isinstance(value, bool)
+            and int(value) >= low):
+        raise ValueError("%s must be an integer%s, at least %d%s; got %r"
+                         % (name, what, low, ", or None " + none if none else "", value))
+    return value
 
 
 def default_max_shared_bytes() -> int:
@@ -75,8 +118,13 @@ class ControllerConfig:
     allow_nonfinite: resume from a checkpoint holding NaN or Inf.
     checkpoint_lock_timeout_s: how long a checkpoint waits for the centre's lock.
 
-    Raises ValueError for a transport other than "tcp" or "ipc", or a num_workers
-    that is not a positive integer.
+    Each setting is checked here, at construction and whenever one is changed (every change
+    makes a new config): ValueError naming the setting and what it accepts. Durations are
+    finite seconds: liveness_interval_s from 0.01 to 3600, checkpoint_every_s and
+    checkpoint_lock_timeout_s more than 0, replacement_timeout_s 0 or more (all at most
+    1e9); max_request_bytes at least 1024; max_shared_bytes at least 1 (None: the default);
+    num_workers at least 1 and restarts at least 0, integers; job_id 1 to 64 letters,
+    digits, '_', '.' or '-' (it names the job's shared memory); transport "tcp" or "ipc".
     """
 
     num_workers: Optional[int] = None
@@ -98,9 +146,23 @@ class ControllerConfig:
     def __post_init__(self):
         if self.transport not in ("tcp", "ipc"):
             raise ValueError("transport must be 'tcp' or 'ipc', got %r" % (self.transport,))
-        n = self.num_workers
-        if n is not None and (not isinstance(n, int) or n < 1):
-            raise ValueError("num_workers must be a positive integer or None, got %r" % (n,))
+        check_count("num_workers", self.num_workers, 1, none="(not known)")
+        if self.job_id is not None and not (isinstance(self.job_id, str)
+                                            and JOB_ID.fullmatch(self.job_id)):
+            raise ValueError("job_id must be 1 to 64 letters, digits, '_', '.' or '-' (it names "
+                             "the job's shared memory), or None for a random one; got %r"
+                             % (self.job_id,))
+        check_count("max_request_bytes", self.max_request_bytes, MIN_REQUEST_BYTES,
+                    what=" number of bytes")
+        check_count("max_shared_bytes", self.max_shared_bytes, 1, what=" number of bytes",
+                    none="for the default")
+        check_count("restarts", self.restarts, 0, none="(the launcher's, else 0)")
+        check_seconds("checkpoint_every_s", self.checkpoint_every_s,
+                      none="for no periodic checkpoints")
+        check_seconds("liveness_interval_s", self.liveness_interval_s, *LIVENESS_INTERVAL_S,
+                      zero=True)
+        check_seconds("replacement_timeout_s", self.replacement_timeout_s, zero=True)
+        check_seconds("checkpoint_lock_timeout_s", self.checkpoint_lock_timeout_s)
 
     def with_environment(self, env: JobEnvironment) -> "ControllerConfig":
         """These settings, those not given taken from the launcher's `env`, then defaults."""

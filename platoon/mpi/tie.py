@@ -7,6 +7,7 @@ The tie reads its controller only through `Controller.centre_ready`,
 count in `Controller.progress`. Its messages go through `compress.compressed_mean`.
 """
 
+import dataclasses
 import logging
 import threading
 import time
@@ -15,6 +16,7 @@ from typing import Optional
 
 import numpy as np
 
+from .._controller.config import check_seconds
 from ..errors import PlatoonError
 from ._comm import wait
 from .compress import CODECS, ErrorFeedback, RawCodec, compressed_mean, make_codec
@@ -70,7 +72,10 @@ class CentreTie:
     dropped goes out with its next message), so the error does not grow with
     the rounds; every node decodes and adds the messages alike, so the result
     is the same bits on every node. The final round is sent losslessly, in
-    the centres' own dtype. Raises ValueError for bad values.
+    the centres' own dtype. Raises ValueError for bad values, at construction and when a
+    setting is changed afterwards: every_s a finite number of seconds more than 0 and at
+    most 1e9 (or None with every_syncs), every_syncs an integer >= 1, beta in (0, 1],
+    outer_lr in (0, 10], outer_momentum in [0, 1).
     """
 
     every_s: Optional[float] = 1.0
@@ -84,8 +89,7 @@ class CentreTie:
     def __post_init__(self):
         if self.every_s is None and self.every_syncs is None:
             raise ValueError("CentreTie needs every_s (seconds) or every_syncs (syncs per node)")
-        if self.every_s is not None and not self.every_s > 0:
-            raise ValueError("CentreTie every_s must be > 0 seconds, got %r" % self.every_s)
+        check_seconds("CentreTie every_s", self.every_s, none="when every_syncs is set")
         if self.every_syncs is not None and (not isinstance(self.every_syncs, int)
                                              or self.every_syncs < 1):
             raise ValueError("CentreTie every_syncs must be an integer >= 1, got %r"
@@ -103,6 +107,17 @@ class CentreTie:
         if not 0 <= self.outer_momentum < 1:
             raise ValueError("CentreTie outer_momentum must be in [0, 1), got %r"
                              % self.outer_momentum)
+        object.__setattr__(self, "_checked", True)
+
+    def __setattr__(self, name, value):
+        """A setting changed after construction (the tie thread reads them at each round) is
+        checked as at construction: ValueError, and the old value stays."""
+        if name in _FIELDS and getattr(self, "_checked", False):
+            dataclasses.replace(self, **{name: value})
+        object.__setattr__(self, name, value)
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(CentreTie))
 
 
 class TieThread:
