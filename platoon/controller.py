@@ -165,6 +165,7 @@ class Controller:
     max_shared_bytes = _configured("max_shared_bytes", "Shared memory the job may hold.",
                                    settable=True)
     resume_from = _configured("resume_from", "The checkpoint the centre starts from.")
+    allow_nonfinite = _configured("allow_nonfinite", "Resume from NaN or Inf.")
     checkpoint_path = _configured("checkpoint_path", "Where `checkpoint` writes.",
                                   settable=True)
     checkpoint_every_s = _configured("checkpoint_every_s", "Period of the checkpoints.",

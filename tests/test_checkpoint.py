@@ -18,7 +18,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from platoon import (EASGD, CheckpointError, Controller, LayoutMismatch, Worker, WorkerDied,
+from platoon import (EASGD, CheckpointError, Controller, DiLoCo, LayoutMismatch, Worker, WorkerDied,
                      load_centre)
 from platoon._centre import checkpoint
 from platoon._os.process import unlink_job_segments
@@ -448,3 +448,72 @@ def test_a_checkpoint_holds_the_centre_and_the_shared_state_of_one_instant(serve
     finally:
         ctl.checkpoint_path = None  # no final checkpoint when serving ends (after a failure)
         shutil.rmtree(directory)
+
+
+def _diloco_checkpoint(serve, path):
+    """A one-worker DiLoCo job's checkpoint (centre, momentum, journal): (params, states)."""
+    ctl = Controller(control_port=0, num_workers=1, checkpoint_path=path)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout_s=10) as w:
+        params = [np.zeros(5, np.float32), np.ones((2, 3))]
+        w.init_shared_params(params, DiLoCo(0.5, 0.9))
+        for _ in range(2):
+            for p in params:
+                p += 1
+            w.sync_params()
+    serving.join()
+    arrays, meta = checkpoint.load(path)
+    states = checkpoint.load_states(path)
+    assert {"diloco", "diloco-journal"} <= set(states), sorted(states)
+    return arrays, meta, states
+
+
+def _refused(path, match):
+    """Every way to read `path`'s rule states refuses it, naming the file and `match`."""
+    for read in (checkpoint.load_states, lambda p: Controller(resume_from=p)):
+        with pytest.raises(CheckpointError, match=match) as raised:
+            read(path)
+        assert path in str(raised.value)
+
+
+def test_a_nonfinite_rule_state_is_refused_when_the_checkpoint_is_read(serve, tmp_path):
+    """An Inf in a checkpoint's DiLoCo momentum was taken, and one sync wrote -inf into the
+    centre; it is refused at read time, as a NaN in the centre is."""
+    path = str(tmp_path / "centre.npz")
+    arrays, meta, states = _diloco_checkpoint(serve, path)
+    states["diloco"][1][0, 2] = np.inf
+    checkpoint.save(path, arrays, meta, states)
+    _refused(path, r"shared state 'diloco', array 1 \(shape \(2, 3\), float64\) holds 1 NaN or "
+                   r"Inf.*allow_nonfinite=True")
+    assert checkpoint.load_states(path, allow_nonfinite=True)["diloco"][1][0, 2] == np.inf
+    Controller(resume_from=path, allow_nonfinite=True).close()
+
+
+@pytest.mark.parametrize("record, why", [
+    ([1, 0, 3, 4], r"elements \[3, 7\) of parameter 0, which has 5"),
+    ([1, 2, 0, 1], r"parameter 2, and the centre has 2"),
+    ([1, 1, 0, 1000], r"1000 elements, more than its rows' 6"),
+    ([1, 0, -1, 1], r"elements \[-1, 0\) of parameter 0"),
+    ([7, 0, 0, 1], r"flag 7"),
+])
+def test_a_journal_record_that_does_not_fit_is_refused_when_read(serve, tmp_path, record, why):
+    """A committed journal record that does not fit made every sync fail with a bare numpy
+    ValueError naming no file."""
+    path = str(tmp_path / "centre.npz")
+    arrays, meta, states = _diloco_checkpoint(serve, path)
+    states["diloco-journal"][0][0] = record
+    checkpoint.save(path, arrays, meta, states)
+    _refused(path, r"shared state 'diloco-journal'.*slot 0.*%s" % why)
+
+
+def test_a_committed_journal_record_holding_inf_is_refused(serve, tmp_path):
+    path = str(tmp_path / "centre.npz")
+    arrays, meta, states = _diloco_checkpoint(serve, path)
+    journal = states["diloco-journal"]
+    journal[0][0] = [1, 0, 0, 2]  # committed: recovery would copy its rows into the centre
+    journal[1][0, 1] = -np.inf
+    checkpoint.save(path, arrays, meta, states)
+    _refused(path, r"shared state 'diloco-journal'.*slot 0.*NaN or Inf")
+    journal[0][0] = [0, 0, 0, 2]  # not committed: its rows are scratch, never read
+    checkpoint.save(path, arrays, meta, states)
+    Controller(resume_from=path).close()

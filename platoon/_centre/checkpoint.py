@@ -138,9 +138,9 @@ def _unreadable(path, exc, what="checkpoint"):
 
 @contextlib.contextmanager
 def _open(path):
-    """The .npz archive at `path`, open (numpy's NpzFile), once every entry's header has
-    been checked against the file's size: nothing is allocated for what a damaged or forged
-    file merely claims to hold."""
+    """The .npz archive at `path`, open (numpy's NpzFile), with its entries' shapes by name,
+    once every entry's header has been checked against the file's size: nothing is
+    allocated for what a damaged or forged file merely claims to hold."""
     with open(path, "rb") as f:
         head = f.read(len(np.lib.format.MAGIC_PREFIX))
         if not head:
@@ -152,17 +152,18 @@ def _open(path):
         f.seek(0)
         size = os.fstat(f.fileno()).st_size
         with zipfile.ZipFile(f) as archive:
-            for info in archive.infolist():
-                _check_entry(archive, info, size)
+            shapes = {info.filename[:-len(".npy")]: _check_entry(archive, info, size)
+                      for info in archive.infolist()}
         f.seek(0)
         with np.load(f, allow_pickle=False) as data:
-            yield data
+            yield data, shapes
 
 
 def _check_entry(archive, info, size):
-    """Raise ValueError unless zip entry `info` of `archive` (a file of `size` bytes) is an
-    .npy array whose header's shape and dtype need exactly the bytes the entry holds, and
-    whose bytes fit in the file (stored) or in what deflate can expand it to."""
+    """The shape of zip entry `info` of `archive` (a file of `size` bytes). Raise ValueError
+    unless it is an .npy array whose header's shape and dtype need exactly the bytes the
+    entry holds, and whose bytes fit in the file (stored) or in what deflate can expand
+    it to."""
     name = info.filename
     if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
         raise ValueError("entry %s is compressed with zip method %d; a checkpoint's entries "
@@ -191,6 +192,7 @@ def _check_entry(archive, info, size):
     if needed != held:
         raise ValueError("entry %s claims shape %s of %s (%d bytes) but holds %d bytes of data"
                          % (name, shape, dtype, needed, held))
+    return shape
 
 
 def load(path, *, allow_nonfinite=False):
@@ -202,7 +204,7 @@ def load(path, *, allow_nonfinite=False):
     """
     path = _resolve(path)
     try:
-        with _open(path) as data:
+        with _open(path) as (data, _):
             count = sum(1 for name in data.files if name.startswith("param_"))
             if count == 0:
                 raise KeyError("no param_0 entry: it holds no parameters")
@@ -261,13 +263,22 @@ def load_centre(path, *, allow_nonfinite: bool = False) -> Dict[str, np.ndarray]
     return dict(zip(names, arrays))
 
 
-def load_states(path):
-    """{name: [arrays]} of the shared states saved in a checkpoint ({} if none); raises
-    CheckpointError naming the file if it cannot be read."""
+def load_states(path, *, allow_nonfinite=False):
+    """{name: [arrays]} of the shared states saved in a checkpoint ({} if none): the sync
+    rules' states, checked as the centre is by `load`.
+
+    Raises CheckpointError naming the file and the state if it cannot be read, if (unless
+    `allow_nonfinite`) a state holds NaN or Inf, or if a rule's journal (a state
+    ``NAME-journal``, see `platoon.rules.journal`) holds a committed record that does not
+    fit the centre or `NAME`, or (unless `allow_nonfinite`) holds NaN or Inf: resuming
+    would copy it into them at the first sync.
+    """
     path = _resolve(path)
     states = {}
     try:
-        with _open(path) as data:
+        with _open(path) as (data, shapes):
+            count = sum(1 for name in data.files if name.startswith("param_"))
+            sizes = [math.prod(shapes["param_%d" % i]) for i in range(count)]
             for key in data.files:
                 if key.startswith("state_"):
                     _, index, name = key.split("_", 2)
@@ -275,4 +286,71 @@ def load_states(path):
         found = {name: [parts[i] for i in range(len(parts))] for name, parts in states.items()}
     except _READ_ERRORS as exc:
         raise _unreadable(path, exc, "the shared states of checkpoint") from None
+    for name, arrays in found.items():
+        if _is_journal(name, arrays):
+            _check_journal(path, name, arrays, sizes,
+                           found.get(name[:-len(_JOURNAL)]), allow_nonfinite)
+        elif not allow_nonfinite:
+            for index, array in enumerate(arrays):
+                bad = _count_nonfinite(array)
+                if bad:
+                    raise CheckpointError(
+                        "checkpoint %s: shared state %r, array %d (shape %s, %s) holds %d NaN "
+                        "or Inf value(s), so the run that wrote it had diverged; resume from an "
+                        "earlier checkpoint, or pass allow_nonfinite=True (to Controller or "
+                        "checkpoint.load_states) to use it anyway"
+                        % (path, name, index, array.shape, array.dtype, bad))
     return found
+
+
+_JOURNAL = "-journal"  # the suffix of a rule's journal state (platoon.rules.downpour)
+
+
+def _is_journal(name, arrays):
+    """Whether shared state `name` is laid out as a journal: a header of int64 [slots, 4],
+    then rows of [slots, block] (`platoon.rules.journal.journal_layout`)."""
+    if not name.endswith(_JOURNAL) or not arrays:
+        return False
+    header = arrays[0]
+    return header.dtype == np.int64 and header.ndim == 2 and header.shape[1] == 4 and all(
+        a.ndim == 2 and a.shape[0] == header.shape[0] for a in arrays[1:])
+
+
+def _check_journal(path, name, arrays, sizes, base, allow_nonfinite):
+    """Raise CheckpointError unless every committed record of journal `name` (`arrays`)
+    fits: a flag of 1, a parameter of the centre (`sizes`: its parameters' element counts),
+    a range within it and within the rows, rows of the rule's state `base` for it; and
+    (unless `allow_nonfinite`) finite values. Records not committed are scratch."""
+    header, rows = arrays[0], arrays[1:]
+    width = rows[0].shape[1] if rows else 0
+    per_param, count = len(rows) - 1, len(sizes)
+    for slot, (flag, index, start, n) in enumerate(header.tolist()):
+        if flag == 0:
+            continue
+        if flag != 1:
+            problem = "flag %d, not 0 (free) or 1 (committed)" % flag
+        elif not 0 <= index < count:
+            problem = "a record for parameter %d, and the centre has %d" % (index, count)
+        elif not 0 <= n <= width:
+            problem = "a record of %d elements, more than its rows' %d" % (n, width)
+        elif start < 0 or start + n > sizes[index]:
+            problem = "a record for elements [%d, %d) of parameter %d, which has %d" % (
+                start, start + n, index, sizes[index])
+        elif per_param > 0 and (base is None or len(base) < per_param * count or any(
+                base[j * count + index].size < start + n for j in range(per_param))):
+            problem = "a record for rows of shared state %r that the checkpoint does not " \
+                "hold" % name[:-len(_JOURNAL)]
+        else:
+            bad = 0 if allow_nonfinite else sum(_count_nonfinite(row[slot, :n]) for row in rows)
+            if not bad:
+                continue
+            raise CheckpointError(
+                "checkpoint %s: shared state %r (a sync rule's journal), slot %d: its committed "
+                "record holds %d NaN or Inf value(s), which resuming would copy into the "
+                "centre; resume from an earlier checkpoint, or pass allow_nonfinite=True (to "
+                "Controller or checkpoint.load_states) to use it anyway"
+                % (path, name, slot, bad))
+        raise CheckpointError(
+            "checkpoint %s: shared state %r (a sync rule's journal), slot %d: %s, so it does "
+            "not fit the centre it was saved with; the file is damaged: resume from an "
+            "earlier copy" % (path, name, slot, problem))

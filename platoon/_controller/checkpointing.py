@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import protocol
-from .._centre.checkpoint import load, names_in, save
+from .._centre.checkpoint import load, load_states, names_in, save
 from ..errors import LayoutMismatch, PlatoonError
 from .config import ControllerConfig
 from .services import ControllerServices
@@ -152,11 +152,13 @@ class Checkpointer:
 
 class Resume:
     """A checkpoint to initialise the centre from, read (and checked) at once so a bad one
-    fails the controller at start rather than a worker later."""
+    fails the controller at start rather than a worker later: its centre and its sync rules'
+    shared states (read again, checked again, when a rule asks for one)."""
 
     def __init__(self, path: str, *, allow_nonfinite: bool = False):
         self.path = path
         arrays, meta = load(path, allow_nonfinite=allow_nonfinite)
+        load_states(path, allow_nonfinite=allow_nonfinite)  # CheckpointError if unfit
         self._arrays: Optional[List[np.ndarray]] = arrays
         self.names: Optional[List[str]] = names_in(meta, len(arrays), path)  # None: unnamed
         job_id = meta.get("job_id") if isinstance(meta, dict) else None

@@ -249,7 +249,7 @@ class NodeCollectives:
         if not path:
             return
         from .._centre.checkpoint import load_states  # zipfile and hashlib: only on resume
-        saved = load_states(path).get(name)
+        saved = load_states(path, allow_nonfinite=self._ctl.allow_nonfinite).get(name)
         if saved is None:
             log.warning("checkpoint %s holds no shared state %r: it starts from zero", path, name)
             return

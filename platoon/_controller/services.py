@@ -19,6 +19,7 @@ class ControllerServices(Protocol):
     num_workers: Optional[int]  # workers on this node, if the controller knows
     node_link: Any  # the platoon.mpi.NodeLink when the job spans nodes, else None
     resume_from: Optional[str]  # the checkpoint the job resumes from, if any
+    allow_nonfinite: bool  # resume from a checkpoint holding NaN or Inf
     transport: str  # "tcp" or "ipc": how workers reach the control socket
     control_port: Optional[int]  # the control socket's port (tcp)
     max_request_bytes: int  # the largest request a worker may send
