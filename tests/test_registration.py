@@ -196,6 +196,34 @@ def test_worker_ids_follow_the_launchers_numbers(serve, monkeypatch):
     serving.join()
 
 
+class Tolerant(Echo):
+    def handle_worker_death(self, worker_id, exit_info):
+        pass
+
+
+def test_a_replacement_before_the_death_is_noticed_keeps_its_ids(serve, procs, monkeypatch):
+    """-n 3 --restart 1, worker 2 slow to start: worker 0's replacement registered before the
+    pid check noticed worker 0's death and took id 2 (the lowest free one), and the real
+    worker 2 then took id 0 as the replacement. The launcher's number for a worker is its id."""
+    ctl = Tolerant(control_port=0, num_workers=3, restarts=1, liveness_interval_s=30)
+    serving = serve(ctl)
+    victim = procs("die_worker.py", ctl.control_port, "sync", env={"PLATOON_WORKER_INDEX": "0"})
+    assert victim.wait_for_line("READY") == "READY 0"
+    monkeypatch.setenv("PLATOON_WORKER_INDEX", "1")
+    with Worker(ctl.control_port, timeout_s=5) as second:
+        victim.kill()  # SIGKILL and reaped, as the launcher has reaped it before replacing it
+        monkeypatch.setenv("PLATOON_WORKER_INDEX", "0")
+        with Worker(ctl.control_port, timeout_s=5) as replacement:  # long before a pid check
+            monkeypatch.setenv("PLATOON_WORKER_INDEX", "2")
+            with Worker(ctl.control_port, timeout_s=5) as late:
+                ids = (replacement.worker_id, second.worker_id, late.worker_id)
+                assert ids == (0, 1, 2)
+                assert [r.state.value for r in (ctl._registry.get(0), ctl._registry.get(2))] \
+                    == ["registered"] * 2  # noqa: SLF001
+    serving.join()
+    assert ctl.workers == [0, 1, 2]
+
+
 def test_is_first_is_the_worker_whose_values_initialise_the_centre(serve):
     """Before: the first to register had is_first=True, but the first to call
     init_shared_params initialised the centre, so a checkpoint loaded "if is_first" was lost."""

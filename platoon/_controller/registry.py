@@ -164,8 +164,14 @@ class WorkerRegistry:
             return self._reconnect(identity, info, welcome), False
         pid, local = check_peer(info, identity_frame, transport, control_port,
                                 self._claimed_by(info.get("pid")))
-        if self.running() >= (self.num_workers or float("inf")):
-            self.check_liveness()  # a replacement may come before the tick notices a death
+        held = self._by_id.get(info.get("index")) if isinstance(info.get("index"), int) \
+            else None
+        if self.running() >= (self.num_workers or float("inf")) \
+                or (held is not None and not held.has_left):
+            # A replacement may come before the tick notices a death: the launcher starts it
+            # once the worker it replaces has exited, with that worker's index. Its id is
+            # that index, never a free one that a worker slow to start would then miss.
+            self.check_liveness()
         if self.running() >= (self.num_workers or float("inf")):
             raise PlatoonError("job %s is full: num_workers=%s workers are running"
                                % (self.job_id, self.num_workers))
