@@ -164,8 +164,8 @@ class WorkerRegistry:
             return self._reconnect(identity, info, welcome), False
         pid, local = check_peer(info, identity_frame, transport, control_port,
                                 self._claimed_by(info.get("pid")))
-        held = self._by_id.get(info.get("index")) if isinstance(info.get("index"), int) \
-            else None
+        index = info.get("index")
+        held = self._by_id.get(index) if isinstance(index, int) else None
         if self.running() >= (self.num_workers or float("inf")) \
                 or (held is not None and not held.has_left):
             # A replacement may come before the tick notices a death: the launcher starts it
