@@ -577,3 +577,20 @@ def test_a_compressed_tie_keeps_the_handover_and_ends_with_one_identical_centre(
             assert got.tobytes() == saved.tobytes(), "node %d checkpointed another centre" % node
     for a, b in zip(*returned):
         assert a.tobytes() == b.tobytes(), job.output
+
+
+def test_a_job_ended_by_sigterm_ends_its_centre_tie_before_the_centre_goes(mpi_job):
+    """mpiexec terminated while the tie runs rounds back to back: each controller ends its
+    tie thread before it releases the centre (a round starting after it logged "the centre
+    tie failed" with an AttributeError and aborted the job)."""
+    job = mpi_job("-", "--tie-every-s", "0.001",
+                  "--", os.path.join(PROCS, "tie_regression_worker.py"), "1000000",
+                  env_extra={"PLATOON_LOG_LEVEL": "DEBUG"})
+    job.wait_for_count("centre tie round 20,", 2)
+    job_id = job.job_id()
+    job.popen.terminate()
+    assert job.wait(20) != 0, job.output
+    assert "the centre tie failed" not in job.output, job.output
+    assert "AttributeError" not in job.output, job.output
+    wait_until(lambda: not [s for s in platoon_segments() if job_id in s], 10,
+               "shared memory of job %s left" % job_id)

@@ -311,7 +311,8 @@ def _accumulator_dtype(dtype) -> np.dtype:
 def compressed_mean(comm, array: np.ndarray, codec: Codec,
                     feedback: Optional[ErrorFeedback] = None, *,
                     among: Optional[Sequence[int]] = None,
-                    out: Optional[np.ndarray] = None) -> Tuple[np.ndarray, int]:
+                    out: Optional[np.ndarray] = None,
+                    cancel=None) -> Tuple[np.ndarray, int]:
     """The mean over the ranks of `comm` of their `array`s, each sent compressed by `codec`;
     returns (mean, bytes_sent).
 
@@ -330,10 +331,12 @@ def compressed_mean(comm, array: np.ndarray, codec: Codec,
     the payload this rank puts on the network for it, its message once for each other rank
     (``encoded_size * (size - 1)``; 0 outside `among`); over all ranks this is what any
     all-gather algorithm must carry, without MPI's own headers.
+    `cancel` (a threading.Event): once set, the all-gather is left unfinished and
+    `_comm.Cancelled` is raised (the job is going down).
     Raises NonFiniteValues (a quantising codec, NaN or Inf in the input: nothing is sent, so
     every rank must get the same error, or the others wait) and ValueError.
     """
-    from ._comm import import_mpi, wait
+    from ._comm import Cancelled, import_mpi, wait
     MPI = import_mpi()
     array = np.asarray(array)
     if array.dtype.kind != "f":
@@ -371,8 +374,9 @@ def compressed_mean(comm, array: np.ndarray, codec: Codec,
     # Non-blocking, completed by polling with sleeps (`_comm.wait`): MPI's blocking call
     # busy-polls for the whole transfer, a core taken from the node's workers for as long as a
     # slow link needs (at 10 Mbit/s, a float32 message of 1.5 MB: 1.2 s a round).
-    wait(comm.Iallgatherv([mine, len(mine), MPI.BYTE],
-                          [gathered, (counts, displacements), MPI.BYTE]))
+    if not wait(comm.Iallgatherv([mine, len(mine), MPI.BYTE],
+                                 [gathered, (counts, displacements), MPI.BYTE]), cancel=cancel):
+        raise Cancelled("compressed_mean: cancelled before the other ranks' messages came")
     refusing = [r for r, message in zip(members, gathered) if codec.refused(message)]
     if refusing:
         raise NonFiniteValues("compressed_mean: rank(s) %s of %d hold NaN or Inf, which %s "

@@ -160,6 +160,18 @@ class NodeLink:
             if self.tie is not None and self._tie_thread is None:
                 self._tie_thread = TieThread(self.tie, self._tie_comm, controller, self.abort)
 
+    def end_tie(self):
+        """End the centre tie now, without its final round: the controller is closing before
+        `finish` (SIGTERM, an error) and its centre is about to go, so no round may start or
+        go on. `Controller.close` calls it before it releases the centre. Not collective;
+        idempotent; nothing to do after `finish` (the tie has ended)."""
+        thread = self._tie_thread
+        if thread is None or self._finished or thread.halted:
+            return
+        if not thread.halt():
+            log.warning("node %d: the centre tie thread did not end (a round waits for the "
+                        "centre's lock?); the centre goes anyway", self.rank)
+
     def finish(self):
         """This node is done: freeze its centre for the tie, check that every node is done (a
         node still in a collective gets an error instead of a hang), then end the centre tie.
@@ -167,6 +179,9 @@ class NodeLink:
         idempotent."""
         if self._finished:
             return
+        if self._tie_thread is not None and self._tie_thread.halted:
+            raise PlatoonError("node %d: the centre tie was ended (its controller closed) "
+                               "before this node finished" % self.rank)
         self._finished = True
         if self._tie_thread is not None:
             self._tie_thread.node_done()  # its centre freezes while the others train on
