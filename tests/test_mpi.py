@@ -594,3 +594,26 @@ def test_a_job_ended_by_sigterm_ends_its_centre_tie_before_the_centre_goes(mpi_j
     assert "AttributeError" not in job.output, job.output
     wait_until(lambda: not [s for s in platoon_segments() if job_id in s], 10,
                "shared memory of job %s left" % job_id)
+
+
+@pytest.mark.parametrize("option, values, named", [
+    ("--tie-compress", ("int8", "float32"), "compress: node 0 'int8', node 1 'float32'"),
+    ("--tie-outer", ("easgd", "diloco"), "outer: node 0 'easgd', node 1 'diloco'"),
+    ("--tie-every-s", ("1", None), "a centre tie on node(s) 0 but none on node(s) 1"),
+])
+def test_nodes_with_different_tie_settings_are_refused_naming_the_mismatch(mpi_job, option,
+                                                                           values, named):
+    """One mpiexec line per node (MPMD) with different tie settings: every node fails at
+    start, naming the setting and which node has which (the nodes paired messages of
+    different sizes and meanings, and the job exited 0 with garbage centres)."""
+    def node(value):
+        tie = [] if value is None else ["--tie-every-s", "1"] + (
+            [] if option == "--tie-every-s" else [option, value])
+        return tie + ["--", WORKER, "tie"]
+    rank1 = ["-n", "1", sys.executable, "-m", "platoon.mpi", "--workers", "2"]
+    job = mpi_job("-", *node(values[0]), ":", *rank1, *node(values[1]),
+                  mpiexec=(MPIEXEC, "-n", "1"))
+    assert job.wait(30) != 0, job.output
+    assert "the nodes' centre tie settings differ" in job.output, job.output
+    assert named in job.output, job.output
+    assert "TIED" not in job.output, job.output

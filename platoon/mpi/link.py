@@ -19,6 +19,27 @@ _STOP_TAG = 57  # the stop signal's messages, on a communicator of their own
 DEFAULT_TIMEOUT_S = 1800.0
 
 
+def _agree_tie(comm, tie):
+    """Check that every rank of `comm` ties its centre alike (`CentreTie.agreed`: the settings
+    that decide what a round's messages are and mean); raise PlatoonError naming each
+    setting that differs and which node has which. Collective."""
+    settings = comm.allgather(None if tie is None else tie.agreed())
+    if all(s == settings[0] for s in settings):
+        return
+    untied = [r for r, s in enumerate(settings) if s is None]
+    if untied:
+        problems = ["a centre tie on node(s) %s but none on node(s) %s" % (
+            ", ".join(str(r) for r, s in enumerate(settings) if s is not None),
+            ", ".join(map(str, untied)))]
+    else:
+        problems = ["%s: %s" % (name, ", ".join("node %d %r" % (r, s[name])
+                                               for r, s in enumerate(settings)))
+                    for name in settings[0] if any(s[name] != settings[0][name]
+                                                   for s in settings)]
+    raise PlatoonError("the nodes' centre tie settings differ: %s; give every node the same "
+                       "--tie-* options (CentreTie)" % "; ".join(problems))
+
+
 class NodeLink:
     """A controller's link to the other nodes' controllers.
 
@@ -39,6 +60,7 @@ class NodeLink:
     def __init__(self, num_workers, comm=None, tie=None):
         MPI = self.MPI = import_mpi()
         world = comm if comm is not None else MPI.COMM_WORLD
+        _agree_tie(world, tie)  # before the communicators: a node without a tie makes one fewer
         if tie is not None and MPI.Query_thread() < MPI.THREAD_MULTIPLE:
             raise PlatoonError("the centre tie needs MPI_THREAD_MULTIPLE but MPI gives level %d; "
                                "use an MPI built with thread support (mpich is)"

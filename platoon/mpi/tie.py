@@ -106,6 +106,14 @@ class CentreTie:
                              % self.outer_momentum)
 
 
+    def agreed(self):
+        """The settings every node must share (`NodeLink` checks them at start): those that
+        decide what a round's messages are and what is done with them. The pace
+        (`every_s`, `every_syncs`) is each node's own."""
+        return {"compress": self.compress, "outer": self.outer, "beta": self.beta,
+                "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum}
+
+
 class TieThread:
     """The thread that runs `tie`'s rounds for `controller` on `comm` (a communicator of its
     own, one rank per node); `on_failure(code)` is called if a round fails (it aborts).
