@@ -395,13 +395,14 @@ def test_launcher_hosts_fails_cleanly_when_a_worker_fails(tmp_path):
 
 def test_compressed_mean_gives_every_rank_the_same_bits_and_counts_its_bytes():
     """Every codec, float32 and float64, with error feedback, a subset of the ranks, and a NaN
-    on one rank (every rank raises, none hangs): checked against each other by the ranks."""
+    or Inf on one rank, whatever the codec (every rank raises naming that rank, none hangs):
+    checked against each other by the ranks."""
     out = subprocess.run([MPIEXEC, "-n", "2", sys.executable,
                           os.path.join(PROCS, "compressed_mean_ranks.py")],
                          capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert len(re.findall(r"OK rank \d checks 482", out.stdout)) == 2, out.stdout + out.stderr
+    assert len(re.findall(r"OK rank \d checks 509", out.stdout)) == 2, out.stdout + out.stderr
 
 
 def _regression_job(mpi_job, out_dir, compress, *options):
@@ -617,3 +618,21 @@ def test_nodes_with_different_tie_settings_are_refused_naming_the_mismatch(mpi_j
     assert "the nodes' centre tie settings differ" in job.output, job.output
     assert named in job.output, job.output
     assert "TIED" not in job.output, job.output
+
+
+@pytest.mark.parametrize("options", [
+    ["--tie-every-s", "0.01"],
+    ["--tie-every-s", "0.01", "--tie-outer", "diloco"],
+    ["--tie-every-s", "1000"],  # no round before the final one (always lossless)
+], ids=["float32-easgd-rounds", "float32-diloco-rounds", "final-round"])
+def test_a_nan_in_one_nodes_centre_is_refused_naming_the_node_whatever_the_codec(mpi_job,
+                                                                                 options):
+    """Node 1's centre holds a NaN (a worker diverged). A float32 round (workers training
+    on: only a round can end the job) or the lossless final round refuses it and the job is
+    aborted naming node 1; it used to be averaged into every node's centre, exit code 0."""
+    syncs = "40" if "1000" in options else "1000000"
+    job = mpi_job("-", *options, "--",
+                  os.path.join(PROCS, "tie_regression_worker.py"), syncs, "nan")
+    assert job.wait(30) != 0, job.output
+    assert "DIVERGED node 1" in job.output, job.output
+    assert "node(s) 1's centre holds NaN or Inf" in job.output, job.output

@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import PlatoonError
+from ..errors import NonFiniteValues, PlatoonError
 from ._comm import Cancelled, wait
 from .compress import CODECS, ErrorFeedback, RawCodec, compressed_mean, make_codec
 
@@ -259,6 +259,40 @@ class TieThread:
             snaps = [a.copy() for a in centre.arrays] if contributes else []
         finally:
             centre.lock.release()
+        try:
+            self._send_moves(snaps, members, contributes, diloco, first)
+        except NonFiniteValues as exc:
+            raise self._diverged(exc, "round %d" % (self.rounds + 1)) from exc
+        self.rounds += 1
+        if not training[self.rank] or self._done.is_set():  # done (or halted) since it began
+            return
+        self._lock_centre(centre)
+        try:
+            for c, s, m in zip(centre.arrays, snaps, self._mean):
+                if diloco:  # the anchor plus what the workers added since the snapshot
+                    c -= s
+                    c += m
+                else:
+                    move = m - s
+                    move *= self.tie.beta
+                    c += move
+        finally:
+            centre.lock.release()
+        log.debug("node %d: centre tie round %d, %d bytes sent so far", self.rank, self.rounds,
+                  self.bytes_sent)
+
+    def _diverged(self, exc, where):
+        """The error for a refused round (`compressed_mean`'s NonFiniteValues), naming the
+        nodes whose centre holds NaN or Inf."""
+        nodes = ", ".join(map(str, exc.ranks)) or "?"
+        return NonFiniteValues("node(s) %s's centre holds NaN or Inf (training diverged "
+                               "there?): the centre tie refuses it in %s rather than average "
+                               "it into every node's centre, whatever --tie-compress; the job "
+                               "is aborted (resume from a node's last good checkpoint, with a "
+                               "lower learning rate)" % (nodes, where), exc.ranks)
+
+    def _send_moves(self, snaps, members, contributes, diloco, first):
+        """A round's messages (see `_round`): the new mean (anchor) in `self._mean`."""
         for i, mean in enumerate(self._mean):  # peers are here: blocking
             if diloco and first:  # the anchor: the mean of the centres, exactly
                 _, sent = compressed_mean(self.comm, snaps[i] if contributes else mean,
@@ -278,23 +312,6 @@ class TieThread:
             if contributes:
                 self._base[i][...] = mean if diloco else snaps[i]
             self.bytes_sent += sent
-        self.rounds += 1
-        if not training[self.rank] or self._done.is_set():  # done (or halted) since it began
-            return
-        self._lock_centre(centre)
-        try:
-            for c, s, m in zip(centre.arrays, snaps, self._mean):
-                if diloco:  # the anchor plus what the workers added since the snapshot
-                    c -= s
-                    c += m
-                else:
-                    move = m - s
-                    move *= self.tie.beta
-                    c += move
-        finally:
-            centre.lock.release()
-        log.debug("node %d: centre tie round %d, %d bytes sent so far", self.rank, self.rounds,
-                  self.bytes_sent)
 
     def _lock_centre(self, centre):
         """Take the centre's lock for a round; Cancelled once halted (the centre may be
@@ -339,8 +356,11 @@ class TieThread:
                 mine = array.copy()
             finally:
                 centre.lock.release()
-            mean, sent = compressed_mean(self.comm, mine, RawCodec(array.dtype), None,
-                                         among=last)
+            try:
+                mean, sent = compressed_mean(self.comm, mine, RawCodec(array.dtype), None,
+                                             among=last)
+            except NonFiniteValues as exc:
+                raise self._diverged(exc, "the final round") from exc
             self.bytes_sent += sent
             centre.lock.acquire(LOCK_TIMEOUT_S)
             try:
