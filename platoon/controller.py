@@ -598,6 +598,9 @@ class Controller:
                                "the controller's sockets are left open (a handle_control or "
                                "handle_worker_death that does not return?)"
                                % (getattr(serving, "name", None), limit))
+        end_tie = getattr(self.node_link, "end_tie", None)
+        if end_tie is not None:  # a multi-node job's centre tie: its rounds end before the centre
+            end_tie()
         self._checkpointer.join()
         self._thread_failures_finalizer()
         if self._mb is not None:

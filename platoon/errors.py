@@ -1,5 +1,7 @@
 """The exceptions platoon raises: one root, each subclass also a fitting builtin."""
 
+from typing import Sequence
+
 
 class PlatoonError(Exception):
     """Root of every error raised by platoon."""
@@ -96,5 +98,10 @@ class StopRequested(PlatoonError):
 
 
 class NonFiniteValues(PlatoonError, ValueError):
-    """An array to be sent compressed between nodes holds NaN or Inf (training diverged), which
-    a quantising codec cannot carry (`platoon.mpi.compress`)."""
+    """An array to be averaged between nodes holds NaN or Inf (training diverged): refused
+    whatever the codec, or it would reach every node (`platoon.mpi.compress`). `ranks`: the
+    ranks (nodes) that hold it, where known."""
+
+    def __init__(self, message: str, ranks: Sequence[int] = ()):
+        super().__init__(message)
+        self.ranks = list(ranks)

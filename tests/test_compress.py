@@ -91,15 +91,21 @@ def test_tiny_blocks_are_sent_as_zeros():
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-@pytest.mark.parametrize("name", ["int8", "int4"])
-def test_quantised_codecs_refuse_non_finite_values_clearly(name, bad):
-    x = np.ones(1000, np.float32)
+@pytest.mark.parametrize("name", ["int8", "int4", "float32", "raw"])
+def test_every_codec_refuses_non_finite_values_clearly(name, bad):
+    """Lossless codecs too: averaged, one node's NaN would reach every node."""
+    codec = RawCodec(np.float64) if name == "raw" else make_codec(name)
+    x = np.ones(1000, np.float64 if name == "raw" else np.float32)
     x[600] = bad
     with pytest.raises(NonFiniteValues, match="1 non-finite value.*index 600") as info:
-        make_codec(name).encode(x)
+        codec.encode(x)
     assert isinstance(info.value, PlatoonError) and isinstance(info.value, ValueError)
-    with pytest.raises(NonFiniteValues, match="beyond float32's range"):
-        make_codec(name).encode(np.array([1.0, 1e300]))
+    if name != "raw":
+        with pytest.raises(NonFiniteValues, match="beyond float32's range"):
+            codec.encode(np.array([1.0, 1e300]))
+    refusal = codec.refusal(x.size)
+    assert codec.refused(refusal) and refusal.size == codec.encoded_size(x.size)
+    assert not codec.refused(codec.encode(np.ones(1000)))
 
 
 def test_bad_names_and_arrays_are_refused():
@@ -153,8 +159,10 @@ def test_compressed_mean_refuses_non_finite_values_and_leaves_the_residual():
         compressed_mean(MPI.COMM_SELF, x, make_codec("int8"), feedback)
     assert isinstance(info.value.__cause__, NonFiniteValues)  # this rank's own detail
     assert (feedback.residual == 0.25).all()
-    mean, _ = compressed_mean(MPI.COMM_SELF, x, make_codec("float32"), None)  # carried as is
-    assert np.isnan(mean[1]) and mean[3] == 3.0
+    for codec in (make_codec("float32"), RawCodec(np.float32)):  # lossless: refused as well
+        with pytest.raises(NonFiniteValues, match=r"rank\(s\) 0 of 1 hold NaN or Inf") as info:
+            compressed_mean(MPI.COMM_SELF, x, codec, None)
+        assert info.value.ranks == [0]
 
 
 def test_the_tie_and_the_launcher_offer_the_codecs():

@@ -395,13 +395,14 @@ def test_launcher_hosts_fails_cleanly_when_a_worker_fails(tmp_path):
 
 def test_compressed_mean_gives_every_rank_the_same_bits_and_counts_its_bytes():
     """Every codec, float32 and float64, with error feedback, a subset of the ranks, and a NaN
-    on one rank (every rank raises, none hangs): checked against each other by the ranks."""
+    or Inf on one rank, whatever the codec (every rank raises naming that rank, none hangs):
+    checked against each other by the ranks."""
     out = subprocess.run([MPIEXEC, "-n", "2", sys.executable,
                           os.path.join(PROCS, "compressed_mean_ranks.py")],
                          capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert len(re.findall(r"OK rank \d checks 482", out.stdout)) == 2, out.stdout + out.stderr
+    assert len(re.findall(r"OK rank \d checks 509", out.stdout)) == 2, out.stdout + out.stderr
 
 
 def _regression_job(mpi_job, out_dir, compress, *options):
@@ -577,3 +578,61 @@ def test_a_compressed_tie_keeps_the_handover_and_ends_with_one_identical_centre(
             assert got.tobytes() == saved.tobytes(), "node %d checkpointed another centre" % node
     for a, b in zip(*returned):
         assert a.tobytes() == b.tobytes(), job.output
+
+
+def test_a_job_ended_by_sigterm_ends_its_centre_tie_before_the_centre_goes(mpi_job):
+    """mpiexec terminated while the tie runs rounds back to back: each controller ends its
+    tie thread before it releases the centre (a round starting after it logged "the centre
+    tie failed" with an AttributeError and aborted the job)."""
+    job = mpi_job("-", "--tie-every-s", "0.001",
+                  "--", os.path.join(PROCS, "tie_regression_worker.py"), "1000000",
+                  env_extra={"PLATOON_LOG_LEVEL": "DEBUG"})
+    job.wait_for_count("centre tie round 20,", 2)
+    job_id = job.job_id()
+    job.popen.terminate()
+    assert job.wait(20) != 0, job.output
+    assert "the centre tie failed" not in job.output, job.output
+    assert "AttributeError" not in job.output, job.output
+    wait_until(lambda: not [s for s in platoon_segments() if job_id in s], 10,
+               "shared memory of job %s left" % job_id)
+
+
+@pytest.mark.parametrize("option, values, named", [
+    ("--tie-compress", ("int8", "float32"), "compress: node 0 'int8', node 1 'float32'"),
+    ("--tie-outer", ("easgd", "diloco"), "outer: node 0 'easgd', node 1 'diloco'"),
+    ("--tie-every-s", ("1", None), "a centre tie on node(s) 0 but none on node(s) 1"),
+])
+def test_nodes_with_different_tie_settings_are_refused_naming_the_mismatch(mpi_job, option,
+                                                                           values, named):
+    """One mpiexec line per node (MPMD) with different tie settings: every node fails at
+    start, naming the setting and which node has which (the nodes paired messages of
+    different sizes and meanings, and the job exited 0 with garbage centres)."""
+    def node(value):
+        tie = [] if value is None else ["--tie-every-s", "1"] + (
+            [] if option == "--tie-every-s" else [option, value])
+        return tie + ["--", WORKER, "tie"]
+    rank1 = ["-n", "1", sys.executable, "-m", "platoon.mpi", "--workers", "2"]
+    job = mpi_job("-", *node(values[0]), ":", *rank1, *node(values[1]),
+                  mpiexec=(MPIEXEC, "-n", "1"))
+    assert job.wait(30) != 0, job.output
+    assert "the nodes' centre tie settings differ" in job.output, job.output
+    assert named in job.output, job.output
+    assert "TIED" not in job.output, job.output
+
+
+@pytest.mark.parametrize("options", [
+    ["--tie-every-s", "0.01"],
+    ["--tie-every-s", "0.01", "--tie-outer", "diloco"],
+    ["--tie-every-s", "1000"],  # no round before the final one (always lossless)
+], ids=["float32-easgd-rounds", "float32-diloco-rounds", "final-round"])
+def test_a_nan_in_one_nodes_centre_is_refused_naming_the_node_whatever_the_codec(mpi_job,
+                                                                                 options):
+    """Node 1's centre holds a NaN (a worker diverged). A float32 round (workers training
+    on: only a round can end the job) or the lossless final round refuses it and the job is
+    aborted naming node 1; it used to be averaged into every node's centre, exit code 0."""
+    syncs = "40" if "1000" in options else "1000000"
+    job = mpi_job("-", *options, "--",
+                  os.path.join(PROCS, "tie_regression_worker.py"), syncs, "nan")
+    assert job.wait(30) != 0, job.output
+    assert "DIVERGED node 1" in job.output, job.output
+    assert "node(s) 1's centre holds NaN or Inf" in job.output, job.output

@@ -5,6 +5,11 @@ import time
 
 from ..errors import PlatoonError
 
+
+class Cancelled(PlatoonError):
+    """A collective was left unfinished because its thread was told to end (`wait`'s
+    `cancel`): the job is going down, and the data it would have brought is not wanted."""
+
 # How long a rank's last words get to reach mpiexec before MPI_Abort tears the job down
 # (MPICH drops output still in transit: the reason for an abort went missing without it).
 ABORT_GRACE_S = 0.5
@@ -21,7 +26,7 @@ def import_mpi():
     return MPI
 
 
-def wait(request, timeout_s=None, spin_s=100e-6):
+def wait(request, timeout_s=None, spin_s=100e-6, cancel=None):
     """Complete a non-blocking MPI request without spinning a core while a peer is late or
     a slow link carries the data.
 
@@ -29,7 +34,7 @@ def wait(request, timeout_s=None, spin_s=100e-6):
     message crossing a slow link, would take a core from its own workers. So: poll for
     `spin_s`, then sleep between polls with a backoff capped at 0.5 ms (each poll also
     moves the data along). Returns False if the request did not complete within
-    `timeout_s` (None: forever).
+    `timeout_s` (None: forever), or once `cancel` (a threading.Event) is set.
     """
     spin_until = time.perf_counter() + spin_s
     while time.perf_counter() < spin_until:
@@ -39,6 +44,8 @@ def wait(request, timeout_s=None, spin_s=100e-6):
     pause = 20e-6
     while not request.Test():
         if deadline is not None and time.monotonic() > deadline:
+            return False
+        if cancel is not None and cancel.is_set():
             return False
         time.sleep(pause)
         pause = min(pause * 2, 0.5e-3)

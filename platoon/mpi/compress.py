@@ -16,8 +16,9 @@ Scales are float32, not float16: what the nodes send are differences, which late
 are far below float16's smallest normal number (6e-5) and which may be large early on;
 float32 covers both, for 1.6% (int8) or 3.1% (int4) of the message. Blocks of 256 keep an
 outlier's coarse scale to its own 256 elements. Blocks whose largest magnitude is below
-`TINY` (1e-36) are sent as zeros. A quantising codec refuses non-finite values
-(`NonFiniteValues`): one NaN or Inf would spoil its whole block's scale.
+`TINY` (1e-36) are sent as zeros. Every codec refuses non-finite values (`NonFiniteValues`),
+lossless ones too: averaged, one NaN or Inf would reach every rank's mean (and would spoil a
+quantiser's whole block's scale).
 
 `compressed_mean` all-gathers every rank's message and has each rank decode them all and add
 them up in rank order, so the mean is the same bits on every rank (an all-reduce may round
@@ -32,6 +33,7 @@ import numpy as np
 from ..errors import NonFiniteValues
 
 BLOCK = 256  # elements per scale (int8, int4)
+CHUNK = 1 << 20  # elements per finiteness check (a bounded scratch array)
 TINY = 1e-36  # a block whose largest magnitude is smaller is sent as zeros (no subnormal scales)
 
 __all__ = ["make_codec", "CODECS", "Codec", "ErrorFeedback", "compressed_mean", "BLOCK"]
@@ -41,6 +43,7 @@ class Codec:
     """Encodes a float array of n elements into `encoded_size(n)` bytes, and back."""
 
     name = ""
+    lead = np.dtype("<f4")  # a message's first element (a scale, or a value): NaN in a refusal
 
     def encoded_size(self, n: int) -> int:
         """Bytes of the message for an array of `n` elements (no header: fixed by n)."""
@@ -57,14 +60,16 @@ class Codec:
         returns `out`."""
         raise NotImplementedError
 
-    def refusal(self, n: int) -> Optional[np.ndarray]:
-        """The message a rank sends in place of an array this codec refuses (None: it refuses
-        none)."""
-        return None
+    def refusal(self, n: int) -> np.ndarray:
+        """The message a rank sends in place of an array this codec refuses (one holding NaN
+        or Inf): every byte 0xFF, so its first element (`lead`) is NaN, which no message
+        `encode` makes holds."""
+        return np.full(self.encoded_size(n), 0xFF, np.uint8)
 
     def refused(self, message) -> bool:
         """Whether `message` is a `refusal`."""
-        return False
+        size = self.lead.itemsize
+        return message.size >= size and bool(np.isnan(message[:size].view(self.lead)[0]))
 
     def __repr__(self):
         return "make_codec(%r)" % self.name
@@ -75,6 +80,23 @@ def _flat_float(array: np.ndarray) -> np.ndarray:
     if array.dtype.kind != "f":
         raise ValueError("a codec encodes floating-point arrays, not %s" % array.dtype)
     return array.reshape(-1)
+
+
+def _nonfinite(flat: np.ndarray, what: str) -> NonFiniteValues:
+    """The error for `flat` (the input), which cannot be sent as `what`."""
+    bad = np.flatnonzero(~np.isfinite(flat))
+    where = ("%d non-finite value(s), the first %r at flat index %d"
+             % (bad.size, float(flat[bad[0]]), bad[0]) if bad.size
+             else "values beyond float32's range")
+    return NonFiniteValues("cannot %s an array holding %s: training diverged?" % (what, where))
+
+
+def _check_finite(sent: np.ndarray, flat: np.ndarray, what: str) -> None:
+    """Raise `_nonfinite` unless every value of `sent` (the values as they go out) is
+    finite; checked in chunks, so the scratch stays small whatever the size."""
+    for start in range(0, sent.size, CHUNK):
+        if not np.isfinite(sent[start:start + CHUNK]).all():
+            raise _nonfinite(flat, what)
 
 
 def _message(out: Optional[np.ndarray], size: int) -> np.ndarray:
@@ -114,7 +136,9 @@ class Float32Codec(Codec):
     def encode(self, array, out=None):
         flat = _flat_float(array)
         msg = _message(out, 4 * flat.size)
-        msg.view("<f4")[...] = flat
+        with np.errstate(over="ignore"):  # float64 beyond float32's range: refused next
+            msg.view("<f4")[...] = flat
+        _check_finite(msg.view("<f4"), flat, "send as float32")
         return msg
 
     def decode(self, buf, out):
@@ -126,7 +150,7 @@ class RawCodec(Codec):
     """The array's own dtype, bit for bit: `dtype`'s itemsize bytes per element."""
 
     def __init__(self, dtype):
-        self.dtype = np.dtype(dtype).newbyteorder("<")
+        self.dtype = self.lead = np.dtype(dtype).newbyteorder("<")
         self.name = "raw"
 
     def encoded_size(self, n):
@@ -136,6 +160,7 @@ class RawCodec(Codec):
         flat = _flat_float(array)
         msg = _message(out, self.encoded_size(flat.size))
         msg.view(self.dtype)[...] = flat
+        _check_finite(msg.view(self.dtype), flat, "send")
         return msg
 
     def decode(self, buf, out):
@@ -179,12 +204,7 @@ class _BlockQuantizer(Codec):
         blocks = self._blocks(flat)
         absmax = np.abs(blocks).max(axis=1) if blocks.size else np.zeros(0, np.float32)
         if not np.isfinite(absmax).all():
-            bad = np.flatnonzero(~np.isfinite(flat))
-            where = ("%d non-finite value(s), the first %r at flat index %d"
-                     % (bad.size, float(flat[bad[0]]), bad[0]) if bad.size
-                     else "values beyond float32's range")
-            raise NonFiniteValues("cannot %s-compress an array holding %s: training diverged?"
-                                  % (self.name, where))
+            raise _nonfinite(flat, "%s-compress" % self.name)
         absmax[absmax < TINY] = 0
         scales = (absmax / np.float32(self.LEVELS)).astype(np.float32)
         safe = np.where(scales > 0, scales, np.float32(1))
@@ -193,12 +213,6 @@ class _BlockQuantizer(Codec):
         np.clip(levels, -self.LEVELS, self.LEVELS, out=levels)
         levels[scales == 0] = 0
         return scales, levels, flat.size
-
-    def refusal(self, n):
-        return np.full(self.encoded_size(n), 0xFF, np.uint8)  # the scales are NaN
-
-    def refused(self, message):
-        return message.size >= 4 and bool(np.isnan(message[:4].view("<f4")[0]))
 
     def _split(self, buf, n):
         data = _received(buf, self.encoded_size(n))
@@ -311,7 +325,8 @@ def _accumulator_dtype(dtype) -> np.dtype:
 def compressed_mean(comm, array: np.ndarray, codec: Codec,
                     feedback: Optional[ErrorFeedback] = None, *,
                     among: Optional[Sequence[int]] = None,
-                    out: Optional[np.ndarray] = None) -> Tuple[np.ndarray, int]:
+                    out: Optional[np.ndarray] = None,
+                    cancel=None) -> Tuple[np.ndarray, int]:
     """The mean over the ranks of `comm` of their `array`s, each sent compressed by `codec`;
     returns (mean, bytes_sent).
 
@@ -330,10 +345,14 @@ def compressed_mean(comm, array: np.ndarray, codec: Codec,
     the payload this rank puts on the network for it, its message once for each other rank
     (``encoded_size * (size - 1)``; 0 outside `among`); over all ranks this is what any
     all-gather algorithm must carry, without MPI's own headers.
-    Raises NonFiniteValues (a quantising codec, NaN or Inf in the input: nothing is sent, so
-    every rank must get the same error, or the others wait) and ValueError.
+    `cancel` (a threading.Event): once set, the all-gather is left unfinished and
+    `_comm.Cancelled` is raised (the job is going down).
+    Raises NonFiniteValues when any rank's input holds NaN or Inf, whatever the codec
+    (averaged, it would reach every rank): that rank sends a refusal in place of its message,
+    so every rank raises the same error (none is left waiting), with `ranks` the ranks that
+    refused; nothing is averaged. Raises ValueError for bad arguments.
     """
-    from ._comm import import_mpi, wait
+    from ._comm import Cancelled, import_mpi, wait
     MPI = import_mpi()
     array = np.asarray(array)
     if array.dtype.kind != "f":
@@ -359,10 +378,7 @@ def compressed_mean(comm, array: np.ndarray, codec: Codec,
         try:
             mine = codec.encode(data)
         except NonFiniteValues as exc:  # send a refusal: every rank raises, none waits
-            refusal = codec.refusal(n)
-            if refusal is None:
-                raise
-            refused_here, mine = exc, refusal
+            refused_here, mine = exc, codec.refusal(n)
     counts = [message_size if r in members else 0 for r in range(size)]
     displacements = [0] * size
     for r in range(1, size):
@@ -371,14 +387,15 @@ def compressed_mean(comm, array: np.ndarray, codec: Codec,
     # Non-blocking, completed by polling with sleeps (`_comm.wait`): MPI's blocking call
     # busy-polls for the whole transfer, a core taken from the node's workers for as long as a
     # slow link needs (at 10 Mbit/s, a float32 message of 1.5 MB: 1.2 s a round).
-    wait(comm.Iallgatherv([mine, len(mine), MPI.BYTE],
-                          [gathered, (counts, displacements), MPI.BYTE]))
+    if not wait(comm.Iallgatherv([mine, len(mine), MPI.BYTE],
+                                 [gathered, (counts, displacements), MPI.BYTE]), cancel=cancel):
+        raise Cancelled("compressed_mean: cancelled before the other ranks' messages came")
     refusing = [r for r, message in zip(members, gathered) if codec.refused(message)]
     if refusing:
-        raise NonFiniteValues("compressed_mean: rank(s) %s of %d hold NaN or Inf, which %s "
-                              "cannot carry; nothing was averaged"
-                              % (", ".join(map(str, refusing)), size, codec.name)
-                              ) from refused_here
+        raise NonFiniteValues("compressed_mean: rank(s) %s of %d hold NaN or Inf, which would "
+                              "reach every rank's mean (%s); nothing was averaged"
+                              % (", ".join(map(str, refusing)), size, codec.name),
+                              refusing) from refused_here
     total = np.empty(n, acc_dtype)
     scratch = np.empty(n, acc_dtype) if len(members) > 1 else total
     for index, member in enumerate(members):

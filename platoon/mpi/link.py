@@ -19,6 +19,27 @@ _STOP_TAG = 57  # the stop signal's messages, on a communicator of their own
 DEFAULT_TIMEOUT_S = 1800.0
 
 
+def _agree_tie(comm, tie):
+    """Check that every rank of `comm` ties its centre alike (`CentreTie.agreed`: the settings
+    that decide what a round's messages are and mean); raise PlatoonError naming each
+    setting that differs and which node has which. Collective."""
+    settings = comm.allgather(None if tie is None else tie.agreed())
+    if all(s == settings[0] for s in settings):
+        return
+    untied = [r for r, s in enumerate(settings) if s is None]
+    if untied:
+        problems = ["a centre tie on node(s) %s but none on node(s) %s" % (
+            ", ".join(str(r) for r, s in enumerate(settings) if s is not None),
+            ", ".join(map(str, untied)))]
+    else:
+        problems = ["%s: %s" % (name, ", ".join("node %d %r" % (r, s[name])
+                                               for r, s in enumerate(settings)))
+                    for name in settings[0] if any(s[name] != settings[0][name]
+                                                   for s in settings)]
+    raise PlatoonError("the nodes' centre tie settings differ: %s; give every node the same "
+                       "--tie-* options (CentreTie)" % "; ".join(problems))
+
+
 class NodeLink:
     """A controller's link to the other nodes' controllers.
 
@@ -39,6 +60,7 @@ class NodeLink:
     def __init__(self, num_workers, comm=None, tie=None):
         MPI = self.MPI = import_mpi()
         world = comm if comm is not None else MPI.COMM_WORLD
+        _agree_tie(world, tie)  # before the communicators: a node without a tie makes one fewer
         if tie is not None and MPI.Query_thread() < MPI.THREAD_MULTIPLE:
             raise PlatoonError("the centre tie needs MPI_THREAD_MULTIPLE but MPI gives level %d; "
                                "use an MPI built with thread support (mpich is)"
@@ -160,6 +182,18 @@ class NodeLink:
             if self.tie is not None and self._tie_thread is None:
                 self._tie_thread = TieThread(self.tie, self._tie_comm, controller, self.abort)
 
+    def end_tie(self):
+        """End the centre tie now, without its final round: the controller is closing before
+        `finish` (SIGTERM, an error) and its centre is about to go, so no round may start or
+        go on. `Controller.close` calls it before it releases the centre. Not collective;
+        idempotent; nothing to do after `finish` (the tie has ended)."""
+        thread = self._tie_thread
+        if thread is None or self._finished or thread.halted:
+            return
+        if not thread.halt():
+            log.warning("node %d: the centre tie thread did not end (a round waits for the "
+                        "centre's lock?); the centre goes anyway", self.rank)
+
     def finish(self):
         """This node is done: freeze its centre for the tie, check that every node is done (a
         node still in a collective gets an error instead of a hang), then end the centre tie.
@@ -167,6 +201,9 @@ class NodeLink:
         idempotent."""
         if self._finished:
             return
+        if self._tie_thread is not None and self._tie_thread.halted:
+            raise PlatoonError("node %d: the centre tie was ended (its controller closed) "
+                               "before this node finished" % self.rank)
         self._finished = True
         if self._tie_thread is not None:
             self._tie_thread.node_done()  # its centre freezes while the others train on

@@ -17,8 +17,8 @@ from typing import Optional
 import numpy as np
 
 from .._controller.config import check_seconds
-from ..errors import PlatoonError
-from ._comm import wait
+from ..errors import NonFiniteValues, PlatoonError
+from ._comm import Cancelled, wait
 from .compress import CODECS, ErrorFeedback, RawCodec, compressed_mean, make_codec
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 LOCK_TIMEOUT_S = 60.0  # a worker stopped while holding the centre fails the tie
 OUTER_RULES = ("easgd", "diloco")
 IDLE_POLL_S = 0.05  # between the tie thread's checks while there is nothing to tie
+HALT_TIMEOUT_S = 10.0  # for a halted tie thread to end (a round waiting for the centre's lock)
 
 
 @dataclass
@@ -116,9 +117,15 @@ class CentreTie:
             dataclasses.replace(self, **{name: value})
         object.__setattr__(self, name, value)
 
+    def agreed(self):
+        """The settings every node must share (`NodeLink` checks them at start): those that
+        decide what a round's messages are and what is done with them. The pace
+        (`every_s`, `every_syncs`) is each node's own."""
+        return {"compress": self.compress, "outer": self.outer, "beta": self.beta,
+                "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum}
+
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(CentreTie))
-
 
 class TieThread:
     """The thread that runs `tie`'s rounds for `controller` on `comm` (a communicator of its
@@ -143,6 +150,7 @@ class TieThread:
         # changed (`_members`). See `_round`.
         self._mean = self._velocity = self._base = self._feedback = self._members = None
         self._done = threading.Event()  # this node's workers are all done
+        self._halt = threading.Event()  # end now, no final round (`halt`)
         self._handed_over = False  # this node's final centre is in the training nodes' mean
         self._last_start = time.monotonic()  # of the last round (its period counts from it)
         self._thread = threading.Thread(target=self._run, name="platoon-centre-tie",
@@ -162,15 +170,34 @@ class TieThread:
         self._thread.join()
         self._final_round()
 
+    def halt(self, timeout_s=HALT_TIMEOUT_S):
+        """End the rounds now, without a final round: the controller is closing without
+        having finished (SIGTERM, an error), and its centre is about to go. A round under way
+        is left where it is (its collective unfinished; the job is going down) and the centre
+        is not touched again. Not collective. Returns whether the thread ended within
+        `timeout_s` (it waits for the centre's lock at most that long)."""
+        self._halt.set()
+        self._done.set()  # wakes `_wait_for_round`
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    @property
+    def halted(self):
+        """Whether `halt` was called."""
+        return self._halt.is_set()
+
     def _run(self):
         try:
-            while True:
+            while not self._halt.is_set():
                 self._wait_for_round()
+                if self._halt.is_set():
+                    return
                 self._last_start = time.monotonic()
                 mine = np.array([self.ctl.centre_ready, self._done.is_set(),
                                  self._handed_over], np.int32)
                 states = np.empty((self.size, 3), np.int32)
-                wait(self.comm.Iallgather(mine, states))
+                if not wait(self.comm.Iallgather(mine, states), cancel=self._halt):
+                    return  # halted
                 ready, done, handed_over = states.astype(bool).T
                 if done.all():  # every node is done: the final round follows
                     return
@@ -181,7 +208,13 @@ class TieThread:
                         self._handed_over = True
                 else:  # nothing to tie: poll, even with a tiny every_s
                     time.sleep(IDLE_POLL_S)
+        except Cancelled:
+            log.debug("node %d: the centre tie was halted in a round", self.rank)
         except Exception:
+            if self._halt.is_set():  # the controller is closing: not a failure of the tie
+                log.debug("node %d: the centre tie ended while halted", self.rank,
+                          exc_info=True)
+                return
             log.exception("the centre tie failed on node %d", self.rank)
             self.on_failure(1)
 
@@ -234,33 +267,19 @@ class TieThread:
             self._feedback = [ErrorFeedback(a.size, a.dtype) for a in centre.arrays] \
                 if contributes else None
             self._members = members
-        centre.lock.acquire(LOCK_TIMEOUT_S)  # a stopped holder: LockTimeout, the tie fails
+        self._lock_centre(centre)  # a stopped holder: LockTimeout, the tie fails
         try:
             snaps = [a.copy() for a in centre.arrays] if contributes else []
         finally:
             centre.lock.release()
-        for i, mean in enumerate(self._mean):  # peers are here: blocking
-            if diloco and first:  # the anchor: the mean of the centres, exactly
-                _, sent = compressed_mean(self.comm, snaps[i] if contributes else mean,
-                                          RawCodec(mean.dtype), None, among=members, out=mean)
-            else:
-                if contributes:
-                    moved, feedback = snaps[i] - self._base[i], self._feedback[i]
-                else:
-                    moved, feedback = mean, None  # (not read: this node sends nothing)
-                mean_moved, sent = compressed_mean(self.comm, moved, self.codec, feedback,
-                                                   among=members)
-                if diloco:
-                    self._outer_step(mean, self._velocity[i], mean_moved)
-                else:
-                    mean += mean_moved  # the same bits on every node
-            if contributes:
-                self._base[i][...] = mean if diloco else snaps[i]
-            self.bytes_sent += sent
+        try:
+            self._send_moves(snaps, members, contributes, diloco, first)
+        except NonFiniteValues as exc:
+            raise self._diverged(exc, "round %d" % (self.rounds + 1)) from exc
         self.rounds += 1
-        if not training[self.rank] or self._done.is_set():  # done since the round began
+        if not training[self.rank] or self._done.is_set():  # done (or halted) since it began
             return
-        centre.lock.acquire(LOCK_TIMEOUT_S)
+        self._lock_centre(centre)
         try:
             for c, s, m in zip(centre.arrays, snaps, self._mean):
                 if diloco:  # the anchor plus what the workers added since the snapshot
@@ -274,6 +293,48 @@ class TieThread:
             centre.lock.release()
         log.debug("node %d: centre tie round %d, %d bytes sent so far", self.rank, self.rounds,
                   self.bytes_sent)
+
+    def _diverged(self, exc, where):
+        """The error for a refused round (`compressed_mean`'s NonFiniteValues), naming the
+        nodes whose centre holds NaN or Inf."""
+        nodes = ", ".join(map(str, exc.ranks)) or "?"
+        return NonFiniteValues("node(s) %s's centre holds NaN or Inf (training diverged "
+                               "there?): the centre tie refuses it in %s rather than average "
+                               "it into every node's centre, whatever --tie-compress; the job "
+                               "is aborted (resume from a node's last good checkpoint, with a "
+                               "lower learning rate)" % (nodes, where), exc.ranks)
+
+    def _send_moves(self, snaps, members, contributes, diloco, first):
+        """A round's messages (see `_round`): the new mean (anchor) in `self._mean`."""
+        for i, mean in enumerate(self._mean):  # peers are here: blocking
+            if diloco and first:  # the anchor: the mean of the centres, exactly
+                _, sent = compressed_mean(self.comm, snaps[i] if contributes else mean,
+                                          RawCodec(mean.dtype), None, among=members, out=mean,
+                                          cancel=self._halt)
+            else:
+                if contributes:
+                    moved, feedback = snaps[i] - self._base[i], self._feedback[i]
+                else:
+                    moved, feedback = mean, None  # (not read: this node sends nothing)
+                mean_moved, sent = compressed_mean(self.comm, moved, self.codec, feedback,
+                                                   among=members, cancel=self._halt)
+                if diloco:
+                    self._outer_step(mean, self._velocity[i], mean_moved)
+                else:
+                    mean += mean_moved  # the same bits on every node
+            if contributes:
+                self._base[i][...] = mean if diloco else snaps[i]
+            self.bytes_sent += sent
+
+    def _lock_centre(self, centre):
+        """Take the centre's lock for a round; Cancelled once halted (the centre may be
+        going: it must not be touched)."""
+        if self._halt.is_set():
+            raise Cancelled("the centre tie was halted")
+        centre.lock.acquire(LOCK_TIMEOUT_S)
+        if self._halt.is_set():
+            centre.lock.release()
+            raise Cancelled("the centre tie was halted")
 
     def _outer_step(self, anchor, velocity, mean_moved):
         """DiLoCo's outer SGD step with Nesterov momentum on `anchor`, in place: the gradient
@@ -308,8 +369,11 @@ class TieThread:
                 mine = array.copy()
             finally:
                 centre.lock.release()
-            mean, sent = compressed_mean(self.comm, mine, RawCodec(array.dtype), None,
-                                         among=last)
+            try:
+                mean, sent = compressed_mean(self.comm, mine, RawCodec(array.dtype), None,
+                                             among=last)
+            except NonFiniteValues as exc:
+                raise self._diverged(exc, "the final round") from exc
             self.bytes_sent += sent
             centre.lock.acquire(LOCK_TIMEOUT_S)
             try:

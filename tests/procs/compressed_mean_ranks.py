@@ -68,17 +68,35 @@ def main():
     same_everywhere(mean, "among [1]")
     assert mean.tobytes() == comm.bcast(x.tobytes(), root=1)
     checks += 1
-    # NaN on rank 1 only: both ranks raise, naming rank 1; the next call works again.
-    y = np.ones(600, np.float32)
+    # NaN or Inf on rank 1 only, whatever the codec (lossless ones too: the mean would carry
+    # it to every rank): both ranks raise, naming rank 1; the next call works again.
+    for name in ("int8", "int4", "float32", "raw"):
+        for dtype in (np.float32, np.float64, np.float16):
+            if dtype == np.float16 and name != "raw":
+                continue
+            codec = RawCodec(dtype) if name == "raw" else make_codec(name)
+            for bad in (np.nan, np.inf, -np.inf):
+                y = np.ones(600, dtype)
+                if rank == 1:
+                    y[5] = bad
+                try:
+                    compressed_mean(comm, y, codec, None)
+                    raise AssertionError("%r was averaged by %s %s" % (bad, name, dtype))
+                except NonFiniteValues as exc:
+                    assert "rank(s) 1 of %d hold NaN or Inf" % size in str(exc), exc
+                    assert exc.ranks == [1], exc.ranks
+                mean, _ = compressed_mean(comm, np.ones(600, dtype), codec, None)
+                assert (mean == 1).all()
+                checks += 1
+    # A float64 value beyond float32's range cannot travel as float32 either.
+    y = np.ones(10, np.float64)
     if rank == 1:
-        y[5] = np.nan
+        y[3] = 1e300
     try:
-        compressed_mean(comm, y, make_codec("int8"), None)
-        raise AssertionError("NaN was averaged")
+        compressed_mean(comm, y, make_codec("float32"), None)
+        raise AssertionError("1e300 went out as float32 inf")
     except NonFiniteValues as exc:
-        assert "rank(s) 1 of %d hold NaN or Inf" % size in str(exc), exc
-    mean, _ = compressed_mean(comm, np.ones(600, np.float32), make_codec("int8"), None)
-    assert (mean == 1).all()
+        assert "rank(s) 1 of %d" % size in str(exc), exc
     checks += 1
     print("OK rank %d checks %d" % (rank, checks), flush=True)
 

@@ -4,6 +4,8 @@ EASGD with its node's centre, which the centre tie links to the other node's.
 
 Every worker starts from the same far point and trains on data of its own for SYNCS syncs
 (argv[1], default 40), 5 steps each; prints "DIST d" (its distance to the true weights).
+With argv[2] "nan", node 1's worker 0 diverges (a NaN in its weights, hence in its node's
+centre) after 10 syncs.
 """
 
 import sys
@@ -22,7 +24,12 @@ def main():
         weights = np.random.default_rng(0).normal(size=FEATURES).astype(np.float32)
         w.init_shared_params([weights], EASGD(0.5))
         data = np.random.default_rng(100 + w.global_rank)
-        for _ in range(syncs):
+        diverges = sys.argv[2:3] == ["nan"] and w.node_rank == 1 and w.local_rank == 0
+        for i in range(syncs):
+            if diverges and i == 10:
+                weights[7] = np.nan
+                sys.stdout.write("DIVERGED node 1 worker 0\n")
+                sys.stdout.flush()
             for _ in range(5):
                 x = data.normal(size=(64, FEATURES)).astype(np.float32)
                 y = x @ true_w + np.float32(0.01) * data.normal(size=64).astype(np.float32)
