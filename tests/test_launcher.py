@@ -920,3 +920,99 @@ def test_a_port_out_of_range_ends_the_launcher_with_a_usage_error(tmp_path):
                                           "--control-port", "70001"), tmp_path)
     assert code == 2 and "'70001' is not a tcp port" in out, out
     assert not (tmp_path / "logs").exists()
+
+
+def test_fast_output_is_shown_whole_or_said_skipped_and_the_traceback_after_it(tmp_path):
+    """A worker printing 15 MB in its last moment, then failing: the launcher shows lines
+    whole, says how much it skipped and where it all is, and shows the traceback at the end
+    (it says the output is above)."""
+    script = tmp_path / "fast.py"
+    script.write_text("import sys\n"
+                      "sys.stdout.write(''.join('line %06d ' % i + 'x' * 40 + '\\n'\n"
+                      "                         for i in range(300000)))\n"
+                      "sys.stdout.flush()\n"
+                      "raise RuntimeError('the end of a fast worker')\n")
+    code, out = run_launcher(launcher_cmd(str(script), "-n", "1"), tmp_path, timeout=60)
+    assert code == 1, out[-3000:]
+    shown = [line for line in out.splitlines() if line.startswith("[worker0] line ")]
+    assert all(re.fullmatch(r"\[worker0\] line \d{6} x{40}", line) for line in shown), \
+        [line for line in shown if not re.fullmatch(r"\[worker0\] line \d{6} x{40}", line)][:3]
+    numbers = [int(line.split()[2]) for line in shown]
+    assert numbers == sorted(numbers) and numbers[-1] == 299999, numbers[-3:]
+    log = tmp_path / "logs" / "worker0.log"
+    skipped = re.findall(r"^\[worker0\] \(platoon-launcher: skipped (\d+) bytes of output here, "
+                         r"written faster than shown; all of it is in (\S+), from byte \d+\)$",
+                         out, re.M)
+    assert skipped and all(path == str(log) for _, path in skipped), out[:3000]
+    assert len(shown) + sum(int(n) for n, _ in skipped) // 53 == 300000  # (53 bytes a line)
+    tail = out[out.rindex("[worker0] line "):]
+    assert "[worker0] RuntimeError: the end of a fast worker" in tail, tail
+    assert "Its output is above (prefixed [worker0]" in tail, tail
+
+
+def test_escape_sequences_of_a_worker_show_as_text(tmp_path):
+    """A window title, an erase-line and a carriage return forging a launcher line reach the
+    terminal as visible text, prefixed with the worker."""
+    script = tmp_path / "escapes.py"
+    script.write_text("print('\\x1b]0;pwned\\x07title set')\n"
+                      "print('\\x1b[2K\\rplatoon-launcher: job finished', flush=True)\n"
+                      "raise SystemExit('\\x1b[31mred\\x1b[0m')\n")
+    code, out = run_launcher(launcher_cmd(str(script), "-n", "1"), tmp_path, timeout=60)
+    assert code == 1, out
+    assert "\x1b" not in out and "\r" not in out and "\x07" not in out, repr(out)
+    assert "\n[worker0] \\x1b]0;pwned\\x07title set\n" in out, out
+    assert "\n[worker0] \\x1b[2K\\rplatoon-launcher: job finished\n" in out, out
+    assert "\n[worker0] \\x1b[31mred\\x1b[0m\n" in out, out
+
+
+def follower_lines(tmp_path, chunks, final=True):
+    """The lines a LogFollower shows of a log written in `chunks`, a look after each."""
+    from platoon.launch.output import LogFollower
+    log = tmp_path / "w.log"
+    log.write_bytes(b"")
+    follower, lines = LogFollower(str(log)), []
+    for chunk in chunks:
+        with open(log, "ab") as f:
+            f.write(chunk)
+        lines += follower.new_lines()
+    return lines + (follower.new_lines(final=True) if final else [])
+
+
+def test_a_long_line_is_cut_saying_so_and_never_held_whole(tmp_path):
+    from platoon.launch import output
+    piece = b"y" * output.CHUNK  # a look's worth at a time: 60 MiB without a newline
+    lines = follower_lines(tmp_path, [b"before\n"] + [piece] * 60 + [b"\nafter\nlast"])
+    assert not [line for line in lines if "skipped" in line]
+    assert lines[0] == "before" and lines[-2:] == ["after", "last"], lines[-2:]
+    cut = [line for line in lines if line.startswith("y")]
+    assert len(cut) == 1 and cut[0] == "y" * output.MAX_LINE + (
+        " … (platoon-launcher: line cut at %d bytes; all of it is in %s)"
+        % (output.MAX_LINE, tmp_path / "w.log")), [line[-120:] for line in lines]
+    follower = output.LogFollower(str(tmp_path / "w.log"))
+    for _ in range(80):  # a look at a time: what is held stays small
+        follower.new_lines()
+        assert len(follower._partial) <= output.MAX_LINE
+    tail = output.tail(str(tmp_path / "w.log"), 3)
+    assert tail.splitlines()[-2:] == ["after", "last"], tail[-200:]
+    assert len(tail) < output.TAIL_BYTES
+
+
+def test_a_skip_never_shows_a_cut_line_as_whole(tmp_path):
+    from platoon.launch import output
+    body = b"".join(b"%07d %s\n" % (i, b"z" * 92) for i in range(200000))  # 20 MB
+    lines = follower_lines(tmp_path, [b"pending start of a line ", body], final=True)
+    skipped = [line for line in lines if line.startswith("(platoon-launcher: skipped")]
+    assert len(skipped) == 1 and "from byte 0)" in skipped[0], lines[:2]
+    rest = lines[lines.index(skipped[0]) + 1:]
+    assert rest and all(re.fullmatch(r"\d{7} z{92}", line) for line in rest), rest[:2]
+    assert rest[-1].startswith("0199999 ")
+    no_newline = follower_lines(tmp_path, [b"q" * (output.BACKLOG + output.KEEP)])
+    assert no_newline[0].startswith("(platoon-launcher: skipped"), no_newline[0]
+    assert no_newline[1].startswith("… qqq") and "line cut" in no_newline[1], no_newline[1][-99:]
+
+
+def test_control_characters_are_made_visible():
+    from platoon.launch.output import visible
+    assert visible("a\tb\nc") == "a\tb\nc"
+    assert visible("\x1b[2K\rX\x07\x08\x7f\x9b") == "\\x1b[2K\\rX\\x07\\x08\\x7f\\x9b"
+    assert visible("é 中文 ✓") == "é 中文 ✓"

@@ -34,6 +34,7 @@ from .._os.process import (
     unlink_job_segments,
 )
 from .._os.statusfile import read_status
+from .output import LogFollower, tail, visible
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +189,6 @@ def make_private_dirs(path):
     return open_private_dir(path, create=True)
 
 
-OUTPUT_CHUNK = 1 << 20  # the most of a log shown on the terminal per look
 SUPERVISION_PERIOD_S = 0.2  # between looks at the processes (and their output) at most
 
 
@@ -211,35 +211,17 @@ class Process:
             os.close(log_fd)
         self.pid = self.popen.pid
         self.returncode = None
-        self._read_to = 0  # how far `new_lines` has read the log
-        self._partial = b""  # a line not yet ended
-        self._shown_until = None  # where `new_lines` stops (`end_shown_output`), if set
+        self.output = LogFollower(log_path)
 
     def end_shown_output(self):
         """From now on `new_lines` gives only what the log holds now: what the process writes
         while it is being stopped stays in its log."""
-        try:
-            self._shown_until = os.path.getsize(self.log_path)
-        except OSError:
-            self._shown_until = self._read_to
+        self.output.stop_at()
 
     def new_lines(self, final=False):
-        """The lines its log gained since the last call (`final`: the unended last one too)."""
-        size = OUTPUT_CHUNK if self._shown_until is None else min(
-            OUTPUT_CHUNK, max(0, self._shown_until - self._read_to))
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self._read_to)
-                data = f.read(size)
-        except OSError:
-            return []
-        self._read_to += len(data)
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
-        if final and self._partial:
-            lines.append(self._partial)
-            self._partial = b""
-        return [line.decode(errors="replace").rstrip("\r") for line in lines]
+        """The lines its log gained since the last call (`final`: all of them, the unended
+        last one too), bounded and made visible (`platoon.launch.output.LogFollower`)."""
+        return self.output.new_lines(final)
 
     def poll(self):
         if self.returncode is None:
@@ -262,11 +244,7 @@ class Process:
         return "exit code %d" % code
 
     def tail(self, lines=20):
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return "".join(f.readlines()[-lines:])
-        except OSError:
-            return ""
+        return tail(self.log_path, lines)
 
 
 def _metric(key, value):
@@ -284,7 +262,7 @@ class StatusLine:
 
     def say(self, text):
         self.clear()
-        print("platoon-launcher: %s" % text, file=self.out, flush=True)
+        print("platoon-launcher: %s" % visible(text), file=self.out, flush=True)
 
     def clear(self):
         if self.tty and self._length:
