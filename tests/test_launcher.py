@@ -1016,3 +1016,55 @@ def test_control_characters_are_made_visible():
     assert visible("a\tb\nc") == "a\tb\nc"
     assert visible("\x1b[2K\rX\x07\x08\x7f\x9b") == "\\x1b[2K\\rX\\x07\\x08\\x7f\\x9b"
     assert visible("é 中文 ✓") == "é 中文 ✓"
+
+
+def test_the_status_line_fits_the_terminal_and_shows_escapes_as_text(tmp_path):
+    """At 80 columns, a status line with many metrics (one with an escape sequence in its
+    name) is cut to whole parts and '+K more', one row: a wider line wraps, and each redraw
+    left a stale copy."""
+    import fcntl
+    import struct
+    import termios
+    from platoon._os.statusfile import write_status
+    from platoon.launch.output import columns
+    from platoon.launch.supervision import StatusLine
+    metrics = {"metric_%02d" % i: i / 7 for i in range(20)}
+    metrics["\x1b]0;title\x07\x1b[2Kname"] = 1.0
+    write_status(str(tmp_path / "status.json"), {"minibatches": 5, "syncs": 2,
+                                                 "metrics": metrics})
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    out = os.fdopen(slave, "w")
+    try:
+        status = StatusLine(out, 5.0, str(tmp_path / "status.json"))
+        assert status.tty and status.width() == 80
+        status.show([], force=True)
+        status.show([], force=True)
+        status.say("done")
+        data = b""
+        while select.select([master], [], [], 0.2)[0]:
+            data += os.read(master, 65536)
+    finally:
+        out.close()
+        os.close(master)
+    text = data.decode()
+    assert "\x1b" not in text and "\x07" not in text, repr(text)
+    drawn = [row for row in re.split(r"[\r\n]+", text) if row.strip()]
+    assert drawn[0].startswith("workers alive 0/0 | minibatches 5 | syncs 2 | "), drawn
+    assert re.search(r" \| \+\d+ more$", drawn[0]), drawn
+    assert drawn[0] == drawn[1] and drawn[-1] == "platoon-launcher: done", drawn
+    assert all(columns(row) < 80 for row in re.split(r"[\r\n]", text)), drawn
+    wide = StatusLine(io.StringIO(), 5.0, None)
+    assert not wide.tty  # a log, not a terminal: whole lines, escapes shown as text
+    write_status(str(tmp_path / "status.json"), {"metrics": {"\x1b[2Kx": 1}})
+    wide.status_file = str(tmp_path / "status.json")
+    wide.show([], force=True)
+    assert wide.out.getvalue().endswith(" | \\x1b[2Kx 1\n"), wide.out.getvalue()
+
+
+def test_fit_keeps_whole_parts_counting_wide_characters():
+    from platoon.launch.output import columns, fit
+    assert fit(["a" * 10, "b" * 10], 80) == "a" * 10 + " | " + "b" * 10
+    assert fit(["a" * 10, "b" * 70, "c"], 80) == "a" * 10 + " | +2 more"
+    assert fit(["中" * 50], 80) == "中" * 39 + "…" and columns("中" * 39 + "…") == 79
+    assert columns(fit(["é" * 30, "文" * 30, "x"], 60)) < 60

@@ -33,8 +33,8 @@ from .._os.process import (
     stop,
     unlink_job_segments,
 )
-from .._os.statusfile import read_status
-from .output import LogFollower, tail, visible
+from .._os.statusfile import MAX_METRICS, MAX_NAME, read_status
+from .output import LogFollower, columns, fit, tail, visible
 
 log = logging.getLogger(__name__)
 
@@ -247,8 +247,40 @@ class Process:
         return tail(self.log_path, lines)
 
 
+SHOWN_METRICS = 32  # metrics on the status line and in each summary line, at most
+METRIC_TEXT = 100  # characters of a metric's name or value shown, at most
+
+
+def _short(text):
+    return text if len(text) <= METRIC_TEXT else text[:METRIC_TEXT - 1] + "…"
+
+
 def _metric(key, value):
-    return "%s %s" % (key, "%.4g" % value if isinstance(value, float) else value)
+    if isinstance(value, float):
+        text = "%.4g" % value
+    else:
+        try:
+            text = str(value)
+        except ValueError:  # an int of more digits than Python converts
+            text = "(a very large number)"
+    return "%s %s" % (_short(str(key)), _short(text))
+
+
+def _metrics(metrics):
+    """'name value' of the first SHOWN_METRICS `metrics` by name, then '+K more metrics'."""
+    if not isinstance(metrics, dict):
+        return []
+    names = sorted(metrics)
+    shown = [_metric(key, metrics[key]) for key in names[:SHOWN_METRICS]]
+    if len(names) > SHOWN_METRICS:
+        shown.append("+%d more metrics" % (len(names) - SHOWN_METRICS))
+    return shown
+
+
+def _dropped(holder):
+    """How many reported metrics the controller did not keep (its `metrics_dropped`)."""
+    count = holder.get("metrics_dropped") if isinstance(holder, dict) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) else 0
 
 
 class StatusLine:
@@ -284,16 +316,26 @@ class StatusLine:
         if isinstance(status.get("syncs_per_s"), (int, float)):
             syncs += " (%.1f/s)" % status["syncs_per_s"]
         parts.append(syncs)
-        for key, value in sorted(status.get("metrics", {}).items()):
-            parts.append(_metric(key, value))
-        line = " | ".join(parts)
-        if self.tty:
+        if _dropped(status):
+            parts.append("%d metrics not kept" % _dropped(status))
+        parts += _metrics(status.get("metrics"))
+        parts = [visible(part) for part in parts]
+        if self.tty:  # one line that fits: a wider one wraps, and clear() leaves its copy
+            line = fit(parts, self.width())
             self.clear()
             self.out.write(line)
             self.out.flush()
-            self._length = len(line)
-        else:
-            print("platoon-launcher: %s" % line, file=self.out, flush=True)
+            self._length = columns(line)
+            return
+        line = " | ".join(parts)
+        print("platoon-launcher: %s" % line, file=self.out, flush=True)
+
+    def width(self):
+        """The terminal's columns now (it may have been resized); 80 if it cannot be told."""
+        try:
+            return os.get_terminal_size(self.out.fileno()).columns or 80
+        except (AttributeError, OSError, ValueError):
+            return 80
 
 
 class Launch:
@@ -672,10 +714,10 @@ class Launch:
         lines = [head]
         final = status.get("final_result")
         if isinstance(final, dict) and isinstance(final.get("metrics"), dict):
-            lines.append("  final result (the final centre, evaluated once by worker %s): %s"
-                         % (final.get("worker", "?"), ", ".join(
-                             _metric(key, value) for key, value in sorted(
-                                 final["metrics"].items())) or "(no metrics)"))
+            lines.append("  final result (the final centre, evaluated once by worker %s): %s%s"
+                         % (final.get("worker", "?"),
+                            ", ".join(_metrics(final["metrics"])) or "(no metrics)",
+                            "; %d more not kept" % _dropped(final) if _dropped(final) else ""))
         if status.get("syncs") == 0 and self.args.workers > 1 and not self.args.hosts:
             lines.append("  warning: the workers never synced (0 syncs), so they shared "
                          "nothing: each trained alone. Call w.sync_params() (or "
@@ -685,11 +727,15 @@ class Launch:
                                   key=lambda item: (len(item[0]), item[0])):  # 0, 1, ..., 10
             if not isinstance(report, dict):
                 continue
-            metrics = report.get("metrics") if isinstance(report.get("metrics"), dict) else {}
-            shown = ", ".join(_metric(key, value) for key, value in sorted(metrics.items()))
-            lines.append("  worker %s last reported: %s(%s minibatches, %s syncs)" % (
-                wid, shown + " " if shown else "", report.get("minibatches", "?"),
-                report.get("syncs", "?")))
+            shown = ", ".join(_metrics(report.get("metrics")))
+            lines.append("  worker %s last reported: %s(%s minibatches, %s syncs%s)" % (
+                _short(wid), shown + " " if shown else "", report.get("minibatches", "?"),
+                report.get("syncs", "?"), ", %d metrics not kept" % _dropped(report)
+                if _dropped(report) else ""))
+        if _dropped(status):
+            lines.append("  %d reported metrics were not kept: the controller keeps the first "
+                         "%d metric names (of up to %d characters) for the job and for each "
+                         "worker; report fewer" % (_dropped(status), MAX_METRICS, MAX_NAME))
         if self.args.hosts:
             lines.append("  node centres are not checkpointed (--hosts)")
         elif self._saved_during_job(self.centre_path):
