@@ -745,10 +745,14 @@ def test_script_form_usage(tmp_path, capsys):
         "train.py", 3, ["--a", "--lr", "20"], None)
     assert launcher.parse_args(["x"]).worker_argv == []
     launch = launcher.Launch(launcher.parse_args(["dir/train.py"]), out=io.StringIO())
-    assert launch.log_dir.startswith(os.path.join("PLATOON_LOGS", "train", ""))
-    for argv, error in [
+    assert launch.log_dir.startswith(os.path.join("platoon-logs", "train", ""))  # (plain, not
+    for argv, error in [                                     # an unset variable's name)
             (["train.py", "--lr", "20"], "unrecognized arguments: --lr 20 (the worker "
              "script's arguments go after --: platoon-launcher train.py -- --lr 20)"),
+            (["train.py", "--log-dri", "d"], "unrecognized option --log-dri: did you mean "
+             "--log-dir?"),
+            (["train.py", "--ready-timeot=4"], "unrecognized option --ready-timeot=4: did you "
+             "mean --ready-timeout-s?"),
             (["examples/digits/digits", "--controller", "c.py"],
              "--controller goes with a SCRIPT.py")]:
         with pytest.raises(SystemExit) as exc:
@@ -1068,3 +1072,52 @@ def test_fit_keeps_whole_parts_counting_wide_characters():
     assert fit(["a" * 10, "b" * 70, "c"], 80) == "a" * 10 + " | +2 more"
     assert fit(["中" * 50], 80) == "中" * 39 + "…" and columns("中" * 39 + "…") == 79
     assert columns(fit(["é" * 30, "文" * 30, "x"], 60)) < 60
+
+
+def test_a_typo_in_the_scripts_own_arguments_is_said_so(tmp_path):
+    """A script whose argparse refuses its arguments fails before its Worker: not 'not ported
+    to platoon', nor 'the workers never synced'."""
+    script = tmp_path / "typo.py"
+    script.write_text("import argparse\n"
+                      "parser = argparse.ArgumentParser()\n"
+                      "parser.add_argument('--lr')\n"
+                      "parser.parse_args()\n")
+    code, out = run_launcher(launcher_cmd(str(script), "-n", "2"), tmp_path,
+                             script_args=["--lrr", "3"])
+    assert code == 1, out
+    assert "[worker" in out and "error: unrecognized arguments: --lrr 3" in out, out
+    assert re.search(r"worker\d (\(pid \d+\) )?failed \(exit code 2\)( before creating its "
+                     r"platoon\.Worker, while the controller waits for it to register)?: exit "
+                     r"code 2 is a usage error \(argparse's\): check the script's own "
+                     r"arguments, after --; stopped the job\. Its output is above", out), out
+    assert "not ported" not in out and "never synced" not in out, out
+
+
+def test_a_worker_stopped_by_controllergone_says_it_in_one_line(capsys):
+    """A crash in worker 1 stops the controller; worker 0's ControllerGone is a consequence:
+    one line naming where the script stopped, not 27 lines of platoon's internals."""
+    from platoon.errors import ControllerGone
+    from platoon.launch import child
+
+    def request():
+        try:
+            raise ConnectionRefusedError("connection refused")
+        except ConnectionRefusedError:
+            raise ControllerGone("the controller of job x (pid 1) has exited; worker 0 "
+                                 "cannot go on") from None
+
+    try:
+        request()
+    except ControllerGone as exc:
+        child._from_the_scripts_frames(type(exc), exc, exc.__traceback__)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert re.fullmatch(r"platoon\.errors\.ControllerGone: the controller of job x \(pid 1\) "
+                        r"has exited; worker 0 cannot go on \(at \S+test_launcher\.py, line "
+                        r"\d+, in request\) \(the launcher reports why the job stopped\)\n",
+                        err), err
+    try:
+        raise RuntimeError("any other error")
+    except RuntimeError as exc:
+        child._from_the_scripts_frames(type(exc), exc, exc.__traceback__)
+    assert "Traceback (most recent call last)" in capsys.readouterr().err

@@ -39,6 +39,7 @@ from .output import LogFollower, columns, fit, tail, visible
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+LOGS = "platoon-logs"  # the default --log-dir's top folder, in the working directory
 
 
 class UsageError(Exception):
@@ -349,7 +350,7 @@ class Launch:
         name = os.path.basename(args.experiment.rstrip("/")) or "job"
         name = name[:-len(".py")] if name.endswith(".py") else name
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-        self.log_dir = args.log_dir or os.path.join("PLATOON_LOGS", name, stamp)
+        self.log_dir = args.log_dir or os.path.join(LOGS, name, stamp)
         self.status_file = os.path.join(self.log_dir, "status.json")
         self.status = StatusLine(out, args.status_every_s, self.status_file)
         self.say = self.status.say
@@ -357,6 +358,7 @@ class Launch:
         self.keys_file = None
         self.log_dir_fd = None  # the log directory, opened once (`make_private_dirs`)
         self._finished_at = None
+        self._finished_ok = False  # the job ended, every process done
         self._failed = set()
         self._replaced = set()
         self._seen_registered = set()  # workers the status file lists as registered
@@ -543,6 +545,7 @@ class Launch:
                             ", %d failed" % len(self._failed) if self._failed else "",
                             self.log_dir))
             self._echo(self.controller)
+            self._finished_ok = True
             return EXIT_OK
         if not self.args.hosts:
             self.status.show(self.workers)
@@ -623,15 +626,27 @@ class Launch:
         return False
 
     def _never_registered(self, proc):
+        if proc.returncode != 0:  # it failed before its Worker: its own output says why
+            return ("%s (pid %d) failed (%s) before creating its platoon.Worker, while the "
+                    "controller waits for it to register%s"
+                    % (proc.label, proc.pid, proc.describe_exit(), self._usage_hint(proc)))
         return ("%s (pid %d) exited (%s) without ever creating a platoon.Worker, while the "
                 "controller waits for it to register: its script is not ported to platoon. "
                 "Create a Worker in it (see docs/porting-a-script.md); a script that is not "
                 "a platoon worker runs without the launcher"
                 % (proc.label, proc.pid, proc.describe_exit()))
 
+    def _usage_hint(self, proc):
+        """For a worker that exited 2 (argparse's usage error) and never registered: a hint
+        that its script's own arguments were refused; else ''."""
+        if proc.returncode != 2 or self._registered(proc, final=True):
+            return ""
+        return (": exit code 2 is a usage error (argparse's): check the script's own "
+                "arguments, after --")
+
     def worker_failed(self, proc):
         """Restart, tolerate or fail the job for a failed worker; returns an exit code to fail."""
-        reason = "%s failed (%s)" % (proc.label, proc.describe_exit())
+        reason = "%s failed (%s)%s" % (proc.label, proc.describe_exit(), self._usage_hint(proc))
         if self.controller.poll() is not None:  # a replacement would wait for it in vain
             reason += " after the controller had finished"
         elif self.restarts_left > 0:
@@ -718,7 +733,8 @@ class Launch:
                          % (final.get("worker", "?"),
                             ", ".join(_metrics(final["metrics"])) or "(no metrics)",
                             "; %d more not kept" % _dropped(final) if _dropped(final) else ""))
-        if status.get("syncs") == 0 and self.args.workers > 1 and not self.args.hosts:
+        if (self._finished_ok and status.get("syncs") == 0 and self.args.workers > 1
+                and not self.args.hosts):  # (a job that failed has said why already)
             lines.append("  warning: the workers never synced (0 syncs), so they shared "
                          "nothing: each trained alone. Call w.sync_params() (or "
                          "PeriodicSync.step()) in the training loop")
