@@ -1,5 +1,6 @@
 """What a job reports: a controller thread's failure leads it, and progress counts itself."""
 
+import io
 import json
 import os
 import re
@@ -11,7 +12,10 @@ import traceback
 import pytest
 
 from platoon.errors import ProtocolError, StopRequested
+from platoon._controller.status import Progress
 from platoon._controller.threadfailures import ThreadFailures
+from platoon._os.statusfile import MAX_METRICS, MAX_TEXT
+from platoon.launch.cli import Launch, parse_args
 from test_launcher import EXPERIMENTS, assert_job_gone, job_id_of, launcher_cmd, run_launcher
 
 
@@ -96,11 +100,6 @@ def test_reported_metrics_are_bounded_and_what_is_not_kept_is_counted(tmp_path):
     """Six reports of 40,000 names made an 8.6 MB status.json and 3.8 MB status lines: the
     first MAX_METRICS names are kept, long names dropped, long values cut, and the rest
     counted, in the status file and in the launcher's summary."""
-    import io
-
-    from platoon._controller.status import Progress
-    from platoon._os.statusfile import MAX_METRICS, MAX_TEXT
-    from platoon.launch.cli import Launch, parse_args
     path = tmp_path / "status.json"
     progress = Progress(str(path), lambda: (1, 0))
     started = time.monotonic()

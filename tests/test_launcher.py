@@ -1,5 +1,6 @@
 """platoon-launcher with real controller and worker processes: success, failure, signals."""
 
+import fcntl
 import io
 import os
 import pty
@@ -8,8 +9,10 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import time
 
 import pytest
@@ -18,8 +21,13 @@ from platoon.launch import cli as launcher
 
 from platoon import load_centre
 from platoon.device import Device
+from platoon.errors import ControllerGone
+from platoon.launch import child, output
+from platoon.launch.output import LogFollower, columns, fit, visible
+from platoon.launch.supervision import StatusLine
 from platoon._os.environment import THREAD_VARIABLES, XLA_MEMORY_VARIABLES, device_variables
 from platoon._os.process import job_segments, pid_alive, signal_name
+from platoon._os.statusfile import write_status
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -971,7 +979,6 @@ def test_escape_sequences_of_a_worker_show_as_text(tmp_path):
 
 def follower_lines(tmp_path, chunks, final=True):
     """The lines a LogFollower shows of a log written in `chunks`, a look after each."""
-    from platoon.launch.output import LogFollower
     log = tmp_path / "w.log"
     log.write_bytes(b"")
     follower, lines = LogFollower(str(log)), []
@@ -983,7 +990,6 @@ def follower_lines(tmp_path, chunks, final=True):
 
 
 def test_a_long_line_is_cut_saying_so_and_never_held_whole(tmp_path):
-    from platoon.launch import output
     piece = b"y" * output.CHUNK  # a look's worth at a time: 60 MiB without a newline
     lines = follower_lines(tmp_path, [b"before\n"] + [piece] * 60 + [b"\nafter\nlast"])
     assert not [line for line in lines if "skipped" in line]
@@ -1002,7 +1008,6 @@ def test_a_long_line_is_cut_saying_so_and_never_held_whole(tmp_path):
 
 
 def test_a_skip_never_shows_a_cut_line_as_whole(tmp_path):
-    from platoon.launch import output
     body = b"".join(b"%07d %s\n" % (i, b"z" * 92) for i in range(200000))  # 20 MB
     lines = follower_lines(tmp_path, [b"pending start of a line ", body], final=True)
     skipped = [line for line in lines if line.startswith("(platoon-launcher: skipped")]
@@ -1016,7 +1021,6 @@ def test_a_skip_never_shows_a_cut_line_as_whole(tmp_path):
 
 
 def test_control_characters_are_made_visible():
-    from platoon.launch.output import visible
     assert visible("a\tb\nc") == "a\tb\nc"
     assert visible("\x1b[2K\rX\x07\x08\x7f\x9b") == "\\x1b[2K\\rX\\x07\\x08\\x7f\\x9b"
     assert visible("é 中文 ✓") == "é 中文 ✓"
@@ -1026,12 +1030,6 @@ def test_the_status_line_fits_the_terminal_and_shows_escapes_as_text(tmp_path):
     """At 80 columns, a status line with many metrics (one with an escape sequence in its
     name) is cut to whole parts and '+K more', one row: a wider line wraps, and each redraw
     left a stale copy."""
-    import fcntl
-    import struct
-    import termios
-    from platoon._os.statusfile import write_status
-    from platoon.launch.output import columns
-    from platoon.launch.supervision import StatusLine
     metrics = {"metric_%02d" % i: i / 7 for i in range(20)}
     metrics["\x1b]0;title\x07\x1b[2Kname"] = 1.0
     write_status(str(tmp_path / "status.json"), {"minibatches": 5, "syncs": 2,
@@ -1067,7 +1065,6 @@ def test_the_status_line_fits_the_terminal_and_shows_escapes_as_text(tmp_path):
 
 
 def test_fit_keeps_whole_parts_counting_wide_characters():
-    from platoon.launch.output import columns, fit
     assert fit(["a" * 10, "b" * 10], 80) == "a" * 10 + " | " + "b" * 10
     assert fit(["a" * 10, "b" * 70, "c"], 80) == "a" * 10 + " | +2 more"
     assert fit(["中" * 50], 80) == "中" * 39 + "…" and columns("中" * 39 + "…") == 79
@@ -1096,8 +1093,6 @@ def test_a_typo_in_the_scripts_own_arguments_is_said_so(tmp_path):
 def test_a_worker_stopped_by_controllergone_says_it_in_one_line(capsys):
     """A crash in worker 1 stops the controller; worker 0's ControllerGone is a consequence:
     one line naming where the script stopped, not 27 lines of platoon's internals."""
-    from platoon.errors import ControllerGone
-    from platoon.launch import child
 
     def request():
         try:
