@@ -1005,6 +1005,11 @@ def test_a_long_line_is_cut_saying_so_and_never_held_whole(tmp_path):
     tail = output.tail(str(tmp_path / "w.log"), 3)
     assert tail.splitlines()[-2:] == ["after", "last"], tail[-200:]
     assert len(tail) < output.TAIL_BYTES
+    (tmp_path / "one.log").write_bytes(b"w" * (output.TAIL_BYTES * 2))
+    one = output.tail(str(tmp_path / "one.log"))
+    assert one.startswith("… www") and one.endswith(" … (platoon-launcher: line cut at %d bytes; "
+                                                   "all of it is in %s)\n" % (
+                                                       output.MAX_LINE, tmp_path / "one.log"))
 
 
 def test_a_skip_never_shows_a_cut_line_as_whole(tmp_path):

@@ -190,13 +190,14 @@ def tail(path: str, lines: int = 20) -> str:
     except OSError:
         return ""
     parts = data.split(b"\n")
-    if size > TAIL_BYTES and len(parts) > 1:
-        parts = parts[1:]  # (it starts inside a line)
+    inside = size > TAIL_BYTES  # it starts inside a line: shown marked "… " if it is the only one
+    if inside and len(parts) > 1:
+        parts, inside = parts[1:], False
     if parts and parts[-1] == b"":
         parts.pop()
     shown = []
-    for part in parts[-lines:]:
-        text = _line(part[:MAX_LINE])
+    for index, part in enumerate(parts[-lines:]):
+        text = ("… " if inside and index == 0 else "") + _line(part[:MAX_LINE])
         if len(part) > MAX_LINE:
             text += " … (platoon-launcher: line cut at %d bytes; all of it is in %s)" % (
                 MAX_LINE, path)
