@@ -1,5 +1,6 @@
 """What a job reports: a controller thread's failure leads it, and progress counts itself."""
 
+import io
 import json
 import os
 import re
@@ -11,7 +12,10 @@ import traceback
 import pytest
 
 from platoon.errors import ProtocolError, StopRequested
+from platoon._controller.status import Progress
 from platoon._controller.threadfailures import ThreadFailures
+from platoon._os.statusfile import MAX_METRICS, MAX_TEXT
+from platoon.launch.cli import Launch, parse_args
 from test_launcher import EXPERIMENTS, assert_job_gone, job_id_of, launcher_cmd, run_launcher
 
 
@@ -90,3 +94,37 @@ def test_thread_failures_keep_the_first_real_failure_and_restore_the_hook():
     finally:
         failures.close()
     assert threading.excepthook is before
+
+
+def test_reported_metrics_are_bounded_and_what_is_not_kept_is_counted(tmp_path):
+    """Six reports of 40,000 names made an 8.6 MB status.json and 3.8 MB status lines: the
+    first MAX_METRICS names are kept, long names dropped, long values cut, and the rest
+    counted, in the status file and in the launcher's summary."""
+    path = tmp_path / "status.json"
+    progress = Progress(str(path), lambda: (1, 0))
+    started = time.monotonic()
+    for _ in range(6):
+        progress.add(0, 1, 0, {"m%05d" % i: float(i) for i in range(40000)})
+    progress.add(1, 1, 0, {"n" * 65: 1.0, "text": "t" * 1000, "big": 10 ** 400,
+                           "nested": {"a": list(range(1000))}, "m00000": -1.0})
+    progress.write(force=True)
+    assert time.monotonic() - started < 5
+    assert path.stat().st_size < 10_000, path.stat().st_size
+    status = json.loads(path.read_text())
+    assert sorted(status["metrics"]) == ["m%05d" % i for i in range(MAX_METRICS)]
+    assert status["metrics"]["m00000"] == -1.0  # a kept name takes its latest value
+    assert status["reports"]["0"]["metrics_dropped"] == 6 * (40000 - MAX_METRICS)
+    worker1 = status["reports"]["1"]
+    assert worker1["metrics_dropped"] == 1  # the long name (4 not kept in the job's metrics)
+    assert worker1["metrics"]["text"] == "t" * (MAX_TEXT - 1) + "…"
+    assert worker1["metrics"]["big"] == "an integer of 1329 bits"
+    assert len(worker1["metrics"]["nested"]) == MAX_TEXT and "n" * 65 not in worker1["metrics"]
+    assert status["metrics_dropped"] == 6 * (40000 - MAX_METRICS) + 4
+    launch = Launch(parse_args(["x.py", "--log-dir", str(tmp_path)]), out=io.StringIO())
+    summary = "\n".join(launch.summary())
+    assert "worker 0 last reported: m00000 0, m00001 1, " in summary, summary
+    assert "(6 minibatches, 0 syncs, 239808 metrics not kept)" in summary, summary
+    assert ("  239812 reported metrics were not kept: the controller keeps the first %d metric "
+            "names (of up to 64 characters) for the job and for each worker; report fewer"
+            % MAX_METRICS) in summary, summary
+    assert len(summary) < 5000

@@ -1,5 +1,6 @@
 """platoon-launcher with real controller and worker processes: success, failure, signals."""
 
+import fcntl
 import io
 import os
 import pty
@@ -8,8 +9,10 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import time
 
 import pytest
@@ -18,8 +21,13 @@ from platoon.launch import cli as launcher
 
 from platoon import load_centre
 from platoon.device import Device
+from platoon.errors import ControllerGone
+from platoon.launch import child, output
+from platoon.launch.output import LogFollower, columns, fit, visible
+from platoon.launch.supervision import StatusLine
 from platoon._os.environment import THREAD_VARIABLES, XLA_MEMORY_VARIABLES, device_variables
 from platoon._os.process import job_segments, pid_alive, signal_name
+from platoon._os.statusfile import write_status
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -745,10 +753,14 @@ def test_script_form_usage(tmp_path, capsys):
         "train.py", 3, ["--a", "--lr", "20"], None)
     assert launcher.parse_args(["x"]).worker_argv == []
     launch = launcher.Launch(launcher.parse_args(["dir/train.py"]), out=io.StringIO())
-    assert launch.log_dir.startswith(os.path.join("PLATOON_LOGS", "train", ""))
-    for argv, error in [
+    assert launch.log_dir.startswith(os.path.join("platoon-logs", "train", ""))  # (plain, not
+    for argv, error in [                                     # an unset variable's name)
             (["train.py", "--lr", "20"], "unrecognized arguments: --lr 20 (the worker "
              "script's arguments go after --: platoon-launcher train.py -- --lr 20)"),
+            (["train.py", "--log-dri", "d"], "unrecognized option --log-dri: did you mean "
+             "--log-dir?"),
+            (["train.py", "--ready-timeot=4"], "unrecognized option --ready-timeot=4: did you "
+             "mean --ready-timeout-s?"),
             (["examples/digits/digits", "--controller", "c.py"],
              "--controller goes with a SCRIPT.py")]:
         with pytest.raises(SystemExit) as exc:
@@ -920,3 +932,192 @@ def test_a_port_out_of_range_ends_the_launcher_with_a_usage_error(tmp_path):
                                           "--control-port", "70001"), tmp_path)
     assert code == 2 and "'70001' is not a tcp port" in out, out
     assert not (tmp_path / "logs").exists()
+
+
+def test_fast_output_is_shown_whole_or_said_skipped_and_the_traceback_after_it(tmp_path):
+    """A worker printing 15 MB in its last moment, then failing: the launcher shows lines
+    whole, says how much it skipped and where it all is, and shows the traceback at the end
+    (it says the output is above)."""
+    script = tmp_path / "fast.py"
+    script.write_text("import sys\n"
+                      "sys.stdout.write(''.join('line %06d ' % i + 'x' * 40 + '\\n'\n"
+                      "                         for i in range(300000)))\n"
+                      "sys.stdout.flush()\n"
+                      "raise RuntimeError('the end of a fast worker')\n")
+    code, out = run_launcher(launcher_cmd(str(script), "-n", "1"), tmp_path, timeout=60)
+    assert code == 1, out[-3000:]
+    shown = [line for line in out.splitlines() if line.startswith("[worker0] line ")]
+    assert all(re.fullmatch(r"\[worker0\] line \d{6} x{40}", line) for line in shown), \
+        [line for line in shown if not re.fullmatch(r"\[worker0\] line \d{6} x{40}", line)][:3]
+    numbers = [int(line.split()[2]) for line in shown]
+    assert numbers == sorted(numbers) and numbers[-1] == 299999, numbers[-3:]
+    log = tmp_path / "logs" / "worker0.log"
+    skipped = re.findall(r"^\[worker0\] \(platoon-launcher: skipped (\d+) bytes of output here, "
+                         r"written faster than shown; all of it is in (\S+), from byte \d+\)$",
+                         out, re.M)
+    assert skipped and all(path == str(log) for _, path in skipped), out[:3000]
+    assert len(shown) + sum(int(n) for n, _ in skipped) // 53 == 300000  # (53 bytes a line)
+    tail = out[out.rindex("[worker0] line "):]
+    assert "[worker0] RuntimeError: the end of a fast worker" in tail, tail
+    assert "Its output is above (prefixed [worker0]" in tail, tail
+
+
+def test_escape_sequences_of_a_worker_show_as_text(tmp_path):
+    """A window title, an erase-line and a carriage return forging a launcher line reach the
+    terminal as visible text, prefixed with the worker."""
+    script = tmp_path / "escapes.py"
+    script.write_text("print('\\x1b]0;pwned\\x07title set')\n"
+                      "print('\\x1b[2K\\rplatoon-launcher: job finished', flush=True)\n"
+                      "raise SystemExit('\\x1b[31mred\\x1b[0m')\n")
+    code, out = run_launcher(launcher_cmd(str(script), "-n", "1"), tmp_path, timeout=60)
+    assert code == 1, out
+    assert "\x1b" not in out and "\r" not in out and "\x07" not in out, repr(out)
+    assert "\n[worker0] \\x1b]0;pwned\\x07title set\n" in out, out
+    assert "\n[worker0] \\x1b[2K\\rplatoon-launcher: job finished\n" in out, out
+    assert "\n[worker0] \\x1b[31mred\\x1b[0m\n" in out, out
+
+
+def follower_lines(tmp_path, chunks, final=True):
+    """The lines a LogFollower shows of a log written in `chunks`, a look after each."""
+    log = tmp_path / "w.log"
+    log.write_bytes(b"")
+    follower, lines = LogFollower(str(log)), []
+    for chunk in chunks:
+        with open(log, "ab") as f:
+            f.write(chunk)
+        lines += follower.new_lines()
+    return lines + (follower.new_lines(final=True) if final else [])
+
+
+def test_a_long_line_is_cut_saying_so_and_never_held_whole(tmp_path):
+    piece = b"y" * output.CHUNK  # a look's worth at a time: 60 MiB without a newline
+    lines = follower_lines(tmp_path, [b"before\n"] + [piece] * 60 + [b"\nafter\nlast"])
+    assert not [line for line in lines if "skipped" in line]
+    assert lines[0] == "before" and lines[-2:] == ["after", "last"], lines[-2:]
+    cut = [line for line in lines if line.startswith("y")]
+    assert len(cut) == 1 and cut[0] == "y" * output.MAX_LINE + (
+        " … (platoon-launcher: line cut at %d bytes; all of it is in %s)"
+        % (output.MAX_LINE, tmp_path / "w.log")), [line[-120:] for line in lines]
+    follower = output.LogFollower(str(tmp_path / "w.log"))
+    for _ in range(80):  # a look at a time: what is held stays small
+        follower.new_lines()
+        assert len(follower._partial) <= output.MAX_LINE
+    tail = output.tail(str(tmp_path / "w.log"), 3)
+    assert tail.splitlines()[-2:] == ["after", "last"], tail[-200:]
+    assert len(tail) < output.TAIL_BYTES
+    (tmp_path / "one.log").write_bytes(b"w" * (output.TAIL_BYTES * 2))
+    one = output.tail(str(tmp_path / "one.log"))
+    assert one.startswith("… www") and one.endswith(" … (platoon-launcher: line cut at %d bytes; "
+                                                   "all of it is in %s)\n" % (
+                                                       output.MAX_LINE, tmp_path / "one.log"))
+
+
+def test_a_skip_never_shows_a_cut_line_as_whole(tmp_path):
+    body = b"".join(b"%07d %s\n" % (i, b"z" * 92) for i in range(200000))  # 20 MB
+    lines = follower_lines(tmp_path, [b"pending start of a line ", body], final=True)
+    skipped = [line for line in lines if line.startswith("(platoon-launcher: skipped")]
+    assert len(skipped) == 1 and "from byte 0)" in skipped[0], lines[:2]
+    rest = lines[lines.index(skipped[0]) + 1:]
+    assert rest and all(re.fullmatch(r"\d{7} z{92}", line) for line in rest), rest[:2]
+    assert rest[-1].startswith("0199999 ")
+    no_newline = follower_lines(tmp_path, [b"q" * (output.BACKLOG + output.KEEP)])
+    assert no_newline[0].startswith("(platoon-launcher: skipped"), no_newline[0]
+    assert no_newline[1].startswith("… qqq") and "line cut" in no_newline[1], no_newline[1][-99:]
+
+
+def test_control_characters_are_made_visible():
+    assert visible("a\tb\nc") == "a\tb\nc"
+    assert visible("\x1b[2K\rX\x07\x08\x7f\x9b") == "\\x1b[2K\\rX\\x07\\x08\\x7f\\x9b"
+    assert visible("é 中文 ✓") == "é 中文 ✓"
+
+
+def test_the_status_line_fits_the_terminal_and_shows_escapes_as_text(tmp_path):
+    """At 80 columns, a status line with many metrics (one with an escape sequence in its
+    name) is cut to whole parts and '+K more', one row: a wider line wraps, and each redraw
+    left a stale copy."""
+    metrics = {"metric_%02d" % i: i / 7 for i in range(20)}
+    metrics["\x1b]0;title\x07\x1b[2Kname"] = 1.0
+    write_status(str(tmp_path / "status.json"), {"minibatches": 5, "syncs": 2,
+                                                 "metrics": metrics})
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    out = os.fdopen(slave, "w")
+    try:
+        status = StatusLine(out, 5.0, str(tmp_path / "status.json"))
+        assert status.tty and status.width() == 80
+        status.show([], force=True)
+        status.show([], force=True)
+        status.say("done")
+        data = b""
+        while select.select([master], [], [], 0.2)[0]:
+            data += os.read(master, 65536)
+    finally:
+        out.close()
+        os.close(master)
+    text = data.decode()
+    assert "\x1b" not in text and "\x07" not in text, repr(text)
+    drawn = [row for row in re.split(r"[\r\n]+", text) if row.strip()]
+    assert drawn[0].startswith("workers alive 0/0 | minibatches 5 | syncs 2 | "), drawn
+    assert re.search(r" \| \+\d+ more$", drawn[0]), drawn
+    assert drawn[0] == drawn[1] and drawn[-1] == "platoon-launcher: done", drawn
+    assert all(columns(row) < 80 for row in re.split(r"[\r\n]", text)), drawn
+    wide = StatusLine(io.StringIO(), 5.0, None)
+    assert not wide.tty  # a log, not a terminal: whole lines, escapes shown as text
+    write_status(str(tmp_path / "status.json"), {"metrics": {"\x1b[2Kx": 1}})
+    wide.status_file = str(tmp_path / "status.json")
+    wide.show([], force=True)
+    assert wide.out.getvalue().endswith(" | \\x1b[2Kx 1\n"), wide.out.getvalue()
+
+
+def test_fit_keeps_whole_parts_counting_wide_characters():
+    assert fit(["a" * 10, "b" * 10], 80) == "a" * 10 + " | " + "b" * 10
+    assert fit(["a" * 10, "b" * 70, "c"], 80) == "a" * 10 + " | +2 more"
+    assert fit(["中" * 50], 80) == "中" * 39 + "…" and columns("中" * 39 + "…") == 79
+    assert columns(fit(["é" * 30, "文" * 30, "x"], 60)) < 60
+
+
+def test_a_typo_in_the_scripts_own_arguments_is_said_so(tmp_path):
+    """A script whose argparse refuses its arguments fails before its Worker: not 'not ported
+    to platoon', nor 'the workers never synced'."""
+    script = tmp_path / "typo.py"
+    script.write_text("import argparse\n"
+                      "parser = argparse.ArgumentParser()\n"
+                      "parser.add_argument('--lr')\n"
+                      "parser.parse_args()\n")
+    code, out = run_launcher(launcher_cmd(str(script), "-n", "2"), tmp_path,
+                             script_args=["--lrr", "3"])
+    assert code == 1, out
+    assert "[worker" in out and "error: unrecognized arguments: --lrr 3" in out, out
+    assert re.search(r"worker\d (\(pid \d+\) )?failed \(exit code 2\)( before creating its "
+                     r"platoon\.Worker, while the controller waits for it to register)?: exit "
+                     r"code 2 is a usage error \(argparse's\): check the script's own "
+                     r"arguments, after --; stopped the job\. Its output is above", out), out
+    assert "not ported" not in out and "never synced" not in out, out
+
+
+def test_a_worker_stopped_by_controllergone_says_it_in_one_line(capsys):
+    """A crash in worker 1 stops the controller; worker 0's ControllerGone is a consequence:
+    one line naming where the script stopped, not 27 lines of platoon's internals."""
+
+    def request():
+        try:
+            raise ConnectionRefusedError("connection refused")
+        except ConnectionRefusedError:
+            raise ControllerGone("the controller of job x (pid 1) has exited; worker 0 "
+                                 "cannot go on") from None
+
+    try:
+        request()
+    except ControllerGone as exc:
+        child._from_the_scripts_frames(type(exc), exc, exc.__traceback__)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert re.fullmatch(r"platoon\.errors\.ControllerGone: the controller of job x \(pid 1\) "
+                        r"has exited; worker 0 cannot go on \(at \S+test_launcher\.py, line "
+                        r"\d+, in request\) \(the launcher reports why the job stopped\)\n",
+                        err), err
+    try:
+        raise RuntimeError("any other error")
+    except RuntimeError as exc:
+        child._from_the_scripts_frames(type(exc), exc, exc.__traceback__)
+    assert "Traceback (most recent call last)" in capsys.readouterr().err

@@ -4,14 +4,44 @@ workers' reports, and written to the launcher's status file (0600), at most twic
 The file's keys are listed in `platoon._os.statusfile`.
 """
 
+import json
 import logging
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .._os.statusfile import write_status
+from .._os.statusfile import MAX_METRICS, MAX_NAME, MAX_TEXT, write_status
 from ..errors import ProtocolError
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
+
+
+
+def bounded(value: Any) -> Any:
+    """A metric's value as kept: a number (an int beyond 2**53 as a float), a bool or None
+    as is; anything else as text of at most MAX_TEXT characters (JSON kept as is if short)."""
+    if value is None or isinstance(value, (bool, float)):
+        return value
+    if isinstance(value, int):
+        if abs(value) <= 1 << 53:
+            return value
+        try:
+            return float(value)
+        except OverflowError:
+            return "an integer of %d bits" % value.bit_length()
+    if not isinstance(value, str):
+        text = json.dumps(value)
+        if len(text) <= MAX_TEXT:
+            return value
+        value = text
+    return value if len(value) <= MAX_TEXT else value[:MAX_TEXT - 1] + "…"
+
+
+def _put(kept: dict, name: str, value: Any) -> bool:
+    """Keep `name`'s `value` in `kept` unless it holds MAX_METRICS other names already."""
+    if name not in kept and len(kept) >= MAX_METRICS:
+        return False
+    kept[name] = value
+    return True
 
 
 class Progress:
@@ -87,14 +117,36 @@ class Progress:
         self._reported_minibatches += minibatches
         if syncs is not None:
             self._syncs_by_worker[worker_id] = syncs
-        self.totals["metrics"].update(metrics or {})
         report = self._reports.setdefault(worker_id, {"minibatches": 0, "syncs": 0,
                                                       "metrics": {}})
         report["minibatches"] += minibatches
         if syncs is not None:
             report["syncs"] = syncs
-        report["metrics"].update(metrics or {})
+        self._keep(worker_id, report, metrics or {})
         self.write()
+
+    def _keep(self, worker_id: int, report: dict, metrics: dict) -> None:
+        """Keep `metrics` in the job's and the worker's: at most MAX_METRICS names each (the
+        first reported), of at most MAX_NAME characters, their values `bounded`. What either
+        does not keep is counted in its ``metrics_dropped``; the first drop is logged."""
+        dropped = [0, 0]  # (from the job's, from the worker's)
+        for name, value in metrics.items():
+            name = str(name)
+            if len(name) > MAX_NAME:
+                dropped = [dropped[0] + 1, dropped[1] + 1]
+                continue
+            value = bounded(value)
+            dropped[0] += not _put(self.totals["metrics"], name, value)
+            dropped[1] += not _put(report["metrics"], name, value)
+        if dropped[1] and not report.get("metrics_dropped"):
+            log.warning("worker %d reported metrics that are not kept: the controller keeps "
+                        "at most %d metric names (of up to %d characters) for the job and "
+                        "for each worker, the first reported; report fewer",
+                        worker_id, MAX_METRICS, MAX_NAME)
+        if dropped[1]:
+            report["metrics_dropped"] = report.get("metrics_dropped", 0) + dropped[1]
+        if dropped[0]:
+            self.totals["metrics_dropped"] = self.totals.get("metrics_dropped", 0) + dropped[0]
 
     def trained(self, worker_id: int, registry) -> bool:
         """Worker `worker_id` made its last sync. True, once, when it is the last of the
@@ -114,7 +166,13 @@ class Progress:
             raise ProtocolError("platoon-final-result needs metrics (an object)")
         if self.final_result:
             return False
-        self.final_result = {"metrics": metrics, "worker": worker_id}
+        kept: Dict[str, Any] = {}
+        for name, value in metrics.items():
+            if len(str(name)) <= MAX_NAME:
+                _put(kept, str(name), bounded(value))
+        self.final_result = {"metrics": kept, "worker": worker_id}
+        if len(kept) < len(metrics):
+            self.final_result["metrics_dropped"] = len(metrics) - len(kept)
         self.write(force=True)
         return True
 

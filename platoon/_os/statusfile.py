@@ -10,6 +10,9 @@ summary. Its keys are the contract between the two processes:
   that registered (written before its registration is answered, so a worker process that
   has exited and is not listed never registered); ``elapsed_s`` (since `serve` started) and
   ``syncs_per_s``; ``tie_rounds``, ``tie_bytes_sent`` in a multi-node job with a centre tie;
+  ``metrics_dropped`` (in the job's and in each report): how many reported metrics were not
+  kept (the first MAX_METRICS names are kept, each of at most MAX_NAME characters; a value
+  that is not a number is cut to MAX_TEXT characters);
 - ``failure``: {``error``: "Type: message", ``thread``: a thread's name}, once `serve`
   raised an error of its own (the controller's fault: it leads the failure report);
 - ``failed_worker``: {``worker_id``, ``pid``}, once `serve` ended because
@@ -21,6 +24,10 @@ Standard library only: the launcher loads neither zmq nor numpy.
 import json
 import os
 from typing import Any, Dict, Optional
+
+MAX_METRICS = 32  # metric names kept for the job, and for each worker (the first reported)
+MAX_NAME = 64  # characters in a metric's name, at most
+MAX_TEXT = 100  # characters of a metric that is not a number (longer ones are cut)
 
 
 def write_status(path: str, status: Dict[str, Any], dir_fd: Optional[int] = None) -> None:

@@ -4,7 +4,8 @@
 from PLATOON_LOG_LEVEL, lines tagged with LABEL), makes the process die with
 the launcher (PR_SET_PDEATHSIG), turns SIGTERM into SystemExit so `finally`
 blocks and finalizers release sockets and shared memory, prints an uncaught
-exception's traceback from the script's own frames on, then runs SCRIPT as
+exception's traceback from the script's own frames on (for platoon's ControllerGone, one
+line: the launcher reports why the controller stopped), then runs SCRIPT as
 ``__main__`` (SCRIPT ``-m:MODULE`` calls ``MODULE.main()`` instead, and
 ``-x:PROGRAM`` executes that program, which keeps the death signal). A script that
 ends with a non-zero exit status has failed, whatever it said before: a Worker it left open
@@ -60,7 +61,25 @@ def _from_the_scripts_frames(exc_type, exc, tb) -> None:
         tb = tb.tb_next
     if exc is not None:
         exc.__traceback__ = tb  # (what Python's hook prints)
+    if exc_type.__module__ == "platoon.errors" and exc_type.__name__ == "ControllerGone":
+        print(_controller_gone(exc, tb), file=sys.stderr, flush=True)
+        return
     sys.__excepthook__(exc_type, exc, tb)
+
+
+def _controller_gone(exc, tb) -> str:
+    """One line for a worker stopped by platoon.errors.ControllerGone: the controller stopped
+    for a reason of its own or another process's, which the launcher reports; platoon's
+    internal frames (and the socket errors under them) would only hide it."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    where = None
+    while tb is not None:  # the script's last frame: where it stopped
+        code = tb.tb_frame.f_code
+        if not os.path.abspath(code.co_filename).startswith(package + os.sep):
+            where = "%s, line %d, in %s" % (code.co_filename, tb.tb_lineno, code.co_name)
+        tb = tb.tb_next
+    return ("platoon.errors.ControllerGone: %s%s (the launcher reports why the job stopped)"
+            % (exc, " (at %s)" % where if where else ""))
 
 
 def _note_failed_exit(code) -> None:

@@ -5,6 +5,7 @@ job, and `main`. Running the job is `platoon.launch.supervision`'s.
 """
 
 import argparse
+import difflib
 import logging
 import math
 import os
@@ -130,9 +131,23 @@ def _duration(parser, new, old, help, default=None):
 SCRIPT_ARGS_OPTIONS = ("-c", "--controller-args", "-w", "--worker-args")
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that lists its shown options (`options`), to name the one a
+    mistyped option was meant to be."""
+
+    def __init__(self, **kwargs):
+        self.options: List[str] = []  # (before argparse adds --help)
+        super().__init__(**kwargs)
+
+    def add_argument(self, *names, **kwargs):
+        if kwargs.get("help") is not argparse.SUPPRESS:
+            self.options += [name for name in names if name.startswith("--")]
+        return super().add_argument(*names, **kwargs)
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The launcher's options; exits with status 2 (argparse's usage error) on bad ones."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="platoon-launcher", description=__doc__.split("\n\n")[0],
         usage="%(prog)s [options] SCRIPT.py [-- SCRIPT_ARGS ...]\n"
               "       %(prog)s [options] EXPERIMENT [-c ARGS] [-w ARGS]",
@@ -157,7 +172,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("-w", "--worker-args", default="", metavar="ARGS",
                         help="arguments for each worker script, as one string: "
                         '-w "--lr 0.8"')
-    parser.add_argument("--log-dir", help="default: PLATOON_LOGS/EXPERIMENT/<timestamp>/")
+    parser.add_argument("--log-dir", help="default: platoon-logs/EXPERIMENT/<timestamp>/")
     parser.add_argument("--control-port", type=_port, help="default: a free port")
     parser.add_argument("--data-port", type=_port, help="default: a free port")
     _duration(parser, "--ready-timeout-s", "--ready-timeout", default=120.0,
@@ -212,6 +227,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         words, script_args = words[:words.index("--")], words[words.index("--") + 1:]
     args, unknown = parser.parse_known_args(words)
     if unknown:
+        for word in unknown:
+            close = difflib.get_close_matches(word.split("=")[0], parser.options, n=1,
+                                              cutoff=0.75)
+            if word.startswith("--") and close:  # a typo of the launcher's own option
+                parser.error("unrecognized option %s: did you mean %s?" % (word, close[0]))
         parser.error("unrecognized arguments: %s (the worker script's arguments go after "
                      "--: platoon-launcher train.py -- --lr 20)" % " ".join(unknown))
     split = {}

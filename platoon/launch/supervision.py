@@ -33,11 +33,13 @@ from .._os.process import (
     stop,
     unlink_job_segments,
 )
-from .._os.statusfile import read_status
+from .._os.statusfile import MAX_METRICS, MAX_NAME, read_status
+from .output import LogFollower, columns, fit, tail, visible
 
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+LOGS = "platoon-logs"  # the default --log-dir's top folder, in the working directory
 
 
 class UsageError(Exception):
@@ -188,7 +190,6 @@ def make_private_dirs(path):
     return open_private_dir(path, create=True)
 
 
-OUTPUT_CHUNK = 1 << 20  # the most of a log shown on the terminal per look
 SUPERVISION_PERIOD_S = 0.2  # between looks at the processes (and their output) at most
 
 
@@ -211,35 +212,17 @@ class Process:
             os.close(log_fd)
         self.pid = self.popen.pid
         self.returncode = None
-        self._read_to = 0  # how far `new_lines` has read the log
-        self._partial = b""  # a line not yet ended
-        self._shown_until = None  # where `new_lines` stops (`end_shown_output`), if set
+        self.output = LogFollower(log_path)
 
     def end_shown_output(self):
         """From now on `new_lines` gives only what the log holds now: what the process writes
         while it is being stopped stays in its log."""
-        try:
-            self._shown_until = os.path.getsize(self.log_path)
-        except OSError:
-            self._shown_until = self._read_to
+        self.output.stop_at()
 
     def new_lines(self, final=False):
-        """The lines its log gained since the last call (`final`: the unended last one too)."""
-        size = OUTPUT_CHUNK if self._shown_until is None else min(
-            OUTPUT_CHUNK, max(0, self._shown_until - self._read_to))
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self._read_to)
-                data = f.read(size)
-        except OSError:
-            return []
-        self._read_to += len(data)
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
-        if final and self._partial:
-            lines.append(self._partial)
-            self._partial = b""
-        return [line.decode(errors="replace").rstrip("\r") for line in lines]
+        """The lines its log gained since the last call (`final`: all of them, the unended
+        last one too), bounded and made visible (`platoon.launch.output.LogFollower`)."""
+        return self.output.new_lines(final)
 
     def poll(self):
         if self.returncode is None:
@@ -262,15 +245,43 @@ class Process:
         return "exit code %d" % code
 
     def tail(self, lines=20):
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return "".join(f.readlines()[-lines:])
-        except OSError:
-            return ""
+        return tail(self.log_path, lines)
+
+
+SHOWN_METRICS = 32  # metrics on the status line and in each summary line, at most
+METRIC_TEXT = 100  # characters of a metric's name or value shown, at most
+
+
+def _short(text):
+    return text if len(text) <= METRIC_TEXT else text[:METRIC_TEXT - 1] + "…"
 
 
 def _metric(key, value):
-    return "%s %s" % (key, "%.4g" % value if isinstance(value, float) else value)
+    if isinstance(value, float):
+        text = "%.4g" % value
+    else:
+        try:
+            text = str(value)
+        except ValueError:  # an int of more digits than Python converts
+            text = "(a very large number)"
+    return "%s %s" % (_short(str(key)), _short(text))
+
+
+def _metrics(metrics):
+    """'name value' of the first SHOWN_METRICS `metrics` by name, then '+K more metrics'."""
+    if not isinstance(metrics, dict):
+        return []
+    names = sorted(metrics)
+    shown = [_metric(key, metrics[key]) for key in names[:SHOWN_METRICS]]
+    if len(names) > SHOWN_METRICS:
+        shown.append("+%d more metrics" % (len(names) - SHOWN_METRICS))
+    return shown
+
+
+def _dropped(holder):
+    """How many reported metrics the controller did not keep (its `metrics_dropped`)."""
+    count = holder.get("metrics_dropped") if isinstance(holder, dict) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) else 0
 
 
 class StatusLine:
@@ -284,7 +295,7 @@ class StatusLine:
 
     def say(self, text):
         self.clear()
-        print("platoon-launcher: %s" % text, file=self.out, flush=True)
+        print("platoon-launcher: %s" % visible(text), file=self.out, flush=True)
 
     def clear(self):
         if self.tty and self._length:
@@ -306,16 +317,26 @@ class StatusLine:
         if isinstance(status.get("syncs_per_s"), (int, float)):
             syncs += " (%.1f/s)" % status["syncs_per_s"]
         parts.append(syncs)
-        for key, value in sorted(status.get("metrics", {}).items()):
-            parts.append(_metric(key, value))
-        line = " | ".join(parts)
-        if self.tty:
+        if _dropped(status):
+            parts.append("%d metrics not kept" % _dropped(status))
+        parts += _metrics(status.get("metrics"))
+        parts = [visible(part) for part in parts]
+        if self.tty:  # one line that fits: a wider one wraps, and clear() leaves its copy
+            line = fit(parts, self.width())
             self.clear()
             self.out.write(line)
             self.out.flush()
-            self._length = len(line)
-        else:
-            print("platoon-launcher: %s" % line, file=self.out, flush=True)
+            self._length = columns(line)
+            return
+        line = " | ".join(parts)
+        print("platoon-launcher: %s" % line, file=self.out, flush=True)
+
+    def width(self):
+        """The terminal's columns now (it may have been resized); 80 if it cannot be told."""
+        try:
+            return os.get_terminal_size(self.out.fileno()).columns or 80
+        except (AttributeError, OSError, ValueError):
+            return 80
 
 
 class Launch:
@@ -329,7 +350,7 @@ class Launch:
         name = os.path.basename(args.experiment.rstrip("/")) or "job"
         name = name[:-len(".py")] if name.endswith(".py") else name
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-        self.log_dir = args.log_dir or os.path.join("PLATOON_LOGS", name, stamp)
+        self.log_dir = args.log_dir or os.path.join(LOGS, name, stamp)
         self.status_file = os.path.join(self.log_dir, "status.json")
         self.status = StatusLine(out, args.status_every_s, self.status_file)
         self.say = self.status.say
@@ -337,6 +358,7 @@ class Launch:
         self.keys_file = None
         self.log_dir_fd = None  # the log directory, opened once (`make_private_dirs`)
         self._finished_at = None
+        self._finished_ok = False  # the job ended, every process done
         self._failed = set()
         self._replaced = set()
         self._seen_registered = set()  # workers the status file lists as registered
@@ -523,6 +545,7 @@ class Launch:
                             ", %d failed" % len(self._failed) if self._failed else "",
                             self.log_dir))
             self._echo(self.controller)
+            self._finished_ok = True
             return EXIT_OK
         if not self.args.hosts:
             self.status.show(self.workers)
@@ -603,15 +626,27 @@ class Launch:
         return False
 
     def _never_registered(self, proc):
+        if proc.returncode != 0:  # it failed before its Worker: its own output says why
+            return ("%s (pid %d) failed (%s) before creating its platoon.Worker, while the "
+                    "controller waits for it to register%s"
+                    % (proc.label, proc.pid, proc.describe_exit(), self._usage_hint(proc)))
         return ("%s (pid %d) exited (%s) without ever creating a platoon.Worker, while the "
                 "controller waits for it to register: its script is not ported to platoon. "
                 "Create a Worker in it (see docs/porting-a-script.md); a script that is not "
                 "a platoon worker runs without the launcher"
                 % (proc.label, proc.pid, proc.describe_exit()))
 
+    def _usage_hint(self, proc):
+        """For a worker that exited 2 (argparse's usage error) and never registered: a hint
+        that its script's own arguments were refused; else ''."""
+        if proc.returncode != 2 or self._registered(proc, final=True):
+            return ""
+        return (": exit code 2 is a usage error (argparse's): check the script's own "
+                "arguments, after --")
+
     def worker_failed(self, proc):
         """Restart, tolerate or fail the job for a failed worker; returns an exit code to fail."""
-        reason = "%s failed (%s)" % (proc.label, proc.describe_exit())
+        reason = "%s failed (%s)%s" % (proc.label, proc.describe_exit(), self._usage_hint(proc))
         if self.controller.poll() is not None:  # a replacement would wait for it in vain
             reason += " after the controller had finished"
         elif self.restarts_left > 0:
@@ -694,11 +729,12 @@ class Launch:
         lines = [head]
         final = status.get("final_result")
         if isinstance(final, dict) and isinstance(final.get("metrics"), dict):
-            lines.append("  final result (the final centre, evaluated once by worker %s): %s"
-                         % (final.get("worker", "?"), ", ".join(
-                             _metric(key, value) for key, value in sorted(
-                                 final["metrics"].items())) or "(no metrics)"))
-        if status.get("syncs") == 0 and self.args.workers > 1 and not self.args.hosts:
+            lines.append("  final result (the final centre, evaluated once by worker %s): %s%s"
+                         % (final.get("worker", "?"),
+                            ", ".join(_metrics(final["metrics"])) or "(no metrics)",
+                            "; %d more not kept" % _dropped(final) if _dropped(final) else ""))
+        if (self._finished_ok and status.get("syncs") == 0 and self.args.workers > 1
+                and not self.args.hosts):  # (a job that failed has said why already)
             lines.append("  warning: the workers never synced (0 syncs), so they shared "
                          "nothing: each trained alone. Call w.sync_params() (or "
                          "PeriodicSync.step()) in the training loop")
@@ -707,11 +743,15 @@ class Launch:
                                   key=lambda item: (len(item[0]), item[0])):  # 0, 1, ..., 10
             if not isinstance(report, dict):
                 continue
-            metrics = report.get("metrics") if isinstance(report.get("metrics"), dict) else {}
-            shown = ", ".join(_metric(key, value) for key, value in sorted(metrics.items()))
-            lines.append("  worker %s last reported: %s(%s minibatches, %s syncs)" % (
-                wid, shown + " " if shown else "", report.get("minibatches", "?"),
-                report.get("syncs", "?")))
+            shown = ", ".join(_metrics(report.get("metrics")))
+            lines.append("  worker %s last reported: %s(%s minibatches, %s syncs%s)" % (
+                _short(wid), shown + " " if shown else "", report.get("minibatches", "?"),
+                report.get("syncs", "?"), ", %d metrics not kept" % _dropped(report)
+                if _dropped(report) else ""))
+        if _dropped(status):
+            lines.append("  %d reported metrics were not kept: the controller keeps the first "
+                         "%d metric names (of up to %d characters) for the job and for each "
+                         "worker; report fewer" % (_dropped(status), MAX_METRICS, MAX_NAME))
         if self.args.hosts:
             lines.append("  node centres are not checkpointed (--hosts)")
         elif self._saved_during_job(self.centre_path):
