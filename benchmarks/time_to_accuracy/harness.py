@@ -70,9 +70,8 @@ def _member_main(job, rank, data, shared_model, barrier, results, stop_event):
         member = member_class(job.method)(job, rank, net)
         member.stop_event = stop_event
         trained = member.setup()
-        optimizer = lambda params: torch.optim.SGD(  # noqa: E731
-            params, lr=job.cfg["lr"], momentum=job.cfg.get("momentum", 0.0))
-        opt = optimizer(trained.parameters())
+        optimizer = lambda params: make_optimizer(torch, job.cfg, params)  # noqa: E731
+        opt = member.wrap(optimizer(trained.parameters()))
         step, evaluate = problem.trainer(data, 1000 * job.seed + rank)
 
         # Warm up on a throwaway copy and measure the compute time of one step.
@@ -123,6 +122,14 @@ def _member_main(job, rank, data, shared_model, barrier, results, stop_event):
     results.close()
     results.join_thread()
     os._exit(0)
+
+
+def make_optimizer(torch, cfg, params):
+    """The workers' optimizer: torch SGD(lr, momentum) or, with ``"optimizer": "adamw"``,
+    AdamW(lr, weight_decay) (default weight decay 0.01)."""
+    if cfg.get("optimizer") == "adamw":
+        return torch.optim.AdamW(params, lr=cfg["lr"], weight_decay=cfg.get("weight_decay", 0.01))
+    return torch.optim.SGD(params, lr=cfg["lr"], momentum=cfg.get("momentum", 0.0))
 
 
 def _controller_main(conn):

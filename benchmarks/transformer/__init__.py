@@ -1,0 +1,21 @@
+"""Time to a target validation loss for a small GPT-style transformer trained by AdamW: platoon
+against one process, DDP and torch's local SGD, on real text.
+
+usage: python -m benchmarks.transformer [--tune] [--methods a,b] [--reps N] [--cap-s S]
+
+The language-model benchmark's text (the Python standard library's source, as bytes) and
+harness (forked single-threaded processes, a barrier before the clock starts, evaluation
+time excluded, methods alternating), with a byte-level transformer (`problem`) and every
+method's optimizer AdamW (weight decay 0.01, constant lr, gradients clipped at norm 1).
+`--tune` runs every method's lr grid on seed 0 and records the lr with the fewest steps to
+the target in benchmarks/results/transformer_tuning.json; the measured run takes the recorded
+lrs, runs every method on new seeds, then DDP and platoon's default with one process
+slowed 2x, and writes benchmarks/results/transformer.{json,md}.
+"""
+
+import os
+
+from .._util import SINGLE_THREAD_ENV
+
+for _name, _value in SINGLE_THREAD_ENV.items():  # before numpy and torch load their BLAS
+    os.environ.setdefault(_name, _value)
