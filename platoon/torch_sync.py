@@ -30,7 +30,7 @@ from ._torch_centre import CentreAdam, centre_adam_for
 from ._worker.exchange import SyncHandle
 from .adapters.torch_adapter import describe_layout, layout_changed
 from .errors import LayoutMismatch, PlatoonError
-from .rules import EASGD, ParamSyncRule
+from .rules import ASGD, EASGD, ParamSyncRule
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +88,10 @@ class PeriodicSync(torch.optim.Optimizer):
             parameter groups are read at each sync; its own state stays empty.
             ``sync_every=1`` (each step's gradient) trains as one process
             would; k averages k steps' gradients into one centre step. See
-            docs/choosing-a-rule.md for why. Otherwise
-            ``EASGD(min(0.9 / worker.global_size, 1))``, the usual elastic
-            force for that many workers.
+            docs/choosing-a-rule.md for why. Otherwise, in a job of one worker
+            (a script run alone), ``ASGD()``, which leaves its training as the
+            plain script's; else ``EASGD(min(0.9 / worker.global_size, 1))``,
+            the usual elastic force for that many workers.
         overlap: False: sync in `step()`, waiting for it. True: `step()` starts
             the sync in a background thread (``Worker.start_sync``) and the
             next steps compute meanwhile; the next sync point (or `wait`,
@@ -195,6 +196,8 @@ class PeriodicSync(torch.optim.Optimizer):
                                 % (overlap,))
             self._centre_adam = CentreAdam(optimizer, self._names, tensors)
             rule = self._centre_adam.rule
+        elif rule is None and worker.global_size <= 1:  # alone: train as the plain script
+            rule = ASGD()
         elif rule is None:
             rule = EASGD(min(0.9 / max(worker.global_size, 1), 1.0))
         if not isinstance(rule, ParamSyncRule):

@@ -284,7 +284,7 @@ def test_it_drops_into_existing_code(one_worker):
     opt = PeriodicSync(w, model, inner, sync_every=2)
     assert isinstance(opt, torch.optim.Optimizer)
     assert opt.param_groups is inner.param_groups and opt.defaults is inner.defaults
-    assert repr(opt.rule) == "EASGD(alpha=0.9)"  # 0.9 / one worker
+    assert repr(opt.rule) == "ASGD()"  # one worker: its training as the plain script's
     scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     train_step(model, opt, torch.ones(2, 3))
     scheduler.step()
@@ -857,12 +857,12 @@ def test_with_adamw_the_centre_runs_the_optimizer_and_one_worker_trains_as_plain
     np.testing.assert_array_equal(w.shared_params[0], model[0].weight.detach().numpy())
 
 
-def test_with_adam_other_settings_keep_the_elastic_default_and_overlap_is_refused(one_worker):
+def test_with_adam_other_settings_keep_the_usual_default_and_overlap_is_refused(one_worker):
     _, w = one_worker
     model = nn.Linear(3, 1)
     amsgrad = PeriodicSync(w, model, torch.optim.Adam(model.parameters(), amsgrad=True),
                            sync_every=2)
-    assert isinstance(amsgrad.rule, EASGD)
+    assert isinstance(amsgrad.rule, ASGD)  # alone (a job of one): the plain script's training
     with pytest.raises(TypeError, match="overlap=True needs a rule .* use overlap=False"):
         PeriodicSync(w, model, torch.optim.AdamW(model.parameters()), sync_every=1,
                      overlap=True)
@@ -885,3 +885,19 @@ def test_two_adamw_workers_train_a_transformer_further_than_one_in_as_many_steps
     # 150 AdamW steps each: one worker ends near 2.85 nats a byte, two near 2.66 (their 300
     # steps at one set of moments).
     assert losses[2] < losses[1] - 0.1, losses
+
+
+def test_a_worker_alone_trains_as_the_plain_script(one_worker):
+    _, w = one_worker
+    torch.manual_seed(0)
+    model, plain = nn.Linear(4, 2), nn.Linear(4, 2)
+    plain.load_state_dict(model.state_dict())
+    sync = PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=2)
+    plain_opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    assert isinstance(sync.rule, ASGD)  # EASGD(0.9) would drag it toward a lagging centre
+    x, y = torch.randn(8, 4), torch.randn(8, 2)
+    for _ in range(10):
+        train_step(model, sync, x, y)
+        train_step(plain, plain_opt, x, y)
+    for p, q in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
