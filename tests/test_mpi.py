@@ -129,6 +129,18 @@ def test_all_reduce_every_op_and_dtype_exact_across_nodes_and_barrier(mpi_job):
     assert not [s for s in platoon_segments() if job.job_id() in s]
 
 
+def test_every_worker_of_every_node_reads_its_own_shard(mpi_job):
+    """`platoon.shard(items, w)`, the documented data line: the four workers of two nodes get
+    disjoint parts that cover the items (each node's worker 0 read the same shard when the
+    line counted the workers per node)."""
+    job = mpi_job("shard")
+    assert job.wait(60) == 0, job.output
+    parts = re.findall(r"SHARD ([\d ]+) node", job.output)
+    assert len(parts) == 4, job.output
+    items = [int(i) for part in parts for i in part.split()]
+    assert sorted(items) == list(range(20)), job.output
+
+
 @pytest.mark.parametrize("every", [["--tie-every-s", "0.02"], ["--tie-every-syncs", "3"]])
 def test_hierarchical_easgd_pulls_the_node_centres_together(mpi_job, every):
     if "--tie-every-syncs" in every:

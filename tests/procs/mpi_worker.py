@@ -2,6 +2,7 @@
 
 usage: mpi_worker.py SCENARIO
   collectives: all_reduce every op and dtype, checks exact results, barrier; prints OK
+  shard: prints SHARD and its part of range(20) from platoon.shard(20, w, epoch=1)
   tie: starts its node's centre at +1 (node 0) or -1 (node 1), then all_reduces the centre
        until the node centres agree; prints TIED and the rounds it took
   forever: prints READY, then all_reduces until killed
@@ -26,6 +27,7 @@ import time
 
 import numpy as np
 
+import platoon
 from platoon import EASGD, RemoteError, Worker, protocol
 
 CASES = [(op, dt) for dt in ["float32", "float64", "int32", "int64", "uint8", "complex128"]
@@ -77,6 +79,9 @@ def main():
                 assert got.dtype == want.dtype and np.array_equal(got, want), (tag, op, dt)
             w.barrier()
             say("OK " + tag)
+        elif scenario == "shard":
+            # The documented line: this worker's part of the job's data, on any node.
+            say("SHARD %s %s" % (" ".join(map(str, platoon.shard(20, w, epoch=1))), tag))
         elif scenario == "tie":
             # Node 0's centre starts at +1, node 1's at -1; ties begin once both exist.
             params = [np.full(1000, 1.0 if w.node_rank == 0 else -1.0)]
