@@ -17,6 +17,7 @@ import pytest
 from conftest import PROCS, Proc, platoon_segments
 
 from platoon._centre.shmem import pid_alive
+from platoon._os.environment import THREAD_VARIABLES
 from platoon._os.process import find_mpiexec
 
 try:
@@ -34,6 +35,8 @@ pytestmark = [
 ]
 
 WORKER = os.path.join(PROCS, "mpi_worker.py")
+ENVCHECK = os.path.join(os.path.dirname(PROCS), "experiments", "envcheck_worker.py")
+NO_THREAD_CAPS = {var: None for var in THREAD_VARIABLES}  # the user set none
 
 
 def _mapped_by_a_live_process(path):
@@ -66,9 +69,11 @@ class MpiJob(Proc):
     """`mpiexec -n 2 python -m platoon.mpi --workers 2 ... -- mpi_worker.py SCENARIO`."""
 
     def __init__(self, scenario, *options, env_extra=None, mpiexec=(MPIEXEC, "-n", "2")):
+        """`env_extra`: variables to set, or to unset (None)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("PLATOON_")}
-        env.update(env_extra or {})
         env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        env.update(env_extra or {})
+        env = {k: v for k, v in env.items() if v is not None}
         self.args = list(mpiexec) + [sys.executable, "-m", "platoon.mpi", "--workers", "2"]
         self.args += list(options)
         if "--" not in options:
@@ -350,14 +355,33 @@ def test_each_nodes_workers_take_its_gpus_in_turn(mpi_job, monkeypatch):
     for var in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE",
                 "XLA_PYTHON_CLIENT_ALLOCATOR"):
         monkeypatch.delenv(var, raising=False)
-    experiments = os.path.join(os.path.dirname(PROCS), "experiments")
-    job = mpi_job("-", "--", os.path.join(experiments, "envcheck_worker.py"),
-                  env_extra={"PLATOON_ASSUME_GPUS": "0"})
+    job = mpi_job("-", "--", ENVCHECK,
+                  env_extra=dict(NO_THREAD_CAPS, PLATOON_ASSUME_GPUS="0"))
     assert job.wait(60) == 0, job.output
-    threads = max(1, (os.cpu_count() or 1) // 2)
+    threads = max(1, (os.cpu_count() or 1) // 4)  # 2 nodes x 2 workers on this host
     line = ("DEVICE cuda0 CUDA_VISIBLE_DEVICES='0' OMP_NUM_THREADS=%d "
             "CUDA_DEVICE_ORDER=PCI_BUS_ID XLA_PYTHON_CLIENT_MEM_FRACTION=0.375" % threads)
     assert job.count(line) == 4, job.output
+
+
+@pytest.mark.parametrize("user", [None, "1"], ids=["caps", "the user's OMP_NUM_THREADS"])
+def test_nodes_sharing_a_host_divide_its_cores_and_keep_a_thread_count_the_user_set(mpi_job,
+                                                                                    user):
+    """Two nodes of one worker each on this host: each worker's BLAS/OpenMP threads are the
+    cores divided among both (each was given all of them: 2 x the cores). A thread count the
+    user set is theirs: no variable is set over it (it was overridden)."""
+    job = mpi_job("-", "--workers", "1", "--", ENVCHECK,
+                  env_extra=dict(NO_THREAD_CAPS, OMP_NUM_THREADS=user, PLATOON_ASSUME_GPUS="-1"))
+    assert job.wait(60) == 0, job.output
+    assert job.count("2 nodes share this host") == 2, job.output
+    if user is None:
+        threads = str(max(1, (os.cpu_count() or 1) // 2))
+        want = {var: threads for var in THREAD_VARIABLES}
+    else:
+        want = dict({var: "None" for var in THREAD_VARIABLES}, OMP_NUM_THREADS=user)
+    found = [dict(pair.split("=") for pair in line.split()[1:])
+             for line in job.output.splitlines() if line.startswith("THREADS ")]
+    assert found == [want, want], job.output
 
 
 def test_a_launcher_style_controller_script_runs_as_each_node(mpi_job):

@@ -72,8 +72,10 @@ class _Workers:
     whole job as soon as one fails. Runs in its own thread, which lives as long as the
     workers (they die with it: PR_SET_PDEATHSIG)."""
 
-    def __init__(self, argv, count, host, ready_fd, reaper_fd, world, ready_timeout_s, env):
+    def __init__(self, argv, count, host, ready_fd, reaper_fd, world, ready_timeout_s, env,
+                 host_workers):
         self.argv, self.count, self.host = argv, count, host
+        self.host_workers = host_workers
         self.ready_fd, self.reaper_fd, self.world = ready_fd, reaper_fd, world
         self.ready_timeout_s, self.env = ready_timeout_s, env
         self.procs = []
@@ -105,7 +107,8 @@ class _Workers:
                                           data_port=ready.get("data_port") or None,
                                           worker_index=index, host=self.host,
                                           device=device).to_env())
-                env.update(device_variables(device, devices, os.cpu_count() or 1, os.environ))
+                env.update(device_variables(device, devices, os.cpu_count() or 1, self.env,
+                                            host_workers=self.host_workers))
                 proc = subprocess.Popen(self.argv, env=env, preexec_fn=_kill_with_parent)
                 reaper.watch(self.reaper_fd, proc.pid)
                 self.procs.append(proc)
@@ -128,6 +131,17 @@ class _Workers:
             self._fail("worker pid %d exited with code %d" % (proc.pid, code))
 
 
+def workers_on_this_host(comm, num_workers):
+    """The workers of every rank of `comm` on this machine (MPI's shared-memory split: the
+    ranks of a node that share it), among whom its cores are divided. Collective."""
+    MPI = import_mpi()
+    host = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return host.allreduce(int(num_workers)), host.Get_size()
+    finally:
+        host.Free()
+
+
 def run_node(worker_argv: Sequence[str], num_workers: int, *,
              controller: Union[str, type, None] = None, controller_args: Sequence[str] = (),
              tie: Optional[CentreTie] = None, host: str = "127.0.0.1",
@@ -144,7 +158,8 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
     ``PLATOON_*`` environment (job id: one random id per job plus ``-nRANK``;
     a free port; `num_workers`) and its NodeLink through PLATOON_MPI_NODE.
     Once it serves, `num_workers` processes run `worker_argv` with the
-    launcher's PLATOON_* variables (plus `worker_env`). Any failure (a worker
+    launcher's PLATOON_* variables (plus `worker_env`) and its thread caps, the
+    host's cores divided among the workers of every rank on this host. Any failure (a worker
     exiting non-zero, the controller raising, no controller within
     `ready_timeout_s`) aborts the whole job; the exception is re-raised.
     Workers still running `finish_timeout_s` seconds after the controller
@@ -165,10 +180,13 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
     workers = None
     try:
         link = NodeLink(num_workers, world, tie)
-        print("platoon.mpi: node %d of %d, controller pid %d, job %s"
-              % (rank, size, os.getpid(), job_id), file=sys.stderr, flush=True)
+        host_workers, host_nodes = workers_on_this_host(world, num_workers)
+        shared = "" if host_nodes == 1 else ", %d nodes share this host: its %d cores are " \
+            "divided among their %d workers" % (host_nodes, os.cpu_count() or 1, host_workers)
+        print("platoon.mpi: node %d of %d, controller pid %d, job %s%s"
+              % (rank, size, os.getpid(), job_id, shared), file=sys.stderr, flush=True)
         workers = _Workers(worker_argv, num_workers, host, read_fd, reaper_fd, world,
-                           ready_timeout_s, env)
+                           ready_timeout_s, env, host_workers)
         if isinstance(controller, str) and controller.endswith(".py"):
             sys.argv = [controller] + list(controller_args)
             sys.path.insert(0, os.path.dirname(os.path.abspath(controller)))
