@@ -570,8 +570,42 @@ def test_launcher_hosts_passes_tie_compress_to_every_node(tmp_path, capsys):
                                    "--tie-outer-lr", "0.5")
     assert code == 0, out + log.read_text()
     assert "outer diloco (lr 0.5, momentum 0.9)" in log.read_text(), log.read_text()
-    sent = re.findall(r"the tie sent (\d+) bytes from this node \(int8\)", log.read_text())
+    sent = re.findall(r"node \d: the tie sent \d+ bytes from this node in \d+ round\(s\): "
+                      r"\d+ in int8, \d+ bytes \(\d+ a round\), and 2 lossless[^\n]*",
+                      log.read_text())
     assert len(sent) == 2, log.read_text()
+    assert all(line in out for line in sent), out  # the launcher shows what crossed the link
+
+
+TIE_SENT = re.compile(r"platoon.mpi: node (\d): the tie sent (\d+) bytes from this node in "
+                      r"(\d+) round\(s\): (\d+) in (\w+), (\d+) bytes \((\d+) a round\), and "
+                      r"(\d+) lossless \(([^)]*)\), (\d+) bytes \((\d+) a round\)")
+
+
+@pytest.mark.parametrize("outer", ["easgd", "diloco"])
+def test_a_job_run_by_hand_says_what_crossed_the_link_rounds_in_the_codec_and_lossless_apart(
+        mpi_job, outer):
+    """int8 rounds (256 float32: 260 bytes each) and the lossless ones (whole centres, 1024
+    bytes: DiLoCo's first round, and the final round from a node that finished last) are
+    counted apart, each node printing them on the terminal (they were averaged together, and
+    said only in the log at INFO)."""
+    job = mpi_job("-", "--tie-every-s", "0.02", "--tie-compress", "int8", "--tie-outer", outer,
+                  "--", os.path.join(PROCS, "tie_regression_worker.py"), "150")
+    assert job.wait(60) == 0, job.output
+    found = TIE_SENT.findall(job.output)
+    assert sorted(f[0] for f in found) == ["0", "1"], job.output
+    finals = []
+    for (_, total, rounds, coded, codec, coded_bytes, per_coded, lossless, which,
+         lossless_bytes, per_lossless) in found:
+        first = 1024 if outer == "diloco" else 0
+        final = int(lossless_bytes) - first
+        assert codec == "int8" and int(coded_bytes) == 260 * int(coded) and int(coded) > 0
+        assert int(lossless) == (2 if outer == "diloco" else 1) and final in (0, 1024), found
+        assert int(rounds) == int(coded) + int(lossless), found
+        assert int(total) == int(coded_bytes) + int(lossless_bytes), found
+        assert int(per_coded) == 260 and ("DiLoCo's first" in which) == (outer == "diloco")
+        finals.append(final)
+    assert max(finals) == 1024, found  # the node(s) that finished last sent their centre
 
 
 def test_compressed_mean_counts_the_bytes_that_cross_the_network(two_hosts):

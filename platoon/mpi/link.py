@@ -94,12 +94,22 @@ class NodeLink:
         count: its messages, once for each other node; MPI's headers not counted)."""
         return 0 if self._tie_thread is None else self._tie_thread.bytes_sent
 
+    def tie_summary(self):
+        """One line: what this node sent for the centre tie, the rounds in its codec and the
+        lossless rounds apart (`TieThread.summary`); None without a tie."""
+        return None if self._tie_thread is None else self._tie_thread.summary()
+
     def totals(self):
         """What this link adds to the controller's progress totals (and status file):
-        ``tie_rounds`` and ``tie_bytes_sent`` when the centres are tied, else nothing."""
+        ``tie_rounds`` and ``tie_bytes_sent`` when the centres are tied, of which
+        ``tie_lossless_rounds`` and ``tie_lossless_bytes_sent`` (whole centres, in their own
+        dtype: DiLoCo's first round and the final one), else nothing."""
         if self.tie is None:
             return {}
-        return {"tie_rounds": self.tie_rounds, "tie_bytes_sent": self.tie_bytes_sent}
+        thread = self._tie_thread
+        return {"tie_rounds": self.tie_rounds, "tie_bytes_sent": self.tie_bytes_sent,
+                "tie_lossless_rounds": 0 if thread is None else thread.lossless_rounds,
+                "tie_lossless_bytes_sent": 0 if thread is None else thread.lossless_bytes}
 
     def topology(self, worker_id):
         """What a worker learns at registration, beyond its local id."""

@@ -40,6 +40,13 @@ def node_devices(count):
     return ["cuda%s" % gpus[i % len(gpus)] for i in range(count)]
 
 
+def _say(line):
+    """`line` on stderr in one write (the nodes share mpiexec's terminal: print writes the
+    newline apart, and another node's line could join this one)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def _kill_with_parent():
     """Child side of Popen: SIGKILL this process when the thread that started it dies."""
     die_with_parent(signal.SIGKILL)
@@ -183,8 +190,8 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
         host_workers, host_nodes = workers_on_this_host(world, num_workers)
         shared = "" if host_nodes == 1 else ", %d nodes share this host: its %d cores are " \
             "divided among their %d workers" % (host_nodes, os.cpu_count() or 1, host_workers)
-        print("platoon.mpi: node %d of %d, controller pid %d, job %s%s"
-              % (rank, size, os.getpid(), job_id, shared), file=sys.stderr, flush=True)
+        _say("platoon.mpi: node %d of %d, controller pid %d, job %s%s"
+             % (rank, size, os.getpid(), job_id, shared))
         workers = _Workers(worker_argv, num_workers, host, read_fd, reaper_fd, world,
                            ready_timeout_s, env, host_workers)
         if isinstance(controller, str) and controller.endswith(".py"):
@@ -205,6 +212,9 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
             raise PlatoonError("worker pid %d exited with code %d"
                                % (failed[0].pid, failed[0].returncode))
         link.close()
+        summary = link.tie_summary()
+        if summary is not None:  # on the terminal, by hand too (the log says it at INFO only)
+            _say("platoon.mpi: node %d: %s" % (rank, summary))
         return 0
     except BaseException as exc:
         print("platoon.mpi: node %d failed: %s: %s; aborting the job"

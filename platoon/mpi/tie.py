@@ -143,6 +143,10 @@ class TieThread:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.rounds = 0
         self.bytes_sent = 0  # what this node's compressed_mean calls sent, every round
+        # Of which the lossless rounds (DiLoCo's first, the final one: whole centres, in
+        # their own dtype), whatever the codec of the others.
+        self.lossless_rounds = 0
+        self.lossless_bytes = 0
         self.codec = make_codec(tie.compress)
         # Per centre array, the same bits on every node: the last round's mean (zeros
         # before), or with DiLoCo the anchor and the outer momentum. This node's own: its
@@ -272,11 +276,15 @@ class TieThread:
             snaps = [a.copy() for a in centre.arrays] if contributes else []
         finally:
             centre.lock.release()
+        sent_before = self.bytes_sent
         try:
             self._send_moves(snaps, members, contributes, diloco, first)
         except NonFiniteValues as exc:
             raise self._diverged(exc, "round %d" % (self.rounds + 1)) from exc
         self.rounds += 1
+        if diloco and first:  # the anchor: the centres themselves, losslessly
+            self.lossless_rounds += 1
+            self.lossless_bytes += self.bytes_sent - sent_before
         if not training[self.rank] or self._done.is_set():  # done (or halted) since it began
             return
         self._lock_centre(centre)
@@ -362,6 +370,7 @@ class TieThread:
             return
         last = np.flatnonzero(~states[:, 1])  # not empty: a round hands over only to a trainer
         centre = ctl.shared_centre
+        sent_before = self.bytes_sent
         self._check_layouts(centre)
         for array in centre.arrays:
             centre.lock.acquire(LOCK_TIMEOUT_S)
@@ -381,10 +390,23 @@ class TieThread:
             finally:
                 centre.lock.release()
         self.rounds += 1
-        tie = self.tie
+        self.lossless_rounds += 1
+        self.lossless_bytes += self.bytes_sent - sent_before
+        log.info("node %d: final centre tie round %d: every node holds the centre of node(s) "
+                 "%s (what the tie sent: platoon.mpi says it on stderr, NodeLink.tie_summary)",
+                 self.rank, self.rounds, ", ".join(str(r) for r in last))
+
+    def summary(self):
+        """What this node sent for the tie, the rounds in its codec and the lossless ones
+        (whole centres) apart, with the bytes of each kind per round: one line."""
+        tie, lossless = self.tie, self.lossless_rounds
+        coded, coded_bytes = self.rounds - lossless, self.bytes_sent - self.lossless_bytes
         outer = "outer diloco (lr %g, momentum %g)" % (tie.outer_lr, tie.outer_momentum) \
             if tie.outer == "diloco" else "outer easgd (beta %g)" % tie.beta
-        log.info("node %d: final centre tie round %d: every node holds the centre of node(s) "
-                 "%s; the tie sent %d bytes from this node (%s), %.0f a round; %s", self.rank,
-                 self.rounds, ", ".join(str(r) for r in last), self.bytes_sent,
-                 self.codec.name, self.bytes_sent / self.rounds, outer)
+        return ("the tie sent %d bytes from this node in %d round(s): %d in %s, %d bytes "
+                "(%.0f a round), and %d lossless (%s), %d bytes (%.0f a round); %s"
+                % (self.bytes_sent, self.rounds, coded, tie.compress, coded_bytes,
+                   coded_bytes / coded if coded else 0.0, lossless,
+                   "DiLoCo's first and the final round" if tie.outer == "diloco"
+                   else "the final round", self.lossless_bytes,
+                   self.lossless_bytes / lossless if lossless else 0.0, outer))
