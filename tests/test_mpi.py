@@ -134,6 +134,27 @@ def test_all_reduce_every_op_and_dtype_exact_across_nodes_and_barrier(mpi_job):
     assert not [s for s in platoon_segments() if job.job_id() in s]
 
 
+def test_a_multi_node_job_evaluates_the_agreed_centre_once_and_saves_it(mpi_job, tmp_path):
+    """Node 0's workers finish first and wait; after the final tie round node 0's last worker
+    evaluates the agreed centre, once (each node's last worker evaluated its own centre,
+    before the final round); node 0 prints the result, keeps it in its status file and saves
+    the agreed centre where platoon.load_centre finds it (node 1 writes neither)."""
+    from platoon import load_centre
+    from platoon._os.statusfile import read_status
+    job = mpi_job("final", "--tie-every-s", "0.05", env_extra={
+        "PLATOON_CHECKPOINT_PATH": str(tmp_path / "centre.npz"),
+        "PLATOON_STATUS_FILE": str(tmp_path / "status.json")})
+    assert job.wait(60) == 0, job.output
+    evaluated = re.findall(r"EVALUATED (\S+) node (\d)", job.output)
+    assert len(evaluated) == 1 and evaluated[0][1] == "0", job.output
+    (centre,) = load_centre(str(tmp_path)).values()
+    assert float(evaluated[0][0]) == float(centre[0]), (centre, job.output)
+    assert job.count("platoon.mpi: final result (the agreed centre, after the final tie "
+                     "round, evaluated once by node 0's worker") == 1, job.output
+    assert read_status(str(tmp_path / "status.json"))["final_result"]["metrics"] == {
+        "centre": float(evaluated[0][0])}
+
+
 def test_every_worker_of_every_node_reads_its_own_shard(mpi_job):
     """`platoon.shard(items, w)`, the documented data line: the four workers of two nodes get
     disjoint parts that cover the items (each node's worker 0 read the same shard when the
@@ -417,6 +438,22 @@ def test_launcher_hosts_runs_one_controller_per_host(tmp_path):
     assert log.read_text().count("trained ") == 2  # each node's controller reports
 
 
+def test_launcher_hosts_shows_the_agreed_centres_final_result_and_saves_that_centre(tmp_path):
+    from platoon import load_centre
+    code, out, log = _launch_hosts(tmp_path, os.path.join(PROCS, "mpi"), "-n", "2",
+                                   "--tie-every-s", "0.05", "--", "final")
+    assert code == 0, out + log.read_text()
+    (evaluated,) = set(re.findall(r"EVALUATED (\S+) node 0", log.read_text()))
+    assert log.read_text().count("EVALUATED") == 1, log.read_text()
+    summary = out[out.index("job summary"):]
+    assert ("final result (the agreed centre, after the final tie round, evaluated once by "
+            "node 0's worker") in summary, out
+    assert "centre saved to %s by node 0 (the agreed centre" % (tmp_path / "logs" / "centre.npz") \
+        in summary, out
+    (centre,) = load_centre(str(tmp_path / "logs")).values()
+    assert float(evaluated) == float(centre[0])
+
+
 def test_launcher_hosts_fails_cleanly_when_a_worker_fails(tmp_path):
     experiments = os.path.join(os.path.dirname(os.path.abspath(__file__)), "experiments")
     before = platoon_segments()
@@ -571,7 +608,7 @@ def test_launcher_hosts_passes_tie_compress_to_every_node(tmp_path, capsys):
     assert code == 0, out + log.read_text()
     assert "outer diloco (lr 0.5, momentum 0.9)" in log.read_text(), log.read_text()
     sent = re.findall(r"node \d: the tie sent \d+ bytes from this node in \d+ round\(s\): "
-                      r"\d+ in int8, \d+ bytes \(\d+ a round\), and 2 lossless[^\n]*",
+                      r"\d+ in int8, \d+ bytes \(\d+ a round\), and \d+ lossless[^\n]*",
                       log.read_text())
     assert len(sent) == 2, log.read_text()
     assert all(line in out for line in sent), out  # the launcher shows what crossed the link

@@ -166,7 +166,11 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
     a free port; `num_workers`) and its NodeLink through PLATOON_MPI_NODE.
     Once it serves, `num_workers` processes run `worker_argv` with the
     launcher's PLATOON_* variables (plus `worker_env`) and its thread caps, the
-    host's cores divided among the workers of every rank on this host. Any failure (a worker
+    host's cores divided among the workers of every rank on this host. With tied
+    centres, the job's final evaluation (`Worker.final_evaluation`) is of the agreed
+    centre after the final round, once, on node 0, which prints it; node 0 alone writes
+    PLATOON_STATUS_FILE and PLATOON_CHECKPOINT_PATH (its final centre: the agreed one),
+    when they are set. Any failure (a worker
     exiting non-zero, the controller raising, no controller within
     `ready_timeout_s`) aborts the whole job; the exception is re-raised.
     Workers still running `finish_timeout_s` seconds after the controller
@@ -180,7 +184,14 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
     from ..launch import reaper
     reaper_fd = reaper.start(job_id)
     read_fd, write_fd = os.pipe()
-    env = without_job_variables(dict(os.environ, **(worker_env or {})), "ready_fd", "mpi_node")
+    # The job's status file and final centre (the launcher's --hosts gives them, or a user by
+    # hand): node 0's to write, once its centre is the agreed one; no worker's.
+    node0_files = ("status_file", "checkpoint_path")
+    env = without_job_variables(dict(os.environ, **(worker_env or {})), "ready_fd", "mpi_node",
+                                *node0_files)
+    if rank != 0:
+        for name in set(os.environ) - set(without_job_variables(os.environ, *node0_files)):
+            del os.environ[name]
     env.update(JobEnvironment(job_id=job_id, num_workers=num_workers).to_env())
     os.environ.update(JobEnvironment(mpi_node=1, job_id=job_id, control_port=0,
                                      num_workers=num_workers, ready_fd=write_fd).to_env())
@@ -215,6 +226,13 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
         summary = link.tie_summary()
         if summary is not None:  # on the terminal, by hand too (the log says it at INFO only)
             _say("platoon.mpi: node %d: %s" % (rank, summary))
+        final = link.final_result
+        if final and isinstance(final.get("metrics"), dict):
+            _say("platoon.mpi: final result (%s, evaluated once by node %d's worker %s): %s"
+                 % ("the agreed centre, after the final tie round" if tie is not None
+                    else "node %d's centre: the node centres are not tied" % rank, rank,
+                    final.get("worker"), ", ".join("%s %s" % item
+                                                   for item in final["metrics"].items())))
         return 0
     except BaseException as exc:
         print("platoon.mpi: node %d failed: %s: %s; aborting the job"

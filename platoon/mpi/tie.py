@@ -155,6 +155,8 @@ class TieThread:
         self._mean = self._velocity = self._base = self._feedback = self._members = None
         self._done = threading.Event()  # this node's workers are all done
         self._halt = threading.Event()  # end now, no final round (`halt`)
+        self.final = threading.Event()  # the final round has run (or failed: `final_error`)
+        self.final_error = None
         self._handed_over = False  # this node's final centre is in the training nodes' mean
         self._last_start = time.monotonic()  # of the last round (its period counts from it)
         self._thread = threading.Thread(target=self._run, name="platoon-centre-tie",
@@ -169,10 +171,15 @@ class TieThread:
 
     def stop(self):
         """End the rounds once every node is done (the rounds are collective), then run the
-        final round. Call it when this node's workers are all done."""
+        final round (the thread runs it as soon as every node is done: a worker waiting to
+        evaluate the agreed centre need not wait for `stop`). Call it when this node's
+        workers are all done; raises what the final round raised."""
         self._done.set()
         self._thread.join()
-        self._final_round()
+        if not self.final.is_set():  # the thread ended without it (it failed: aborting)
+            self._final_round()
+        if self.final_error is not None:
+            raise self.final_error
 
     def halt(self, timeout_s=HALT_TIMEOUT_S):
         """End the rounds now, without a final round: the controller is closing without
@@ -203,7 +210,13 @@ class TieThread:
                 if not wait(self.comm.Iallgather(mine, states), cancel=self._halt):
                     return  # halted
                 ready, done, handed_over = states.astype(bool).T
-                if done.all():  # every node is done: the final round follows
+                if done.all():  # every node is done: the final round, now
+                    try:
+                        self._final_round()
+                    except Exception as exc:  # raised by `stop`, in the controller's thread
+                        self.final_error = exc
+                    finally:
+                        self.final.set()
                     return
                 leaving = done & ~handed_over
                 if ready.all() and (~done).sum() + leaving.sum() > 1:  # alone: no round
@@ -407,6 +420,6 @@ class TieThread:
                 "(%.0f a round), and %d lossless (%s), %d bytes (%.0f a round); %s"
                 % (self.bytes_sent, self.rounds, coded, tie.compress, coded_bytes,
                    coded_bytes / coded if coded else 0.0, lossless,
-                   "DiLoCo's first and the final round" if tie.outer == "diloco"
-                   else "the final round", self.lossless_bytes,
+                   "DiLoCo's first and the final round" if lossless > 1 else "the final round"
+                   if lossless else "none yet", self.lossless_bytes,
                    self.lossless_bytes / lossless if lossless else 0.0, outer))
