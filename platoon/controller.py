@@ -44,6 +44,9 @@ from .compat.deprecation import renamed_keywords
 from .errors import PlatoonError, ServeTimeout, StopRequested, WorkerDied
 
 log = logging.getLogger(__name__)
+# How often serve() looks whether the centre tie's final round is done, while a worker waits
+# for it to evaluate the agreed centre (a multi-node job's final evaluation).
+_FINAL_POLL_S = 0.01
 
 
 def _configured(name: str, doc: str, settable: bool = False) -> property:
@@ -449,8 +452,10 @@ class Controller:
                                 "worker(s) registered, %d done: serve() returns",
                                 len(self._registry), len(self.departed_workers()))
                     return
-                wake = time.monotonic() + self.liveness_interval_s
+                wake = time.monotonic() + (_FINAL_POLL_S if requests.awaiting_final
+                                           else self.liveness_interval_s)
                 requests.serve_next(wake if deadline is None else min(wake, deadline))
+                requests.answer_final()
                 self._raise_thread_failure()
                 now = time.monotonic()
                 if now >= self._next_tick:

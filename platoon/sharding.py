@@ -3,8 +3,12 @@
 import numpy as np
 
 
-def shard(items, rank, size, *, epoch=0, seed=0, shuffle=True, drop_last=False):
+def shard(items, rank, size=None, *, epoch=0, seed=0, shuffle=True, drop_last=False):
     """The part of `items` that worker `rank` of `size` reads in `epoch`.
+
+    ``shard(items, w)`` with a `platoon.Worker` `w` (and no `size`) takes its place in the
+    whole job, ``w.global_rank`` of ``w.global_size``: every worker of every node gets its
+    own part, on one node or many, and the whole of `items` when the script runs alone.
 
     `items` is a sequence (file names, ...) or an int n meaning ``range(n)``.
     With shuffle=True the items are permuted by a generator seeded with
@@ -12,10 +16,13 @@ def shard(items, rank, size, *, epoch=0, seed=0, shuffle=True, drop_last=False):
     the shards of one epoch are disjoint and cover every item; each epoch
     deals a new permutation. drop_last=True drops the remainder so every
     worker gets exactly ``len(items) // size`` items (equal step counts for
-    synchronous SGD). Pass ``worker.global_rank, worker.global_size`` to
-    split across every worker of every node. Returns a list (an int array
-    for an int `items`). Raises ValueError for a bad rank or size.
+    synchronous SGD). Pass the worker itself (or ``worker.global_rank,
+    worker.global_size``) to split across every worker of every node. Returns a list (an int array
+    for an int `items`). Raises ValueError for a bad rank or size, or for a worker whose
+    controller was not told its number of workers (the job's size is then unknown).
     """
+    if size is None:
+        rank, size = _place_in_job(rank)
     if not isinstance(size, (int, np.integer)) or size < 1:
         raise ValueError("shard size must be a positive integer, got %r" % (size,))
     if not isinstance(rank, (int, np.integer)) or not 0 <= rank < size:
@@ -34,3 +41,17 @@ def shard(items, rank, size, *, epoch=0, seed=0, shuffle=True, drop_last=False):
         order = order[:n - n % size]
     mine = order[rank::size]
     return mine if pick is None else [pick[i] for i in mine]
+
+
+def _place_in_job(worker):
+    """(global rank, global size) of a Worker, for `shard(items, worker)`."""
+    if not hasattr(worker, "global_rank"):
+        raise ValueError("shard(items, rank, size): give the size too, or pass the "
+                         "platoon.Worker itself (shard(items, w)), got rank %r and no size"
+                         % (worker,))
+    if worker.num_workers is None:
+        raise ValueError("shard(items, w): worker %s's controller was not told how many "
+                         "workers the job has, so its shards are unknown; give the "
+                         "Controller num_workers (platoon-launcher and platoon.mpi do)"
+                         % worker.worker_id)
+    return worker.global_rank, worker.global_size

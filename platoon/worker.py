@@ -193,10 +193,18 @@ class Worker:
         status file as ``final_result`` {"metrics", "worker"} and the launcher's summary
         shows them. Returns the metrics on that worker, None on the others (which do not
         wait). `PeriodicSync(..., evaluate=fn)` calls this from its `finish()`.
+
+        On several nodes with tied centres (``platoon.mpi --tie-*``) the final centre is
+        the agreed one: the last worker of each node waits (by default as long as the
+        other nodes train: the job's collective timeout bounds it) for the tie's final
+        round, which makes every node's centre the same, and node 0's evaluates it, once;
+        its node prints the result and the launcher's summary shows it. Without a tie each
+        node evaluates its own centre.
         Raises TypeError when `evaluate` returns something else than a dict, and as
         `send_req`.
         """
-        reply = self.send_req(protocol.TRAINED, {}, timeout_s=timeout_s)
+        wait_s = None if timeout_s is _DEFAULT and self.num_nodes > 1 else timeout_s
+        reply = self.send_req(protocol.TRAINED, {}, timeout_s=wait_s)
         if not (isinstance(reply, dict) and reply.get("evaluate")):
             return None
         result = evaluate()

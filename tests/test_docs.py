@@ -71,3 +71,13 @@ def test_every_python_block_parses_and_its_imports_resolve(code):
 
 def test_the_readme_front_page_stays_short():
     assert read(PAGES[0]).count("\n") <= 130
+
+
+@pytest.mark.parametrize("page", PAGES + sorted(glob.glob(os.path.join(ROOT, "examples", "*",
+                                                                      "*.py"))), ids=name)
+def test_data_is_split_by_the_jobs_rank_and_size_not_one_nodes(page):
+    """`num_replicas=w.num_workers, rank=w.worker_id` (or shard by them) counts one node's
+    workers: on several nodes each node's workers would read the same data."""
+    wrong = re.findall(r"num_replicas=\w+\.num_workers|rank=\w+\.worker_id|"
+                       r"shard\([^)]*\bworker_id\b", read(page))
+    assert not wrong, wrong

@@ -75,7 +75,8 @@ def launcher_cmd(*args):
 def run_launcher(args, tmp_path, env=None, timeout=120, script_args=None):
     """(exit code, output) of the launcher run with `args`, --log-dir tmp_path/logs, and
     `script_args` (if given) after --."""
-    full_env = dict(os.environ, **(env or {}))
+    full_env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}  # caps: ours
+    full_env.update(env or {})
     after = [] if script_args is None else ["--"] + list(script_args)
     proc = subprocess.run(args + ["--log-dir", str(tmp_path / "logs")] + after,
                           capture_output=True, text=True, timeout=timeout, env=full_env,
@@ -261,6 +262,15 @@ def test_the_environment_of_each_worker():
         "cuda0", devices, 16, {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})  # the user decided
     cpu = device_variables("cpu", devices, 2, {})
     assert (cpu["CUDA_VISIBLE_DEVICES"], cpu["OMP_NUM_THREADS"]) == ("", "1")
+
+
+def test_thread_caps_divide_the_hosts_cores_and_leave_a_users_own_count():
+    """Two nodes of one worker on a 16-core host: 8 threads each (not 16); a thread count the
+    user set (any of THREAD_VARIABLES) is left alone, and no other is set over it (OpenBLAS
+    and MKL read OMP_NUM_THREADS too)."""
+    assert device_variables("cpu", ["cpu"], 16, {}, host_workers=2)["OMP_NUM_THREADS"] == "8"
+    env = device_variables("cpu", ["cpu", "cpu"], 16, {"OMP_NUM_THREADS": "1"})
+    assert not set(env) & set(THREAD_VARIABLES), env
 
 
 def test_a_worker_names_its_gpu_as_cuda_does(monkeypatch):

@@ -17,6 +17,7 @@ import pytest
 from conftest import PROCS, Proc, platoon_segments
 
 from platoon._centre.shmem import pid_alive
+from platoon._os.environment import THREAD_VARIABLES
 from platoon._os.process import find_mpiexec
 
 try:
@@ -34,6 +35,8 @@ pytestmark = [
 ]
 
 WORKER = os.path.join(PROCS, "mpi_worker.py")
+ENVCHECK = os.path.join(os.path.dirname(PROCS), "experiments", "envcheck_worker.py")
+NO_THREAD_CAPS = {var: None for var in THREAD_VARIABLES}  # the user set none
 
 
 def _mapped_by_a_live_process(path):
@@ -66,9 +69,11 @@ class MpiJob(Proc):
     """`mpiexec -n 2 python -m platoon.mpi --workers 2 ... -- mpi_worker.py SCENARIO`."""
 
     def __init__(self, scenario, *options, env_extra=None, mpiexec=(MPIEXEC, "-n", "2")):
+        """`env_extra`: variables to set, or to unset (None)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("PLATOON_")}
-        env.update(env_extra or {})
         env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        env.update(env_extra or {})
+        env = {k: v for k, v in env.items() if v is not None}
         self.args = list(mpiexec) + [sys.executable, "-m", "platoon.mpi", "--workers", "2"]
         self.args += list(options)
         if "--" not in options:
@@ -127,6 +132,39 @@ def test_all_reduce_every_op_and_dtype_exact_across_nodes_and_barrier(mpi_job):
     for g in range(4):
         assert "global %d of 4" % g in job.output
     assert not [s for s in platoon_segments() if job.job_id() in s]
+
+
+def test_a_multi_node_job_evaluates_the_agreed_centre_once_and_saves_it(mpi_job, tmp_path):
+    """Node 0's workers finish first and wait; after the final tie round node 0's last worker
+    evaluates the agreed centre, once (each node's last worker evaluated its own centre,
+    before the final round); node 0 prints the result, keeps it in its status file and saves
+    the agreed centre where platoon.load_centre finds it (node 1 writes neither)."""
+    from platoon import load_centre
+    from platoon._os.statusfile import read_status
+    job = mpi_job("final", "--tie-every-s", "0.05", env_extra={
+        "PLATOON_CHECKPOINT_PATH": str(tmp_path / "centre.npz"),
+        "PLATOON_STATUS_FILE": str(tmp_path / "status.json")})
+    assert job.wait(60) == 0, job.output
+    evaluated = re.findall(r"EVALUATED (\S+) node (\d)", job.output)
+    assert len(evaluated) == 1 and evaluated[0][1] == "0", job.output
+    (centre,) = load_centre(str(tmp_path)).values()
+    assert float(evaluated[0][0]) == float(centre[0]), (centre, job.output)
+    assert job.count("platoon.mpi: final result (the agreed centre, after the final tie "
+                     "round, evaluated once by node 0's worker") == 1, job.output
+    assert read_status(str(tmp_path / "status.json"))["final_result"]["metrics"] == {
+        "centre": float(evaluated[0][0])}
+
+
+def test_every_worker_of_every_node_reads_its_own_shard(mpi_job):
+    """`platoon.shard(items, w)`, the documented data line: the four workers of two nodes get
+    disjoint parts that cover the items (each node's worker 0 read the same shard when the
+    line counted the workers per node)."""
+    job = mpi_job("shard")
+    assert job.wait(60) == 0, job.output
+    parts = re.findall(r"SHARD ([\d ]+) node", job.output)
+    assert len(parts) == 4, job.output
+    items = [int(i) for part in parts for i in part.split()]
+    assert sorted(items) == list(range(20)), job.output
 
 
 @pytest.mark.parametrize("every", [["--tie-every-s", "0.02"], ["--tie-every-syncs", "3"]])
@@ -338,14 +376,33 @@ def test_each_nodes_workers_take_its_gpus_in_turn(mpi_job, monkeypatch):
     for var in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE",
                 "XLA_PYTHON_CLIENT_ALLOCATOR"):
         monkeypatch.delenv(var, raising=False)
-    experiments = os.path.join(os.path.dirname(PROCS), "experiments")
-    job = mpi_job("-", "--", os.path.join(experiments, "envcheck_worker.py"),
-                  env_extra={"PLATOON_ASSUME_GPUS": "0"})
+    job = mpi_job("-", "--", ENVCHECK,
+                  env_extra=dict(NO_THREAD_CAPS, PLATOON_ASSUME_GPUS="0"))
     assert job.wait(60) == 0, job.output
-    threads = max(1, (os.cpu_count() or 1) // 2)
+    threads = max(1, (os.cpu_count() or 1) // 4)  # 2 nodes x 2 workers on this host
     line = ("DEVICE cuda0 CUDA_VISIBLE_DEVICES='0' OMP_NUM_THREADS=%d "
             "CUDA_DEVICE_ORDER=PCI_BUS_ID XLA_PYTHON_CLIENT_MEM_FRACTION=0.375" % threads)
     assert job.count(line) == 4, job.output
+
+
+@pytest.mark.parametrize("user", [None, "1"], ids=["caps", "the user's OMP_NUM_THREADS"])
+def test_nodes_sharing_a_host_divide_its_cores_and_keep_a_thread_count_the_user_set(mpi_job,
+                                                                                    user):
+    """Two nodes of one worker each on this host: each worker's BLAS/OpenMP threads are the
+    cores divided among both (each was given all of them: 2 x the cores). A thread count the
+    user set is theirs: no variable is set over it (it was overridden)."""
+    job = mpi_job("-", "--workers", "1", "--", ENVCHECK,
+                  env_extra=dict(NO_THREAD_CAPS, OMP_NUM_THREADS=user, PLATOON_ASSUME_GPUS="-1"))
+    assert job.wait(60) == 0, job.output
+    assert job.count("2 nodes share this host") == 2, job.output
+    if user is None:
+        threads = str(max(1, (os.cpu_count() or 1) // 2))
+        want = {var: threads for var in THREAD_VARIABLES}
+    else:
+        want = dict({var: "None" for var in THREAD_VARIABLES}, OMP_NUM_THREADS=user)
+    found = [dict(pair.split("=") for pair in line.split()[1:])
+             for line in job.output.splitlines() if line.startswith("THREADS ")]
+    assert found == [want, want], job.output
 
 
 def test_a_launcher_style_controller_script_runs_as_each_node(mpi_job):
@@ -379,6 +436,22 @@ def test_launcher_hosts_runs_one_controller_per_host(tmp_path):
     assert code == 0, out + log.read_text()
     assert "job finished on 2 node(s)" in out
     assert log.read_text().count("trained ") == 2  # each node's controller reports
+
+
+def test_launcher_hosts_shows_the_agreed_centres_final_result_and_saves_that_centre(tmp_path):
+    from platoon import load_centre
+    code, out, log = _launch_hosts(tmp_path, os.path.join(PROCS, "mpi"), "-n", "2",
+                                   "--tie-every-s", "0.05", "--", "final")
+    assert code == 0, out + log.read_text()
+    (evaluated,) = set(re.findall(r"EVALUATED (\S+) node 0", log.read_text()))
+    assert log.read_text().count("EVALUATED") == 1, log.read_text()
+    summary = out[out.index("job summary"):]
+    assert ("final result (the agreed centre, after the final tie round, evaluated once by "
+            "node 0's worker") in summary, out
+    assert "centre saved to %s by node 0 (the agreed centre" % (tmp_path / "logs" / "centre.npz") \
+        in summary, out
+    (centre,) = load_centre(str(tmp_path / "logs")).values()
+    assert float(evaluated) == float(centre[0])
 
 
 def test_launcher_hosts_fails_cleanly_when_a_worker_fails(tmp_path):
@@ -534,8 +607,42 @@ def test_launcher_hosts_passes_tie_compress_to_every_node(tmp_path, capsys):
                                    "--tie-outer-lr", "0.5")
     assert code == 0, out + log.read_text()
     assert "outer diloco (lr 0.5, momentum 0.9)" in log.read_text(), log.read_text()
-    sent = re.findall(r"the tie sent (\d+) bytes from this node \(int8\)", log.read_text())
+    sent = re.findall(r"node \d: the tie sent \d+ bytes from this node in \d+ round\(s\): "
+                      r"\d+ in int8, \d+ bytes \(\d+ a round\), and \d+ lossless[^\n]*",
+                      log.read_text())
     assert len(sent) == 2, log.read_text()
+    assert all(line in out for line in sent), out  # the launcher shows what crossed the link
+
+
+TIE_SENT = re.compile(r"platoon.mpi: node (\d): the tie sent (\d+) bytes from this node in "
+                      r"(\d+) round\(s\): (\d+) in (\w+), (\d+) bytes \((\d+) a round\), and "
+                      r"(\d+) lossless \(([^)]*)\), (\d+) bytes \((\d+) a round\)")
+
+
+@pytest.mark.parametrize("outer", ["easgd", "diloco"])
+def test_a_job_run_by_hand_says_what_crossed_the_link_rounds_in_the_codec_and_lossless_apart(
+        mpi_job, outer):
+    """int8 rounds (256 float32: 260 bytes each) and the lossless ones (whole centres, 1024
+    bytes: DiLoCo's first round, and the final round from a node that finished last) are
+    counted apart, each node printing them on the terminal (they were averaged together, and
+    said only in the log at INFO)."""
+    job = mpi_job("-", "--tie-every-s", "0.02", "--tie-compress", "int8", "--tie-outer", outer,
+                  "--", os.path.join(PROCS, "tie_regression_worker.py"), "150")
+    assert job.wait(60) == 0, job.output
+    found = TIE_SENT.findall(job.output)
+    assert sorted(f[0] for f in found) == ["0", "1"], job.output
+    finals = []
+    for (_, total, rounds, coded, codec, coded_bytes, per_coded, lossless, which,
+         lossless_bytes, per_lossless) in found:
+        first = 1024 if outer == "diloco" else 0
+        final = int(lossless_bytes) - first
+        assert codec == "int8" and int(coded_bytes) == 260 * int(coded) and int(coded) > 0
+        assert int(lossless) == (2 if outer == "diloco" else 1) and final in (0, 1024), found
+        assert int(rounds) == int(coded) + int(lossless), found
+        assert int(total) == int(coded_bytes) + int(lossless_bytes), found
+        assert int(per_coded) == 260 and ("DiLoCo's first" in which) == (outer == "diloco")
+        finals.append(final)
+    assert max(finals) == 1024, found  # the node(s) that finished last sent their centre
 
 
 def test_compressed_mean_counts_the_bytes_that_cross_the_network(two_hosts):

@@ -1,5 +1,7 @@
 """Data sharding: disjoint, complete, deterministic, reshuffled per epoch."""
 
+import types
+
 import numpy as np
 import pytest
 
@@ -34,3 +36,14 @@ def test_bad_rank_or_size():
         shard(10, 2, 2)
     with pytest.raises(ValueError, match="size must be a positive integer"):
         shard(10, 0, 0)
+
+
+def test_a_worker_gives_its_place_in_the_whole_job():
+    """shard(items, w): the worker's global rank and size (every node's workers count)."""
+    node1 = types.SimpleNamespace(worker_id=0, num_workers=2, global_rank=2, global_size=4)
+    assert list(shard(10, node1, shuffle=False)) == [2, 6]
+    unknown = types.SimpleNamespace(worker_id=1, num_workers=None, global_rank=1, global_size=1)
+    with pytest.raises(ValueError, match="not told how many workers.*num_workers"):
+        shard(10, unknown)
+    with pytest.raises(ValueError, match="give the size too, or pass the platoon.Worker"):
+        shard(10, 1)

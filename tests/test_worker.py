@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from platoon import shard
 from platoon import (ASGD, EASGD, Controller, ControllerTimeout, LockTimeout, MinibatchTimeout,
                      ParamSyncRule, PlatoonError, ProtocolError, Worker, WorkerClosed)
 
@@ -288,6 +289,8 @@ def test_a_worker_without_port_or_launcher_runs_a_one_worker_job(monkeypatch):
         monkeypatch.delenv(name)
     with Worker(timeout_s=10) as w:  # before: ValueError, "needs the controller's port"
         assert (w.worker_id, w.num_workers) == (0, 1)
+        assert (w.global_rank, w.global_size) == (0, 1)
+        assert sorted(shard(10, w)) == list(range(10))  # alone: the whole of the data
         x = np.ones(4)
         w.init_shared_params([x], EASGD(0.5))
         assert w.start_together() is True  # the job is this one worker

@@ -82,7 +82,7 @@ def main():
     torch.manual_seed(args.seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     w = platoon.Worker()
-    files = platoon.shard(TRAIN_FILES, w.global_rank, w.global_size)
+    files = platoon.shard(TRAIN_FILES, w)
     train = batchify(read_bytes(files), args.batch_size).to(device)
     valid = batchify(read_bytes(VALID_FILES)[:args.valid_bytes], 8).to(device)
     model = CharLM(args.emsize, args.nhid).to(device)

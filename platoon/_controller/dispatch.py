@@ -39,6 +39,9 @@ class RequestDispatcher:
         self._collectives = collectives
         self._progress = progress
         self._rcvtimeo: Optional[int] = None  # the socket's receive timeout, in ms, while serving
+        # A multi-node job's last worker of this node, told whether to evaluate once the
+        # tie's final round has made the centres one (`answer_final`): (envelope, seq).
+        self.awaiting_final: Optional[tuple] = None
         self.warnings = ThrottledLog(log)  # bad requests: a few lines, then a count
         self._reserved = {  # handler(envelope, request, record, request frame: its Peer-Address)
             protocol.REGISTER: self._register,
@@ -225,15 +228,35 @@ class RequestDispatcher:
 
     def _trained(self, envelope, request, record, _):
         """``platoon-trained``: the worker made its last sync; the reply tells the last of the
-        job's workers to do so to evaluate the final centre."""
-        self.reply(envelope, request.seq,
-                   {"evaluate": self._progress.trained(record.worker_id, self._registry)})
+        job's workers to do so to evaluate the final centre. On several nodes with tied
+        centres, the last of this node's workers is answered once the tie's final round has
+        made the centres one (`answer_final`), and only node 0's evaluates it."""
+        evaluate = self._progress.trained(record.worker_id, self._registry)
+        link = self._ctl.node_link
+        if evaluate and link is not None and link.trained():
+            self.awaiting_final = (envelope, request.seq)
+            return
+        self.reply(envelope, request.seq, {"evaluate": evaluate})
+
+    def answer_final(self) -> None:
+        """Answer the worker waiting for the agreed centre (`_trained`) once it is there."""
+        if self.awaiting_final is None:
+            return
+        evaluate = self._ctl.node_link.final_centre()
+        if evaluate is None:
+            return
+        envelope, seq = self.awaiting_final
+        self.awaiting_final = None
+        self.reply(envelope, seq, {"evaluate": evaluate})
 
     def _final_result(self, envelope, request, record, _):
         """``platoon-final-result`` {metrics}: the final centre's evaluation (the first kept)."""
         info = request.req_info if isinstance(request.req_info, dict) else {}
-        self.reply(envelope, request.seq,
-                   {"stored": self._progress.final(record.worker_id, info.get("metrics"))})
+        stored = self._progress.final(record.worker_id, info.get("metrics"))
+        link = self._ctl.node_link
+        if stored and link is not None:  # platoon.mpi says it (node 0: the agreed centre's)
+            link.final_result = self._progress.final_result
+        self.reply(envelope, request.seq, {"stored": stored})
 
     def _all_reduce(self, envelope, request, record, _):
         self._collectives.join(envelope, request.seq, record.worker_id, request.req_info)

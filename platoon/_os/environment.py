@@ -92,21 +92,28 @@ XLA_MEMORY_VARIABLES = ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PRE
                         "XLA_PYTHON_CLIENT_ALLOCATOR")
 
 
-def device_variables(device, devices, cpus, environ):
+def device_variables(device, devices, cpus, environ, *, host_workers=None):
     """The environment variables of a worker on `device` (one of the job's `devices`: "cpu" or
-    "cudaK") on a machine with `cpus` cores, `environ` being the launcher's environment.
+    "cudaK") on a machine with `cpus` cores, `environ` being the environment the worker
+    inherits, `host_workers` the workers of every job's node on this machine (default:
+    ``len(devices)``; several nodes of a multi-node job may share a machine).
 
     - ``CUDA_VISIBLE_DEVICES``: its GPU only ("" for a CPU worker), and
       ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so that K is the index nvidia-smi shows (CUDA
       otherwise numbers the fastest GPU first);
-    - BLAS/OpenMP threads: the cores split evenly among all the workers (GPU workers too:
-      their data work runs on the CPU, and k workers x all cores oversubscribe it);
+    - BLAS/OpenMP threads: the cores split evenly among all the machine's workers (GPU
+      workers too: their data work runs on the CPU, and k workers x all cores oversubscribe
+      it), unless `environ` sets one of `THREAD_VARIABLES`: then the user has decided, and
+      none is set (the worker inherits theirs);
     - ``XLA_PYTHON_CLIENT_MEM_FRACTION``: when k workers share a GPU, 0.75/k each (JAX
       preallocates 0.75 of the GPU in every process, and the second would fail), unless the
       launcher's environment sets one of `XLA_MEMORY_VARIABLES`.
     """
-    threads = str(max(1, cpus // max(len(devices), 1)))
-    env = {var: threads for var in THREAD_VARIABLES}
+    sharing_cores = len(devices) if host_workers is None else host_workers
+    threads = str(max(1, cpus // max(sharing_cores, 1)))
+    env = {}
+    if not any(environ.get(var) for var in THREAD_VARIABLES):
+        env.update((var, threads) for var in THREAD_VARIABLES)
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""

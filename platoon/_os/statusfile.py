@@ -9,7 +9,8 @@ summary. Its keys are the contract between the two processes:
   ``workers`` (registered), ``done`` (left); ``worker_pids``: the pid of every worker
   that registered (written before its registration is answered, so a worker process that
   has exited and is not listed never registered); ``elapsed_s`` (since `serve` started) and
-  ``syncs_per_s``; ``tie_rounds``, ``tie_bytes_sent`` in a multi-node job with a centre tie;
+  ``syncs_per_s``; ``tie_rounds``, ``tie_bytes_sent`` (of which ``tie_lossless_rounds``,
+  ``tie_lossless_bytes_sent``) in a multi-node job with a centre tie;
   ``metrics_dropped`` (in the job's and in each report): how many reported metrics were not
   kept (the first MAX_METRICS names are kept, each of at most MAX_NAME characters; a value
   that is not a number is cut to MAX_TEXT characters);

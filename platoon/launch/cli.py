@@ -64,7 +64,8 @@ NOT_WITH_HOSTS = [
      "does not hand CURVE keys to the nodes yet"),
     ("restart", "--restart", "a failed worker aborts the whole MPI job; it cannot be replaced"),
     ("keep_going", "--keep-going", "a failed worker aborts the whole MPI job"),
-    ("checkpoint_every_s", "--checkpoint-every-s", "node centres are not checkpointed"),
+    ("checkpoint_every_s", "--checkpoint-every-s", "node centres are not checkpointed during "
+     "the job (node 0 saves the final, agreed one)"),
     ("resume", "--resume", "node centres cannot start from a checkpoint"),
     ("devices", "-D/--devices", "platoon.mpi runs -n workers per node and places none on "
      "devices"),

@@ -445,7 +445,9 @@ class Launch:
                 cmd += ["--" + dest.replace("_", "-"), str(getattr(args, dest))]
         cmd += ["--", worker_script] + args.worker_argv
         env = without_job_variables(os.environ)
-        env.update(JobEnvironment(launcher_pid=os.getpid(), log_level=args.log_level).to_env())
+        env.update(JobEnvironment(launcher_pid=os.getpid(), log_level=args.log_level,
+                                  status_file=os.path.abspath(self.status_file),
+                                  checkpoint_path=os.path.abspath(self.centre_path)).to_env())
         self.controller = Process("mpiexec", "-x:" + mpiexec, cmd, env,
                                   os.path.join(self.log_dir, "mpiexec.log"))
         self.say("mpiexec: %d node(s) (%s), %d worker(s) each"
@@ -722,15 +724,22 @@ class Launch:
         progress in the controller's status file, each worker's last report, and where the
         centre was saved."""
         status = read_status(self.status_file)
+        hosts = self.args.hosts
+        if hosts:  # node 0's status file: its final result and centre are the job's, not
+            status = {k: v for k, v in status.items() if k == "final_result"}  # its counts
         head = "job summary: wall time %.1f s" % (time.monotonic() - self._started)
         for key in ("minibatches", "syncs"):
             if isinstance(status.get(key), int):
                 head += ", %d %s" % (status[key], key)
         lines = [head]
         final = status.get("final_result")
+        tied = bool(self.args.tie_every_s or self.args.tie_every_syncs)
         if isinstance(final, dict) and isinstance(final.get("metrics"), dict):
-            lines.append("  final result (the final centre, evaluated once by worker %s): %s%s"
-                         % (final.get("worker", "?"),
+            lines.append("  final result (%s, evaluated once by %sworker %s): %s%s"
+                         % ("the final centre" if not hosts
+                            else "the agreed centre, after the final tie round" if tied
+                            else "node 0's centre: the node centres were not tied",
+                            "node 0's " if hosts else "", final.get("worker", "?"),
                             ", ".join(_metrics(final["metrics"])) or "(no metrics)",
                             "; %d more not kept" % _dropped(final) if _dropped(final) else ""))
         if (self._finished_ok and status.get("syncs") == 0 and self.args.workers > 1
@@ -752,8 +761,14 @@ class Launch:
             lines.append("  %d reported metrics were not kept: the controller keeps the first "
                          "%d metric names (of up to %d characters) for the job and for each "
                          "worker; report fewer" % (_dropped(status), MAX_METRICS, MAX_NAME))
-        if self.args.hosts:
-            lines.append("  node centres are not checkpointed (--hosts)")
+        if hosts and self._saved_during_job(self.centre_path):
+            lines.append("  centre saved to %s by node 0 (%s; load it with platoon.load_centre)"
+                         % (self.centre_path, "the agreed centre, after the final tie round"
+                            if tied else "its own: the node centres were not tied"))
+        elif hosts:
+            lines.append("  no centre saved to %s: node 0 (on %s) writes it there on its own "
+                         "machine, once its workers shared their parameters"
+                         % (self.centre_path, hosts[0]))
         elif self._saved_during_job(self.centre_path):
             lines.append("  centre saved to %s (load it with platoon.load_centre)"
                          % self.centre_path)

@@ -76,6 +76,7 @@ class NodeLink:
         self.worker_offset = sum(counts[:self.rank])
         self.global_size = sum(counts)
         self.tie = tie
+        self.final_result = None  # node 0: the agreed centre's evaluation (the controller's)
         self._tie_thread = None
         self._start_lock = threading.Lock()
         self._finished = False
@@ -94,12 +95,22 @@ class NodeLink:
         count: its messages, once for each other node; MPI's headers not counted)."""
         return 0 if self._tie_thread is None else self._tie_thread.bytes_sent
 
+    def tie_summary(self):
+        """One line: what this node sent for the centre tie, the rounds in its codec and the
+        lossless rounds apart (`TieThread.summary`); None without a tie."""
+        return None if self._tie_thread is None else self._tie_thread.summary()
+
     def totals(self):
         """What this link adds to the controller's progress totals (and status file):
-        ``tie_rounds`` and ``tie_bytes_sent`` when the centres are tied, else nothing."""
+        ``tie_rounds`` and ``tie_bytes_sent`` when the centres are tied, of which
+        ``tie_lossless_rounds`` and ``tie_lossless_bytes_sent`` (whole centres, in their own
+        dtype: DiLoCo's first round and the final one), else nothing."""
         if self.tie is None:
             return {}
-        return {"tie_rounds": self.tie_rounds, "tie_bytes_sent": self.tie_bytes_sent}
+        thread = self._tie_thread
+        return {"tie_rounds": self.tie_rounds, "tie_bytes_sent": self.tie_bytes_sent,
+                "tie_lossless_rounds": 0 if thread is None else thread.lossless_rounds,
+                "tie_lossless_bytes_sent": 0 if thread is None else thread.lossless_bytes}
 
     def topology(self, worker_id):
         """What a worker learns at registration, beyond its local id."""
@@ -181,6 +192,26 @@ class NodeLink:
         with self._start_lock:
             if self.tie is not None and self._tie_thread is None:
                 self._tie_thread = TieThread(self.tie, self._tie_comm, controller, self.abort)
+
+    def trained(self):
+        """This node's workers are all past their last sync (`Worker.final_evaluation`): its
+        centre is final, and the tie's final round may come without waiting for them to
+        leave. Returns whether an agreed centre will come (the centres are tied), to be
+        evaluated once, on node 0 (`final_centre`)."""
+        thread = self._tie_thread
+        if thread is None:
+            return False
+        thread.node_done()
+        return True
+
+    def final_centre(self):
+        """None until the tie's final round has run; then whether this node evaluates the
+        agreed centre (node 0 does, when the round succeeded; a failed round fails the job
+        at `finish`)."""
+        thread = self._tie_thread
+        if thread is None or not thread.final.is_set():
+            return None
+        return self.rank == 0 and thread.final_error is None
 
     def end_tie(self):
         """End the centre tie now, without its final round: the controller is closing before

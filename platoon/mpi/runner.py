@@ -40,6 +40,13 @@ def node_devices(count):
     return ["cuda%s" % gpus[i % len(gpus)] for i in range(count)]
 
 
+def _say(line):
+    """`line` on stderr in one write (the nodes share mpiexec's terminal: print writes the
+    newline apart, and another node's line could join this one)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def _kill_with_parent():
     """Child side of Popen: SIGKILL this process when the thread that started it dies."""
     die_with_parent(signal.SIGKILL)
@@ -72,8 +79,10 @@ class _Workers:
     whole job as soon as one fails. Runs in its own thread, which lives as long as the
     workers (they die with it: PR_SET_PDEATHSIG)."""
 
-    def __init__(self, argv, count, host, ready_fd, reaper_fd, world, ready_timeout_s, env):
+    def __init__(self, argv, count, host, ready_fd, reaper_fd, world, ready_timeout_s, env,
+                 host_workers):
         self.argv, self.count, self.host = argv, count, host
+        self.host_workers = host_workers
         self.ready_fd, self.reaper_fd, self.world = ready_fd, reaper_fd, world
         self.ready_timeout_s, self.env = ready_timeout_s, env
         self.procs = []
@@ -105,7 +114,8 @@ class _Workers:
                                           data_port=ready.get("data_port") or None,
                                           worker_index=index, host=self.host,
                                           device=device).to_env())
-                env.update(device_variables(device, devices, os.cpu_count() or 1, os.environ))
+                env.update(device_variables(device, devices, os.cpu_count() or 1, self.env,
+                                            host_workers=self.host_workers))
                 proc = subprocess.Popen(self.argv, env=env, preexec_fn=_kill_with_parent)
                 reaper.watch(self.reaper_fd, proc.pid)
                 self.procs.append(proc)
@@ -128,6 +138,17 @@ class _Workers:
             self._fail("worker pid %d exited with code %d" % (proc.pid, code))
 
 
+def workers_on_this_host(comm, num_workers):
+    """The workers of every rank of `comm` on this machine (MPI's shared-memory split: the
+    ranks of a node that share it), among whom its cores are divided. Collective."""
+    MPI = import_mpi()
+    host = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return host.allreduce(int(num_workers)), host.Get_size()
+    finally:
+        host.Free()
+
+
 def run_node(worker_argv: Sequence[str], num_workers: int, *,
              controller: Union[str, type, None] = None, controller_args: Sequence[str] = (),
              tie: Optional[CentreTie] = None, host: str = "127.0.0.1",
@@ -144,7 +165,12 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
     ``PLATOON_*`` environment (job id: one random id per job plus ``-nRANK``;
     a free port; `num_workers`) and its NodeLink through PLATOON_MPI_NODE.
     Once it serves, `num_workers` processes run `worker_argv` with the
-    launcher's PLATOON_* variables (plus `worker_env`). Any failure (a worker
+    launcher's PLATOON_* variables (plus `worker_env`) and its thread caps, the
+    host's cores divided among the workers of every rank on this host. With tied
+    centres, the job's final evaluation (`Worker.final_evaluation`) is of the agreed
+    centre after the final round, once, on node 0, which prints it; node 0 alone writes
+    PLATOON_STATUS_FILE and PLATOON_CHECKPOINT_PATH (its final centre: the agreed one),
+    when they are set. Any failure (a worker
     exiting non-zero, the controller raising, no controller within
     `ready_timeout_s`) aborts the whole job; the exception is re-raised.
     Workers still running `finish_timeout_s` seconds after the controller
@@ -158,17 +184,27 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
     from ..launch import reaper
     reaper_fd = reaper.start(job_id)
     read_fd, write_fd = os.pipe()
-    env = without_job_variables(dict(os.environ, **(worker_env or {})), "ready_fd", "mpi_node")
+    # The job's status file and final centre (the launcher's --hosts gives them, or a user by
+    # hand): node 0's to write, once its centre is the agreed one; no worker's.
+    node0_files = ("status_file", "checkpoint_path")
+    env = without_job_variables(dict(os.environ, **(worker_env or {})), "ready_fd", "mpi_node",
+                                *node0_files)
+    if rank != 0:
+        for name in set(os.environ) - set(without_job_variables(os.environ, *node0_files)):
+            del os.environ[name]
     env.update(JobEnvironment(job_id=job_id, num_workers=num_workers).to_env())
     os.environ.update(JobEnvironment(mpi_node=1, job_id=job_id, control_port=0,
                                      num_workers=num_workers, ready_fd=write_fd).to_env())
     workers = None
     try:
         link = NodeLink(num_workers, world, tie)
-        print("platoon.mpi: node %d of %d, controller pid %d, job %s"
-              % (rank, size, os.getpid(), job_id), file=sys.stderr, flush=True)
+        host_workers, host_nodes = workers_on_this_host(world, num_workers)
+        shared = "" if host_nodes == 1 else ", %d nodes share this host: its %d cores are " \
+            "divided among their %d workers" % (host_nodes, os.cpu_count() or 1, host_workers)
+        _say("platoon.mpi: node %d of %d, controller pid %d, job %s%s"
+             % (rank, size, os.getpid(), job_id, shared))
         workers = _Workers(worker_argv, num_workers, host, read_fd, reaper_fd, world,
-                           ready_timeout_s, env)
+                           ready_timeout_s, env, host_workers)
         if isinstance(controller, str) and controller.endswith(".py"):
             sys.argv = [controller] + list(controller_args)
             sys.path.insert(0, os.path.dirname(os.path.abspath(controller)))
@@ -187,6 +223,16 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
             raise PlatoonError("worker pid %d exited with code %d"
                                % (failed[0].pid, failed[0].returncode))
         link.close()
+        summary = link.tie_summary()
+        if summary is not None:  # on the terminal, by hand too (the log says it at INFO only)
+            _say("platoon.mpi: node %d: %s" % (rank, summary))
+        final = link.final_result
+        if final and isinstance(final.get("metrics"), dict):
+            _say("platoon.mpi: final result (%s, evaluated once by node %d's worker %s): %s"
+                 % ("the agreed centre, after the final tie round" if tie is not None
+                    else "node %d's centre: the node centres are not tied" % rank, rank,
+                    final.get("worker"), ", ".join("%s %s" % item
+                                                   for item in final["metrics"].items())))
         return 0
     except BaseException as exc:
         print("platoon.mpi: node %d failed: %s: %s; aborting the job"

@@ -143,6 +143,10 @@ class TieThread:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.rounds = 0
         self.bytes_sent = 0  # what this node's compressed_mean calls sent, every round
+        # Of which the lossless rounds (DiLoCo's first, the final one: whole centres, in
+        # their own dtype), whatever the codec of the others.
+        self.lossless_rounds = 0
+        self.lossless_bytes = 0
         self.codec = make_codec(tie.compress)
         # Per centre array, the same bits on every node: the last round's mean (zeros
         # before), or with DiLoCo the anchor and the outer momentum. This node's own: its
@@ -151,6 +155,8 @@ class TieThread:
         self._mean = self._velocity = self._base = self._feedback = self._members = None
         self._done = threading.Event()  # this node's workers are all done
         self._halt = threading.Event()  # end now, no final round (`halt`)
+        self.final = threading.Event()  # the final round has run (or failed: `final_error`)
+        self.final_error = None
         self._handed_over = False  # this node's final centre is in the training nodes' mean
         self._last_start = time.monotonic()  # of the last round (its period counts from it)
         self._thread = threading.Thread(target=self._run, name="platoon-centre-tie",
@@ -165,10 +171,15 @@ class TieThread:
 
     def stop(self):
         """End the rounds once every node is done (the rounds are collective), then run the
-        final round. Call it when this node's workers are all done."""
+        final round (the thread runs it as soon as every node is done: a worker waiting to
+        evaluate the agreed centre need not wait for `stop`). Call it when this node's
+        workers are all done; raises what the final round raised."""
         self._done.set()
         self._thread.join()
-        self._final_round()
+        if not self.final.is_set():  # the thread ended without it (it failed: aborting)
+            self._final_round()
+        if self.final_error is not None:
+            raise self.final_error
 
     def halt(self, timeout_s=HALT_TIMEOUT_S):
         """End the rounds now, without a final round: the controller is closing without
@@ -199,7 +210,13 @@ class TieThread:
                 if not wait(self.comm.Iallgather(mine, states), cancel=self._halt):
                     return  # halted
                 ready, done, handed_over = states.astype(bool).T
-                if done.all():  # every node is done: the final round follows
+                if done.all():  # every node is done: the final round, now
+                    try:
+                        self._final_round()
+                    except Exception as exc:  # raised by `stop`, in the controller's thread
+                        self.final_error = exc
+                    finally:
+                        self.final.set()
                     return
                 leaving = done & ~handed_over
                 if ready.all() and (~done).sum() + leaving.sum() > 1:  # alone: no round
@@ -272,11 +289,15 @@ class TieThread:
             snaps = [a.copy() for a in centre.arrays] if contributes else []
         finally:
             centre.lock.release()
+        sent_before = self.bytes_sent
         try:
             self._send_moves(snaps, members, contributes, diloco, first)
         except NonFiniteValues as exc:
             raise self._diverged(exc, "round %d" % (self.rounds + 1)) from exc
         self.rounds += 1
+        if diloco and first:  # the anchor: the centres themselves, losslessly
+            self.lossless_rounds += 1
+            self.lossless_bytes += self.bytes_sent - sent_before
         if not training[self.rank] or self._done.is_set():  # done (or halted) since it began
             return
         self._lock_centre(centre)
@@ -362,6 +383,7 @@ class TieThread:
             return
         last = np.flatnonzero(~states[:, 1])  # not empty: a round hands over only to a trainer
         centre = ctl.shared_centre
+        sent_before = self.bytes_sent
         self._check_layouts(centre)
         for array in centre.arrays:
             centre.lock.acquire(LOCK_TIMEOUT_S)
@@ -381,10 +403,23 @@ class TieThread:
             finally:
                 centre.lock.release()
         self.rounds += 1
-        tie = self.tie
+        self.lossless_rounds += 1
+        self.lossless_bytes += self.bytes_sent - sent_before
+        log.info("node %d: final centre tie round %d: every node holds the centre of node(s) "
+                 "%s (what the tie sent: platoon.mpi says it on stderr, NodeLink.tie_summary)",
+                 self.rank, self.rounds, ", ".join(str(r) for r in last))
+
+    def summary(self):
+        """What this node sent for the tie, the rounds in its codec and the lossless ones
+        (whole centres) apart, with the bytes of each kind per round: one line."""
+        tie, lossless = self.tie, self.lossless_rounds
+        coded, coded_bytes = self.rounds - lossless, self.bytes_sent - self.lossless_bytes
         outer = "outer diloco (lr %g, momentum %g)" % (tie.outer_lr, tie.outer_momentum) \
             if tie.outer == "diloco" else "outer easgd (beta %g)" % tie.beta
-        log.info("node %d: final centre tie round %d: every node holds the centre of node(s) "
-                 "%s; the tie sent %d bytes from this node (%s), %.0f a round; %s", self.rank,
-                 self.rounds, ", ".join(str(r) for r in last), self.bytes_sent,
-                 self.codec.name, self.bytes_sent / self.rounds, outer)
+        return ("the tie sent %d bytes from this node in %d round(s): %d in %s, %d bytes "
+                "(%.0f a round), and %d lossless (%s), %d bytes (%.0f a round); %s"
+                % (self.bytes_sent, self.rounds, coded, tie.compress, coded_bytes,
+                   coded_bytes / coded if coded else 0.0, lossless,
+                   "DiLoCo's first and the final round" if lossless > 1 else "the final round"
+                   if lossless else "none yet", self.lossless_bytes,
+                   self.lossless_bytes / lossless if lossless else 0.0, outer))

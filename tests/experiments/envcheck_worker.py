@@ -6,7 +6,11 @@ import numpy as np
 
 from platoon import EASGD, Worker
 
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")  # the launcher's caps
+
 with Worker() as w:
+    print("THREADS " + " ".join("%s=%s" % (var, os.environ.get(var)) for var in THREAD_VARIABLES))
     print("DEVICE %s CUDA_VISIBLE_DEVICES=%r OMP_NUM_THREADS=%s CUDA_DEVICE_ORDER=%s "
           "XLA_PYTHON_CLIENT_MEM_FRACTION=%s"
           % (w.device, os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("OMP_NUM_THREADS"),

@@ -2,6 +2,9 @@
 
 usage: mpi_worker.py SCENARIO
   collectives: all_reduce every op and dtype, checks exact results, barrier; prints OK
+  shard: prints SHARD and its part of range(20) from platoon.shard(20, w, epoch=1)
+  final: each node's centre starts apart, node 1 trains 0.5 s longer, then every worker calls
+       final_evaluation (the centre's first value); the one that evaluates prints EVALUATED
   tie: starts its node's centre at +1 (node 0) or -1 (node 1), then all_reduces the centre
        until the node centres agree; prints TIED and the rounds it took
   forever: prints READY, then all_reduces until killed
@@ -26,6 +29,7 @@ import time
 
 import numpy as np
 
+import platoon
 from platoon import EASGD, RemoteError, Worker, protocol
 
 CASES = [(op, dt) for dt in ["float32", "float64", "int32", "int64", "uint8", "complex128"]
@@ -77,6 +81,21 @@ def main():
                 assert got.dtype == want.dtype and np.array_equal(got, want), (tag, op, dt)
             w.barrier()
             say("OK " + tag)
+        elif scenario == "shard":
+            # The documented line: this worker's part of the job's data, on any node.
+            say("SHARD %s %s" % (" ".join(map(str, platoon.shard(20, w, epoch=1))), tag))
+        elif scenario == "final":
+            # Node 0's centre starts at +1, node 1's at -1; node 1's workers sync for 0.5 s
+            # longer; then every worker asks for the job's one final evaluation.
+            params = [np.full(8, 1.0 if w.node_rank == 0 else -1.0)]
+            w.init_shared_params(params, EASGD(0.5))
+            until = time.monotonic() + (0.5 if w.node_rank == 1 else 0.0)
+            while w.syncs < 10 or time.monotonic() < until:
+                params[0] += 0.001
+                w.sync_params()
+            result = w.final_evaluation(lambda: {"centre": float(w.snapshot_centre()[0][0])})
+            if result is not None:
+                say("EVALUATED %r %s" % (result["centre"], tag))
         elif scenario == "tie":
             # Node 0's centre starts at +1, node 1's at -1; ties begin once both exist.
             params = [np.full(1000, 1.0 if w.node_rank == 0 else -1.0)]
