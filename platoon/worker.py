@@ -14,6 +14,7 @@ import zmq
 from . import adapters, protocol, security
 from ._centre.stopsignal import StopSignal, describe
 from ._os.environment import JobEnvironment
+from ._os.process import unlink_segments_on_sigterm
 from ._resources import Resources
 from ._worker.client import ControlClient, endpoint, uncaught_error
 from ._worker.collectives import WorkerCollectives
@@ -64,7 +65,10 @@ class Worker:
         control_port: the controller's control port or endpoint string (None: the
             launcher's; in a script run by itself, with no launcher, a one-worker job:
             a controller serving in a thread of this process, closed with the worker,
-            said once on stderr, so one script serves alone and under the launcher).
+            said once on stderr, so one script serves alone and under the launcher;
+            SIGTERM then unlinks the job's segments before raising SystemExit or calling
+            the script's own earlier handler, and the worker's failure is left to the
+            script's own traceback).
         data_port: if given (a port or an endpoint string), also connect to the
             minibatch channel (see `recv_mb`).
         host: the controller's address.
@@ -136,7 +140,9 @@ class Worker:
             if alone is not None:
                 self._own_finalizer()
             raise
-        self._client.arm_farewell()
+        # Alone, the script's own traceback says how it failed; its controller, in this
+        # process, would only say it again (as WorkerDied, suggesting the launcher's --restart).
+        self._client.arm_farewell(report_error=alone is None)
         log.info("worker %d registered with job %s at %s", self.worker_id, self.job_id,
                  self.control_address)
 
@@ -636,7 +642,8 @@ class Worker:
         With `error` (a message), the worker tells the controller it failed
         instead; the controller handles that as the worker's death (see
         `Controller.handle_worker_death`). Leaving a ``with`` block through an
-        exception does this.
+        exception does this. (A script run alone only says it is done: its own
+        traceback reports the failure.)
         """
         if self._closed:
             return
@@ -648,7 +655,8 @@ class Worker:
             if self._exchange is not None:  # its last push lands before the controller hears
                 self._exchange.close(30.0 if self.timeout_s is None else self.timeout_s)
             try:
-                self._client.say_done(error, 5.0 if self.timeout_s is None
+                self._client.say_done(error if self._own_controller is None else None,
+                                      5.0 if self.timeout_s is None
                                       else min(self.timeout_s, 5.0))
             except PlatoonError as exc:
                 log.warning("worker %d could not tell the controller it is done: %s",
@@ -709,6 +717,9 @@ class _OwnController:
         self._thread = threading.Thread(target=self._serve, name="platoon-own-controller",
                                         daemon=True)
         self._thread.start()
+        # SIGTERM (a scheduler's time limit) would kill the script before its segments
+        # are unlinked: this process owns them.
+        self._restore_sigterm = unlink_segments_on_sigterm(ctl.job_id)
         _say_alone(ctl.job_id)
 
     def _serve(self) -> None:
@@ -719,6 +730,7 @@ class _OwnController:
 
     def close(self) -> None:
         """Stop serving (it ends by itself once the worker said it is done), then close."""
+        self._restore_sigterm()
         self.controller.close()
         self._thread.join(5.0)
 

@@ -1055,8 +1055,8 @@ def test_the_status_line_fits_the_terminal_and_shows_escapes_as_text(tmp_path):
     try:
         status = StatusLine(out, 5.0, str(tmp_path / "status.json"))
         assert status.tty and status.width() == 80
-        status.show([], force=True)
-        status.show([], force=True)
+        status.show([], 0, force=True)
+        status.show([], 0, force=True)
         status.say("done")
         data = b""
         while select.select([master], [], [], 0.2)[0]:
@@ -1075,8 +1075,30 @@ def test_the_status_line_fits_the_terminal_and_shows_escapes_as_text(tmp_path):
     assert not wide.tty  # a log, not a terminal: whole lines, escapes shown as text
     write_status(str(tmp_path / "status.json"), {"metrics": {"\x1b[2Kx": 1}})
     wide.status_file = str(tmp_path / "status.json")
-    wide.show([], force=True)
+    wide.show([], 0, force=True)
     assert wide.out.getvalue().endswith(" | \\x1b[2Kx 1\n"), wide.out.getvalue()
+
+
+class _Exited:
+    """A worker process as the status line sees it: poll() is its exit code, None if alive."""
+
+    def __init__(self, code):
+        self.code = code
+
+    def poll(self):
+        return self.code
+
+
+def test_the_status_line_counts_live_workers_against_the_jobs_size(tmp_path):
+    write_status(str(tmp_path / "status.json"), {"minibatches": 5, "syncs": 2})
+    status = StatusLine(io.StringIO(), 5.0, str(tmp_path / "status.json"))
+    # -n 3 --restart 1: worker 0 failed and its replacement runs (before: "alive 3/4",
+    # counting every process started)
+    status.show([_Exited(1), _Exited(None), _Exited(None), _Exited(None)], 3, force=True)
+    status.show([_Exited(1), _Exited(None), _Exited(None)], 3, force=True)  # not replaced yet
+    assert status.out.getvalue().splitlines() == [
+        "platoon-launcher: workers alive 3/3 | minibatches 5 | syncs 2",
+        "platoon-launcher: workers alive 2/3 | minibatches 5 | syncs 2"]
 
 
 def test_fit_keeps_whole_parts_counting_wide_characters():

@@ -1,5 +1,6 @@
 """The worker against a real controller: timeouts, shared parameters, lock, minibatches."""
 
+import signal
 import sys
 import threading
 import time
@@ -10,6 +11,7 @@ import pytest
 from platoon import shard
 from platoon import (ASGD, EASGD, Controller, ControllerTimeout, LockTimeout, MinibatchTimeout,
                      ParamSyncRule, PlatoonError, ProtocolError, Worker, WorkerClosed)
+from platoon._os.process import job_segments
 
 
 class CountController(Controller):
@@ -332,3 +334,40 @@ def test_one_final_result_is_kept_from_the_last_worker_past_its_last_sync(serve)
     assert w1.final_evaluation(lambda: {"accuracy": 0.5}) is None  # once per job
     w1.close()
     serving.join()
+
+
+# -- a script run alone, ended by a signal (issue 35, item 15) --
+
+def _alone(procs, *args):
+    proc = procs("alone_script.py", *args)
+    job_id = proc.wait_for_line("READY").split()[1]
+    assert job_segments(job_id)  # the centre and the stop signal
+    return proc, job_id
+
+
+def test_a_script_run_alone_leaves_no_segments_when_terminated(procs):
+    proc, job_id = _alone(procs)
+    proc.popen.send_signal(signal.SIGTERM)  # a scheduler's time limit, `timeout`
+    assert proc.wait(10) == 128 + signal.SIGTERM  # before: killed, its segments left behind
+    assert job_segments(job_id) == []
+    assert "Traceback" not in proc.output
+
+
+def test_sigterm_still_reaches_a_script_run_alones_own_handler(procs):
+    proc, job_id = _alone(procs, "own-handler")
+    proc.popen.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 3
+    assert "the script's own handler" in proc.output
+    assert job_segments(job_id) == []
+
+
+def test_ctrl_c_of_a_script_run_alone_shows_only_its_own_traceback(procs):
+    proc, job_id = _alone(procs)
+    proc.popen.send_signal(signal.SIGINT)
+    assert proc.wait(10) != 0
+    out = proc.output
+    # before: a second traceback, "WorkerDied ... run the launcher with --restart N", from
+    # the controller in the process, after "worker 0 (pid N) failed: KeyboardInterrupt"
+    assert out.count("Traceback") == 1 and out.rstrip().endswith("KeyboardInterrupt"), out
+    assert "WorkerDied" not in out and "failed" not in out, out
+    assert job_segments(job_id) == []

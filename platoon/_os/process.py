@@ -46,6 +46,40 @@ def exit_on_sigterm() -> Callable[[], None]:
     return restore
 
 
+def unlink_segments_on_sigterm(job_id: str) -> Callable[[], None]:
+    """In the main thread: on SIGTERM, unlink job `job_id`'s segments in /dev/shm, then do
+    what SIGTERM did before: by default raise SystemExit (128 + signum, as a launched worker
+    does, so `finally` blocks and finalizers run); call the script's own handler instead, if it
+    has one (the segments then go only if that handler raises: if it returns, the script
+    carries on and its own exit cleans up); an ignored SIGTERM stays ignored. For the segments
+    of a process that owns its job (a script run alone), which a scheduler's time limit would
+    otherwise leave behind. Returns a function that puts the previous handler back, if this
+    one is still installed."""
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() \
+            or previous in (signal.SIG_IGN, None):  # None: set outside Python; leave it
+        return lambda: None
+
+    def on_sigterm(signum: int, frame) -> None:
+        if callable(previous):
+            try:
+                previous(signum, frame)
+            except BaseException:
+                unlink_job_segments(job_id)
+                raise
+            return
+        unlink_job_segments(job_id)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+    def restore() -> None:
+        if threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGTERM) is on_sigterm:
+            signal.signal(signal.SIGTERM, previous)
+    return restore
+
+
 def die_with_parent(signum: int = signal.SIGTERM) -> bool:
     """Have the kernel send `signum` to this process when its parent dies (Linux only;
     elsewhere the parent's own cleanup still applies). Returns whether it took effect."""

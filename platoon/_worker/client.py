@@ -99,11 +99,12 @@ class ControlClient:
         self.max_request_bytes = info.get("max_request_bytes")
         return info
 
-    def arm_farewell(self) -> None:
-        """Say DONE at exit (with the uncaught exception that ended the script, if any) if
-        `say_done` was not called by then."""
+    def arm_farewell(self, report_error: bool = True) -> None:
+        """Say DONE at exit (with the uncaught exception that ended the script, if any and
+        `report_error`) if `say_done` was not called by then."""
         _record_uncaught_exceptions()
-        self._res.farewell = (self.sock, _Farewell(self.worker_id, self.controller_pid))
+        self._res.farewell = (self.sock, _Farewell(self.worker_id, self.controller_pid,
+                                                   report_error))
 
     def _registration(self):
         """REGISTER's information: who we are, and after a reconnect our id and token."""
@@ -222,14 +223,15 @@ class _Farewell:
     """DONE, sent without waiting when a worker is collected or its process exits with the
     worker unclosed: with the error that ended the script, if one did."""
 
-    def __init__(self, worker_id, controller_pid):
+    def __init__(self, worker_id, controller_pid, report_error=True):
         self.worker_id = worker_id
         self.controller_pid = controller_pid
+        self.report_error = report_error
 
     def __call__(self):
         if self.controller_pid is not None and not pid_alive(self.controller_pid):
             return None
-        error = uncaught_error()
+        error = uncaught_error() if self.report_error else None
         return protocol.encode_request(self.worker_id, protocol.DONE,
                                        {"error": error} if error else None)
 

@@ -302,14 +302,17 @@ class StatusLine:
             self.out.write("\r" + " " * self._length + "\r")
             self._length = 0
 
-    def show(self, workers, force=False):
+    def show(self, workers, size, force=False):
+        """Draw the status line: how many of the processes `workers` (every one started,
+        failed and replaced ones included) are alive, of the job's `size`; the controller's
+        counts and metrics."""
         now = time.monotonic()
         if not force and now - self._shown < (0.5 if self.tty else self.every_s):
             return
         self._shown = now
         status = read_status(self.status_file)
         alive = sum(w.poll() is None for w in workers)
-        parts = ["workers alive %d/%d" % (alive, len(workers))]
+        parts = ["workers alive %d/%d" % (alive, size)]
         if isinstance(status.get("elapsed_s"), (int, float)):
             parts.append("elapsed %s" % datetime.timedelta(seconds=int(status["elapsed_s"])))
         parts.append("minibatches %d" % status.get("minibatches", 0))
@@ -541,7 +544,7 @@ class Launch:
                 self.say("job finished on %d node(s); logs in %s"
                          % (len(self.args.hosts), self.log_dir))
             else:
-                self.status.show(self.workers, force=True)
+                self.status.show(self.workers, self.num_workers, force=True)
                 self.say("job finished: %d worker(s) done%s; logs in %s"
                          % (len(self.workers) - len(self._failed),
                             ", %d failed" % len(self._failed) if self._failed else "",
@@ -550,7 +553,7 @@ class Launch:
             self._finished_ok = True
             return EXIT_OK
         if not self.args.hosts:
-            self.status.show(self.workers)
+            self.status.show(self.workers, self.num_workers)
         return None
 
     def _note_exits(self):
