@@ -47,7 +47,10 @@ class CentreAdam:
         beta1, beta2 = group["betas"]
         self.optimizer = optimizer
         self.decoupled = type(optimizer) is torch.optim.AdamW
-        self.adam = Adam(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"])
+        # lr: the group's before any schedule (a warm-up may start at 0); each push then
+        # takes every group's lr of the moment (`prepare_push`)
+        lr = float(group.get("initial_lr", group["lr"])) or 1e-3
+        self.adam = Adam(lr=lr, beta1=beta1, beta2=beta2, eps=group["eps"])
         self.rule = Downpour(self.adam, state_name=STATE_NAME)
         group_of: Dict[int, dict] = {id(p): g for g in optimizer.param_groups
                                      for p in g["params"]}

@@ -841,8 +841,8 @@ def test_with_adamw_the_centre_runs_the_optimizer_and_one_worker_trains_as_plain
                  "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups(model), lr=1e-2, weight_decay=0.1)
     plain_opt = torch.optim.AdamW(groups(plain), lr=1e-2, weight_decay=0.1)
-    schedules = [torch.optim.lr_scheduler.LambdaLR(o, lambda k: 1.0 / (1 + k))
-                 for o in (opt, plain_opt)]
+    schedules = [torch.optim.lr_scheduler.LambdaLR(o, lambda k: min(k / 5, 1.0) / (1 + k))
+                 for o in (opt, plain_opt)]  # a warm-up from lr 0, as Trainer's
     sync = PeriodicSync(w, model, opt, sync_every=1)
     assert repr(sync.rule).startswith("Downpour(Adam(") and sync.overlap is False
     x, y = torch.randn(16, 4), torch.randn(16, 2)
