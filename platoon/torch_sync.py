@@ -26,7 +26,6 @@ except ImportError as exc:  # pragma: no cover - torch is in the test extra
     raise ImportError("platoon.PeriodicSync needs PyTorch: pip install torch (or the "
                       "'torch' extra of platoon)") from exc
 
-from ._torch_centre import CentreAdam, centre_adam_for
 from ._worker.exchange import SyncHandle
 from .adapters.torch_adapter import describe_layout, layout_changed
 from .errors import LayoutMismatch, PlatoonError
@@ -75,23 +74,12 @@ class PeriodicSync(torch.optim.Optimizer):
             (the default) when the script updates the parameters itself: then
             `step()` only counts and syncs, and `zero_grad()` is the model's.
         sync_every: sync after every this many `step()` calls (>= 1).
-        rule: the sync rule (EASGD, ASGD, Downpour(...), or your own). Default:
-            with ``torch.optim.Adam`` or ``AdamW`` (without amsgrad or maximize,
-            one betas and eps for all groups), the centre runs the optimizer:
-            `step()` does not call the optimizer's step; every `sync_every`
-            steps the mean of the gradients since the last sync goes to one
-            Adam at the centre (``Downpour(platoon.Adam(...))``, its moments
-            shared by all workers and checkpointed with the centre), which
-            steps with each worker's gradient in turn, and the worker takes
-            the centre: p workers take p optimizer steps for one step of one
-            process. The optimizer's lr (schedules too), weight decay and
-            parameter groups are read at each sync; its own state stays empty.
-            ``sync_every=1`` (each step's gradient) trains as one process
-            would; k averages k steps' gradients into one centre step. See
-            docs/choosing-a-rule.md for why. Otherwise, in a job of one worker
-            (a script run alone), ``ASGD()``, which leaves its training as the
-            plain script's; else ``EASGD(min(0.9 / worker.global_size, 1))``,
-            the usual elastic force for that many workers.
+        rule: the sync rule (EASGD, ASGD, Downpour(...), or your own);
+            default ``EASGD(min(0.9 / worker.global_size, 1))``, the usual
+            elastic force for that many workers (with SGD and with AdamW give
+            the workers about twice the lr one process would use: see
+            docs/choosing-a-rule.md), and ``ASGD()`` in a job of one worker (a
+            script run alone), which leaves its training as the plain script's.
         overlap: False: sync in `step()`, waiting for it. True: `step()` starts
             the sync in a background thread (``Worker.start_sync``) and the
             next steps compute meanwhile; the next sync point (or `wait`,
@@ -186,17 +174,7 @@ class PeriodicSync(torch.optim.Optimizer):
         if evaluate is not None and not callable(evaluate):
             raise TypeError("evaluate must be a function evaluate(model) -> dict of metrics, "
                             "got %r" % (evaluate,))
-        self._names, tensors = _shared_tensors(model, buffers)
-        self._centre_adam: Optional[CentreAdam] = None
-        if rule is None and optimizer is not None and centre_adam_for(optimizer) is None:
-            if overlap:
-                raise TypeError("overlap=%r needs a rule that supports start_sync(); with Adam "
-                                "or AdamW the default (the centre runs the optimizer) does "
-                                "not: use overlap=False, or pass a rule such as EASGD(0.45)"
-                                % (overlap,))
-            self._centre_adam = CentreAdam(optimizer, self._names, tensors)
-            rule = self._centre_adam.rule
-        elif rule is None and worker.global_size <= 1:  # alone: train as the plain script
+        if rule is None and worker.global_size <= 1:  # alone: train as the plain script
             rule = ASGD()
         elif rule is None:
             rule = EASGD(min(0.9 / max(worker.global_size, 1), 1.0))
@@ -224,6 +202,7 @@ class PeriodicSync(torch.optim.Optimizer):
         self._finished = False
         self._handle: Optional[SyncHandle] = None
         self._centre_in = False  # inside `with centre():`
+        self._names, tensors = _shared_tensors(model, buffers)
         self._slots = _slots(model, self._names, tensors)
         if optimizer is not None:
             _warn_unshared(optimizer, model)
@@ -265,21 +244,14 @@ class PeriodicSync(torch.optim.Optimizer):
         if self.overlap == "step" and self._handle is not None:
             with self._naming_changes():
                 self._finish()  # before the optimizer writes the parameters
-        if self.optimizer is None or self._centre_adam is not None:
+        if self.optimizer is None:
             result = None if closure is None else closure()
-            if self._centre_adam is not None:  # the centre takes the optimizer's step
-                self._centre_adam.add_gradients()
-                # what torch's lr schedulers check (else they warn that step() never ran)
-                self.optimizer._opt_called = True  # type: ignore[union-attr]  # noqa: SLF001
         else:
             result = self.optimizer.step() if closure is None else self.optimizer.step(closure)
         self.steps += 1
         if self.steps % self.sync_every == 0:
             with self._naming_changes():
-                if self._centre_adam is not None:
-                    self._centre_adam.prepare_push()
-                    self.worker.sync_params()
-                elif self.overlap:
+                if self.overlap:
                     self._finish()
                     self._handle = self.worker.start_sync(snapshot=not self._in_place)
                 else:
@@ -398,8 +370,6 @@ class PeriodicSync(torch.optim.Optimizer):
         self._refuse_in_centre("sync")
         with self._naming_changes():
             self._finish()
-            if self._centre_adam is not None:
-                self._centre_adam.prepare_push()
             self.worker.sync_params()
 
     def centre_state_dict(self, timeout_s: Optional[float] = _WORKERS

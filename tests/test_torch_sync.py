@@ -825,66 +825,27 @@ def test_distributed_sampler_and_shard_feed_each_worker_its_part_every_epoch(two
         assert parts[0][0] != parts[0][1]  # the epoch changes the order
 
 
-# -- Adam and AdamW: the centre runs the optimizer --
-
-def test_with_adamw_the_centre_runs_the_optimizer_and_one_worker_trains_as_plain_adamw(
-        one_worker):
-    _, w = one_worker
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-    plain = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-    plain.load_state_dict(model.state_dict())
-
-    def groups(m):  # biases without weight decay, as Trainer makes them
-        return [{"params": [p for n, p in m.named_parameters() if n.endswith("weight")]},
-                {"params": [p for n, p in m.named_parameters() if n.endswith("bias")],
-                 "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups(model), lr=1e-2, weight_decay=0.1)
-    plain_opt = torch.optim.AdamW(groups(plain), lr=1e-2, weight_decay=0.1)
-    schedules = [torch.optim.lr_scheduler.LambdaLR(o, lambda k: min(k / 5, 1.0) / (1 + k))
-                 for o in (opt, plain_opt)]  # a warm-up from lr 0, as Trainer's
-    sync = PeriodicSync(w, model, opt, sync_every=1)
-    assert repr(sync.rule).startswith("Downpour(Adam(") and sync.overlap is False
-    x, y = torch.randn(16, 4), torch.randn(16, 2)
-    for _ in range(20):
-        train_step(model, sync, x, y)
-        train_step(plain, plain_opt, x, y)
-        for s in schedules:
-            s.step()
-    assert not opt.state  # the moments are the centre's, in shared memory
-    for p, q in zip(model.parameters(), plain.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)  # x - (x - g): g rounded
-    np.testing.assert_array_equal(w.shared_params[0], model[0].weight.detach().numpy())
-
-
-def test_with_adam_other_settings_keep_the_usual_default_and_overlap_is_refused(one_worker):
-    _, w = one_worker
-    model = nn.Linear(3, 1)
-    amsgrad = PeriodicSync(w, model, torch.optim.Adam(model.parameters(), amsgrad=True),
-                           sync_every=2)
-    assert isinstance(amsgrad.rule, ASGD)  # alone (a job of one): the plain script's training
-    with pytest.raises(TypeError, match="overlap=True needs a rule .* use overlap=False"):
-        PeriodicSync(w, model, torch.optim.AdamW(model.parameters()), sync_every=1,
-                     overlap=True)
-
+# -- AdamW on a transformer, and a worker alone --
 
 def test_two_adamw_workers_train_a_transformer_further_than_one_in_as_many_steps(
         serve, procs, tmp_path):
+    """PeriodicSync's default (EASGD(0.9/p) every 4 steps) with AdamW at one worker's lr."""
     losses = {}
-    for n in (1, 2):
+    for n, lr, rule in ((1, 2e-2, "ASGD()"), (2, 2e-2, "EASGD(alpha=0.45)")):
         ctl = Nothing(control_port=0, num_workers=n)
         serving = serve(ctl, timeout=80)
         out = tmp_path / ("job%d.json" % n)
-        workers = [procs("transformer_worker.py", ctl.control_port, 150, out) for _ in range(n)]
+        workers = [procs("transformer_worker.py", ctl.control_port, 200, lr, out)
+                   for _ in range(n)]
         for w in workers:
             assert w.wait(80) == 0, w.output
         serving.join()
         report = json.loads(out.read_text())
-        assert report["rule"].startswith("Downpour(Adam(")
+        assert report["rule"] == rule
         losses[n] = report["loss"]
-    # 150 AdamW steps each: one worker ends near 2.85 nats a byte, two near 2.66 (their 300
-    # steps at one set of moments).
-    assert losses[2] < losses[1] - 0.1, losses
+    # 200 AdamW steps each at lr 2e-2 (one worker's best of 3e-3 to 2e-2): one worker ends at
+    # 2.59 nats a byte, two at 2.50.
+    assert losses[2] < losses[1] - 0.04, losses
 
 
 def test_a_worker_alone_trains_as_the_plain_script(one_worker):

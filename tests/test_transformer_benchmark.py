@@ -1,5 +1,5 @@
-"""benchmarks.transformer: the harness runs platoon's AdamW default (PeriodicSync without a
-rule) and one process end to end, and renders its table."""
+"""benchmarks.transformer: the harness runs platoon (EASGD, AdamW, the transformer's schedule)
+and one process end to end, and renders its table."""
 
 import json
 import os
@@ -17,14 +17,14 @@ def test_the_transformer_benchmark_runs_end_to_end(tmp_path):
     pytest.importorskip("torch")
     env = dict(os.environ, PYTHONPATH=ROOT)
     cmd = [sys.executable, "-m", "benchmarks.transformer", "--methods",
-           "single,platoon_periodic_default", "--reps", "1", "--straggler-reps", "0",
+           "single,platoon_easgd", "--reps", "1", "--straggler-reps", "0",
            "--cap-s", "2", "--target", "1.0", "--out", str(tmp_path)]  # the harness, not the target
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((tmp_path / "transformer.json").read_text())
     runs = {r["method"]: r for r in report["measured"]["runs"]}
-    assert set(runs) == {"single", "platoon_periodic_default"}
+    assert set(runs) == {"single", "platoon_easgd"}
     for run in runs.values():
         assert "error" not in run, run["error"]
         assert run["trace"] and run["steps"] > 0
-    assert "| platoon_periodic_default |" in (tmp_path / "transformer.md").read_text()
+    assert "| platoon_easgd |" in (tmp_path / "transformer.md").read_text()

@@ -71,7 +71,8 @@ def _member_main(job, rank, data, shared_model, barrier, results, stop_event):
         member.stop_event = stop_event
         trained = member.setup()
         optimizer = lambda params: make_optimizer(torch, job.cfg, params)  # noqa: E731
-        opt = member.wrap(optimizer(trained.parameters()))
+        opt = optimizer(trained.parameters())
+        schedule = make_schedule(torch, job.cfg, opt)
         step, evaluate = problem.trainer(data, 1000 * job.seed + rank)
 
         # Warm up on a throwaway copy and measure the compute time of one step.
@@ -93,6 +94,8 @@ def _member_main(job, rank, data, shared_model, barrier, results, stop_event):
         while True:
             step(trained, opt, steps)
             steps += 1
+            if schedule is not None:
+                schedule.step()
             if delay:
                 time.sleep(delay)
             go_on = member.after_step(steps)
@@ -104,7 +107,9 @@ def _member_main(job, rank, data, shared_model, barrier, results, stop_event):
                     trace.append((round(clock, 4), steps, round(acc, 4)))
                     if reached is None and problem.reached(acc):
                         reached = (clock, steps)
-                stop = member.agree_stop(rank == 0 and (reached is not None or clock >= cap))
+                ended = schedule is not None and steps >= job.cfg["horizon"]  # lr 0 from here
+                stop = member.agree_stop(rank == 0 and (reached is not None or clock >= cap
+                                                        or ended))
                 eval_s += time.monotonic() - start
                 if stop or not go_on:
                     break
@@ -130,6 +135,18 @@ def make_optimizer(torch, cfg, params):
     if cfg.get("optimizer") == "adamw":
         return torch.optim.AdamW(params, lr=cfg["lr"], weight_decay=cfg.get("weight_decay", 0.01))
     return torch.optim.SGD(params, lr=cfg["lr"], momentum=cfg.get("momentum", 0.0))
+
+
+def make_schedule(torch, cfg, optimizer):
+    """With ``"horizon": N`` in `cfg`, the schedule a transformer is trained with: the lr warms
+    up linearly over the first 5% of N steps, then decays linearly to 0 at step N; else None
+    (a constant lr)."""
+    horizon = cfg.get("horizon")
+    if not horizon:
+        return None
+    warmup = max(1, horizon // 20)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda k: min((k + 1) / warmup, max(0.0, (horizon - k) / (horizon - warmup))))
 
 
 def _controller_main(conn):

@@ -170,10 +170,6 @@ class Member:
     def setup(self):
         return self.model
 
-    def wrap(self, optimizer):
-        """The optimizer the loop steps (PeriodicSync wraps it)."""
-        return optimizer
-
     def after_step(self, step):
         """Sync if it is time; returns False when told to stop."""
         return True
@@ -296,33 +292,9 @@ class PlatoonMember(Member):
         self.worker.close()
 
 
-class PeriodicMember(PlatoonMember):
-    """A platoon worker as a user writes one: `PeriodicSync` around the torch optimizer,
-    with the rule it picks by default (the centre runs Adam/AdamW), syncing every `tau`
-    steps inside the optimizer's step."""
-
-    def setup(self):
-        from platoon import Worker
-        self.worker = Worker(self.job.address, timeout_s=60)
-        self.centre = self.job.dataset.model(0)
-        self.sync_s = 0.0
-        return self.model
-
-    def wrap(self, optimizer):
-        from platoon import PeriodicSync
-        self.sync = PeriodicSync(self.worker, self.model, optimizer,
-                                 sync_every=self.job.cfg["tau"], report_every_s=None)
-        return self.sync
-
-    def after_step(self, step):
-        return True
-
-
 def member_class(method):
     """The Member subclass of `method`; a "_momentum" suffix names the same method (its
     optimizer's momentum is in its settings)."""
-    if method.startswith("platoon_periodic"):
-        return PeriodicMember
     if method.startswith("platoon_"):
         return PlatoonMember
     method = method[:-len("_momentum")] if method.endswith("_momentum") else method

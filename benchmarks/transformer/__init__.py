@@ -6,10 +6,11 @@ usage: python -m benchmarks.transformer [--tune] [--methods a,b] [--reps N] [--c
 The language-model benchmark's text (the Python standard library's source, as bytes) and
 harness (forked single-threaded processes, a barrier before the clock starts, evaluation
 time excluded, methods alternating), with a byte-level transformer (`problem`) and every
-method's optimizer AdamW (weight decay 0.01, constant lr, gradients clipped at norm 1).
+method's optimizer AdamW (weight decay 0.01, gradients clipped at norm 1) under a
+Trainer's schedule (5% linear warm-up, then linear decay to 0 at step 1,600 of each process).
 `--tune` runs every method's lr grid on seed 0 and records the lr with the fewest steps to
 the target in benchmarks/results/transformer_tuning.json; the measured run takes the recorded
-lrs, runs every method on new seeds, then DDP and platoon's default with one process
+lrs, runs every method on new seeds, then DDP and platoon with one process
 slowed 2x, and writes benchmarks/results/transformer.{json,md}.
 """
 

@@ -15,7 +15,7 @@ from . import __doc__ as PACKAGE_DOC
 from .methods import FULL, methods
 
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
-STRAGGLER = ("ddp", "platoon_periodic_default")
+STRAGGLER = ("ddp", "platoon_easgd")
 
 
 def markdown(report):

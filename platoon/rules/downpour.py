@@ -114,15 +114,7 @@ class SGD:
 
 class Adam:
     """Adam (Kingma and Ba 2015) with bias correction; the step count `t` is kept per
-    parameter in the shared state. With `weight_decay` > 0 it is AdamW (Loshchilov and
-    Hutter 2019): the decay is decoupled, ``c *= 1 - lr*weight_decay`` before the step, as
-    in ``torch.optim.AdamW``. Raises ValueError for out-of-range settings.
-
-    `per_parameter`, when set, is a list with an entry per parameter: a dict
-    ``{"lr": ..., "weight_decay": ...}`` (that parameter's settings: a torch optimizer's
-    parameter groups and its learning-rate schedule, which `PeriodicSync` copies here before
-    each push), or None: that array is no parameter (a buffer, such as a running mean) and
-    the centre takes the worker's change as it is (``c -= g``, as ASGD), with no Adam step.
+    parameter in the shared state. Raises ValueError for out-of-range settings.
 
     Not elementwise: `t` must advance once per sync of a whole parameter, so
     Downpour(Adam) updates the whole centre under one lock. It does so block by block
@@ -131,51 +123,32 @@ class Adam:
     elementwise = False
     per_parameter_arrays = 2  # m and v: the state arrays shaped like a parameter
 
-    def __init__(self, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
+    def __init__(self, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8):
         self.lr, self.beta1, self.beta2, self.eps = float(lr), float(beta1), float(beta2), \
             float(eps)
-        self.weight_decay = float(weight_decay)
         if not self.lr > 0 or not 0 <= self.beta1 < 1 or not 0 <= self.beta2 < 1 \
-                or not self.eps > 0 or not 0 <= self.weight_decay < 1 / self.lr:
-            raise ValueError("Adam needs lr > 0, 0 <= beta1, beta2 < 1, eps > 0 and "
-                             "0 <= weight_decay < 1/lr; got %r" % self)
-        self.per_parameter: Optional[List[Optional[dict]]] = None
-        self._settings: Optional[dict] = None  # of the parameter being pushed (`begin`)
-
-    def settings(self, index):
-        """{"lr", "weight_decay"} of parameter `index`, or None for an array that is no
-        parameter (see the class docstring)."""
-        if self.per_parameter is None:
-            return {"lr": self.lr, "weight_decay": self.weight_decay}
-        return self.per_parameter[index]
+                or not self.eps > 0:
+            raise ValueError("Adam needs lr > 0, 0 <= beta1, beta2 < 1 and eps > 0; got %r" % self)
 
     def state_layout(self, layout):
         moments = [dict(e) for e in layout]
         return moments + [dict(e) for e in layout] + [{"dtype": "<f8", "shape": [len(layout)]}]
 
     def apply(self, index, central, g, state):
-        settings = self.settings(index)
-        if settings is None:
-            central -= g
-            return
         n = (len(state) - 1) // 2
         m, v, steps = state[index], state[n + index], state[-1]
         steps[index] += 1
         t = int(steps[index])  # Python scalars below keep the arithmetic in the parameters' dtype
-        lr, decay = settings["lr"], settings["weight_decay"]
-        if decay:
-            central *= 1.0 - lr * decay
         m *= self.beta1
         m += (1 - self.beta1) * g
         v *= self.beta2
         v += (1 - self.beta2) * (g * g)
         m_hat = m / (1.0 - self.beta1 ** t)
         v_hat = v / (1.0 - self.beta2 ** t)
-        central -= lr * m_hat / (np.sqrt(v_hat) + self.eps)
+        central -= self.lr * m_hat / (np.sqrt(v_hat) + self.eps)
 
     def begin(self, index, state):
         """The step count t of a push of parameter `index` (its blocks then take it)."""
-        self._settings = self.settings(index)
         return int(state[-1][index]) + 1
 
     def apply_block_at(self, t, central, g, state, out):
@@ -183,34 +156,22 @@ class Adam:
         new centre, m and v to `out` and leaving the inputs as they were. The same
         operations as `apply`, so bit-identical."""
         (m, v), (c_out, m_out, v_out) = state, out
-        settings = self._settings
-        if settings is None:  # no parameter: the change as it is; m and v untouched
-            np.subtract(central, g, out=c_out)
-            m_out[...] = m
-            v_out[...] = v
-            return
-        lr, decay = settings["lr"], settings["weight_decay"]
         np.multiply(m, self.beta1, out=m_out)
         m_out += (1 - self.beta1) * g
         np.multiply(v, self.beta2, out=v_out)
         v_out += (1 - self.beta2) * (g * g)
         m_hat = m_out / (1.0 - self.beta1 ** t)
         v_hat = v_out / (1.0 - self.beta2 ** t)
-        decayed = central * (1.0 - lr * decay) if decay else central
-        np.subtract(decayed, lr * m_hat / (np.sqrt(v_hat) + self.eps), out=c_out)
+        np.subtract(central, self.lr * m_hat / (np.sqrt(v_hat) + self.eps), out=c_out)
 
     def finish(self, index, state, t):
         """Count the push of parameter `index`, once all its blocks are committed (one aligned
         8-byte store: a push cut part-way is not counted)."""
-        if self.settings(index) is not None:
-            state[-1][index] = t
+        state[-1][index] = t
 
     def __repr__(self):
-        text = "Adam(lr=%r, beta1=%r, beta2=%r, eps=%r" % (self.lr, self.beta1, self.beta2,
+        return "Adam(lr=%r, beta1=%r, beta2=%r, eps=%r)" % (self.lr, self.beta1, self.beta2,
                                                           self.eps)
-        if self.weight_decay:
-            text += ", weight_decay=%r" % self.weight_decay
-        return text + ")"
 
 
 class Downpour(ParamSyncRule):

@@ -310,29 +310,3 @@ def test_pycuda_non_contiguous_gpuarray_is_refused(worker):
     with pytest.raises(TypeError, match="parameter 0 is not contiguous"):
         w.init_shared_params([p], EASGD(0.5))
 
-
-def test_adamw_on_the_gpu_the_centre_runs_it_as_plain_adamw_would(worker):
-    """PeriodicSync's default with AdamW on CUDA tensors: through pinned staging (the centre's
-    Adam is not elementwise), one worker trains as plain AdamW on the GPU."""
-    torch = _torch_cuda()
-    from torch import nn
-
-    from platoon import PeriodicSync
-    _, w = worker
-    torch.manual_seed(0)
-    model = nn.Linear(16, 4).cuda()
-    plain = nn.Linear(16, 4).cuda()
-    plain.load_state_dict(model.state_dict())
-    sync = PeriodicSync(w, model, torch.optim.AdamW(model.parameters(), lr=1e-2),
-                        sync_every=1)
-    plain_opt = torch.optim.AdamW(plain.parameters(), lr=1e-2)
-    assert repr(sync.rule).startswith("Downpour(Adam(")
-    x, y = torch.randn(32, 16, device="cuda"), torch.randn(32, 4, device="cuda")
-    for net, opt in ((model, sync), (plain, plain_opt)):
-        for _ in range(10):
-            opt.zero_grad()
-            nn.functional.mse_loss(net(x), y).backward()
-            opt.step()
-    assert model.weight.is_cuda
-    for p, q in zip(model.parameters(), plain.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

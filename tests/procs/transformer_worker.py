@@ -1,9 +1,9 @@
-"""A worker for tests: trains a tiny byte-level transformer with AdamW through PeriodicSync's
-default (the centre runs the optimizer) and reports the centre's validation loss.
+"""A worker for tests: trains a tiny byte-level transformer with AdamW(LR) through PeriodicSync's
+default rule, every 4 steps, and reports the centre's validation loss.
 
-usage: transformer_worker.py PORT STEPS OUT
+usage: transformer_worker.py PORT STEPS LR OUT
 The text is this repository's own platoon/ sources (bytes); each worker draws its own
-minibatches (seeded by its id). After STEPS steps (sync_every=1), the last worker to finish
+minibatches (seeded by its id). After STEPS steps, the last worker to finish
 evaluates the final centre (PeriodicSync's `evaluate`) and writes {"loss": ..., "rule": ...}
 to OUT.
 """
@@ -54,7 +54,7 @@ def loss_on(model, windows):
 
 
 def main():
-    port, steps, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    port, steps, lr, out = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
     torch.set_num_threads(1)
     data = text()
     valid, train = data[:len(data) // 10], data[len(data) // 10:]
@@ -64,8 +64,8 @@ def main():
     model = TinyGPT()
     with Worker(port, timeout_s=60) as w:
         generator = torch.Generator().manual_seed(1 + w.worker_id)
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
-        with PeriodicSync(w, model, opt, sync_every=1,
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+        with PeriodicSync(w, model, opt, sync_every=4,
                           evaluate=lambda m: {"loss": loss_on(m, windows)}) as sync:
             for _ in range(steps):
                 offsets = torch.randint(0, len(train) - CONTEXT - 1, (8,), generator=generator)
