@@ -8,6 +8,7 @@ count in `Controller.progress`. Its messages go through `compress.compressed_mea
 """
 
 import dataclasses
+import hashlib
 import logging
 import threading
 import time
@@ -49,7 +50,9 @@ class CentreTie:
       and move each toward the mean, ``c += beta * (mean - c)``; beta=1 makes
       the centres equal.
     - ``"diloco"`` (DiLoCo's outer step): the nodes share one anchor (the
-      first round sets it to the mean of the centres, losslessly). Each round,
+      first round sets it to the mean of the centres, losslessly; the nodes first
+      compare a sha256 of their centres, and centres already equal, as from one seed, are
+      not sent: each is the mean). Each round,
       every node's pseudo-gradient is how far its centre moved from the
       anchor; the nodes average them and every node applies the same outer
       SGD step with Nesterov momentum to the anchor, ``u = mu*u + d;
@@ -325,9 +328,37 @@ class TieThread:
                                "is aborted (resume from a node's last good checkpoint, with a "
                                "lower learning rate)" % (nodes, where), exc.ranks)
 
+    def _centres_equal(self, snaps, members, contributes):
+        """Whether every node's centre is already the same bits (nodes started from one
+        seed, say): each node sends the sha256 of its snapshot (dtypes, shapes and bytes; 32
+        bytes to each other node, counted) and they compare. A node outside `members` has
+        no snapshot: not equal. Equal centres holding NaN or Inf are refused as
+        `compressed_mean` refuses them, on every node alike."""
+        digest = None
+        if contributes:
+            h = hashlib.sha256()
+            for s in snaps:
+                h.update(("%s%s" % (s.dtype.str, s.shape)).encode())
+                h.update(np.ascontiguousarray(s).tobytes())
+            digest = h.digest()
+        digests = self.comm.allgather(digest)  # peers are here: blocking
+        self.bytes_sent += hashlib.sha256().digest_size * (self.size - 1)
+        if digest is None or any(d != digest for d in digests):
+            return False
+        if not all(np.isfinite(s).all() for s in snaps):  # the same answer on every node
+            raise NonFiniteValues("NaN or Inf in the centres", members)
+        return True
+
     def _send_moves(self, snaps, members, contributes, diloco, first):
-        """A round's messages (see `_round`): the new mean (anchor) in `self._mean`."""
+        """A round's messages (see `_round`): the new mean (anchor) in `self._mean`.
+        DiLoCo's first round sets the anchor to the mean of the centres, losslessly: when
+        they are already equal (a hash shows it), no centre is sent, it is the mean."""
+        equal = diloco and first and self._centres_equal(snaps, members, contributes)
         for i, mean in enumerate(self._mean):  # peers are here: blocking
+            if equal:  # every node has the mean already: its own centre
+                mean[...] = snaps[i]
+                self._base[i][...] = mean
+                continue
             if diloco and first:  # the anchor: the mean of the centres, exactly
                 _, sent = compressed_mean(self.comm, snaps[i] if contributes else mean,
                                           RawCodec(mean.dtype), None, among=members, out=mean,
