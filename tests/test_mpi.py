@@ -501,8 +501,9 @@ def _regression_job(mpi_job, out_dir, compress, *options):
 
 def test_an_int8_tie_trains_to_the_true_weights_with_4x_fewer_bytes(mpi_job, tmp_path):
     """Each round a node sends its centre's difference from the shared reference: 1024 bytes in
-    float32, 256 + one 4-byte scale in int8; the final round sends the centre losslessly
-    (1024 bytes) from each node that finished last. Counted exactly, in the controller's
+    float32, 256 + one 4-byte scale in int8; the final round sends a 32-byte hash and, unless
+    every node's centre is already equal, the centre losslessly (1024 bytes) from each node
+    that finished last. Counted exactly, in the controller's
     progress totals (`tie_bytes_sent`)."""
     plain, plain_counts = _regression_job(mpi_job, tmp_path / "float32", "float32")
     packed, packed_counts = _regression_job(mpi_job, tmp_path / "int8", "int8")
@@ -515,11 +516,10 @@ def test_an_int8_tie_trains_to_the_true_weights_with_4x_fewer_bytes(mpi_job, tmp
     per_round, overall = {}, {}
     for name, counts, message in [("float32", plain_counts, 1024), ("int8", packed_counts, 260)]:
         compressed_bytes = compressed_rounds = 0
-        for rounds, sent in counts:  # sent = message * compressed rounds (+ 1024: final round)
-            final = 1024 if sent % message == 1024 % message and sent >= 1024 else 0
-            compressed = (sent - final) // message
-            assert sent == compressed * message + final and 0 < compressed < rounds, \
-                (name, rounds, sent)
+        for rounds, sent in counts:  # sent = message * compressed rounds + the final round
+            compressed = rounds - 1
+            final = sent - compressed * message  # the hash, and the centre from a last node
+            assert final in (32, 32 + 1024) and compressed > 0, (name, rounds, sent)
             compressed_bytes += sent - final
             compressed_rounds += compressed
         per_round[name] = compressed_bytes / compressed_rounds
@@ -558,6 +558,25 @@ def test_diloco_first_round_sends_only_a_hash_when_the_centres_are_already_equal
         assert (int(sent), int(lossless)) == expected[case], (rank, case, out.stdout)
 
 
+def test_the_final_round_sends_only_a_hash_when_the_centres_are_already_equal():
+    """The final round by hand on 2 ranks (a float32 and a float64 array, 1360 bytes): equal
+    centres send only their sha256 (32 bytes) and stay as they were; unequal ones still end
+    as their exact mean (32 + 1360 bytes from each); a node that handed its centre over gets
+    the last node's (1360 from it); equal centres holding a NaN are still refused on both
+    ranks. (Every final round sent each last node's whole centre.)"""
+    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable,
+                          os.path.join(PROCS, "final_round_bytes.py")],
+                         capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    found = re.findall(r"OK rank (\d) (\w+) sent (\d+)", out.stdout)
+    assert len(found) == 8, out.stdout + out.stderr
+    expected = {("0", "equal"): 32, ("1", "equal"): 32, ("0", "unequal"): 1392,
+                ("1", "unequal"): 1392, ("0", "handover"): 32, ("1", "handover"): 1392,
+                ("0", "nan"): 32, ("1", "nan"): 32}
+    assert {(rank, case): int(sent) for rank, case, sent in found} == expected, out.stdout
+
+
 def test_a_diloco_outer_step_over_int8_trains_to_the_true_weights(mpi_job, tmp_path):
     """DiLoCo's outer step across the node centres (outer lr 0.7, Nesterov 0.9), the
     pseudo-gradients sent as int8: the job ends with one centre at the true weights. Bytes: the
@@ -570,20 +589,14 @@ def test_a_diloco_outer_step_over_int8_trains_to_the_true_weights(mpi_job, tmp_p
     assert distance < 0.05, (distance, counts)
     # rounds: the first, rounds - 2 in int8, the final one
     assert all(rounds > 3 for rounds, _ in counts), counts
-    _first_and_finals([sent - 260 * (rounds - 2) for rounds, sent in counts])
+    _check_lossless_bytes([sent - 260 * (rounds - 2) for rounds, sent in counts])
 
 
-def _first_and_finals(lossless):
-    """Each node's lossless bytes (DiLoCo's first round and the final one, 256 float32) split
-    into the first round's, the same on every node (the hash, 32 bytes, plus the centre, 1024,
-    unless the centres were already equal), and each node's final round (1024 from a node that
-    finished last, at least one, else 0)."""
-    for first in (32, 32 + 1024):
-        finals = [sent - first for sent in lossless]
-        if all(f in (0, 1024) for f in finals) and max(finals) == 1024:
-            return first, finals
-    raise AssertionError("lossless bytes %s: not a first round of 32 or 1056 bytes and a "
-                         "final one of 1024 from the last node(s)" % (lossless,))
+def _check_lossless_bytes(lossless):
+    """Each node's lossless bytes (DiLoCo's first round and the final one, 256 float32): in
+    each round the hash, 32 bytes, plus the centre, 1024, when the centres differ (the final
+    round: from a node that finished last)."""
+    assert all(sent in (64, 64 + 1024, 64 + 2048) for sent in lossless), lossless
 
 
 @pytest.mark.parametrize("outer", ["easgd", "diloco"])
@@ -653,8 +666,8 @@ TIE_SENT = re.compile(r"platoon.mpi: node (\d): the tie sent (\d+) bytes from th
 def test_a_job_run_by_hand_says_what_crossed_the_link_rounds_in_the_codec_and_lossless_apart(
         mpi_job, outer):
     """int8 rounds (256 float32: 260 bytes each) and the lossless ones (whole centres, 1024
-    bytes: DiLoCo's first round, after a 32-byte hash and only if the centres differ, and the
-    final round from a node that finished last) are
+    bytes: DiLoCo's first round and the final round from a node that finished last, each after
+    a 32-byte hash and only if the centres differ) are
     counted apart, each node printing them on the terminal (they were averaged together, and
     said only in the log at INFO)."""
     job = mpi_job("-", "--tie-every-s", "0.02", "--tie-compress", "int8", "--tie-outer", outer,
@@ -672,9 +685,9 @@ def test_a_job_run_by_hand_says_what_crossed_the_link_rounds_in_the_codec_and_lo
         assert int(total) == int(coded_bytes) + int(lossless_bytes), found
         assert int(per_coded) == 260 and ("DiLoCo's first" in which) == (outer == "diloco")
     if outer == "diloco":  # the first round: a hash, and the centres unless already equal
-        _first_and_finals(lossless_sent)
+        _check_lossless_bytes(lossless_sent)
     else:  # the node(s) that finished last sent their centre
-        assert sorted(lossless_sent) in ([0, 1024], [1024, 1024]), found
+        assert all(sent in (32, 32 + 1024) for sent in lossless_sent), found
 
 
 def test_compressed_mean_counts_the_bytes_that_cross_the_network(two_hosts):
