@@ -501,8 +501,9 @@ def _regression_job(mpi_job, out_dir, compress, *options):
 
 def test_an_int8_tie_trains_to_the_true_weights_with_4x_fewer_bytes(mpi_job, tmp_path):
     """Each round a node sends its centre's difference from the shared reference: 1024 bytes in
-    float32, 256 + one 4-byte scale in int8; the final round sends the centre losslessly
-    (1024 bytes) from each node that finished last. Counted exactly, in the controller's
+    float32, 256 + one 4-byte scale in int8; the final round sends a 32-byte hash and, unless
+    every node's centre is already equal, the centre losslessly (1024 bytes) from each node
+    that finished last. Counted exactly, in the controller's
     progress totals (`tie_bytes_sent`)."""
     plain, plain_counts = _regression_job(mpi_job, tmp_path / "float32", "float32")
     packed, packed_counts = _regression_job(mpi_job, tmp_path / "int8", "int8")
@@ -515,11 +516,10 @@ def test_an_int8_tie_trains_to_the_true_weights_with_4x_fewer_bytes(mpi_job, tmp
     per_round, overall = {}, {}
     for name, counts, message in [("float32", plain_counts, 1024), ("int8", packed_counts, 260)]:
         compressed_bytes = compressed_rounds = 0
-        for rounds, sent in counts:  # sent = message * compressed rounds (+ 1024: final round)
-            final = 1024 if sent % message == 1024 % message and sent >= 1024 else 0
-            compressed = (sent - final) // message
-            assert sent == compressed * message + final and 0 < compressed < rounds, \
-                (name, rounds, sent)
+        for rounds, sent in counts:  # sent = message * compressed rounds + the final round
+            compressed = rounds - 1
+            final = sent - compressed * message  # the hash, and the centre from a last node
+            assert final in (32, 32 + 1024) and compressed > 0, (name, rounds, sent)
             compressed_bytes += sent - final
             compressed_rounds += compressed
         per_round[name] = compressed_bytes / compressed_rounds
@@ -541,19 +541,62 @@ def test_diloco_outer_rounds_follow_the_formula_on_every_rank():
     assert len(re.findall(r"OK rank \d outer rounds 220", out.stdout)) == 2, out.stdout + out.stderr
 
 
+def test_diloco_first_round_sends_only_a_hash_when_the_centres_are_already_equal():
+    """DiLoCo's first round by hand on 2 ranks (a float32 and a float64 array, 1360 bytes):
+    centres from one seed send only their sha256 (32 bytes) and stay as they were; centres of
+    their own still get their exact mean, losslessly (32 + 1360 bytes); equal centres holding
+    a NaN are still refused on both ranks. (Every first round sent 1360 bytes.)"""
+    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable,
+                          os.path.join(PROCS, "first_round_bytes.py")],
+                         capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    found = re.findall(r"OK rank (\d) (\w+) sent (\d+) lossless (\d+)", out.stdout)
+    assert len(found) == 6, out.stdout + out.stderr
+    for rank, case, sent, lossless in found:
+        expected = {"equal": (32, 32), "unequal": (32 + 1360, 32 + 1360), "nan": (32, 0)}
+        assert (int(sent), int(lossless)) == expected[case], (rank, case, out.stdout)
+
+
+def test_the_final_round_sends_only_a_hash_when_the_centres_are_already_equal():
+    """The final round by hand on 2 ranks (a float32 and a float64 array, 1360 bytes): equal
+    centres send only their sha256 (32 bytes) and stay as they were; unequal ones still end
+    as their exact mean (32 + 1360 bytes from each); a node that handed its centre over gets
+    the last node's (1360 from it); equal centres holding a NaN are still refused on both
+    ranks. (Every final round sent each last node's whole centre.)"""
+    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable,
+                          os.path.join(PROCS, "final_round_bytes.py")],
+                         capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    found = re.findall(r"OK rank (\d) (\w+) sent (\d+)", out.stdout)
+    assert len(found) == 8, out.stdout + out.stderr
+    expected = {("0", "equal"): 32, ("1", "equal"): 32, ("0", "unequal"): 1392,
+                ("1", "unequal"): 1392, ("0", "handover"): 32, ("1", "handover"): 1392,
+                ("0", "nan"): 32, ("1", "nan"): 32}
+    assert {(rank, case): int(sent) for rank, case, sent in found} == expected, out.stdout
+
+
 def test_a_diloco_outer_step_over_int8_trains_to_the_true_weights(mpi_job, tmp_path):
     """DiLoCo's outer step across the node centres (outer lr 0.7, Nesterov 0.9), the
     pseudo-gradients sent as int8: the job ends with one centre at the true weights. Bytes: the
-    first round sends the centres losslessly (1024 bytes), each later one 260, the final one
-    1024 from each node that finished last."""
+    first round sends the centres' sha256 (32 bytes) and, unless they are already equal, the
+    centres losslessly (1024 bytes), each later one 260, the final one 1024 from each node that
+    finished last."""
     distance, counts = _regression_job(mpi_job, tmp_path / "diloco", "int8",
                                        "--tie-outer", "diloco")
     print("distance %.5f, (rounds, bytes) %s" % (distance, counts))
     assert distance < 0.05, (distance, counts)
-    for rounds, sent in counts:  # rounds: the first, rounds - 2 in int8, the final one
-        final = sent - 1024 - 260 * (rounds - 2)  # sent by a node that finished last
-        assert rounds > 3 and final in (0, 1024), (rounds, sent)
-    assert sorted(sent - 1024 - 260 * (rounds - 2) for rounds, sent in counts)[-1] == 1024
+    # rounds: the first, rounds - 2 in int8, the final one
+    assert all(rounds > 3 for rounds, _ in counts), counts
+    _check_lossless_bytes([sent - 260 * (rounds - 2) for rounds, sent in counts])
+
+
+def _check_lossless_bytes(lossless):
+    """Each node's lossless bytes (DiLoCo's first round and the final one, 256 float32): in
+    each round the hash, 32 bytes, plus the centre, 1024, when the centres differ (the final
+    round: from a node that finished last)."""
+    assert all(sent in (64, 64 + 1024, 64 + 2048) for sent in lossless), lossless
 
 
 @pytest.mark.parametrize("outer", ["easgd", "diloco"])
@@ -623,7 +666,8 @@ TIE_SENT = re.compile(r"platoon.mpi: node (\d): the tie sent (\d+) bytes from th
 def test_a_job_run_by_hand_says_what_crossed_the_link_rounds_in_the_codec_and_lossless_apart(
         mpi_job, outer):
     """int8 rounds (256 float32: 260 bytes each) and the lossless ones (whole centres, 1024
-    bytes: DiLoCo's first round, and the final round from a node that finished last) are
+    bytes: DiLoCo's first round and the final round from a node that finished last, each after
+    a 32-byte hash and only if the centres differ) are
     counted apart, each node printing them on the terminal (they were averaged together, and
     said only in the log at INFO)."""
     job = mpi_job("-", "--tie-every-s", "0.02", "--tie-compress", "int8", "--tie-outer", outer,
@@ -631,18 +675,19 @@ def test_a_job_run_by_hand_says_what_crossed_the_link_rounds_in_the_codec_and_lo
     assert job.wait(60) == 0, job.output
     found = TIE_SENT.findall(job.output)
     assert sorted(f[0] for f in found) == ["0", "1"], job.output
-    finals = []
+    lossless_sent = []
     for (_, total, rounds, coded, codec, coded_bytes, per_coded, lossless, which,
          lossless_bytes, per_lossless) in found:
-        first = 1024 if outer == "diloco" else 0
-        final = int(lossless_bytes) - first
         assert codec == "int8" and int(coded_bytes) == 260 * int(coded) and int(coded) > 0
-        assert int(lossless) == (2 if outer == "diloco" else 1) and final in (0, 1024), found
+        assert int(lossless) == (2 if outer == "diloco" else 1), found
+        lossless_sent.append(int(lossless_bytes))
         assert int(rounds) == int(coded) + int(lossless), found
         assert int(total) == int(coded_bytes) + int(lossless_bytes), found
         assert int(per_coded) == 260 and ("DiLoCo's first" in which) == (outer == "diloco")
-        finals.append(final)
-    assert max(finals) == 1024, found  # the node(s) that finished last sent their centre
+    if outer == "diloco":  # the first round: a hash, and the centres unless already equal
+        _check_lossless_bytes(lossless_sent)
+    else:  # the node(s) that finished last sent their centre
+        assert all(sent in (32, 32 + 1024) for sent in lossless_sent), found
 
 
 def test_compressed_mean_counts_the_bytes_that_cross_the_network(two_hosts):

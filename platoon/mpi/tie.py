@@ -8,6 +8,7 @@ count in `Controller.progress`. Its messages go through `compress.compressed_mea
 """
 
 import dataclasses
+import hashlib
 import logging
 import threading
 import time
@@ -49,7 +50,9 @@ class CentreTie:
       and move each toward the mean, ``c += beta * (mean - c)``; beta=1 makes
       the centres equal.
     - ``"diloco"`` (DiLoCo's outer step): the nodes share one anchor (the
-      first round sets it to the mean of the centres, losslessly). Each round,
+      first round sets it to the mean of the centres, losslessly; the nodes first
+      compare a sha256 of their centres, and centres already equal, as from one seed, are
+      not sent: each is the mean). Each round,
       every node's pseudo-gradient is how far its centre moved from the
       anchor; the nodes average them and every node applies the same outer
       SGD step with Nesterov momentum to the anchor, ``u = mu*u + d;
@@ -73,10 +76,11 @@ class CentreTie:
     dropped goes out with its next message), so the error does not grow with
     the rounds; every node decodes and adds the messages alike, so the result
     is the same bits on every node. The final round is sent losslessly, in
-    the centres' own dtype. Raises ValueError for bad values, at construction and when a
-    setting is changed afterwards: every_s a finite number of seconds more than 0 and at
-    most 1e9 (or None with every_syncs), every_syncs an integer >= 1, beta in (0, 1],
-    outer_lr in (0, 10], outer_momentum in [0, 1).
+    the centres' own dtype, after a sha256 of the centres (no centre is sent when every
+    node's is equal, one when the last nodes' are). Raises ValueError for bad values, at
+    construction and when a setting is changed afterwards: every_s a finite number of
+    seconds more than 0 and at most 1e9 (or None with every_syncs), every_syncs an integer
+    >= 1, beta in (0, 1], outer_lr in (0, 10], outer_momentum in [0, 1).
     """
 
     every_s: Optional[float] = 1.0
@@ -325,9 +329,44 @@ class TieThread:
                                "is aborted (resume from a node's last good checkpoint, with a "
                                "lower learning rate)" % (nodes, where), exc.ranks)
 
+    def _digests(self, snaps):
+        """Every node's sha256 of its centre's arrays `snaps` (dtypes, shapes and bytes; None
+        for a node without): all-gathered, 32 bytes to each other node (counted)."""
+        digest = None
+        if snaps is not None:
+            h = hashlib.sha256()
+            for s in snaps:
+                h.update(("%s%s" % (s.dtype.str, s.shape)).encode())
+                h.update(np.ascontiguousarray(s).tobytes())
+            digest = h.digest()
+        digests = self.comm.allgather(digest)  # peers are here: blocking
+        self.bytes_sent += hashlib.sha256().digest_size * (self.size - 1)
+        return digests
+
+    def _centres_equal(self, snaps, members, contributes):
+        """Whether every node's centre is already the same bits (nodes started from one
+        seed, say): each node sends the sha256 of its snapshot (dtypes, shapes and bytes; 32
+        bytes to each other node, counted) and they compare. A node outside `members` has
+        no snapshot: not equal. Equal centres holding NaN or Inf are refused as
+        `compressed_mean` refuses them, on every node alike."""
+        digests = self._digests(snaps if contributes else None)
+        digest = digests[self.rank]
+        if digest is None or any(d != digest for d in digests):
+            return False
+        if not all(np.isfinite(s).all() for s in snaps):  # the same answer on every node
+            raise NonFiniteValues("NaN or Inf in the centres", members)
+        return True
+
     def _send_moves(self, snaps, members, contributes, diloco, first):
-        """A round's messages (see `_round`): the new mean (anchor) in `self._mean`."""
+        """A round's messages (see `_round`): the new mean (anchor) in `self._mean`.
+        DiLoCo's first round sets the anchor to the mean of the centres, losslessly: when
+        they are already equal (a hash shows it), no centre is sent, it is the mean."""
+        equal = diloco and first and self._centres_equal(snaps, members, contributes)
         for i, mean in enumerate(self._mean):  # peers are here: blocking
+            if equal:  # every node has the mean already: its own centre
+                mean[...] = snaps[i]
+                self._base[i][...] = mean
+                continue
             if diloco and first:  # the anchor: the mean of the centres, exactly
                 _, sent = compressed_mean(self.comm, snaps[i] if contributes else mean,
                                           RawCodec(mean.dtype), None, among=members, out=mean,
@@ -373,7 +412,10 @@ class TieThread:
         """Every node is done (no worker syncs any more): make each node's centre the mean
         of the centres not handed over yet (the nodes that finished last). They send their
         centres losslessly (`RawCodec`) and every node adds them up alike (`compressed_mean`),
-        so the centres are identical bit for bit; a single such centre is copied as it is."""
+        so the centres are identical bit for bit; a single such centre is copied as it is.
+        The nodes first compare a sha256 of their centres (`_digests`): when those of the last
+        nodes are equal, one of them is copied as it is (sent by that node alone); when every
+        node's is equal, no centre is sent (NaN or Inf is still refused)."""
         comm, ctl = self.comm, self.ctl
         states = np.array(comm.allgather((bool(ctl.centre_ready), self._handed_over)), bool)
         if not states[:, 0].all():  # every node is here: blocking
@@ -385,15 +427,25 @@ class TieThread:
         centre = ctl.shared_centre
         sent_before = self.bytes_sent
         self._check_layouts(centre)
-        for array in centre.arrays:
-            centre.lock.acquire(LOCK_TIMEOUT_S)
-            try:
-                mine = array.copy()
-            finally:
-                centre.lock.release()
+        centre.lock.acquire(LOCK_TIMEOUT_S)
+        try:
+            snaps = [a.copy() for a in centre.arrays]
+        finally:
+            centre.lock.release()
+        digests = self._digests(snaps)
+        senders = [int(r) for r in last]
+        if all(digests[r] == digests[last[0]] for r in last):  # the mean: any of them
+            senders = senders[:1]
+            if all(d == digests[last[0]] for d in digests):  # every node holds it already
+                if not all(np.isfinite(s).all() for s in snaps):  # the same on every node
+                    raise self._diverged(NonFiniteValues("NaN or Inf in the centres",
+                                                         [int(r) for r in last]),
+                                         "the final round")
+                senders = []
+        for array, mine in zip(centre.arrays if senders else (), snaps):
             try:
                 mean, sent = compressed_mean(self.comm, mine, RawCodec(array.dtype), None,
-                                             among=last)
+                                             among=senders)
             except NonFiniteValues as exc:
                 raise self._diverged(exc, "the final round") from exc
             self.bytes_sent += sent
