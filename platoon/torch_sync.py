@@ -79,7 +79,8 @@ class PeriodicSync(torch.optim.Optimizer):
             elastic force for that many workers (with SGD and with AdamW give
             the workers about twice the lr one process would use: see
             docs/choosing-a-rule.md), and ``ASGD()`` in a job of one worker (a
-            script run alone), which leaves its training as the plain script's.
+            script run alone, or ``-n 1``: the controller's ``num_workers`` is 1),
+            which leaves its training as the plain script's.
         overlap: False: sync in `step()`, waiting for it. True: `step()` starts
             the sync in a background thread (``Worker.start_sync``) and the
             next steps compute meanwhile; the next sync point (or `wait`,
@@ -174,7 +175,8 @@ class PeriodicSync(torch.optim.Optimizer):
         if evaluate is not None and not callable(evaluate):
             raise TypeError("evaluate must be a function evaluate(model) -> dict of metrics, "
                             "got %r" % (evaluate,))
-        if rule is None and worker.global_size <= 1:  # alone: train as the plain script
+        if rule is None and worker.num_workers == 1 and worker.global_size == 1:
+            # a job of one worker (a script run alone, -n 1): train as the plain script
             rule = ASGD()
         elif rule is None:
             rule = EASGD(min(0.9 / max(worker.global_size, 1), 1.0))

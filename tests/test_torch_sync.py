@@ -284,7 +284,7 @@ def test_it_drops_into_existing_code(one_worker):
     opt = PeriodicSync(w, model, inner, sync_every=2)
     assert isinstance(opt, torch.optim.Optimizer)
     assert opt.param_groups is inner.param_groups and opt.defaults is inner.defaults
-    assert repr(opt.rule) == "ASGD()"  # one worker: its training as the plain script's
+    assert repr(opt.rule) == "EASGD(alpha=0.9)"  # 0.9 / one worker (the job's size not given)
     scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     train_step(model, opt, torch.ones(2, 3))
     scheduler.step()
@@ -849,8 +849,15 @@ def test_two_adamw_workers_train_a_transformer_further_than_one_in_as_many_steps
     assert losses[2] < losses[1] - 0.01, losses
 
 
-def test_a_worker_alone_trains_as_the_plain_script(one_worker):
-    _, w = one_worker
+def test_a_worker_alone_trains_as_the_plain_script(serve):
+    ctl = Nothing(control_port=0, num_workers=1)  # as a script run alone, or -n 1
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout_s=10) as w:
+        _train_alone(w)
+    serving.join()
+
+
+def _train_alone(w):
     torch.manual_seed(0)
     model, plain = nn.Linear(4, 2), nn.Linear(4, 2)
     plain.load_state_dict(model.state_dict())
