@@ -671,8 +671,8 @@ def test_a_job_run_by_hand_says_what_crossed_the_link_rounds_in_the_codec_and_lo
     counted apart, each node printing them on the terminal (they were averaged together, and
     said only in the log at INFO)."""
     job = mpi_job("-", "--tie-every-s", "0.02", "--tie-compress", "int8", "--tie-outer", outer,
-                  "--", os.path.join(PROCS, "tie_regression_worker.py"), "150")
-    assert job.wait(60) == 0, job.output
+                  "--", os.path.join(PROCS, "tie_regression_worker.py"), "600")
+    assert job.wait(60) == 0, job.output  # 600 steps: int8 rounds under load too (150: none once)
     found = TIE_SENT.findall(job.output)
     assert sorted(f[0] for f in found) == ["0", "1"], job.output
     lossless_sent = []

@@ -1,6 +1,7 @@
 """Worker 1's first attempt shares the centre, then ends with sys.exit(3): without closing
 its Worker (platoon says goodbye at exit), or with `after-close` as the argument right after
-close(). With `all` (`all-after-close`), every worker's first attempt does so. A replacement prints its
+close(). With `all` (`all-after-close`), every worker's first attempt does so (after-close:
+once every worker has closed, so that none exits while the controller still serves). A replacement prints its
 id and finishes; the other workers wait for it. Runs in the test's temporary directory."""
 
 import os
@@ -19,7 +20,13 @@ w.init_shared_params([np.zeros(10)], EASGD(0.5))
 if (index == 1 or mode.startswith("all")) and not os.path.exists(marker):
     open(marker, "w").close()
     if mode.endswith("after-close"):
+        workers = w.num_workers or 1
         w.close()
+        open("closed%d" % index, "w").close()
+        deadline = time.monotonic() + 10
+        while mode == "all-after-close" and time.monotonic() < deadline and not all(
+                os.path.exists("closed%d" % k) for k in range(workers)):
+            time.sleep(0.02)  # every worker has closed (the controller finishes) before any exits
     sys.exit(3)
 replacement = os.path.exists(marker)
 print("REPLACEMENT" if replacement else "ORIGINAL", "worker", index, "has worker id",
