@@ -65,6 +65,16 @@ def no_stale_mpich_files():
                 pass
 
 
+def two_ranks(script):
+    """tests/procs `script` run on 2 MPI ranks (one thread each); its finished process, which
+    exited 0."""
+    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, os.path.join(PROCS, script)],
+                         capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out
+
+
 class MpiJob(Proc):
     """`mpiexec -n 2 python -m platoon.mpi --workers 2 ... -- mpi_worker.py SCENARIO`."""
 
@@ -470,11 +480,7 @@ def test_compressed_mean_gives_every_rank_the_same_bits_and_counts_its_bytes():
     """Every codec, float32 and float64, with error feedback, a subset of the ranks, and a NaN
     or Inf on one rank, whatever the codec (every rank raises naming that rank, none hangs):
     checked against each other by the ranks."""
-    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable,
-                          os.path.join(PROCS, "compressed_mean_ranks.py")],
-                         capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"))
-    assert out.returncode == 0, out.stdout + out.stderr
+    out = two_ranks("compressed_mean_ranks.py")
     assert len(re.findall(r"OK rank \d checks 509", out.stdout)) == 2, out.stdout + out.stderr
 
 
@@ -533,11 +539,7 @@ def test_diloco_outer_rounds_follow_the_formula_on_every_rank():
     lr*(d + mu*u) on the mean move d) by hand on 2 ranks: float32 within rounding of the
     formula over 20 rounds, int8 with error feedback within its error after 200 rounds (it
     does not grow), the centres the same bits on both ranks."""
-    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable,
-                          os.path.join(PROCS, "outer_round.py")],
-                         capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"))
-    assert out.returncode == 0, out.stdout + out.stderr
+    out = two_ranks("outer_round.py")
     assert len(re.findall(r"OK rank \d outer rounds 220", out.stdout)) == 2, out.stdout + out.stderr
 
 
@@ -546,11 +548,7 @@ def test_diloco_first_round_sends_only_a_hash_when_the_centres_are_already_equal
     centres from one seed send only their sha256 (32 bytes) and stay as they were; centres of
     their own still get their exact mean, losslessly (32 + 1360 bytes); equal centres holding
     a NaN are still refused on both ranks. (Every first round sent 1360 bytes.)"""
-    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable,
-                          os.path.join(PROCS, "first_round_bytes.py")],
-                         capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"))
-    assert out.returncode == 0, out.stdout + out.stderr
+    out = two_ranks("first_round_bytes.py")
     found = re.findall(r"OK rank (\d) (\w+) sent (\d+) lossless (\d+)", out.stdout)
     assert len(found) == 6, out.stdout + out.stderr
     for rank, case, sent, lossless in found:
@@ -564,11 +562,7 @@ def test_the_final_round_sends_only_a_hash_when_the_centres_are_already_equal():
     as their exact mean (32 + 1360 bytes from each); a node that handed its centre over gets
     the last node's (1360 from it); equal centres holding a NaN are still refused on both
     ranks. (Every final round sent each last node's whole centre.)"""
-    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable,
-                          os.path.join(PROCS, "final_round_bytes.py")],
-                         capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"))
-    assert out.returncode == 0, out.stdout + out.stderr
+    out = two_ranks("final_round_bytes.py")
     found = re.findall(r"OK rank (\d) (\w+) sent (\d+)", out.stdout)
     assert len(found) == 8, out.stdout + out.stderr
     expected = {("0", "equal"): 32, ("1", "equal"): 32, ("0", "unequal"): 1392,

@@ -213,15 +213,21 @@ def load(path, *, allow_nonfinite=False):
     except _READ_ERRORS as exc:
         raise _unreadable(path, exc) from None
     if not allow_nonfinite:
-        for index, array in enumerate(arrays):
-            bad = _count_nonfinite(array)
-            if bad:
-                raise CheckpointError(
-                    "checkpoint %s: parameter %d (shape %s, %s) holds %d NaN or Inf value(s), "
-                    "so the run that wrote it had diverged; resume from an earlier checkpoint, "
-                    "or pass allow_nonfinite=True (to Controller or checkpoint.load) to use it "
-                    "anyway" % (path, index, array.shape, array.dtype, bad))
+        _refuse_nonfinite(path, arrays, lambda index: "parameter %d" % index, "load")
     return arrays, meta
+
+
+def _refuse_nonfinite(path, arrays, naming, loader):
+    """CheckpointError for the first of `arrays` (of checkpoint `path`, `naming(index)` saying
+    which) that holds NaN or Inf; `loader`: the checkpoint function that takes allow_nonfinite."""
+    for index, array in enumerate(arrays):
+        bad = _count_nonfinite(array)
+        if bad:
+            raise CheckpointError(
+                "checkpoint %s: %s (shape %s, %s) holds %d NaN or Inf value(s), so the run that "
+                "wrote it had diverged; resume from an earlier checkpoint, or pass "
+                "allow_nonfinite=True (to Controller or checkpoint.%s) to use it anyway"
+                % (path, naming(index), array.shape, array.dtype, bad, loader))
 
 
 def _count_nonfinite(array):
@@ -291,15 +297,9 @@ def load_states(path, *, allow_nonfinite=False):
             _check_journal(path, name, arrays, sizes,
                            found.get(name[:-len(_JOURNAL)]), allow_nonfinite)
         elif not allow_nonfinite:
-            for index, array in enumerate(arrays):
-                bad = _count_nonfinite(array)
-                if bad:
-                    raise CheckpointError(
-                        "checkpoint %s: shared state %r, array %d (shape %s, %s) holds %d NaN "
-                        "or Inf value(s), so the run that wrote it had diverged; resume from an "
-                        "earlier checkpoint, or pass allow_nonfinite=True (to Controller or "
-                        "checkpoint.load_states) to use it anyway"
-                        % (path, name, index, array.shape, array.dtype, bad))
+            _refuse_nonfinite(path, arrays,
+                              lambda index, name=name: "shared state %r, array %d" % (name, index),
+                              "load_states")
     return found
 
 

@@ -9,7 +9,7 @@ import logging
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .._os.statusfile import MAX_METRICS, MAX_NAME, MAX_TEXT, write_status
+from .._os.statusfile import MAX_METRICS, MAX_NAME, MAX_TEXT, shortened, write_status
 from ..errors import ProtocolError
 
 log = logging.getLogger("platoon.controller")  # the controller's log: users filter on its name
@@ -33,7 +33,7 @@ def bounded(value: Any) -> Any:
         if len(text) <= MAX_TEXT:
             return value
         value = text
-    return value if len(value) <= MAX_TEXT else value[:MAX_TEXT - 1] + "…"
+    return shortened(value)
 
 
 def _put(kept: dict, name: str, value: Any) -> bool:

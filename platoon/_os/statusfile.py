@@ -31,6 +31,11 @@ MAX_NAME = 64  # characters in a metric's name, at most
 MAX_TEXT = 100  # characters of a metric that is not a number (longer ones are cut)
 
 
+def shortened(text: str) -> str:
+    """`text` cut to MAX_TEXT characters, ending with "…" when cut."""
+    return text if len(text) <= MAX_TEXT else text[:MAX_TEXT - 1] + "…"
+
+
 def write_status(path: str, status: Dict[str, Any], dir_fd: Optional[int] = None) -> None:
     """Replace the status file at `path` with `status`, atomically, readable by its owner only.
     With `dir_fd` (the directory of `path`, opened by the launcher), the file is written in

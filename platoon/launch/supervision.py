@@ -33,7 +33,7 @@ from .._os.process import (
     stop,
     unlink_job_segments,
 )
-from .._os.statusfile import MAX_METRICS, MAX_NAME, read_status
+from .._os.statusfile import MAX_METRICS, MAX_NAME, read_status, shortened
 from .output import LogFollower, columns, fit, tail, visible
 
 log = logging.getLogger(__name__)
@@ -248,12 +248,7 @@ class Process:
         return tail(self.log_path, lines)
 
 
-SHOWN_METRICS = 32  # metrics on the status line and in each summary line, at most
-METRIC_TEXT = 100  # characters of a metric's name or value shown, at most
-
-
-def _short(text):
-    return text if len(text) <= METRIC_TEXT else text[:METRIC_TEXT - 1] + "…"
+SHOWN_METRICS = MAX_METRICS  # metrics on the status line and in each summary line, at most
 
 
 def _metric(key, value):
@@ -264,7 +259,7 @@ def _metric(key, value):
             text = str(value)
         except ValueError:  # an int of more digits than Python converts
             text = "(a very large number)"
-    return "%s %s" % (_short(str(key)), _short(text))
+    return "%s %s" % (shortened(str(key)), shortened(text))
 
 
 def _metrics(metrics):
@@ -757,7 +752,7 @@ class Launch:
                 continue
             shown = ", ".join(_metrics(report.get("metrics")))
             lines.append("  worker %s last reported: %s(%s minibatches, %s syncs%s)" % (
-                _short(wid), shown + " " if shown else "", report.get("minibatches", "?"),
+                shortened(wid), shown + " " if shown else "", report.get("minibatches", "?"),
                 report.get("syncs", "?"), ", %d metrics not kept" % _dropped(report)
                 if _dropped(report) else ""))
         if _dropped(status):
