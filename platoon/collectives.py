@@ -11,7 +11,7 @@ import numpy as np
 
 from . import adapters
 from ._centre.reduction import OPS, check_op
-from .compat.deprecation import renamed_keywords
+from ._deprecation import renamed_keywords
 
 
 @renamed_keywords(timeout="timeout_s")

@@ -25,6 +25,7 @@ from . import protocol
 from ._centre.shmem import SharedCentre, remove_stale_segments
 from ._centre.stopsignal import CONTROLLER, JobStop
 from ._controller.afterjob import AfterJobReplies
+from ._controller.arguments import default_arguments, default_parser
 from ._controller.checkpointing import Checkpointer, Resume
 from ._controller.collectives import NodeCollectives
 from ._controller.config import ControllerConfig, check_count, default_max_shared_bytes
@@ -35,12 +36,11 @@ from ._controller.registry import WorkerRecord, WorkerRegistry, describe_death
 from ._controller.rendezvous import Rendezvous
 from ._controller.status import Progress
 from ._controller.threadfailures import ThreadFailures
+from ._deprecation import renamed_keywords
 from ._os.environment import JobEnvironment
 from ._os.process import announce, raise_system_exit  # noqa: F401
 from ._os.process import exit_on_sigterm as _exit_on_sigterm
 from ._resources import Resources
-from .compat.controller_args import default_arguments, default_parser
-from .compat.deprecation import renamed_keywords
 from .errors import PlatoonError, ServeTimeout, StopRequested, WorkerDied
 
 log = logging.getLogger(__name__)

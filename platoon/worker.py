@@ -13,13 +13,13 @@ import zmq
 
 from . import adapters, protocol, security
 from ._centre.stopsignal import StopSignal, describe
+from ._deprecation import renamed_keywords
 from ._os.environment import JobEnvironment
 from ._os.process import unlink_segments_on_sigterm
 from ._resources import Resources
 from ._worker.client import ControlClient, endpoint, uncaught_error
 from ._worker.collectives import WorkerCollectives
 from ._worker.exchange import Exchange, SyncHandle, SyncStats, share
-from .compat.deprecation import renamed_keywords
 from .device import Device
 from .errors import ControllerGone, ControllerTimeout, PlatoonError, StopRequested, WorkerClosed
 from .rules import ParamSyncRule

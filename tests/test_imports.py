@@ -224,6 +224,41 @@ NEVER = {
     "platoon.rules": ("platoon._", "platoon.controller", "platoon.worker", "zmq"),
     "platoon.launch": ("platoon._controller", "platoon._worker", "platoon._centre",
                        "platoon.controller", "platoon.worker", "platoon.mpi", "zmq", "numpy"),
+    # The original Platoon's names: a facade over the core (nothing imports it: below).
+    "platoon.compat": ("platoon._worker", "platoon._centre", "platoon.mpi", "platoon.launch",
+                       "zmq", "numpy"),
+    # Controller ranks: the controller's side, never a worker's.
+    "platoon.mpi": ("platoon._worker", "platoon.worker", "platoon.adapters",
+                    "platoon.torch_sync", "platoon.collectives", "platoon.compat", "zmq"),
+    # A worker's arrays: rules and errors only, no process, no sockets.
+    "platoon.adapters": ("platoon._", "platoon.controller", "platoon.worker", "platoon.mpi",
+                         "platoon.launch", "platoon.compat", "platoon.protocol",
+                         "platoon.security", "platoon.torch_sync", "platoon.collectives",
+                         "zmq"),
+    # The root modules. The leaves: errors, and helpers of the standard library (or numpy).
+    "platoon.errors": ("platoon.",),
+    "platoon._deprecation": ("platoon.",),
+    "platoon._moved": ("platoon.",),  # names its modules as strings, imports none
+    "platoon._resources": ("platoon.",),
+    "platoon.sharding": ("platoon.",),
+    "platoon.cuda": ("platoon.",),
+    "platoon.device": ("platoon._controller", "platoon._worker", "platoon._centre",
+                       "platoon.controller", "platoon.worker", "platoon.mpi", "platoon.launch",
+                       "platoon.compat", "zmq"),
+    # Both sides: messages and keys, no process of either side.
+    "platoon.protocol": ("platoon._", "platoon.controller", "platoon.worker", "platoon.mpi",
+                         "platoon.launch", "platoon.compat", "platoon.adapters", "platoon.rules",
+                         "platoon.security", "zmq"),
+    "platoon.security": ("platoon._", "platoon.controller", "platoon.worker", "platoon.mpi",
+                         "platoon.launch", "platoon.compat", "platoon.protocol"),
+    # The facades, each on its side of the process line.
+    "platoon.controller": ("platoon._worker", "platoon.worker", "platoon.launch",
+                           "platoon.adapters", "platoon.compat"),
+    "platoon.worker": ("platoon._controller", "platoon.mpi", "platoon.launch", "platoon.compat"),
+    "platoon.collectives": ("platoon._controller", "platoon.controller", "platoon.mpi",
+                            "platoon.launch", "platoon.compat", "zmq"),
+    "platoon.torch_sync": ("platoon._controller", "platoon.controller", "platoon.mpi",
+                           "platoon.launch", "platoon.compat", "zmq"),
 }
 
 
@@ -239,3 +274,20 @@ def test_each_home_keeps_to_its_side_of_the_process_line(home):
                                                       bad + ".") for bad in NEVER[home]):
                     crossings.append("%s imports %s" % (module, name))
     assert not crossings, crossings
+
+
+def test_compat_is_a_facade_that_nothing_imports():
+    """`compat/` stands above the core: the core's helpers live below it (`_deprecation`,
+    `_controller.arguments`) and compat re-exports them, so no arrow runs back up into it."""
+    importers = sorted("%s imports %s" % (module, name)
+                       for module, (ours, _) in every_import().items()
+                       if module != "platoon.compat" and not module.startswith("platoon.compat.")
+                       for name in ours
+                       if name == "platoon.compat" or name.startswith("platoon.compat."))
+    assert not importers, importers
+    for public, home, name in (
+            ("compat.controller_args", "_controller.arguments", "default_parser"),
+            ("compat.controller_args", "_controller.arguments", "default_arguments"),
+            ("compat.deprecation", "_deprecation", "renamed_keywords")):
+        assert getattr(importlib.import_module("platoon." + public), name) is getattr(
+            importlib.import_module("platoon." + home), name), (public, name)

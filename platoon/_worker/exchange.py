@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import protocol
 from .._centre.shmem import SharedCentre
-from ..compat.deprecation import renamed_keywords
+from .._deprecation import renamed_keywords
 from ..errors import LayoutMismatch, LockTimeout, PlatoonError, RemoteError, SyncTimeout
 from ..rules import ParamSyncRule
 
