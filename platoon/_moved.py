@@ -26,7 +26,7 @@ class MovedModules:
     def find_spec(self, name, path=None, target=None):
         if name not in MOVED:
             return None
-        return importlib.machinery.ModuleSpec(name, self)
+        return importlib.machinery.ModuleSpec(name, self)  # type: ignore[arg-type]  # a Loader by protocol
 
     def create_module(self, spec):
         return importlib.import_module(MOVED[spec.name])

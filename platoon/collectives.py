@@ -7,6 +7,8 @@ nodes and named shared states in `platoon._controller.collectives`, the buffers'
 and reduction order in `platoon._centre.reduction`.
 """
 
+from typing import Dict, List
+
 import numpy as np
 
 from . import adapters
@@ -30,7 +32,7 @@ def average_gradients(worker, grads, *, timeout_s=None):
     """
     grads = _gradients_of(grads)
     arrays, install = adapters.host_arrays(grads)
-    by_dtype = {}
+    by_dtype: Dict[np.dtype, List[np.ndarray]] = {}
     for g in arrays:
         by_dtype.setdefault(g.dtype, []).append(g)
     for group in by_dtype.values():

@@ -48,7 +48,7 @@ class RemoteError(PlatoonError, RuntimeError):
     `remote_traceback` its formatted traceback (empty for protocol errors).
     """
 
-    def __init__(self, message, remote_type="", remote_traceback=""):
+    def __init__(self, message: str, remote_type: str = "", remote_traceback: str = "") -> None:
         super().__init__(message)
         self.remote_type = remote_type
         self.remote_traceback = remote_traceback

@@ -30,7 +30,19 @@ import json
 import math
 import struct
 import warnings
-from typing import Any, Dict
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    List,
+    Literal,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+    cast,
+)
 
 import numpy as np
 
@@ -59,6 +71,16 @@ DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 DEFAULT_MB_WINDOW_BYTES = 16 << 20  # a worker's unacknowledged minibatches, by default
 
 # One compact encoder, made once: json.dumps builds a new one per call when given options.
+# A frame as it arrives or leaves: bytes, a memoryview or a zmq.Frame (anything holding the buffer
+# protocol; zmq is not imported here).
+Frame = Any
+# A parameter layout on the wire: [{"dtype": "<f4", "shape": [3, 4]}, ...]
+Layout = List[Dict[str, Any]]
+# (dtype, shape, order, nbytes) of an array of a minibatch header; order is "C" or "F"
+_Spec = Tuple[np.dtype, Tuple[int, ...], str, int]
+_HeaderKey = Tuple[_Spec, ...]
+_T = TypeVar("_T")
+
 _json_encoder = json.JSONEncoder(separators=(",", ":"), allow_nan=True)
 try:  # and its C core, made once too: JSONEncoder.encode builds one per call (1.5 us)
     _c_encode = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
@@ -68,7 +90,7 @@ except (AttributeError, TypeError):  # no C accelerator: the plain encoder
     _c_encode = None
 
 
-def _encode_json(value):
+def _encode_json(value: Any) -> str:
     """Compact JSON text of `value`, as `_json_encoder.encode` gives; raises TypeError or
     ValueError for what JSON cannot hold."""
     if _c_encode is not None:
@@ -84,18 +106,20 @@ class Request:
 
     __slots__ = ("worker_id", "req", "req_info", "seq")
 
-    def __init__(self, worker_id, req, req_info=None, seq=None):
+    def __init__(self, worker_id: Optional[int], req: Any, req_info: Any = None,
+                 seq: Optional[int] = None) -> None:
         self.worker_id = worker_id
         self.req = req
         self.req_info = req_info
         self.seq = seq
 
     @property
-    def is_reserved(self):
+    def is_reserved(self) -> bool:
         return isinstance(self.req, str) and self.req.startswith(RESERVED_PREFIX)
 
 
-def encode_request(worker_id, req, req_info=None, seq=None):
+def encode_request(worker_id: Optional[int], req: Any, req_info: Any = None,
+                   seq: Optional[int] = None) -> bytes:
     """Serialise a control request; raises ProtocolError if `req` or `req_info` is not
     JSON-serialisable, or `req` is None or empty."""
     if req is None or req == "":
@@ -111,7 +135,7 @@ def encode_request(worker_id, req, req_info=None, seq=None):
             % (req, exc)) from None
 
 
-def _is_int(value):
+def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -119,7 +143,7 @@ def _is_int(value):
 _scan_json = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
-def _loads(payload, what):
+def _loads(payload: Frame, what: str) -> Any:
     try:
         text = (payload if type(payload) is bytes else bytes(payload)).decode("utf-8")
         try:
@@ -137,7 +161,7 @@ def _loads(payload, what):
         raise ProtocolError("%s is not valid JSON (%s)" % (what, exc)) from None
 
 
-def decode_request(payload, max_bytes=DEFAULT_MAX_REQUEST_BYTES):
+def decode_request(payload: Frame, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> Request:
     """Parse and validate one request frame; raises ProtocolError saying what is wrong."""
     if len(payload) > max_bytes:
         raise ProtocolError(
@@ -159,7 +183,7 @@ def decode_request(payload, max_bytes=DEFAULT_MAX_REQUEST_BYTES):
     return Request(worker_id, req, msg.get("req_info"), seq)
 
 
-def peek_seq(payload):
+def peek_seq(payload: Frame) -> Optional[int]:
     """Best-effort `seq` of a request that failed validation, so its error reply can be matched."""
     try:
         seq = json.loads(bytes(payload).decode("utf-8")).get("seq")
@@ -168,19 +192,19 @@ def peek_seq(payload):
     return seq if _is_int(seq) else None
 
 
-def encode_reply(seq, result):
+def encode_reply(seq: Optional[int], result: Any) -> bytes:
     """Serialise a successful reply; raises TypeError/ValueError if `result` is not JSON."""
     return _encode_json({"seq": seq, "ok": True, "result": result}).encode()
 
 
-def encode_error(seq, exc_type, message, traceback=""):
+def encode_error(seq: Optional[int], exc_type: str, message: str, traceback: str = "") -> bytes:
     """Serialise an error reply."""
     return json.dumps({"seq": seq, "ok": False, "error": {
         "type": exc_type, "message": message, "traceback": traceback}},
         separators=(",", ":")).encode()
 
 
-def decode_reply(payload):
+def decode_reply(payload: Frame) -> Tuple[Optional[int], Any]:
     """``(seq, result)``, where result is a RemoteError for an error reply.
 
     Raises ProtocolError for garbage.
@@ -198,12 +222,12 @@ def decode_reply(payload):
 
 # --- parameter layouts -------------------------------------------------------
 
-def layout_of(arrays):
+def layout_of(arrays: Sequence[np.ndarray]) -> Layout:
     """``[{"dtype": str, "shape": [int]}]`` describing a list of numpy arrays."""
     return [{"dtype": a.dtype.str, "shape": list(a.shape)} for a in arrays]
 
 
-def validate_layout(layout):
+def validate_layout(layout: Any) -> Layout:
     """Check a layout received over the wire; returns it normalised or raises ProtocolError."""
     if not isinstance(layout, list) or not layout:
         raise ProtocolError("parameter layout must be a non-empty list")
@@ -219,7 +243,7 @@ def validate_layout(layout):
     return clean
 
 
-def check_names(names, count):
+def check_names(names: Any, count: int) -> List[str]:
     """`names` of `count` parameters as a list: distinct non-empty strings, one each.
     Raises TypeError or ValueError saying what is wrong."""
     if isinstance(names, (str, bytes)) or not isinstance(names, (list, tuple)):
@@ -239,7 +263,8 @@ def check_names(names, count):
     return list(names)
 
 
-def describe_name_mismatch(mine, centre):
+def describe_name_mismatch(mine: Optional[Sequence[str]],
+                           centre: Optional[Sequence[str]]) -> Optional[str]:
     """Say how names `mine` differ from the centre's (`centre`), or return None if they
     match, either side has none, or they differ in number (the layouts then differ too)."""
     if mine is None or centre is None or len(mine) != len(centre):
@@ -250,7 +275,7 @@ def describe_name_mismatch(mine, centre):
     return None
 
 
-def describe_mismatch(mine, centre):
+def describe_mismatch(mine: Layout, centre: Layout) -> Optional[str]:
     """Say how layout `mine` differs from `centre`, or return None if they match."""
     if len(mine) != len(centre):
         return ("this worker registers %d parameters but the job's centre holds %d"
@@ -267,7 +292,7 @@ def describe_mismatch(mine, centre):
 _DTYPES: Dict[str, np.dtype] = {}
 
 
-def parse_dtype(text, where):
+def parse_dtype(text: Any, where: str) -> np.dtype:
     """A plain numeric numpy dtype from its string form; raises ProtocolError otherwise."""
     dtype = _DTYPES.get(text) if isinstance(text, str) else None
     if dtype is not None:
@@ -291,15 +316,15 @@ def parse_dtype(text, where):
 _MAX_DIMS = 32  # numpy's limit (64 in numpy 2) is beyond any minibatch; a header may not exceed it
 _MAX_ARRAY_BYTES = 1 << 62  # beyond it numpy's size arithmetic overflows
 _HEADER_CACHE_SIZE = 64  # minibatch headers repeat: parse or encode each distinct one once
-_encoded_headers: Dict[Any, bytes] = {}
+_encoded_headers: Dict[Any, Tuple[bytes, bytes, List[bytes]]] = {}
 _parsed_headers: Dict[bytes, Any] = {}
 _parsed_packed: Dict[bytes, Any] = {}
 # (type, dtype, shape, strides) of each array of a C-contiguous minibatch -> its header,
 # packed prefix, paddings and size: what encode_minibatch checked once for that layout
-_contiguous_layouts: Dict[Any, Any] = {}
+_contiguous_layouts: Dict[Any, Tuple[bytes, bytes, List[bytes], int]] = {}
 
 
-def _cached(cache, key, make):
+def _cached(cache: Dict[Any, _T], key: Any, make: Callable[[], _T]) -> _T:
     value = cache.get(key)
     if value is None:
         value = make()
@@ -316,11 +341,11 @@ _ALIGN = 8  # packed arrays start at multiples of 8 bytes: aligned for every pla
 _PADDING = [bytes(n) for n in range(_ALIGN)]
 
 
-def _padding(nbytes):
+def _padding(nbytes: int) -> int:
     return -nbytes % _ALIGN
 
 
-def _encode_header(key):
+def _encode_header(key: _HeaderKey) -> Tuple[bytes, bytes, List[bytes]]:
     """(JSON header, prefix of a packed frame, padding after each array) for a header key."""
     header = _encode_json([{"dtype": dtype.str, "shape": list(shape), "order": order}
                            for dtype, shape, order, _ in key]).encode()
@@ -329,7 +354,8 @@ def _encode_header(key):
     return header, prefix, [_PADDING[_padding(nbytes)] for _, _, _, nbytes in key]
 
 
-def encode_minibatch(arrays, pack=None):
+def encode_minibatch(arrays: Sequence[Any], pack: Optional[bool] = None
+                     ) -> List[Union[bytes, memoryview]]:
     """Frames for a minibatch (see the module docstring).
 
     Packed into one frame (a copy) when `pack` is true, or when None and the arrays
@@ -347,23 +373,31 @@ def encode_minibatch(arrays, pack=None):
         layout = None
     if layout is None:
         return _encode_minibatch_checked(arrays, pack)
-    return _frames(arrays, *layout, pack)
+    header, prefix, pads, total = layout
+    return _frames(arrays, header, prefix, pads, total, pack)
 
 
-def _frames(arrays, header, prefix, pads, total, pack):
+def _frames(arrays: Sequence[np.ndarray], header: bytes, prefix: bytes, pads: List[bytes],
+            total: int, pack: Optional[bool]) -> List[Union[bytes, memoryview]]:
     """The frames of C-contiguous `arrays` under their encoded header: one packed frame
     (when `pack`, or None and the total is small), else the header and a view of each."""
     if pack or (pack is None and total <= PACK_MAX_BYTES):
-        parts = [prefix]
+        parts: List[Any] = [prefix]
         for a, pad in zip(arrays, pads):
             parts += (a, pad)  # bytes.join reads a C-contiguous array's buffer directly
         return [b"".join(parts)]
-    return [header] + [memoryview(a.reshape(-1)).cast("B") if a.size else b"" for a in arrays]
+    frames: List[Union[bytes, memoryview]] = [header]
+    frames += [memoryview(a.reshape(-1)).cast("B") if a.size else b""  # type: ignore[arg-type]
+               for a in arrays]  # numpy's stubs do not say that an ndarray is a Buffer
+    return frames
 
 
-def _encode_minibatch_checked(arrays, pack):
+def _encode_minibatch_checked(arrays: Sequence[Any], pack: Optional[bool]
+                              ) -> List[Union[bytes, memoryview]]:
     """`encode_minibatch` for arrays of a layout not seen yet (or not all C-contiguous)."""
-    key, data, total, contiguous = [], [], 0, True
+    entries: List[_Spec] = []
+    data: List[np.ndarray] = []
+    total, contiguous = 0, True
     for i, a in enumerate(arrays):
         if type(a) is not np.ndarray:
             a, contiguous = np.asarray(a), False
@@ -379,10 +413,10 @@ def _encode_minibatch_checked(arrays, pack):
         else:
             order, a, contiguous = "C", np.ascontiguousarray(a), False
         nbytes = a.nbytes
-        key.append((dtype, a.shape if order == "C" else a.shape[::-1], order, nbytes))
+        entries.append((dtype, a.shape if order == "C" else a.shape[::-1], order, nbytes))
         data.append(a)
         total += nbytes
-    key = tuple(key)
+    key = tuple(entries)
     header, prefix, pads = _cached(_encoded_headers, key, lambda: _encode_header(key))
     if contiguous:  # the next minibatch of this layout takes the short way
         _cached(_contiguous_layouts, tuple((type(a), a.dtype, a.shape, a.strides) for a in data),
@@ -390,7 +424,7 @@ def _encode_minibatch_checked(arrays, pack):
     return _frames(data, header, prefix, pads, total, pack)
 
 
-def _parse_minibatch_header(payload):
+def _parse_minibatch_header(payload: Frame) -> List[_Spec]:
     """[(dtype, shape, order, nbytes)] from a header frame; raises ProtocolError."""
     header = _loads(payload, "minibatch header")
     if not isinstance(header, list):
@@ -416,7 +450,7 @@ def _parse_minibatch_header(payload):
     return specs
 
 
-def _parse_packed_prefix(header_bytes):
+def _parse_packed_prefix(header_bytes: bytes) -> Tuple[List[Any], int, Optional[List[Any]]]:
     """[(dtype, shape, order, offset, nbytes)] and the frame's length, for a packed frame
     whose JSON header is `header_bytes`, and the ndarray() arguments (shape, dtype, offset,
     None, order) of each array (None if one is empty); raises ProtocolError."""
@@ -431,18 +465,21 @@ def _parse_packed_prefix(header_bytes):
     return specs, offset, views
 
 
-def _array(i, buf, dtype, shape, order, offset, nbytes):
+def _array(i: int, buf: memoryview, dtype: np.dtype, shape: Tuple[int, ...], order: str,
+           offset: int, nbytes: int) -> np.ndarray:
+    layout = cast(Literal["C", "F"], order)  # checked when the header was parsed
     """A read-only array over `buf`'s bytes at `offset`."""
+    array: np.ndarray
     if not nbytes:
         flat = np.empty(0, dtype)
         try:
-            array = flat.reshape(shape, order=order)
+            array = flat.reshape(shape, order=layout)
         except (ValueError, OverflowError) as exc:  # an empty array with a huge dimension
             raise ProtocolError("minibatch array %d: numpy cannot make shape %s: %s"
                                 % (i, shape, exc)) from None
     else:
         try:
-            array = np.ndarray(shape, dtype, buf, offset, order=order)
+            array = np.ndarray(shape, dtype, buf, offset, order=layout)
         except (ValueError, TypeError, OverflowError) as exc:
             raise ProtocolError("minibatch array %d: numpy cannot make shape %s of %s: %s"
                                 % (i, shape, dtype.name, exc)) from None
@@ -450,7 +487,7 @@ def _array(i, buf, dtype, shape, order, offset, nbytes):
     return array
 
 
-def decode_minibatch(frames):
+def decode_minibatch(frames: Sequence[Frame]) -> List[np.ndarray]:
     """Arrays from minibatch frames, as read-only views of the frames' buffers.
 
     Raises ProtocolError naming the first inconsistency.
@@ -473,7 +510,7 @@ def decode_minibatch(frames):
     return _decode_minibatch_checked(frames)
 
 
-def _decode_minibatch_checked(frames):
+def _decode_minibatch_checked(frames: Sequence[Frame]) -> List[np.ndarray]:
     """`decode_minibatch` the long way, checking everything."""
     if not frames:
         raise ProtocolError("empty minibatch message")
@@ -516,14 +553,15 @@ _MAX_TOKEN_BYTES = 256
 _MAX_CREDIT = 1 << 20
 
 
-def encode_mb_request(worker_id, token, done, credit, bye=False, window_bytes=0, epoch=0):
+def encode_mb_request(worker_id: int, token: str, done: int, credit: int, bye: bool = False,
+                      window_bytes: int = 0, epoch: int = 0) -> bytes:
     """A worker's request frame on the data channel (see the module docstring): `done`
     minibatches of `epoch` finished, `credit` more wanted."""
     return _MB_REQUEST.pack(_MB_REQUEST_MAGIC, bye, worker_id, epoch, done, credit,
                             window_bytes) + token.encode()
 
 
-def decode_mb_request(payload):
+def decode_mb_request(payload: bytes) -> Tuple[int, str, int, int, bool, int, int]:
     """``(worker_id, token, done, credit, bye, window_bytes, epoch)`` from a request frame;
     raises ProtocolError."""
     size = _MB_REQUEST.size
@@ -547,12 +585,12 @@ _MB_EPOCH = struct.Struct("<4sQ")
 _MB_EPOCH_MAGIC = b"PME\x01"
 
 
-def encode_mb_epoch(epoch):
+def encode_mb_epoch(epoch: int) -> bytes:
     """The controller's first message on a worker's connection: it opens `epoch` (>= 1)."""
     return _MB_EPOCH.pack(_MB_EPOCH_MAGIC, epoch)
 
 
-def mb_epoch(frames):
+def mb_epoch(frames: Sequence[Frame]) -> Optional[int]:
     """The epoch a message opens (see `encode_mb_epoch`), or None for anything else."""
     if len(frames) != 1 or len(frames[0]) != _MB_EPOCH.size:
         return None
@@ -560,12 +598,12 @@ def mb_epoch(frames):
     return epoch if magic == _MB_EPOCH_MAGIC and epoch else None
 
 
-def encode_mb_refusal(message):
+def encode_mb_refusal(message: str) -> bytes:
     """The controller's answer to a minibatch request it refuses."""
     return _encode_json({"error": message}).encode()
 
 
-def mb_refusal(frames):
+def mb_refusal(frames: Sequence[Frame]) -> Optional[str]:
     """The message of a refusal (see `encode_mb_refusal`), or None for anything else."""
     if len(frames) != 1:
         return None

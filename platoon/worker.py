@@ -119,7 +119,8 @@ class Worker:
         self._mb: Optional["MinibatchClient"] = None
         self._coll = WorkerCollectives()
         self._coll_finalizer = weakref.finalize(self, self._coll.close)
-        self._stop_signal = None  # the job's stop flag in shared memory (see request_stop)
+        # the job's stop flag in shared memory (see request_stop)
+        self._stop_signal: Optional[StopSignal] = None
         self._stop_state = {"stop": False, "by": None, "reason": None}  # without it: asked
         self._stop_asked = -float("inf")
         keys_file = keys_file or env.keys_file

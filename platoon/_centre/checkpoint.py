@@ -280,7 +280,7 @@ def load_states(path, *, allow_nonfinite=False):
     would copy it into them at the first sync.
     """
     path = _resolve(path)
-    states = {}
+    states: Dict[str, Dict[int, np.ndarray]] = {}
     try:
         with _open(path) as (data, shapes):
             count = sum(1 for name in data.files if name.startswith("param_"))

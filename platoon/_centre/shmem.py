@@ -30,6 +30,7 @@ import struct
 import threading
 import time
 import weakref
+from typing import List, Optional, Tuple
 
 import numpy as np
 import posix_ipc
@@ -144,7 +145,7 @@ def stripe_ranges(layout, max_stripes=MAX_STRIPES, min_bytes=MIN_STRIPE_BYTES):
              for e in layout]
     total = sum(n * size for n, size in sizes)
     count = int(max(1, min(max_stripes, total // min_bytes)))
-    stripes = [[] for _ in range(count)]
+    stripes: List[List[Tuple[int, int, int]]] = [[] for _ in range(count)]
     pos = 0
     for index, (n, size) in enumerate(sizes):
         start = 0
@@ -196,6 +197,7 @@ class CentreLock:
                     return False
                 raise
         cmd = self._OFD_SETLKW if blocking else self._OFD_SETLK
+        assert cmd is not None  # F_OFD_SETLKW comes with F_OFD_SETLK
         try:
             fcntl.fcntl(self._fd, cmd, self._flock(fcntl.F_WRLCK))
             return True
@@ -250,6 +252,7 @@ class CentreLock:
                 self._try_range(blocking=True)
             else:
                 pause = 20e-6
+                assert deadline is not None  # set above, with the timeout
                 while not self._try_range(blocking=False):
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -326,7 +329,7 @@ class SharedCentre:
         self.owner = owner
         self._shm = shm
         offsets, self.size = param_offsets(layout)
-        self._map = mmap.mmap(shm.fd, self.size)
+        self._map: Optional[mmap.mmap] = mmap.mmap(shm.fd, self.size)
         self.arrays = [
             np.ndarray(tuple(e["shape"]), np.dtype(e["dtype"]), buffer=self._map, offset=off)
             for e, off in zip(layout, offsets)]
@@ -385,12 +388,13 @@ class SharedCentre:
             except OSError as exc:
                 raise PlatoonError("cannot allocate %d bytes of shared memory for %s (%s); "
                                    "free space in /dev/shm or share less"
-                                   % (size, name, os.strerror(exc.errno))) from None
+                                   % (size, name, exc.strerror)) from None
             centre = cls(shm, layout, owner=True, striped=striped)
         except BaseException:
             shm.close_fd()
             posix_ipc.unlink_shared_memory(name)
             raise
+        assert centre._map is not None  # open until close()
         HEADER.pack_into(centre._map, 0, MAGIC, os.getpid(), size - HEADER_BYTES, len(layout))
         return centre
 

@@ -51,7 +51,8 @@ class StopSignal:
         self.name = segment.name
         self.owner = segment.owner
         # indexing a memoryview gives an int: the fastest read
-        self._bytes: Optional[memoryview] = memoryview(segment.arrays[0])
+        self._bytes: Optional[memoryview] = memoryview(
+            segment.arrays[0])  # type: ignore[arg-type]  # numpy's stubs: no Buffer
         self._lock = threading.Lock()  # the owner's writers (serve's thread, a feeder thread)
         self._final: Optional[Tuple[Optional[int], Optional[str]]] = None  # state at close
 

@@ -158,7 +158,8 @@ class NodeCollectives:
 
     def cancel(self, wid, info):
         """``platoon-allreduce-cancel`` {segment}: the worker gave up waiting (its timeout)."""
-        red = self._reductions.get(info.get("segment")) if isinstance(info, dict) else None
+        segment = info.get("segment") if isinstance(info, dict) else None
+        red = self._reductions.get(segment) if segment is not None else None
         if red is not None:
             red.waiting.pop(wid, None)
 

@@ -124,7 +124,7 @@ class Endpoints:
         self.host = host
         self._job_id = job_id
         self._ipc_dir: Optional[str] = None
-        self._ipc_cleanup = None
+        self._ipc_cleanup: Optional[weakref.finalize] = None
         self._keys = security.load_keys(keys_file) if keys_file else None
         self._guard: Optional[StrangerGuard] = None
         if transport == "tcp":  # (an ipc socket's 0700 directory keeps other users out)

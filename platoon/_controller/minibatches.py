@@ -31,6 +31,7 @@ import logging
 import os
 import threading
 import time
+from typing import Any, Deque, Dict, List, Tuple
 
 import zmq
 
@@ -55,7 +56,8 @@ class _Peer:
         self.credit = 0  # minibatches asked for and not yet sent
         self.window_bytes = 0  # bytes it lets be unacknowledged (0: no byte bound)
         self.sent = 0  # minibatches sent in this epoch, which numbers them: the worker too
-        self.unacked = collections.deque()  # (number, frames, nbytes) sent, not acknowledged
+        # (number, frames, nbytes) sent, not acknowledged
+        self.unacked: Deque[Tuple[int, List[Any], int]] = collections.deque()
         self.unacked_bytes = 0  # their total size
         self.queued = False  # in the channel's `ready` deque
         self.gone = False
@@ -83,13 +85,16 @@ class MinibatchChannel:
         self.hwm = hwm
         self.workers = workers
         self.address = address
-        self.peers = {}  # worker id -> _Peer
+        self.peers: Dict[int, _Peer] = {}  # worker id -> _Peer
         self.refused = {}  # identities of connections refused once (insertion-ordered)
         self.retired = {}  # identities of workers' connections replaced or dropped (same)
         self.epochs = 0  # epochs opened so far: the last one's number
-        self.ready = collections.deque()  # peers with credit, in the order they asked
-        self.resend = collections.deque()  # (frames, nbytes) to deliver again, first
-        self.left = collections.deque()  # (token, failed) of workers that left: serve thread
+        # peers with credit, in the order they asked
+        self.ready: Deque[_Peer] = collections.deque()
+        # (frames, nbytes) to deliver again, first
+        self.resend: Deque[Tuple[List[Any], int]] = collections.deque()
+        # (token, failed) of workers that left: serve thread
+        self.left: Deque[Tuple[str, bool]] = collections.deque()
         self.resent = 0  # minibatches re-sent so far
         self.delivered = 0  # minibatches sent by send_mb (re-sends not counted again)
         self._sends_undrained = 0  # sends since the socket was last read
@@ -383,7 +388,7 @@ class MinibatchChannel:
         self._queue(peer)  # behind the others that asked
         return True
 
-    def _drop(self, peer, why):
+    def _drop(self, peer: "_Peer", why: str) -> None:
         """Forget `peer`; its unacknowledged minibatches are re-sent first."""
         peer.gone = True
         if self.peers.get(peer.worker_id) is peer:

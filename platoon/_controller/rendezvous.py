@@ -109,6 +109,7 @@ class Rendezvous:
         self.centre_ready = True
         self._registry.mark_ready(record)
         self._ctl.reply(envelope, seq, None)
+        assert self._res.centre is not None  # created by the first platoon-init-params
         reply = {"segment": self._res.centre.name, "initialise": False}
         waiting, self._init_waiting = self._init_waiting, []
         for waiting_envelope, waiting_seq in waiting:
@@ -159,6 +160,7 @@ class Rendezvous:
             envelope, seq = self._init_waiting.pop(0)
             waiting = self._registry.by_identity(envelope[0])
             if waiting is not None and not waiting.has_left:
+                assert self._res.centre is not None  # created for the initialiser that left
                 self.initialiser = waiting.worker_id
                 self._ctl.reply(envelope, seq, {"segment": self._res.centre.name,
                                                 "initialise": True})

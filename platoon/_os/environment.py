@@ -53,7 +53,7 @@ class JobEnvironment:
     def read(cls, *names):
         """The settings in this process's environment (only those `names`, if given: the
         others are then None and their variables are not checked)."""
-        values = {}
+        values: typing.Dict[str, typing.Any] = {}
         for field in dataclasses.fields(cls):
             if names and field.name not in names:
                 continue
@@ -111,7 +111,7 @@ def device_variables(device, devices, cpus, environ, *, host_workers=None):
     """
     sharing_cores = len(devices) if host_workers is None else host_workers
     threads = str(max(1, cpus // max(sharing_cores, 1)))
-    env = {}
+    env: typing.Dict[str, str] = {}
     if not any(environ.get(var) for var in THREAD_VARIABLES):
         env.update((var, threads) for var in THREAD_VARIABLES)
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"

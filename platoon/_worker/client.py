@@ -16,7 +16,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import zmq
 
@@ -237,7 +237,7 @@ class _Farewell:
 
 
 _uncaught: List[str] = []
-_previous_excepthook = None
+_previous_excepthook: Callable[..., Any] = sys.__excepthook__  # the hook _record_uncaught replaced
 
 
 def uncaught_error() -> Optional[str]:

@@ -27,7 +27,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, cast
 
 import numpy as np
 
@@ -446,7 +446,7 @@ class Exchange:
         if not helpers:
             self._take_stripes(pending, update, contextlib.nullcontext(), [])
             return
-        claim, errors = threading.Lock(), []
+        claim, errors = threading.Lock(), cast(List[BaseException], [])
         self._pool.run(lambda: self._take_stripes(pending, update, claim, errors), helpers)
         if errors:
             raise errors[0]
@@ -604,7 +604,9 @@ class Exchange:
         waits with back-off (up to the worker's timeout_s, then LockTimeout) while every
         pending stripe is busy."""
         stripes, locks, stats = self.centre.stripes, self.centre.stripe_locks, self.stats
-        snaps, central, rule, local = self._snapshots, self._central, self.rule, self._flat_local
+        # the snapshots exist whenever a push reads them (start_sync made them; not when live)
+        snaps = cast(List[np.ndarray], self._snapshots)
+        central, rule, local = self._central, self.rule, self._flat_local
         pending, pushed, claim, live = self._pending, self._pushed, self._claim, self._live
         busy = _AllBusy(self.timeout_s)
         while True:
@@ -676,6 +678,7 @@ class Exchange:
 
     def _pull_ranges(self, ranges):
         rule, snaps = self.rule, self._snapshots
+        assert snaps is not None  # a pull follows the push of a snapshot
         for index, (p, snap) in enumerate(zip(self.local, snaps)):
             mine = [(a, b) for i, a, b in ranges if i == index]
             if not mine:

@@ -19,6 +19,7 @@ arrays are seen, so none is a dependency.
 """
 
 import sys
+import types
 
 import numpy as np
 
@@ -159,6 +160,7 @@ def adapt(params):
     kind = kinds[0]
     if kind == "numpy":
         return Adapter(params, params)
+    module: types.ModuleType
     if kind == "torch":
         from . import torch_adapter as module
     elif kind == "cupy":

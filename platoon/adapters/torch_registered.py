@@ -148,6 +148,7 @@ class RegisteredSync:
             c.add_(d)
 
         def asgd(i, a, b, c):  # v = c + (x - last); c = x = last = v
+            assert last is not None  # ASGD's (alpha is None)
             x, x_last = xs[i][a:b], last[i][a:b]
             c.add_(torch.sub(x, x_last))
             x.copy_(c)
@@ -180,6 +181,7 @@ class RegisteredSync:
             torch.neg(d, out=s)
 
         def asgd(i, a, b, c):  # v = c + (s - last); c = last = v
+            assert last is not None  # ASGD's (alpha is None)
             x_last = last[i][a:b]
             c.add_(torch.sub(snaps[i][a:b], x_last))
             x_last.copy_(c)

@@ -19,6 +19,7 @@ import stat
 import subprocess
 import sys
 import time
+from typing import Optional
 
 from .._os.environment import (
     THREAD_VARIABLES,
@@ -343,7 +344,7 @@ class Launch:
     def __init__(self, args, out=sys.stdout):
         self.args = args
         self.job_id = secrets.token_hex(8)
-        self.controller = None
+        self.controller: Optional[Process] = None  # made by start_controller (or the MPI start)
         self.workers = []
         name = os.path.basename(args.experiment.rstrip("/")) or "job"
         name = name[:-len(".py")] if name.endswith(".py") else name
@@ -373,6 +374,12 @@ class Launch:
                                   keys_file=self.keys_file, launcher_pid=os.getpid(),
                                   log_level=self.args.log_level, **settings).to_env())
         return env
+
+    @property
+    def started_controller(self) -> "Process":
+        """The controller's process (mpiexec's in an MPI job), once started."""
+        assert self.controller is not None, "the controller is not started yet"
+        return self.controller
 
     def start_controller(self, script):
         """Start the controller; its announcement (ports), or None if it never came."""
@@ -467,13 +474,13 @@ class Launch:
         ready = self.start_controller(controller_script)
         if ready is None:
             try:  # the pipe closed: the controller is exiting, collect its code
-                self.controller.popen.wait(self.args.stop_timeout_s)
+                self.started_controller.popen.wait(self.args.stop_timeout_s)
             except subprocess.TimeoutExpired:
                 pass
-            self.controller.poll()
+            self.started_controller.poll()
             return self.fail(self.controller, "the controller did not become ready (%s)%s"
-                             % (self.controller.describe_exit()
-                                if self.controller.returncode is not None
+                             % (self.started_controller.describe_exit()
+                                if self.started_controller.returncode is not None
                                 else "no answer within %.3g s" % self.args.ready_timeout_s,
                                 self._controller_error()))
         self.start_workers(worker_script, devices, ready)
@@ -509,10 +516,10 @@ class Launch:
         """Act on what changed since the last pass; an exit code once the job has ended."""
         self.echo_output()
         self._note_exits()
-        if self.controller.poll() not in (None, 0):
+        if self.started_controller.poll() not in (None, 0):
             return self.controller_failed()
         for new, old in self._replacement_of.items():
-            if self.controller.poll() == 0 and self._registered(new, final=True) is False:
+            if self.started_controller.poll() == 0 and self._registered(new, final=True) is False:
                 return self.fail(old, "%s failed (%s), and the controller finished (its job "
                                  "done) before %s, its replacement, registered"
                                  % (old.label, old.describe_exit(), new.label))
@@ -525,7 +532,7 @@ class Launch:
         for proc in self.workers:
             if proc.poll() == 0 and self._registered(proc) is False:
                 return self.fail(proc, self._never_registered(proc))
-        if self.controller.poll() == 0 and self._finished_at is None:
+        if self.started_controller.poll() == 0 and self._finished_at is None:
             self._finished_at = time.monotonic()
         lingering = [p for p in self.workers if p.poll() is None]
         if (self._finished_at is not None and lingering
@@ -534,7 +541,7 @@ class Launch:
                              "finished (--finish-timeout-s %.3g)" % (
                                  ", ".join("%s (pid %d)" % (p.label, p.pid) for p in lingering),
                                  self.args.finish_timeout_s, self.args.finish_timeout_s))
-        if self.controller.poll() == 0 and all(p.poll() is not None for p in self.workers):
+        if self.started_controller.poll() == 0 and all(p.poll() is not None for p in self.workers):
             if self.args.hosts:
                 self.say("job finished on %d node(s); logs in %s"
                          % (len(self.args.hosts), self.log_dir))
@@ -561,7 +568,7 @@ class Launch:
     def controller_failed(self):
         """Fail the job, leading the report with the root cause: the worker whose failure
         stopped the controller, else the controller, then the workers that died after it."""
-        ctl = self.controller
+        ctl = self.started_controller
         reason = "%s failed (%s)" % ("mpiexec" if self.args.hosts else "the controller",
                                      ctl.describe_exit())
         own = "" if ctl.killed() else self._controller_error()
@@ -605,7 +612,7 @@ class Launch:
         seen = self._exit_pass[self.controller]
         earlier = [p for p in self.workers if p.returncode not in (None, 0)
                    and p not in self._replaced and self._exit_pass.get(p, seen + 1) <= seen]
-        return min(earlier, key=self._exit_pass.get, default=None)
+        return min(earlier, key=lambda p: self._exit_pass[p], default=None)
 
     def _registered(self, proc, final=False):
         """Whether the worker `proc`, exited (or, with `final`, the controller), registered
@@ -615,7 +622,7 @@ class Launch:
         registration, so an exited worker it does not list never registered."""
         if proc in self._seen_registered:
             return True
-        if self.args.hosts or (self.controller.poll() is not None and not final):
+        if self.args.hosts or (self.started_controller.poll() is not None and not final):
             return None
         pids = read_status(self.status_file).get("worker_pids")
         if not isinstance(pids, list):
@@ -647,7 +654,7 @@ class Launch:
     def worker_failed(self, proc):
         """Restart, tolerate or fail the job for a failed worker; returns an exit code to fail."""
         reason = "%s failed (%s)%s" % (proc.label, proc.describe_exit(), self._usage_hint(proc))
-        if self.controller.poll() is not None:  # a replacement would wait for it in vain
+        if self.started_controller.poll() is not None:  # a replacement would wait for it in vain
             reason += " after the controller had finished"
         elif self.restarts_left > 0:
             self.restarts_left -= 1

@@ -12,7 +12,7 @@ scratch buffer (several passes over each block, no temporaries).
 
 import threading
 import warnings
-from typing import Iterator, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -83,7 +83,7 @@ class ParamSyncRule:
     supports_async: bool = False
     concurrent_stripes: bool = False
 
-    def __init_subclass__(cls, **kwargs):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         for name in _CAPABILITIES:
             if not isinstance(getattr(cls, name), bool):
@@ -108,7 +108,7 @@ class ParamSyncRule:
                 and cls.attach is ParamSyncRule.attach:
             warnings.warn("%s.bind_worker() is deprecated: rename it attach(worker)"
                           % cls.__name__, DeprecationWarning, stacklevel=2)
-            cls.attach = cls.bind_worker
+            cls.attach = cls.bind_worker  # type: ignore[method-assign]  # the old name's body
 
     def check(self, local_params: Sequence[np.ndarray]) -> None:
         """Raise TypeError or ValueError if this rule cannot sync these arrays."""
@@ -188,7 +188,7 @@ class ParamSyncRule:
             yield [f[start:stop] for f in flats] + [scratch[:stop - start]]
 
 
-def require_float(rule, params):
+def require_float(rule: object, params: Sequence[np.ndarray]) -> None:
     """Raise TypeError, naming `rule` and the parameter, unless every array is floating-point."""
     for i, p in enumerate(params):
         if p.dtype.kind not in "fc":
@@ -196,11 +196,11 @@ def require_float(rule, params):
                             % (type(rule).__name__, i, p.dtype))
 
 
-def all_contiguous(*arrays):
+def all_contiguous(*arrays: np.ndarray) -> bool:
     return all(a.flags.c_contiguous for a in arrays)
 
 
-def take_pull(local, snapshot, last):
+def take_pull(local: np.ndarray, snapshot: np.ndarray, last: np.ndarray) -> None:
     """The pull of rules whose worker takes the centre (ASGD, Downpour):
     ``x = c_new + (x - x_snap)``, exactly c_new when x did not move; `last` holds c_new."""
     if not kernels.take_pull(local, snapshot, last):

@@ -80,15 +80,17 @@ class _PerPush:
 
     def __init__(self, inner):
         self.inner = inner
-        self.workers = None  # set by DiLoCo.attach
+        self.workers: Optional[int] = None  # set by DiLoCo.attach
 
     def state_layout(self, layout):
         return self.inner.state_layout(layout)
 
     def apply(self, index, central, g, state):
+        assert self.workers is not None, "attached by DiLoCo.attach"
         self.inner.apply(index, central, g / self.workers, state)
 
     def apply_block(self, central, g, state, scratch):
+        assert self.workers is not None, "attached by DiLoCo.attach"
         np.divide(g, self.workers, out=g)
         self.inner.apply_block(central, g, state, scratch)
 
@@ -97,6 +99,7 @@ class _PerPush:
         inner = getattr(self.inner, "kernel_settings", lambda: None)()
         if inner is None or inner[3] != 1.0:
             return None
+        assert self.workers is not None, "attached by DiLoCo.attach"
         return inner[:3] + (float(self.workers),)
 
     def __repr__(self):

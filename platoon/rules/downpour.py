@@ -31,7 +31,7 @@ kill is not counted.
 """
 
 import bisect
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -46,6 +46,8 @@ from .base import (
 )
 from .journal import Journal, journal_layout
 
+Layout = List[Dict[str, Any]]  # [{"dtype": "<f4", "shape": [3, 4]}, ...], as protocol.layout_of
+
 
 class SGD:
     """SGD with optional (Nesterov) momentum: ``v = momentum*v + g; c -= lr*v``
@@ -54,7 +56,7 @@ class SGD:
 
     elementwise = True  # apply_block may update any slice of a parameter on its own
 
-    def __init__(self, lr, momentum=0.0, nesterov=False):
+    def __init__(self, lr: float, momentum: float = 0.0, nesterov: bool = False) -> None:
         self.lr, self.momentum, self.nesterov = float(lr), float(momentum), bool(nesterov)
         if not self.lr > 0:
             raise ValueError("SGD lr must be > 0, got %r" % lr)
@@ -63,11 +65,11 @@ class SGD:
         if nesterov and not self.momentum:
             raise ValueError("Nesterov SGD needs momentum > 0")
 
-    def state_layout(self, layout):
+    def state_layout(self, layout: Layout) -> Layout:
         """Layout of this optimizer's state for parameters of `layout`."""
         return [dict(e) for e in layout] if self.momentum else []
 
-    def kernel_settings(self):
+    def kernel_settings(self) -> Optional[Tuple[float, float, bool, float]]:
         """``(lr, momentum, nesterov, divisor)`` for the compiled kernel
         (`platoon.rules.kernels.sgd`), or None when a subclass changed the arithmetic."""
         cls = type(self)
@@ -75,7 +77,8 @@ class SGD:
             return None
         return self.lr, self.momentum, self.nesterov, 1.0
 
-    def apply(self, index, central, g, state):
+    def apply(self, index: int, central: np.ndarray, g: np.ndarray,
+              state: Sequence[np.ndarray]) -> None:
         """Apply descent `g` to `central` (parameter `index`), updating `state` in place."""
         if not self.momentum:
             central -= self.lr * g
@@ -88,7 +91,8 @@ class SGD:
         else:
             central -= self.lr * v
 
-    def apply_block(self, central, g, state, scratch):
+    def apply_block(self, central: np.ndarray, g: np.ndarray, state: Sequence[np.ndarray],
+                    scratch: np.ndarray) -> None:
         """`apply` on one block: `g` (clobbered) and `scratch` are scratch of the block's
         size, `state` the blocks of this parameter's state arrays. Same operations in
         the same order as `apply`, so bit-identical."""
@@ -108,7 +112,7 @@ class SGD:
             np.multiply(v, lr, out=g)
         central -= g
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "SGD(lr=%r, momentum=%r, nesterov=%r)" % (self.lr, self.momentum, self.nesterov)
 
 
@@ -123,18 +127,22 @@ class Adam:
     elementwise = False
     per_parameter_arrays = 2  # m and v: the state arrays shaped like a parameter
 
-    def __init__(self, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8):
+    def __init__(self, lr: float = 1e-3, beta1: float = 0.9, beta2: float = 0.999,
+                 eps: float = 1e-8) -> None:
         self.lr, self.beta1, self.beta2, self.eps = float(lr), float(beta1), float(beta2), \
             float(eps)
         if not self.lr > 0 or not 0 <= self.beta1 < 1 or not 0 <= self.beta2 < 1 \
                 or not self.eps > 0:
             raise ValueError("Adam needs lr > 0, 0 <= beta1, beta2 < 1 and eps > 0; got %r" % self)
 
-    def state_layout(self, layout):
+    def state_layout(self, layout: Layout) -> Layout:
+        """Layout of this optimizer's state: m and v like the parameters, then the step counts."""
         moments = [dict(e) for e in layout]
         return moments + [dict(e) for e in layout] + [{"dtype": "<f8", "shape": [len(layout)]}]
 
-    def apply(self, index, central, g, state):
+    def apply(self, index: int, central: np.ndarray, g: np.ndarray,
+              state: Sequence[np.ndarray]) -> None:
+        """Apply descent `g` to `central` (parameter `index`), updating m, v and t in `state`."""
         n = (len(state) - 1) // 2
         m, v, steps = state[index], state[n + index], state[-1]
         steps[index] += 1
@@ -147,11 +155,12 @@ class Adam:
         v_hat = v / (1.0 - self.beta2 ** t)
         central -= self.lr * m_hat / (np.sqrt(v_hat) + self.eps)
 
-    def begin(self, index, state):
+    def begin(self, index: int, state: Sequence[np.ndarray]) -> int:
         """The step count t of a push of parameter `index` (its blocks then take it)."""
         return int(state[-1][index]) + 1
 
-    def apply_block_at(self, t, central, g, state, out):
+    def apply_block_at(self, t: int, central: np.ndarray, g: np.ndarray,
+                       state: Sequence[np.ndarray], out: Sequence[np.ndarray]) -> None:
         """`apply` with step count `t` on one block (`state`: its m and v blocks), writing the
         new centre, m and v to `out` and leaving the inputs as they were. The same
         operations as `apply`, so bit-identical."""
@@ -164,12 +173,12 @@ class Adam:
         v_hat = v_out / (1.0 - self.beta2 ** t)
         np.subtract(central, self.lr * m_hat / (np.sqrt(v_hat) + self.eps), out=c_out)
 
-    def finish(self, index, state, t):
+    def finish(self, index: int, state: Sequence[np.ndarray], t: int) -> None:
         """Count the push of parameter `index`, once all its blocks are committed (one aligned
         8-byte store: a push cut part-way is not counted)."""
         state[-1][index] = t
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Adam(lr=%r, beta1=%r, beta2=%r, eps=%r)" % (self.lr, self.beta1, self.beta2,
                                                           self.eps)
 
@@ -191,7 +200,9 @@ class Downpour(ParamSyncRule):
     elementwise = True
     supports_async = True
 
-    def __init__(self, optimizer, state_name: str = "downpour"):
+    def __init__(self, optimizer: Any, state_name: str = "downpour") -> None:
+        # `optimizer`: SGD, Adam, or any object with their `apply` and `state_layout` (and
+        # `elementwise` with `apply_block`, or `apply_block_at`): checked here, used duck-typed
         if not hasattr(optimizer, "apply") or not hasattr(optimizer, "state_layout"):
             raise TypeError("Downpour needs an optimizer such as platoon.SGD(lr=0.1, "
                             "momentum=0.9) or platoon.Adam(lr=1e-3), got %r" % (optimizer,))
@@ -223,8 +234,8 @@ class Downpour(ParamSyncRule):
             self._attach_journal(worker, layout, [[(i, 0, n) for i, n in enumerate(sizes) if n]],
                                  self.optimizer.per_parameter_arrays)
 
-    def _attach_journal(self, worker: RuleContext, state_layout: list, stripes: list,
-                        per_param: int) -> None:
+    def _attach_journal(self, worker: RuleContext, state_layout: Layout,
+                        stripes: List[List[Tuple[int, int, int]]], per_param: int) -> None:
         """One journal slot per stripe (`stripes` as the worker gives them: as its
         exchange cuts the centre), with a row for the centre and one for each of the first
         `per_param` state arrays of a parameter."""
@@ -246,7 +257,8 @@ class Downpour(ParamSyncRule):
         state = [s.reshape(-1) for s in self.state]
         self._journal = Journal(arrays, lambda i: [centre[i]] + [
             state[j * count + i] for j in range(per_param)])
-        self._private = {}  # parameter index -> its rows' buffers, where the journal's are wider
+        # parameter index -> its rows' buffers, where the journal's are wider
+        self._private: Dict[int, List[np.ndarray]] = {}
         for index in range(count):
             if any(row[index] != w for row, w in zip(self._row_dtypes, wide)):
                 self._private[index] = [np.empty(self._block, row[index])
@@ -258,17 +270,19 @@ class Downpour(ParamSyncRule):
                                "Worker.init_shared_params")
         self._last = [np.array(p, copy=True, order="C") for p in local_params]
 
-    def _state_blocks(self, index, start, n):
+    def _state_blocks(self, index: int, start: int, n: int) -> List[np.ndarray]:
+        assert self.state is not None  # attached before any sync (setup checks)
         count = len(self._layout)
         per_param = len(self.state) // count if count else 0
         return [self.state[j * count + index].reshape(-1)[start:start + n]
                 for j in range(per_param)]
 
-    def _kernel_settings(self):
+    def _kernel_settings(self) -> Optional[Tuple[float, float, bool, float]]:
         settings = getattr(self.optimizer, "kernel_settings", None)
         return settings() if settings is not None else None
 
-    def _descend(self, index, start, src, central, take):
+    def _descend(self, index: int, start: int, src: np.ndarray, central: np.ndarray,
+                 take: bool) -> None:
         """Apply g = last - src to central[start:...]; last (and src when `take`) become
         the new centre. In one pass for SGD (platoon.rules.kernels), else block by block;
         with optimizer state, each block all or nothing (`_descend_journaled`)."""
@@ -292,15 +306,16 @@ class Downpour(ParamSyncRule):
                 s[...] = c
             x_last[...] = c
 
-    def _scratch2(self, dtype):
+    def _scratch2(self, dtype: np.dtype) -> np.ndarray:
         """A second block of scratch (the first is `_scratch`'s, for g)."""
-        extra = self.__dict__.setdefault("_extra", {})
+        extra: Dict[np.dtype, np.ndarray] = self.__dict__.setdefault("_extra", {})
         scratch = extra.get(dtype)
         if scratch is None:
             scratch = extra[dtype] = np.empty_like(self._scratch(dtype))
         return scratch
 
-    def _descend_journaled(self, index, start, src, central, last, state, take):
+    def _descend_journaled(self, index: int, start: int, src: np.ndarray, central: np.ndarray,
+                           last: np.ndarray, state: List[np.ndarray], take: bool) -> None:
         """`_descend` for an optimizer with state: each block of the push is all or nothing
         when this worker is killed. Its new centre and state go first to the journal slot
         of the stripe (whose lock is held), are committed, then copied to their places; the
@@ -339,7 +354,7 @@ class Downpour(ParamSyncRule):
                     dst[...] = value  # to the journal's wider dtype: exact
             journal.commit(slot, index, start + a, b - a)
 
-    def _update_journaled(self, index, local, central):
+    def _update_journaled(self, index: int, local: np.ndarray, central: np.ndarray) -> None:
         """`update` of a whole parameter by an optimizer that is not elementwise (Adam, under
         the whole centre's lock), block by block through the journal's one slot: each block
         all or nothing, and the push counted (`finish`) once every block is committed."""
