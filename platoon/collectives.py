@@ -7,7 +7,7 @@ nodes and named shared states in `platoon._controller.collectives`, the buffers'
 and reduction order in `platoon._centre.reduction`.
 """
 
-from typing import Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import numpy as np
 
@@ -15,9 +15,13 @@ from . import adapters
 from ._centre.reduction import OPS, check_op
 from ._deprecation import renamed_keywords
 
+if TYPE_CHECKING:
+    from .worker import Worker
+
 
 @renamed_keywords(timeout="timeout_s")
-def average_gradients(worker, grads, *, timeout_s=None):
+def average_gradients(worker: "Worker", grads: Any, *,
+                      timeout_s: Optional[float] = None) -> List[Any]:
     """Synchronous data-parallel SGD: replace each array in `grads` by its mean over all workers.
 
     `grads` are numpy arrays or torch tensors (CPU tensors are reduced in place

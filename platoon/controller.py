@@ -52,12 +52,14 @@ _FINAL_POLL_S = 0.01
 def _configured(name: str, doc: str, settable: bool = False) -> property:
     """An attribute read from the controller's one `config` (settable: a new config, checked
     as at the start: ValueError naming the setting; None for max_shared_bytes: the default)."""
-    def set_(self, value):
+    def get(self: "Controller") -> Any:
+        return getattr(self.config, name)
+
+    def set_(self: "Controller", value: Any) -> None:
         if name == "max_shared_bytes" and value is None:
             value = default_max_shared_bytes()
         self.config = dataclasses.replace(self.config, **{name: value})
-    return property(lambda self: getattr(self.config, name), set_ if settable else None,
-                    doc=doc)
+    return property(get, set_ if settable else None, doc=doc)
 
 
 class Controller:
@@ -89,7 +91,7 @@ class Controller:
                  liveness_interval_s: float = 0.5, keys_file: Optional[str] = None,
                  replacement_timeout_s: float = 120.0, transport: str = "tcp",
                  allow_nonfinite: bool = False, checkpoint_lock_timeout_s: float = 10.0,
-                 node_link: Any = None):
+                 node_link: Any = None) -> None:
         self._env = env = JobEnvironment.read()
         # Every setting, resolved (given, else the launcher's, else the default) and checked
         # in one place: the one object the controller and its parts read them from.

@@ -1,9 +1,16 @@
 """Deterministic data sharding: each worker of the job gets a disjoint part of the inputs."""
 
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
+
 import numpy as np
 
+if TYPE_CHECKING:
+    from .worker import Worker
 
-def shard(items, rank, size=None, *, epoch=0, seed=0, shuffle=True, drop_last=False):
+
+def shard(items: Union[int, Sequence[Any]], rank: Union[int, "Worker"],
+          size: Optional[int] = None, *, epoch: int = 0, seed: int = 0, shuffle: bool = True,
+          drop_last: bool = False) -> Union[List[Any], np.ndarray]:
     """The part of `items` that worker `rank` of `size` reads in `epoch`.
 
     ``shard(items, w)`` with a `platoon.Worker` `w` (and no `size`) takes its place in the

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Union
 
 try:
     import torch
@@ -31,13 +31,20 @@ from .adapters.torch_adapter import describe_layout, layout_changed
 from .errors import LayoutMismatch, PlatoonError
 from .rules import ASGD, EASGD, ParamSyncRule
 
+if TYPE_CHECKING:
+    from .worker import Worker
+
 log = logging.getLogger(__name__)
 
 
-def _delegated(name, doc):
+def _delegated(name: str, doc: str) -> property:
     """A property reading and writing attribute `name` of the wrapped optimizer."""
-    return property(lambda self: getattr(self._wrapped(name), name),
-                    lambda self, value: setattr(self._wrapped(name), name, value), doc=doc)
+    def get(self: "PeriodicSync") -> Any:
+        return getattr(self._wrapped(name), name)
+
+    def set_(self: "PeriodicSync", value: Any) -> None:
+        setattr(self._wrapped(name), name, value)
+    return property(get, set_, doc=doc)
 
 
 BUFFERS = ("sync", "exclude")
@@ -148,12 +155,13 @@ class PeriodicSync(torch.optim.Optimizer):
     `finish` (not after an exception: the worker's close finishes a sync in flight).
     """
 
-    def __init__(self, worker, model: "torch.nn.Module",
+    def __init__(self, worker: "Worker", model: "torch.nn.Module",
                  optimizer: Optional["torch.optim.Optimizer"] = None, *, sync_every: int,
                  rule: Optional[ParamSyncRule] = None, overlap: Union[bool, str] = False,
                  buffers: str = "sync", start_together: bool = True,
                  report_every_s: Optional[float] = 1.0,
-                 evaluate: Optional[Callable[["torch.nn.Module"], Dict[str, Any]]] = None):
+                 evaluate: Optional[Callable[["torch.nn.Module"], Dict[str, Any]]] = None
+                 ) -> None:
         # Deliberately no super().__init__: param_groups and state are the inner optimizer's.
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError("PeriodicSync wraps a torch.optim.Optimizer (or None, when the "

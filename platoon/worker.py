@@ -85,7 +85,7 @@ class Worker:
     @renamed_keywords(timeout="timeout_s")
     def __init__(self, control_port: Port = None, data_port: Port = None, *,
                  host: str = "127.0.0.1", timeout_s: Optional[float] = 60.0,
-                 keys_file: Optional[str] = None):
+                 keys_file: Optional[str] = None) -> None:
         env = JobEnvironment.read()
         alone = None
         if control_port is None:

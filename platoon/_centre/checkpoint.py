@@ -12,7 +12,7 @@ import struct
 import threading
 import zipfile
 import zlib
-from typing import Dict, Set
+from typing import Dict, Set, Union
 
 import numpy as np
 
@@ -254,7 +254,8 @@ def names_in(meta, count, path):
                               "earlier copy" % (path, exc)) from None
 
 
-def load_centre(path, *, allow_nonfinite: bool = False) -> Dict[str, np.ndarray]:
+def load_centre(path: Union[str, "os.PathLike[str]"], *,
+                allow_nonfinite: bool = False) -> Dict[str, np.ndarray]:
     """The centre saved in checkpoint `path` (an .npz file, or a directory holding
     centre.npz, such as a launcher's log directory) as {name: array}, in the centre's order.
 

@@ -246,7 +246,7 @@ class SyncHandle:
     """
 
     def __init__(self, exchange: "Exchange", snapshot: bool = True, generation: int = 0,
-                 choice: Optional["OverlapChoice"] = None):
+                 choice: Optional["OverlapChoice"] = None) -> None:
         self._exchange = exchange
         self._generation = generation  # which of the exchange's syncs this is
         self.snapshot = snapshot  # True: the parameters were copied; False: synced in place

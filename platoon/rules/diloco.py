@@ -133,7 +133,7 @@ class DiLoCo(Downpour):
     """
 
     def __init__(self, outer_lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True,
-                 workers: Optional[int] = None, state_name: str = "diloco"):
+                 workers: Optional[int] = None, state_name: str = "diloco") -> None:
         momentum = float(momentum)
         self.outer_lr, self.momentum = float(outer_lr), momentum
         self.nesterov = bool(nesterov) and momentum != 0.0
@@ -280,7 +280,7 @@ class DelayedNesterov(Downpour):
 
     def __init__(self, outer_lr: float = 0.7, momentum: float = 0.9,
                  delay: Optional[int] = None, activation: float = 0.0,
-                 workers: Optional[int] = None, state_name: str = "delayed-nesterov"):
+                 workers: Optional[int] = None, state_name: str = "delayed-nesterov") -> None:
         self.outer_lr, self.momentum = float(outer_lr), float(momentum)
         self.activation = float(activation)
         if not self.outer_lr > 0:

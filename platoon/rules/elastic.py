@@ -25,7 +25,7 @@ class EASGD(ParamSyncRule):
     supports_async = True
     concurrent_stripes = True
 
-    def __init__(self, alpha: float):
+    def __init__(self, alpha: float) -> None:
         alpha = float(alpha)
         if not 0.0 < alpha <= 1.0:
             raise ValueError("EASGD alpha must be in (0, 1], got %r; a common choice is "
