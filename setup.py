@@ -1,6 +1,6 @@
 from setuptools import Extension, find_packages, setup
 
-# One-pass sync kernels (platoon/kernels.py). Optional: without a C compiler the install
+# One-pass sync kernels (platoon/rules/kernels.py). Optional: without a C compiler the install
 # still succeeds and platoon syncs with numpy, logging once that it does. No FMA
 # contraction and no fast-math: the kernels must round exactly like the numpy formulas.
 SYNC_KERNELS = Extension(

@@ -9,7 +9,8 @@ import re
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PAGES = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+PAGES = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))) \
+    + [os.path.join(ROOT, "CHANGELOG.md")]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
@@ -81,3 +82,197 @@ def test_data_is_split_by_the_jobs_rank_and_size_not_one_nodes(page):
     wrong = re.findall(r"num_replicas=\w+\.num_workers|rank=\w+\.worker_id|"
                        r"shard\([^)]*\bworker_id\b", read(page))
     assert not wrong, wrong
+
+
+# Every backticked repository path and command-line flag in the docs names something that exists.
+
+REFERENCE_PAGES = PAGES + [os.path.join(ROOT, "tests", "README.md")] + sorted(
+    glob.glob(os.path.join(ROOT, "benchmarks", "README*.md")))
+SPAN = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
+FILE_SUFFIX = re.compile(r"\.(py|md|sh|json|toml|cfg|c)$")
+PATH_TOKEN = re.compile(r"^[\w*-][\w.*-]*(/[\w.*-]+)*/?$")
+# Words the docs write in capitals for a name the reader chooses (`NAME_worker.py`).
+PLACEHOLDERS = {"EXPERIMENT", "NAME", "SCRIPT", "CTL", "LOG_DIR", "DIR", "FILE", "JOBID"}
+# Backticked paths that are deliberately not in the repository, each with why.
+NOT_IN_THE_REPO = {
+    "status.json": "the controller writes it into each job's log directory",
+    "my_worker.py": "a user's script in an example command line",
+    "benchmarks/results/language_model_quick.*": "written by `--quick` runs, not kept",
+    "benchmarks/results/time_to_accuracy_quick.*": "written by `--quick` runs, not kept",
+}
+# Backticked flags that belong to another program, each with whose.
+OTHER_PROGRAMS_FLAGS = {
+    "--use-pep517": "pip's",
+    "--overlap": "examples/lstm/lstm_worker.py's own option (a user script's)",
+}
+# Where the docs write `python -m MODULE` or a console script: the module whose main() builds
+# the parser (benchmarks.X means benchmarks/X.py or benchmarks/X/__main__.py).
+COMMANDS = {"platoon-launcher": "platoon.launch.cli:parse_args",
+            "platoon.mpi": "platoon.mpi.runner", "benchmarks": "benchmarks.run"}
+
+
+def spans(page):
+    """The page's inline code spans, and the lines of its shell blocks."""
+    text = read(page)
+    found = SPAN.findall(FENCE.sub("", text))
+    for lang, code in FENCE.findall(text):
+        if lang in ("bash", "sh", "shell", "console"):
+            found += [line.split(" #")[0] for line in code.splitlines()]
+    return found
+
+
+def defines(path, names):
+    """Whether the Python file at `path` defines each of `names` (a function, a class, a name)."""
+    source = read(path)
+    return all(re.search(r"^\s*(def|class)\s+%s\b|^\s*%s\s*[:=]" % (n, n), source, re.M)
+               for n in names)
+
+
+def resolves(token, folders):
+    """Whether the path `token` (`a/b.py`, `a/b.py::name`, `a/b.Class.method`, a launcher
+    EXPERIMENT prefix, a glob) names something in one of `folders`; the folder it is in, or None."""
+    path, _, test = token.partition("::")
+    for folder in folders:
+        full = os.path.normpath(os.path.join(folder, path))
+        if "*" in path and glob.glob(full):
+            return os.path.dirname(full)
+        if os.path.isdir(full):
+            return full
+        if os.path.isfile(full):
+            return os.path.dirname(full) if not test or defines(full, [test.split("[")[0]]) \
+                else None
+        if os.path.isfile(full + "_worker.py"):  # the launcher's EXPERIMENT prefix
+            return os.path.dirname(full)
+        module, _, names = full.partition(".")  # `_centre/shmem.remove_stale_segments`
+        if names and "/" not in names and os.path.isfile(module + ".py") and not FILE_SUFFIX.search(
+                full) and defines(module + ".py", names.split(".")):
+            return os.path.dirname(module)
+    return None
+
+
+def known_folders():
+    """The top-level folders and their sub-folders: a backticked `word/...` starting with one of
+    these is a repository path (and `g/N` maths is not)."""
+    tops = ["platoon", "docs", "tests", "benchmarks", "examples"]
+    return set(tops) | {d for top in tops for d in os.listdir(os.path.join(ROOT, top))
+                        if os.path.isdir(os.path.join(ROOT, top, d))}
+
+
+def stale_paths(page):
+    tokens = [t.strip(",;:()'\"") for span in spans(page) for t in span.split()]
+    folders, stale, bare = [ROOT, os.path.dirname(page), os.path.join(ROOT, "platoon")], [], []
+    tops = known_folders()
+    for token in tokens:
+        path = token.split("::")[0]
+        if (not PATH_TOKEN.match(path) or token in NOT_IN_THE_REPO
+                or set(re.split(r"[/_.]", path)) & PLACEHOLDERS):
+            continue
+        if "/" in path and path.split("/")[0] in tops:
+            found = resolves(token, folders)
+            if found is None:
+                stale.append(token)
+            elif found not in folders:
+                folders.append(found)  # a bare `name.py` on this page may live there
+        elif FILE_SUFFIX.search(path):
+            bare.append(token)
+    return stale + [token for token in bare if resolves(token, folders) is None]
+
+
+@pytest.mark.parametrize("page", REFERENCE_PAGES, ids=name)
+def test_every_backticked_path_exists(page):
+    """A path is looked for from the repository root, the page's folder, platoon/, and the
+    folders of the other paths the page names (`_controller/registry.py`, `peers.py`)."""
+    stale = stale_paths(page)
+    assert not stale, "%s names paths that are not in the repository: %s (fix the page, or add " \
+        "the path to NOT_IN_THE_REPO with why)" % (name(page), stale)
+
+
+class _Built(Exception):
+    pass
+
+
+def options_of(target):
+    """The option strings that the parser built by `target` ("module" whose main() parses, or
+    "module:function") accepts, shown in --help or not (old spellings): the parser is built
+    in-process and stopped before it parses anything."""
+    import argparse
+    from unittest import mock
+
+    module, _, function = target.partition(":")
+    try:
+        entry = getattr(importlib.import_module(module), function or "main")
+    except AttributeError:
+        entry = importlib.import_module(module + ".__main__").main
+    seen = []
+    real_add = argparse.ArgumentParser.add_argument
+
+    def add_argument(parser, *names, **kwargs):
+        seen.extend(n for n in names if n.startswith("-"))
+        return real_add(parser, *names, **kwargs)
+
+    def parse_known_args(parser, *args, **kwargs):
+        raise _Built()
+
+    with mock.patch.object(argparse.ArgumentParser, "add_argument", add_argument), \
+            mock.patch.object(argparse.ArgumentParser, "parse_known_args", parse_known_args):
+        try:
+            entry()  # a parser's own factory returns it; a main() is stopped before it parses
+        except _Built:
+            pass
+    assert seen, "%s built no parser" % target
+    return set(seen) | {"-h", "--help"}
+
+
+def flag_uses(page):
+    """(command, flags) for each span that is a command line of ours, or (None, flags) for a
+    span of bare long options (`--curve`, `--tie-beta B`)."""
+    for span in spans(page):
+        words = re.sub(r"'[^']*'|\"[^\"]*\"", "''", span).split()
+        if not words:
+            continue
+        command, start = None, None
+        if words[0].endswith("platoon-launcher"):
+            command, start = "platoon-launcher", 1
+        elif "-m" in words[:-1]:
+            module = words[words.index("-m") + 1]
+            if module == "platoon.mpi" or module.split(".")[0] == "benchmarks":
+                command, start = module, words.index("-m") + 2
+        elif words[0].startswith("--") and words[0] != "--":
+            start = 0
+        if start is None:
+            continue
+        rest = words[start:]
+        rest = rest[:rest.index("--")] if "--" in rest else rest
+        flags = [w.split("=")[0] for w in rest if re.match(r"^--?[A-Za-z][\w*-]*(=|$)", w)]
+        if command is None:
+            flags = [f for f in flags if f.startswith("--")]
+        yield command, flags
+
+
+def test_every_backticked_flag_is_an_option_of_its_program():
+    parsers = {}
+
+    def options(command):
+        target = COMMANDS.get(command, command)
+        if target not in parsers:
+            parsers[target] = options_of(target)
+        return parsers[target]
+
+    every = set().union(*(options(c) for c in [
+        "platoon-launcher", "platoon.mpi", "benchmarks", "platoon.compat.controller_args:"
+        "default_parser"] + ["benchmarks." + os.path.basename(p)[:-3] for p in glob.glob(
+            os.path.join(ROOT, "benchmarks", "*.py")) if "ArgumentParser(" in read(p)
+        and not os.path.basename(p).startswith("_")] + ["benchmarks." + os.path.basename(
+            os.path.dirname(p)) for p in glob.glob(os.path.join(ROOT, "benchmarks", "*",
+                                                                  "__main__.py"))]))
+    unknown = []
+    for page in REFERENCE_PAGES:
+        for command, flags in flag_uses(page):
+            known = options(command) if command else every
+            for flag in flags:
+                if flag in OTHER_PROGRAMS_FLAGS or flag in known or (
+                        flag.endswith("*") and any(k.startswith(flag[:-1]) for k in known)):
+                    continue
+                unknown.append("%s: %s%s" % (name(page), command + " " if command else "", flag))
+    assert not unknown, "options no program of ours takes: %s (fix the page, or add the flag to " \
+        "OTHER_PROGRAMS_FLAGS with whose it is)" % unknown
