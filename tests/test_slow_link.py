@@ -264,3 +264,37 @@ def test_committed_results_render_to_the_committed_page():
         assert f.read() == report.markdown(rep), \
             "slow_link.md is stale: python -m benchmarks.slow_link --render"
     assert not rep["meta"]["quick"] and rep["runs"]
+
+
+def test_the_transformer_workload_takes_its_own_lrs_and_optimizer():
+    from benchmarks.slow_link.workloads import TRANSFORMER, optimizer_settings
+    from benchmarks.transformer.methods import ADAMW
+    with open(TRANSFORMER.tuning) as f:
+        chosen = json.load(f)["chosen"]
+    lrs = methods.learning_rates(TRANSFORMER)
+    assert lrs["single"] == chosen["single"]["lr"] and lrs["ddp"] == chosen["ddp"]["lr"]
+    assert lrs["platoon_easgd_f32"] == lrs["platoon_diloco_int8"] == chosen["platoon_easgd"]["lr"]
+    assert optimizer_settings(TRANSFORMER) == dict(ADAMW)
+    assert report.stem(False, "transformer") == "slow_link_transformer"
+
+
+@pytest.mark.timeout(120)
+def test_a_transformer_run_trains_the_gpt_with_adamw_to_its_horizon(tmp_path):
+    pytest.importorskip("torch")
+    import dataclasses
+
+    from benchmarks.slow_link.workloads import TRANSFORMER
+    problem = dataclasses.replace(TRANSFORMER.problem(), eval_every=10, eval_windows=4,
+                                  train_bytes=200_000, valid_bytes=50_000, target=0.5)
+    optimizer = {"optimizer": "adamw", "horizon": 20, "lr": 1e-2}
+    config = jobs._config("single", "none", problem, optimizer, 60.0, 1, str(tmp_path))  # noqa: SLF001
+    assert config["problem_class"] == "GPTText" and config["cfg"]["optimizer"] == "adamw"
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    done = subprocess.run([sys.executable, "-m", "benchmarks.slow_link.train", str(path), "0"],
+                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True,
+                          text=True, timeout=100)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((tmp_path / "rank-0.json").read_text())
+    assert result["steps"] == 20  # stopped at the schedule's horizon, the target unreached
+    assert [s for _, s, _ in result["trace"]] == [10, 20]

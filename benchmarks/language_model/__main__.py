@@ -35,15 +35,18 @@ def _tuned(path, table, log):
 
 
 def choose_by_steps(runs, table):
-    """Each method's lr with the fewest steps to target over its tuning runs (then the
-    shortest time; if none reached it, the grid's middle value). Steps, not seconds: the
+    """Each method's grid point (its lr, and whatever else its grid varies) with the fewest
+    steps to target over its tuning runs (then the shortest time; if none reached it, the
+    grid's middle value). Steps, not seconds: the
     time per step does not depend on the lr, and on a shared machine the seconds carry the
     load of the moment."""
     chosen = {}
     for name, (_, _, grid) in table.items():
         hit = [r for r in runs if r["method"] == name and r.get("reached")]
         best = min(hit, key=lambda r: (r["reached"][1], r["reached"][0]), default=None)
-        chosen[name] = {"lr": best["cfg"]["lr"]} if best else grid[len(grid) // 2]
+        keys = {k for point in grid for k in point} or {"lr"}
+        chosen[name] = ({k: best["cfg"][k] for k in sorted(keys) if k in best["cfg"]} if best
+                        else grid[len(grid) // 2])
     return chosen
 
 
@@ -55,8 +58,10 @@ def tune(ctx, problem, table, path, meta, started, log):
     if os.path.exists(path):
         with open(path) as f:
             previous = json.load(f)
-    done = {(r["method"], r["cfg"]["lr"]) for r in previous["runs"]}
-    todo = {n: (world, fixed, [g for g in grid if (n, g["lr"]) not in done])
+    def done(name, point):
+        return any(r["method"] == name and all(r["cfg"].get(k) == v for k, v in point.items())
+                   for r in previous["runs"])
+    todo = {n: (world, fixed, [g for g in grid if not done(n, g)])
             for n, (world, fixed, grid) in table.items()}
     todo = {n: v for n, v in todo.items() if v[2]}
     result = (tune_and_measure(ctx, problem, todo, True, 0, 0, log) if todo
@@ -66,7 +71,7 @@ def tune(ctx, problem, table, path, meta, started, log):
     grids = dict(previous["grids"])
     for name, (_, _, grid) in table.items():
         old = [g for g in grids.get(name, []) if g not in grid]
-        grids[name] = sorted(old + grid, key=lambda g: g["lr"])
+        grids[name] = sorted(old + grid, key=lambda g: sorted(g.items()))
     earlier = previous.get("earlier_meta", []) + ([previous["meta"]] if "meta" in previous
                                                   else [])
     record = {"meta": meta, "earlier_meta": earlier,

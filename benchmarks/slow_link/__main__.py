@@ -23,6 +23,7 @@ from .methods import (
     unsupported,
 )
 from .report import COMMAND, RESULTS, markdown, stem, summarise, write
+from .workloads import WORKLOADS, optimizer_settings
 
 
 def _names(text):
@@ -60,6 +61,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog=COMMAND, description=PACKAGE_DOC.split("\n")[0])
     parser.add_argument("--quick", action="store_true",
                         help="the language model's QUICK problem (a smoke run)")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="lstm",
+                        help="lstm: the language model's LSTM with SGD and momentum (default); "
+                        "transformer: the transformer benchmark's GPT with AdamW")
     parser.add_argument("--links", default=None,
                         help="comma-separated links: none (one host), 10mbit, 100mbit, 1gbit")
     parser.add_argument("--methods", default=None,
@@ -81,7 +85,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     log = lambda text: print("..", text, flush=True)  # noqa: E731
     if args.render:
-        with open(os.path.join(args.out, stem(args.quick) + ".json")) as f:
+        with open(os.path.join(args.out, stem(args.quick, args.workload) + ".json")) as f:
             report = json.load(f)
         write(report, args.quick, args.out)
         print(markdown(report))
@@ -92,8 +96,11 @@ def main(argv=None):
         plan = pairs(_names(args.methods), _names(args.links))
     except ValueError as exc:
         parser.error(str(exc))
-    from ..language_model.methods import FULL, QUICK
-    problem = QUICK if args.quick else FULL
+    workload = WORKLOADS[args.workload]
+    try:
+        problem = workload.problem(args.quick)
+    except ValueError as exc:
+        parser.error(str(exc))
     cap_s = args.cap_s if args.cap_s is not None else default_cap_s(args.quick)
     model_bytes = model_bytes_of(problem)
     why = _prerequisites(plan)
@@ -119,7 +126,8 @@ def main(argv=None):
         % (total / 60, total, cap_s))
     if args.estimate or not plan:
         return 0
-    lrs = learning_rates()
+    lrs = learning_rates(workload)
+    optimizer = optimizer_settings(workload)
     from platoon._os.process import find_mpiexec
     mpiexec = find_mpiexec()
 
@@ -133,7 +141,9 @@ def main(argv=None):
     import torch
     meta = {"commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "cpu": cpu_model(), "cores": os.cpu_count(), "load_start": load_start,
-            "quick": args.quick, "torch": torch.__version__, "cap_s": cap_s, "reps": args.reps,
+            "quick": args.quick, "workload": workload.name,
+            "workload_text": workload.description, "optimizer": optimizer,
+            "torch": torch.__version__, "cap_s": cap_s, "reps": args.reps,
             "model_bytes": model_bytes, "estimate_s": total, "command": command}
     runs = []
     for rep in range(args.reps):  # the repetitions outside: methods and links alternate
@@ -142,8 +152,8 @@ def main(argv=None):
             left = total * (1 - done / (args.reps * len(plan)))
             log("[%d/%d, about %.0f min left] %s over %s (seed %d, lr %g) ..." % (
                 done + 1, args.reps * len(plan), left / 60, name, link, rep + 1, lrs[name]))
-            row = run_one_logged(name, link, problem, lrs[name], cap_s, rep + 1, mpiexec,
-                                 model_bytes, log, "r%dx%d" % (rep, i))
+            row = run_one_logged(name, link, problem, dict(optimizer, lr=lrs[name]), cap_s,
+                                 rep + 1, mpiexec, model_bytes, log, "r%dx%d" % (rep, i))
             runs.append(row)
     meta.update(load_end=os.getloadavg()[0], seconds=time.monotonic() - started)
     from dataclasses import asdict
@@ -166,9 +176,10 @@ def main(argv=None):
     return 0
 
 
-def run_one_logged(name, link, problem, lr, cap_s, seed, mpiexec, model_bytes, log, tag):
+def run_one_logged(name, link, problem, optimizer, cap_s, seed, mpiexec, model_bytes, log,
+                   tag):
     from .jobs import run_one
-    row = run_one(name, link, problem, lr, cap_s, seed, mpiexec, model_bytes, log, tag)
+    row = run_one(name, link, problem, optimizer, cap_s, seed, mpiexec, model_bytes, log, tag)
     if "error" not in row:
         log("%s over %s: %s, steps %s, bytes sent %s, compute share %s (run %.0f s)" % (
             name, link, "%.1f s" % row["time_s"] if row["reached"] else

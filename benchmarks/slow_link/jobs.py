@@ -115,10 +115,13 @@ def clean_shm(before, job_id):
     return left
 
 
-def _config(name, link, problem, lr, cap_s, seed, result_dir):
+def _config(name, link, problem, optimizer, cap_s, seed, result_dir):
+    """`optimizer`: the workers' optimizer settings with their "lr" (see
+    time_to_accuracy.harness.make_optimizer and make_schedule)."""
     method = METHODS[name]
-    cfg = dict(method.settings, lr=lr, momentum=0.9)
+    cfg = dict(method.settings, **optimizer)
     config = {"method": name, "kind": method.kind, "problem": dataclasses.asdict(problem),
+              "problem_class": type(problem).__name__,
               "cfg": cfg, "seed": seed, "cap_s": cap_s, "result_dir": result_dir,
               "world": 1 if method.kind == "single" else 2,
               "device": netns.DEVICE if link != "none" else None}
@@ -185,7 +188,7 @@ def check_crossed(name, row, model_bytes):
                                  % (name, row["link"], side, n, rounds, model_bytes))
 
 
-def run_one(name, link, problem, lr, cap_s, seed, mpiexec, model_bytes, log, tag=""):
+def run_one(name, link, problem, optimizer, cap_s, seed, mpiexec, model_bytes, log, tag=""):
     """Run `name` over `link` once; returns its row (with "error" when it failed)."""
     method = METHODS[name]
     workdir = tempfile.mkdtemp(prefix="%s%d-" % (netns.PREFIX, os.getpid()))
@@ -193,12 +196,13 @@ def run_one(name, link, problem, lr, cap_s, seed, mpiexec, model_bytes, log, tag
     os.makedirs(result_dir)
     job_id = "slk%d%s" % (os.getpid(), tag)
     row = {"method": name, "link": link, "kind": method.kind, "options": list(method.options),
-           "settings": dict(method.settings), "lr": lr, "seed": seed, "cap_s": cap_s}
+           "settings": dict(method.settings), "lr": optimizer["lr"], "seed": seed,
+           "cap_s": cap_s}
     shm_before = set(glob.glob("/dev/shm/*"))
     procs, hosts, out = [], None, None
     started = time.monotonic()
     try:
-        config = _config(name, link, problem, lr, cap_s, seed, result_dir)
+        config = _config(name, link, problem, optimizer, cap_s, seed, result_dir)
         config_path = os.path.join(workdir, "config.json")
         with open(config_path, "w") as f:
             json.dump(config, f)

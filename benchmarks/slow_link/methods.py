@@ -3,13 +3,9 @@ tuning record) and, for platoon, just the extra options of `python -m platoon.mp
 (method, link) pairs the default run measures; and an estimate of a run's duration."""
 
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Tuple
 
-from .._util import ROOT
-
-TUNING = os.path.join(ROOT, "benchmarks", "results", "language_model_tuning.json")
 TIE_EVERY_S = 1.0  # rounds come at most this often (a longer round is followed at once)
 
 
@@ -109,16 +105,19 @@ def pairs(methods=None, links=None):
     return out
 
 
-def learning_rates(path=TUNING):
-    """{method: lr} from the language model's tuning record (KeyError naming what is
-    missing)."""
-    with open(path) as f:
+def learning_rates(workload=None):
+    """{method: lr} from the tuning record of `workload` (default: the language model's LSTM);
+    KeyError naming what is missing."""
+    from .workloads import LSTM
+    workload = workload or LSTM
+    with open(workload.tuning) as f:
         chosen = json.load(f)["chosen"]
     out = {}
     for name, method in METHODS.items():
-        if method.lr_from not in chosen:
-            raise KeyError("%s has no lr for %s (%s needs it)" % (path, method.lr_from, name))
-        out[name] = chosen[method.lr_from]["lr"]
+        key = workload.lr_name(name, method)
+        if key not in chosen:
+            raise KeyError("%s has no lr for %s (%s needs it)" % (workload.tuning, key, name))
+        out[name] = chosen[key]["lr"]
     return out
 
 
@@ -160,7 +159,10 @@ def default_cap_s(quick):
 
 
 def model_bytes_of(problem):
-    """Bytes of the model's float32 parameters (computed from the sizes, without torch)."""
+    """Bytes of the model's float32 parameters (an LSTM's computed from the sizes, without
+    torch; another model's counted)."""
+    if not hasattr(problem, "embed"):
+        return 4 * sum(p.numel() for p in problem.model(0).parameters())
     h, e = problem.hidden, problem.embed
     lstm = 4 * h * (e + h) + 2 * 4 * h
     return 4 * (256 * e + lstm + h * 256 + 256)

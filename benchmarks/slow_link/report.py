@@ -12,8 +12,9 @@ LINK_NAMES = {"none": "one host", "10mbit": "10 Mbit/s", "100mbit": "100 Mbit/s"
               "1gbit": "1 Gbit/s"}
 
 
-def stem(quick):
-    return "slow_link_quick" if quick else "slow_link"
+def stem(quick, workload="lstm"):
+    base = "slow_link" if workload == "lstm" else "slow_link_" + workload
+    return base + "_quick" if quick else base
 
 
 def _median_time(rows):
@@ -135,15 +136,18 @@ def _fmt_list(values, fmt):
 
 def markdown(report):
     meta, problem = report["meta"], report["problem"]
+    workload = meta.get("workload", "lstm")
+    model = "LSTM %d" % problem["hidden"] if workload == "lstm" else "GPT %d wide, %s layers" % (
+        problem["hidden"], problem.get("layers"))
+    render = COMMAND + ("" if workload == "lstm" else " --workload " + workload)
     lines = ["<!-- generated from benchmarks/results/%s.json by `%s --render`; do not edit -->"
-             % (stem(meta["quick"]), COMMAND), "",
-             "### Across a slow link: byte-level LSTM to %.2f bits per byte, one worker per host"
-             % problem["target"], "",
+             % (stem(meta["quick"], workload), render), "",
+             "### Across a slow link: byte-level %s to %.2f bits per byte, one worker per host"
+             % ("LSTM" if workload == "lstm" else "GPT (AdamW)", problem["target"]), "",
              "Two hosts are network namespaces joined by a veth pair, each end shaped by `tc` "
              "tbf to the link's rate (no added delay); MPI over TCP on the veth. The problem "
-             "is benchmarks/language_model's (%s: LSTM %d, batch %d windows of %d bytes; a "
-             "%.2f MB float32 model), lrs from its tuning record, momentum 0.9 everywhere; "
-             "platoon's workers EAMSGD (EASGD 0.45 every 4 steps) and one `python -m "
+             "is %s's (%s: %s, batch %d windows of %d bytes; a "
+             "%.2f MB float32 model), lrs from its tuning record, %s and one `python -m "
              "platoon.mpi` rank per host. Time: wall time from a barrier after start-up to the "
              "evaluation that reached the target, evaluation excluded; runs capped at %.0f s. "
              "Bytes: what each veth end sent (`tx_bytes`) while the clock ran, host A / host "
@@ -152,8 +156,11 @@ def markdown(report):
              "syncs) over the wall time. "
              "%d repetition(s); %s, %s cores, commit %s, %s; load average %.2f at the start "
              "and %.2f at the end; %.0f s in all."
-             % (problem["name"], problem["hidden"], problem["batch"], problem["bptt"],
-                meta["model_bytes"] / 1e6, meta["cap_s"], meta["reps"], meta["cpu"],
+             % ("benchmarks/language_model" if workload == "lstm" else
+                "benchmarks/transformer", problem["name"], model, problem["batch"],
+                problem["bptt"], meta["model_bytes"] / 1e6,
+                meta.get("workload_text", "momentum 0.9 everywhere; platoon's workers EAMSGD "
+                         "(EASGD 0.45 every 4 steps)"), meta["cap_s"], meta["reps"], meta["cpu"],
                 meta["cores"], meta["commit"], meta["date"], meta["load_start"],
                 meta.get("load_end", float("nan")), meta.get("seconds", 0.0)), "",
              "| link | method | time to target | steps per worker | MB sent A / B | bytes vs DDP "
@@ -185,7 +192,7 @@ def markdown(report):
 
 def write(report, quick, out_dir=RESULTS):
     os.makedirs(out_dir, exist_ok=True)
-    base = os.path.join(out_dir, stem(quick))
+    base = os.path.join(out_dir, stem(quick, report["meta"].get("workload", "lstm")))
     with open(base + ".json", "w") as f:
         json.dump(report, f, indent=1)
     with open(base + ".md", "w") as f:

@@ -4,7 +4,8 @@ platoon worker under `python -m platoon.mpi` (see `jobs`).
 usage: python -m benchmarks.slow_link.train CONFIG [RANK]     (RANK: gloo's; platoon's comes
                                                                from its controller)
 
-Trains the language model's byte-level LSTM with SGD(lr, momentum); a barrier with the other
+Trains the language model's byte-level LSTM with SGD(lr, momentum), or the transformer
+benchmark's GPT with AdamW and its schedule (until its horizon at most); a barrier with the other
 process after start-up and a warm-up, then the clock runs. Every `eval_every` steps each
 process evaluates (rank 0 platoon's node centre, the others their own model; evaluation time
 is off the clock); rank 0 stops the job at the target or the cap. Writes RESULT_DIR/rank-R.json:
@@ -125,8 +126,11 @@ def main(argv):
     import torch
 
     from benchmarks.language_model.problem import Text
+    from benchmarks.time_to_accuracy.harness import make_optimizer, make_schedule
+    from benchmarks.transformer.problem import GPTText
     torch.set_num_threads(1)
-    problem = Text(**config["problem"])
+    problem = {"Text": Text, "GPTText": GPTText}[config.get("problem_class", "Text")](
+        **config["problem"])
     cfg, seed, device = config["cfg"], config["seed"], config.get("device")
     data = problem.load()
     model = problem.model(seed)
@@ -138,8 +142,9 @@ def main(argv):
     trained = member.setup()
 
     def optimizer(params):
-        return torch.optim.SGD(params, lr=cfg["lr"], momentum=cfg.get("momentum", 0.0))
+        return make_optimizer(torch, cfg, params)
     opt = optimizer(trained.parameters())
+    schedule = make_schedule(torch, cfg, opt)
     step, evaluate = problem.trainer(data, 1000 * seed + rank)
     # Warm up on a throwaway copy and measure the compute time of one step (no sync).
     spare = problem.model(seed + 1)
@@ -156,6 +161,8 @@ def main(argv):
     while True:
         step(trained, opt, steps)
         steps += 1
+        if schedule is not None:
+            schedule.step()
         if not member.after_step(steps):
             break  # platoon: another worker stopped the job
         if steps % problem.eval_every:
@@ -168,8 +175,9 @@ def main(argv):
             last = metric
             if reached is None and problem.reached(metric):
                 reached = (clock, steps)
+        ended = schedule is not None and steps >= cfg["horizon"]  # the lr is 0 from here
         stop = member.agree_stop(rank == 0 and (reached is not None
-                                                or clock >= config["cap_s"]))
+                                                or clock >= config["cap_s"] or ended))
         eval_s += time.monotonic() - start
         eval_cpu_s += time.thread_time() - start_cpu
         if stop:

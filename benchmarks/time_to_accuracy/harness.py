@@ -68,10 +68,11 @@ def _member_main(job, rank, data, shared_model, barrier, results, stop_event):
         problem = job.dataset
         net = shared_model if shared_model is not None else problem.model(job.seed)
         member = member_class(job.method)(job, rank, net)
-        member.stop_event = stop_event
+        member.stop_event, member.barrier = stop_event, barrier
         trained = member.setup()
         optimizer = lambda params: make_optimizer(torch, job.cfg, params)  # noqa: E731
         opt = optimizer(trained.parameters())
+        member.use_optimizer(opt)
         schedule = make_schedule(torch, job.cfg, opt)
         step, evaluate = problem.trainer(data, 1000 * job.seed + rank)
 
@@ -197,7 +198,7 @@ def run_one(ctx, job, data):
     results = ctx.Queue()
     barrier = ctx.Barrier(job.world)
     stop_event = ctx.Event()
-    shared = rendezvous = None
+    shared = rendezvous = lighthouse = None
     try:
         if job.method == "hogwild":
             shared = job.dataset.model(job.seed)
@@ -205,6 +206,9 @@ def run_one(ctx, job, data):
         elif issubclass(member_class(job.method), Collective):  # a file store: no port race
             rendezvous = tempfile.mkdtemp(prefix="tta-")
             job.address = "file://" + os.path.join(rendezvous, "store")
+        elif job.method == "torchft_diloco":
+            from .torchft_diloco import start_lighthouse
+            lighthouse, job.address = start_lighthouse(job.world)
         elif job.method.startswith("platoon_"):
             mine, theirs = ctx.Pipe()
             ctl = ctx.Process(target=_controller_main, args=(theirs,), daemon=True)
@@ -244,6 +248,9 @@ def run_one(ctx, job, data):
         return {"error": str(exc)}
     finally:
         _stop(procs + extra)
+        if lighthouse is not None:
+            lighthouse.kill()
+            lighthouse.wait(10)
         if rendezvous:
             shutil.rmtree(rendezvous, ignore_errors=True)
     out = dict(got[0])

@@ -170,6 +170,9 @@ class Member:
     def setup(self):
         return self.model
 
+    def use_optimizer(self, optimizer):
+        """The optimizer the process trains `setup()`'s model with (made after setup)."""
+
     def after_step(self, step):
         """Sync if it is time; returns False when told to stop."""
         return True
@@ -297,6 +300,9 @@ def member_class(method):
     optimizer's momentum is in its settings)."""
     if method.startswith("platoon_"):
         return PlatoonMember
+    if method == "torchft_diloco":
+        from .torchft_diloco import TorchftDiLoCo
+        return TorchftDiLoCo
     method = method[:-len("_momentum")] if method.endswith("_momentum") else method
     return {"single": Member, "hogwild": Hogwild, "ddp": DDP, "local_sgd": LocalSGD}[method]
 

@@ -2,6 +2,7 @@
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -29,8 +30,11 @@ def markdown(report):
     for name, row in summary.items():
         m = row.get("measure", {})
         t = m.get("time_s")
-        lines.append("| %s | %g | %s/%s | %s | %s | %s | %s |" % (
-            name, measured["chosen"][name]["lr"], m.get("reached"), m.get("runs"),
+        point = measured["chosen"][name]
+        lines.append("| %s | %s | %s/%s | %s | %s | %s | %s |" % (
+            name, "%g" % point["lr"] + "".join(", %s %s" % (k.replace("_", " "), v)
+                                              for k, v in point.items() if k != "lr"),
+            m.get("reached"), m.get("runs"),
             "%.1f s" % t if t else "-", "%.0f" % m["steps"] if m.get("steps") else "-",
             "%.2fx" % (t / ddp) if t and ddp else "-",
             "%.1f" % m["steps_per_s"] if m.get("steps_per_s") else "-"))
@@ -83,6 +87,9 @@ def main(argv=None):
         parser.error("unknown method(s) %s; choose from %s" % (
             ", ".join(sorted(set(picked) - set(table))), ", ".join(table)))
     table = {n: table[n] for n in table if n in picked}
+    if "torchft_diloco" in table and importlib.util.find_spec("torchft") is None:
+        del table["torchft_diloco"]
+        log("skipped torchft_diloco: torchft is not installed (pip install torchft==0.2.0)")
     ctx = multiprocessing.get_context("fork")
     import torch
     prewarm()
