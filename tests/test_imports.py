@@ -222,6 +222,8 @@ NEVER = {
                         "platoon._resources", "platoon.security"),
     "platoon._os": ("platoon.", "zmq", "numpy"),  # the standard library only
     "platoon.rules": ("platoon._", "platoon.controller", "platoon.worker", "zmq"),
+    "platoon.elastic": ("platoon._controller", "platoon._worker", "platoon.controller",
+                        "platoon.worker", "platoon.launch"),
     "platoon.launch": ("platoon._controller", "platoon._worker", "platoon._centre",
                        "platoon.controller", "platoon.worker", "platoon.mpi", "zmq", "numpy"),
 }

@@ -1,0 +1,238 @@
+"""platoon.elastic: the lighthouse's quorums, its secret, and the gloo data plane per quorum.
+
+Real processes on 127.0.0.1: a lighthouse (python -m platoon.elastic.lighthouse) and nodes
+(tests/procs/elastic_node.py), killed with -9, stopped and continued; a 1 s heartbeat timeout.
+"""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+from conftest import PROCS, Proc
+
+from platoon.elastic import MembershipSettings, Quorum, generate_secret, load_secret, wire
+from platoon.elastic.lighthouse import Lighthouse
+from platoon.elastic.quorum import Membership
+from platoon.errors import PlatoonError, QuorumBroken
+
+NODE = os.path.join(PROCS, "elastic_node.py")
+TIMEOUT_S = 1.0  # the lighthouse's heartbeat timeout in these tests
+GRACE_S = 0.3
+SLACK_S = 3.0  # scheduling on a loaded machine: python startup, 100 ms heartbeats, ticks
+QUORUM = r"lighthouse: quorum (\d+): (.*)$"
+
+
+# --- pure logic ---------------------------------------------------------------------------
+def test_membership_issues_after_grace_and_drops_the_silent():
+    m = Membership(MembershipSettings(min_nodes=2, heartbeat_timeout_s=1.0, join_grace_s=0.5))
+    m.heartbeat("b", "h:2", 0, now=0.0)
+    assert m.tick(0.1) is None  # one node: fewer than min_nodes
+    m.heartbeat("a", "h:1", 0, now=0.2)
+    assert m.tick(0.3) is None  # the grace window for joiners
+    q = m.tick(0.8)
+    assert q == Quorum(1, ("a", "b"), ("h:1", "h:2")) and q.rank_of("b") == 1
+    assert m.tick(0.9) is None  # nothing changed
+    m.heartbeat("a", "h:1", 0, now=1.5)
+    assert m.tick(1.6) is None  # b silent 1.6 s, but 1 node < min_nodes: quorum 1 stays
+    m.heartbeat("c", "h:3", 7, now=1.7)  # c saw quorum 7 (a lighthouse before a restart)
+    assert m.tick(1.8) is None
+    assert m.tick(2.4) == Quorum(8, ("a", "c"), ("h:1", "h:3"))
+    m.leave("c")
+    assert m.tick(2.45) is None  # a alone
+    with pytest.raises(ValueError, match="node 'z' is not in quorum 8"):
+        m.quorum.rank_of("z")
+
+
+def test_membership_settings_refuse_bad_values():
+    with pytest.raises(ValueError, match="min_nodes must be an integer >= 1"):
+        MembershipSettings(min_nodes=0)
+    with pytest.raises(ValueError, match="heartbeat_timeout_s must be > 0"):
+        MembershipSettings(heartbeat_timeout_s=0)
+
+
+def test_secret_file_must_exist_be_private_and_long(tmp_path, monkeypatch):
+    monkeypatch.delenv("PLATOON_ELASTIC_SECRET_FILE", raising=False)
+    with pytest.raises(PlatoonError, match="needs its secret: give --secret-file"):
+        load_secret()
+    path = generate_secret(str(tmp_path / "secret"))
+    assert len(load_secret(path)) == 64
+    os.chmod(path, 0o644)
+    with pytest.raises(PlatoonError, match="readable by other users; run chmod 600"):
+        load_secret(path)
+    short = tmp_path / "short"
+    short.write_text("abc")
+    os.chmod(short, 0o600)
+    with pytest.raises(PlatoonError, match="holds 3 bytes; use at least 16"):
+        load_secret(str(short))
+
+
+def test_a_replayed_or_forged_request_changes_nothing():
+    secret, other = b"s" * 32, b"o" * 32
+    with Lighthouse(MembershipSettings(), "127.0.0.1:0", secret) as lighthouse:
+        def send(peer, challenge, key=secret, op="heartbeat", node="a"):
+            body, mac = wire.request(key, op, node, "h:1", 0, challenge)
+            return wire.read_reply(key, mac, *lighthouse.handle(peer, body, mac, 1.0)), body, mac
+
+        first, _, _ = send(b"p1", "")
+        assert not first["done"] and first["challenge"]  # a new connection gets a challenge
+        answer, body, mac = send(b"p1", first["challenge"])
+        assert answer["done"] and answer["error"] is None
+        assert lighthouse.membership.live(1.0) == ["a"]
+        lighthouse.membership.leave("a")
+        for peer in (b"p1", b"p2"):  # replayed on its own connection, or on another
+            replayed = wire.read_reply(secret, mac, *lighthouse.handle(peer, body, mac, 1.0))
+            assert not replayed["done"]
+        forged, _, _ = send(b"p3", "", key=other)
+        assert "signature does not match the lighthouse's secret" in forged["error"]
+        assert lighthouse.membership.live(1.0) == []
+
+
+def test_the_lighthouse_and_the_client_load_no_torch():
+    import subprocess
+    import sys
+    code = ("import sys, platoon.elastic, platoon.elastic.lighthouse; "
+            "print(sorted(m for m in ('torch', 'mpi4py') if m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=30).stdout.strip() == "[]"
+
+
+# --- real processes ---------------------------------------------------------------------------
+@pytest.fixture
+def job(tmp_path):
+    """Starts a lighthouse and nodes sharing one secret; kills them all at teardown."""
+    started = []
+    env = {"PLATOON_ELASTIC_SECRET_FILE": generate_secret(str(tmp_path / "secret"))}
+
+    class Job:
+        address = None
+
+        def lighthouse(self, min_nodes, port=0):
+            proc = Proc(["-m", "platoon.elastic.lighthouse", "--min-nodes", str(min_nodes),
+                         "--heartbeat-timeout", str(TIMEOUT_S), "--join-grace", str(GRACE_S),
+                         "--bind", "127.0.0.1:%d" % port], env=env)
+            started.append(proc)
+            match, _ = proc.wait_for_match(r"lighthouse: serving on tcp://(\S+) ")
+            self.address = match.group(1)
+            return proc
+
+        def node(self, name, *args, secret_file=None):
+            node_env = dict(env, PLATOON_ELASTIC_SECRET_FILE=secret_file) if secret_file \
+                else env
+            proc = Proc([NODE, self.address, name] + [str(a) for a in args], env=node_env)
+            started.append(proc)
+            return proc
+
+    yield Job()
+    for proc in started:
+        try:
+            os.killpg(proc.pid, signal.SIGCONT)  # a stopped process dies only once continued
+        except ProcessLookupError:
+            pass
+        proc.kill()
+
+
+def quorum_of(proc, members, start=0, timeout=10.0):
+    """(id, line index) of the lighthouse's first quorum of exactly `members` from `start`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        match, index = proc.wait_for_match(QUORUM, max(0.01, deadline - time.monotonic()),
+                                           start)
+        if match.group(2) == ", ".join(members):
+            return int(match.group(1)), index
+        start = index + 1
+
+
+def test_first_quorum_holds_all_three(job):
+    lighthouse = job.lighthouse(min_nodes=3)
+    nodes = [job.node(name) for name in ("a", "b", "c")]
+    assert quorum_of(lighthouse, ["a", "b", "c"])[0] == 1
+    for node in nodes:
+        node.wait_for_line("quorum 1: a b c", timeout=5)
+
+
+def test_a_killed_node_is_out_within_the_timeout(job):
+    lighthouse = job.lighthouse(min_nodes=2)
+    nodes = {name: job.node(name) for name in ("a", "b", "c")}
+    first, index = quorum_of(lighthouse, ["a", "b", "c"])
+    killed_at = time.monotonic()
+    nodes["b"].kill()
+    second, _ = quorum_of(lighthouse, ["a", "c"], index + 1, timeout=TIMEOUT_S + SLACK_S)
+    took = time.monotonic() - killed_at
+    assert second > first and took < TIMEOUT_S + GRACE_S + SLACK_S
+    nodes["a"].wait_for_line("quorum %d: a c" % second, timeout=5)
+
+
+def test_a_stopped_node_is_dropped_and_rejoins_when_continued(job):
+    lighthouse = job.lighthouse(min_nodes=2)
+    nodes = {name: job.node(name) for name in ("a", "b", "c")}
+    first, index = quorum_of(lighthouse, ["a", "b", "c"])
+    os.killpg(nodes["c"].pid, signal.SIGSTOP)
+    second, index = quorum_of(lighthouse, ["a", "b"], index + 1, timeout=TIMEOUT_S + SLACK_S)
+    os.killpg(nodes["c"].pid, signal.SIGCONT)
+    third, _ = quorum_of(lighthouse, ["a", "b", "c"], index + 1, timeout=SLACK_S)
+    assert first < second < third
+    nodes["c"].wait_for_line("quorum %d: a b c" % third, timeout=5)
+
+
+def test_nodes_rejoin_a_restarted_lighthouse_with_higher_ids(job):
+    lighthouse = job.lighthouse(min_nodes=3)
+    nodes = [job.node(name) for name in ("a", "b", "c")]
+    first, _ = quorum_of(lighthouse, ["a", "b", "c"])
+    for node in nodes:
+        node.wait_for_line("quorum %d: a b c" % first, timeout=5)
+    lighthouse.kill()  # -9: no state kept; the nodes keep their quorum and retry
+    port = int(job.address.rpartition(":")[2])
+    again = job.lighthouse(min_nodes=3, port=port)
+    second, _ = quorum_of(again, ["a", "b", "c"], timeout=5 + SLACK_S)
+    assert second > first  # numbered above the ids the nodes report
+    for node in nodes:
+        node.wait_for_line("quorum %d: a b c" % second, timeout=5)
+
+
+def test_a_node_without_the_secret_is_refused_and_changes_nothing(job, tmp_path):
+    lighthouse = job.lighthouse(min_nodes=2)
+    job.node("a"), job.node("b")
+    first, index = quorum_of(lighthouse, ["a", "b"])
+    intruder = job.node("x", secret_file=generate_secret(str(tmp_path / "wrong")))
+    line = intruder.wait_for_line("refused:", timeout=10)
+    assert "signature does not match the lighthouse's secret" in line
+    assert intruder.wait(timeout=5) == 3
+    lighthouse.wait_for_line("lighthouse: refused a request", timeout=5)
+    job.node("c")  # the next quorum is a, b, c: none between held x
+    second, last = quorum_of(lighthouse, ["a", "b", "c"], index + 1)
+    assert second == first + 1
+    assert [line for line in lighthouse.lines[index + 1:last] if "quorum" in line] == []
+
+
+def test_gloo_data_plane_averages_int8_and_rebuilds_after_a_kill(job):
+    job.lighthouse(min_nodes=2)
+    nodes = {name: job.node(name, "--value", value)
+             for name, value in (("a", 1.0), ("b", 2.0), ("c", 4.0))}
+    rounds = {name: node.wait_for_match(r"round (\d+) size 3 mean (\S+) digest (\w+)", 30)[0]
+              for name, node in nodes.items()}
+    assert len({m.group(1) for m in rounds.values()}) == 1  # one quorum
+    assert len({m.group(3) for m in rounds.values()}) == 1  # the same bits on every node
+    assert float(rounds["a"].group(2)) == pytest.approx(7 / 3, rel=1e-2)
+    first = int(rounds["a"].group(1))
+    nodes["c"].kill()
+    after = {name: nodes[name].wait_for_match(r"round (\d+) size 2 mean (\S+) digest (\w+)",
+                                              TIMEOUT_S + 5 + SLACK_S)[0]
+             for name in ("a", "b")}
+    assert len({m.group(1) for m in after.values()}) == 1
+    assert int(after["a"].group(1)) > first
+    assert len({m.group(3) for m in after.values()}) == 1
+    assert float(after["a"].group(2)) == pytest.approx(1.5, rel=1e-2)
+
+
+def test_a_group_whose_member_never_comes_is_broken_within_its_timeout():
+    from platoon.elastic import QuorumGroup, StoreServer
+    with StoreServer("127.0.0.1") as store:
+        quorum = Quorum(5, ("a", "ghost"), (store.address, "127.0.0.1:1"))
+        started = time.monotonic()
+        with pytest.raises(QuorumBroken, match=r"node a \(rank 0 of quorum 5: a, ghost\): "
+                                               r"forming the group failed within 1 s"):
+            QuorumGroup(quorum, "a", timeout_s=1.0)
+        assert time.monotonic() - started < 1.0 + SLACK_S
+    assert np  # numpy is imported for the data plane's arrays
