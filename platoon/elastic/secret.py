@@ -14,10 +14,11 @@ import os
 import secrets
 from typing import Optional
 
+from .._os.environment import JobEnvironment
 from ..errors import PlatoonError
 from ..security import read_private_file
 
-SECRET_ENV = "PLATOON_ELASTIC_SECRET_FILE"
+SECRET_ENV = "PLATOON_ELASTIC_SECRET_FILE"  # JobEnvironment.elastic_secret_file
 MIN_SECRET_BYTES = 16
 _REQUEST = b"platoon-elastic/1 request\0"
 _REPLY = b"platoon-elastic/1 reply\0"
@@ -35,7 +36,7 @@ def generate_secret(path: str) -> str:
 def load_secret(path: Optional[str] = None) -> bytes:
     """The job's secret, from `path` or else the file named by PLATOON_ELASTIC_SECRET_FILE.
     Raises PlatoonError when neither is given, or the file is unsafe or too short."""
-    path = path or os.environ.get(SECRET_ENV)
+    path = path or JobEnvironment.read("elastic_secret_file").elastic_secret_file
     if not path:
         raise PlatoonError("an elastic job needs its secret: give --secret-file PATH or set %s "
                            "(make one with python -m platoon.elastic.lighthouse --new-secret "
