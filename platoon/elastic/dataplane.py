@@ -11,7 +11,7 @@ so that every member gets the same bits.
 """
 
 import datetime
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -96,7 +96,7 @@ class QuorumGroup:
     def all_gather_bytes(self, message: np.ndarray) -> np.ndarray:
         """Every member's uint8 `message` (all of one size), one row per rank in rank order."""
         torch, _ = _torch()
-        mine = torch.from_numpy(np.ascontiguousarray(message, np.uint8).reshape(-1))
+        mine = torch.from_numpy(np.array(message, np.uint8).reshape(-1))  # writable, its own
         rows = torch.empty((self.size, mine.numel()), dtype=torch.uint8)
         try:
             work = self._group.allgather([list(rows.unbind(0))], [mine])
@@ -105,14 +105,28 @@ class QuorumGroup:
             raise self._broken("the all-gather", exc) from exc
         return rows.numpy()
 
+    def broadcast_bytes(self, message: np.ndarray, root: int) -> np.ndarray:
+        """`root`'s uint8 `message` on every member (each passes a buffer of its size)."""
+        torch, _ = _torch()
+        buf = torch.from_numpy(np.array(message, np.uint8).reshape(-1))
+        try:
+            work = self._group.broadcast([buf], root)
+            work.wait(datetime.timedelta(seconds=self.timeout_s))
+        except (RuntimeError, OSError) as exc:
+            raise self._broken("the broadcast from rank %d" % root, exc) from exc
+        return buf.numpy()
+
     def compressed_mean(self, array: np.ndarray, codec: Codec,
                         feedback: Optional[ErrorFeedback] = None,
-                        out: Optional[np.ndarray] = None) -> Tuple[np.ndarray, int]:
+                        out: Optional[np.ndarray] = None,
+                        among: Optional[Sequence[int]] = None) -> Tuple[np.ndarray, int]:
         """The mean over the quorum of the members' `array`s, each sent as `codec`'s message
         of ``array + feedback.residual`` (as `platoon.mpi.compress.compressed_mean`, whose
         arithmetic it shares: the same bits on every member); returns (mean, bytes this node
         sent, its message once for each other member). Raises QuorumBroken when a member
-        fails the round, NonFiniteValues when any member's array holds NaN or Inf."""
+        fails the round, NonFiniteValues when any member's array holds NaN or Inf.
+        `among`: the ranks whose arrays make the mean (default all); the others' messages
+        are not read (their array: any of the right size) and they count no bytes sent."""
         array = np.asarray(array)
         if array.dtype.kind != "f":
             raise ValueError("compressed_mean averages floating-point arrays, not %s"
@@ -121,11 +135,15 @@ class QuorumGroup:
             raise ValueError("ErrorFeedback of %d elements for an array of %d"
                              % (feedback.residual.size, array.size))
         # The residual changes only once every message is in: a broken round drops nothing.
-        data, message, refused_here = own_message(array.reshape(-1), codec, feedback)
-        gathered = self.all_gather_bytes(message)
-        mean = mean_of_messages(gathered, range(self.size), self.rank, self.size, codec,
-                                array, data, feedback, refused_here, out)
-        return mean, message.size * (self.size - 1)
+        members = list(range(self.size)) if among is None else sorted(set(among))
+        sending = self.rank in members
+        data, message, refused_here = own_message(array.reshape(-1), codec,
+                                                  feedback if sending else None)
+        gathered = self.all_gather_bytes(message)[members]
+        mean = mean_of_messages(gathered, members, self.rank, self.size, codec,
+                                array, data, feedback if sending else None,
+                                refused_here if sending else None, out)
+        return mean, message.size * (self.size - 1) if sending else 0
 
     def close(self) -> None:
         group, self._group = getattr(self, "_group", None), None
