@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import PROCS, Proc
+from conftest import PROCS, Proc, platoon_segments
 
 from platoon.elastic import MembershipSettings, Quorum, generate_secret, load_secret, wire
 from platoon.elastic.lighthouse import Lighthouse
@@ -18,6 +18,7 @@ from platoon.elastic.quorum import Membership
 from platoon.errors import PlatoonError, QuorumBroken
 
 NODE = os.path.join(PROCS, "elastic_node.py")
+WORKER = os.path.join(PROCS, "elastic_worker.py")
 TIMEOUT_S = 1.0  # the lighthouse's heartbeat timeout in these tests
 GRACE_S = 0.3
 SLACK_S = 3.0  # scheduling on a loaded machine: python startup, 100 ms heartbeats, ticks
@@ -121,6 +122,16 @@ def job(tmp_path):
             node_env = dict(env, PLATOON_ELASTIC_SECRET_FILE=secret_file) if secret_file \
                 else env
             proc = Proc([NODE, self.address, name] + [str(a) for a in args], env=node_env)
+            started.append(proc)
+            return proc
+
+        def runner(self, name, *worker_args, checkpoint=None):
+            """python -m platoon.elastic.node with one worker of elastic_worker.py."""
+            node_env = dict(env, PLATOON_CHECKPOINT_PATH=str(checkpoint)) if checkpoint \
+                else env
+            proc = Proc(["-m", "platoon.elastic.node", "--join", self.address, "--name", name,
+                         "--tie-every-s", "0.2", "--tie-timeout-s", "3", "--", WORKER]
+                        + [str(a) for a in worker_args], env=node_env)
             started.append(proc)
             return proc
 
@@ -261,3 +272,49 @@ def test_a_group_whose_member_never_comes_is_broken_within_its_timeout():
                                                r"forming the group failed within 1 s"):
             QuorumGroup(quorum, "a", timeout_s=1.0)
         assert time.monotonic() - started < 1.0 + SLACK_S
+
+
+# --- python -m platoon.elastic.node ---------------------------------------------------------
+def _controller_and_job(node):
+    match, _ = node.wait_for_match(r"platoon.elastic: node \S+, controller pid (\d+), job (\S+),", 30)
+    return int(match.group(1)), match.group(2)
+
+
+def test_nodes_survive_a_kill_take_the_node_back_healed_and_end_on_one_saved_centre(job,
+                                                                                     tmp_path):
+    """Three nodes (one worker each) tie their centres with DiLoCo every 0.2 s over int8.
+    Node c's controller is killed -9 after its first round (its worker dies with it, the
+    reaper frees its shared memory); a and b go on in the next quorum. c is started again
+    under its name: it is healed from a peer (it takes their anchor) and contributes. Then
+    every node ends, and all three save the same finite centre, as good as their workers."""
+    from platoon import load_centre
+    lighthouse = job.lighthouse(min_nodes=2)
+    stop = tmp_path / "stop"
+    nodes = {name: job.runner(name, 60, stop, checkpoint=tmp_path / (name + ".npz"))
+             for name in ("a", "b", "c")}
+    pid, c_job = _controller_and_job(nodes["c"])
+    nodes["c"].wait_for_match(r".* WARNING: node c: first contributing round", 30)
+    _, index = quorum_of(lighthouse, ["a", "b", "c"])
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    _, index = quorum_of(lighthouse, ["a", "b"], index + 1, timeout=TIMEOUT_S + SLACK_S)
+    out_after = time.monotonic() - killed
+    assert nodes["c"].wait(10) == -signal.SIGKILL
+    again = job.runner("c", 1, checkpoint=tmp_path / "c.npz")
+    healed, _ = again.wait_for_match(r".* WARNING: node c: healed from (\w) in quorum \d+ \(outer round "
+                                     r"(\d+)\), (\S+) s after its start", 30)
+    assert healed.group(1) in ("a", "b") and int(healed.group(2)) > 0
+    first, _ = again.wait_for_match(r".* WARNING: node c: first contributing round (\S+) s", 10)
+    stop.write_text("")
+    for node in (nodes["a"], nodes["b"], again):
+        assert node.wait(30) == 0, node.output
+    centres = [load_centre(str(tmp_path / (n + ".npz")))["param_0"] for n in "abc"]
+    assert all(np.array_equal(centres[0], c) for c in centres[1:])
+    assert np.isfinite(centres[0]).all()
+    true_w = np.arange(256) / 256
+    dists = [float(line.split()[1]) for n in (nodes["a"], nodes["b"], again)
+             for line in n.lines if line and line.startswith("DIST")]
+    assert np.linalg.norm(centres[0] - true_w) <= 2 * max(dists) + 1e-3, dists
+    assert not [s for s in platoon_segments() if c_job in s]
+    print("c out of the quorum %.2f s after its kill; restarted c healed %s s and first "
+          "contributing %s s after its start" % (out_after, healed.group(3), first.group(1)))

@@ -110,7 +110,7 @@ class QuorumGroup:
         torch, _ = _torch()
         buf = torch.from_numpy(np.array(message, np.uint8).reshape(-1))
         try:
-            work = self._group.broadcast([buf], root)
+            work = self._group.broadcast(buf, root)
             work.wait(datetime.timedelta(seconds=self.timeout_s))
         except (RuntimeError, OSError) as exc:
             raise self._broken("the broadcast from rank %d" % root, exc) from exc

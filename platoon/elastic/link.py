@@ -23,10 +23,11 @@ class ElasticLink:
     is PLATOON_ELASTIC_NODE, the stable slot a worker picks its data shard by. The
     cross-node `all_reduce` and `barrier` refuse with PlatoonError."""
 
-    def __init__(self, num_workers: int, client, tie: CentreTie, timeout_s: float,
+    def __init__(self, num_workers: int, connect: Callable, name: str, tie: CentreTie,
+                 timeout_s: float,
                  on_failure: Callable[[str], None], started_at: Optional[float] = None):
         self.num_workers = int(num_workers)
-        self.client, self.tie, self.timeout_s = client, tie, timeout_s
+        self.connect, self.name, self.tie, self.timeout_s = connect, name, tie, timeout_s
         self.on_failure, self.started_at = on_failure, started_at
         self.final_result = None
         self._tie_thread: Optional[ElasticTie] = None
@@ -60,8 +61,15 @@ class ElasticLink:
 
     def start(self, controller):
         if self._tie_thread is None:
-            self._tie_thread = ElasticTie(self.tie, self.client, controller, self.timeout_s,
+            self._tie_thread = ElasticTie(self.tie, self.connect, self.name, controller,
+                                          self.timeout_s,
                                           self.on_failure, self.started_at)
+
+    def initial_centre(self, centre):
+        """The centre was just created: True once it holds a live member's anchor (the
+        workers copy it), False when they write the first values (see `ElasticTie`)."""
+        thread = self._tie_thread
+        return False if thread is None else thread.initial_centre(2 * self.timeout_s)
 
     def trained(self):
         thread = self._tie_thread
@@ -83,7 +91,7 @@ class ElasticLink:
         if thread is None or self._finished or thread.halted:
             return
         if not thread.halt():
-            log.warning("node %s: the elastic tie thread did not end in time", self.client.name)
+            log.warning("node %s: the elastic tie thread did not end in time", self.name)
 
     def finish(self):
         """This node's workers are done: wait for the final round among the nodes alive."""

@@ -71,10 +71,12 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
             stop(workers.procs, WORKER_STOP_TIMEOUT_S, group=False)
         os._exit(1)
 
-    with StoreServer(host) as store, \
-            LighthouseClient(join, name, store.address, secret=secret,
-                             heartbeat_interval_s=heartbeat_interval_s) as client:
-        link = ElasticLink(num_workers, client, tie, tie_timeout_s, fail, started_at)
+    with StoreServer(host) as store:
+        def connect():
+            return LighthouseClient(join, name, store.address, secret=secret,
+                                    heartbeat_interval_s=heartbeat_interval_s)
+
+        link = ElasticLink(num_workers, connect, name, tie, tie_timeout_s, fail, started_at)
         _say("platoon.elastic: node %s, controller pid %d, job %s, lighthouse %s, data plane %s"
              % (name, os.getpid(), job_id, join, store.address))
         try:

@@ -58,17 +58,21 @@ def _sha256(arrays) -> bytes:
 
 
 class ElasticTie:
-    """The thread that ties `controller`'s centre to the other nodes' as `tie` (a CentreTie
-    with ``outer="diloco"``) says, in the quorums that `client` (a LighthouseClient) hears
-    of; `timeout_s` bounds each collective. `on_failure(message)` ends the node when the tie
+    """The thread that ties node `name`'s `controller`'s centre to the other nodes' as `tie`
+    (a CentreTie with ``outer="diloco"``) says, in the quorums that the LighthouseClient
+    `connect()` makes hears of: it is made once the centre exists (its layout known), so a
+    node enters a quorum only when it can be healed; it leaves when the tie ends.
+    `timeout_s` bounds each collective. `on_failure(message)` ends the node when the tie
     cannot go on (a diverged centre, centres of different layouts). `started_at`: the
     node's start (time.time()), for the joiner's time to its first contributing round."""
 
-    def __init__(self, tie: CentreTie, client, controller, timeout_s: float,
+    def __init__(self, tie: CentreTie, connect: Callable, name: str, controller,
+                 timeout_s: float,
                  on_failure: Callable[[str], None], started_at: Optional[float] = None):
         self.check(tie)
-        self.tie, self.client, self.ctl = tie, client, controller
-        self.name, self.timeout_s, self.on_failure = client.name, timeout_s, on_failure
+        self.tie, self._connect, self.ctl = tie, connect, controller
+        self.client = None
+        self.name, self.timeout_s, self.on_failure = name, timeout_s, on_failure
         self.started_at = time.time() if started_at is None else started_at
         self.codec = make_codec(tie.compress)
         self.anchor: Optional[List[np.ndarray]] = None
@@ -86,6 +90,8 @@ class ElasticTie:
         self._done = threading.Event()
         self._halt = threading.Event()
         self.final = threading.Event()
+        self._awaiting = threading.Event()  # in `initial_centre`
+        self._decided = threading.Event()  # `initial_centre` may return
         self.final_error: Optional[BaseException] = None
         self._group = None
         self._last_start = 0.0
@@ -139,6 +145,10 @@ class ElasticTie:
     # --- the thread ----------------------------------------------------------------------
     def _run(self) -> None:
         try:
+            while self.ctl.shared_centre is None:
+                if self._halt.wait(IDLE_POLL_S):
+                    return
+            self.client = self._connect()
             while not self._halt.is_set():
                 if self._group is None and not self._join_group():
                     continue
@@ -161,6 +171,8 @@ class ElasticTie:
             self.on_failure("the elastic tie failed: %s" % exc)
         finally:
             self._leave_group()
+            if self.client is not None:
+                self.client.close()
             self.final.set()
 
     def _join_group(self) -> bool:
@@ -196,9 +208,25 @@ class ElasticTie:
                 return
             self._halt.wait(left)
 
+    def initial_centre(self, timeout_s: float) -> bool:
+        """Called as this node's centre is created, before its workers write it: True once
+        the centre holds a live member's anchor (its workers then start from it), False when
+        no member has an anchor yet (the job's start: the workers initialise it) or none came
+        within `timeout_s`."""
+        self._awaiting.set()
+        try:
+            if not self._decided.wait(timeout_s):
+                log.warning("node %s: no quorum took this node within %.3g s; its workers "
+                            "start from their own values", self.name, timeout_s)
+            return self.anchor is not None
+        finally:
+            self._awaiting.clear()
+
     def _header(self) -> np.ndarray:
         centre = self.ctl.shared_centre
-        ready = bool(self.ctl.centre_ready) and centre is not None
+        # 2: the centre holds its values; 1: created, awaiting them (`initial_centre`)
+        ready = 2 if self.ctl.centre_ready and centre is not None else \
+            1 if self._awaiting.is_set() and centre is not None else 0
         newest = self.client.current_quorum()
         fields = np.array([ready, self._done.is_set(), self._handed_over, self.round_no,
                            0 if newest is None else newest.id], "<i8")
@@ -219,22 +247,28 @@ class ElasticTie:
         if newest.max() > group.quorum.id:  # every member leaves for it alike
             self._leave_group()
             return False
-        if not ready.all():
-            time.sleep(IDLE_POLL_S)
-            return False
-        if len(set(layouts)) > 1:
+        with_centre = [r for r in range(group.size) if ready[r]]
+        if len({layouts[r] for r in with_centre}) > 1:
             raise PlatoonError("the nodes' centres differ in layout (quorum %d: %s): every "
                                "node must run the same model" % (
                                    group.quorum.id, ", ".join(group.quorum.members)))
         if (round_no < 0).all():
-            self._first_anchor(group)
+            if ready[group.rank] == 1:
+                self._decided.set()  # the job's start: the workers write the first values
+            if (ready == 2).all():
+                self._first_anchor(group)
+            else:
+                time.sleep(IDLE_POLL_S)
             return False
         best = int(round_no.max())
         source = int(np.flatnonzero(round_no == best)[0])
         differing = [r for r in range(group.size)
                      if round_no[r] != best or digests[r] != digests[source]]
-        if differing:
+        if differing and all(ready[r] for r in differing):
             self._heal(group, source, best, differing)
+            return False
+        if differing or not (ready == 2).all():
+            time.sleep(IDLE_POLL_S)
             return False
         if done.all() and handed.all():
             self._final(group)
@@ -306,6 +340,7 @@ class ElasticTie:
         self.heals += 1
         if joiner:
             self._set_centre(centre, self.anchor)
+            self._decided.set()
             self.healed_from = group.quorum.members[source]
             self.healed_after_s = time.time() - self.started_at
             log.warning("node %s: healed from %s in quorum %d (outer round %d), %.2f s after "

@@ -1,6 +1,6 @@
-"""A worker of an elastic job (python -m platoon.elastic.node ... -- THIS_FILE SECONDS): SGD
+"""A worker of an elastic job (python -m platoon.elastic.node ... -- THIS_FILE SECONDS [STOP]): SGD
 on a linear regression toward known true weights (256 float32 features), EASGD with its
-node's centre, for SECONDS seconds of training; its data is picked by its node's name
+node's centre, for SECONDS seconds of training (less if file STOP exists); its data is picked by its node's name
 (PLATOON_ELASTIC_NODE). Prints "DIST d node NAME" (its distance to the true weights)."""
 
 import os
@@ -24,7 +24,8 @@ def main():
         w.init_shared_params([weights], EASGD(0.5))
         data = np.random.default_rng(zlib.crc32(node.encode()) + w.local_rank)
         end = time.monotonic() + seconds
-        while time.monotonic() < end:
+        stop = sys.argv[2] if len(sys.argv) > 2 else None
+        while time.monotonic() < end and not (stop and os.path.exists(stop)):
             for _ in range(5):
                 x = data.normal(size=(64, FEATURES)).astype(np.float32)
                 y = x @ true_w + np.float32(0.01) * data.normal(size=64).astype(np.float32)
