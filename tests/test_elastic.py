@@ -300,6 +300,9 @@ def test_nodes_survive_a_kill_take_the_node_back_healed_and_end_on_one_saved_cen
     _, index = quorum_of(lighthouse, ["a", "b"], index + 1, timeout=TIMEOUT_S + SLACK_S)
     out_after = time.monotonic() - killed
     assert nodes["c"].wait(10) == -signal.SIGKILL
+    went_on = [nodes[n].wait_for_match(r".* WARNING: node %s: outer rounds go on in quorum \d+ "
+                                       r"\(a, b\), (\S+) s after a round broke" % n, 10)[0]
+               for n in ("a", "b")]
     again = job.runner("c", 1, checkpoint=tmp_path / "c.npz")
     healed, _ = again.wait_for_match(r".* WARNING: node c: healed from (\w) in quorum \d+ \(outer round "
                                      r"(\d+)\), (\S+) s after its start", 30)
@@ -316,5 +319,22 @@ def test_nodes_survive_a_kill_take_the_node_back_healed_and_end_on_one_saved_cen
              for line in n.lines if line and line.startswith("DIST")]
     assert np.linalg.norm(centres[0] - true_w) <= 2 * max(dists) + 1e-3, dists
     assert not [s for s in platoon_segments() if c_job in s]
-    print("c out of the quorum %.2f s after its kill; restarted c healed %s s and first "
-          "contributing %s s after its start" % (out_after, healed.group(3), first.group(1)))
+    print("c out of the quorum %.2f s after its kill; a and b back to outer rounds %s s "
+          "after theirs broke; restarted c healed %s s and first contributing %s s after its "
+          "start" % (out_after, "/".join(m.group(1) for m in went_on), healed.group(3),
+                     first.group(1)))
+
+
+def test_an_elastic_node_refuses_cross_node_collectives_and_a_rule_it_cannot_run():
+    from platoon.elastic.link import ElasticLink
+    from platoon.mpi import CentreTie
+    link = ElasticLink(2, connect=None, name="a", tie=CentreTie(1.0, outer="diloco"),
+                       timeout_s=5.0, on_failure=print)
+    with pytest.raises(PlatoonError, match="all_reduce across nodes does not exist in an "
+                                           "elastic job"):
+        link.all_reduce(np.zeros(3, np.float32), "sum")
+    with pytest.raises(PlatoonError, match="a barrier across nodes does not exist"):
+        link.barrier()
+    assert link.topology(1) == {"global_rank": 1, "global_size": 2}
+    with pytest.raises(PlatoonError, match="DiLoCo's outer step only"):
+        ElasticLink(1, None, "a", CentreTie(1.0, outer="easgd"), 5.0, print)

@@ -32,7 +32,7 @@ import hashlib
 import logging
 import threading
 import time
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional
 
 import numpy as np
 
@@ -71,13 +71,14 @@ class ElasticTie:
                  on_failure: Callable[[str], None], started_at: Optional[float] = None):
         self.check(tie)
         self.tie, self._connect, self.ctl = tie, connect, controller
-        self.client = None
+        self.client: Any = None  # the LighthouseClient, once the centre exists
         self.name, self.timeout_s, self.on_failure = name, timeout_s, on_failure
         self.started_at = time.time() if started_at is None else started_at
         self.codec = make_codec(tie.compress)
-        self.anchor: Optional[List[np.ndarray]] = None
-        self.velocity: Optional[List[np.ndarray]] = None
-        self._feedback: Optional[List[ErrorFeedback]] = None
+        # per centre array, the same bits on every member (None: no anchor yet)
+        self.anchor: Any = None  # Optional[List[np.ndarray]]
+        self.velocity: Any = None  # the outer momentum, Optional[List[np.ndarray]]
+        self._feedback: Any = None  # this node's Optional[List[ErrorFeedback]]
         self.round_no = -1  # outer rounds applied to the anchor (-1: no anchor)
         self.rounds = self.broken_rounds = self.heals = 0
         self.bytes_sent = 0
@@ -93,7 +94,9 @@ class ElasticTie:
         self._awaiting = threading.Event()  # in `initial_centre`
         self._decided = threading.Event()  # `initial_centre` may return
         self.final_error: Optional[BaseException] = None
-        self._group = None
+        self._group: Any = None  # the current quorum's QuorumGroup
+        self._broken_at: Optional[float] = None  # when a round broke, until one succeeds
+        self.recoveries_s: List[float] = []  # from each broken round to the next outer round
         self._last_start = 0.0
         self._thread = threading.Thread(target=self._run, name="platoon-elastic-tie",
                                         daemon=True)
@@ -139,7 +142,7 @@ class ElasticTie:
                     self.rounds, self.tie.compress, self.tie.outer_lr, self.tie.outer_momentum,
                     ",".join(map(str, self.quorums)) or "none", self.bytes_sent,
                     self.broken_rounds, "healed from %s %.2f s after its start" % (
-                        self.healed_from, self.healed_after_s) if self.healed_from
+                        self.healed_from, self.healed_after_s or 0.0) if self.healed_from
                     else "never healed from a peer"))
 
     # --- the thread ----------------------------------------------------------------------
@@ -161,6 +164,8 @@ class ElasticTie:
                         return
                 except QuorumBroken as exc:
                     self.broken_rounds += 1
+                    if self._broken_at is None:
+                        self._broken_at = time.monotonic()
                     log.warning("%s; the round is dropped", exc)
                     self._leave_group()
         except Exception as exc:  # a diverged or mismatched centre: the tie cannot go on
@@ -374,6 +379,12 @@ class ElasticTie:
         if group.quorum.id not in self.quorums:
             self.quorums.append(group.quorum.id)
         self._set_centre(centre, self.anchor, keep_since=snaps)
+        if self._broken_at is not None:
+            self.recoveries_s.append(time.monotonic() - self._broken_at)
+            self._broken_at = None
+            log.warning("node %s: outer rounds go on in quorum %d (%s), %.2f s after a round "
+                        "broke", self.name, group.quorum.id, ", ".join(group.quorum.members),
+                        self.recoveries_s[-1])
         if contributes:
             self._note_contribution()
             if self._done.is_set():
