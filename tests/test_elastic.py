@@ -338,3 +338,30 @@ def test_an_elastic_node_refuses_cross_node_collectives_and_a_rule_it_cannot_run
     assert link.topology(1) == {"global_rank": 1, "global_size": 2}
     with pytest.raises(PlatoonError, match="DiLoCo's outer step only"):
         ElasticLink(1, None, "a", CentreTie(1.0, outer="easgd"), 5.0, print)
+
+
+def test_a_stopped_node_is_dropped_the_others_go_on_and_it_rejoins_repaired(job, tmp_path):
+    """Node c (controller and worker) is stopped past the heartbeat timeout: a and b go on in
+    a quorum of two once their round has timed out (--tie-timeout-s 3); continued, c rejoins,
+    its stale anchor is repaired from a peer, and the three end on one saved centre."""
+    from platoon import load_centre
+    lighthouse = job.lighthouse(min_nodes=2)
+    stop = tmp_path / "stop"
+    nodes = {name: job.runner(name, 60, stop, checkpoint=tmp_path / (name + ".npz"))
+             for name in ("a", "b", "c")}
+    nodes["c"].wait_for_match(r".* WARNING: node c: first contributing round", 30)
+    _, index = quorum_of(lighthouse, ["a", "b", "c"])
+    os.killpg(nodes["c"].pid, signal.SIGSTOP)
+    _, index = quorum_of(lighthouse, ["a", "b"], index + 1, timeout=TIMEOUT_S + SLACK_S)
+    for n in ("a", "b"):
+        nodes[n].wait_for_match(r".* WARNING: node %s: outer rounds go on in quorum \d+ "
+                                r"\(a, b\)" % n, 3 + 5 + SLACK_S)
+    os.killpg(nodes["c"].pid, signal.SIGCONT)
+    quorum_of(lighthouse, ["a", "b", "c"], index + 1, timeout=5 + SLACK_S)
+    nodes["c"].wait_for_match(r".* WARNING: node c: its anchor repaired from [ab] in quorum", 15)
+    stop.write_text("")
+    for node in nodes.values():
+        assert node.wait(30) == 0, node.output
+    centres = [load_centre(str(tmp_path / (n + ".npz")))["param_0"] for n in "abc"]
+    assert all(np.array_equal(centres[0], c) for c in centres[1:])
+    assert np.isfinite(centres[0]).all()

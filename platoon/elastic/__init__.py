@@ -1,4 +1,8 @@
-"""Elastic jobs across nodes: nodes that come and go (the foundation; no node runner yet).
+"""Elastic jobs across nodes: nodes that come and go (docs/multi-node.md).
+
+- `node`: one node's controller and workers (``python -m platoon.elastic.node --join``).
+- `link`, `tie`: the node controller's link (`ElasticLink`) and its centre tie
+  (`ElasticTie`: DiLoCo's outer step per quorum, healing, the final agreement).
 
 - `lighthouse`: the small process that nodes register and heartbeat with, and that numbers
   their quorums (``python -m platoon.elastic.lighthouse``); pyzmq only.

@@ -354,6 +354,9 @@ class ElasticTie:
         else:
             _, snaps = self._snapshot()
             self._set_centre(centre, [s - o + a for s, o, a in zip(snaps, old, self.anchor)])
+            log.warning("node %s: its anchor repaired from %s in quorum %d (outer round %d); "
+                        "its workers' work since its old anchor kept", self.name,
+                        group.quorum.members[source], group.quorum.id, best)
 
     def _outer_round(self, group, members: List[int]) -> None:
         """DiLoCo's outer step on the anchor from the mean move of `members`."""
