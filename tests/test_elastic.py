@@ -5,7 +5,9 @@ Real processes on 127.0.0.1: a lighthouse (python -m platoon.elastic.lighthouse)
 """
 
 import os
+import shutil
 import signal
+import subprocess
 import time
 
 import numpy as np
@@ -100,6 +102,15 @@ def test_the_lighthouse_and_the_client_load_no_torch():
 
 
 # --- real processes ---------------------------------------------------------------------------
+def _in_netns(netns):
+    """Proc arguments that run the rest of the command in network namespace `netns` (the same
+    pid: python execs `ip netns exec`, which execs python)."""
+    if netns is None:
+        return []
+    return ["-c", "import os, sys; os.execvp('ip', ['ip', 'netns', 'exec', %r, sys.executable]"
+                  " + sys.argv[1:])" % netns]
+
+
 @pytest.fixture
 def job(tmp_path):
     """Starts a lighthouse and nodes sharing one secret; kills them all at teardown."""
@@ -109,10 +120,11 @@ def job(tmp_path):
     class Job:
         address = None
 
-        def lighthouse(self, min_nodes, port=0):
-            proc = Proc(["-m", "platoon.elastic.lighthouse", "--min-nodes", str(min_nodes),
-                         "--heartbeat-timeout", str(TIMEOUT_S), "--join-grace", str(GRACE_S),
-                         "--bind", "127.0.0.1:%d" % port], env=env)
+        def lighthouse(self, min_nodes, port=0, host="127.0.0.1", netns=None):
+            proc = Proc(_in_netns(netns) + [
+                "-m", "platoon.elastic.lighthouse", "--min-nodes", str(min_nodes),
+                "--heartbeat-timeout", str(TIMEOUT_S), "--join-grace", str(GRACE_S),
+                "--bind", "%s:%d" % (host, port)], env=env)
             started.append(proc)
             match, _ = proc.wait_for_match(r"lighthouse: serving on tcp://(\S+) ")
             self.address = match.group(1)
@@ -125,13 +137,15 @@ def job(tmp_path):
             started.append(proc)
             return proc
 
-        def runner(self, name, *worker_args, checkpoint=None):
-            """python -m platoon.elastic.node with one worker of elastic_worker.py."""
+        def runner(self, name, *worker_args, checkpoint=None, host="127.0.0.1", netns=None):
+            """python -m platoon.elastic.node with one worker of elastic_worker.py (in network
+            namespace `netns`, on its address `host`, if given)."""
             node_env = dict(env, PLATOON_CHECKPOINT_PATH=str(checkpoint)) if checkpoint \
                 else env
-            proc = Proc(["-m", "platoon.elastic.node", "--join", self.address, "--name", name,
-                         "--tie-every-s", "0.2", "--tie-timeout-s", "3", "--", WORKER]
-                        + [str(a) for a in worker_args], env=node_env)
+            proc = Proc(_in_netns(netns) + [
+                "-m", "platoon.elastic.node", "--join", self.address, "--name", name,
+                "--host", host, "--tie-every-s", "0.2", "--tie-timeout-s", "3", "--", WORKER]
+                + [str(a) for a in worker_args], env=node_env)
             started.append(proc)
             return proc
 
@@ -357,6 +371,93 @@ def test_a_stopped_node_is_dropped_the_others_go_on_and_it_rejoins_repaired(job,
         nodes[n].wait_for_match(r".* WARNING: node %s: outer rounds go on in quorum \d+ "
                                 r"\(a, b\)" % n, 3 + 5 + SLACK_S)
     os.killpg(nodes["c"].pid, signal.SIGCONT)
+    quorum_of(lighthouse, ["a", "b", "c"], index + 1, timeout=5 + SLACK_S)
+    nodes["c"].wait_for_match(r".* WARNING: node c: its anchor repaired from [ab] in quorum", 15)
+    stop.write_text("")
+    for node in nodes.values():
+        assert node.wait(30) == 0, node.output
+    centres = [load_centre(str(tmp_path / (n + ".npz")))["param_0"] for n in "abc"]
+    assert all(np.array_equal(centres[0], c) for c in centres[1:])
+    assert np.isfinite(centres[0]).all()
+
+
+SWITCH_IP = "10.219.7.254"
+
+
+@pytest.fixture
+def switch():
+    """Three "hosts" (network namespaces, 10.219.7.1-3) each joined by a veth pair to a
+    bridge in a fourth (the switch, 10.219.7.254, where the lighthouse runs); returns
+    (namespaces by host name, the switch's namespace, cut(host, up=False)). Every process left
+    in them is killed and they are deleted at teardown."""
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.skip("network namespaces need root and ip")
+    tag = "pel%d" % os.getpid()
+    sw, hosts = tag + "s", {n: "%s%s" % (tag, n) for n in "abc"}
+    made = []
+
+    def ip(*args):
+        subprocess.run(["ip"] + list(args), check=True, capture_output=True, timeout=10)
+
+    def cut(host, up=False):  # the host's port on the switch
+        ip("-n", sw, "link", "set", "p" + host, "up" if up else "down")
+
+    try:
+        for ns in [sw] + list(hosts.values()):
+            ip("netns", "add", ns)
+            made.append(ns)
+        ip("-n", sw, "link", "add", "br0", "type", "bridge")
+        ip("-n", sw, "addr", "add", SWITCH_IP + "/24", "dev", "br0")
+        for index, (host, ns) in enumerate(sorted(hosts.items()), 1):
+            ip("link", "add", "p" + tag + host, "type", "veth", "peer", "name", "e" + tag + host)
+            ip("link", "set", "p" + tag + host, "netns", sw)
+            ip("-n", sw, "link", "set", "p" + tag + host, "name", "p" + host)
+            ip("-n", sw, "link", "set", "p" + host, "master", "br0")
+            ip("-n", sw, "link", "set", "p" + host, "up")
+            ip("link", "set", "e" + tag + host, "netns", ns)
+            ip("-n", ns, "link", "set", "e" + tag + host, "name", "eth0")
+            ip("-n", ns, "addr", "add", "10.219.7.%d/24" % index, "dev", "eth0")
+            ip("-n", ns, "link", "set", "eth0", "up")
+            ip("-n", ns, "link", "set", "lo", "up")
+        for ns in (sw,):
+            ip("-n", ns, "link", "set", "br0", "up")
+            ip("-n", ns, "link", "set", "lo", "up")
+        yield hosts, sw, cut
+    except subprocess.CalledProcessError as exc:
+        pytest.skip("cannot make network namespaces here: %s" % exc.stderr.decode().strip())
+    finally:
+        for ns in made:
+            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
+                                  timeout=10).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+
+
+def test_a_node_whose_link_is_cut_is_dropped_and_rejoins_when_it_is_back(job, switch,
+                                                                          tmp_path):
+    """Three hosts on a switch (network namespaces), the lighthouse on the switch. Host c's
+    link is cut (its port down) after its first round: a and b go on in a quorum of two once
+    their round has timed out; the link back, c rejoins, its stale anchor repaired, and the
+    three end on one saved centre."""
+    from platoon import load_centre
+    hosts, sw, cut = switch
+    lighthouse = job.lighthouse(min_nodes=2, host=SWITCH_IP, netns=sw)
+    stop = tmp_path / "stop"
+    nodes = {name: job.runner(name, 60, stop, checkpoint=tmp_path / (name + ".npz"),
+                              host="10.219.7.%d" % index, netns=hosts[name])
+             for index, name in enumerate("abc", 1)}
+    nodes["c"].wait_for_match(r".* WARNING: node c: first contributing round", 30)
+    _, index = quorum_of(lighthouse, ["a", "b", "c"])
+    cut("c")
+    _, index = quorum_of(lighthouse, ["a", "b"], index + 1, timeout=TIMEOUT_S + SLACK_S)
+    for n in ("a", "b"):
+        nodes[n].wait_for_match(r".* WARNING: node %s: outer rounds go on in quorum \d+ "
+                                r"\(a, b\)" % n, 3 + 5 + SLACK_S)
+    cut("c", up=True)
     quorum_of(lighthouse, ["a", "b", "c"], index + 1, timeout=5 + SLACK_S)
     nodes["c"].wait_for_match(r".* WARNING: node c: its anchor repaired from [ab] in quorum", 15)
     stop.write_text("")

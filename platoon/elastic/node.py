@@ -27,6 +27,8 @@ from ..mpi.tie import CentreTie
 
 log = logging.getLogger(__name__)
 
+LOCAL_HOST = "127.0.0.1"  # where a node's controller serves its workers
+
 
 def process_start_time() -> float:
     """When this process started (time.time() seconds; now, where /proc cannot say)."""
@@ -80,9 +82,11 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
         _say("platoon.elastic: node %s, controller pid %d, job %s, lighthouse %s, data plane %s"
              % (name, os.getpid(), job_id, join, store.address))
         try:
-            workers = _Workers(worker_argv, num_workers, host, read_fd, reaper_fd, fail,
+            # the controller and its workers talk on this machine; only the data plane
+            # binds `host`
+            workers = _Workers(worker_argv, num_workers, LOCAL_HOST, read_fd, reaper_fd, fail,
                                ready_timeout_s, env, num_workers)
-            run_controller(controller, controller_args, link, host, None)
+            run_controller(controller, controller_args, link, LOCAL_HOST, None)
             if not workers.started.is_set():
                 raise PlatoonError("the controller returned before serving its workers")
             stop(workers.procs, WORKER_STOP_TIMEOUT_S, grace_s=finish_timeout_s, group=False)
@@ -122,7 +126,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--secret-file", default=None,
                         help="the job's secret (default: $PLATOON_ELASTIC_SECRET_FILE)")
     parser.add_argument("--host", default="127.0.0.1",
-                        help="interface the controller and the data plane bind")
+                        help="the interface the data plane binds, which the other nodes "
+                             "reach (default 127.0.0.1; the controller serves its workers "
+                             "on 127.0.0.1)")
     parser.add_argument("--controller", default=None,
                         help="controller script file.py, or module:Class or file.py:Class")
     parser.add_argument("--controller-args", default="",
