@@ -381,6 +381,31 @@ def test_a_stopped_node_is_dropped_the_others_go_on_and_it_rejoins_repaired(job,
     assert np.isfinite(centres[0]).all()
 
 
+def test_nodes_train_on_while_the_lighthouse_is_down_and_rejoin_it_restarted(job, tmp_path):
+    """The lighthouse is killed -9 mid-run: the nodes' outer rounds go on in the group they
+    have (it needs no lighthouse); restarted on its port, it numbers a quorum above theirs,
+    the nodes move to its group, and they end on one saved centre."""
+    from platoon import load_centre
+    lighthouse = job.lighthouse(min_nodes=2)
+    stop = tmp_path / "stop"
+    nodes = {name: job.runner(name, 60, stop, checkpoint=tmp_path / (name + ".npz"))
+             for name in ("a", "b")}
+    for n in nodes.values():
+        n.wait_for_match(r".* WARNING: node \w: first contributing round", 30)
+    first, _ = quorum_of(lighthouse, ["a", "b"])
+    lighthouse.kill()
+    again = job.lighthouse(min_nodes=2, port=int(job.address.rpartition(":")[2]))
+    second, _ = quorum_of(again, ["a", "b"], timeout=5 + SLACK_S)
+    assert second > first
+    stop.write_text("")
+    for node in nodes.values():
+        assert node.wait(30) == 0, node.output
+        summary = [line for line in node.lines if line and "the elastic tie made" in line]
+        assert "in quorum(s) %d,%d," % (first, second) in summary[0], node.output
+    centres = [load_centre(str(tmp_path / (n + ".npz")))["param_0"] for n in "ab"]
+    assert np.array_equal(*centres) and np.isfinite(centres[0]).all()
+
+
 SWITCH_IP = "10.219.7.254"
 
 
