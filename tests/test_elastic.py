@@ -48,6 +48,42 @@ def test_membership_issues_after_grace_and_drops_the_silent():
         m.quorum.rank_of("z")
 
 
+def test_a_member_whose_group_broke_gets_a_new_id_for_the_same_members():
+    m = Membership(MembershipSettings(min_nodes=2, heartbeat_timeout_s=5.0, join_grace_s=0.1))
+    m.heartbeat("a", "h:1", 0, now=0.0)
+    m.heartbeat("b", "h:2", 0, now=0.0)
+    assert m.tick(0.05) is None
+    first = m.tick(0.2)
+    m.heartbeat("a", "h:1", first.id, now=0.3, broken=first.id - 1)  # an old quorum: ignored
+    assert m.tick(0.5) is None
+    m.heartbeat("a", "h:1", first.id, now=0.6, broken=first.id)
+    assert m.tick(0.65) is None  # the grace window
+    assert m.tick(0.8) == Quorum(first.id + 1, ("a", "b"), ("h:1", "h:2"))
+    m.heartbeat("a", "h:1", first.id, now=0.9, broken=first.id)  # stale: no third id
+    assert m.tick(1.2) is None
+
+
+def test_a_client_reporting_its_group_broken_gets_both_members_a_new_quorum():
+    import threading
+    from platoon.elastic import LighthouseClient
+    secret, stopping = b"s" * 32, threading.Event()
+    settings = MembershipSettings(min_nodes=2, heartbeat_timeout_s=5.0, join_grace_s=0.05)
+    with Lighthouse(settings, "127.0.0.1:0", secret) as lighthouse:
+        serving = threading.Thread(target=lighthouse.serve, args=(stopping.is_set,))
+        serving.start()
+        try:
+            with LighthouseClient(lighthouse.address, "a", "h:1", secret=secret) as a, \
+                    LighthouseClient(lighthouse.address, "b", "h:2", secret=secret) as b:
+                first = a.wait_for_quorum(timeout=10)
+                a.report_broken(first.id)
+                second = b.wait_for_quorum(timeout=10, newer_than=first.id)
+                assert second.members == first.members == ("a", "b")
+                assert a.wait_for_quorum(timeout=10, newer_than=first.id) == second
+        finally:
+            stopping.set()
+            serving.join(10)
+
+
 def test_membership_settings_refuse_bad_values():
     with pytest.raises(ValueError, match="min_nodes must be an integer >= 1"):
         MembershipSettings(min_nodes=0)

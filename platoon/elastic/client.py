@@ -42,6 +42,7 @@ class LighthouseClient:
         self._cond = threading.Condition()
         self._quorum: Optional[Quorum] = None
         self._refused: Optional[str] = None  # the lighthouse's last refusal, until a good reply
+        self._broken = 0  # `report_broken`'s quorum id, sent with every heartbeat
         self.reachable = False  # whether the last request was answered
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="platoon-heartbeat", daemon=True)
@@ -76,6 +77,13 @@ class LighthouseClient:
                            "none" if q is None else "%d of %s" % (q.id, ", ".join(q.members))))
                 self._cond.wait(left)
 
+    def report_broken(self, quorum_id: int) -> None:
+        """Ask the lighthouse for a new quorum id for the same members: quorum `quorum_id`'s
+        group broke (a member stalled past the round's timeout) and no newer quorum came.
+        Sent with every heartbeat from now on; ignored once `quorum_id` is not current."""
+        with self._cond:
+            self._broken = max(self._broken, int(quorum_id))
+
     def _raise_refused(self):
         if self._refused is not None:
             raise ElasticAuthError("node %s: the lighthouse at %s refused it: %s"
@@ -93,7 +101,9 @@ class LighthouseClient:
         """One request and its reply; None when unanswered in time."""
         with self._cond:
             highest = 0 if self._quorum is None else self._quorum.id
-        body, mac = wire.request(self._secret, op, self.name, self.address, highest, challenge)
+            broken = self._broken
+        body, mac = wire.request(self._secret, op, self.name, self.address, highest, challenge,
+                                 broken)
         sock.send_multipart([body, mac])
         try:
             frames = sock.recv_multipart()

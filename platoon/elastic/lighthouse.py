@@ -77,7 +77,7 @@ class Lighthouse:
                 self.membership.leave(data["node"])
             else:
                 self.membership.heartbeat(data["node"], data["address"], data["highest_seen"],
-                                          now)
+                                          now, data["broken"])
         quorum = self.membership.quorum
         return wire.reply(self._secret, mac, self._challenge_for(peer, now),
                           None if quorum is None else quorum.to_wire(), done)

@@ -83,10 +83,18 @@ class Membership:
         self._highest_reported = 0
         self.quorum: Optional[Quorum] = None
         self._change_since: Optional[float] = None  # when the live set first differed
+        self._rebuild = False  # a member asked for a new id (`heartbeat`'s `broken`)
 
-    def heartbeat(self, name: str, address: str, highest_seen: int, now: float) -> None:
+    def heartbeat(self, name: str, address: str, highest_seen: int, now: float,
+                  broken: int = 0) -> None:
         """`name` is alive at `now`, reachable for the data plane at `address`, and has seen
-        quorum ids up to `highest_seen`."""
+        quorum ids up to `highest_seen`. `broken`: the id of a quorum whose group broke for
+        `name` with no newer quorum since (every member alive, yet one stalled a round past
+        its timeout): while it is the current quorum and `name` a member, the next tick
+        issues a new id for the same members, so that they build a new group."""
+        if broken and self.quorum is not None and broken == self.quorum.id \
+                and name in self.quorum.members:
+            self._rebuild = True
         self._last_seen[name] = now
         self._addresses[name] = address
         self._highest_reported = max(self._highest_reported, int(highest_seen))
@@ -110,8 +118,8 @@ class Membership:
         names = self.live(now)
         addresses = tuple(self._addresses[n] for n in names)
         current = self.quorum
-        changed = current is None or (tuple(names), addresses) != (current.members,
-                                                                     current.addresses)
+        changed = current is None or self._rebuild or (tuple(names), addresses) != (
+            current.members, current.addresses)
         if not changed or len(names) < self.settings.min_nodes:
             self._change_since = None
             return None
@@ -120,6 +128,7 @@ class Membership:
         if now - self._change_since < self.settings.join_grace_s:
             return None
         self._change_since = None
+        self._rebuild = False
         last = 0 if current is None else current.id
         self.quorum = Quorum(max(last, self._highest_reported) + 1, tuple(names), addresses)
         return self.quorum

@@ -96,6 +96,7 @@ class ElasticTie:
         self.final_error: Optional[BaseException] = None
         self._group: Any = None  # the current quorum's QuorumGroup
         self._broken_at: Optional[float] = None  # when a round broke, until one succeeds
+        self._waiting_since = 0.0  # for a quorum newer than the last group's
         self.recoveries_s: List[float] = []  # from each broken round to the next outer round
         self._last_start = 0.0
         self._thread = threading.Thread(target=self._run, name="platoon-elastic-tie",
@@ -164,8 +165,9 @@ class ElasticTie:
                         return
                 except QuorumBroken as exc:
                     self.broken_rounds += 1
+                    self._waiting_since = time.monotonic()
                     if self._broken_at is None:
-                        self._broken_at = time.monotonic()
+                        self._broken_at = self._waiting_since
                     log.warning("%s; the round is dropped", exc)
                     self._leave_group()
         except Exception as exc:  # a diverged or mismatched centre: the tie cannot go on
@@ -187,8 +189,17 @@ class ElasticTie:
         try:
             quorum = self.client.wait_for_quorum(timeout=0.5, newer_than=newer_than)
         except QuorumTimeout:
+            if newer_than and time.monotonic() - self._waiting_since > self.timeout_s:
+                # every member heartbeats, yet the group broke (one stalled a round past
+                # its timeout): no member is dropped, so ask for a new id
+                log.warning("node %s: no quorum after %d within %.3g s of its group's end; "
+                            "asking the lighthouse for a new one", self.name, newer_than,
+                            self.timeout_s)
+                self.client.report_broken(newer_than)
+                self._waiting_since = time.monotonic()
             return False
         self.quorums.append(quorum.id)
+        self._waiting_since = time.monotonic()  # a group that cannot form: as a broken one
         try:
             self._group = QuorumGroup(quorum, self.name, self.timeout_s)
         except QuorumBroken as exc:

@@ -1,11 +1,12 @@
 """The lighthouse's messages: signed JSON bodies, two frames each (body, signature).
 
 Requests (node to lighthouse): ``{"op": "heartbeat" | "leave", "node": NAME,
-"address": "HOST:PORT", "highest_seen": ID, "challenge": HEX}``. Replies: ``{"challenge": HEX,
-"quorum": QUORUM | null, "done": bool, "error": TEXT | null}``; "done" is false when the
-request's challenge was stale (a new connection, a restarted lighthouse): the node sends it
-again with the reply's challenge. A reply refusing a bad signature is not signed (its
-sender cannot know the key the request used) and can only refuse.
+"address": "HOST:PORT", "highest_seen": ID, "challenge": HEX, "broken": ID}`` ("broken": a
+quorum whose group broke with no newer quorum coming, 0 for none; optional). Replies:
+``{"challenge": HEX, "quorum": QUORUM | null, "done": bool, "error": TEXT | null}``; "done"
+is false when the request's challenge was stale (a new connection, a restarted lighthouse):
+the node sends it again with the reply's challenge. A reply refusing a bad signature is not
+signed (its sender cannot know the key the request used) and can only refuse.
 """
 
 import json
@@ -18,10 +19,11 @@ MAX_BODY = 4096
 
 
 def request(secret: bytes, op: str, node: str, address: str, highest_seen: int,
-            challenge: str) -> Tuple[bytes, bytes]:
+            challenge: str, broken: int = 0) -> Tuple[bytes, bytes]:
     """The frames (body, signature) of a request."""
     body = json.dumps({"op": op, "node": node, "address": address,
-                       "highest_seen": highest_seen, "challenge": challenge}).encode()
+                       "highest_seen": highest_seen, "challenge": challenge,
+                       "broken": broken}).encode()
     return body, sign_request(secret, body)
 
 
@@ -35,7 +37,8 @@ def read_request(secret: bytes, body: bytes, mac: bytes) -> Tuple[Optional[dict]
         data = json.loads(body)
         ok = (data["op"] in OPS and isinstance(data["node"], str) and data["node"]
               and isinstance(data["address"], str) and isinstance(data["highest_seen"], int)
-              and isinstance(data["challenge"], str))
+              and isinstance(data["challenge"], str)
+              and isinstance(data.setdefault("broken", 0), int))
     except (ValueError, KeyError, TypeError):
         ok = False
     return (data, "") if ok else (None, "malformed request")
