@@ -32,5 +32,7 @@ setup(
         "bench": ["scikit-learn", "mnist1d", "torch==2.13.0"],
         "gpu": ["pycuda"],
         "mpi": ["mpi4py", "mpich"],
+        # platoon.elastic's data plane (gloo); its lighthouse and membership need pyzmq only
+        "elastic": ["torch==2.13.0"],
     },
 )

@@ -105,3 +105,18 @@ class NonFiniteValues(PlatoonError, ValueError):
     def __init__(self, message: str, ranks: Sequence[int] = ()):
         super().__init__(message)
         self.ranks = list(ranks)
+
+
+class ElasticAuthError(PlatoonError, PermissionError):
+    """The lighthouse refused a node's messages (or a reply failed its check): the two do not
+    hold the same job secret (`platoon.elastic`)."""
+
+
+class QuorumTimeout(PlatoonError, TimeoutError):
+    """No quorum holding this node came within the time given (`platoon.elastic`)."""
+
+
+class QuorumBroken(PlatoonError, ConnectionError):
+    """An outer round over a quorum's data plane failed (a member died, stopped answering, or
+    the quorum changed under it): nothing was averaged; wait for the next quorum and rebuild
+    (`platoon.elastic`)."""

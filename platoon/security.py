@@ -40,22 +40,33 @@ def generate_keys(path):
     return path
 
 
+def read_private_file(path, what="keys"):
+    """The bytes of `path`, a file of secrets (`what` names it in errors); raises
+    PlatoonError if it is unreadable, a link, another user's, or others can read it."""
+    try:
+        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:  # never via a link
+            info = os.fstat(f.fileno())
+            data = f.read()
+    except OSError as exc:
+        raise PlatoonError("cannot read the job's %s from %s (%s)" % (what, path, exc)) from None
+    if info.st_uid != os.getuid():
+        raise PlatoonError("%s file %s belongs to uid %d, not to you (uid %d): use %s "
+                           "your launcher made" % (what, path, info.st_uid, os.getuid(), what))
+    mode = info.st_mode
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise PlatoonError("%s file %s is readable by other users; run chmod 600 on it"
+                           % (what, path))
+    return data
+
+
 def load_keys(path):
     """The key set in `path`; raises PlatoonError if it is unreadable, a link, another user's,
     or others can read it."""
+    text = read_private_file(path)
     try:
-        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW)) as f:  # never through a link
-            info = os.fstat(f.fileno())
-            keys = json.load(f)
-    except (OSError, ValueError) as exc:
+        keys = json.loads(text)
+    except ValueError as exc:
         raise PlatoonError("cannot read the job's keys from %s (%s)" % (path, exc)) from None
-    if info.st_uid != os.getuid():
-        raise PlatoonError("keys file %s belongs to uid %d, not to you (uid %d): use keys "
-                           "your launcher made" % (path, info.st_uid, os.getuid()))
-    mode = info.st_mode
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise PlatoonError("keys file %s is readable by other users; run chmod 600 on it"
-                           % path)
     if not isinstance(keys, dict) or any(not isinstance(keys.get(k), str) for k in KEY_NAMES):
         raise PlatoonError("keys file %s lacks one of %s" % (path, ", ".join(KEY_NAMES)))
     return {k: keys[k].encode() for k in KEY_NAMES}

@@ -1,6 +1,7 @@
 """Fixtures for tests with real processes, sockets and shared memory, all bounded and cleaned."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -130,6 +131,27 @@ class Proc:
                 if left <= 0:
                     pytest.fail("no line %r from %s within %.3g s:\n%s"
                                 % (prefix, self.args[0], timeout, self.output))
+                self._cond.wait(left)
+
+    def wait_for_match(self, pattern, timeout=20.0, start=0):
+        """(the re.Match, its line's index) of the first output line from index `start` on
+        that matches regular expression `pattern`; fails the test after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        regex = re.compile(pattern)
+        with self._cond:
+            while True:
+                for index in range(start, len(self.lines)):
+                    line = self.lines[index]
+                    if line is None:
+                        pytest.fail("%s exited (code %s) before printing a line matching %r:\n%s"
+                                    % (self.args[0], self.popen.poll(), pattern, self.output))
+                    match = regex.match(line)
+                    if match:
+                        return match, index
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    pytest.fail("no line matching %r from %s within %.3g s:\n%s"
+                                % (pattern, self.args[0], timeout, self.output))
                 self._cond.wait(left)
 
     def wait(self, timeout=30.0):

@@ -222,6 +222,10 @@ NEVER = {
                         "platoon._resources", "platoon.security"),
     "platoon._os": ("platoon.", "zmq", "numpy"),  # the standard library only
     "platoon.rules": ("platoon._", "platoon.controller", "platoon.worker", "zmq"),
+    # (its node runner, like platoon.mpi's, starts its workers' reaper: platoon.launch.reaper)
+    "platoon.elastic": ("platoon._controller", "platoon._worker", "platoon.controller",
+                        "platoon.worker", "platoon.launch.cli", "platoon.launch.child",
+                        "platoon.launch.output", "platoon.launch.supervision"),
     "platoon.launch": ("platoon._controller", "platoon._worker", "platoon._centre",
                        "platoon.controller", "platoon.worker", "platoon.mpi", "zmq", "numpy"),
     # The original Platoon's names: a facade over the core (nothing imports it: below).

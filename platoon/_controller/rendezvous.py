@@ -99,6 +99,9 @@ class Rendezvous:
             resume.release()
             self.centre_ready = True
             log.info("centre initialised from checkpoint %s", resume.path)
+        elif getattr(self._ctl.node_link, "initial_centre", None) is not None:
+            # an elastic job's joiner: its workers start from a live peer's anchor
+            self.centre_ready = bool(self._ctl.node_link.initial_centre(centre))
         return centre
 
     def params_ready(self, envelope: list, seq: Optional[int], record: WorkerRecord) -> None:

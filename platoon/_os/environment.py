@@ -48,6 +48,8 @@ class JobEnvironment:
     mpi_node: Optional[int] = None  # 1: this controller is a rank of python -m platoon.mpi
     mpi_timeout_s: Optional[float] = None  # a node this late to a collective hangs
     assume_gpus: Optional[str] = None  # the launcher takes these GPUs ("0,3") as present
+    elastic_secret_file: Optional[str] = None  # platoon.elastic: the job's secret
+    elastic_node: Optional[str] = None  # platoon.elastic: the node's name (its data slot)
 
     @classmethod
     def read(cls, *names):

@@ -36,7 +36,8 @@ BLOCK = 256  # elements per scale (int8, int4)
 CHUNK = 1 << 20  # elements per finiteness check (a bounded scratch array)
 TINY = 1e-36  # a block whose largest magnitude is smaller is sent as zeros (no subnormal scales)
 
-__all__ = ["make_codec", "CODECS", "Codec", "ErrorFeedback", "compressed_mean", "BLOCK"]
+__all__ = ["make_codec", "CODECS", "Codec", "ErrorFeedback", "compressed_mean", "own_message",
+           "mean_of_messages", "BLOCK"]
 
 
 class Codec:
@@ -366,19 +367,12 @@ def compressed_mean(comm, array: np.ndarray, codec: Codec,
         raise ValueError("ErrorFeedback of %d elements for an array of %d"
                          % (feedback.residual.size, array.size))
     n = array.size
-    acc_dtype = _accumulator_dtype(array.dtype)
     message_size = codec.encoded_size(n)
     flat = array.reshape(-1)
     sending = rank in members
     data, mine, refused_here = flat, np.empty(0, np.uint8), None
     if sending:
-        if feedback is not None:
-            data = flat.astype(np.result_type(flat.dtype, feedback.residual.dtype))
-            data += feedback.residual
-        try:
-            mine = codec.encode(data)
-        except NonFiniteValues as exc:  # send a refusal: every rank raises, none waits
-            refused_here, mine = exc, codec.refusal(n)
+        data, mine, refused_here = own_message(flat, codec, feedback)
     counts = [message_size if r in members else 0 for r in range(size)]
     displacements = [0] * size
     for r in range(1, size):
@@ -390,12 +384,41 @@ def compressed_mean(comm, array: np.ndarray, codec: Codec,
     if not wait(comm.Iallgatherv([mine, len(mine), MPI.BYTE],
                                  [gathered, (counts, displacements), MPI.BYTE]), cancel=cancel):
         raise Cancelled("compressed_mean: cancelled before the other ranks' messages came")
+    mean = mean_of_messages(gathered, members, rank, size, codec, array, data, feedback,
+                            refused_here, out)
+    return mean, (message_size * (size - 1) if sending else 0)
+
+
+def own_message(flat: np.ndarray, codec: Codec, feedback: Optional[ErrorFeedback]):
+    """(what is sent: `flat` plus the residual, its message, None) for one rank's
+    `compressed_mean`; (data, the codec's refusal, the NonFiniteValues) when that holds NaN
+    or Inf, so that every rank raises and none is left waiting."""
+    data = flat
+    if feedback is not None:
+        data = flat.astype(np.result_type(flat.dtype, feedback.residual.dtype))
+        data += feedback.residual
+    try:
+        return data, codec.encode(data), None
+    except NonFiniteValues as exc:
+        return data, codec.refusal(flat.size), exc
+
+
+def mean_of_messages(gathered: np.ndarray, members: Sequence[int], rank: int, size: int,
+                     codec: Codec, array: np.ndarray, data: np.ndarray,
+                     feedback: Optional[ErrorFeedback], refused_here=None,
+                     out: Optional[np.ndarray] = None) -> np.ndarray:
+    """The mean of the all-gathered messages (`gathered`: one row per rank of `members`, in
+    rank order), decoded and added up in that order in float32 (float64 for a float64
+    `array`): the same bits on every rank. This rank's residual becomes what its own message
+    (made from `data`) lost. Raises NonFiniteValues when any message is a refusal."""
     refusing = [r for r, message in zip(members, gathered) if codec.refused(message)]
     if refusing:
         raise NonFiniteValues("compressed_mean: rank(s) %s of %d hold NaN or Inf, which would "
                               "reach every rank's mean (%s); nothing was averaged"
                               % (", ".join(map(str, refusing)), size, codec.name),
                               refusing) from refused_here
+    n = array.size
+    acc_dtype = _accumulator_dtype(array.dtype)
     total = np.empty(n, acc_dtype)
     scratch = np.empty(n, acc_dtype) if len(members) > 1 else total
     for index, member in enumerate(members):
@@ -408,4 +431,4 @@ def compressed_mean(comm, array: np.ndarray, codec: Codec,
         total /= len(members)
     mean = out if out is not None else np.empty(array.shape, array.dtype)
     mean[...] = total.reshape(array.shape)
-    return mean, (message_size * (size - 1) if sending else 0)
+    return mean

@@ -74,16 +74,33 @@ def load_controller_class(spec: Optional[str]) -> type:
         raise PlatoonError("cannot load controller %r: %s" % (spec, exc)) from None
 
 
+def run_controller(controller, controller_args, link, host, serve_timeout):
+    """Run this node's controller with `link` as its node link, until it has served: a
+    controller script (``file.py``, run as ``__main__`` with `controller_args`; its Controller
+    takes the link, `handoff.offered`) or a class (or ``module:Class`` / ``file.py:Class``,
+    default platoon.Controller), created and served."""
+    if isinstance(controller, str) and controller.endswith(".py"):
+        sys.argv = [controller] + list(controller_args)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(controller)))
+        with offered(link):  # the script's Controller takes it (handoff.node_link_for)
+            runpy.run_path(controller, run_name="__main__")
+    else:
+        cls = controller if isinstance(controller, type) else load_controller_class(controller)
+        with cls(host=host, node_link=link) as ctl:
+            ctl.serve(timeout_s=serve_timeout)
+
+
 class _Workers:
     """Starts this node's workers once the controller announces its ports, and aborts the
     whole job as soon as one fails. Runs in its own thread, which lives as long as the
     workers (they die with it: PR_SET_PDEATHSIG)."""
 
-    def __init__(self, argv, count, host, ready_fd, reaper_fd, world, ready_timeout_s, env,
+    def __init__(self, argv, count, host, ready_fd, reaper_fd, fail, ready_timeout_s, env,
                  host_workers):
         self.argv, self.count, self.host = argv, count, host
         self.host_workers = host_workers
-        self.ready_fd, self.reaper_fd, self.world = ready_fd, reaper_fd, world
+        self.ready_fd, self.reaper_fd = ready_fd, reaper_fd
+        self._fail = fail  # fail(message): the node's end (platoon.mpi: the whole job's)
         self.ready_timeout_s, self.env = ready_timeout_s, env
         self.procs = []
         self.started = threading.Event()
@@ -91,11 +108,6 @@ class _Workers:
         self.error = None
         self.thread = threading.Thread(target=self._run, name="platoon-workers", daemon=True)
         self.thread.start()
-
-    def _fail(self, message):
-        print("platoon.mpi: node %d: %s; aborting the job" % (self.world.Get_rank(), message),
-              file=sys.stderr, flush=True)
-        abort(self.world, 1)
 
     def _run(self):
         try:
@@ -203,18 +215,14 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
             "divided among their %d workers" % (host_nodes, os.cpu_count() or 1, host_workers)
         _say("platoon.mpi: node %d of %d, controller pid %d, job %s%s"
              % (rank, size, os.getpid(), job_id, shared))
-        workers = _Workers(worker_argv, num_workers, host, read_fd, reaper_fd, world,
+
+        def fail(message):
+            _say("platoon.mpi: node %d: %s; aborting the job" % (rank, message))
+            abort(world, 1)
+
+        workers = _Workers(worker_argv, num_workers, host, read_fd, reaper_fd, fail,
                            ready_timeout_s, env, host_workers)
-        if isinstance(controller, str) and controller.endswith(".py"):
-            sys.argv = [controller] + list(controller_args)
-            sys.path.insert(0, os.path.dirname(os.path.abspath(controller)))
-            with offered(link):  # the script's Controller takes it (handoff.node_link_for)
-                runpy.run_path(controller, run_name="__main__")
-        else:
-            cls = controller if isinstance(controller, type) else \
-                load_controller_class(controller)
-            with cls(host=host, node_link=link) as ctl:
-                ctl.serve(timeout_s=serve_timeout)
+        run_controller(controller, controller_args, link, host, serve_timeout)
         if not workers.started.is_set():
             raise PlatoonError("the controller returned before serving its workers")
         stop(workers.procs, WORKER_STOP_TIMEOUT_S, grace_s=finish_timeout_s, group=False)

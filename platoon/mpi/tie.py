@@ -131,6 +131,19 @@ class CentreTie:
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(CentreTie))
 
+
+def outer_step(anchor, velocity, mean_moved, lr, mu):
+    """DiLoCo's outer SGD step with Nesterov momentum `mu` and learning rate `lr` on
+    `anchor`, in place (`velocity` too): ``u = mu*u + d; anchor += lr * (d + mu*u)``, d the
+    nodes' mean move (-gradient). lr 1, momentum 0: the new anchor is the mean."""
+    velocity *= mu
+    velocity += mean_moved
+    step = velocity * mu
+    step += mean_moved
+    step *= lr
+    anchor += step
+
+
 class TieThread:
     """The thread that runs `tie`'s rounds for `controller` on `comm` (a communicator of its
     own, one rank per node); `on_failure(code)` is called if a round fails (it aborts).
@@ -400,13 +413,7 @@ class TieThread:
         """DiLoCo's outer SGD step with Nesterov momentum on `anchor`, in place: the gradient
         is -mean_moved (the nodes' mean pseudo-gradient). With lr 1 and momentum 0 the new
         anchor is the mean of the centres."""
-        lr, mu = self.tie.outer_lr, self.tie.outer_momentum
-        velocity *= mu
-        velocity += mean_moved
-        step = velocity * mu
-        step += mean_moved
-        step *= lr
-        anchor += step
+        outer_step(anchor, velocity, mean_moved, self.tie.outer_lr, self.tie.outer_momentum)
 
     def _final_round(self):
         """Every node is done (no worker syncs any more): make each node's centre the mean

@@ -1,0 +1,34 @@
+"""Elastic jobs across nodes: nodes that come and go (docs/multi-node.md).
+
+- `node`: one node's controller and workers (``python -m platoon.elastic.node --join``).
+- `link`, `tie`: the node controller's link (`ElasticLink`) and its centre tie
+  (`ElasticTie`: DiLoCo's outer step per quorum, healing, the final agreement).
+
+- `lighthouse`: the small process that nodes register and heartbeat with, and that numbers
+  their quorums (``python -m platoon.elastic.lighthouse``); pyzmq only.
+- `client`: a node's side of it (`LighthouseClient`).
+- `quorum`: what a quorum is and the membership rule (pure logic).
+- `secret`: the job's secret and the signatures on every message.
+- `dataplane`: a torch.distributed gloo group per quorum for the outer round's compressed
+  messages (`StoreServer`, `QuorumGroup`); the only module that imports torch, on first use.
+"""
+
+from typing import TYPE_CHECKING
+
+from .client import LighthouseClient
+from .quorum import MembershipSettings, Quorum
+from .secret import generate_secret, load_secret
+
+if TYPE_CHECKING:
+    from .dataplane import QuorumGroup, StoreServer
+
+
+def __getattr__(name):
+    if name in ("QuorumGroup", "StoreServer"):  # torch only when the data plane is used
+        from . import dataplane
+        return getattr(dataplane, name)
+    raise AttributeError("module 'platoon.elastic' has no attribute %r" % name)
+
+
+__all__ = ["LighthouseClient", "MembershipSettings", "Quorum", "QuorumGroup", "StoreServer",
+           "generate_secret", "load_secret"]

@@ -1,0 +1,162 @@
+"""A node's side of the lighthouse: registration, heartbeats in a thread, the latest quorum."""
+
+import logging
+import threading
+import time
+from typing import Optional
+
+import zmq
+
+from ..errors import ElasticAuthError, QuorumTimeout
+from . import wire
+from .quorum import Quorum
+from .secret import load_secret
+
+log = logging.getLogger(__name__)
+
+
+class LighthouseClient:
+    """Node `name` (its stable slot) of an elastic job, registered with the lighthouse at
+    `lighthouse` ("HOST:PORT") and reachable for the data plane at `address` ("HOST:PORT").
+
+    A thread heartbeats every `heartbeat_interval_s`; a request unanswered within
+    `request_timeout_s` is dropped and sent again on a new connection, for as long as the
+    client is open: while the lighthouse is down the node keeps its last quorum, and it
+    registers again (reporting the highest quorum id it has seen) once the lighthouse is
+    back. `secret`: the job's secret (default: `load_secret()`). A context manager; `close()`
+    tells the lighthouse the node leaves.
+    """
+
+    def __init__(self, lighthouse: str, name: str, address: str, *,
+                 secret: Optional[bytes] = None, heartbeat_interval_s: float = 0.1,
+                 request_timeout_s: float = 1.0):
+        if not name:
+            raise ValueError("a node needs a name (its stable slot), got %r" % (name,))
+        if not (heartbeat_interval_s > 0 and request_timeout_s > 0):
+            raise ValueError("heartbeat_interval_s and request_timeout_s must be > 0 seconds")
+        self.lighthouse, self.name, self.address = lighthouse, name, address
+        self._secret = load_secret() if secret is None else secret
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.request_timeout_s = request_timeout_s
+        self._context = zmq.Context()
+        self._cond = threading.Condition()
+        self._quorum: Optional[Quorum] = None
+        self._refused: Optional[str] = None  # the lighthouse's last refusal, until a good reply
+        self._broken = 0  # `report_broken`'s quorum id, sent with every heartbeat
+        self.reachable = False  # whether the last request was answered
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="platoon-heartbeat", daemon=True)
+        self._thread.start()
+
+    # --- what the node asks -------------------------------------------------------------
+    def current_quorum(self) -> Optional[Quorum]:
+        """The newest quorum heard of (it may no longer hold this node), or None."""
+        with self._cond:
+            self._raise_refused()
+            return self._quorum
+
+    def wait_for_quorum(self, timeout: Optional[float] = None,
+                        newer_than: int = 0) -> Quorum:
+        """The first quorum with an id above `newer_than` that holds this node. Raises
+        QuorumTimeout after `timeout` seconds (None: forever) and ElasticAuthError when
+        the lighthouse refuses this node's secret."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                self._raise_refused()
+                q = self._quorum
+                if q is not None and q.id > newer_than and self.name in q.members:
+                    return q
+                left = None if deadline is None else deadline - time.monotonic()
+                if deadline is not None and left is not None and left <= 0:
+                    raise QuorumTimeout(
+                        "node %s: no quorum above id %d holding it within %.3g s (lighthouse "
+                        "%s %s; newest quorum %s): are enough nodes up (--min-nodes)?"
+                        % (self.name, newer_than, timeout or 0.0, self.lighthouse,
+                           "answers" if self.reachable else "does not answer",
+                           "none" if q is None else "%d of %s" % (q.id, ", ".join(q.members))))
+                self._cond.wait(left)
+
+    def report_broken(self, quorum_id: int) -> None:
+        """Ask the lighthouse for a new quorum id for the same members: quorum `quorum_id`'s
+        group broke (a member stalled past the round's timeout) and no newer quorum came.
+        Sent with every heartbeat from now on; ignored once `quorum_id` is not current."""
+        with self._cond:
+            self._broken = max(self._broken, int(quorum_id))
+
+    def _raise_refused(self):
+        if self._refused is not None:
+            raise ElasticAuthError("node %s: the lighthouse at %s refused it: %s"
+                                   % (self.name, self.lighthouse, self._refused))
+
+    # --- the heartbeat thread -----------------------------------------------------------
+    def _connect(self):
+        sock = self._context.socket(zmq.REQ)
+        sock.linger = 0
+        sock.rcvtimeo = int(self.request_timeout_s * 1000)
+        sock.connect("tcp://" + self.lighthouse)
+        return sock
+
+    def _exchange(self, sock, op: str, challenge: str) -> Optional[dict]:
+        """One request and its reply; None when unanswered in time."""
+        with self._cond:
+            highest = 0 if self._quorum is None else self._quorum.id
+            broken = self._broken
+        body, mac = wire.request(self._secret, op, self.name, self.address, highest, challenge,
+                                 broken)
+        sock.send_multipart([body, mac])
+        try:
+            frames = sock.recv_multipart()
+        except zmq.Again:
+            return None
+        if len(frames) != 2:
+            return {"challenge": "", "quorum": None, "done": False, "error": "malformed reply"}
+        return wire.read_reply(self._secret, mac, frames[0], frames[1])
+
+    def _heard(self, answer: dict) -> None:
+        with self._cond:
+            self.reachable = True
+            self._refused = answer["error"]
+            if answer["error"] is None and answer["quorum"] is not None:
+                quorum = Quorum.from_wire(answer["quorum"])
+                if self._quorum is None or quorum.id > self._quorum.id:
+                    self._quorum = quorum
+            self._cond.notify_all()
+
+    def _run(self):
+        sock, challenge = self._connect(), ""
+        try:
+            while not self._stop.is_set():
+                answer = self._exchange(sock, "heartbeat", challenge)
+                if answer is None:  # the lighthouse is gone or slow: a new connection
+                    with self._cond:
+                        self.reachable = False
+                    sock.close(linger=0)
+                    sock, challenge = self._connect(), ""
+                    continue
+                self._heard(answer)
+                challenge = answer["challenge"]
+                if answer["error"] is None and not answer["done"]:
+                    continue  # the challenge was stale: send again with the new one
+                self._stop.wait(self.heartbeat_interval_s if answer["error"] is None
+                                else max(1.0, self.heartbeat_interval_s))
+            if challenge and self.reachable:  # leave at once rather than after the timeout
+                self._exchange(sock, "leave", challenge)
+        except zmq.ZMQError as exc:  # the context is gone: close() from another thread
+            log.debug("node %s: heartbeat thread ends: %s", self.name, exc)
+        finally:
+            sock.close(linger=0)
+
+    def close(self) -> None:
+        """Stop heartbeating and tell the lighthouse this node leaves (idempotent)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(self.request_timeout_s + 5.0)
+        self._context.term()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

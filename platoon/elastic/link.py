@@ -1,0 +1,108 @@
+"""An elastic node controller's link to the other nodes: its centre tie (`ElasticTie`) and the
+refusals of what cannot hold when nodes come and go (the controller's NodeLink interface)."""
+
+import logging
+from typing import Callable, Optional
+
+from ..errors import PlatoonError
+from ..mpi.tie import CentreTie
+from .tie import ElasticTie
+
+log = logging.getLogger(__name__)
+
+_NOT_ELASTIC = ("%s across nodes does not exist in an elastic job: its nodes come and go, so "
+                "no step holds every node's workers. Use it on one node (python -m platoon or "
+                "the launcher) or in a fixed world (python -m platoon.mpi)")
+
+
+class ElasticLink:
+    """What an elastic node's controller sees of the other nodes (as ``node_link``).
+
+    A worker's `global_rank`/`global_size` are its node's own (its local rank and the node's
+    worker count: no job-wide numbering survives a node joining or leaving); its node's name
+    is PLATOON_ELASTIC_NODE, the stable slot a worker picks its data shard by. The
+    cross-node `all_reduce` and `barrier` refuse with PlatoonError."""
+
+    def __init__(self, num_workers: int, connect: Callable, name: str, tie: CentreTie,
+                 timeout_s: float,
+                 on_failure: Callable[[str], None], started_at: Optional[float] = None):
+        self.num_workers = int(num_workers)
+        self.connect, self.name, self.tie, self.timeout_s = connect, name, tie, timeout_s
+        self.on_failure, self.started_at = on_failure, started_at
+        self.final_result = None
+        self._tie_thread: Optional[ElasticTie] = None
+        self._finished = False
+        ElasticTie.check(tie)
+
+    @property
+    def tie_thread(self) -> Optional[ElasticTie]:
+        return self._tie_thread
+
+    def totals(self):
+        thread = self._tie_thread
+        return {} if thread is None else {"tie_rounds": thread.rounds,
+                                          "tie_bytes_sent": thread.bytes_sent,
+                                          "tie_broken_rounds": thread.broken_rounds}
+
+    def topology(self, worker_id):
+        return {"global_rank": worker_id, "global_size": self.num_workers}
+
+    def all_reduce(self, array, op):
+        raise PlatoonError(_NOT_ELASTIC % "all_reduce")
+
+    def barrier(self):
+        raise PlatoonError(_NOT_ELASTIC % "a barrier")
+
+    def fail_round(self, reason):
+        """Nothing to tell the other nodes: a node's all_reduce never leaves it."""
+
+    def share_stop(self, job_stop):
+        """A stop ends this node only (the others go on, as when it dies)."""
+
+    def start(self, controller):
+        if self._tie_thread is None:
+            self._tie_thread = ElasticTie(self.tie, self.connect, self.name, controller,
+                                          self.timeout_s,
+                                          self.on_failure, self.started_at)
+
+    def initial_centre(self, centre):
+        """The centre was just created: True once it holds a live member's anchor (the
+        workers copy it), False when they write the first values (see `ElasticTie`)."""
+        thread = self._tie_thread
+        return False if thread is None else thread.initial_centre(2 * self.timeout_s)
+
+    def trained(self):
+        thread = self._tie_thread
+        if thread is None:
+            return False
+        thread.node_done()
+        return True
+
+    def final_centre(self):
+        """None until the final round; then whether this node evaluates the agreed centre
+        (the lowest-ranked member of the final quorum does)."""
+        thread = self._tie_thread
+        if thread is None or not thread.final.is_set():
+            return None
+        return thread.final_error is None and thread.final_rank == 0
+
+    def end_tie(self):
+        thread = self._tie_thread
+        if thread is None or self._finished or thread.halted:
+            return
+        if not thread.halt():
+            log.warning("node %s: the elastic tie thread did not end in time", self.name)
+
+    def finish(self):
+        """This node's workers are done: wait for the final round among the nodes alive."""
+        if self._finished:
+            return
+        self._finished = True
+        if self._tie_thread is not None:
+            self._tie_thread.stop()
+
+    def close(self):
+        self.finish()
+
+    def tie_summary(self):
+        return None if self._tie_thread is None else self._tie_thread.summary()

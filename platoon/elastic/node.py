@@ -1,0 +1,180 @@
+"""One node of an elastic job: its controller and workers, as ``python -m platoon.mpi`` runs
+them, with the node centres tied through each quorum's gloo group (`ElasticTie`)::
+
+    python -m platoon.elastic.node --join LIGHTHOUSE_HOST:PORT --name NAME \\
+        --secret-file SECRET --workers 2 --tie-every-s 3 --tie-compress int8 -- train.py
+
+A node that dies is out of the next quorum; the others go on. A node started mid-run takes
+the anchor and outer momentum from a live member at its first round.
+"""
+
+import argparse
+import logging
+import os
+import secrets
+import shlex
+import sys
+import time
+from typing import Optional, Sequence
+
+from .._os.argv import join_option_values
+from .._os.environment import JobEnvironment, without_job_variables
+from .._os.process import stop
+from ..errors import PlatoonError
+from ..mpi.compress import CODECS
+from ..mpi.runner import WORKER_STOP_TIMEOUT_S, _say, _Workers, run_controller
+from ..mpi.tie import CentreTie
+
+log = logging.getLogger(__name__)
+
+LOCAL_HOST = "127.0.0.1"  # where a node's controller serves its workers
+
+
+def process_start_time() -> float:
+    """When this process started (time.time() seconds; now, where /proc cannot say)."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str, name: str,
+                     tie: CentreTie, tie_timeout_s: float = 30.0,
+                     secret_file: Optional[str] = None, host: str = "127.0.0.1",
+                     controller=None, controller_args: Sequence[str] = (),
+                     ready_timeout_s: float = 120.0, finish_timeout_s: float = 30.0,
+                     heartbeat_interval_s: float = 0.1) -> int:
+    """Run node `name` of the elastic job whose lighthouse is at `join`; return its exit code.
+    The workers get PLATOON_ELASTIC_NODE=name; a worker failing ends this node only."""
+    from . import LighthouseClient, load_secret
+    from .dataplane import StoreServer
+    from .link import ElasticLink
+    started_at = process_start_time()
+    secret = load_secret(secret_file)
+    job_id = "%s-%s" % (JobEnvironment.read("job_id").job_id or secrets.token_hex(6), name)
+    from ..launch import reaper
+    reaper_fd = reaper.start(job_id)
+    read_fd, write_fd = os.pipe()
+    env = without_job_variables(dict(os.environ), "ready_fd", "mpi_node", "checkpoint_path",
+                                "status_file")
+    env.update(JobEnvironment(job_id=job_id, num_workers=num_workers,
+                              elastic_node=name).to_env())
+    os.environ.update(JobEnvironment(mpi_node=1, job_id=job_id, control_port=0,
+                                     num_workers=num_workers, ready_fd=write_fd).to_env())
+    workers = None
+
+    def fail(message):
+        _say("platoon.elastic: node %s: %s; this node ends (the others go on)" % (name, message))
+        if workers is not None:
+            stop(workers.procs, WORKER_STOP_TIMEOUT_S, group=False)
+        os._exit(1)
+
+    with StoreServer(host) as store:
+        def connect():
+            return LighthouseClient(join, name, store.address, secret=secret,
+                                    heartbeat_interval_s=heartbeat_interval_s)
+
+        link = ElasticLink(num_workers, connect, name, tie, tie_timeout_s, fail, started_at)
+        _say("platoon.elastic: node %s, controller pid %d, job %s, lighthouse %s, data plane %s"
+             % (name, os.getpid(), job_id, join, store.address))
+        try:
+            # the controller and its workers talk on this machine; only the data plane
+            # binds `host`
+            workers = _Workers(worker_argv, num_workers, LOCAL_HOST, read_fd, reaper_fd, fail,
+                               ready_timeout_s, env, num_workers)
+            run_controller(controller, controller_args, link, LOCAL_HOST, None)
+            if not workers.started.is_set():
+                raise PlatoonError("the controller returned before serving its workers")
+            stop(workers.procs, WORKER_STOP_TIMEOUT_S, grace_s=finish_timeout_s, group=False)
+            failed = [p for p in workers.procs if p.returncode != 0]
+            if failed:
+                raise PlatoonError("worker pid %d exited with code %d"
+                                   % (failed[0].pid, failed[0].returncode))
+            link.close()
+        except BaseException as exc:
+            _say("platoon.elastic: node %s failed: %s: %s" % (name, type(exc).__name__, exc))
+            if workers is not None:
+                stop(workers.procs, WORKER_STOP_TIMEOUT_S, group=False)
+            raise
+        thread = link.tie_thread
+        if thread is not None:
+            _say("platoon.elastic: node %s: %s" % (name, thread.summary()))
+            if thread.first_contribution_s is not None:
+                _say("platoon.elastic: node %s: first contributing round %.2f s after its start"
+                     % (name, thread.first_contribution_s))
+        final = link.final_result
+        if final and isinstance(final.get("metrics"), dict):
+            _say("platoon.elastic: final result (the agreed centre, evaluated once by node %s): "
+                 "%s" % (name, ", ".join("%s %s" % item for item in final["metrics"].items())))
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m platoon.elastic.node``: parse the command line and `run_elastic_node`."""
+    parser = argparse.ArgumentParser(
+        prog="python -m platoon.elastic.node",
+        description="One node of an elastic platoon job (nodes that come and go).")
+    parser.add_argument("--join", required=True, metavar="HOST:PORT",
+                        help="the lighthouse (python -m platoon.elastic.lighthouse)")
+    parser.add_argument("--name", required=True,
+                        help="this node's stable name: its slot (a restarted node keeps it)")
+    parser.add_argument("--workers", type=int, default=1, help="workers on this node")
+    parser.add_argument("--secret-file", default=None,
+                        help="the job's secret (default: $PLATOON_ELASTIC_SECRET_FILE)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="the interface the data plane binds, which the other nodes "
+                             "reach (default 127.0.0.1; the controller serves its workers "
+                             "on 127.0.0.1)")
+    parser.add_argument("--controller", default=None,
+                        help="controller script file.py, or module:Class or file.py:Class")
+    parser.add_argument("--controller-args", default="",
+                        help="arguments of a controller script (one shell-quoted string)")
+    parser.add_argument("--tie-every-s", type=float, default=3.0,
+                        help="an outer round every so many seconds (default 3)")
+    parser.add_argument("--tie-outer", choices=["diloco"], default="diloco",
+                        help="what a round does: diloco (the only rule of an elastic job)")
+    parser.add_argument("--tie-compress", choices=list(CODECS), default="int8",
+                        help="how the moves travel: float32, int8 (default) or int4")
+    parser.add_argument("--tie-outer-lr", type=float, default=0.7)
+    parser.add_argument("--tie-outer-momentum", type=float, default=0.9)
+    parser.add_argument("--tie-timeout-s", type=float, default=30.0,
+                        help="a round's collectives wait at most this long for a member that "
+                             "stops answering (default 30; more than --tie-every-s)")
+    parser.add_argument("--ready-timeout-s", type=float, default=120.0)
+    parser.add_argument("--finish-timeout-s", type=float, default=30.0)
+    parser.add_argument("worker", nargs=argparse.REMAINDER,
+                        help="-- then the worker command (python is sys.executable for a .py)")
+    args = parser.parse_args(join_option_values(sys.argv[1:] if argv is None else argv,
+                                                ["--controller-args"]))
+    command = args.worker[1:] if args.worker[:1] == ["--"] else args.worker
+    if not command:
+        parser.error("give the worker command after --")
+    if command[0].endswith(".py"):
+        command = [sys.executable] + command
+    logging.basicConfig(level=(JobEnvironment.read("log_level").log_level or "WARNING").upper(),
+                        format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    try:
+        tie = CentreTie(args.tie_every_s, compress=args.tie_compress, outer=args.tie_outer,
+                        outer_lr=args.tie_outer_lr, outer_momentum=args.tie_outer_momentum)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not args.tie_timeout_s > args.tie_every_s:
+        parser.error("--tie-timeout-s must be more than --tie-every-s")
+    try:
+        return run_elastic_node(command, args.workers, join=args.join, name=args.name, tie=tie,
+                                tie_timeout_s=args.tie_timeout_s, secret_file=args.secret_file,
+                                host=args.host, controller=args.controller,
+                                controller_args=shlex.split(args.controller_args),
+                                ready_timeout_s=args.ready_timeout_s,
+                                finish_timeout_s=args.finish_timeout_s)
+    except PlatoonError as exc:
+        print("platoon.elastic.node: %s" % exc, file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Quorums and the lighthouse's membership rule: pure logic, no sockets, no clocks of its own.
+
+A quorum is a numbered list of the nodes that make the next outer rounds together. Its id
+only grows: a node reports the highest id it has seen whenever it heartbeats, and the
+lighthouse numbers its next quorum above every report, so a lighthouse restarted with no
+memory still issues ids above every id its members knew.
+"""
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+
+@dataclass(frozen=True)
+class Quorum:
+    """One membership of the job: `id` (grows with every change), `members` (node names,
+    sorted: a member's rank is its index) and `addresses` (each member's data-plane address,
+    "host:port", in the same order)."""
+
+    id: int
+    members: Tuple[str, ...]
+    addresses: Tuple[str, ...]
+
+    def rank_of(self, name: str) -> int:
+        """`name`'s rank in this quorum; raises ValueError when it is not a member."""
+        try:
+            return self.members.index(name)
+        except ValueError:
+            raise ValueError("node %r is not in quorum %d (members: %s)"
+                             % (name, self.id, ", ".join(self.members))) from None
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    @property
+    def store_address(self) -> str:
+        """Where this quorum's data plane meets: the address of its rank 0."""
+        return self.addresses[0]
+
+    def to_wire(self) -> dict:
+        return {"id": self.id, "members": list(self.members), "addresses": list(self.addresses)}
+
+    @classmethod
+    def from_wire(cls, data: dict) -> "Quorum":
+        members, addresses = data["members"], data["addresses"]
+        if not (isinstance(data["id"], int) and isinstance(members, list)
+                and isinstance(addresses, list) and len(members) == len(addresses)
+                and all(isinstance(x, str) for x in members + addresses)):
+            raise ValueError("not a quorum: %r" % (data,))
+        return cls(data["id"], tuple(members), tuple(addresses))
+
+
+@dataclass(frozen=True)
+class MembershipSettings:
+    """The lighthouse's rule. min_nodes: no quorum with fewer live nodes.
+    heartbeat_timeout_s: a node silent this long is out of the next quorum.
+    join_grace_s: once the live nodes differ from the quorum's, wait this long for more
+    joiners (or leavers) before issuing the next quorum."""
+
+    min_nodes: int = 1
+    heartbeat_timeout_s: float = 5.0
+    join_grace_s: float = 0.3
+
+    def __post_init__(self):
+        if not (isinstance(self.min_nodes, int) and self.min_nodes >= 1):
+            raise ValueError("min_nodes must be an integer >= 1, got %r" % (self.min_nodes,))
+        if not self.heartbeat_timeout_s > 0:
+            raise ValueError("heartbeat_timeout_s must be > 0 seconds, got %r"
+                             % (self.heartbeat_timeout_s,))
+        if not self.join_grace_s >= 0:
+            raise ValueError("join_grace_s must be >= 0 seconds, got %r" % (self.join_grace_s,))
+
+
+class Membership:
+    """Who is live and which quorum holds. Feed it `heartbeat`s and `leave`s, call `tick(now)`
+    often; it returns a new Quorum when one is issued. Times are the caller's monotonic
+    seconds."""
+
+    def __init__(self, settings: MembershipSettings):
+        self.settings = settings
+        self._last_seen: Dict[str, float] = {}
+        self._addresses: Dict[str, str] = {}
+        self._highest_reported = 0
+        self.quorum: Optional[Quorum] = None
+        self._change_since: Optional[float] = None  # when the live set first differed
+        self._rebuild = False  # a member asked for a new id (`heartbeat`'s `broken`)
+
+    def heartbeat(self, name: str, address: str, highest_seen: int, now: float,
+                  broken: int = 0) -> None:
+        """`name` is alive at `now`, reachable for the data plane at `address`, and has seen
+        quorum ids up to `highest_seen`. `broken`: the id of a quorum whose group broke for
+        `name` with no newer quorum since (every member alive, yet one stalled a round past
+        its timeout): while it is the current quorum and `name` a member, the next tick
+        issues a new id for the same members, so that they build a new group."""
+        if broken and self.quorum is not None and broken == self.quorum.id \
+                and name in self.quorum.members:
+            self._rebuild = True
+        self._last_seen[name] = now
+        self._addresses[name] = address
+        self._highest_reported = max(self._highest_reported, int(highest_seen))
+
+    def leave(self, name: str) -> None:
+        """`name` leaves: out of the next quorum, without waiting for its timeout."""
+        self._last_seen.pop(name, None)
+        self._addresses.pop(name, None)
+
+    def live(self, now: float) -> List[str]:
+        """The nodes heard from within the heartbeat timeout (the silent ones are forgotten)."""
+        for name, seen in list(self._last_seen.items()):
+            if now - seen > self.settings.heartbeat_timeout_s:
+                self.leave(name)
+        return sorted(self._last_seen)
+
+    def tick(self, now: float) -> Optional[Quorum]:
+        """Issue the next quorum when the live nodes differ from the current quorum's (or a
+        member's address changed), at least `min_nodes` are live, and the grace window since
+        the change began has passed; returns it, else None."""
+        names = self.live(now)
+        addresses = tuple(self._addresses[n] for n in names)
+        current = self.quorum
+        changed = current is None or self._rebuild or (tuple(names), addresses) != (
+            current.members, current.addresses)
+        if not changed or len(names) < self.settings.min_nodes:
+            self._change_since = None
+            return None
+        if self._change_since is None:
+            self._change_since = now
+        if now - self._change_since < self.settings.join_grace_s:
+            return None
+        self._change_since = None
+        self._rebuild = False
+        last = 0 if current is None else current.id
+        self.quorum = Quorum(max(last, self._highest_reported) + 1, tuple(names), addresses)
+        return self.quorum

@@ -1,0 +1,62 @@
+"""The job's secret and the signatures that prove a message came from one of its nodes.
+
+Every node and the lighthouse read one secret (at least 16 bytes) from a file only its user
+can read, named by ``--secret-file`` or PLATOON_ELASTIC_SECRET_FILE (the same checks as
+``--curve``'s keys file: no link, the user's own, mode 0600). Each request carries an
+HMAC-SHA256 over its body, and the body carries the challenge the lighthouse sent in its last
+reply on that connection, so a captured request cannot be replayed; each reply is signed
+over its body and the request's signature, so a reply cannot be forged or replayed either.
+"""
+
+import hashlib
+import hmac
+import os
+import secrets
+from typing import Optional
+
+from .._os.environment import JobEnvironment
+from ..errors import PlatoonError
+from ..security import read_private_file
+
+SECRET_ENV = "PLATOON_ELASTIC_SECRET_FILE"  # JobEnvironment.elastic_secret_file
+MIN_SECRET_BYTES = 16
+_REQUEST = b"platoon-elastic/1 request\0"
+_REPLY = b"platoon-elastic/1 reply\0"
+
+
+def generate_secret(path: str) -> str:
+    """Write a new random secret to `path` (created 0600, never overwritten); returns the
+    path. Copy the file to every node and to the lighthouse's host."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32) + "\n")
+    return path
+
+
+def load_secret(path: Optional[str] = None) -> bytes:
+    """The job's secret, from `path` or else the file named by PLATOON_ELASTIC_SECRET_FILE.
+    Raises PlatoonError when neither is given, or the file is unsafe or too short."""
+    path = path or JobEnvironment.read("elastic_secret_file").elastic_secret_file
+    if not path:
+        raise PlatoonError("an elastic job needs its secret: give --secret-file PATH or set %s "
+                           "(make one with python -m platoon.elastic.lighthouse --new-secret "
+                           "PATH and copy it to every node)" % SECRET_ENV)
+    secret = read_private_file(path, "secret").strip()
+    if len(secret) < MIN_SECRET_BYTES:
+        raise PlatoonError("secret file %s holds %d bytes; use at least %d random bytes "
+                           "(python -m platoon.elastic.lighthouse --new-secret PATH)"
+                           % (path, len(secret), MIN_SECRET_BYTES))
+    return secret
+
+
+def sign_request(secret: bytes, body: bytes) -> bytes:
+    return hmac.new(secret, _REQUEST + body, hashlib.sha256).digest()
+
+
+def sign_reply(secret: bytes, request_mac: bytes, body: bytes) -> bytes:
+    return hmac.new(secret, _REPLY + request_mac + body, hashlib.sha256).digest()
+
+
+def verify(expected: bytes, mac: bytes) -> bool:
+    """Whether `mac` is `expected` (compared in constant time)."""
+    return hmac.compare_digest(expected, mac)

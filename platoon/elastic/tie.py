@@ -1,0 +1,419 @@
+"""The centre tie of an elastic job: DiLoCo's outer step among the members of each quorum,
+over that quorum's gloo group (`QuorumGroup`), surviving members that die and taking in
+members that join.
+
+Every member holds the same anchor and outer momentum, numbered by the outer rounds applied
+(`round_no`). Each round begins with a header every member sends (ready, done, handed over,
+round_no, the newest quorum id it has heard of, a sha256 of its anchor and momentum, of its
+centre's layout). Then, the same decision on every member:
+
+- someone has heard of a newer quorum: all leave this group for it;
+- nobody has an anchor yet (the job's first round): the anchor is the mean of the centres,
+  sent losslessly;
+- the members' anchors differ (a joiner has none; a member missed a round that broke while
+  the others applied it; a member was stopped): the lowest-ranked member with the highest
+  round_no broadcasts its anchor and momentum, losslessly, and each member that differed
+  takes them: a joiner's centre becomes the anchor, another's keeps what its workers added
+  (its centre minus its old anchor plus the new one). Nothing else happens in that round;
+- otherwise an outer round: each member's pseudo-gradient (centre minus anchor) travels
+  compressed with error feedback (`QuorumGroup.compressed_mean`); every array's mean is in
+  before any anchor changes, so a round that breaks (QuorumBroken) changes no anchor,
+  momentum or residual on that member, and no centre is half-updated.
+
+A round that breaks is dropped: the node waits for a quorum newer than the broken one
+(`LighthouseClient.wait_for_quorum`) and builds its group; the header of its first round
+repairs whatever anchors differ. A node whose workers are done hands its centre over once
+(its last move is in the next mean), then takes every anchor without contributing; when every
+member is done and handed over, each sets its centre to the anchor: the same bits on every
+node alive at the end.
+"""
+
+import hashlib
+import logging
+import threading
+import time
+from typing import Any, Callable, List, Optional
+
+import numpy as np
+
+from ..errors import NonFiniteValues, PlatoonError, QuorumBroken, QuorumTimeout
+from ..mpi.compress import ErrorFeedback, RawCodec, make_codec
+from ..mpi.tie import LOCK_TIMEOUT_S, CentreTie, outer_step
+
+log = logging.getLogger(__name__)
+
+IDLE_POLL_S = 0.05  # between rounds while some member's centre is not ready
+HALT_TIMEOUT_S = 10.0
+_DIGEST = 32
+_FIELDS = 5  # ready, done, handed_over, round_no, newest quorum id (int64 each)
+_HEADER_BYTES = 8 * _FIELDS + 2 * _DIGEST
+
+
+def _sha256(arrays) -> bytes:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(("%s%s" % (a.dtype.str, a.shape)).encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.digest()
+
+
+class ElasticTie:
+    """The thread that ties node `name`'s `controller`'s centre to the other nodes' as `tie`
+    (a CentreTie with ``outer="diloco"``) says, in the quorums that the LighthouseClient
+    `connect()` makes hears of: it is made once the centre exists (its layout known), so a
+    node enters a quorum only when it can be healed; it leaves when the tie ends.
+    `timeout_s` bounds each collective. `on_failure(message)` ends the node when the tie
+    cannot go on (a diverged centre, centres of different layouts). `started_at`: the
+    node's start (time.time()), for the joiner's time to its first contributing round."""
+
+    def __init__(self, tie: CentreTie, connect: Callable, name: str, controller,
+                 timeout_s: float,
+                 on_failure: Callable[[str], None], started_at: Optional[float] = None):
+        self.check(tie)
+        self.tie, self._connect, self.ctl = tie, connect, controller
+        self.client: Any = None  # the LighthouseClient, once the centre exists
+        self.name, self.timeout_s, self.on_failure = name, timeout_s, on_failure
+        self.started_at = time.time() if started_at is None else started_at
+        self.codec = make_codec(tie.compress)
+        # per centre array, the same bits on every member (None: no anchor yet)
+        self.anchor: Any = None  # Optional[List[np.ndarray]]
+        self.velocity: Any = None  # the outer momentum, Optional[List[np.ndarray]]
+        self._feedback: Any = None  # this node's Optional[List[ErrorFeedback]]
+        self.round_no = -1  # outer rounds applied to the anchor (-1: no anchor)
+        self.rounds = self.broken_rounds = self.heals = 0
+        self.bytes_sent = 0
+        self.quorums: List[int] = []  # the ids of the quorums this node made rounds in
+        self.healed_from: Optional[str] = None
+        self.healed_after_s: Optional[float] = None  # from the node's start
+        self.first_contribution_s: Optional[float] = None  # from the node's start
+        self.final_rank: Optional[int] = None  # this node's rank in the final quorum
+        self._handed_over = False
+        self._done = threading.Event()
+        self._halt = threading.Event()
+        self.final = threading.Event()
+        self._awaiting = threading.Event()  # in `initial_centre`
+        self._decided = threading.Event()  # `initial_centre` may return
+        self.final_error: Optional[BaseException] = None
+        self._group: Any = None  # the current quorum's QuorumGroup
+        self._broken_at: Optional[float] = None  # when a round broke, until one succeeds
+        self._waiting_since = 0.0  # for a quorum newer than the last group's
+        self.recoveries_s: List[float] = []  # from each broken round to the next outer round
+        self._last_start = 0.0
+        self._thread = threading.Thread(target=self._run, name="platoon-elastic-tie",
+                                        daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def check(tie: CentreTie) -> None:
+        """Raise PlatoonError for a tie an elastic job cannot run."""
+        if tie.outer != "diloco":
+            raise PlatoonError("an elastic job ties its nodes with DiLoCo's outer step only "
+                               "(--tie-outer diloco), not %r" % tie.outer)
+        if tie.every_s is None:
+            raise PlatoonError("an elastic job's rounds come every so many seconds: give "
+                               "--tie-every-s")
+
+    # --- the controller's side -----------------------------------------------------------
+    def node_done(self) -> None:
+        """This node's workers are all done: its centre no longer moves."""
+        self._done.set()
+
+    def stop(self) -> None:
+        """Wait for the final round (every member of the quorum done); raise its error."""
+        self._done.set()
+        self._thread.join()
+        if self.final_error is not None:
+            raise self.final_error
+
+    def halt(self, timeout_s: float = HALT_TIMEOUT_S) -> bool:
+        """End now, without a final round (the controller is closing)."""
+        self._halt.set()
+        self._done.set()
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    @property
+    def halted(self) -> bool:
+        return self._halt.is_set()
+
+    def summary(self) -> str:
+        return ("the elastic tie made %d outer round(s) (%s, DiLoCo lr %g, momentum %g) in "
+                "quorum(s) %s, sent %d bytes from this node; %d round(s) broke and were "
+                "dropped; %s" % (
+                    self.rounds, self.tie.compress, self.tie.outer_lr, self.tie.outer_momentum,
+                    ",".join(map(str, self.quorums)) or "none", self.bytes_sent,
+                    self.broken_rounds, "healed from %s %.2f s after its start" % (
+                        self.healed_from, self.healed_after_s or 0.0) if self.healed_from
+                    else "never healed from a peer"))
+
+    # --- the thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while self.ctl.shared_centre is None:
+                if self._halt.wait(IDLE_POLL_S):
+                    return
+            self.client = self._connect()
+            while not self._halt.is_set():
+                if self._group is None and not self._join_group():
+                    continue
+                self._wait_for_round()
+                if self._halt.is_set():
+                    return
+                self._last_start = time.monotonic()
+                try:
+                    if self._round():
+                        return
+                except QuorumBroken as exc:
+                    self.broken_rounds += 1
+                    self._waiting_since = time.monotonic()
+                    if self._broken_at is None:
+                        self._broken_at = self._waiting_since
+                    log.warning("%s; the round is dropped", exc)
+                    self._leave_group()
+        except Exception as exc:  # a diverged or mismatched centre: the tie cannot go on
+            if self._halt.is_set():
+                return
+            self.final_error = exc
+            log.exception("node %s: the elastic tie failed", self.name)
+            self.on_failure("the elastic tie failed: %s" % exc)
+        finally:
+            self._leave_group()
+            if self.client is not None:
+                self.client.close()
+            self.final.set()
+
+    def _join_group(self) -> bool:
+        """Build the group of the next quorum holding this node (newer than the last one's)."""
+        from .dataplane import QuorumGroup
+        newer_than = self.quorums[-1] if self.quorums else 0
+        try:
+            quorum = self.client.wait_for_quorum(timeout=0.5, newer_than=newer_than)
+        except QuorumTimeout:
+            if newer_than and time.monotonic() - self._waiting_since > self.timeout_s:
+                # every member heartbeats, yet the group broke (one stalled a round past
+                # its timeout): no member is dropped, so ask for a new id
+                log.warning("node %s: no quorum after %d within %.3g s of its group's end; "
+                            "asking the lighthouse for a new one", self.name, newer_than,
+                            self.timeout_s)
+                self.client.report_broken(newer_than)
+                self._waiting_since = time.monotonic()
+            return False
+        self.quorums.append(quorum.id)
+        self._waiting_since = time.monotonic()  # a group that cannot form: as a broken one
+        try:
+            self._group = QuorumGroup(quorum, self.name, self.timeout_s)
+        except QuorumBroken as exc:
+            log.warning("%s", exc)
+            return False
+        log.info("node %s: rank %d of quorum %d (%s)", self.name, self._group.rank, quorum.id,
+                 ", ".join(quorum.members))
+        return True
+
+    def _leave_group(self) -> None:
+        group, self._group = self._group, None
+        if group is not None:
+            group.close()
+
+    def _wait_for_round(self) -> None:
+        """`every_s` after the last round began; at once when done and not handed over."""
+        while not self._halt.is_set():
+            if self._done.is_set() and not self._handed_over:
+                return
+            left = self._last_start + (self.tie.every_s or 0.0) - time.monotonic()
+            if left <= 0:
+                return
+            self._halt.wait(left)
+
+    def initial_centre(self, timeout_s: float) -> bool:
+        """Called as this node's centre is created, before its workers write it: True once
+        the centre holds a live member's anchor (its workers then start from it), False when
+        no member has an anchor yet (the job's start: the workers initialise it) or none came
+        within `timeout_s`."""
+        self._awaiting.set()
+        try:
+            if not self._decided.wait(timeout_s):
+                log.warning("node %s: no quorum took this node within %.3g s; its workers "
+                            "start from their own values", self.name, timeout_s)
+            return self.anchor is not None
+        finally:
+            self._awaiting.clear()
+
+    def _header(self) -> np.ndarray:
+        centre = self.ctl.shared_centre
+        # 2: the centre holds its values; 1: created, awaiting them (`initial_centre`)
+        ready = 2 if self.ctl.centre_ready and centre is not None else \
+            1 if self._awaiting.is_set() and centre is not None else 0
+        newest = self.client.current_quorum()
+        fields = np.array([ready, self._done.is_set(), self._handed_over, self.round_no,
+                           0 if newest is None else newest.id], "<i8")
+        digest = _sha256(self.anchor + self.velocity) if self.anchor is not None \
+            else bytes(_DIGEST)
+        layout = hashlib.sha256(repr(centre.layout).encode()).digest() if ready \
+            else bytes(_DIGEST)
+        return np.frombuffer(fields.tobytes() + digest + layout, np.uint8)
+
+    def _round(self) -> bool:
+        """One round in the current group (see the module's doc); True after the final one."""
+        group = self._group
+        rows = group.all_gather_bytes(self._header())
+        fields = np.stack([np.frombuffer(r[:8 * _FIELDS].tobytes(), "<i8") for r in rows])
+        digests = [bytes(r[8 * _FIELDS:8 * _FIELDS + _DIGEST]) for r in rows]
+        layouts = [bytes(r[8 * _FIELDS + _DIGEST:]) for r in rows]
+        ready, done, handed, round_no, newest = fields.T
+        if newest.max() > group.quorum.id:  # every member leaves for it alike
+            self._leave_group()
+            return False
+        with_centre = [r for r in range(group.size) if ready[r]]
+        if len({layouts[r] for r in with_centre}) > 1:
+            raise PlatoonError("the nodes' centres differ in layout (quorum %d: %s): every "
+                               "node must run the same model" % (
+                                   group.quorum.id, ", ".join(group.quorum.members)))
+        if (round_no < 0).all():
+            if ready[group.rank] == 1:
+                self._decided.set()  # the job's start: the workers write the first values
+            if (ready == 2).all():
+                self._first_anchor(group)
+            else:
+                time.sleep(IDLE_POLL_S)
+            return False
+        best = int(round_no.max())
+        source = int(np.flatnonzero(round_no == best)[0])
+        differing = [r for r in range(group.size)
+                     if round_no[r] != best or digests[r] != digests[source]]
+        if differing and all(ready[r] for r in differing):
+            self._heal(group, source, best, differing)
+            return False
+        if differing or not (ready == 2).all():
+            time.sleep(IDLE_POLL_S)
+            return False
+        if done.all() and handed.all():
+            self._final(group)
+            return True
+        self._outer_round(group, [r for r in range(group.size) if not (done[r] and handed[r])])
+        return False
+
+    def _snapshot(self):
+        centre = self.ctl.shared_centre
+        centre.lock.acquire(LOCK_TIMEOUT_S)
+        try:
+            return centre, [a.copy() for a in centre.arrays]
+        finally:
+            centre.lock.release()
+
+    def _set_centre(self, centre, new, keep_since=None) -> None:
+        """Each centre array := new (plus what the workers added since `keep_since`, the
+        arrays it was compared to, while this node trains)."""
+        training = not self._done.is_set()
+        centre.lock.acquire(LOCK_TIMEOUT_S)
+        try:
+            for i, c in enumerate(centre.arrays):
+                if keep_since is not None and training:
+                    c -= keep_since[i]
+                    c += new[i]
+                else:
+                    c[...] = new[i]
+        finally:
+            centre.lock.release()
+
+    def _first_anchor(self, group) -> None:
+        """The job's first round: the anchor is the mean of the centres, losslessly."""
+        centre, snaps = self._snapshot()
+        means = []
+        for s in snaps:
+            mean, sent = group.compressed_mean(s, RawCodec(s.dtype))
+            self.bytes_sent += sent
+            means.append(mean)
+        self.anchor = means
+        self.velocity = [np.zeros_like(a) for a in means]
+        self._feedback = [ErrorFeedback(a.size, a.dtype) for a in means]
+        self.round_no = 0
+        self._set_centre(centre, self.anchor, keep_since=snaps)
+        self._note_contribution()
+
+    def _heal(self, group, source: int, best: int, differing: List[int]) -> None:
+        """The anchor and momentum of `source` to every member in `differing`, losslessly."""
+        centre = self.ctl.shared_centre
+        shapes = list(centre.arrays) * 2  # the anchor's arrays, then the momentum's
+        if group.rank == source:
+            payload = np.concatenate([np.frombuffer(np.ascontiguousarray(a).tobytes(), np.uint8)
+                                      for a in self.anchor + self.velocity])
+        else:
+            payload = np.zeros(sum(a.nbytes for a in shapes), np.uint8)
+        got = group.broadcast_bytes(payload, source)
+        if group.rank == source:
+            self.bytes_sent += payload.size * len(differing)
+        if group.rank not in differing:
+            return
+        offset, arrays = 0, []
+        for a in shapes:
+            arrays.append(np.frombuffer(got[offset:offset + a.nbytes].tobytes(),
+                                        a.dtype).reshape(a.shape).copy())
+            offset += a.nbytes
+        half = len(arrays) // 2
+        old, joiner = self.anchor, self.anchor is None
+        self.anchor, self.velocity, self.round_no = arrays[:half], arrays[half:], best
+        self._feedback = [ErrorFeedback(a.size, a.dtype) for a in self.anchor]
+        self.heals += 1
+        if joiner:
+            self._set_centre(centre, self.anchor)
+            self._decided.set()
+            self.healed_from = group.quorum.members[source]
+            self.healed_after_s = time.time() - self.started_at
+            log.warning("node %s: healed from %s in quorum %d (outer round %d), %.2f s after "
+                        "its start", self.name, self.healed_from, group.quorum.id, best,
+                        self.healed_after_s)
+        else:
+            _, snaps = self._snapshot()
+            self._set_centre(centre, [s - o + a for s, o, a in zip(snaps, old, self.anchor)])
+            log.warning("node %s: its anchor repaired from %s in quorum %d (outer round %d); "
+                        "its workers' work since its old anchor kept", self.name,
+                        group.quorum.members[source], group.quorum.id, best)
+
+    def _outer_round(self, group, members: List[int]) -> None:
+        """DiLoCo's outer step on the anchor from the mean move of `members`."""
+        contributes = group.rank in members
+        centre, snaps = self._snapshot()
+        moves = [s - a for s, a in zip(snaps, self.anchor)]
+        residuals = [f.residual.copy() for f in self._feedback]
+        means, sent_total = [], 0
+        try:
+            for move, feedback in zip(moves, self._feedback):
+                mean, sent = group.compressed_mean(move, self.codec, feedback, among=members)
+                means.append(mean)
+                sent_total += sent
+        except (QuorumBroken, NonFiniteValues):
+            for f, r in zip(self._feedback, residuals):  # as if never sent
+                f.residual[...] = r
+            raise
+        for anchor, velocity, mean in zip(self.anchor, self.velocity, means):
+            outer_step(anchor, velocity, mean, self.tie.outer_lr, self.tie.outer_momentum)
+        self.round_no += 1
+        self.rounds += 1
+        self.bytes_sent += sent_total
+        if group.quorum.id not in self.quorums:
+            self.quorums.append(group.quorum.id)
+        self._set_centre(centre, self.anchor, keep_since=snaps)
+        if self._broken_at is not None:
+            self.recoveries_s.append(time.monotonic() - self._broken_at)
+            self._broken_at = None
+            log.warning("node %s: outer rounds go on in quorum %d (%s), %.2f s after a round "
+                        "broke", self.name, group.quorum.id, ", ".join(group.quorum.members),
+                        self.recoveries_s[-1])
+        if contributes:
+            self._note_contribution()
+            if self._done.is_set():
+                self._handed_over = True
+
+    def _note_contribution(self) -> None:
+        if self.first_contribution_s is None:
+            self.first_contribution_s = time.time() - self.started_at
+            log.warning("node %s: first contributing round %.2f s after its start", self.name,
+                        self.first_contribution_s)
+
+    def _final(self, group) -> None:
+        """Every member is done and handed over: each centre is the anchor, the same bits."""
+        self._set_centre(self.ctl.shared_centre, self.anchor)
+        self.final_rank = group.rank
+        log.info("node %s: final round in quorum %d: its centre is the anchor of outer round "
+                 "%d, as on %s", self.name, group.quorum.id, self.round_no,
+                 ", ".join(group.quorum.members))

@@ -1,0 +1,40 @@
+"""A worker of an elastic job (python -m platoon.elastic.node ... -- THIS_FILE SECONDS [STOP]): SGD
+on a linear regression toward known true weights (256 float32 features), EASGD with its
+node's centre, for SECONDS seconds of training (less if file STOP exists); its data is picked by its node's name
+(PLATOON_ELASTIC_NODE). Prints "DIST d node NAME" (its distance to the true weights)."""
+
+import os
+import sys
+import time
+import zlib
+
+import numpy as np
+
+from platoon import EASGD, Worker
+
+FEATURES = 256
+
+
+def main():
+    seconds = float(sys.argv[1])
+    node = os.environ["PLATOON_ELASTIC_NODE"]
+    true_w = (np.arange(FEATURES) / FEATURES).astype(np.float32)
+    with Worker(timeout_s=30) as w:
+        weights = np.random.default_rng(0).normal(size=FEATURES).astype(np.float32)
+        w.init_shared_params([weights], EASGD(0.5))
+        data = np.random.default_rng(zlib.crc32(node.encode()) + w.local_rank)
+        end = time.monotonic() + seconds
+        stop = sys.argv[2] if len(sys.argv) > 2 else None
+        while time.monotonic() < end and not (stop and os.path.exists(stop)):
+            for _ in range(5):
+                x = data.normal(size=(64, FEATURES)).astype(np.float32)
+                y = x @ true_w + np.float32(0.01) * data.normal(size=64).astype(np.float32)
+                weights -= np.float32(0.05) * (x.T @ (x @ weights - y)) / np.float32(len(y))
+            w.sync_params()
+            time.sleep(0.01)
+        sys.stdout.write("DIST %.6f node %s\n" % (float(np.linalg.norm(weights - true_w)), node))
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

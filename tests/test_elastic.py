@@ -1,0 +1,529 @@
+"""platoon.elastic: the lighthouse's quorums, its secret, and the gloo data plane per quorum.
+
+Real processes on 127.0.0.1: a lighthouse (python -m platoon.elastic.lighthouse) and nodes
+(tests/procs/elastic_node.py), killed with -9, stopped and continued; a 1 s heartbeat timeout.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+from conftest import PROCS, Proc, platoon_segments
+
+from platoon.elastic import MembershipSettings, Quorum, generate_secret, load_secret, wire
+from platoon.elastic.lighthouse import Lighthouse
+from platoon.elastic.quorum import Membership
+from platoon.errors import PlatoonError, QuorumBroken
+
+NODE = os.path.join(PROCS, "elastic_node.py")
+WORKER = os.path.join(PROCS, "elastic_worker.py")
+TIMEOUT_S = 1.0  # the lighthouse's heartbeat timeout in these tests
+GRACE_S = 0.3
+SLACK_S = 3.0  # scheduling on a loaded machine: python startup, 100 ms heartbeats, ticks
+QUORUM = r"lighthouse: quorum (\d+): (.*)$"
+
+
+# --- pure logic ---------------------------------------------------------------------------
+def test_membership_issues_after_grace_and_drops_the_silent():
+    m = Membership(MembershipSettings(min_nodes=2, heartbeat_timeout_s=1.0, join_grace_s=0.5))
+    m.heartbeat("b", "h:2", 0, now=0.0)
+    assert m.tick(0.1) is None  # one node: fewer than min_nodes
+    m.heartbeat("a", "h:1", 0, now=0.2)
+    assert m.tick(0.3) is None  # the grace window for joiners
+    q = m.tick(0.8)
+    assert q == Quorum(1, ("a", "b"), ("h:1", "h:2")) and q.rank_of("b") == 1
+    assert m.tick(0.9) is None  # nothing changed
+    m.heartbeat("a", "h:1", 0, now=1.5)
+    assert m.tick(1.6) is None  # b silent 1.6 s, but 1 node < min_nodes: quorum 1 stays
+    m.heartbeat("c", "h:3", 7, now=1.7)  # c saw quorum 7 (a lighthouse before a restart)
+    assert m.tick(1.8) is None
+    assert m.tick(2.4) == Quorum(8, ("a", "c"), ("h:1", "h:3"))
+    m.leave("c")
+    assert m.tick(2.45) is None  # a alone
+    with pytest.raises(ValueError, match="node 'z' is not in quorum 8"):
+        m.quorum.rank_of("z")
+
+
+def test_a_member_whose_group_broke_gets_a_new_id_for_the_same_members():
+    m = Membership(MembershipSettings(min_nodes=2, heartbeat_timeout_s=5.0, join_grace_s=0.1))
+    m.heartbeat("a", "h:1", 0, now=0.0)
+    m.heartbeat("b", "h:2", 0, now=0.0)
+    assert m.tick(0.05) is None
+    first = m.tick(0.2)
+    m.heartbeat("a", "h:1", first.id, now=0.3, broken=first.id - 1)  # an old quorum: ignored
+    assert m.tick(0.5) is None
+    m.heartbeat("a", "h:1", first.id, now=0.6, broken=first.id)
+    assert m.tick(0.65) is None  # the grace window
+    assert m.tick(0.8) == Quorum(first.id + 1, ("a", "b"), ("h:1", "h:2"))
+    m.heartbeat("a", "h:1", first.id, now=0.9, broken=first.id)  # stale: no third id
+    assert m.tick(1.2) is None
+
+
+def test_a_client_reporting_its_group_broken_gets_both_members_a_new_quorum():
+    import threading
+    from platoon.elastic import LighthouseClient
+    secret, stopping = b"s" * 32, threading.Event()
+    settings = MembershipSettings(min_nodes=2, heartbeat_timeout_s=5.0, join_grace_s=0.05)
+    with Lighthouse(settings, "127.0.0.1:0", secret) as lighthouse:
+        serving = threading.Thread(target=lighthouse.serve, args=(stopping.is_set,))
+        serving.start()
+        try:
+            with LighthouseClient(lighthouse.address, "a", "h:1", secret=secret) as a, \
+                    LighthouseClient(lighthouse.address, "b", "h:2", secret=secret) as b:
+                first = a.wait_for_quorum(timeout=10)
+                a.report_broken(first.id)
+                second = b.wait_for_quorum(timeout=10, newer_than=first.id)
+                assert second.members == first.members == ("a", "b")
+                assert a.wait_for_quorum(timeout=10, newer_than=first.id) == second
+        finally:
+            stopping.set()
+            serving.join(10)
+
+
+def test_membership_settings_refuse_bad_values():
+    with pytest.raises(ValueError, match="min_nodes must be an integer >= 1"):
+        MembershipSettings(min_nodes=0)
+    with pytest.raises(ValueError, match="heartbeat_timeout_s must be > 0"):
+        MembershipSettings(heartbeat_timeout_s=0)
+
+
+def test_secret_file_must_exist_be_private_and_long(tmp_path, monkeypatch):
+    monkeypatch.delenv("PLATOON_ELASTIC_SECRET_FILE", raising=False)
+    with pytest.raises(PlatoonError, match="needs its secret: give --secret-file"):
+        load_secret()
+    path = generate_secret(str(tmp_path / "secret"))
+    assert len(load_secret(path)) == 64
+    os.chmod(path, 0o644)
+    with pytest.raises(PlatoonError, match="readable by other users; run chmod 600"):
+        load_secret(path)
+    short = tmp_path / "short"
+    short.write_text("abc")
+    os.chmod(short, 0o600)
+    with pytest.raises(PlatoonError, match="holds 3 bytes; use at least 16"):
+        load_secret(str(short))
+
+
+def test_a_replayed_or_forged_request_changes_nothing():
+    secret, other = b"s" * 32, b"o" * 32
+    with Lighthouse(MembershipSettings(), "127.0.0.1:0", secret) as lighthouse:
+        def send(peer, challenge, key=secret, op="heartbeat", node="a"):
+            body, mac = wire.request(key, op, node, "h:1", 0, challenge)
+            return wire.read_reply(key, mac, *lighthouse.handle(peer, body, mac, 1.0)), body, mac
+
+        first, _, _ = send(b"p1", "")
+        assert not first["done"] and first["challenge"]  # a new connection gets a challenge
+        answer, body, mac = send(b"p1", first["challenge"])
+        assert answer["done"] and answer["error"] is None
+        assert lighthouse.membership.live(1.0) == ["a"]
+        lighthouse.membership.leave("a")
+        for peer in (b"p1", b"p2"):  # replayed on its own connection, or on another
+            replayed = wire.read_reply(secret, mac, *lighthouse.handle(peer, body, mac, 1.0))
+            assert not replayed["done"]
+        forged, _, _ = send(b"p3", "", key=other)
+        assert "signature does not match the lighthouse's secret" in forged["error"]
+        assert lighthouse.membership.live(1.0) == []
+
+
+def test_the_lighthouse_and_the_client_load_no_torch():
+    import subprocess
+    import sys
+    code = ("import sys, platoon.elastic, platoon.elastic.lighthouse; "
+            "print(sorted(m for m in ('torch', 'mpi4py') if m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=30).stdout.strip() == "[]"
+
+
+# --- real processes ---------------------------------------------------------------------------
+def _in_netns(netns):
+    """Proc arguments that run the rest of the command in network namespace `netns` (the same
+    pid: python execs `ip netns exec`, which execs python)."""
+    if netns is None:
+        return []
+    return ["-c", "import os, sys; os.execvp('ip', ['ip', 'netns', 'exec', %r, sys.executable]"
+                  " + sys.argv[1:])" % netns]
+
+
+@pytest.fixture
+def job(tmp_path):
+    """Starts a lighthouse and nodes sharing one secret; kills them all at teardown."""
+    started = []
+    env = {"PLATOON_ELASTIC_SECRET_FILE": generate_secret(str(tmp_path / "secret"))}
+
+    class Job:
+        address = None
+
+        def lighthouse(self, min_nodes, port=0, host="127.0.0.1", netns=None):
+            proc = Proc(_in_netns(netns) + [
+                "-m", "platoon.elastic.lighthouse", "--min-nodes", str(min_nodes),
+                "--heartbeat-timeout", str(TIMEOUT_S), "--join-grace", str(GRACE_S),
+                "--bind", "%s:%d" % (host, port)], env=env)
+            started.append(proc)
+            match, _ = proc.wait_for_match(r"lighthouse: serving on tcp://(\S+) ")
+            self.address = match.group(1)
+            return proc
+
+        def node(self, name, *args, secret_file=None):
+            node_env = dict(env, PLATOON_ELASTIC_SECRET_FILE=secret_file) if secret_file \
+                else env
+            proc = Proc([NODE, self.address, name] + [str(a) for a in args], env=node_env)
+            started.append(proc)
+            return proc
+
+        def runner(self, name, *worker_args, checkpoint=None, host="127.0.0.1", netns=None):
+            """python -m platoon.elastic.node with one worker of elastic_worker.py (in network
+            namespace `netns`, on its address `host`, if given)."""
+            node_env = dict(env, PLATOON_CHECKPOINT_PATH=str(checkpoint)) if checkpoint \
+                else env
+            proc = Proc(_in_netns(netns) + [
+                "-m", "platoon.elastic.node", "--join", self.address, "--name", name,
+                "--host", host, "--tie-every-s", "0.2", "--tie-timeout-s", "3", "--", WORKER]
+                + [str(a) for a in worker_args], env=node_env)
+            started.append(proc)
+            return proc
+
+    yield Job()
+    for proc in started:
+        try:
+            os.killpg(proc.pid, signal.SIGCONT)  # a stopped process dies only once continued
+        except ProcessLookupError:
+            pass
+        proc.kill()
+
+
+def quorum_of(proc, members, start=0, timeout=10.0):
+    """(id, line index) of the lighthouse's first quorum of exactly `members` from `start`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        match, index = proc.wait_for_match(QUORUM, max(0.01, deadline - time.monotonic()),
+                                           start)
+        if match.group(2) == ", ".join(members):
+            return int(match.group(1)), index
+        start = index + 1
+
+
+def test_first_quorum_holds_all_three(job):
+    lighthouse = job.lighthouse(min_nodes=3)
+    nodes = [job.node(name) for name in ("a", "b", "c")]
+    assert quorum_of(lighthouse, ["a", "b", "c"])[0] == 1
+    for node in nodes:
+        node.wait_for_line("quorum 1: a b c", timeout=5)
+
+
+def test_a_killed_node_is_out_within_the_timeout(job):
+    lighthouse = job.lighthouse(min_nodes=2)
+    nodes = {name: job.node(name) for name in ("a", "b", "c")}
+    first, index = quorum_of(lighthouse, ["a", "b", "c"])
+    killed_at = time.monotonic()
+    nodes["b"].kill()
+    second, _ = quorum_of(lighthouse, ["a", "c"], index + 1, timeout=TIMEOUT_S + SLACK_S)
+    took = time.monotonic() - killed_at
+    assert second > first and took < TIMEOUT_S + GRACE_S + SLACK_S
+    nodes["a"].wait_for_line("quorum %d: a c" % second, timeout=5)
+
+
+def test_a_stopped_node_is_dropped_and_rejoins_when_continued(job):
+    lighthouse = job.lighthouse(min_nodes=2)
+    nodes = {name: job.node(name) for name in ("a", "b", "c")}
+    first, index = quorum_of(lighthouse, ["a", "b", "c"])
+    os.killpg(nodes["c"].pid, signal.SIGSTOP)
+    second, index = quorum_of(lighthouse, ["a", "b"], index + 1, timeout=TIMEOUT_S + SLACK_S)
+    os.killpg(nodes["c"].pid, signal.SIGCONT)
+    third, _ = quorum_of(lighthouse, ["a", "b", "c"], index + 1, timeout=SLACK_S)
+    assert first < second < third
+    nodes["c"].wait_for_line("quorum %d: a b c" % third, timeout=5)
+
+
+def test_nodes_rejoin_a_restarted_lighthouse_with_higher_ids(job):
+    lighthouse = job.lighthouse(min_nodes=3)
+    nodes = [job.node(name) for name in ("a", "b", "c")]
+    first, _ = quorum_of(lighthouse, ["a", "b", "c"])
+    for node in nodes:
+        node.wait_for_line("quorum %d: a b c" % first, timeout=5)
+    lighthouse.kill()  # -9: no state kept; the nodes keep their quorum and retry
+    port = int(job.address.rpartition(":")[2])
+    again = job.lighthouse(min_nodes=3, port=port)
+    second, _ = quorum_of(again, ["a", "b", "c"], timeout=5 + SLACK_S)
+    assert second > first  # numbered above the ids the nodes report
+    for node in nodes:
+        node.wait_for_line("quorum %d: a b c" % second, timeout=5)
+
+
+def test_a_node_without_the_secret_is_refused_and_changes_nothing(job, tmp_path):
+    lighthouse = job.lighthouse(min_nodes=2)
+    job.node("a"), job.node("b")
+    first, index = quorum_of(lighthouse, ["a", "b"])
+    intruder = job.node("x", secret_file=generate_secret(str(tmp_path / "wrong")))
+    line = intruder.wait_for_line("refused:", timeout=10)
+    assert "signature does not match the lighthouse's secret" in line
+    assert intruder.wait(timeout=5) == 3
+    lighthouse.wait_for_line("lighthouse: refused a request", timeout=5)
+    job.node("c")  # the next quorum is a, b, c: none between held x
+    second, last = quorum_of(lighthouse, ["a", "b", "c"], index + 1)
+    assert second == first + 1
+    assert [line for line in lighthouse.lines[index + 1:last] if "quorum" in line] == []
+
+
+def test_gloo_data_plane_averages_int8_and_rebuilds_after_a_kill(job):
+    job.lighthouse(min_nodes=2)
+    nodes = {name: job.node(name, "--value", value)
+             for name, value in (("a", 1.0), ("b", 2.0), ("c", 4.0))}
+    rounds = {name: node.wait_for_match(r"round (\d+) size 3 mean (\S+) digest (\w+)", 30)[0]
+              for name, node in nodes.items()}
+    assert len({m.group(1) for m in rounds.values()}) == 1  # one quorum
+    assert len({m.group(3) for m in rounds.values()}) == 1  # the same bits on every node
+    assert float(rounds["a"].group(2)) == pytest.approx(7 / 3, rel=1e-2)
+    first = int(rounds["a"].group(1))
+    nodes["a"].kill()  # rank 0, whose store the group met at: the next meets at b's
+    after = {name: nodes[name].wait_for_match(r"round (\d+) size 2 mean (\S+) digest (\w+)",
+                                              TIMEOUT_S + 5 + SLACK_S)[0]
+             for name in ("b", "c")}
+    assert len({m.group(1) for m in after.values()}) == 1
+    assert int(after["b"].group(1)) > first
+    assert len({m.group(3) for m in after.values()}) == 1
+    assert float(after["b"].group(2)) == pytest.approx(3.0, rel=1e-2)
+
+
+def test_a_round_a_member_does_not_join_is_broken_within_its_timeout():
+    import threading
+
+    from platoon.elastic import QuorumGroup, StoreServer
+    from platoon.mpi.compress import ErrorFeedback, make_codec
+    with StoreServer("127.0.0.1") as store:
+        quorum = Quorum(3, ("a", "b"), (store.address, "127.0.0.1:1"))
+        groups = {}
+        formed = [threading.Thread(target=lambda n=n: groups.__setitem__(
+            n, QuorumGroup(quorum, n, timeout_s=1.0))) for n in ("a", "b")]
+        for thread in formed:
+            thread.start()
+        for thread in formed:
+            thread.join(10)
+        assert sorted(groups) == ["a", "b"]
+        feedback = ErrorFeedback(300)
+        started = time.monotonic()
+        with pytest.raises(QuorumBroken, match=r"node a \(rank 0 of quorum 3: a, b\): the "
+                                               r"all-gather failed within 1 s"):
+            groups["a"].compressed_mean(np.ones(300, np.float32), make_codec("int8"), feedback)
+        assert time.monotonic() - started < 1.0 + SLACK_S
+        assert not feedback.residual.any()  # nothing averaged: nothing dropped
+        for group in groups.values():
+            group.close()
+
+
+def test_a_group_whose_member_never_comes_is_broken_within_its_timeout():
+    from platoon.elastic import QuorumGroup, StoreServer
+    with StoreServer("127.0.0.1") as store:
+        quorum = Quorum(5, ("a", "ghost"), (store.address, "127.0.0.1:1"))
+        started = time.monotonic()
+        with pytest.raises(QuorumBroken, match=r"node a \(rank 0 of quorum 5: a, ghost\): "
+                                               r"forming the group failed within 1 s"):
+            QuorumGroup(quorum, "a", timeout_s=1.0)
+        assert time.monotonic() - started < 1.0 + SLACK_S
+
+
+# --- python -m platoon.elastic.node ---------------------------------------------------------
+def _controller_and_job(node):
+    match, _ = node.wait_for_match(r"platoon.elastic: node \S+, controller pid (\d+), job (\S+),", 30)
+    return int(match.group(1)), match.group(2)
+
+
+def test_nodes_survive_a_kill_take_the_node_back_healed_and_end_on_one_saved_centre(job,
+                                                                                     tmp_path):
+    """Three nodes (one worker each) tie their centres with DiLoCo every 0.2 s over int8.
+    Node c's controller is killed -9 after its first round (its worker dies with it, the
+    reaper frees its shared memory); a and b go on in the next quorum. c is started again
+    under its name: it is healed from a peer (it takes their anchor) and contributes. Then
+    every node ends, and all three save the same finite centre, as good as their workers."""
+    from platoon import load_centre
+    lighthouse = job.lighthouse(min_nodes=2)
+    stop = tmp_path / "stop"
+    nodes = {name: job.runner(name, 60, stop, checkpoint=tmp_path / (name + ".npz"))
+             for name in ("a", "b", "c")}
+    pid, c_job = _controller_and_job(nodes["c"])
+    nodes["c"].wait_for_match(r".* WARNING: node c: first contributing round", 30)
+    _, index = quorum_of(lighthouse, ["a", "b", "c"])
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    _, index = quorum_of(lighthouse, ["a", "b"], index + 1, timeout=TIMEOUT_S + SLACK_S)
+    out_after = time.monotonic() - killed
+    assert nodes["c"].wait(10) == -signal.SIGKILL
+    went_on = [nodes[n].wait_for_match(r".* WARNING: node %s: outer rounds go on in quorum \d+ "
+                                       r"\(a, b\), (\S+) s after a round broke" % n, 10)[0]
+               for n in ("a", "b")]
+    again = job.runner("c", 1, checkpoint=tmp_path / "c.npz")
+    healed, _ = again.wait_for_match(r".* WARNING: node c: healed from (\w) in quorum \d+ \(outer round "
+                                     r"(\d+)\), (\S+) s after its start", 30)
+    assert healed.group(1) in ("a", "b") and int(healed.group(2)) > 0
+    first, _ = again.wait_for_match(r".* WARNING: node c: first contributing round (\S+) s", 10)
+    stop.write_text("")
+    for node in (nodes["a"], nodes["b"], again):
+        assert node.wait(30) == 0, node.output
+    centres = [load_centre(str(tmp_path / (n + ".npz")))["param_0"] for n in "abc"]
+    assert all(np.array_equal(centres[0], c) for c in centres[1:])
+    assert np.isfinite(centres[0]).all()
+    true_w = np.arange(256) / 256
+    dists = [float(line.split()[1]) for n in (nodes["a"], nodes["b"], again)
+             for line in n.lines if line and line.startswith("DIST")]
+    assert np.linalg.norm(centres[0] - true_w) <= 2 * max(dists) + 1e-3, dists
+    assert not [s for s in platoon_segments() if c_job in s]
+    print("c out of the quorum %.2f s after its kill; a and b back to outer rounds %s s "
+          "after theirs broke; restarted c healed %s s and first contributing %s s after its "
+          "start" % (out_after, "/".join(m.group(1) for m in went_on), healed.group(3),
+                     first.group(1)))
+
+
+def test_an_elastic_node_refuses_cross_node_collectives_and_a_rule_it_cannot_run():
+    from platoon.elastic.link import ElasticLink
+    from platoon.mpi import CentreTie
+    link = ElasticLink(2, connect=None, name="a", tie=CentreTie(1.0, outer="diloco"),
+                       timeout_s=5.0, on_failure=print)
+    with pytest.raises(PlatoonError, match="all_reduce across nodes does not exist in an "
+                                           "elastic job"):
+        link.all_reduce(np.zeros(3, np.float32), "sum")
+    with pytest.raises(PlatoonError, match="a barrier across nodes does not exist"):
+        link.barrier()
+    assert link.topology(1) == {"global_rank": 1, "global_size": 2}
+    with pytest.raises(PlatoonError, match="DiLoCo's outer step only"):
+        ElasticLink(1, None, "a", CentreTie(1.0, outer="easgd"), 5.0, print)
+
+
+def test_a_stopped_node_is_dropped_the_others_go_on_and_it_rejoins_repaired(job, tmp_path):
+    """Node c (controller and worker) is stopped past the heartbeat timeout: a and b go on in
+    a quorum of two once their round has timed out (--tie-timeout-s 3); continued, c rejoins,
+    its stale anchor is repaired from a peer, and the three end on one saved centre."""
+    from platoon import load_centre
+    lighthouse = job.lighthouse(min_nodes=2)
+    stop = tmp_path / "stop"
+    nodes = {name: job.runner(name, 60, stop, checkpoint=tmp_path / (name + ".npz"))
+             for name in ("a", "b", "c")}
+    nodes["c"].wait_for_match(r".* WARNING: node c: first contributing round", 30)
+    _, index = quorum_of(lighthouse, ["a", "b", "c"])
+    os.killpg(nodes["c"].pid, signal.SIGSTOP)
+    _, index = quorum_of(lighthouse, ["a", "b"], index + 1, timeout=TIMEOUT_S + SLACK_S)
+    for n in ("a", "b"):
+        nodes[n].wait_for_match(r".* WARNING: node %s: outer rounds go on in quorum \d+ "
+                                r"\(a, b\)" % n, 3 + 5 + SLACK_S)
+    os.killpg(nodes["c"].pid, signal.SIGCONT)
+    quorum_of(lighthouse, ["a", "b", "c"], index + 1, timeout=5 + SLACK_S)
+    nodes["c"].wait_for_match(r".* WARNING: node c: its anchor repaired from [ab] in quorum", 15)
+    stop.write_text("")
+    for node in nodes.values():
+        assert node.wait(30) == 0, node.output
+    centres = [load_centre(str(tmp_path / (n + ".npz")))["param_0"] for n in "abc"]
+    assert all(np.array_equal(centres[0], c) for c in centres[1:])
+    assert np.isfinite(centres[0]).all()
+
+
+def test_nodes_train_on_while_the_lighthouse_is_down_and_rejoin_it_restarted(job, tmp_path):
+    """The lighthouse is killed -9 mid-run: the nodes' outer rounds go on in the group they
+    have (it needs no lighthouse); restarted on its port, it numbers a quorum above theirs,
+    the nodes move to its group, and they end on one saved centre."""
+    from platoon import load_centre
+    lighthouse = job.lighthouse(min_nodes=2)
+    stop = tmp_path / "stop"
+    nodes = {name: job.runner(name, 60, stop, checkpoint=tmp_path / (name + ".npz"))
+             for name in ("a", "b")}
+    for n in nodes.values():
+        n.wait_for_match(r".* WARNING: node \w: first contributing round", 30)
+    first, _ = quorum_of(lighthouse, ["a", "b"])
+    lighthouse.kill()
+    again = job.lighthouse(min_nodes=2, port=int(job.address.rpartition(":")[2]))
+    second, _ = quorum_of(again, ["a", "b"], timeout=5 + SLACK_S)
+    assert second > first
+    stop.write_text("")
+    for node in nodes.values():
+        assert node.wait(30) == 0, node.output
+        summary = [line for line in node.lines if line and "the elastic tie made" in line]
+        assert "in quorum(s) %d,%d," % (first, second) in summary[0], node.output
+    centres = [load_centre(str(tmp_path / (n + ".npz")))["param_0"] for n in "ab"]
+    assert np.array_equal(*centres) and np.isfinite(centres[0]).all()
+
+
+SWITCH_IP = "10.219.7.254"
+
+
+@pytest.fixture
+def switch():
+    """Three "hosts" (network namespaces, 10.219.7.1-3) each joined by a veth pair to a
+    bridge in a fourth (the switch, 10.219.7.254, where the lighthouse runs); returns
+    (namespaces by host name, the switch's namespace, cut(host, up=False)). Every process left
+    in them is killed and they are deleted at teardown."""
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.skip("network namespaces need root and ip")
+    tag = "pel%d" % os.getpid()
+    sw, hosts = tag + "s", {n: "%s%s" % (tag, n) for n in "abc"}
+    made = []
+
+    def ip(*args):
+        subprocess.run(["ip"] + list(args), check=True, capture_output=True, timeout=10)
+
+    def cut(host, up=False):  # the host's port on the switch
+        ip("-n", sw, "link", "set", "p" + host, "up" if up else "down")
+
+    try:
+        for ns in [sw] + list(hosts.values()):
+            ip("netns", "add", ns)
+            made.append(ns)
+        ip("-n", sw, "link", "add", "br0", "type", "bridge")
+        ip("-n", sw, "addr", "add", SWITCH_IP + "/24", "dev", "br0")
+        for index, (host, ns) in enumerate(sorted(hosts.items()), 1):
+            ip("link", "add", "p" + tag + host, "type", "veth", "peer", "name", "e" + tag + host)
+            ip("link", "set", "p" + tag + host, "netns", sw)
+            ip("-n", sw, "link", "set", "p" + tag + host, "name", "p" + host)
+            ip("-n", sw, "link", "set", "p" + host, "master", "br0")
+            ip("-n", sw, "link", "set", "p" + host, "up")
+            ip("link", "set", "e" + tag + host, "netns", ns)
+            ip("-n", ns, "link", "set", "e" + tag + host, "name", "eth0")
+            ip("-n", ns, "addr", "add", "10.219.7.%d/24" % index, "dev", "eth0")
+            ip("-n", ns, "link", "set", "eth0", "up")
+            ip("-n", ns, "link", "set", "lo", "up")
+        for ns in (sw,):
+            ip("-n", ns, "link", "set", "br0", "up")
+            ip("-n", ns, "link", "set", "lo", "up")
+        yield hosts, sw, cut
+    except subprocess.CalledProcessError as exc:
+        pytest.skip("cannot make network namespaces here: %s" % exc.stderr.decode().strip())
+    finally:
+        for ns in made:
+            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
+                                  timeout=10).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+
+
+def test_a_node_whose_link_is_cut_is_dropped_and_rejoins_when_it_is_back(job, switch,
+                                                                          tmp_path):
+    """Three hosts on a switch (network namespaces), the lighthouse on the switch. Host c's
+    link is cut (its port down) after its first round: a and b go on in a quorum of two once
+    their round has timed out; the link back, c rejoins, its stale anchor repaired, and the
+    three end on one saved centre."""
+    from platoon import load_centre
+    hosts, sw, cut = switch
+    lighthouse = job.lighthouse(min_nodes=2, host=SWITCH_IP, netns=sw)
+    stop = tmp_path / "stop"
+    nodes = {name: job.runner(name, 60, stop, checkpoint=tmp_path / (name + ".npz"),
+                              host="10.219.7.%d" % index, netns=hosts[name])
+             for index, name in enumerate("abc", 1)}
+    nodes["c"].wait_for_match(r".* WARNING: node c: first contributing round", 30)
+    _, index = quorum_of(lighthouse, ["a", "b", "c"])
+    cut("c")
+    _, index = quorum_of(lighthouse, ["a", "b"], index + 1, timeout=TIMEOUT_S + SLACK_S)
+    for n in ("a", "b"):
+        nodes[n].wait_for_match(r".* WARNING: node %s: outer rounds go on in quorum \d+ "
+                                r"\(a, b\)" % n, 3 + 5 + SLACK_S)
+    cut("c", up=True)
+    quorum_of(lighthouse, ["a", "b", "c"], index + 1, timeout=5 + SLACK_S)
+    nodes["c"].wait_for_match(r".* WARNING: node c: its anchor repaired from [ab] in quorum", 15)
+    stop.write_text("")
+    for node in nodes.values():
+        assert node.wait(30) == 0, node.output
+    centres = [load_centre(str(tmp_path / (n + ".npz")))["param_0"] for n in "abc"]
+    assert all(np.array_equal(centres[0], c) for c in centres[1:])
+    assert np.isfinite(centres[0]).all()
