@@ -32,5 +32,8 @@ setup(
         "bench": ["scikit-learn", "mnist1d", "torch==2.13.0"],
         "gpu": ["pycuda"],
         "mpi": ["mpi4py", "mpich"],
+        # platoon.integrations.huggingface: the Trainer (which needs accelerate); tested with
+        # transformers 5.24.0 and accelerate 1.15.0
+        "huggingface": ["transformers>=4.46", "accelerate>=1.1", "torch==2.13.0"],
     },
 )
