@@ -1,8 +1,10 @@
 """platoon.integrations.huggingface: a Hugging Face Trainer script as a platoon worker, with a
 tiny GPT-2 built from a config and made-up text (nothing downloaded), in real processes."""
 
+import difflib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -25,7 +27,7 @@ def test_two_trainer_workers_sync_every_k_real_optimizer_steps_and_evaluate_the_
     """Two Trainer processes under a real controller, with gradient accumulation 2: 4 optimizer
     steps (8 micro-batches) and sync_every 2 give 2 syncs each, not 4; the job's result is the
     final centre evaluated once by trainer.evaluate(); each worker checkpoints in its own
-    directory."""
+    directory and draws its own batches."""
     ctl = Nothing(control_port=0, num_workers=2)
     serving = serve(ctl, timeout=90)
     env = {"PLATOON_CONTROL_PORT": str(ctl.control_port)}
@@ -39,6 +41,7 @@ def test_two_trainer_workers_sync_every_k_real_optimizer_steps_and_evaluate_the_
         assert (r["global_step"], r["platoon_steps"], r["syncs"]) == (4, 4, 2), r
     assert sorted(r["output_dir"] for r in runs) == [str(tmp_path / "out" / "worker0"),
                                                      str(tmp_path / "out" / "worker1")]
+    assert runs[0]["first_batch"] != runs[1]["first_batch"], runs
     results = [r["final_result"] for r in runs if r["final_result"] is not None]
     assert len(results) == 1, runs
     assert ctl.final_result["metrics"] == results[0]
@@ -104,3 +107,21 @@ def test_the_package_imports_without_any_framework():
     assert out.returncode == 0, out.stderr
     assert "pip install 'platoon-dp[huggingface]'" in out.stdout, out.stdout
 
+
+
+def test_the_docs_show_the_examples_diff_and_it_adds_at_most_three_lines():
+    """docs/huggingface.md shows examples/huggingface's diff (single_process.py to train.py) as
+    it is, and the Trainer script becomes a platoon worker in at most 3 added lines, 0 removed."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    example = os.path.join(root, "examples", "huggingface")
+    files = []
+    for name in ("single_process.py", "train.py"):
+        with open(os.path.join(example, name)) as f:
+            files.append(f.read().splitlines(keepends=True))
+    diff = "".join(difflib.unified_diff(*files, "single_process.py", "train.py"))
+    with open(os.path.join(root, "docs", "huggingface.md")) as f:
+        shown = re.findall(r"^```diff\n(.*?)^```", f.read(), re.S | re.M)
+    assert shown == [diff]
+    lines = diff.splitlines()[2:]
+    assert sum(line.startswith("+") for line in lines) <= 3
+    assert not any(line.startswith("-") for line in lines)

@@ -16,7 +16,6 @@ result; and keeps its step count in the Trainer's checkpoints, so that
 Imported only by its users; needs ``transformers`` (the ``huggingface`` extra).
 """
 
-import logging
 import os
 from typing import Any, Dict, Optional
 
@@ -33,8 +32,6 @@ from ..errors import PlatoonError
 from ..rules import ParamSyncRule
 from ..torch_sync import PeriodicSync
 from ..worker import Worker
-
-log = logging.getLogger(__name__)
 
 STATE_KEY = "platoon"  # platoon's state in the checkpoint's trainer_state.json
 
@@ -96,7 +93,8 @@ class PlatoonCallback(TrainerCallback):
         self._hook: Any = None
         if self.worker.global_size > 1:
             rank = self.worker.global_rank
-            trainer.args.output_dir = os.path.join(trainer.args.output_dir, "worker%d" % rank)
+            trainer.args.output_dir = os.path.join(trainer.args.output_dir or "trainer_output",
+                                                   "worker%d" % rank)
             torch.manual_seed(trainer.args.seed + rank)
 
     @classmethod
@@ -157,10 +155,7 @@ class PlatoonCallback(TrainerCallback):
             self._hook.remove()
             self._hook = None
         if self.sync is not None:
-            self.final_result = self.sync.finish()
-        if self.final_result is not None:
-            log.info("worker %s: the final centre evaluated: %s", self.worker.worker_id,
-                     self.final_result)
+            self.final_result = self.sync.finish()  # the worker logs the result
         if self._own_worker:
             self.worker.close()
 

@@ -17,7 +17,11 @@ from typing import Mapping, Optional, Sequence, Union
 
 from .._os.argv import join_option_values
 from .._os.environment import (
-    JobEnvironment, device_variables, without_distributed_variables, without_job_variables)
+    JobEnvironment,
+    device_variables,
+    without_distributed_variables,
+    without_job_variables,
+)
 from .._os.process import die_with_parent, read_announcement, stop
 from ..errors import PlatoonError
 from ._comm import abort, import_mpi

@@ -54,10 +54,11 @@ def train(opts, steps, resume):
     data = examples(TEXT)
     trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data[:8])
     callback = PlatoonCallback.attach(trainer, sync_every=opts.every)
+    first_batch = next(iter(trainer.get_train_dataloader()))["input_ids"][:, 0].tolist()
     trainer.train(resume_from_checkpoint=resume)
     return {"platoon_steps": callback.sync.steps, "syncs": callback.worker.syncs,
             "global_step": trainer.state.global_step, "final_result": callback.final_result,
-            "output_dir": trainer.args.output_dir}
+            "output_dir": trainer.args.output_dir, "first_batch": first_batch}
 
 
 if __name__ == "__main__":
