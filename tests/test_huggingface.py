@@ -65,6 +65,21 @@ def test_resume_from_checkpoint_continues_platoons_sync_phase(procs, tmp_path):
     assert resumed["final_result"]["eval_loss"] < 4.1
 
 
+def test_a_step_the_grad_scaler_skips_is_not_counted(procs, tmp_path):
+    """accelerate's mixed-precision path with torch's GradScaler; the gradients of step 2 are
+    infinite, so the scaler skips it: 4 Trainer steps are 3 optimizer steps and 3 syncs
+    (sync_every 1). The Trainer's fused AdamW is called even then (it skips the update
+    itself, told by the scaler's found_inf), and its post-step hook fires: counting those
+    calls gave 4."""
+    out = tmp_path / "run.json"
+    proc = procs("hf_worker.py", out, tmp_path / "out", "--steps", 4, "--every", 1,
+                 "--scaler", "--inf-at", 2)
+    assert proc.wait(90) == 0, proc.output
+    result = run(out)[0]
+    assert (result["global_step"], result["platoon_steps"], result["syncs"]) == (4, 3, 3), result
+    assert result["final_result"]["eval_loss"] < 4.1  # the infinite step was not applied
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

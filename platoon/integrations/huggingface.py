@@ -10,7 +10,7 @@
 The callback syncs the model with the job's centre every `sync_every` real optimizer steps
 (a ``PeriodicSync`` counting the steps of the Trainer's own optimizer, through its post-step
 hook: gradient accumulation's micro-batches are not steps, nor are the steps a GradScaler
-skips); evaluates the final centre once with the Trainer's own ``evaluate()`` as the job's
+skips, also those a fused optimizer is called for and skips itself); evaluates the final centre once with the Trainer's own ``evaluate()`` as the job's
 result; and keeps its step count in the Trainer's checkpoints, so that
 ``resume_from_checkpoint`` resumes the sync phase. docs/huggingface.md tells the rest.
 Imported only by its users; needs ``transformers`` (the ``huggingface`` extra).
@@ -128,8 +128,14 @@ class PlatoonCallback(TrainerCallback):
         self._keep_state(state)
 
     def _stepped(self, optimizer, args, kwargs):
-        """After each real step of the optimizer (not when a GradScaler skips it)."""
+        """After each call of the optimizer's step: count it and sync every `sync_every`, unless
+        a GradScaler skipped it. A plain optimizer's step is then not called at all; a fused
+        one's (the Trainer's default AdamW) is, with the scaler's ``found_inf`` set on it,
+        and skips the update itself."""
         assert self.sync is not None
+        found_inf = getattr(optimizer, "found_inf", None)
+        if found_inf is not None and float(found_inf) > 0:
+            return
         self.sync.step()
 
     def _keep_state(self, state):

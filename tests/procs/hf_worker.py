@@ -2,9 +2,12 @@
 worker by PlatoonCallback; writes what it did to OUT_JSON (tests/test_huggingface.py).
 
 usage: hf_worker.py OUT_JSON OUTPUT_DIR [--steps N] [--accum K] [--every K] [--save-steps S]
-                    [--then-resume N]
+                    [--then-resume N] [--scaler --inf-at STEP]
 --then-resume N: after training, a fresh model and Trainer resume from the last checkpoint and
 train to N steps (a second PlatoonCallback, a second one-worker job); OUT_JSON tells of both.
+--scaler --inf-at STEP: accelerate's mixed-precision path with torch's GradScaler (accelerate
+has none on the CPU: the script gives it one), and the gradients of optimizer step STEP
+(1-based) made infinite, so that the scaler skips that step.
 """
 
 import argparse
@@ -34,6 +37,8 @@ def main():
     parser.add_argument("--every", type=int, default=2)
     parser.add_argument("--save-steps", type=int, default=0)
     parser.add_argument("--then-resume", type=int, default=0)
+    parser.add_argument("--scaler", action="store_true")
+    parser.add_argument("--inf-at", type=int, default=0)
     opts = parser.parse_args()
     runs = [train(opts, opts.steps, resume=None)]
     if opts.then_resume:
@@ -54,11 +59,18 @@ def train(opts, steps, resume):
     data = examples(TEXT)
     trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data[:8])
     callback = PlatoonCallback.attach(trainer, sync_every=opts.every)
+    if opts.scaler:  # backward scales the loss, the optimizer's step goes through scaler.step
+        trainer.accelerator.scaler = torch.amp.GradScaler("cpu")
+    if opts.inf_at:
+        def poison(grad):  # during step inf_at, an infinite gradient: the scaler skips the step
+            return grad * float("inf") if trainer.state.global_step == opts.inf_at - 1 else grad
+        next(model.parameters()).register_hook(poison)
     first_batch = next(iter(trainer.get_train_dataloader()))["input_ids"][:, 0].tolist()
     trainer.train(resume_from_checkpoint=resume)
     return {"platoon_steps": callback.sync.steps, "syncs": callback.worker.syncs,
             "global_step": trainer.state.global_step, "final_result": callback.final_result,
-            "output_dir": trainer.args.output_dir, "first_batch": first_batch}
+            "output_dir": trainer.args.output_dir, "first_batch": first_batch,
+            "skipped": trainer.accelerator.optimizer_step_was_skipped}
 
 
 if __name__ == "__main__":
