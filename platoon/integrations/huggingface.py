@@ -7,13 +7,14 @@
     PlatoonCallback.attach(trainer)          # this process is a worker of the job
     trainer.train()
 
-The callback syncs the model with the job's centre every `sync_every` real optimizer steps
-(a ``PeriodicSync`` counting the steps of the Trainer's own optimizer, through its post-step
+The callback syncs the model with the job's centre every `sync_every` real optimizer steps (a
+``PeriodicSync`` counting the steps of the Trainer's own optimizer, through its post-step
 hook: gradient accumulation's micro-batches are not steps, nor are the steps a GradScaler
-skips, also those a fused optimizer is called for and skips itself); evaluates the final centre once with the Trainer's own ``evaluate()`` as the job's
-result; and keeps its step count in the Trainer's checkpoints, so that
-``resume_from_checkpoint`` resumes the sync phase. docs/huggingface.md tells the rest.
-Imported only by its users; needs ``transformers`` (the ``huggingface`` extra).
+skips, also those a fused optimizer is called for and skips itself); evaluates the final
+centre once with the Trainer's own ``evaluate()`` as the job's result; and keeps its step
+count in the Trainer's checkpoints, so that ``resume_from_checkpoint`` resumes the sync phase.
+docs/huggingface.md tells the rest. Imported only by its users; needs ``transformers`` (the
+``huggingface`` extra).
 """
 
 import os
