@@ -22,6 +22,7 @@ def run(out):
         return json.load(f)
 
 
+@pytest.mark.slow  # a Trainer process: importing transformers takes ~4 s of CPU
 def test_two_trainer_workers_sync_every_k_real_optimizer_steps_and_evaluate_the_centre_once(
         serve, procs, tmp_path):
     """Two Trainer processes under a real controller, with gradient accumulation 2: 4 optimizer
@@ -48,6 +49,7 @@ def test_two_trainer_workers_sync_every_k_real_optimizer_steps_and_evaluate_the_
     assert results[0]["eval_loss"] < 4.1  # trained: ln(64) = 4.16 at the start
 
 
+@pytest.mark.slow  # a Trainer process: importing transformers takes ~4 s of CPU
 def test_resume_from_checkpoint_continues_platoons_sync_phase(procs, tmp_path):
     """A script run alone saves a checkpoint at step 3 (sync_every 2: synced at step 2); a fresh
     Trainer resumed from it goes on at step 3: it syncs at steps 4 and 6, as the uninterrupted
@@ -65,6 +67,7 @@ def test_resume_from_checkpoint_continues_platoons_sync_phase(procs, tmp_path):
     assert resumed["final_result"]["eval_loss"] < 4.1
 
 
+@pytest.mark.slow  # a Trainer process: importing transformers takes ~4 s of CPU
 def test_a_step_the_grad_scaler_skips_is_not_counted(procs, tmp_path):
     """accelerate's mixed-precision path with torch's GradScaler; the gradients of step 2 are
     infinite, so the scaler skips it: 4 Trainer steps are 3 optimizer steps and 3 syncs
@@ -91,6 +94,7 @@ OTHER_RANK = ("import torch.distributed as dist; dist.init_process_group('gloo')
               "dist.destroy_process_group()")
 
 
+@pytest.mark.slow  # a Trainer process: importing transformers takes ~4 s of CPU
 def test_the_trainers_own_ddp_is_refused(procs, tmp_path):
     """A Trainer process started as torchrun starts rank 0 of two: the Trainer's DDP is on, and
     the callback refuses it, saying to start the script with platoon-launcher; no worker
