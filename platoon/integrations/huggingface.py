@@ -33,6 +33,7 @@ from ..errors import PlatoonError
 from ..rules import ParamSyncRule
 from ..torch_sync import PeriodicSync
 from ..worker import Worker
+from ._core import StepCounter, own_ddp_refused
 
 STATE_KEY = "platoon"  # platoon's state in the checkpoint's trainer_state.json
 
@@ -45,11 +46,8 @@ def refuse_ddp(args: TrainingArguments) -> None:
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     world = max(world, int(args.world_size))
     if world > 1:
-        raise PlatoonError(
-            "the Trainer runs its own DDP across %d processes (torchrun or accelerate launch, "
-            "or RANK/WORLD_SIZE/LOCAL_RANK in the environment): under platoon each worker "
-            "trains alone and syncs through the centre. Start the script with "
-            "platoon-launcher -n N (or python -m platoon.mpi), not torchrun" % world)
+        raise own_ddp_refused(world, "the Trainer", "torchrun or accelerate launch, or "
+                              "RANK/WORLD_SIZE/LOCAL_RANK in the environment")
 
 
 class PlatoonCallback(TrainerCallback):
@@ -91,7 +89,7 @@ class PlatoonCallback(TrainerCallback):
         self.worker = Worker() if worker is None else worker
         self.sync: Optional[PeriodicSync] = None  # made at the start of training
         self.final_result: Optional[Dict[str, Any]] = None
-        self._hook: Any = None
+        self._counter: Optional[StepCounter] = None
         if self.worker.global_size > 1:
             rank = self.worker.global_rank
             trainer.args.output_dir = os.path.join(trainer.args.output_dir or "trainer_output",
@@ -111,12 +109,6 @@ class PlatoonCallback(TrainerCallback):
         if self.sync is not None:
             raise PlatoonError("a PlatoonCallback serves one trainer.train(): its worker was "
                                "closed at the end of the first; attach a new one")
-        inner = optimizer
-        while isinstance(getattr(inner, "optimizer", None), torch.optim.Optimizer):
-            inner = inner.optimizer  # accelerate's AcceleratedOptimizer wraps the real one
-        if not isinstance(inner, torch.optim.Optimizer):
-            raise TypeError("PlatoonCallback counts the steps of a torch.optim.Optimizer; "
-                            "the Trainer's optimizer is %r" % (optimizer,))
         evaluate = self._evaluate if self.evaluate_centre and \
             self.trainer.eval_dataset is not None else None
         self.sync = PeriodicSync(self.worker, model, None, sync_every=self.sync_every,
@@ -125,19 +117,8 @@ class PlatoonCallback(TrainerCallback):
         saved = (state.stateful_callbacks or {}).get(STATE_KEY)
         if saved:  # resume_from_checkpoint: the sync phase goes on
             self.sync.load_state_dict(saved)
-        self._hook = inner.register_step_post_hook(self._stepped)
+        self._counter = StepCounter(optimizer, self.sync.step)  # real optimizer steps
         self._keep_state(state)
-
-    def _stepped(self, optimizer, args, kwargs):
-        """After each call of the optimizer's step: count it and sync every `sync_every`, unless
-        a GradScaler skipped it. A plain optimizer's step is then not called at all; a fused
-        one's (the Trainer's default AdamW) is, with the scaler's ``found_inf`` set on it,
-        and skips the update itself."""
-        assert self.sync is not None
-        found_inf = getattr(optimizer, "found_inf", None)
-        if found_inf is not None and float(found_inf) > 0:
-            return
-        self.sync.step()
 
     def _keep_state(self, state):
         # Read when the Trainer saves a checkpoint (trainer_state.json), as its own callbacks'.
@@ -158,9 +139,9 @@ class PlatoonCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         """Finish the last sync, take part in the final evaluation, close the worker."""
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        if self._counter is not None:
+            self._counter.remove()
+            self._counter = None
         if self.sync is not None:
             self.final_result = self.sync.finish()  # the worker logs the result
         if self._own_worker:
