@@ -35,5 +35,7 @@ setup(
         # platoon.integrations.huggingface: the Trainer (which needs accelerate); tested with
         # transformers 5.24.0 and accelerate 1.15.0
         "huggingface": ["transformers>=4.46", "accelerate>=1.1", "torch==2.13.0"],
+        # platoon.integrations.accelerate: LocalSGD; tested with accelerate 1.15.0
+        "accelerate": ["accelerate>=1.1", "torch==2.13.0"],
     },
 )
