@@ -89,6 +89,17 @@ def test_accelerates_own_multi_process_mode_is_refused():
         LocalSGD(types.SimpleNamespace(num_processes=1), None, 0)
 
 
+def test_disabled_it_makes_no_worker_and_only_counts():
+    """enabled=False, as Accelerate's: no worker is made (none could register: there is no
+    controller), step() counts its calls, leaving the block does nothing more."""
+    from platoon.integrations.accelerate import LocalSGD
+    with LocalSGD(types.SimpleNamespace(num_processes=1), None, 2, enabled=False) as local_sgd:
+        for _ in range(3):
+            local_sgd.step()
+    assert (local_sgd.num_steps, local_sgd.worker, local_sgd.sync) == (3, None, None)
+    assert local_sgd.state_dict() == {"platoon_steps": 0, "num_steps": 3}
+
+
 def test_the_module_names_the_extra_without_accelerate():
     code = ("import sys; sys.modules['accelerate'] = None\n"
             "try:\n    import platoon.integrations.accelerate\n"
