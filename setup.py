@@ -34,5 +34,10 @@ setup(
         "mpi": ["mpi4py", "mpich"],
         # platoon.elastic's data plane (gloo); its lighthouse and membership need pyzmq only
         "elastic": ["torch==2.13.0"],
+        # platoon.integrations.huggingface: the Trainer (which needs accelerate); tested with
+        # transformers 5.24.0 and accelerate 1.15.0
+        "huggingface": ["transformers>=4.46", "accelerate>=1.1", "torch==2.13.0"],
+        # platoon.integrations.accelerate: LocalSGD; tested with accelerate 1.15.0
+        "accelerate": ["accelerate>=1.1", "torch==2.13.0"],
     },
 )

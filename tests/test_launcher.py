@@ -178,6 +178,20 @@ def test_devices_environment_and_thread_caps(tmp_path):
     assert '"minibatches": 10' in (logs / "status.json").read_text()
 
 
+def test_a_worker_does_not_see_the_variables_that_make_a_process_an_mpi_or_torchrun_rank(
+        tmp_path):
+    """A launcher started inside an MPI or torchrun job: its workers do not see PMI_*, OMPI_*,
+    RANK, WORLD_SIZE, MASTER_ADDR..., by which a framework (Hugging Face's Trainer) would start
+    its own DDP across them."""
+    rank = {"PMI_RANK": "1", "PMI_SIZE": "2", "OMPI_COMM_WORLD_SIZE": "2", "MV2_COMM_WORLD_SIZE":
+            "2", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500", "HYDRA_CONTROL_FD": "9", "MPI_LOCALNRANKS": "2"}
+    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "envcheck"), "-D", "cpu"),
+                             tmp_path, env=rank)
+    assert code == 0, out
+    assert "DISTRIBUTED none" in (tmp_path / "logs" / "worker0.log").read_text()
+
+
 def test_an_explicit_n_places_workers_in_turn_on_the_visible_gpus(tmp_path, monkeypatch):
     for var in XLA_MEMORY_VARIABLES:
         monkeypatch.delenv(var, raising=False)

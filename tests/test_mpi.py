@@ -415,6 +415,16 @@ def test_nodes_sharing_a_host_divide_its_cores_and_keep_a_thread_count_the_user_
     assert found == [want, want], job.output
 
 
+def test_workers_under_platoon_mpi_do_not_see_mpis_rank_variables(mpi_job):
+    """Each rank (a node's controller) is an MPI process and keeps PMI_* (its NodeLink works:
+    the job runs); the workers it starts are not MPI ranks and do not see them, nor torchrun's,
+    so a framework in a worker (Hugging Face's Trainer) starts no DDP of its own."""
+    job = mpi_job("-", "--workers", "1", "--", ENVCHECK,
+                  env_extra=dict(PLATOON_ASSUME_GPUS="-1", WORLD_SIZE="2", MASTER_PORT="1"))
+    assert job.wait(60) == 0, job.output
+    assert job.count("DISTRIBUTED none") == 2, job.output
+
+
 def test_a_launcher_style_controller_script_runs_as_each_node(mpi_job):
     """The linear example, unchanged, as a 2-node job: its controller script is each rank.
     --controller-args takes a value that looks like an option (no space in it)."""

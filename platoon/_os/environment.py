@@ -80,6 +80,27 @@ def without_job_variables(env, *names):
     return {k: v for k, v in env.items() if not k.startswith("PLATOON_")}
 
 
+# What MPI launchers (MPICH/Hydra, Open MPI, MVAPICH, Intel MPI, PMIx) and torchrun give a
+# process: seen by a worker, a framework (Hugging Face's Trainer, Accelerate, Lightning) takes
+# the worker for a rank of its own DDP job and starts torch.distributed ("environment variable
+# MASTER_ADDR expected"). platoon's workers are no such ranks: the variables stay with the
+# processes MPI started (platoon.mpi's node runners), not with the workers they start.
+DISTRIBUTED_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "MV2_", "HYDRA_", "MPI_LOCAL", "MPICH_",
+                        "I_MPI_", "TORCHELASTIC_")
+DISTRIBUTED_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                         "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR",
+                         "MASTER_PORT")
+
+
+def without_distributed_variables(env):
+    """A copy of the environment mapping `env` without the variables by which MPI and torchrun
+    make a process a rank of a distributed job (`DISTRIBUTED_PREFIXES`,
+    `DISTRIBUTED_VARIABLES`): a worker's environment, so that no framework in it starts its own
+    DDP across platoon's workers."""
+    return {k: v for k, v in env.items()
+            if not k.startswith(DISTRIBUTED_PREFIXES) and k not in DISTRIBUTED_VARIABLES}
+
+
 def _variable(field_name):
     """The environment variable of a setting: PLATOON_ and its name in capitals."""
     return "PLATOON_" + field_name.upper()

@@ -25,6 +25,7 @@ from .._os.environment import (
     THREAD_VARIABLES,
     JobEnvironment,
     device_variables,
+    without_distributed_variables,
     without_job_variables,
 )
 from .._os.process import (
@@ -369,7 +370,8 @@ class Launch:
         self.centre_path = os.path.join(self.log_dir, "centre.npz")
 
     def child_env(self, **settings):
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # No MPI or torchrun rank variables: a framework in a worker would start its own DDP.
+        env = dict(without_distributed_variables(os.environ), PYTHONUNBUFFERED="1")
         env.update(JobEnvironment(job_id=self.job_id, status_file=self.status_file,
                                   keys_file=self.keys_file, launcher_pid=os.getpid(),
                                   log_level=self.args.log_level, **settings).to_env())

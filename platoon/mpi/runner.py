@@ -16,7 +16,12 @@ import threading
 from typing import Mapping, Optional, Sequence, Union
 
 from .._os.argv import join_option_values
-from .._os.environment import JobEnvironment, device_variables, without_job_variables
+from .._os.environment import (
+    JobEnvironment,
+    device_variables,
+    without_distributed_variables,
+    without_job_variables,
+)
 from .._os.process import die_with_parent, read_announcement, stop
 from ..errors import PlatoonError
 from ._comm import abort, import_mpi
@@ -177,7 +182,8 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
     ``PLATOON_*`` environment (job id: one random id per job plus ``-nRANK``;
     a free port; `num_workers`) and its NodeLink through PLATOON_MPI_NODE.
     Once it serves, `num_workers` processes run `worker_argv` with the
-    launcher's PLATOON_* variables (plus `worker_env`) and its thread caps, the
+    launcher's PLATOON_* variables (plus `worker_env`) and its thread caps, without
+    MPI's and torchrun's rank variables (PMI_*, OMPI_*, RANK...: a worker is no MPI rank), the
     host's cores divided among the workers of every rank on this host. With tied
     centres, the job's final evaluation (`Worker.final_evaluation`) is of the agreed
     centre after the final round, once, on node 0, which prints it; node 0 alone writes
@@ -199,8 +205,9 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
     # The job's status file and final centre (the launcher's --hosts gives them, or a user by
     # hand): node 0's to write, once its centre is the agreed one; no worker's.
     node0_files = ("status_file", "checkpoint_path")
-    env = without_job_variables(dict(os.environ, **(worker_env or {})), "ready_fd", "mpi_node",
-                                *node0_files)
+    # The workers are not MPI ranks: MPI's PMI_* variables stay with this rank's process.
+    env = without_job_variables(dict(without_distributed_variables(os.environ),
+                                     **(worker_env or {})), "ready_fd", "mpi_node", *node0_files)
     if rank != 0:
         for name in set(os.environ) - set(without_job_variables(os.environ, *node0_files)):
             del os.environ[name]

@@ -1,0 +1,154 @@
+"""A Hugging Face ``Trainer`` as a platoon worker, in two added lines: `PlatoonCallback`.
+
+::
+
+    from platoon.integrations.huggingface import PlatoonCallback
+    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=val)
+    PlatoonCallback.attach(trainer)          # this process is a worker of the job
+    trainer.train()
+
+The callback syncs the model with the job's centre every `sync_every` real optimizer steps (a
+``PeriodicSync`` counting the steps of the Trainer's own optimizer, through its post-step
+hook: gradient accumulation's micro-batches are not steps, nor are the steps a GradScaler
+skips, also those a fused optimizer is called for and skips itself); evaluates the final
+centre once with the Trainer's own ``evaluate()`` as the job's result; and keeps its step
+count in the Trainer's checkpoints, so that ``resume_from_checkpoint`` resumes the sync phase.
+docs/huggingface.md tells the rest. Imported only by its users; needs ``transformers`` (the
+``huggingface`` extra).
+"""
+
+import os
+from typing import Any, Dict, Optional
+
+try:
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+except ImportError as exc:
+    raise ImportError("platoon.integrations.huggingface needs Hugging Face Transformers: "
+                      "pip install 'platoon-dp[huggingface]' (in platoon's clone: "
+                      "pip install -e '.[huggingface]')") from exc
+
+import torch
+
+from ..errors import PlatoonError
+from ..rules import ParamSyncRule
+from ..torch_sync import PeriodicSync
+from ..worker import Worker
+from ._core import StepCounter, own_ddp_refused
+
+STATE_KEY = "platoon"  # platoon's state in the checkpoint's trainer_state.json
+
+
+def refuse_ddp(args: TrainingArguments) -> None:
+    """Raise PlatoonError when the Trainer runs its own data parallelism across processes
+    (torchrun, ``accelerate launch``, an MPI rank's environment): its all-reduce would tie
+    platoon's workers step by step, each worker's gradient averaged with the others."""
+    dist = torch.distributed
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    world = max(world, int(args.world_size))
+    if world > 1:
+        raise own_ddp_refused(world, "the Trainer", "torchrun or accelerate launch, or "
+                              "RANK/WORLD_SIZE/LOCAL_RANK in the environment")
+
+
+class PlatoonCallback(TrainerCallback):
+    """Makes `trainer`'s process a worker of a platoon job; ``PlatoonCallback.attach(trainer)``
+    adds one to the Trainer (or pass one to ``trainer.add_callback``).
+
+    Parameters:
+        trainer: the ``transformers.Trainer``, before ``train()``.
+        sync_every: sync with the centre after every this many real optimizer steps (>= 1).
+        rule: the sync rule; default as ``PeriodicSync``'s: ``EASGD(0.9 / workers)`` (with
+            AdamW give each worker about twice the lr one process would use), ``ASGD()``
+            in a job of one worker (the script run alone trains as without platoon).
+        worker: this process's `platoon.Worker`; default one made here (under the launcher
+            or ``python -m platoon.mpi`` a worker of the job, alone a one-worker job),
+            closed at the end of training.
+        evaluate_centre: True: at the end of training, the job's last worker evaluates the
+            final centre once with ``trainer.evaluate()`` (when the Trainer has an
+            eval_dataset); the launcher's summary shows it as the job's result, and
+            `final_result` holds it on that worker.
+        report_every_s: progress reports (steps, the logged loss) to the launcher's status
+            line at most this often; None: never.
+
+    In a job of several workers each worker writes its checkpoints under
+    ``output_dir/workerK`` (K: its global rank) and seeds torch with ``seed + K``, so that
+    workers shuffle the data and draw dropout differently. Raises PlatoonError when the
+    Trainer runs its own DDP (`refuse_ddp`), ValueError for a bad `sync_every`.
+    """
+
+    def __init__(self, trainer: Trainer, *, sync_every: int = 4,
+                 rule: Optional[ParamSyncRule] = None, worker: Optional[Worker] = None,
+                 evaluate_centre: bool = True, report_every_s: Optional[float] = 1.0):
+        if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
+            raise ValueError("sync_every must be an integer >= 1, got %r" % (sync_every,))
+        refuse_ddp(trainer.args)
+        self.trainer = trainer
+        self.sync_every, self.rule = sync_every, rule
+        self.evaluate_centre, self.report_every_s = evaluate_centre, report_every_s
+        self._own_worker = worker is None
+        self.worker = Worker() if worker is None else worker
+        self.sync: Optional[PeriodicSync] = None  # made at the start of training
+        self.final_result: Optional[Dict[str, Any]] = None
+        self._counter: Optional[StepCounter] = None
+        if self.worker.global_size > 1:
+            rank = self.worker.global_rank
+            trainer.args.output_dir = os.path.join(trainer.args.output_dir or "trainer_output",
+                                                   "worker%d" % rank)
+            torch.manual_seed(trainer.args.seed + rank)
+
+    @classmethod
+    def attach(cls, trainer: Trainer, **options: Any) -> "PlatoonCallback":
+        """A `PlatoonCallback` (`options` as its parameters), added to `trainer`'s callbacks."""
+        callback = cls(trainer, **options)
+        trainer.add_callback(callback)
+        return callback
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        """Share the model (loaded from the checkpoint, when resuming) and count the steps of
+        the Trainer's optimizer."""
+        if self.sync is not None:
+            raise PlatoonError("a PlatoonCallback serves one trainer.train(): its worker was "
+                               "closed at the end of the first; attach a new one")
+        evaluate = self._evaluate if self.evaluate_centre and \
+            self.trainer.eval_dataset is not None else None
+        self.sync = PeriodicSync(self.worker, model, None, sync_every=self.sync_every,
+                                 rule=self.rule, report_every_s=self.report_every_s,
+                                 evaluate=evaluate)
+        saved = (state.stateful_callbacks or {}).get(STATE_KEY)
+        if saved:  # resume_from_checkpoint: the sync phase goes on
+            self.sync.load_state_dict(saved)
+        self._counter = StepCounter(optimizer, self.sync.step)  # real optimizer steps
+        self._keep_state(state)
+
+    def _keep_state(self, state):
+        # Read when the Trainer saves a checkpoint (trainer_state.json), as its own callbacks'.
+        if self.sync is not None:
+            if not isinstance(state.stateful_callbacks, dict):
+                state.stateful_callbacks = {}
+            state.stateful_callbacks[STATE_KEY] = self.sync.state_dict()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._keep_state(state)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self._keep_state(state)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.sync is not None and logs and "loss" in logs:
+            self.sync.report_loss(logs["loss"])
+
+    def on_train_end(self, args, state, control, **kwargs):
+        """Finish the last sync, take part in the final evaluation, close the worker."""
+        if self._counter is not None:
+            self._counter.remove()
+            self._counter = None
+        if self.sync is not None:
+            self.final_result = self.sync.finish()  # the worker logs the result
+        if self._own_worker:
+            self.worker.close()
+
+    def _evaluate(self, model):
+        return self.trainer.evaluate()  # the model holds the centre (PeriodicSync.finish)
+
+
+__all__ = ["PlatoonCallback", "refuse_ddp", "STATE_KEY"]

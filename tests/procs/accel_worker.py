@@ -1,0 +1,90 @@
+"""A small Accelerate loop (an MLP with BatchNorm, made-up data) using platoon's LocalSGD in
+place of accelerate.local_sgd's; writes what it did to OUT_JSON (tests/test_accelerate.py).
+
+usage: accel_worker.py OUT_JSON [--batches N] [--accum K] [--every K] [--rule diloco]
+                       [--scaler --inf-at STEP] [--save-to DIR] [--resume-from DIR]
+--save-to DIR: accelerator.save_state(DIR) after training (LocalSGD registered for
+checkpointing); --resume-from DIR: accelerator.load_state(DIR) before.
+--scaler --inf-at STEP: a GradScaler (accelerate has none on the CPU: the script gives it one)
+with a fused AdamW, and the gradients of optimizer step STEP (1-based) made infinite, so that
+the scaler skips that step.
+"""
+
+import argparse
+import json
+
+import torch
+from accelerate import Accelerator
+
+from platoon import DiLoCo
+from platoon.integrations.accelerate import LocalSGD
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--batches", type=int, default=8)
+    parser.add_argument("--accum", type=int, default=1)
+    parser.add_argument("--every", type=int, default=2)
+    parser.add_argument("--rule", default=None)
+    parser.add_argument("--scaler", action="store_true")
+    parser.add_argument("--inf-at", type=int, default=0)
+    parser.add_argument("--save-to", default=None)
+    parser.add_argument("--resume-from", default=None)
+    opts = parser.parse_args()
+
+    torch.manual_seed(0)
+    x = torch.randn(256, 8)
+    y = (x[:, :1] - 2 * x[:, 1:2]).clone()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16),
+                                torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=opts.scaler)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16,
+                                       shuffle=True)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=opts.accum)
+    if opts.scaler:  # accelerator.backward scales the loss, the optimizer steps through it
+        accelerator.scaler = torch.amp.GradScaler("cpu")
+    model, optimizer, data = accelerator.prepare(model, optimizer, data)
+    real_steps = [0]
+
+    def poison(grad):  # during optimizer step inf_at, an infinite gradient
+        return grad * float("inf") if real_steps[0] == opts.inf_at - 1 else grad
+    if opts.inf_at:
+        next(model.parameters()).register_hook(poison)
+
+    def evaluate(m):
+        m.eval()
+        with torch.no_grad():
+            return {"loss": float(torch.nn.functional.mse_loss(m(x), y))}
+
+    rule = DiLoCo(outer_lr=0.7) if opts.rule == "diloco" else None
+    with LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=opts.every,
+                  rule=rule, evaluate=evaluate) as local_sgd:
+        accelerator.register_for_checkpointing(local_sgd)
+        if opts.resume_from:
+            accelerator.load_state(opts.resume_from)
+        first_batch = []
+        for k, (xb, yb) in enumerate(data):
+            first_batch = first_batch or xb[:4, 0].tolist()
+            if k == opts.batches:
+                break
+            with accelerator.accumulate(model):
+                loss = torch.nn.functional.mse_loss(model(xb), yb)
+                accelerator.backward(loss)
+                optimizer.step()
+                if accelerator.sync_gradients:
+                    real_steps[0] += 1
+                optimizer.zero_grad()
+                local_sgd.step()
+        if opts.save_to:
+            accelerator.save_state(opts.save_to)
+    with open(opts.out, "w") as f:
+        json.dump({"num_steps": local_sgd.num_steps, "platoon_steps": local_sgd.sync.steps,
+                   "syncs": local_sgd.worker.syncs, "shared": local_sgd.sync.shared_names,
+                   "rule": repr(local_sgd.sync.rule), "final_result": local_sgd.final_result,
+                   "first_batch": first_batch},
+                  f)
+
+
+if __name__ == "__main__":
+    main()

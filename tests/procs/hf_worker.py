@@ -1,0 +1,77 @@
+"""A small Hugging Face Trainer script (a tiny GPT-2 from a config, made-up text) made a platoon
+worker by PlatoonCallback; writes what it did to OUT_JSON (tests/test_huggingface.py).
+
+usage: hf_worker.py OUT_JSON OUTPUT_DIR [--steps N] [--accum K] [--every K] [--save-steps S]
+                    [--then-resume N] [--scaler --inf-at STEP]
+--then-resume N: after training, a fresh model and Trainer resume from the last checkpoint and
+train to N steps (a second PlatoonCallback, a second one-worker job); OUT_JSON tells of both.
+--scaler --inf-at STEP: accelerate's mixed-precision path with torch's GradScaler (accelerate
+has none on the CPU: the script gives it one), and the gradients of optimizer step STEP
+(1-based) made infinite, so that the scaler skips that step.
+"""
+
+import argparse
+import json
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+from platoon.integrations.huggingface import PlatoonCallback
+
+TEXT = "the quick brown fox jumps over the lazy dog, then sleeps. " * 30
+SEQ = 16
+
+
+def examples(text):
+    ids = torch.tensor([ord(c) % 64 for c in text])
+    return [{"input_ids": ids[i:i + SEQ], "labels": ids[i:i + SEQ]}
+            for i in range(0, len(ids) - SEQ, SEQ)]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("output_dir")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--accum", type=int, default=1)
+    parser.add_argument("--every", type=int, default=2)
+    parser.add_argument("--save-steps", type=int, default=0)
+    parser.add_argument("--then-resume", type=int, default=0)
+    parser.add_argument("--scaler", action="store_true")
+    parser.add_argument("--inf-at", type=int, default=0)
+    opts = parser.parse_args()
+    runs = [train(opts, opts.steps, resume=None)]
+    if opts.then_resume:
+        runs.append(train(opts, opts.then_resume, resume=True))
+    with open(opts.out, "w") as f:
+        json.dump(runs, f)
+
+
+def train(opts, steps, resume):
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=SEQ, n_embd=16, n_layer=1,
+                                       n_head=2, bos_token_id=0, eos_token_id=0))
+    args = TrainingArguments(opts.output_dir, max_steps=steps, per_device_train_batch_size=4,
+                             gradient_accumulation_steps=opts.accum, learning_rate=3e-3,
+                             logging_steps=2, report_to="none", use_cpu=True, disable_tqdm=True,
+                             save_strategy="steps" if opts.save_steps else "no",
+                             save_steps=opts.save_steps or 500, dataloader_num_workers=0)
+    data = examples(TEXT)
+    trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data[:8])
+    callback = PlatoonCallback.attach(trainer, sync_every=opts.every)
+    if opts.scaler:  # backward scales the loss, the optimizer's step goes through scaler.step
+        trainer.accelerator.scaler = torch.amp.GradScaler("cpu")
+    if opts.inf_at:
+        def poison(grad):  # during step inf_at, an infinite gradient: the scaler skips the step
+            return grad * float("inf") if trainer.state.global_step == opts.inf_at - 1 else grad
+        next(model.parameters()).register_hook(poison)
+    first_batch = next(iter(trainer.get_train_dataloader()))["input_ids"][:, 0].tolist()
+    trainer.train(resume_from_checkpoint=resume)
+    return {"platoon_steps": callback.sync.steps, "syncs": callback.worker.syncs,
+            "global_step": trainer.state.global_step, "final_result": callback.final_result,
+            "output_dir": trainer.args.output_dir, "first_batch": first_batch,
+            "skipped": trainer.accelerator.optimizer_step_was_skipped}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""platoon.integrations.accelerate: platoon's LocalSGD in an Accelerate loop (an MLP with
+BatchNorm, made-up data: nothing downloaded), in real processes."""
+
+import difflib
+import json
+import os
+import re
+import subprocess
+import sys
+import types
+
+import pytest
+
+from conftest import Nothing
+
+pytest.importorskip("accelerate", reason="the Accelerate tests need accelerate: pip install "
+                                         "-e '.[accelerate]'")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(out):
+    with open(out) as f:
+        return json.load(f)
+
+
+@pytest.mark.slow  # worker processes importing accelerate (about 2 s of CPU each)
+def test_two_workers_sync_every_k_real_optimizer_steps_with_buffers_and_evaluate_once(
+        serve, procs, tmp_path):
+    """Two Accelerate processes under a real controller, gradient accumulation 2: 8 batches
+    are 4 optimizer steps, and local_sgd_steps 2 gives 2 syncs each (counting step() calls,
+    as Accelerate's LocalSGD, gave 4); BatchNorm's statistics are synced with the parameters
+    under the default rule (EASGD for two workers); the workers draw their own batches; the
+    final centre is evaluated once."""
+    ctl = Nothing(control_port=0, num_workers=2)
+    serving = serve(ctl, timeout=90)
+    env = {"PLATOON_CONTROL_PORT": str(ctl.control_port)}
+    workers = [procs("accel_worker.py", tmp_path / ("w%d.json" % k), "--batches", 8,
+                     "--accum", 2, "--every", 2, env=env) for k in range(2)]
+    for w in workers:
+        assert w.wait(90) == 0, w.output
+    serving.join()
+    runs = [run(tmp_path / ("w%d.json" % k)) for k in range(2)]
+    for r in runs:
+        assert (r["num_steps"], r["platoon_steps"], r["syncs"]) == (8, 4, 2), r
+        assert {"1.running_mean", "1.running_var"} <= set(r["shared"]), r
+        assert r["rule"] == "EASGD(alpha=0.45)", r
+    assert runs[0]["first_batch"] != runs[1]["first_batch"], runs
+    results = [r["final_result"] for r in runs if r["final_result"] is not None]
+    assert len(results) == 1, runs
+    assert ctl.final_result["metrics"] == results[0]
+
+
+@pytest.mark.slow  # two worker processes in turn, each importing accelerate
+def test_a_step_the_scaler_skips_is_not_counted_and_a_checkpoint_keeps_the_sync_phase(
+        procs, tmp_path):
+    """Under DiLoCo, a fused AdamW stepped through a GradScaler, the gradients of optimizer
+    step 2 infinite: the scaler skips it (the fused optimizer is called all the same, and its
+    post-step hook fires), so 4 batches are 3 counted steps, and local_sgd_steps 2 syncs once
+    (counting the calls: 4 steps, 2 syncs). LocalSGD registered for the accelerator's
+    checkpoints: a fresh process that load_state's the run's save_state goes on at step 4 and
+    syncs at steps 4 and 6 over 3 more batches, as the uninterrupted run would (counting again
+    from 0 it would sync once)."""
+    ckpt = tmp_path / "ckpt"
+    first = procs("accel_worker.py", tmp_path / "a.json", "--batches", 4, "--every", 2,
+                  "--scaler", "--inf-at", 2, "--rule", "diloco", "--save-to", ckpt)
+    assert first.wait(90) == 0, first.output
+    a = run(tmp_path / "a.json")
+    assert (a["num_steps"], a["platoon_steps"], a["syncs"]) == (4, 3, 1), a
+    assert a["rule"].startswith("DiLoCo(outer_lr=0.7"), a
+    assert a["final_result"]["loss"] == a["final_result"]["loss"]  # finite, not NaN
+    resumed = procs("accel_worker.py", tmp_path / "b.json", "--batches", 3, "--every", 2,
+                    "--resume-from", ckpt)
+    assert resumed.wait(90) == 0, resumed.output
+    b = run(tmp_path / "b.json")
+    assert (b["num_steps"], b["platoon_steps"], b["syncs"]) == (7, 6, 2), b
+
+
+def test_accelerates_own_multi_process_mode_is_refused():
+    """An accelerator of several processes (torchrun, accelerate launch) is refused before any
+    worker is made, saying to start the script with platoon-launcher."""
+    from platoon.errors import PlatoonError
+    from platoon.integrations.accelerate import LocalSGD
+    accelerator = types.SimpleNamespace(num_processes=2)
+    with pytest.raises(PlatoonError, match="the Accelerator runs its own DDP across 2 "
+                                           "processes.*platoon-launcher -n N"):
+        LocalSGD(accelerator, None, 4)
+    with pytest.raises(ValueError, match="local_sgd_steps must be an integer >= 1, got 0"):
+        LocalSGD(types.SimpleNamespace(num_processes=1), None, 0)
+
+
+def test_disabled_it_makes_no_worker_and_only_counts():
+    """enabled=False, as Accelerate's: no worker is made (none could register: there is no
+    controller), step() counts its calls, leaving the block does nothing more."""
+    from platoon.integrations.accelerate import LocalSGD
+    with LocalSGD(types.SimpleNamespace(num_processes=1), None, 2, enabled=False) as local_sgd:
+        for _ in range(3):
+            local_sgd.step()
+    assert (local_sgd.num_steps, local_sgd.worker, local_sgd.sync) == (3, None, None)
+    assert local_sgd.state_dict() == {"platoon_steps": 0, "num_steps": 3}
+
+
+def test_the_module_names_the_extra_without_accelerate():
+    code = ("import sys; sys.modules['accelerate'] = None\n"
+            "try:\n    import platoon.integrations.accelerate\n"
+            "except ImportError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'platoon-dp[accelerate]'" in out.stdout, out.stdout
+
+
+def test_the_docs_show_the_examples_diff_and_it_adds_at_most_three_lines():
+    """docs/accelerate.md shows examples/accelerate's diff (local_sgd.py, with Accelerate's own
+    LocalSGD, to train.py) as it is: at most 3 lines added, at most 2 removed (changed)."""
+    example = os.path.join(ROOT, "examples", "accelerate")
+    files = []
+    for name in ("local_sgd.py", "train.py"):
+        with open(os.path.join(example, name)) as f:
+            files.append(f.read().splitlines(keepends=True))
+    diff = "".join(difflib.unified_diff(*files, "local_sgd.py", "train.py"))
+    with open(os.path.join(ROOT, "docs", "accelerate.md")) as f:
+        shown = re.findall(r"^```diff\n(.*?)^```", f.read(), re.S | re.M)
+    assert shown == [diff]
+    lines = diff.splitlines()[2:]
+    assert sum(line.startswith("+") for line in lines) <= 3
+    assert sum(line.startswith("-") for line in lines) <= 2

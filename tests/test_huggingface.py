@@ -1,0 +1,146 @@
+"""platoon.integrations.huggingface: a Hugging Face Trainer script as a platoon worker, with a
+tiny GPT-2 built from a config and made-up text (nothing downloaded), in real processes."""
+
+import difflib
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import Nothing, Proc
+
+pytest.importorskip("transformers", reason="the Trainer tests need transformers: pip install "
+                                           "-e '.[huggingface]'")
+
+
+def run(out):
+    with open(out) as f:
+        return json.load(f)
+
+
+@pytest.mark.slow  # a Trainer process: importing transformers takes ~4 s of CPU
+def test_two_trainer_workers_sync_every_k_real_optimizer_steps_and_evaluate_the_centre_once(
+        serve, procs, tmp_path):
+    """Two Trainer processes under a real controller, with gradient accumulation 2: 4 optimizer
+    steps (8 micro-batches) and sync_every 2 give 2 syncs each, not 4; the job's result is the
+    final centre evaluated once by trainer.evaluate(); each worker checkpoints in its own
+    directory and draws its own batches."""
+    ctl = Nothing(control_port=0, num_workers=2)
+    serving = serve(ctl, timeout=90)
+    env = {"PLATOON_CONTROL_PORT": str(ctl.control_port)}
+    workers = [procs("hf_worker.py", tmp_path / ("w%d.json" % k), tmp_path / "out", "--steps", 4,
+                     "--accum", 2, "--every", 2, env=env) for k in range(2)]
+    for w in workers:
+        assert w.wait(90) == 0, w.output
+    serving.join()
+    runs = [run(tmp_path / ("w%d.json" % k))[0] for k in range(2)]
+    for r in runs:
+        assert (r["global_step"], r["platoon_steps"], r["syncs"]) == (4, 4, 2), r
+    assert sorted(r["output_dir"] for r in runs) == [str(tmp_path / "out" / "worker0"),
+                                                     str(tmp_path / "out" / "worker1")]
+    assert runs[0]["first_batch"] != runs[1]["first_batch"], runs
+    results = [r["final_result"] for r in runs if r["final_result"] is not None]
+    assert len(results) == 1, runs
+    assert ctl.final_result["metrics"] == results[0]
+    assert results[0]["eval_loss"] < 4.1  # trained: ln(64) = 4.16 at the start
+
+
+@pytest.mark.slow  # a Trainer process: importing transformers takes ~4 s of CPU
+def test_resume_from_checkpoint_continues_platoons_sync_phase(procs, tmp_path):
+    """A script run alone saves a checkpoint at step 3 (sync_every 2: synced at step 2); a fresh
+    Trainer resumed from it goes on at step 3: it syncs at steps 4 and 6, as the uninterrupted
+    run would (counting again from 0 it would sync at 2 only, by its step 6)."""
+    out = tmp_path / "runs.json"
+    proc = procs("hf_worker.py", out, tmp_path / "out", "--steps", 3, "--save-steps", 3,
+                 "--every", 2, "--then-resume", 6)
+    assert proc.wait(90) == 0, proc.output
+    first, resumed = run(out)
+    assert (first["platoon_steps"], first["syncs"]) == (3, 1), first
+    with open(tmp_path / "out" / "checkpoint-3" / "trainer_state.json") as f:
+        assert json.load(f)["stateful_callbacks"]["platoon"] == {"platoon_steps": 3}
+    assert (resumed["global_step"], resumed["platoon_steps"], resumed["syncs"]) == (6, 6, 2), \
+        resumed
+    assert resumed["final_result"]["eval_loss"] < 4.1
+
+
+@pytest.mark.slow  # a Trainer process: importing transformers takes ~4 s of CPU
+def test_a_step_the_grad_scaler_skips_is_not_counted(procs, tmp_path):
+    """accelerate's mixed-precision path with torch's GradScaler; the gradients of step 2 are
+    infinite, so the scaler skips it: 4 Trainer steps are 3 optimizer steps and 3 syncs
+    (sync_every 1). The Trainer's fused AdamW is called even then (it skips the update
+    itself, told by the scaler's found_inf), and its post-step hook fires: counting those
+    calls gave 4."""
+    out = tmp_path / "run.json"
+    proc = procs("hf_worker.py", out, tmp_path / "out", "--steps", 4, "--every", 1,
+                 "--scaler", "--inf-at", 2)
+    assert proc.wait(90) == 0, proc.output
+    result = run(out)[0]
+    assert (result["global_step"], result["platoon_steps"], result["syncs"]) == (4, 3, 3), result
+    assert result["final_result"]["eval_loss"] < 4.1  # the infinite step was not applied
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# The other rank of a torchrun-style job: it joins the Trainer's process group, and leaves.
+OTHER_RANK = ("import torch.distributed as dist; dist.init_process_group('gloo'); "
+              "dist.destroy_process_group()")
+
+
+@pytest.mark.slow  # a Trainer process: importing transformers takes ~4 s of CPU
+def test_the_trainers_own_ddp_is_refused(procs, tmp_path):
+    """A Trainer process started as torchrun starts rank 0 of two: the Trainer's DDP is on, and
+    the callback refuses it, saying to start the script with platoon-launcher; no worker
+    registers (none is made)."""
+    ddp = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    trainer = procs("hf_worker.py", tmp_path / "x.json", tmp_path / "out",
+                    env=dict(ddp, RANK="0", LOCAL_RANK="0"))
+    other = Proc(["-c", OTHER_RANK], env=dict(ddp, RANK="1", LOCAL_RANK="1"))
+    try:
+        assert trainer.wait(90) != 0, trainer.output
+        assert other.wait(30) == 0, other.output
+    finally:
+        other.kill()
+    assert "the Trainer runs its own DDP across 2 processes" in trainer.output, trainer.output
+    assert "platoon-launcher -n N" in trainer.output
+    assert "one-worker job" not in trainer.output  # no Worker was made
+    assert not os.path.exists(tmp_path / "x.json")
+
+
+def test_the_package_imports_without_any_framework():
+    """platoon.integrations imports no framework; its huggingface module names the extra."""
+    code = ("import sys; sys.modules['transformers'] = None; import platoon.integrations; "
+            "assert 'torch' not in sys.modules\n"
+            "try:\n    import platoon.integrations.huggingface\n"
+            "except ImportError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'platoon-dp[huggingface]'" in out.stdout, out.stdout
+
+
+
+def test_the_docs_show_the_examples_diff_and_it_adds_at_most_three_lines():
+    """docs/huggingface.md shows examples/huggingface's diff (single_process.py to train.py) as
+    it is, and the Trainer script becomes a platoon worker in at most 3 added lines, 0 removed."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    example = os.path.join(root, "examples", "huggingface")
+    files = []
+    for name in ("single_process.py", "train.py"):
+        with open(os.path.join(example, name)) as f:
+            files.append(f.read().splitlines(keepends=True))
+    diff = "".join(difflib.unified_diff(*files, "single_process.py", "train.py"))
+    with open(os.path.join(root, "docs", "huggingface.md")) as f:
+        shown = re.findall(r"^```diff\n(.*?)^```", f.read(), re.S | re.M)
+    assert shown == [diff]
+    lines = diff.splitlines()[2:]
+    assert sum(line.startswith("+") for line in lines) <= 3
+    assert not any(line.startswith("-") for line in lines)
