@@ -95,7 +95,7 @@ class MinibatchChannel:
         self._sends_undrained = 0  # sends since the socket was last read
         self.stopped = stopped  # a message once the job's stop was requested, else None
         self._warnings = ThrottledLog(log)
-        self._pid = os.getpid()  # its sockets work in this process only
+        self._pid = _process_id[0]  # its sockets work in this process only
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -189,12 +189,12 @@ class MinibatchChannel:
     # -- internals --
 
     def _check_process(self, caller):
-        if os.getpid() != self._pid:
+        if _process_id[0] != self._pid:  # no system call a minibatch (see _process_id)
             raise UsedAfterFork(
                 "Controller.%s() called in process %d, forked from the controller's process "
                 "%d: ZeroMQ sockets do not work after fork(), so nothing would be delivered. "
                 "Feed minibatches from a thread of the controller process (threading.Thread), "
-                "not from a multiprocessing.Process" % (caller, os.getpid(), self._pid))
+                "not from a multiprocessing.Process" % (caller, _process_id[0], self._pid))
 
     def _check_stopped(self):
         stopped = self.stopped()
@@ -407,6 +407,18 @@ class MinibatchChannel:
 _SNDMORE = int(zmq.SNDMORE)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
+
+
+# This process's id, kept by a fork hook: os.getpid() is a system call (about 0.3-1 us
+# here), which send_mb would pay on every minibatch.
+_process_id = [os.getpid()]
+
+
+def _forked():
+    _process_id[0] = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _deadline(timeout_s):
