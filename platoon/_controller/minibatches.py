@@ -261,7 +261,14 @@ class MinibatchChannel:
             return None
         if identity in self.retired:  # sent before its connection was replaced: it asks
             return None  # again on the new one, where all it has not acknowledged is re-sent
-        if record.has_left:
+        if record.has_left:  # its control goodbye was handled before this request
+            if peer is not None and peer.identity == identity:
+                # Sent before it left (its data goodbye follows on this connection): the
+                # acknowledgement counts, the credit does not. Refusing it would also drop
+                # that goodbye unread and hold its minibatches until flush_mb timed out.
+                peer.credit = 0
+                self._ack(peer, epoch, done)
+                return None
             return self._refuse(identity, "worker %d has left the job; it gets no more "
                                 "minibatches" % wid)
         if peer is None or peer.identity != identity:
