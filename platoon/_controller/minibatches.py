@@ -72,7 +72,7 @@ class MinibatchChannel:
     # Unroutable sends raise instead of vanishing; the workers' windows (and hwm) bound
     # the queue; requests are small, so a peer sending more is dropped.
     SOCKET_OPTIONS = {zmq.ROUTER_MANDATORY: 1, zmq.SNDHWM: 0, zmq.MAXMSGSIZE: 4096}
-    DRAIN_EVERY = 8
+    DRAIN_EVERY = 32  # sends at most between reads of the socket while workers have room
     DRAIN_AT_MOST = 64  # requests read at once: a flood must not keep the sender reading
     REFUSED_AT_MOST = 4096  # connections remembered as refused (their frames dropped unread)
     RETIRED_AT_MOST = 4096  # workers' replaced connections remembered (their requests ignored)
@@ -147,10 +147,25 @@ class MinibatchChannel:
     def deliver(self, frames, nbytes, deadline):
         """Send `frames` (`nbytes` in all) to the next worker with room for them; its id, or
         None at `deadline`."""
+        # The common case, streaming: nothing to re-send, no worker leaving, requests read
+        # recently, and the first worker in line has room. It gets the minibatch and goes to
+        # the back of the line (rotating it: it stays queued, so no pop, check and append).
+        ready = self.ready
+        if ready and not self.resend and not self.left \
+                and self._sends_undrained < self.DRAIN_EVERY - 1:
+            self._check_stopped()
+            peer = ready[0]
+            if self._has_room(peer) and self._send(peer, frames, nbytes):
+                self._sends_undrained += 1
+                if len(ready) > 1:
+                    ready.rotate(-1)
+                self.delivered += 1
+                return peer.worker_id
         while True:
             self._check_stopped()
             # Reading the socket's state costs about as much as a send: while workers
-            # with credit are queued, look for new requests only every DRAIN_EVERY sends.
+            # with credit are queued, look for new requests only every DRAIN_EVERY sends
+            # (a worker asks again long before its window of up to 256 runs out).
             self._sends_undrained += 1
             if not self.ready or self._sends_undrained >= self.DRAIN_EVERY or self.left:
                 self._drain()
