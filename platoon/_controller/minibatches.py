@@ -127,8 +127,9 @@ class MinibatchChannel:
         frames = protocol.encode_minibatch(arrays, pack=True if copy else None)
         # bytes, or memoryviews cast to "B"
         nbytes = len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:
-            taker = self.deliver(frames, nbytes, _deadline(timeout_s))
+            taker = self.deliver(frames, nbytes, deadline)
         if taker is None:
             raise MinibatchTimeout("no worker asked for a minibatch at %s within %.3g s; "
                                    "workers ask in recv_mb()" % (self.address, timeout_s))
@@ -402,7 +403,8 @@ class MinibatchChannel:
         peer.credit -= 1
         peer.unacked.append((peer.sent, frames, nbytes))
         peer.unacked_bytes += nbytes
-        self._queue(peer)  # behind the others that asked
+        if not peer.queued:  # (send_mb's fast path keeps it queued and moves it itself)
+            self._queue(peer)  # behind the others that asked
         return True
 
     def _drop(self, peer, why):
