@@ -353,4 +353,4 @@ def test_acknowledgements_sent_just_before_a_worker_leaves_are_honoured(serve, p
     assert got(proc) == list(range(5))
     serving.join()  # the control goodbye was handled: the worker has left the job
     ctl.flush_mb(timeout_s=5)  # reads the acknowledgement, then the data goodbye
-    assert ctl._mb.resent == 0 and ctl.deaths == []
+    assert ctl.resent_minibatches == 0 and ctl.deaths == []
