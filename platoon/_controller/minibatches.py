@@ -13,8 +13,10 @@ the workers' requests. Minibatches sent to a worker and not yet acknowledged are
 kept, by worker rather than by connection: when the worker fails they are re-sent to
 the next workers that ask; when it closes, those it prefetched but never took are;
 when its connection is reset, those it had not received by its first request on
-the new one are. Acknowledgements count by connection: the first message on each
-connection a worker asks on opens a new epoch, numbered across the channel; a request
+the new one are. A worker's requests read after its control goodbye still acknowledge
+(they give no credit), and its data goodbye after them still counts.
+Acknowledgements count by connection: the first message on each connection a worker
+asks on opens a new epoch, numbered across the channel; a request
 names the epoch it counts in and acknowledges only that epoch's minibatches (those of
 an ended epoch are re-sent), so a count made before a reset, or one including
 minibatches still arriving from the old connection, never acknowledges a minibatch
