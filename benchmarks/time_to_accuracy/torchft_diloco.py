@@ -95,7 +95,7 @@ class TorchftDiLoCo(Member):
         return self.stop_event.is_set()
 
     def stats(self):
-        return {"syncs": self.manager.current_step()}
+        return {"outer_steps": self.manager.current_step()}
 
     def close(self):
         if self.diloco is not None:

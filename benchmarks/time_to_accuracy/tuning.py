@@ -105,10 +105,10 @@ def summarise(runs, table):
                                              if "sync_s" in k]),
                 "lock_wait_ms_per_sync": _median([1000 * k["lock_wait_s"] / max(1, k["syncs"])
                                                   for r in mine if "ranks" in r
-                                                  for k in r["ranks"] if "syncs" in k]),
+                                                  for k in r["ranks"] if "lock_wait_s" in k]),
                 "lock_hold_ms_per_sync": _median([1000 * k["lock_hold_s"] / max(1, k["syncs"])
                                                   for r in mine if "ranks" in r
-                                                  for k in r["ranks"] if "syncs" in k]),
+                                                  for k in r["ranks"] if "lock_hold_s" in k]),
             }
         out[name] = row
     return out
