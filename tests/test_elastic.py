@@ -25,6 +25,9 @@ TIMEOUT_S = 1.0  # the lighthouse's heartbeat timeout in these tests
 GRACE_S = 0.3
 SLACK_S = 3.0  # scheduling on a loaded machine: python startup, 100 ms heartbeats, ticks
 QUORUM = r"lighthouse: quorum (\d+): (.*)$"
+# what srun or mpiexec gives a node started one per host
+MPI_RANK_VARIABLES = {"PMI_RANK": "1", "PMI_SIZE": "3", "OMPI_COMM_WORLD_SIZE": "3",
+                      "RANK": "1", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1"}
 
 
 # --- pure logic ---------------------------------------------------------------------------
@@ -175,9 +178,11 @@ def job(tmp_path):
 
         def runner(self, name, *worker_args, checkpoint=None, host="127.0.0.1", netns=None):
             """python -m platoon.elastic.node with one worker of elastic_worker.py (in network
-            namespace `netns`, on its address `host`, if given)."""
-            node_env = dict(env, PLATOON_CHECKPOINT_PATH=str(checkpoint)) if checkpoint \
-                else env
+            namespace `netns`, on its address `host`, if given), started as if by srun or
+            mpiexec (MPI's and torchrun's rank variables set: its workers must not see them)."""
+            node_env = dict(env, **MPI_RANK_VARIABLES)
+            if checkpoint:
+                node_env["PLATOON_CHECKPOINT_PATH"] = str(checkpoint)
             proc = Proc(_in_netns(netns) + [
                 "-m", "platoon.elastic.node", "--join", self.address, "--name", name,
                 "--host", host, "--tie-every-s", "0.2", "--tie-timeout-s", "3", "--", WORKER]
@@ -366,9 +371,11 @@ def test_nodes_survive_a_kill_take_the_node_back_healed_and_end_on_one_saved_cen
     assert np.isfinite(centres[0]).all()
     true_w = np.arange(256) / 256
     dists = [float(line.split()[1]) for n in (nodes["a"], nodes["b"], again)
-             for line in n.lines if line and line.startswith("DIST")]
+             for line in n.lines if line and line.startswith("DIST ")]
     assert np.linalg.norm(centres[0] - true_w) <= 2 * max(dists) + 1e-3, dists
     assert not [s for s in platoon_segments() if c_job in s]
+    for node in (nodes["a"], nodes["b"], again):  # no worker took itself for an MPI rank
+        assert "DISTRIBUTED none" in node.lines, node.output
     print("c out of the quorum %.2f s after its kill; a and b back to outer rounds %s s "
           "after theirs broke; restarted c healed %s s and first contributing %s s after its "
           "start" % (out_after, "/".join(m.group(1) for m in went_on), healed.group(3),

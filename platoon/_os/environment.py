@@ -101,6 +101,16 @@ def without_distributed_variables(env):
             if not k.startswith(DISTRIBUTED_PREFIXES) and k not in DISTRIBUTED_VARIABLES}
 
 
+def worker_environment(environ, drop=(), extra=None):
+    """The environment of the workers a runner starts (the launcher's, ``python -m
+    platoon.mpi``'s, an elastic node's): `environ` plus `extra`, without MPI's and torchrun's
+    rank variables (`without_distributed_variables`: a worker is no rank, even where its
+    runner is one) and without the runner's own settings `drop` (JobEnvironment field names,
+    such as "ready_fd")."""
+    env = dict(without_distributed_variables(environ), **(extra or {}))
+    return without_job_variables(env, *drop) if drop else env
+
+
 def _variable(field_name):
     """The environment variable of a setting: PLATOON_ and its name in capitals."""
     return "PLATOON_" + field_name.upper()

@@ -18,7 +18,7 @@ import time
 from typing import Optional, Sequence
 
 from .._os.argv import join_option_values
-from .._os.environment import JobEnvironment, without_job_variables
+from .._os.environment import JobEnvironment, worker_environment
 from .._os.process import stop
 from ..errors import PlatoonError
 from ..mpi.compress import CODECS
@@ -59,8 +59,9 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
     from ..launch import reaper
     reaper_fd = reaper.start(job_id)
     read_fd, write_fd = os.pipe()
-    env = without_job_variables(dict(os.environ), "ready_fd", "mpi_node", "checkpoint_path",
-                                "status_file")
+    # the workers are no MPI or torchrun ranks (one node per host under srun or mpiexec)
+    env = worker_environment(os.environ, ("ready_fd", "mpi_node", "checkpoint_path",
+                                               "status_file"))
     env.update(JobEnvironment(job_id=job_id, num_workers=num_workers,
                               elastic_node=name).to_env())
     os.environ.update(JobEnvironment(mpi_node=1, job_id=job_id, control_port=0,

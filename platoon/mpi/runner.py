@@ -19,8 +19,8 @@ from .._os.argv import join_option_values
 from .._os.environment import (
     JobEnvironment,
     device_variables,
-    without_distributed_variables,
     without_job_variables,
+    worker_environment,
 )
 from .._os.process import die_with_parent, read_announcement, stop
 from ..errors import PlatoonError
@@ -206,8 +206,8 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
     # hand): node 0's to write, once its centre is the agreed one; no worker's.
     node0_files = ("status_file", "checkpoint_path")
     # The workers are not MPI ranks: MPI's PMI_* variables stay with this rank's process.
-    env = without_job_variables(dict(without_distributed_variables(os.environ),
-                                     **(worker_env or {})), "ready_fd", "mpi_node", *node0_files)
+    env = worker_environment(os.environ, ("ready_fd", "mpi_node") + node0_files,
+                                  worker_env)
     if rank != 0:
         for name in set(os.environ) - set(without_job_variables(os.environ, *node0_files)):
             del os.environ[name]
