@@ -1,9 +1,8 @@
 """A worker of an elastic job (python -m platoon.elastic.node ... -- THIS_FILE SECONDS [STOP]): SGD
 on a linear regression toward known true weights (256 float32 features), EASGD with its
-node's centre, for SECONDS seconds of training (less if file STOP exists); its data is picked by its
-node's name
-(PLATOON_ELASTIC_NODE). Prints "DISTRIBUTED none" (or the MPI/torchrun rank variables it sees)
-and "DIST d node NAME" (its distance to the true weights)."""
+node's centre, for SECONDS seconds of training (less if file STOP exists); its data is picked
+by its node's name (PLATOON_ELASTIC_NODE). Prints "DISTRIBUTED none" (or the MPI/torchrun rank
+variables it sees) and "DIST d node NAME" (its distance to the true weights)."""
 
 import os
 import sys
