@@ -17,7 +17,7 @@ from conftest import PROCS, Proc, platoon_segments
 from platoon.elastic import MembershipSettings, Quorum, generate_secret, load_secret, wire
 from platoon.elastic.lighthouse import Lighthouse
 from platoon.elastic.quorum import Membership
-from platoon.errors import PlatoonError, QuorumBroken
+from platoon.errors import NonFiniteValues, PlatoonError, QuorumBroken, QuorumTimeout
 
 NODE = os.path.join(PROCS, "elastic_node.py")
 WORKER = os.path.join(PROCS, "elastic_worker.py")
@@ -138,6 +138,162 @@ def test_the_lighthouse_and_the_client_load_no_torch():
             "print(sorted(m for m in ('torch', 'mpi4py') if m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=30).stdout.strip() == "[]"
+
+
+# --- the elastic tie's decisions, in-process (a stand-in centre, group and lighthouse) -------
+class _Lock:
+    """The centre's lock; `after_release()` runs once, at the next release (a worker's sync
+    that was waiting for the lock lands then)."""
+
+    def __init__(self):
+        self.after_release = None
+
+    def acquire(self, timeout_s=None):
+        return True
+
+    def release(self):
+        hook, self.after_release = self.after_release, None
+        if hook is not None:
+            hook()
+
+
+class _Centre:
+    def __init__(self, values):
+        self.arrays = [np.array(values, np.float32)]
+        self.layout = [("float32", (len(values),))]
+        self.lock = _Lock()
+
+
+class _Controller:
+    def __init__(self, values):
+        self.shared_centre, self.centre_ready = _Centre(values), True
+
+
+class _Group:
+    """A quorum's group as this member sees it: `mean(move, among)` makes each round's mean,
+    `raises` (if set) is what every collective raises."""
+
+    def __init__(self, rank, size, mean=None, raises=None, payload=None):
+        names = tuple("abcdefgh"[:size])
+        self.quorum = Quorum(7, names, tuple("h:%d" % i for i in range(size)))
+        self.rank, self.size, self.mean, self.raises = rank, size, mean, raises
+        self.payload = payload
+
+    def compressed_mean(self, array, codec, feedback=None, out=None, among=None):
+        if self.raises is not None:
+            raise self.raises
+        return self.mean(np.array(array, np.float32), among), 0
+
+    def broadcast_bytes(self, message, root):
+        return message if self.rank == root else self.payload
+
+    def close(self):
+        pass
+
+
+class _NoLighthouse:
+    """A lighthouse client that never hears of a quorum."""
+
+    def wait_for_quorum(self, *args, **kwargs):
+        time.sleep(0.05)
+        raise QuorumTimeout("no quorum (test)")
+
+    def current_quorum(self):
+        return None
+
+    def report_broken(self, quorum_id):
+        pass
+
+    def close(self):
+        pass
+
+
+def _tie(values, anchor, *, running=False, **settings):
+    """An ElasticTie (float32 moves, DiLoCo lr 0.7, momentum 0.9) over a stand-in centre
+    holding `values`, its anchor `anchor` (round 3); its thread ended at once unless
+    `running` (then its lighthouse never forms a quorum)."""
+    from platoon.elastic.tie import ElasticTie
+    from platoon.mpi import CentreTie
+    from platoon.mpi.compress import ErrorFeedback
+    ctl = _Controller(values)
+    if not running:
+        ctl.shared_centre = None  # the thread waits for it: halted, it ends at once
+    failures = []
+    tie = ElasticTie(CentreTie(0.05, outer="diloco", compress="float32"), _NoLighthouse, "a",
+                     ctl, 1.0, failures.append, **settings)
+    if not running:
+        assert tie.halt(5)
+        tie._halt.clear(), tie._done.clear()
+        ctl.shared_centre = _Centre(values)
+    tie.anchor = [np.array(anchor, np.float32)]
+    tie.velocity = [np.zeros(len(anchor), np.float32)]
+    tie._feedback = [ErrorFeedback(len(anchor), np.dtype(np.float32))]
+    tie.round_no = 3
+    return tie, ctl.shared_centre, failures
+
+
+def _stepped(anchor, mean):
+    """The anchor after DiLoCo's outer step (lr 0.7, momentum 0.9, fresh momentum)."""
+    from platoon.mpi.tie import outer_step
+    anchor = np.array(anchor, np.float32)
+    outer_step(anchor, np.zeros_like(anchor), np.array(mean, np.float32), 0.7, 0.9)
+    return anchor
+
+
+def test_a_last_sync_landing_during_a_round_is_kept_and_handed_over_in_the_next():
+    """The workers' last sync lands just after the round's snapshot, and the node is done
+    before the round ends: that sync is neither erased nor taken for handed over; the next
+    round sends it."""
+    tie, centre, _ = _tie([1.0, 1.0], [0.0, 0.0])
+    group = _Group(0, 1, mean=lambda move, among: move)
+
+    def last_sync():
+        centre.arrays[0] += 2.0
+        tie.node_done()
+
+    centre.lock.after_release = last_sync  # right after the snapshot
+    tie._outer_round(group, [0])
+    first = _stepped([0.0, 0.0], [1.0, 1.0])
+    np.testing.assert_allclose(tie.anchor[0], first)
+    np.testing.assert_allclose(centre.arrays[0], first + 2.0)  # the last sync kept
+    assert not tie._handed_over  # its last move is not in any mean yet
+    tie._outer_round(group, [0])
+    assert tie._handed_over
+    np.testing.assert_allclose(centre.arrays[0], tie.anchor[0])  # done: the centre is the anchor
+    assert not np.allclose(tie.anchor[0], first)  # the last sync moved it
+
+
+def test_repairing_an_anchor_keeps_a_sync_landing_during_the_repair():
+    """A member whose anchor differs is repaired: its centre becomes the new anchor plus its
+    workers' work since the old one, including a sync landing during the repair."""
+    tie, centre, _ = _tie([1.0, 1.0], [0.0, 0.0])  # its workers moved it by 1
+    new_anchor, new_velocity = np.array([5.0, 5.0], np.float32), np.zeros(2, np.float32)
+    payload = np.frombuffer(new_anchor.tobytes() + new_velocity.tobytes(), np.uint8)
+    group = _Group(1, 2, payload=payload)
+
+    def sync():
+        centre.arrays[0] += 2.0
+
+    centre.lock.after_release = sync
+    tie._heal(group, 0, 4, [1])
+    np.testing.assert_allclose(tie.anchor[0], new_anchor)
+    np.testing.assert_allclose(centre.arrays[0], new_anchor + 1.0 + 2.0)
+
+
+def test_nan_on_one_member_ends_that_member_and_breaks_the_round_for_the_others():
+    """A round whose mean is refused for NaN or Inf on rank 1: rank 1 fails (its tie ends its
+    node); the others drop the round as broken (they go on without it) and keep their
+    error-feedback residuals."""
+    refusal = NonFiniteValues("rank(s) [1] of 2 hold NaN or Inf", [1])
+    healthy, _, _ = _tie([1.0, 1.0], [0.0, 0.0])
+    healthy._feedback[0].residual[...] = 0.25
+    with pytest.raises(QuorumBroken, match=r"the centre of node\(s\) b \(rank\(s\) 1 of "
+                                           r"quorum 7: a, b\) holds NaN or Inf"):
+        healthy._outer_round(_Group(0, 2, raises=refusal), [0, 1])
+    assert (healthy._feedback[0].residual == 0.25).all() and healthy.round_no == 3
+    diverged, _, _ = _tie([np.nan, 1.0], [0.0, 0.0])
+    with pytest.raises(NonFiniteValues):
+        diverged._outer_round(_Group(1, 2, raises=refusal), [0, 1])
 
 
 # --- real processes ---------------------------------------------------------------------------

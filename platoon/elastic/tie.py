@@ -18,7 +18,8 @@ centre's layout). Then, the same decision on every member:
 - otherwise an outer round: each member's pseudo-gradient (centre minus anchor) travels
   compressed with error feedback (`QuorumGroup.compressed_mean`); every array's mean is in
   before any anchor changes, so a round that breaks (QuorumBroken) changes no anchor,
-  momentum or residual on that member, and no centre is half-updated.
+  momentum or residual on that member, and no centre is half-updated. A mean refused for
+  NaN or Inf ends the members that hold it and breaks the round for the others.
 
 A round that breaks is dropped: the node waits for a quorum newer than the broken one
 (`LighthouseClient.wait_for_quorum`) and builds its group; the header of its first round
@@ -300,14 +301,15 @@ class ElasticTie:
         finally:
             centre.lock.release()
 
-    def _set_centre(self, centre, new, keep_since=None) -> None:
-        """Each centre array := new (plus what the workers added since `keep_since`, the
-        arrays it was compared to, while this node trains)."""
-        training = not self._done.is_set()
+    @staticmethod
+    def _set_centre(centre, new, keep_since=None) -> None:
+        """Each centre array := new, plus what the workers added since `keep_since` (the
+        arrays it was compared to), if given: in one hold of the lock, so that no sync landing
+        meanwhile is lost."""
         centre.lock.acquire(LOCK_TIMEOUT_S)
         try:
             for i, c in enumerate(centre.arrays):
-                if keep_since is not None and training:
+                if keep_since is not None:
                     c -= keep_since[i]
                     c += new[i]
                 else:
@@ -317,6 +319,7 @@ class ElasticTie:
 
     def _first_anchor(self, group) -> None:
         """The job's first round: the anchor is the mean of the centres, losslessly."""
+        training = not self._done.is_set()  # read once, before the snapshot (as _outer_round)
         centre, snaps = self._snapshot()
         means = []
         for s in snaps:
@@ -327,7 +330,7 @@ class ElasticTie:
         self.velocity = [np.zeros_like(a) for a in means]
         self._feedback = [ErrorFeedback(a.size, a.dtype) for a in means]
         self.round_no = 0
-        self._set_centre(centre, self.anchor, keep_since=snaps)
+        self._set_centre(centre, self.anchor, keep_since=snaps if training else None)
         self._note_contribution()
 
     def _heal(self, group, source: int, best: int, differing: List[int]) -> None:
@@ -362,16 +365,22 @@ class ElasticTie:
             log.warning("node %s: healed from %s in quorum %d (outer round %d), %.2f s after "
                         "its start", self.name, self.healed_from, group.quorum.id, best,
                         self.healed_after_s)
-        else:
-            _, snaps = self._snapshot()
-            self._set_centre(centre, [s - o + a for s, o, a in zip(snaps, old, self.anchor)])
+        else:  # its centre minus its old anchor plus the new one, in one hold of the lock
+            self._set_centre(centre, self.anchor, keep_since=old)
             log.warning("node %s: its anchor repaired from %s in quorum %d (outer round %d); "
                         "its workers' work since its old anchor kept", self.name,
                         group.quorum.members[source], group.quorum.id, best)
 
     def _outer_round(self, group, members: List[int]) -> None:
-        """DiLoCo's outer step on the anchor from the mean move of `members`."""
+        """DiLoCo's outer step on the anchor from the mean move of `members`.
+
+        Whether this node is done is read once, before the snapshot: a sync landing after it
+        is kept in the centre (and sent in the next round) even if the node is done by the
+        round's end; a node done before it hands its whole last move over now. A mean refused
+        for NaN or Inf raises NonFiniteValues on the members that hold it (their node ends)
+        and QuorumBroken on the others (they go on without them)."""
         contributes = group.rank in members
+        done = self._done.is_set()
         centre, snaps = self._snapshot()
         moves = [s - a for s, a in zip(snaps, self.anchor)]
         residuals = [f.residual.copy() for f in self._feedback]
@@ -381,9 +390,18 @@ class ElasticTie:
                 mean, sent = group.compressed_mean(move, self.codec, feedback, among=members)
                 means.append(mean)
                 sent_total += sent
-        except (QuorumBroken, NonFiniteValues):
+        except (QuorumBroken, NonFiniteValues) as exc:
             for f, r in zip(self._feedback, residuals):  # as if never sent
                 f.residual[...] = r
+            if isinstance(exc, NonFiniteValues) and exc.ranks \
+                    and group.rank not in exc.ranks:
+                raise QuorumBroken(
+                    "the centre of node(s) %s (rank(s) %s of quorum %d: %s) holds NaN or Inf "
+                    "(training diverged there; that node ends): the round is dropped, and the "
+                    "others go on without it"
+                    % (", ".join(group.quorum.members[r] for r in exc.ranks),
+                       ", ".join(map(str, exc.ranks)), group.quorum.id,
+                       ", ".join(group.quorum.members))) from exc
             raise
         for anchor, velocity, mean in zip(self.anchor, self.velocity, means):
             outer_step(anchor, velocity, mean, self.tie.outer_lr, self.tie.outer_momentum)
@@ -392,7 +410,7 @@ class ElasticTie:
         self.bytes_sent += sent_total
         if group.quorum.id not in self.quorums:
             self.quorums.append(group.quorum.id)
-        self._set_centre(centre, self.anchor, keep_since=snaps)
+        self._set_centre(centre, self.anchor, keep_since=None if done else snaps)
         if self._broken_at is not None:
             self.recoveries_s.append(time.monotonic() - self._broken_at)
             self._broken_at = None
@@ -401,8 +419,7 @@ class ElasticTie:
                         self.recoveries_s[-1])
         if contributes:
             self._note_contribution()
-            if self._done.is_set():
-                self._handed_over = True
+            self._handed_over = done
 
     def _note_contribution(self) -> None:
         if self.first_contribution_s is None:
