@@ -296,6 +296,39 @@ def test_nan_on_one_member_ends_that_member_and_breaks_the_round_for_the_others(
         diverged._outer_round(_Group(1, 2, raises=refusal), [0, 1])
 
 
+def test_an_elastic_workers_final_evaluation_waits_past_its_timeout_for_the_final_round(
+        serve):
+    """An elastic node's last worker waits for the final round, which comes once the other
+    nodes are done (here 1 s after this one), however short its own timeout."""
+    from platoon import EASGD, Controller, Worker
+    from platoon.elastic.link import ElasticLink
+    from platoon.mpi import CentreTie
+
+    class SlowFinal(ElasticLink):  # the other nodes finish 1 s after this one
+        done_at = None
+
+        def start(self, controller):
+            pass
+
+        def trained(self):
+            self.done_at = time.monotonic()
+            return True
+
+        def final_centre(self):
+            return None if time.monotonic() < self.done_at + 1.0 else True
+
+        def finish(self):
+            pass
+
+    link = SlowFinal(1, None, "a", CentreTie(1.0, outer="diloco"), 5.0, print)
+    ctl = Controller(control_port=0, num_workers=1, node_link=link)
+    serve(ctl)
+    with Worker(ctl.control_port, timeout_s=0.3) as w:
+        assert w.elastic_node == "a"
+        w.init_shared_params([np.zeros(3, np.float32)], EASGD(0.5))
+        assert w.final_evaluation(lambda: {"loss": 1.5}) == {"loss": 1.5}
+
+
 # --- real processes ---------------------------------------------------------------------------
 def _in_netns(netns):
     """Proc arguments that run the rest of the command in network namespace `netns` (the same
@@ -548,7 +581,7 @@ def test_an_elastic_node_refuses_cross_node_collectives_and_a_rule_it_cannot_run
         link.all_reduce(np.zeros(3, np.float32), "sum")
     with pytest.raises(PlatoonError, match="a barrier across nodes does not exist"):
         link.barrier()
-    assert link.topology(1) == {"global_rank": 1, "global_size": 2}
+    assert link.topology(1) == {"global_rank": 1, "global_size": 2, "elastic_node": "a"}
     with pytest.raises(PlatoonError, match="DiLoCo's outer step only"):
         ElasticLink(1, None, "a", CentreTie(1.0, outer="easgd"), 5.0, print)
 

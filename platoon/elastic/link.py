@@ -20,8 +20,10 @@ class ElasticLink:
 
     A worker's `global_rank`/`global_size` are its node's own (its local rank and the node's
     worker count: no job-wide numbering survives a node joining or leaving); its node's name
-    is PLATOON_ELASTIC_NODE, the stable slot a worker picks its data shard by. The
-    cross-node `all_reduce` and `barrier` refuse with PlatoonError."""
+    is PLATOON_ELASTIC_NODE (`Worker.elastic_node`), the stable slot a worker picks its data
+    shard by; its final evaluation waits for the final round without a deadline of its own
+    (the node bounds it). The cross-node `all_reduce` and `barrier` refuse with
+    PlatoonError."""
 
     def __init__(self, num_workers: int, connect: Callable, name: str, tie: CentreTie,
                  timeout_s: float,
@@ -45,7 +47,8 @@ class ElasticLink:
                                           "tie_broken_rounds": thread.broken_rounds}
 
     def topology(self, worker_id):
-        return {"global_rank": worker_id, "global_size": self.num_workers}
+        return {"global_rank": worker_id, "global_size": self.num_workers,
+                "elastic_node": self.name}
 
     def all_reduce(self, array, op):
         raise PlatoonError(_NOT_ELASTIC % "all_reduce")
