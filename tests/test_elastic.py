@@ -329,6 +329,25 @@ def test_an_elastic_workers_final_evaluation_waits_past_its_timeout_for_the_fina
         assert w.final_evaluation(lambda: {"loss": 1.5}) == {"loss": 1.5}
 
 
+def test_a_done_node_whose_group_makes_no_round_gives_up_the_final_round_in_time():
+    """Node a is done (handed over), and then no quorum comes (its peer died, too few nodes
+    for --min-nodes): after final_timeout_s without a round it ends, keeping its centre (the
+    last anchor), and does not evaluate it as the agreed one."""
+    from platoon.elastic.link import ElasticLink
+    from platoon.mpi import CentreTie
+    tie, centre, failures = _tie([2.0, 2.0], [2.0, 2.0], running=True, final_timeout_s=0.3)
+    tie._handed_over = True
+    link = ElasticLink(1, None, "a", CentreTie(1.0, outer="diloco"), 1.0, print)
+    link._tie_thread = tie
+    started = time.monotonic()
+    link.finish()  # returns: the node saves its centre and ends
+    assert 0.3 <= time.monotonic() - started < 0.3 + SLACK_S
+    assert tie.gave_up and tie.final.is_set() and not failures
+    assert link.final_centre() is False  # not the agreed centre: no one evaluates it
+    np.testing.assert_array_equal(centre.arrays[0], [2.0, 2.0])
+    assert "no final round within 0.3 s: it kept its own centre" in tie.summary()
+
+
 # --- real processes ---------------------------------------------------------------------------
 def _in_netns(netns):
     """Proc arguments that run the rest of the command in network namespace `netns` (the same

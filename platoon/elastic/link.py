@@ -6,7 +6,7 @@ from typing import Callable, Optional
 
 from ..errors import PlatoonError
 from ..mpi.tie import CentreTie
-from .tie import ElasticTie
+from .tie import FINAL_TIMEOUT_S, ElasticTie
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +27,12 @@ class ElasticLink:
 
     def __init__(self, num_workers: int, connect: Callable, name: str, tie: CentreTie,
                  timeout_s: float,
-                 on_failure: Callable[[str], None], started_at: Optional[float] = None):
+                 on_failure: Callable[[str], None], started_at: Optional[float] = None,
+                 final_timeout_s: float = FINAL_TIMEOUT_S):
         self.num_workers = int(num_workers)
         self.connect, self.name, self.tie, self.timeout_s = connect, name, tie, timeout_s
         self.on_failure, self.started_at = on_failure, started_at
+        self.final_timeout_s = final_timeout_s
         self.final_result = None
         self._tie_thread: Optional[ElasticTie] = None
         self._finished = False
@@ -65,8 +67,8 @@ class ElasticLink:
     def start(self, controller):
         if self._tie_thread is None:
             self._tie_thread = ElasticTie(self.tie, self.connect, self.name, controller,
-                                          self.timeout_s,
-                                          self.on_failure, self.started_at)
+                                          self.timeout_s, self.on_failure, self.started_at,
+                                          self.final_timeout_s)
 
     def initial_centre(self, centre):
         """The centre was just created: True once it holds a live member's anchor (the
@@ -97,7 +99,8 @@ class ElasticLink:
             log.warning("node %s: the elastic tie thread did not end in time", self.name)
 
     def finish(self):
-        """This node's workers are done: wait for the final round among the nodes alive."""
+        """This node's workers are done: wait for the final round among the nodes alive (or
+        `final_timeout_s` without any round: then this node keeps its own centre)."""
         if self._finished:
             return
         self._finished = True

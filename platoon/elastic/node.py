@@ -24,6 +24,7 @@ from ..errors import PlatoonError
 from ..mpi.compress import CODECS
 from ..mpi.runner import WORKER_STOP_TIMEOUT_S, _say, _Workers, run_controller
 from ..mpi.tie import CentreTie
+from .tie import FINAL_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +48,12 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
                      secret_file: Optional[str] = None, host: str = "127.0.0.1",
                      controller=None, controller_args: Sequence[str] = (),
                      ready_timeout_s: float = 120.0, finish_timeout_s: float = 30.0,
-                     heartbeat_interval_s: float = 0.1) -> int:
+                     heartbeat_interval_s: float = 0.1,
+                     final_timeout_s: float = FINAL_TIMEOUT_S) -> int:
     """Run node `name` of the elastic job whose lighthouse is at `join`; return its exit code.
-    The workers get PLATOON_ELASTIC_NODE=name; a worker failing ends this node only."""
+    The workers get PLATOON_ELASTIC_NODE=name; a worker failing ends this node only. Once its
+    workers are done, the node waits for the final round as long as its group makes rounds;
+    after `final_timeout_s` without one it keeps its own centre and ends."""
     from . import LighthouseClient, load_secret
     from .dataplane import StoreServer
     from .link import ElasticLink
@@ -79,7 +83,8 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
             return LighthouseClient(join, name, store.address, secret=secret,
                                     heartbeat_interval_s=heartbeat_interval_s)
 
-        link = ElasticLink(num_workers, connect, name, tie, tie_timeout_s, fail, started_at)
+        link = ElasticLink(num_workers, connect, name, tie, tie_timeout_s, fail, started_at,
+                           final_timeout_s)
         _say("platoon.elastic: node %s, controller pid %d, job %s, lighthouse %s, data plane %s"
              % (name, os.getpid(), job_id, join, store.address))
         try:
@@ -145,6 +150,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--tie-timeout-s", type=float, default=30.0,
                         help="a round's collectives wait at most this long for a member that "
                              "stops answering (default 30; more than --tie-every-s)")
+    parser.add_argument("--final-timeout-s", type=float, default=FINAL_TIMEOUT_S,
+                        help="a node whose workers are done waits for the final round as long "
+                             "as its quorum makes rounds; after this long without one (its "
+                             "peers gone, too few nodes, the lighthouse gone) it keeps its own "
+                             "centre and ends (default %g; more than --tie-timeout-s)"
+                             % FINAL_TIMEOUT_S)
     parser.add_argument("--ready-timeout-s", type=float, default=120.0)
     parser.add_argument("--finish-timeout-s", type=float, default=30.0)
     parser.add_argument("worker", nargs=argparse.REMAINDER,
@@ -165,13 +176,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(str(exc))
     if not args.tie_timeout_s > args.tie_every_s:
         parser.error("--tie-timeout-s must be more than --tie-every-s")
+    if not args.final_timeout_s > args.tie_timeout_s:
+        parser.error("--final-timeout-s must be more than --tie-timeout-s")
     try:
         return run_elastic_node(command, args.workers, join=args.join, name=args.name, tie=tie,
                                 tie_timeout_s=args.tie_timeout_s, secret_file=args.secret_file,
                                 host=args.host, controller=args.controller,
                                 controller_args=shlex.split(args.controller_args),
                                 ready_timeout_s=args.ready_timeout_s,
-                                finish_timeout_s=args.finish_timeout_s)
+                                finish_timeout_s=args.finish_timeout_s,
+                                final_timeout_s=args.final_timeout_s)
     except PlatoonError as exc:
         print("platoon.elastic.node: %s" % exc, file=sys.stderr)
         return 1

@@ -26,7 +26,9 @@ A round that breaks is dropped: the node waits for a quorum newer than the broke
 repairs whatever anchors differ. A node whose workers are done hands its centre over once
 (its last move is in the next mean), then takes every anchor without contributing; when every
 member is done and handed over, each sets its centre to the anchor: the same bits on every
-node alive at the end.
+node alive at the end. A done node whose group makes no round for `final_timeout_s` (the
+others gone, too few nodes for a quorum, the lighthouse gone for good) gives up the final
+round and keeps its own centre (the last anchor, once handed over).
 """
 
 import hashlib
@@ -45,6 +47,7 @@ log = logging.getLogger(__name__)
 
 IDLE_POLL_S = 0.05  # between rounds while some member's centre is not ready
 HALT_TIMEOUT_S = 10.0
+FINAL_TIMEOUT_S = 120.0  # a done node's wait for a round of its group (then it gives up)
 _DIGEST = 32
 _FIELDS = 5  # ready, done, handed_over, round_no, newest quorum id (int64 each)
 _HEADER_BYTES = 8 * _FIELDS + 2 * _DIGEST
@@ -63,17 +66,23 @@ class ElasticTie:
     (a CentreTie with ``outer="diloco"``) says, in the quorums that the LighthouseClient
     `connect()` makes hears of: it is made once the centre exists (its layout known), so a
     node enters a quorum only when it can be healed; it leaves when the tie ends.
-    `timeout_s` bounds each collective. `on_failure(message)` ends the node when the tie
-    cannot go on (a diverged centre, centres of different layouts). `started_at`: the
-    node's start (time.time()), for the joiner's time to its first contributing round."""
+    `timeout_s` bounds each collective; `final_timeout_s`, the wait of a done node for a
+    round (see the module's doc). `on_failure(message)` ends the node when the tie cannot go
+    on (a diverged centre, centres of different layouts). `started_at`: the node's start
+    (time.time()), for the joiner's time to its first contributing round."""
 
     def __init__(self, tie: CentreTie, connect: Callable, name: str, controller,
                  timeout_s: float,
-                 on_failure: Callable[[str], None], started_at: Optional[float] = None):
+                 on_failure: Callable[[str], None], started_at: Optional[float] = None,
+                 final_timeout_s: float = FINAL_TIMEOUT_S):
         self.check(tie)
         self.tie, self._connect, self.ctl = tie, connect, controller
         self.client: Any = None  # the LighthouseClient, once the centre exists
         self.name, self.timeout_s, self.on_failure = name, timeout_s, on_failure
+        self.final_timeout_s = final_timeout_s
+        self.gave_up = False  # no final round within final_timeout_s of the last round
+        self._round_at = time.monotonic()  # when a round's header last went round the group
+        self._done_at: Optional[float] = None
         self.started_at = time.time() if started_at is None else started_at
         self.codec = make_codec(tie.compress)
         # per centre array, the same bits on every member (None: no anchor yet)
@@ -117,12 +126,23 @@ class ElasticTie:
     # --- the controller's side -----------------------------------------------------------
     def node_done(self) -> None:
         """This node's workers are all done: its centre no longer moves."""
+        if self._done_at is None:
+            self._done_at = time.monotonic()
         self._done.set()
 
     def stop(self) -> None:
-        """Wait for the final round (every member of the quorum done); raise its error."""
-        self._done.set()
-        self._thread.join()
+        """Wait for the final round (every member of the quorum done), or until the node gives
+        it up (`final_timeout_s` without a round); raise its error."""
+        self.node_done()
+        # The thread gives up between rounds; its collectives each wait at most timeout_s.
+        # Past that (a thread stuck where nothing should block), it is halted.
+        while self._thread.is_alive():
+            self._thread.join(1.0)
+            if self._thread.is_alive() and self._final_overdue(
+                    2 * self.timeout_s + HALT_TIMEOUT_S):
+                if not self.halt():
+                    log.warning("node %s: the elastic tie thread did not end", self.name)
+                break
         if self.final_error is not None:
             raise self.final_error
 
@@ -145,7 +165,9 @@ class ElasticTie:
                     ",".join(map(str, self.quorums)) or "none", self.bytes_sent,
                     self.broken_rounds, "healed from %s %.2f s after its start" % (
                         self.healed_from, self.healed_after_s or 0.0) if self.healed_from
-                    else "never healed from a peer"))
+                    else "never healed from a peer")) + (
+                        "; no final round within %.3g s: it kept its own centre"
+                        % self.final_timeout_s if self.gave_up else "")
 
     # --- the thread ----------------------------------------------------------------------
     def _run(self) -> None:
@@ -155,6 +177,9 @@ class ElasticTie:
                     return
             self.client = self._connect()
             while not self._halt.is_set():
+                if self._final_overdue():
+                    self._give_up()
+                    return
                 if self._group is None and not self._join_group():
                     continue
                 self._wait_for_round()
@@ -182,6 +207,21 @@ class ElasticTie:
             if self.client is not None:
                 self.client.close()
             self.final.set()
+
+    def _final_overdue(self, slack_s: float = 0.0) -> bool:
+        """Done, and no round for `final_timeout_s` (plus `slack_s`)."""
+        if self._done_at is None:
+            return False
+        return time.monotonic() - max(self._done_at, self._round_at) \
+            > self.final_timeout_s + slack_s
+
+    def _give_up(self) -> None:
+        self.gave_up = True
+        log.warning("node %s: done, but no round of its group within %.3g s (its peers gone, "
+                    "too few nodes for a quorum, or the lighthouse gone): no final round; it "
+                    "keeps its own centre (%s) and ends", self.name, self.final_timeout_s,
+                    "the anchor of outer round %d, its last move in it" % self.round_no
+                    if self._handed_over else "its last move in no anchor")
 
     def _join_group(self) -> bool:
         """Build the group of the next quorum holding this node (newer than the last one's)."""
@@ -257,6 +297,7 @@ class ElasticTie:
         """One round in the current group (see the module's doc); True after the final one."""
         group = self._group
         rows = group.all_gather_bytes(self._header())
+        self._round_at = time.monotonic()  # every member answered: the group is alive
         fields = np.stack([np.frombuffer(r[:8 * _FIELDS].tobytes(), "<i8") for r in rows])
         digests = [bytes(r[8 * _FIELDS:8 * _FIELDS + _DIGEST]) for r in rows]
         layouts = [bytes(r[8 * _FIELDS + _DIGEST:]) for r in rows]
