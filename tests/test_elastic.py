@@ -87,6 +87,55 @@ def test_a_client_reporting_its_group_broken_gets_both_members_a_new_quorum():
             serving.join(10)
 
 
+def test_a_registered_node_outlives_a_false_lighthouse_on_its_port():
+    """Once registered, a node takes a reply that fails its check (here another process bound
+    the lighthouse's port while it is down and answers refusals) for an unreachable
+    lighthouse: it keeps its quorum, and raises ElasticAuthError only once such replies have
+    lasted refused_for_s."""
+    import threading
+
+    import zmq
+
+    from platoon.elastic import LighthouseClient
+    from platoon.errors import ElasticAuthError
+    secret, stopping = b"s" * 32, threading.Event()
+    settings = MembershipSettings(min_nodes=1, heartbeat_timeout_s=5.0, join_grace_s=0.05)
+    with Lighthouse(settings, "127.0.0.1:0", secret) as lighthouse:
+        serving = threading.Thread(target=lighthouse.serve, args=(stopping.is_set,))
+        serving.start()
+        client = LighthouseClient(lighthouse.address, "a", "h:1", secret=secret,
+                                  heartbeat_interval_s=0.05, request_timeout_s=0.2,
+                                  refused_for_s=2.0)
+        try:
+            first = client.wait_for_quorum(timeout=10)
+        finally:
+            stopping.set()
+            serving.join(10)
+    context = zmq.Context()
+    false = context.socket(zmq.REP)
+    false.linger = 0
+    try:
+        false.bind("tcp://" + lighthouse.address)
+        answered = 0
+        while answered < 2:  # at least one after a new connection
+            assert false.poll(5000), "the node sent nothing to the false lighthouse"
+            false.recv_multipart()
+            false.send_multipart(list(wire.refusal("x")))
+            answered += 1
+        assert client.current_quorum() == first and not client.reachable
+        with pytest.raises(ElasticAuthError, match="the lighthouse at .* refused it: x"):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                if false.poll(100):
+                    false.recv_multipart()
+                    false.send_multipart(list(wire.refusal("x")))
+                client.current_quorum()
+    finally:
+        client.close()
+        false.close(linger=0)
+        context.term()
+
+
 def test_membership_settings_refuse_bad_values():
     with pytest.raises(ValueError, match="min_nodes must be an integer >= 1"):
         MembershipSettings(min_nodes=0)

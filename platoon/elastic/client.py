@@ -7,6 +7,7 @@ from typing import Optional
 
 import zmq
 
+from .._os.logthrottle import ThrottledLog
 from ..errors import ElasticAuthError, QuorumTimeout
 from . import wire
 from .quorum import Quorum
@@ -25,11 +26,17 @@ class LighthouseClient:
     registers again (reporting the highest quorum id it has seen) once the lighthouse is
     back. `secret`: the job's secret (default: `load_secret()`). A context manager; `close()`
     tells the lighthouse the node leaves.
+
+    A refusal (an unsigned reply, or one whose signature fails) before the first signed reply
+    means the secrets differ: `wait_for_quorum` and `current_quorum` raise ElasticAuthError.
+    Once registered, a refusal is taken for a reply from something else than the job's
+    lighthouse (another process on its port while it is down): the lighthouse counts as
+    unreachable, and only refusals lasting `refused_for_s` seconds raise.
     """
 
     def __init__(self, lighthouse: str, name: str, address: str, *,
                  secret: Optional[bytes] = None, heartbeat_interval_s: float = 0.1,
-                 request_timeout_s: float = 1.0):
+                 request_timeout_s: float = 1.0, refused_for_s: float = 60.0):
         if not name:
             raise ValueError("a node needs a name (its stable slot), got %r" % (name,))
         if not (heartbeat_interval_s > 0 and request_timeout_s > 0):
@@ -38,6 +45,9 @@ class LighthouseClient:
         self._secret = load_secret() if secret is None else secret
         self.heartbeat_interval_s = heartbeat_interval_s
         self.request_timeout_s = request_timeout_s
+        self.refused_for_s = refused_for_s
+        self._signed_at: Optional[float] = None  # the last signed reply (None: none yet)
+        self._warnings = ThrottledLog(log)
         self._context = zmq.Context()
         self._cond = threading.Condition()
         self._quorum: Optional[Quorum] = None
@@ -113,15 +123,30 @@ class LighthouseClient:
             return {"challenge": "", "quorum": None, "done": False, "error": "malformed reply"}
         return wire.read_reply(self._secret, mac, frames[0], frames[1])
 
-    def _heard(self, answer: dict) -> None:
+    def _heard(self, answer: dict) -> bool:
+        """Take in a reply; False when it is a refusal not taken as the lighthouse's (see the
+        class's doc): the caller then reconnects."""
         with self._cond:
+            error, now = answer["error"], time.monotonic()
+            if error is not None and self._signed_at is not None \
+                    and now - self._signed_at < self.refused_for_s:
+                self.reachable = False
+                self._warnings.warning(
+                    "refusal", "node %s: a reply from %s failed its check (%s): not the job's "
+                    "lighthouse (another process on its port?); taken as unreachable for up to "
+                    "%.3g s after the last signed reply", self.name, self.lighthouse, error,
+                    self.refused_for_s)
+                return False
             self.reachable = True
-            self._refused = answer["error"]
-            if answer["error"] is None and answer["quorum"] is not None:
+            self._refused = error
+            if error is None:
+                self._signed_at = now
+            if error is None and answer["quorum"] is not None:
                 quorum = Quorum.from_wire(answer["quorum"])
                 if self._quorum is None or quorum.id > self._quorum.id:
                     self._quorum = quorum
             self._cond.notify_all()
+            return True
 
     def _run(self):
         sock, challenge = self._connect(), ""
@@ -134,7 +159,11 @@ class LighthouseClient:
                     sock.close(linger=0)
                     sock, challenge = self._connect(), ""
                     continue
-                self._heard(answer)
+                if not self._heard(answer):  # not the lighthouse: a new connection, later
+                    sock.close(linger=0)
+                    self._stop.wait(max(1.0, self.heartbeat_interval_s))
+                    sock, challenge = self._connect(), ""
+                    continue
                 challenge = answer["challenge"]
                 if answer["error"] is None and not answer["done"]:
                     continue  # the challenge was stale: send again with the new one
