@@ -411,7 +411,7 @@ class Worker:
         if self._res.centre is not None:  # left by an earlier attempt that failed
             self._res.centre.close()
             self._res.centre = None
-        exchange = share(self.send_req, adapter, param_sync_rule, self._res,
+        exchange = share(self._init_request, adapter, param_sync_rule, self._res,
                          cast(int, self.worker_id), self.timeout_s, names=names)
         self.is_first = exchange.first
         param_sync_rule.attach(self)  # rules with shared state (Downpour's optimizer)
@@ -420,6 +420,13 @@ class Worker:
         self._local = adapter.arrays
         self._rule = param_sync_rule
         self._exchange = exchange
+
+    def _init_request(self, req: Any, info: Any = None) -> Any:
+        # An elastic node answers platoon-init-params once its tie has decided whether a live
+        # peer gives the centre's first values: the node bounds that wait, not the worker.
+        wait_s = None if req == protocol.INIT_PARAMS and self.elastic_node is not None \
+            else _DEFAULT
+        return self.send_req(req, info, timeout_s=wait_s)
 
     @property
     def shared_params(self) -> Optional[List[np.ndarray]]:

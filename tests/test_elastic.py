@@ -397,6 +397,52 @@ def test_a_done_node_whose_group_makes_no_round_gives_up_the_final_round_in_time
     assert "no final round within 0.3 s: it kept its own centre" in tie.summary()
 
 
+def test_a_node_serves_on_while_its_tie_decides_where_the_centre_starts(serve):
+    """A node's first init_shared_params waits for its tie to decide whether a live peer
+    gives the centre's first values (here none comes: no quorum, 1 s): meanwhile its
+    controller serves (another worker registers within its 0.3 s timeout), and the waiting
+    worker, however short its own timeout, is answered once the tie has decided."""
+    import threading
+
+    from platoon import EASGD, Controller, Worker
+    from platoon.elastic.link import ElasticLink
+    from platoon.mpi import CentreTie
+    failures, outcome = [], {}
+    link = ElasticLink(2, _NoLighthouse, "a", CentreTie(0.05, outer="diloco",
+                                                        compress="float32"),
+                       0.5, failures.append, final_timeout_s=0.3)
+    ctl = Controller(control_port=0, num_workers=2, node_link=link)
+    serve(ctl)
+
+    def first_worker():
+        try:
+            with Worker(ctl.control_port, timeout_s=0.3) as w:
+                started = time.monotonic()
+                w.init_shared_params([np.full(3, 7.0, np.float32)], EASGD(0.5))
+                outcome["first"] = (w.is_first, time.monotonic() - started)
+        except Exception as exc:
+            outcome["error"] = exc
+
+    waiting = threading.Thread(target=first_worker)
+    waiting.start()
+    try:
+        deadline = time.monotonic() + 10
+        while link.tie_thread is None or not link.tie_thread._awaiting.is_set():
+            assert time.monotonic() < deadline and waiting.is_alive(), outcome
+            time.sleep(0.01)
+        with Worker(ctl.control_port, timeout_s=0.3) as other:  # registered meanwhile
+            waiting.join(10)
+            assert "error" not in outcome, outcome["error"]
+            is_first, took = outcome["first"]
+            assert is_first and took >= 0.9  # its workers write the first values
+            params = [np.zeros(3, np.float32)]
+            other.init_shared_params(params, EASGD(0.5))
+            assert not other.is_first and (params[0] == 7.0).all()
+    finally:
+        waiting.join(10)
+    assert not failures
+
+
 # --- real processes ---------------------------------------------------------------------------
 def _in_netns(netns):
     """Proc arguments that run the rest of the command in network namespace `netns` (the same

@@ -71,8 +71,10 @@ class ElasticLink:
                                           self.final_timeout_s)
 
     def initial_centre(self, centre):
-        """The centre was just created: True once it holds a live member's anchor (the
-        workers copy it), False when they write the first values (see `ElasticTie`)."""
+        """Asked as the centre is created, then again until decided: None while undecided
+        (at most twice the tie's timeout), True once the centre holds a live member's anchor
+        (the workers copy it), False when they write the first values (see `ElasticTie`).
+        Never blocks: the controller serves on meanwhile."""
         thread = self._tie_thread
         return False if thread is None else thread.initial_centre(2 * self.timeout_s)
 

@@ -102,7 +102,8 @@ class ElasticTie:
         self._halt = threading.Event()
         self.final = threading.Event()
         self._awaiting = threading.Event()  # in `initial_centre`
-        self._decided = threading.Event()  # `initial_centre` may return
+        self._decided = threading.Event()  # `initial_centre` answers
+        self._awaiting_until: Optional[float] = None  # its deadline, from its first call
         self.final_error: Optional[BaseException] = None
         self._group: Any = None  # the current quorum's QuorumGroup
         self._broken_at: Optional[float] = None  # when a round broke, until one succeeds
@@ -265,19 +266,24 @@ class ElasticTie:
                 return
             self._halt.wait(left)
 
-    def initial_centre(self, timeout_s: float) -> bool:
-        """Called as this node's centre is created, before its workers write it: True once
-        the centre holds a live member's anchor (its workers then start from it), False when
-        no member has an anchor yet (the job's start: the workers initialise it) or none came
-        within `timeout_s`."""
-        self._awaiting.set()
-        try:
-            if not self._decided.wait(timeout_s):
-                log.warning("node %s: no quorum took this node within %.3g s; its workers "
-                            "start from their own values", self.name, timeout_s)
-            return self.anchor is not None
-        finally:
+    def initial_centre(self, timeout_s: float) -> Optional[bool]:
+        """Called as this node's centre is created, before its workers write it, then again
+        until it answers (it never blocks): None while undecided, True once the centre holds
+        a live member's anchor (its workers then start from it), False when no member has an
+        anchor yet (the job's start: the workers initialise it) or none came within
+        `timeout_s` of the first call."""
+        if self._awaiting_until is None:
+            self._awaiting_until = time.monotonic() + timeout_s
+            self._awaiting.set()
+        if not self._decided.is_set():
+            if time.monotonic() < self._awaiting_until:
+                return None
+            log.warning("node %s: no quorum took this node within %.3g s; its workers start "
+                        "from their own values", self.name, timeout_s)
             self._awaiting.clear()
+            return False
+        self._awaiting.clear()
+        return self.anchor is not None
 
     def _header(self) -> np.ndarray:
         centre = self.ctl.shared_centre
