@@ -5,6 +5,7 @@ Real processes on 127.0.0.1: a lighthouse (python -m platoon.elastic.lighthouse)
 """
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -527,9 +528,9 @@ def test_a_killed_node_is_out_within_the_timeout(job):
     first, index = quorum_of(lighthouse, ["a", "b", "c"])
     killed_at = time.monotonic()
     nodes["b"].kill()
-    second, _ = quorum_of(lighthouse, ["a", "c"], index + 1, timeout=TIMEOUT_S + SLACK_S)
-    took = time.monotonic() - killed_at
-    assert second > first and took < TIMEOUT_S + GRACE_S + SLACK_S
+    second, _ = quorum_of(lighthouse, ["a", "c"], index + 1, timeout=3 * (TIMEOUT_S + SLACK_S))
+    took = time.monotonic() - killed_at  # waited past the bound: the assertion says by how much
+    assert second > first and took < TIMEOUT_S + GRACE_S + SLACK_S, took
     nodes["a"].wait_for_line("quorum %d: a c" % second, timeout=5)
 
 
@@ -569,10 +570,13 @@ def test_a_node_without_the_secret_is_refused_and_changes_nothing(job, tmp_path)
     assert "signature does not match the lighthouse's secret" in line
     assert intruder.wait(timeout=5) == 3
     lighthouse.wait_for_line("lighthouse: refused a request", timeout=5)
-    job.node("c")  # the next quorum is a, b, c: none between held x
+    job.node("c")  # no quorum holds x (a starved heartbeat may add one of a, b meanwhile)
     second, last = quorum_of(lighthouse, ["a", "b", "c"], index + 1)
-    assert second == first + 1
-    assert [line for line in lighthouse.lines[index + 1:last] if "quorum" in line] == []
+    assert second > first
+    between = [line for line in lighthouse.lines[index + 1:last + 1]
+               if line and re.search(QUORUM, line)]
+    assert between and not [line for line in between
+                            if "x" in re.search(QUORUM, line).group(2).split(", ")], between
 
 
 def test_gloo_data_plane_averages_int8_and_rebuilds_after_a_kill(job):
@@ -747,7 +751,10 @@ def test_nodes_train_on_while_the_lighthouse_is_down_and_rejoin_it_restarted(job
     for node in nodes.values():
         assert node.wait(30) == 0, node.output
         summary = [line for line in node.lines if line and "the elastic tie made" in line]
-        assert "in quorum(s) %d,%d," % (first, second) in summary[0], node.output
+        made = [int(q) for q in re.search(r"in quorum\(s\) ([\d,]+),", summary[0]).group(1)
+                .split(",")]  # a starved heartbeat may add a quorum between or after
+        assert first in made and second in made and made.index(first) < made.index(second), \
+            node.output
     centres = [load_centre(str(tmp_path / (n + ".npz")))["param_0"] for n in "ab"]
     assert np.array_equal(*centres) and np.isfinite(centres[0]).all()
 
