@@ -36,8 +36,12 @@ def _split(address: str) -> Tuple[str, int]:
 
 
 class StoreServer:
-    """This node's TCPStore server on `host` (`port` 0: a free one); `address` ("HOST:PORT")
-    is what the node gives the lighthouse. Closed with the node (a context manager)."""
+    """This node's TCPStore server (`port` 0: a free one); `address` ("HOST:PORT", at `host`)
+    is what the node gives the lighthouse. Closed with the node (a context manager).
+
+    torch's TCPStore listens on every interface, whatever `host` is, and neither it nor gloo
+    authenticates anyone: the data plane must run on a trusted network (docs/multi-node.md,
+    "What the secret protects")."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0):
         _, dist = _torch()

@@ -88,8 +88,8 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
         _say("platoon.elastic: node %s, controller pid %d, job %s, lighthouse %s, data plane %s"
              % (name, os.getpid(), job_id, join, store.address))
         try:
-            # the controller and its workers talk on this machine; only the data plane
-            # binds `host`
+            # the controller and its workers talk on this machine; the data plane is
+            # reached at `host` (its store listens on every interface: see StoreServer)
             workers = _Workers(worker_argv, num_workers, LOCAL_HOST, read_fd, reaper_fd, fail,
                                ready_timeout_s, env, num_workers)
             run_controller(controller, controller_args, link, LOCAL_HOST, None)
@@ -132,9 +132,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--secret-file", default=None,
                         help="the job's secret (default: $PLATOON_ELASTIC_SECRET_FILE)")
     parser.add_argument("--host", default="127.0.0.1",
-                        help="the interface the data plane binds, which the other nodes "
-                             "reach (default 127.0.0.1; the controller serves its workers "
-                             "on 127.0.0.1)")
+                        help="the address at which the other nodes reach this node's data "
+                             "plane, and the interface gloo binds (default 127.0.0.1; the "
+                             "store listens on every interface whatever it says, and nothing "
+                             "on the data plane is authenticated: run it on a trusted network "
+                             "or behind a firewall; the controller serves its workers on "
+                             "127.0.0.1)")
     parser.add_argument("--controller", default=None,
                         help="controller script file.py, or module:Class or file.py:Class")
     parser.add_argument("--controller-args", default="",
