@@ -78,11 +78,11 @@ def test_a_client_reporting_its_group_broken_gets_both_members_a_new_quorum():
         try:
             with LighthouseClient(lighthouse.address, "a", "h:1", secret=secret) as a, \
                     LighthouseClient(lighthouse.address, "b", "h:2", secret=secret) as b:
-                first = a.wait_for_quorum(timeout=10)
+                first = a.wait_for_quorum(timeout_s=10)
                 a.report_broken(first.id)
-                second = b.wait_for_quorum(timeout=10, newer_than=first.id)
+                second = b.wait_for_quorum(timeout_s=10, newer_than=first.id)
                 assert second.members == first.members == ("a", "b")
-                assert a.wait_for_quorum(timeout=10, newer_than=first.id) == second
+                assert a.wait_for_quorum(timeout_s=10, newer_than=first.id) == second
         finally:
             stopping.set()
             serving.join(10)
@@ -108,7 +108,7 @@ def test_a_registered_node_outlives_a_false_lighthouse_on_its_port():
                                   heartbeat_interval_s=0.05, request_timeout_s=0.2,
                                   refused_for_s=2.0)
         try:
-            first = client.wait_for_quorum(timeout=10)
+            first = client.wait_for_quorum(timeout_s=10)
         finally:
             stopping.set()
             serving.join(10)
@@ -156,7 +156,7 @@ def test_secret_file_must_exist_be_private_and_long(tmp_path, monkeypatch):
     short = tmp_path / "short"
     short.write_text("abc")
     os.chmod(short, 0o600)
-    with pytest.raises(PlatoonError, match="holds 3 bytes; use at least 16"):
+    with pytest.raises(PlatoonError, match="holds 3 characters; use at least 16, random"):
         load_secret(str(short))
 
 
@@ -178,6 +178,10 @@ def test_a_replayed_or_forged_request_changes_nothing():
             assert not replayed["done"]
         forged, _, _ = send(b"p3", "", key=other)
         assert "signature does not match the lighthouse's secret" in forged["error"]
+        long_body = b"x" * (wire.MAX_BODY + 1)  # said as too long, not as a bad signature
+        assert wire.read_request(secret, long_body, wire.request(secret, "leave", "a", "h:1", 0,
+                                                                  "")[1]) \
+            == (None, "request of 4097 bytes, over the limit of 4096")
         assert lighthouse.membership.live(1.0) == []
 
 
@@ -244,8 +248,8 @@ class _Group:
 class _NoLighthouse:
     """A lighthouse client that never hears of a quorum."""
 
-    def wait_for_quorum(self, *args, **kwargs):
-        time.sleep(0.05)
+    def wait_for_quorum(self, timeout_s=None, newer_than=0):
+        time.sleep(min(timeout_s or 0.05, 0.05))
         raise QuorumTimeout("no quorum (test)")
 
     def current_quorum(self):
@@ -466,7 +470,7 @@ def job(tmp_path):
         def lighthouse(self, min_nodes, port=0, host="127.0.0.1", netns=None):
             proc = Proc(_in_netns(netns) + [
                 "-m", "platoon.elastic.lighthouse", "--min-nodes", str(min_nodes),
-                "--heartbeat-timeout", str(TIMEOUT_S), "--join-grace", str(GRACE_S),
+                "--heartbeat-timeout-s", str(TIMEOUT_S), "--join-grace-s", str(GRACE_S),
                 "--bind", "%s:%d" % (host, port)], env=env)
             started.append(proc)
             match, _ = proc.wait_for_match(r"lighthouse: serving on tcp://(\S+) ")

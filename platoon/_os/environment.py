@@ -45,7 +45,9 @@ class JobEnvironment:
     launcher_pid: Optional[int] = None  # child processes exit if it is gone
     log_level: Optional[str] = None
     host: Optional[str] = None  # the interface a node's controller binds (platoon.mpi)
-    mpi_node: Optional[int] = None  # 1: this controller is a rank of python -m platoon.mpi
+    # 1: this controller is a node runner's (python -m platoon.mpi's rank, an elastic node's):
+    # it takes the node link the runner offers
+    mpi_node: Optional[int] = None
     mpi_timeout_s: Optional[float] = None  # a node this late to a collective hangs
     assume_gpus: Optional[str] = None  # the launcher takes these GPUs ("0,3") as present
     elastic_secret_file: Optional[str] = None  # platoon.elastic: the job's secret

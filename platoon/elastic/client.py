@@ -65,12 +65,12 @@ class LighthouseClient:
             self._raise_refused()
             return self._quorum
 
-    def wait_for_quorum(self, timeout: Optional[float] = None,
+    def wait_for_quorum(self, timeout_s: Optional[float] = None,
                         newer_than: int = 0) -> Quorum:
         """The first quorum with an id above `newer_than` that holds this node. Raises
-        QuorumTimeout after `timeout` seconds (None: forever) and ElasticAuthError when
+        QuorumTimeout after `timeout_s` seconds (None: forever) and ElasticAuthError when
         the lighthouse refuses this node's secret."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
             while True:
                 self._raise_refused()
@@ -82,7 +82,7 @@ class LighthouseClient:
                     raise QuorumTimeout(
                         "node %s: no quorum above id %d holding it within %.3g s (lighthouse "
                         "%s %s; newest quorum %s): are enough nodes up (--min-nodes)?"
-                        % (self.name, newer_than, timeout or 0.0, self.lighthouse,
+                        % (self.name, newer_than, timeout_s or 0.0, self.lighthouse,
                            "answers" if self.reachable else "does not answer",
                            "none" if q is None else "%d of %s" % (q.id, ", ".join(q.members))))
                 self._cond.wait(left)

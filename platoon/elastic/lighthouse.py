@@ -1,7 +1,7 @@
 """The lighthouse: the small process that nodes of an elastic job register and heartbeat
 with, and that numbers their quorums. No training runs in it and it needs no torch::
 
-    python -m platoon.elastic.lighthouse --min-nodes 2 --heartbeat-timeout 5 \\
+    python -m platoon.elastic.lighthouse --min-nodes 2 --heartbeat-timeout-s 5 \\
         --bind 0.0.0.0:29510 --secret-file SECRET
 
 It keeps no state on disk: restarted, it learns the nodes again from their heartbeats and
@@ -113,10 +113,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         description="Membership of an elastic platoon job: numbered quorums of live nodes.")
     parser.add_argument("--min-nodes", type=int, default=1,
                         help="no quorum with fewer live nodes (default 1)")
-    parser.add_argument("--heartbeat-timeout", type=float, default=5.0, metavar="S",
+    parser.add_argument("--heartbeat-timeout-s", type=float, default=5.0, metavar="S",
                         help="a node silent this many seconds is out of the next quorum "
                              "(default 5; 1 for fast recovery on a quiet network)")
-    parser.add_argument("--join-grace", type=float, default=0.3, metavar="S",
+    parser.add_argument("--join-grace-s", type=float, default=0.3, metavar="S",
                         help="wait this long after a change for more joiners (default 0.3)")
     parser.add_argument("--bind", default="127.0.0.1:29510", metavar="HOST:PORT",
                         help="where nodes reach it (default 127.0.0.1:29510; port 0 picks one)")
@@ -132,7 +132,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print("wrote a new secret to %s: copy it to every node" % generate_secret(
                 args.new_secret))
             return 0
-        settings = MembershipSettings(args.min_nodes, args.heartbeat_timeout, args.join_grace)
+        settings = MembershipSettings(args.min_nodes, args.heartbeat_timeout_s, args.join_grace_s)
         secret = load_secret(args.secret_file)
         lighthouse = Lighthouse(settings, args.bind, secret)
     except (PlatoonError, ValueError, OSError) as exc:

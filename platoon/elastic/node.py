@@ -68,6 +68,8 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
                                                "status_file"))
     env.update(JobEnvironment(job_id=job_id, num_workers=num_workers,
                               elastic_node=name).to_env())
+    # mpi_node=1: a node runner's controller (a --controller script's too) takes the node link
+    # its runner offers (mpi.handoff): here the ElasticLink
     os.environ.update(JobEnvironment(mpi_node=1, job_id=job_id, control_port=0,
                                      num_workers=num_workers, ready_fd=write_fd).to_env())
     workers = None

@@ -1,6 +1,6 @@
 """The job's secret and the signatures that prove a message came from one of its nodes.
 
-Every node and the lighthouse read one secret (at least 16 bytes) from a file only its user
+Every node and the lighthouse read one secret (at least 16 characters) from a file only its user
 can read, named by ``--secret-file`` or PLATOON_ELASTIC_SECRET_FILE (the same checks as
 ``--curve``'s keys file: no link, the user's own, mode 0600). Each request carries an
 HMAC-SHA256 over its body, and the body carries the challenge the lighthouse sent in its last
@@ -19,7 +19,7 @@ from ..errors import PlatoonError
 from ..security import read_private_file
 
 SECRET_ENV = "PLATOON_ELASTIC_SECRET_FILE"  # JobEnvironment.elastic_secret_file
-MIN_SECRET_BYTES = 16
+MIN_SECRET_CHARS = 16  # of the file's text (--new-secret writes 64 hex digits: 32 bytes)
 _REQUEST = b"platoon-elastic/1 request\0"
 _REPLY = b"platoon-elastic/1 reply\0"
 
@@ -41,11 +41,13 @@ def load_secret(path: Optional[str] = None) -> bytes:
         raise PlatoonError("an elastic job needs its secret: give --secret-file PATH or set %s "
                            "(make one with python -m platoon.elastic.lighthouse --new-secret "
                            "PATH and copy it to every node)" % SECRET_ENV)
-    secret = read_private_file(path, "secret").strip()
-    if len(secret) < MIN_SECRET_BYTES:
-        raise PlatoonError("secret file %s holds %d bytes; use at least %d random bytes "
-                           "(python -m platoon.elastic.lighthouse --new-secret PATH)"
-                           % (path, len(secret), MIN_SECRET_BYTES))
+    secret = read_private_file(path, "secret", source="a copy of the job's secret of your "
+                               "own (chmod 600), or make one with python -m "
+                               "platoon.elastic.lighthouse --new-secret PATH").strip()
+    if len(secret) < MIN_SECRET_CHARS:
+        raise PlatoonError("secret file %s holds %d characters; use at least %d, random (python "
+                           "-m platoon.elastic.lighthouse --new-secret PATH writes 64 random "
+                           "hex digits)" % (path, len(secret), MIN_SECRET_CHARS))
     return secret
 
 

@@ -229,7 +229,7 @@ class ElasticTie:
         from .dataplane import QuorumGroup
         newer_than = self.quorums[-1] if self.quorums else 0
         try:
-            quorum = self.client.wait_for_quorum(timeout=0.5, newer_than=newer_than)
+            quorum = self.client.wait_for_quorum(timeout_s=0.5, newer_than=newer_than)
         except QuorumTimeout:
             if newer_than and time.monotonic() - self._waiting_since > self.timeout_s:
                 # every member heartbeats, yet the group broke (one stalled a round past

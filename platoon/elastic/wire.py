@@ -30,7 +30,9 @@ def request(secret: bytes, op: str, node: str, address: str, highest_seen: int,
 def read_request(secret: bytes, body: bytes, mac: bytes) -> Tuple[Optional[dict], str]:
     """(the request, "") when `body` is well formed and signed with `secret`, else
     (None, why it is refused)."""
-    if len(body) > MAX_BODY or not verify(sign_request(secret, body), mac):
+    if len(body) > MAX_BODY:
+        return None, "request of %d bytes, over the limit of %d" % (len(body), MAX_BODY)
+    if not verify(sign_request(secret, body), mac):
         return None, ("signature does not match the lighthouse's secret: give this node the "
                       "job's secret file (--secret-file or PLATOON_ELASTIC_SECRET_FILE)")
     try:
