@@ -609,7 +609,7 @@ class Worker:
         sock.connect(address)
         self._mb = client = MinibatchClient(
             sock, self.worker_id, self._client.token, prefetch, self._client.controller_alive,
-            address, window_bytes or 0,
+            self._client.set_rcvtimeo, address, window_bytes or 0,
             failed=lambda: uncaught_error() is not None)  # an exception ending the script
         # Created after the sockets' finalizer, so it runs first at exit: goodbye, then close.
         self._mb_leave = weakref.finalize(self, client.leave)

@@ -97,6 +97,8 @@ PLACEHOLDERS = {"EXPERIMENT", "NAME", "SCRIPT", "CTL", "LOG_DIR", "DIR", "FILE",
 NOT_IN_THE_REPO = {
     "status.json": "the controller writes it into each job's log directory",
     "my_worker.py": "a user's script in an example command line",
+    "train.py": "a user's script in an example command line",
+    "trainer_state.json": "the Hugging Face Trainer writes it into each checkpoint",
     "benchmarks/results/language_model_quick.*": "written by `--quick` runs, not kept",
     "benchmarks/results/time_to_accuracy_quick.*": "written by `--quick` runs, not kept",
 }
@@ -108,7 +110,9 @@ OTHER_PROGRAMS_FLAGS = {
 # Where the docs write `python -m MODULE` or a console script: the module whose main() builds
 # the parser (benchmarks.X means benchmarks/X.py or benchmarks/X/__main__.py).
 COMMANDS = {"platoon-launcher": "platoon.launch.cli:parse_args",
-            "platoon.mpi": "platoon.mpi.runner", "benchmarks": "benchmarks.run"}
+            "platoon.mpi": "platoon.mpi.runner", "benchmarks": "benchmarks.run",
+            "platoon.elastic.node": "platoon.elastic.node",
+            "platoon.elastic.lighthouse": "platoon.elastic.lighthouse"}
 
 
 def spans(page):
@@ -235,7 +239,7 @@ def flag_uses(page):
             command, start = "platoon-launcher", 1
         elif "-m" in words[:-1]:
             module = words[words.index("-m") + 1]
-            if module == "platoon.mpi" or module.split(".")[0] == "benchmarks":
+            if module in COMMANDS or module.split(".")[0] == "benchmarks":
                 command, start = module, words.index("-m") + 2
         elif words[0].startswith("--") and words[0] != "--":
             start = 0
@@ -259,7 +263,8 @@ def test_every_backticked_flag_is_an_option_of_its_program():
         return parsers[target]
 
     every = set().union(*(options(c) for c in [
-        "platoon-launcher", "platoon.mpi", "benchmarks", "platoon.compat.controller_args:"
+        "platoon-launcher", "platoon.mpi", "platoon.elastic.node", "platoon.elastic.lighthouse",
+        "benchmarks", "platoon.compat.controller_args:"
         "default_parser"] + ["benchmarks." + os.path.basename(p)[:-3] for p in glob.glob(
             os.path.join(ROOT, "benchmarks", "*.py")) if "ArgumentParser(" in read(p)
         and not os.path.basename(p).startswith("_")] + ["benchmarks." + os.path.basename(

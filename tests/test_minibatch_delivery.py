@@ -337,3 +337,20 @@ def test_a_worker_process_ending_without_close(serve, procs, how, failure):
         [(dead, info, _)] = ctl.deaths
         assert dead == wid
         assert info.get("error", "died") == failure, info
+
+
+def test_acknowledgements_sent_just_before_a_worker_leaves_are_honoured(serve, procs):
+    """A worker that acknowledges its minibatches and closes at once: its control goodbye
+    can be handled before the requests on the data socket are read (here always: nothing
+    reads the data socket until the serve loop has ended). That last acknowledgement, and
+    the data goodbye after it, still count: nothing stays held, nothing is re-sent."""
+    ctl = Tolerant(control_port=0, data_port=0, num_workers=1)
+    serving = serve(ctl, timeout=30)
+    proc = procs("mb_worker.py", ctl.control_port, ctl.data_port, "ackleave", 5)
+    wid = worker_id(proc)
+    assert [ctl.send_mb([np.array([i])], timeout_s=10) for i in range(5)] == [wid] * 5
+    assert proc.wait(30) == 0, proc.output
+    assert got(proc) == list(range(5))
+    serving.join()  # the control goodbye was handled: the worker has left the job
+    ctl.flush_mb(timeout_s=5)  # reads the acknowledgement, then the data goodbye
+    assert ctl.resent_minibatches == 0 and ctl.deaths == []

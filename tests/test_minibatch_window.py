@@ -4,6 +4,7 @@ by default counted in bytes: deep for small minibatches, shallow for large ones.
 
 import math
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -119,3 +120,81 @@ def fill_a_held_window(ctl, minibatches):
         release.set()
         worker.join(20)
     return got, errors
+
+
+def test_a_streaming_worker_still_waits_as_long_as_asked_and_no_longer(serve):
+    """While minibatches stream, recv_mb waits for the next in one blocking receive with
+    a 1 ms receive timeout; the waits that follow (a minibatch sent late, or none) must
+    still last as long as asked: the worker's record of the socket's receive timeout
+    stays true, so a stale 1 ms is never taken for a long one, or the reverse."""
+    ctl = Controller(control_port=0, data_port=0, num_workers=1)
+    serving = serve(ctl)
+    with Worker(ctl.control_port, timeout_s=10) as w:
+        w.init_mb_sock(ctl.data_port)  # the defaults: no request due while streaming
+        sock = w._mb.sock
+
+        def timeout_is_known():
+            return w._client._rcvtimeo_ms.get(sock, -1) == sock.rcvtimeo
+
+        sender = threading.Thread(target=lambda: [ctl.send_mb([np.array([i])], timeout_s=10)
+                                                  for i in range(3)])
+        sender.start()  # the first send waits for the worker's first request
+        assert [int(w.recv_mb()[0][0]) for _ in range(3)] == [0, 1, 2]
+        sender.join(10)
+        assert sock.rcvtimeo == w._mb.ACK_AFTER_MS and timeout_is_known()
+        late = threading.Timer(0.3, ctl.send_mb, args=([np.array([3])],), kwargs={"timeout_s": 10})
+        late.start()
+        try:
+            assert int(w.recv_mb(timeout_s=10)[0][0]) == 3  # waited past 1 ms for it
+        finally:
+            late.join(10)
+        assert timeout_is_known()
+        ctl.send_mb([np.array([4])], timeout_s=10)
+        assert int(w.recv_mb(timeout_s=10)[0][0]) == 4
+        started = time.monotonic()
+        with pytest.raises(MinibatchTimeout):
+            w.recv_mb(timeout_s=0.3)
+        assert 0.25 <= time.monotonic() - started < 5
+        assert timeout_is_known()
+    serving.join()
+
+
+def test_streaming_workers_with_room_take_minibatches_in_turn(serve):
+    """send_mb's fast path gives the minibatch to the first worker in line and moves it to
+    the back: two workers that both have room (a deep window, taking as fast as they can)
+    share a stream in turn; the first to ask never takes it all."""
+    ctl = Controller(control_port=0, data_port=0, num_workers=2)
+    serving = serve(ctl)
+    got, errors, stop = {0: [], 1: []}, [], threading.Event()
+
+    def work():
+        try:
+            with Worker(ctl.control_port, timeout_s=10) as w:
+                w.init_mb_sock(ctl.data_port)  # the defaults: room for 256 small ones
+                while not stop.is_set():
+                    try:
+                        got[w.worker_id].append(int(w.recv_mb(timeout_s=0.05)[0][0]))
+                    except MinibatchTimeout:
+                        pass
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work) for _ in range(2)]
+    for t in workers:
+        t.start()
+    try:
+        # until each has taken one: both are in line, with room to spare
+        for i in range(2000):
+            ctl.send_mb([np.array([i])], timeout_s=10)
+            if got[0] and got[1]:
+                break
+        assert got[0] and got[1], "one worker took every minibatch: %s" % errors
+        takers = [ctl.send_mb([np.array([-1])], timeout_s=10) for _ in range(100)]
+        ctl.flush_mb(timeout_s=10)
+        assert abs(takers.count(0) - takers.count(1)) <= 10, takers
+    finally:
+        stop.set()
+        for t in workers:
+            t.join(20)
+    assert not errors
+    serving.join()

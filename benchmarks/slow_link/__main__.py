@@ -152,8 +152,10 @@ def main(argv=None):
             left = total * (1 - done / (args.reps * len(plan)))
             log("[%d/%d, about %.0f min left] %s over %s (seed %d, lr %g) ..." % (
                 done + 1, args.reps * len(plan), left / 60, name, link, rep + 1, lrs[name]))
+            load = os.getloadavg()[0]
             row = run_one_logged(name, link, problem, dict(optimizer, lr=lrs[name]), cap_s,
                                  rep + 1, mpiexec, model_bytes, log, "r%dx%d" % (rep, i))
+            row["load_before"] = load  # the 1-minute load average as the run started
             runs.append(row)
     meta.update(load_end=os.getloadavg()[0], seconds=time.monotonic() - started)
     from dataclasses import asdict

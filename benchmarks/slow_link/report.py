@@ -178,6 +178,10 @@ def markdown(report):
             _fmt_list(s["compute_share"], "%.2f"), _fmt_ratio(s["vs_ddp"]),
             _fmt_ratio(s["vs_local_sgd"]), vs_one, _fmt_list(s["tie_rounds"], "%d"),
             _fmt_list(s["tie_cpu_s"], "%.1f")))
+    loads = [r["load_before"] for r in report["runs"] if "load_before" in r]
+    if loads:
+        lines += ["", "Load average (1 minute) as each run started: %.1f-%.1f, median %.1f."
+                  % (min(loads), max(loads), sorted(loads)[len(loads) // 2])]
     lines += ["", "Methods: " + "; ".join("`%s`: %s" % (n, d)
                                           for n, d in report["methods"].items()) + "."]
     failed = [s for s in report["summary"] if s["errors"]]

@@ -34,15 +34,16 @@ def tune_and_measure(ctx, dataset, table, tune, reps, straggler_reps, log):
     def run(name, cfg, seed, straggler, cap_s, phase):
         world, fixed, _ = table[name]
         job = Job(name, dict(fixed, **cfg), seed, straggler, cap_s, dataset, world)
-        wall = time.monotonic()
+        wall, load = time.monotonic(), os.getloadavg()[0]
         result = run_one(ctx, job, data)
         result["wall_s"] = time.monotonic() - wall
+        result["load_before"] = load  # the 1-minute load average as the run started
         reached = result.get("reached")
-        log("%s %-26s %-34s seed %d%s: %s (run %.1f s)" % (
+        log("%s %-26s %-34s seed %d%s: %s (run %.1f s, load %.1f before)" % (
             dataset.name, name, json.dumps(cfg), seed, " straggler" if straggler else "",
             result["error"].splitlines()[0] if "error" in result else
             ("%.2f s, %d steps" % tuple(reached)) if reached else "not reached in %.1f s"
-            % cap_s, result["wall_s"]))
+            % cap_s, result["wall_s"], load))
         runs.append({"phase": phase, "method": name, "cfg": job.cfg, "seed": seed,
                      "straggler": straggler, "cap_s": cap_s, **result})
         return result

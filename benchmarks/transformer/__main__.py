@@ -52,6 +52,12 @@ def markdown(report):
                 name, m.get("reached"), m.get("runs"), "%.1f s" % t if t else "-",
                 "%.0f" % m["steps"] if m.get("steps") else "-",
                 "%.2fx" % (t / ddp_slow) if t and ddp_slow else "-"))
+    loads = [r["load_before"] for part in (measured, straggler or {}) for r in part.get("runs", [])
+             if "load_before" in r]
+    if loads:
+        lines += ["", "Load average (1 minute) as each run started: %.1f-%.1f, median %.1f "
+                  "(2 cores; a run's own processes count in the next run's figure)."
+                  % (min(loads), max(loads), sorted(loads)[len(loads) // 2])]
     lines += ["", "Target %.2f bits per byte; commit %s, %s, %s, torch %s, load %.1f -> %.1f, "
               "%d repetition(s), %.0f s in all." % (
                   report["problem"]["target"], meta["commit"], meta["date"], meta["cpu"],

@@ -13,8 +13,10 @@ the workers' requests. Minibatches sent to a worker and not yet acknowledged are
 kept, by worker rather than by connection: when the worker fails they are re-sent to
 the next workers that ask; when it closes, those it prefetched but never took are;
 when its connection is reset, those it had not received by its first request on
-the new one are. Acknowledgements count by connection: the first message on each
-connection a worker asks on opens a new epoch, numbered across the channel; a request
+the new one are. A worker's requests read after its control goodbye still acknowledge
+(they give no credit), and its data goodbye after them still counts.
+Acknowledgements count by connection: the first message on each connection a worker
+asks on opens a new epoch, numbered across the channel; a request
 names the epoch it counts in and acknowledges only that epoch's minibatches (those of
 an ended epoch are re-sent), so a count made before a reset, or one including
 minibatches still arriving from the old connection, never acknowledges a minibatch
@@ -74,7 +76,7 @@ class MinibatchChannel:
     # Unroutable sends raise instead of vanishing; the workers' windows (and hwm) bound
     # the queue; requests are small, so a peer sending more is dropped.
     SOCKET_OPTIONS = {zmq.ROUTER_MANDATORY: 1, zmq.SNDHWM: 0, zmq.MAXMSGSIZE: 4096}
-    DRAIN_EVERY = 8
+    DRAIN_EVERY = 32  # sends at most between reads of the socket while workers have room
     DRAIN_AT_MOST = 64  # requests read at once: a flood must not keep the sender reading
     REFUSED_AT_MOST = 4096  # connections remembered as refused (their frames dropped unread)
     RETIRED_AT_MOST = 4096  # workers' replaced connections remembered (their requests ignored)
@@ -100,7 +102,7 @@ class MinibatchChannel:
         self._sends_undrained = 0  # sends since the socket was last read
         self.stopped = stopped  # a message once the job's stop was requested, else None
         self._warnings = ThrottledLog(log)
-        self._pid = os.getpid()  # its sockets work in this process only
+        self._pid = _process_id[0]  # its sockets work in this process only
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -132,8 +134,9 @@ class MinibatchChannel:
         frames = protocol.encode_minibatch(arrays, pack=True if copy else None)
         # bytes, or memoryviews cast to "B"
         nbytes = len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:
-            taker = self.deliver(frames, nbytes, _deadline(timeout_s))
+            taker = self.deliver(frames, nbytes, deadline)
         if taker is None:
             raise MinibatchTimeout("no worker asked for a minibatch at %s within %.3g s; "
                                    "workers ask in recv_mb()" % (self.address, timeout_s))
@@ -152,10 +155,25 @@ class MinibatchChannel:
     def deliver(self, frames, nbytes, deadline):
         """Send `frames` (`nbytes` in all) to the next worker with room for them; its id, or
         None at `deadline`."""
+        # The common case, streaming: nothing to re-send, no worker leaving, requests read
+        # recently, and the first worker in line has room. It gets the minibatch and goes to
+        # the back of the line (rotating it: it stays queued, so no pop, check and append).
+        ready = self.ready
+        if ready and not self.resend and not self.left \
+                and self._sends_undrained < self.DRAIN_EVERY - 1:
+            self._check_stopped()
+            peer = ready[0]
+            if self._has_room(peer) and self._send(peer, frames, nbytes):
+                self._sends_undrained += 1
+                if len(ready) > 1:
+                    ready.rotate(-1)
+                self.delivered += 1
+                return peer.worker_id
         while True:
             self._check_stopped()
             # Reading the socket's state costs about as much as a send: while workers
-            # with credit are queued, look for new requests only every DRAIN_EVERY sends.
+            # with credit are queued, look for new requests only every DRAIN_EVERY sends
+            # (a worker asks again long before its window of up to 256 runs out).
             self._sends_undrained += 1
             if not self.ready or self._sends_undrained >= self.DRAIN_EVERY or self.left:
                 self._drain()
@@ -194,12 +212,12 @@ class MinibatchChannel:
     # -- internals --
 
     def _check_process(self, caller):
-        if os.getpid() != self._pid:
+        if _process_id[0] != self._pid:  # no system call a minibatch (see _process_id)
             raise UsedAfterFork(
                 "Controller.%s() called in process %d, forked from the controller's process "
                 "%d: ZeroMQ sockets do not work after fork(), so nothing would be delivered. "
                 "Feed minibatches from a thread of the controller process (threading.Thread), "
-                "not from a multiprocessing.Process" % (caller, os.getpid(), self._pid))
+                "not from a multiprocessing.Process" % (caller, _process_id[0], self._pid))
 
     def _check_stopped(self):
         stopped = self.stopped()
@@ -266,7 +284,14 @@ class MinibatchChannel:
             return None
         if identity in self.retired:  # sent before its connection was replaced: it asks
             return None  # again on the new one, where all it has not acknowledged is re-sent
-        if record.has_left:
+        if record.has_left:  # its control goodbye was handled before this request
+            if peer is not None and peer.identity == identity:
+                # Sent before it left (its data goodbye follows on this connection): the
+                # acknowledgement counts, the credit does not. Refusing it would also drop
+                # that goodbye unread and hold its minibatches until flush_mb timed out.
+                peer.credit = 0
+                self._ack(peer, epoch, done)
+                return None
             return self._refuse(identity, "worker %d has left the job; it gets no more "
                                 "minibatches" % wid)
         if peer is None or peer.identity != identity:
@@ -385,7 +410,8 @@ class MinibatchChannel:
         peer.credit -= 1
         peer.unacked.append((peer.sent, frames, nbytes))
         peer.unacked_bytes += nbytes
-        self._queue(peer)  # behind the others that asked
+        if not peer.queued:  # (send_mb's fast path keeps it queued and moves it itself)
+            self._queue(peer)  # behind the others that asked
         return True
 
     def _drop(self, peer: "_Peer", why: str) -> None:
@@ -412,6 +438,18 @@ class MinibatchChannel:
 _SNDMORE = int(zmq.SNDMORE)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
+
+
+# This process's id, kept by a fork hook: os.getpid() is a system call (about 0.3-1 us
+# here), which send_mb would pay on every minibatch.
+_process_id = [os.getpid()]
+
+
+def _forked():
+    _process_id[0] = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _deadline(timeout_s):

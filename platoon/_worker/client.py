@@ -161,6 +161,13 @@ class ControlClient:
             "is running and listening there, or raise the worker's timeout_s"
             % (req, self.address, timeout_s))
 
+    def set_rcvtimeo(self, sock: zmq.Socket, wait_ms: int) -> None:
+        """Make `sock`'s blocking receives wait at most `wait_ms` ms (setsockopt costs a few
+        µs: only when it changes). Every change of a socket's receive timeout goes through
+        here, so that `recv_within` knows the one set."""
+        if self._rcvtimeo_ms.get(sock) != wait_ms:
+            sock.rcvtimeo = self._rcvtimeo_ms[sock] = wait_ms
+
     def recv_within(self, sock: zmq.Socket, deadline: Optional[float], copy: bool = True):
         """The next frame from `sock`, or None at `deadline` (monotonic; None: never).
 
@@ -174,8 +181,7 @@ class ControlClient:
                 wait_ms = min(wait_ms, max(0, int((deadline - time.monotonic()) * 1000)))
             current = self._rcvtimeo_ms.get(sock)
             if current is None or not 0 <= wait_ms - 50 <= current <= wait_ms:
-                if current != wait_ms:  # a setsockopt costs a few us: only when it changes
-                    sock.rcvtimeo = self._rcvtimeo_ms[sock] = wait_ms
+                self.set_rcvtimeo(sock, wait_ms)
             try:
                 return sock.recv(copy=copy)
             except zmq.Again:

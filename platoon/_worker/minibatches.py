@@ -11,8 +11,6 @@ import zmq
 from .. import protocol
 from ..errors import MinibatchTimeout, ProtocolError
 
-_NOBLOCK = int(zmq.NOBLOCK)  # a plain int: flags are passed on every receive
-
 
 class MinibatchClient:
     """A worker's side of the channel: its requests, credit and acknowledgements.
@@ -40,9 +38,12 @@ class MinibatchClient:
     DEFAULT_PREFETCH = 255  # with prefetch None: the window's cap in messages is 256
     ACKS_PER_WINDOW = 4  # requests per window's worth of minibatches, while they stream
 
-    def __init__(self, sock, worker_id, token, prefetch, controller_alive, address=None,
-                 window_bytes=protocol.DEFAULT_MB_WINDOW_BYTES, failed=lambda: False):
+    def __init__(self, sock, worker_id, token, prefetch, controller_alive, set_rcvtimeo,
+                 address=None, window_bytes=protocol.DEFAULT_MB_WINDOW_BYTES,
+                 failed=lambda: False):
         self.sock = sock
+        self._set_rcvtimeo = set_rcvtimeo  # (sock, ms): the worker's, which recv_within knows
+        self._waits_briefly = False  # is sock's receive timeout ACK_AFTER_MS?
         self.address = address  # the controller's data endpoint, for messages
         self.worker_id = worker_id
         self.token = token
@@ -106,17 +107,24 @@ class MinibatchClient:
         first = None
         if self.received - self.acked < self.ack_every \
                 and self.bytes_since_ack < self.ack_every_bytes and self.asked:
-            try:  # no request due: take one, if here or within ACK_AFTER_MS (streaming,
-                first = sock.recv(_NOBLOCK, copy=False)  # the next is microseconds away)
+            # No request due: take one, if here or within ACK_AFTER_MS (streaming, the next
+            # is microseconds away), in one blocking receive with that timeout: a worker
+            # ahead of its controller waits often, and a receive that raises zmq.Again
+            # followed by a poll cost it several µs each time (see docs/performance.md).
+            if not self._waits_briefly:
+                self._set_rcvtimeo(sock, self.ACK_AFTER_MS)
+                self._waits_briefly = True
+            try:
+                first = sock.recv(0, copy=False)
             except zmq.Again:
-                if sock.poll(self.ACK_AFTER_MS):
-                    first = sock.recv(_NOBLOCK, copy=False)
+                pass
         if first is None:  # about to wait (or a request is due): ask first
             try:
                 self.ask()
             except zmq.Again:
                 raise MinibatchTimeout("cannot ask %s for a minibatch: the request queue is "
                                        "full" % self.address) from None
+            self._waits_briefly = False  # recv_within sets its own receive timeouts
             first = self._recv_asking_again(recv_within, deadline)
             if first is None:
                 raise MinibatchTimeout("no minibatch from %s within %.3g s"

@@ -10,13 +10,15 @@ usage: mb_worker.py CONTROL_PORT DATA_PORT MODE [COUNT | WINDOW_BYTES]
          takes minibatches until one holds index COUNT, prints HELD, and waits (to be
          killed)
   drain: takes minibatches until one holds index -1, then a barrier
+  ackleave: takes COUNT minibatches, acknowledges them in a recv_mb that times out, and
+         closes at once (no barrier): its data goodbye comes right after that request
 """
 
 import signal
 import sys
 import threading
 
-from platoon import Worker
+from platoon import MinibatchTimeout, Worker
 
 control_port, data_port, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 if mode == "pause":  # blocked before ZeroMQ's threads start, so they inherit the mask
@@ -59,4 +61,15 @@ with Worker(control_port, timeout_s=30) as w:
             if index[0] == -1:
                 break
             print("GOT %d" % index[0], flush=True)
-    w.barrier()
+    elif mode == "ackleave":
+        for _ in range(int(sys.argv[4])):
+            index, = w.recv_mb()
+            print("GOT %d" % index[0], flush=True)
+        try:  # waiting, it asks for more: a request acknowledging all it took
+            w.recv_mb(timeout_s=0.05)
+            raise SystemExit("a minibatch nobody sent")
+        except MinibatchTimeout:
+            pass
+        print("LEAVING", flush=True)
+    if mode != "ackleave":
+        w.barrier()
