@@ -227,11 +227,14 @@ class _Group:
     """A quorum's group as this member sees it: `mean(move, among)` makes each round's mean,
     `raises` (if set) is what every collective raises."""
 
-    def __init__(self, rank, size, mean=None, raises=None, payload=None):
+    def __init__(self, rank, size, mean=None, raises=None, payload=None, rows=None):
         names = tuple("abcdefgh"[:size])
-        self.quorum = Quorum(7, names, tuple("h:%d" % i for i in range(size)))
+        self.quorum = Quorum(7, names, tuple("h:%d" % i for i in range(size)), "n0nce")
         self.rank, self.size, self.mean, self.raises = rank, size, mean, raises
-        self.payload = payload
+        self.payload, self.rows = payload, rows  # rows(own message): what the all-gather gives
+
+    def all_gather_bytes(self, message):
+        return self.rows(np.array(message, np.uint8))
 
     def compressed_mean(self, array, codec, feedback=None, out=None, among=None):
         if self.raises is not None:
@@ -246,7 +249,17 @@ class _Group:
 
 
 class _NoLighthouse:
-    """A lighthouse client that never hears of a quorum."""
+    """A lighthouse client that never hears of a quorum (it signs as the real one, with the
+    secret b"s" * 32)."""
+
+    secret = b"s" * 32
+
+    def sign_header(self, quorum, rank, header):
+        from platoon.elastic.secret import sign_header
+        return sign_header(self.secret, quorum.id, quorum.nonce, rank, header)
+
+    def header_signed(self, quorum, rank, header, mac):
+        return self.sign_header(quorum, rank, header) == mac
 
     def wait_for_quorum(self, timeout_s=None, newer_than=0):
         time.sleep(min(timeout_s or 0.05, 0.05))
@@ -279,11 +292,17 @@ def _tie(values, anchor, *, running=False, **settings):
         assert tie.halt(5)
         tie._halt.clear(), tie._done.clear()
         ctl.shared_centre = _Centre(values)
+        tie.client = _NoLighthouse()
     tie.anchor = [np.array(anchor, np.float32)]
     tie.velocity = [np.zeros(len(anchor), np.float32)]
     tie._feedback = [ErrorFeedback(len(anchor), np.dtype(np.float32))]
     tie.round_no = 3
     return tie, ctl.shared_centre, failures
+
+
+def _sha256(arrays):
+    from platoon.elastic.tie import _sha256
+    return _sha256(arrays)
 
 
 def _stepped(anchor, mean):
@@ -329,9 +348,55 @@ def test_repairing_an_anchor_keeps_a_sync_landing_during_the_repair():
         centre.arrays[0] += 2.0
 
     centre.lock.after_release = sync
-    tie._heal(group, 0, 4, [1])
+    tie._heal(group, 0, 4, [1], _sha256([new_anchor, new_velocity]))
     np.testing.assert_allclose(tie.anchor[0], new_anchor)
     np.testing.assert_allclose(centre.arrays[0], new_anchor + 1.0 + 2.0)
+
+
+def test_a_header_not_signed_with_the_jobs_secret_breaks_the_round_before_anything_applies():
+    """Rank 1's header is signed with another secret (a process in a member's place in the
+    group, which it found under the quorum's prefix): the round breaks on rank 0 before any
+    decision, its anchor untouched; and an anchor received in a heal that does not match the
+    source's signed sha256 is refused likewise."""
+    from platoon.elastic.secret import sign_header
+    tie, centre, _ = _tie([1.0, 1.0], [0.0, 0.0])
+
+    def forged(own):  # rank 1 claims a far newer anchor, signed with the wrong secret
+        body = own[:-32].copy()
+        body[24:32] = np.frombuffer(np.int64(10 ** 6).tobytes(), np.uint8)  # round_no
+        mac = sign_header(b"o" * 32, 7, "n0nce", 1, body.tobytes())
+        return np.stack([own, np.concatenate([body, np.frombuffer(mac, np.uint8)])])
+
+    with pytest.raises(QuorumBroken, match=r"node a \(rank 0 of quorum 7: a, b\): the round "
+                                           r"header of rank 1 \(b\) is not signed with the "
+                                           r"job's secret"):
+        tie._group = _Group(0, 2, rows=forged)
+        tie._round()
+    assert tie.round_no == 3 and (tie.anchor[0] == 0.0).all()
+    assert (centre.arrays[0] == 1.0).all()
+    bad = np.frombuffer(np.full(2, 9.0, np.float32).tobytes() + bytes(8), np.uint8)
+    with pytest.raises(QuorumBroken, match=r"the anchor received from rank 0 \(a\) does not "
+                                           r"match the sha256 in its signed header"):
+        tie._heal(_Group(1, 2, payload=bad), 0, 4, [1],
+                  _sha256([np.full(2, 5.0, np.float32), np.zeros(2, np.float32)]))
+    assert tie.round_no == 3 and (tie.anchor[0] == 0.0).all()
+
+
+def test_each_quorum_meets_under_its_own_random_prefix():
+    """The lighthouse gives each quorum a random nonce (signed in its reply), and its group
+    meets under a store prefix holding it: unguessable without the secret, and two quorums of
+    one id (a lighthouse restarted before any node reported) never share a group."""
+    from platoon.elastic.dataplane import store_prefix
+    quorums = []
+    for _ in range(2):  # a lighthouse, then another started afresh
+        m = Membership(MembershipSettings(min_nodes=1, join_grace_s=0.0))
+        m.heartbeat("a", "h:1", 0, now=0.0)
+        quorums.append(m.tick(0.1))
+    first, again = quorums
+    assert first.id == again.id == 1 and len(first.nonce) == 32
+    assert store_prefix(first) != store_prefix(again)
+    assert store_prefix(first) == "platoon/quorum/1/%s/" % first.nonce
+    assert Quorum.from_wire(first.to_wire()).nonce == first.nonce
 
 
 def test_nan_on_one_member_ends_that_member_and_breaks_the_round_for_the_others():

@@ -11,7 +11,7 @@ from .._os.logthrottle import ThrottledLog
 from ..errors import ElasticAuthError, QuorumTimeout
 from . import wire
 from .quorum import Quorum
-from .secret import load_secret
+from .secret import load_secret, sign_header, verify
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,14 @@ class LighthouseClient:
                            "answers" if self.reachable else "does not answer",
                            "none" if q is None else "%d of %s" % (q.id, ", ".join(q.members))))
                 self._cond.wait(left)
+
+    def sign_header(self, quorum: Quorum, rank: int, header: bytes) -> bytes:
+        """Rank `rank`'s signature of its round `header` in `quorum` (the job's secret)."""
+        return sign_header(self._secret, quorum.id, quorum.nonce, rank, header)
+
+    def header_signed(self, quorum: Quorum, rank: int, header: bytes, mac: bytes) -> bool:
+        """Whether `mac` is rank `rank`'s signature of `header` in `quorum`."""
+        return verify(self.sign_header(quorum, rank, header), mac)
 
     def report_broken(self, quorum_id: int) -> None:
         """Ask the lighthouse for a new quorum id for the same members: quorum `quorum_id`'s

@@ -136,10 +136,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--host", default="127.0.0.1",
                         help="the address at which the other nodes reach this node's data "
                              "plane, and the interface gloo binds (default 127.0.0.1; the "
-                             "store listens on every interface whatever it says, and nothing "
-                             "on the data plane is authenticated: run it on a trusted network "
-                             "or behind a firewall; the controller serves its workers on "
-                             "127.0.0.1)")
+                             "store listens on every interface whatever it says, and the store "
+                             "and gloo accept whoever reaches them: run the data plane on a "
+                             "trusted network or behind a firewall; the controller serves its "
+                             "workers on 127.0.0.1)")
     parser.add_argument("--controller", default=None,
                         help="controller script file.py, or module:Class or file.py:Class")
     parser.add_argument("--controller-args", default="",

@@ -3,10 +3,13 @@
 A quorum is a numbered list of the nodes that make the next outer rounds together. Its id
 only grows: a node reports the highest id it has seen whenever it heartbeats, and the
 lighthouse numbers its next quorum above every report, so a lighthouse restarted with no
-memory still issues ids above every id its members knew.
+memory still issues ids above every id its members knew. Each quorum also carries a random
+nonce: its group meets under a store prefix no one outside the job can guess, and two quorums
+that share an id (a lighthouse restarted before any node could report) never share a group.
 """
 
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 
@@ -14,11 +17,13 @@ from typing import Dict, List, Optional, Tuple
 class Quorum:
     """One membership of the job: `id` (grows with every change), `members` (node names,
     sorted: a member's rank is its index) and `addresses` (each member's data-plane address,
-    "host:port", in the same order)."""
+    "host:port", in the same order); `nonce`, random hex the lighthouse gives it (it names
+    the quorum's group; not compared)."""
 
     id: int
     members: Tuple[str, ...]
     addresses: Tuple[str, ...]
+    nonce: str = field(default="", compare=False)
 
     def rank_of(self, name: str) -> int:
         """`name`'s rank in this quorum; raises ValueError when it is not a member."""
@@ -38,16 +43,18 @@ class Quorum:
         return self.addresses[0]
 
     def to_wire(self) -> dict:
-        return {"id": self.id, "members": list(self.members), "addresses": list(self.addresses)}
+        return {"id": self.id, "members": list(self.members), "addresses": list(self.addresses),
+                "nonce": self.nonce}
 
     @classmethod
     def from_wire(cls, data: dict) -> "Quorum":
         members, addresses = data["members"], data["addresses"]
+        nonce = data.get("nonce", "")
         if not (isinstance(data["id"], int) and isinstance(members, list)
                 and isinstance(addresses, list) and len(members) == len(addresses)
-                and all(isinstance(x, str) for x in members + addresses)):
+                and all(isinstance(x, str) for x in members + addresses + [nonce])):
             raise ValueError("not a quorum: %r" % (data,))
-        return cls(data["id"], tuple(members), tuple(addresses))
+        return cls(data["id"], tuple(members), tuple(addresses), nonce)
 
 
 @dataclass(frozen=True)
@@ -130,5 +137,6 @@ class Membership:
         self._change_since = None
         self._rebuild = False
         last = 0 if current is None else current.id
-        self.quorum = Quorum(max(last, self._highest_reported) + 1, tuple(names), addresses)
+        self.quorum = Quorum(max(last, self._highest_reported) + 1, tuple(names), addresses,
+                             secrets.token_hex(16))
         return self.quorum

@@ -6,6 +6,8 @@ can read, named by ``--secret-file`` or PLATOON_ELASTIC_SECRET_FILE (the same ch
 HMAC-SHA256 over its body, and the body carries the challenge the lighthouse sent in its last
 reply on that connection, so a captured request cannot be replayed; each reply is signed
 over its body and the request's signature, so a reply cannot be forged or replayed either.
+On the data plane, each member signs its round header over the quorum's id and nonce and its
+rank (`sign_header`), so a process without the secret cannot pass for a member.
 """
 
 import hashlib
@@ -22,6 +24,7 @@ SECRET_ENV = "PLATOON_ELASTIC_SECRET_FILE"  # JobEnvironment.elastic_secret_file
 MIN_SECRET_CHARS = 16  # of the file's text (--new-secret writes 64 hex digits: 32 bytes)
 _REQUEST = b"platoon-elastic/1 request\0"
 _REPLY = b"platoon-elastic/1 reply\0"
+_HEADER = b"platoon-elastic/1 header\0"
 
 
 def generate_secret(path: str) -> str:
@@ -57,6 +60,12 @@ def sign_request(secret: bytes, body: bytes) -> bytes:
 
 def sign_reply(secret: bytes, request_mac: bytes, body: bytes) -> bytes:
     return hmac.new(secret, _REPLY + request_mac + body, hashlib.sha256).digest()
+
+
+def sign_header(secret: bytes, quorum_id: int, nonce: str, rank: int, header: bytes) -> bytes:
+    """The signature of rank `rank`'s round `header` in quorum `quorum_id` (nonce `nonce`)."""
+    return hmac.new(secret, _HEADER + b"%d\0%s\0%d\0" % (quorum_id, nonce.encode(), rank)
+                    + header, hashlib.sha256).digest()
 
 
 def verify(expected: bytes, mac: bytes) -> bool:

@@ -5,7 +5,10 @@ members that join.
 Every member holds the same anchor and outer momentum, numbered by the outer rounds applied
 (`round_no`). Each round begins with a header every member sends (ready, done, handed over,
 round_no, the newest quorum id it has heard of, a sha256 of its anchor and momentum, of its
-centre's layout). Then, the same decision on every member:
+centre's layout), signed with the job's secret over the quorum's id and nonce and its rank: a
+header that fails its check breaks the round before anything is applied (a process without
+the secret in a member's place), and a healed member checks the anchor it receives against
+its source's signed sha256. Then, the same decision on every member:
 
 - someone has heard of a newer quorum: all leave this group for it;
 - nobody has an anchor yet (the job's first round): the anchor is the mean of the centres,
@@ -50,7 +53,7 @@ HALT_TIMEOUT_S = 10.0
 FINAL_TIMEOUT_S = 120.0  # a done node's wait for a round of its group (then it gives up)
 _DIGEST = 32
 _FIELDS = 5  # ready, done, handed_over, round_no, newest quorum id (int64 each)
-_HEADER_BYTES = 8 * _FIELDS + 2 * _DIGEST
+_HEADER_BYTES = 8 * _FIELDS + 2 * _DIGEST  # then its signature (`LighthouseClient.sign_header`)
 
 
 def _sha256(arrays) -> bytes:
@@ -88,6 +91,7 @@ class ElasticTie:
         # per centre array, the same bits on every member (None: no anchor yet)
         self.anchor: Any = None  # Optional[List[np.ndarray]]
         self.velocity: Any = None  # the outer momentum, Optional[List[np.ndarray]]
+        self._digest: Optional[bytes] = None  # their sha256, once asked (None: not yet)
         self._feedback: Any = None  # this node's Optional[List[ErrorFeedback]]
         self.round_no = -1  # outer rounds applied to the anchor (-1: no anchor)
         self.rounds = self.broken_rounds = self.heals = 0
@@ -293,8 +297,11 @@ class ElasticTie:
         newest = self.client.current_quorum()
         fields = np.array([ready, self._done.is_set(), self._handed_over, self.round_no,
                            0 if newest is None else newest.id], "<i8")
-        digest = _sha256(self.anchor + self.velocity) if self.anchor is not None \
-            else bytes(_DIGEST)
+        digest = bytes(_DIGEST)
+        if self.anchor is not None:
+            if self._digest is None:  # once for each new anchor
+                self._digest = _sha256(self.anchor + self.velocity)
+            digest = self._digest
         layout = hashlib.sha256(repr(centre.layout).encode()).digest() if ready \
             else bytes(_DIGEST)
         return np.frombuffer(fields.tobytes() + digest + layout, np.uint8)
@@ -302,11 +309,22 @@ class ElasticTie:
     def _round(self) -> bool:
         """One round in the current group (see the module's doc); True after the final one."""
         group = self._group
-        rows = group.all_gather_bytes(self._header())
+        header = self._header()
+        mac = self.client.sign_header(group.quorum, group.rank, header.tobytes())
+        rows = group.all_gather_bytes(np.concatenate([header, np.frombuffer(mac, np.uint8)]))
         self._round_at = time.monotonic()  # every member answered: the group is alive
+        for r, row in enumerate(rows):
+            if not self.client.header_signed(group.quorum, r, bytes(row[:_HEADER_BYTES]),
+                                             bytes(row[_HEADER_BYTES:])):
+                raise QuorumBroken(
+                    "node %s (rank %d of quorum %d: %s): the round header of rank %d (%s) is "
+                    "not signed with the job's secret (another process in that member's "
+                    "place?); nothing was applied: the round is dropped"
+                    % (self.name, group.rank, group.quorum.id, ", ".join(group.quorum.members),
+                       r, group.quorum.members[r]))
         fields = np.stack([np.frombuffer(r[:8 * _FIELDS].tobytes(), "<i8") for r in rows])
         digests = [bytes(r[8 * _FIELDS:8 * _FIELDS + _DIGEST]) for r in rows]
-        layouts = [bytes(r[8 * _FIELDS + _DIGEST:]) for r in rows]
+        layouts = [bytes(r[8 * _FIELDS + _DIGEST:_HEADER_BYTES]) for r in rows]
         ready, done, handed, round_no, newest = fields.T
         if newest.max() > group.quorum.id:  # every member leaves for it alike
             self._leave_group()
@@ -329,7 +347,7 @@ class ElasticTie:
         differing = [r for r in range(group.size)
                      if round_no[r] != best or digests[r] != digests[source]]
         if differing and all(ready[r] for r in differing):
-            self._heal(group, source, best, differing)
+            self._heal(group, source, best, differing, digests[source])
             return False
         if differing or not (ready == 2).all():
             time.sleep(IDLE_POLL_S)
@@ -377,11 +395,14 @@ class ElasticTie:
         self.velocity = [np.zeros_like(a) for a in means]
         self._feedback = [ErrorFeedback(a.size, a.dtype) for a in means]
         self.round_no = 0
+        self._digest = None
         self._set_centre(centre, self.anchor, keep_since=snaps if training else None)
         self._note_contribution()
 
-    def _heal(self, group, source: int, best: int, differing: List[int]) -> None:
-        """The anchor and momentum of `source` to every member in `differing`, losslessly."""
+    def _heal(self, group, source: int, best: int, differing: List[int],
+              digest: bytes) -> None:
+        """The anchor and momentum of `source` to every member in `differing`, losslessly;
+        `digest`: their sha256 in `source`'s signed header, which what arrives must match."""
         centre = self.ctl.shared_centre
         shapes = list(centre.arrays) * 2  # the anchor's arrays, then the momentum's
         if group.rank == source:
@@ -399,9 +420,17 @@ class ElasticTie:
             arrays.append(np.frombuffer(got[offset:offset + a.nbytes].tobytes(),
                                         a.dtype).reshape(a.shape).copy())
             offset += a.nbytes
+        if _sha256(arrays) != digest:
+            raise QuorumBroken(
+                "node %s (rank %d of quorum %d: %s): the anchor received from rank %d (%s) "
+                "does not match the sha256 in its signed header; nothing was applied: the "
+                "round is dropped" % (self.name, group.rank, group.quorum.id,
+                                      ", ".join(group.quorum.members), source,
+                                      group.quorum.members[source]))
         half = len(arrays) // 2
         old, joiner = self.anchor, self.anchor is None
         self.anchor, self.velocity, self.round_no = arrays[:half], arrays[half:], best
+        self._digest = digest
         self._feedback = [ErrorFeedback(a.size, a.dtype) for a in self.anchor]
         self.heals += 1
         if joiner:
@@ -452,6 +481,7 @@ class ElasticTie:
             raise
         for anchor, velocity, mean in zip(self.anchor, self.velocity, means):
             outer_step(anchor, velocity, mean, self.tie.outer_lr, self.tie.outer_momentum)
+        self._digest = None
         self.round_no += 1
         self.rounds += 1
         self.bytes_sent += sent_total
