@@ -137,6 +137,43 @@ def test_a_registered_node_outlives_a_false_lighthouse_on_its_port():
         context.term()
 
 
+def test_a_second_process_under_a_live_nodes_name_waits_until_the_first_is_gone():
+    """Two processes heartbeat as node c (two nodes given one --name): the second is refused
+    while the first is live (no quorum flapping between their addresses), and taken in once
+    the first leaves or times out (a node restarted under its name)."""
+    m = Membership(MembershipSettings(min_nodes=1, heartbeat_timeout_s=1.0, join_grace_s=0.0))
+    assert m.heartbeat("c", "h:1", 0, now=0.0, incarnation="first")
+    first = m.tick(0.1)
+    assert not m.heartbeat("c", "h:2", 0, now=0.2, incarnation="second")
+    m.leave("c", incarnation="second")  # not its name to give up
+    assert m.tick(0.3) is None and m.quorum.addresses == ("h:1",)
+    assert m.heartbeat("c", "h:2", 0, now=1.5, incarnation="second")  # the first timed out
+    assert m.tick(1.6) == Quorum(first.id + 1, ("c",), ("h:2",))
+    import threading
+
+    from platoon.elastic import LighthouseClient
+    secret, stopping = b"s" * 32, threading.Event()
+    settings = MembershipSettings(min_nodes=1, heartbeat_timeout_s=5.0, join_grace_s=0.05)
+    with Lighthouse(settings, "127.0.0.1:0", secret) as lighthouse:
+        serving = threading.Thread(target=lighthouse.serve, args=(stopping.is_set,))
+        serving.start()
+        try:
+            with LighthouseClient(lighthouse.address, "c", "h:1", secret=secret) as one:
+                assert one.wait_for_quorum(timeout_s=10).addresses == ("h:1",)
+                with LighthouseClient(lighthouse.address, "c", "h:2", secret=secret) as two:
+                    deadline = time.monotonic() + 10
+                    while not two.name_taken:
+                        assert time.monotonic() < deadline
+                        time.sleep(0.01)
+                    assert two.current_quorum() is None  # it is told of no quorum
+                    one.close()  # leaves: the name is free
+                    assert two.wait_for_quorum(timeout_s=10).addresses == ("h:2",)
+                    assert not two.name_taken
+        finally:
+            stopping.set()
+            serving.join(10)
+
+
 def test_membership_settings_refuse_bad_values():
     with pytest.raises(ValueError, match="min_nodes must be an integer >= 1"):
         MembershipSettings(min_nodes=0)

@@ -1,6 +1,7 @@
 """A node's side of the lighthouse: registration, heartbeats in a thread, the latest quorum."""
 
 import logging
+import secrets
 import threading
 import time
 from typing import Optional
@@ -46,6 +47,8 @@ class LighthouseClient:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.request_timeout_s = request_timeout_s
         self.refused_for_s = refused_for_s
+        self.incarnation = secrets.token_hex(8)  # this process's claim on `name`
+        self.name_taken = False  # another live process holds `name` (the lighthouse says)
         self._signed_at: Optional[float] = None  # the last signed reply (None: none yet)
         self._warnings = ThrottledLog(log)
         self._context = zmq.Context()
@@ -67,7 +70,8 @@ class LighthouseClient:
 
     def wait_for_quorum(self, timeout_s: Optional[float] = None,
                         newer_than: int = 0) -> Quorum:
-        """The first quorum with an id above `newer_than` that holds this node. Raises
+        """The first quorum with an id above `newer_than` that holds this node (its name at
+        its address: not a quorum made while another process held the name). Raises
         QuorumTimeout after `timeout_s` seconds (None: forever) and ElasticAuthError when
         the lighthouse refuses this node's secret."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -75,7 +79,8 @@ class LighthouseClient:
             while True:
                 self._raise_refused()
                 q = self._quorum
-                if q is not None and q.id > newer_than and self.name in q.members:
+                if q is not None and q.id > newer_than and self.name in q.members \
+                        and q.addresses[q.rank_of(self.name)] == self.address:
                     return q
                 left = None if deadline is None else deadline - time.monotonic()
                 if deadline is not None and left is not None and left <= 0:
@@ -121,7 +126,7 @@ class LighthouseClient:
             highest = 0 if self._quorum is None else self._quorum.id
             broken = self._broken
         body, mac = wire.request(self._secret, op, self.name, self.address, highest, challenge,
-                                 broken)
+                                 broken, self.incarnation)
         sock.send_multipart([body, mac])
         try:
             frames = sock.recv_multipart()
@@ -149,6 +154,12 @@ class LighthouseClient:
             self._refused = error
             if error is None:
                 self._signed_at = now
+                self.name_taken = bool(answer.get("taken"))
+                if self.name_taken:
+                    self._warnings.warning(
+                        "taken", "node %s: another live process holds this name at the "
+                        "lighthouse %s: this one waits until it leaves or times out (give each "
+                        "node its own --name)", self.name, self.lighthouse)
             if error is None and answer["quorum"] is not None:
                 quorum = Quorum.from_wire(answer["quorum"])
                 if self._quorum is None or quorum.id > self._quorum.id:

@@ -19,6 +19,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import zmq
 
+from .._os.logthrottle import ThrottledLog
 from ..errors import PlatoonError
 from . import wire
 from .quorum import Membership, MembershipSettings
@@ -53,6 +54,7 @@ class Lighthouse:
                                "with --bind HOST:PORT" % (host, port, exc)) from None
         self.address = "%s:%s" % (host, port)
         self._challenges: Dict[bytes, Tuple[str, float]] = {}
+        self._warnings = ThrottledLog(log)
 
     def _challenge_for(self, peer: bytes, now: float) -> str:
         if len(self._challenges) >= MAX_CONNECTIONS:
@@ -71,16 +73,23 @@ class Lighthouse:
         expected, issued = self._challenges.get(peer, ("", 0.0))
         done = bool(expected) and data["challenge"] == expected \
             and now - issued < CHALLENGE_TTL_S
+        taken = False
         if done:
             if data["op"] == "leave":
                 log.info("node %s leaves", data["node"])
-                self.membership.leave(data["node"])
+                self.membership.leave(data["node"], data["incarnation"])
             else:
-                self.membership.heartbeat(data["node"], data["address"], data["highest_seen"],
-                                          now, data["broken"])
+                taken = not self.membership.heartbeat(
+                    data["node"], data["address"], data["highest_seen"], now, data["broken"],
+                    data["incarnation"])
+                if taken:
+                    self._warnings.warning(
+                        "name", "a second process heartbeats as node %s (from %s) while the "
+                        "first is live: it waits until the first leaves or times out",
+                        data["node"], data["address"])
         quorum = self.membership.quorum
         return wire.reply(self._secret, mac, self._challenge_for(peer, now),
-                          None if quorum is None else quorum.to_wire(), done)
+                          None if quorum is None else quorum.to_wire(), done, taken)
 
     def serve(self, stop=lambda: False) -> None:
         poller = zmq.Poller()

@@ -87,29 +87,43 @@ class Membership:
         self.settings = settings
         self._last_seen: Dict[str, float] = {}
         self._addresses: Dict[str, str] = {}
+        self._incarnations: Dict[str, str] = {}  # each live name's process (its client's id)
         self._highest_reported = 0
         self.quorum: Optional[Quorum] = None
         self._change_since: Optional[float] = None  # when the live set first differed
         self._rebuild = False  # a member asked for a new id (`heartbeat`'s `broken`)
 
     def heartbeat(self, name: str, address: str, highest_seen: int, now: float,
-                  broken: int = 0) -> None:
+                  broken: int = 0, incarnation: str = "") -> bool:
         """`name` is alive at `now`, reachable for the data plane at `address`, and has seen
         quorum ids up to `highest_seen`. `broken`: the id of a quorum whose group broke for
         `name` with no newer quorum since (every member alive, yet one stalled a round past
         its timeout): while it is the current quorum and `name` a member, the next tick
-        issues a new id for the same members, so that they build a new group."""
+        issues a new id for the same members, so that they build a new group.
+        `incarnation`: the heartbeating process's id. Returns False, changing nothing, when
+        another incarnation holds `name` and is live (two processes given one name): the
+        second is taken in once the first leaves or times out."""
+        held = self._incarnations.get(name)
+        if held is not None and held != incarnation and name in self._last_seen \
+                and now - self._last_seen[name] <= self.settings.heartbeat_timeout_s:
+            return False
         if broken and self.quorum is not None and broken == self.quorum.id \
                 and name in self.quorum.members:
             self._rebuild = True
         self._last_seen[name] = now
         self._addresses[name] = address
+        self._incarnations[name] = incarnation
         self._highest_reported = max(self._highest_reported, int(highest_seen))
+        return True
 
-    def leave(self, name: str) -> None:
-        """`name` leaves: out of the next quorum, without waiting for its timeout."""
+    def leave(self, name: str, incarnation: Optional[str] = None) -> None:
+        """`name` leaves (if `incarnation` holds it, when given): out of the next quorum,
+        without waiting for its timeout."""
+        if incarnation is not None and self._incarnations.get(name, incarnation) != incarnation:
+            return
         self._last_seen.pop(name, None)
         self._addresses.pop(name, None)
+        self._incarnations.pop(name, None)
 
     def live(self, now: float) -> List[str]:
         """The nodes heard from within the heartbeat timeout (the silent ones are forgotten)."""
