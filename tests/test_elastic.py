@@ -373,6 +373,28 @@ def test_a_last_sync_landing_during_a_round_is_kept_and_handed_over_in_the_next(
     assert not np.allclose(tie.anchor[0], first)  # the last sync moved it
 
 
+def test_a_rounds_moves_travel_as_one_message_per_dtype():
+    """The moves of every centre array of one dtype go in one compressed mean (one all-gather
+    a round, not one per array); each array's anchor steps by its own part of the mean."""
+    from platoon.elastic.tie import _feedback_for
+    tie, centre, _ = _tie([1.0, 1.0], [0.0, 0.0])
+    centre.arrays = [np.full(2, 1.0, np.float32), np.full((2, 3), 2.0, np.float32),
+                     np.full(4, 3.0, np.float32)]
+    tie.anchor = [np.zeros_like(a) for a in centre.arrays]
+    tie.velocity = [np.zeros_like(a) for a in centre.arrays]
+    tie._feedback = _feedback_for(tie.anchor)
+    calls = []
+
+    def mean(move, among):
+        calls.append(move.size)
+        return move
+
+    tie._outer_round(_Group(0, 1, mean=mean), [0])
+    assert calls == [2 + 6 + 4]
+    for anchor, value in zip(tie.anchor, (1.0, 2.0, 3.0)):
+        np.testing.assert_allclose(anchor, _stepped(np.zeros(anchor.shape), value))
+
+
 def test_repairing_an_anchor_keeps_a_sync_landing_during_the_repair():
     """A member whose anchor differs is repaired: its centre becomes the new anchor plus its
     workers' work since the old one, including a sync landing during the repair."""

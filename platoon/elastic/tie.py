@@ -19,7 +19,8 @@ its source's signed sha256. Then, the same decision on every member:
   takes them: a joiner's centre becomes the anchor, another's keeps what its workers added
   (its centre minus its old anchor plus the new one). Nothing else happens in that round;
 - otherwise an outer round: each member's pseudo-gradient (centre minus anchor) travels
-  compressed with error feedback (`QuorumGroup.compressed_mean`); every array's mean is in
+  compressed with error feedback (`QuorumGroup.compressed_mean`), its arrays packed into one
+  message per dtype (one all-gather a round for a model of one dtype); every array's mean is in
   before any anchor changes, so a round that breaks (QuorumBroken) changes no anchor,
   momentum or residual on that member, and no centre is half-updated. A mean refused for
   NaN or Inf ends the members that hold it and breaks the round for the others.
@@ -38,7 +39,7 @@ import hashlib
 import logging
 import threading
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -62,6 +63,21 @@ def _sha256(arrays) -> bytes:
         h.update(("%s%s" % (a.dtype.str, a.shape)).encode())
         h.update(np.ascontiguousarray(a).tobytes())
     return h.digest()
+
+
+def _by_dtype(arrays) -> List[List[int]]:
+    """The indices of `arrays` grouped by dtype, first seen first: each group's moves travel
+    packed as one message."""
+    groups: Dict[str, List[int]] = {}
+    for i, a in enumerate(arrays):
+        groups.setdefault(a.dtype.str, []).append(i)
+    return list(groups.values())
+
+
+def _feedback_for(arrays) -> List[ErrorFeedback]:
+    """One ErrorFeedback for each packed message of `arrays`' moves (`_by_dtype`)."""
+    return [ErrorFeedback(sum(arrays[i].size for i in indices), arrays[indices[0]].dtype)
+            for indices in _by_dtype(arrays)]
 
 
 class ElasticTie:
@@ -393,7 +409,7 @@ class ElasticTie:
             means.append(mean)
         self.anchor = means
         self.velocity = [np.zeros_like(a) for a in means]
-        self._feedback = [ErrorFeedback(a.size, a.dtype) for a in means]
+        self._feedback = _feedback_for(means)
         self.round_no = 0
         self._digest = None
         self._set_centre(centre, self.anchor, keep_since=snaps if training else None)
@@ -431,7 +447,7 @@ class ElasticTie:
         old, joiner = self.anchor, self.anchor is None
         self.anchor, self.velocity, self.round_no = arrays[:half], arrays[half:], best
         self._digest = digest
-        self._feedback = [ErrorFeedback(a.size, a.dtype) for a in self.anchor]
+        self._feedback = _feedback_for(self.anchor)
         self.heals += 1
         if joiner:
             self._set_centre(centre, self.anchor)
@@ -460,11 +476,16 @@ class ElasticTie:
         centre, snaps = self._snapshot()
         moves = [s - a for s, a in zip(snaps, self.anchor)]
         residuals = [f.residual.copy() for f in self._feedback]
-        means, sent_total = [], 0
+        means: List[Any] = [None] * len(moves)
+        sent_total = 0
         try:
-            for move, feedback in zip(moves, self._feedback):
-                mean, sent = group.compressed_mean(move, self.codec, feedback, among=members)
-                means.append(mean)
+            for indices, feedback in zip(_by_dtype(moves), self._feedback):
+                packed = np.concatenate([moves[i].reshape(-1) for i in indices])
+                mean, sent = group.compressed_mean(packed, self.codec, feedback, among=members)
+                offset = 0
+                for i in indices:
+                    means[i] = mean[offset:offset + moves[i].size].reshape(moves[i].shape)
+                    offset += moves[i].size
                 sent_total += sent
         except (QuorumBroken, NonFiniteValues) as exc:
             for f, r in zip(self._feedback, residuals):  # as if never sent
