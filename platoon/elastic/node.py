@@ -22,7 +22,7 @@ from .._os.environment import JobEnvironment, worker_environment
 from .._os.process import stop
 from ..errors import PlatoonError
 from ..mpi.compress import CODECS
-from ..mpi.runner import WORKER_STOP_TIMEOUT_S, _say, _Workers, run_controller
+from ..mpi.runner import WORKER_STOP_TIMEOUT_S, _say, _Workers, serve_then_finish
 from ..mpi.tie import CentreTie
 from .tie import FINAL_TIMEOUT_S
 
@@ -94,14 +94,8 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
             # reached at `host` (its store listens on every interface: see StoreServer)
             workers = _Workers(worker_argv, num_workers, LOCAL_HOST, read_fd, reaper_fd, fail,
                                ready_timeout_s, env, num_workers)
-            run_controller(controller, controller_args, link, LOCAL_HOST, None)
-            if not workers.started.is_set():
-                raise PlatoonError("the controller returned before serving its workers")
-            stop(workers.procs, WORKER_STOP_TIMEOUT_S, grace_s=finish_timeout_s, group=False)
-            failed = [p for p in workers.procs if p.returncode != 0]
-            if failed:
-                raise PlatoonError("worker pid %d exited with code %d"
-                                   % (failed[0].pid, failed[0].returncode))
+            serve_then_finish(workers, controller, controller_args, link, LOCAL_HOST, None,
+                              finish_timeout_s)
             link.close()
         except BaseException as exc:
             _say("platoon.elastic: node %s failed: %s: %s" % (name, type(exc).__name__, exc))

@@ -155,6 +155,21 @@ class _Workers:
             self._fail("worker pid %d exited with code %d" % (proc.pid, code))
 
 
+def serve_then_finish(workers: "_Workers", controller, controller_args, link, host: str,
+                      serve_timeout: Optional[float], finish_timeout_s: float) -> None:
+    """A node runner's middle (platoon.mpi's and an elastic node's): run its controller with
+    `link` until the job ends, then stop `workers` still running `finish_timeout_s` later;
+    PlatoonError when the controller never served them or one exited non-zero."""
+    run_controller(controller, controller_args, link, host, serve_timeout)
+    if not workers.started.is_set():
+        raise PlatoonError("the controller returned before serving its workers")
+    stop(workers.procs, WORKER_STOP_TIMEOUT_S, grace_s=finish_timeout_s, group=False)
+    failed = [p for p in workers.procs if p.returncode != 0]
+    if failed:
+        raise PlatoonError("worker pid %d exited with code %d"
+                           % (failed[0].pid, failed[0].returncode))
+
+
 def workers_on_this_host(comm, num_workers):
     """The workers of every rank of `comm` on this machine (MPI's shared-memory split: the
     ranks of a node that share it), among whom its cores are divided. Collective."""
@@ -229,14 +244,8 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
 
         workers = _Workers(worker_argv, num_workers, host, read_fd, reaper_fd, fail,
                            ready_timeout_s, env, host_workers)
-        run_controller(controller, controller_args, link, host, serve_timeout)
-        if not workers.started.is_set():
-            raise PlatoonError("the controller returned before serving its workers")
-        stop(workers.procs, WORKER_STOP_TIMEOUT_S, grace_s=finish_timeout_s, group=False)
-        failed = [p for p in workers.procs if p.returncode != 0]
-        if failed:
-            raise PlatoonError("worker pid %d exited with code %d"
-                               % (failed[0].pid, failed[0].returncode))
+        serve_then_finish(workers, controller, controller_args, link, host, serve_timeout,
+                          finish_timeout_s)
         link.close()
         summary = link.tie_summary()
         if summary is not None:  # on the terminal, by hand too (the log says it at INFO only)
