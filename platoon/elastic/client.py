@@ -50,6 +50,7 @@ class LighthouseClient:
         self.incarnation = secrets.token_hex(8)  # this process's claim on `name`
         self.name_taken = False  # another live process holds `name` (the lighthouse says)
         self._signed_at: Optional[float] = None  # the last signed reply (None: none yet)
+        self._refused_since: Optional[float] = None  # the first refusal since it
         self._warnings = ThrottledLog(log)
         self._context = zmq.Context()
         self._cond = threading.Condition()
@@ -141,19 +142,21 @@ class LighthouseClient:
         class's doc): the caller then reconnects."""
         with self._cond:
             error, now = answer["error"], time.monotonic()
-            if error is not None and self._signed_at is not None \
-                    and now - self._signed_at < self.refused_for_s:
-                self.reachable = False
-                self._warnings.warning(
-                    "refusal", "node %s: a reply from %s failed its check (%s): not the job's "
-                    "lighthouse (another process on its port?); taken as unreachable for up to "
-                    "%.3g s after the last signed reply", self.name, self.lighthouse, error,
-                    self.refused_for_s)
-                return False
+            if error is not None and self._signed_at is not None:
+                if self._refused_since is None:
+                    self._refused_since = now
+                if now - self._refused_since < self.refused_for_s:
+                    self.reachable = False
+                    self._warnings.warning(
+                        "refusal", "node %s: a reply from %s failed its check (%s): not the "
+                        "job's lighthouse (another process on its port?); taken as "
+                        "unreachable unless such replies last %.3g s", self.name,
+                        self.lighthouse, error, self.refused_for_s)
+                    return False
             self.reachable = True
             self._refused = error
             if error is None:
-                self._signed_at = now
+                self._signed_at, self._refused_since = now, None
                 self.name_taken = bool(answer.get("taken"))
                 if self.name_taken:
                     self._warnings.warning(
