@@ -65,7 +65,7 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
     read_fd, write_fd = os.pipe()
     # the workers are no MPI or torchrun ranks (one node per host under srun or mpiexec)
     env = worker_environment(os.environ, ("ready_fd", "mpi_node", "checkpoint_path",
-                                               "status_file"))
+                                          "status_file"))
     env.update(JobEnvironment(job_id=job_id, num_workers=num_workers,
                               elastic_node=name).to_env())
     # mpi_node=1: a node runner's controller (a --controller script's too) takes the node link
