@@ -454,10 +454,12 @@ class Controller:
                                 "worker(s) registered, %d done: serve() returns",
                                 len(self._registry), len(self.departed_workers()))
                     return
-                wake = time.monotonic() + (_FINAL_POLL_S if requests.awaiting_final
-                                           else self.liveness_interval_s)
+                wake = time.monotonic() + (
+                    _FINAL_POLL_S if requests.awaiting_final or self._rendezvous.deciding
+                    else self.liveness_interval_s)
                 requests.serve_next(wake if deadline is None else min(wake, deadline))
                 requests.answer_final()
+                self._rendezvous.poll_initial_centre()
                 self._raise_thread_failure()
                 now = time.monotonic()
                 if now >= self._next_tick:

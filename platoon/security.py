@@ -40,9 +40,10 @@ def generate_keys(path):
     return path
 
 
-def read_private_file(path, what="keys"):
-    """The bytes of `path`, a file of secrets (`what` names it in errors); raises
-    PlatoonError if it is unreadable, a link, another user's, or others can read it."""
+def read_private_file(path, what="keys", source="the keys your launcher made"):
+    """The bytes of `path`, a file of secrets (`what` names it in errors, `source` where a
+    good one comes from); raises PlatoonError if it is unreadable, a link, another user's, or
+    others can read it."""
     try:
         with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:  # never via a link
             info = os.fstat(f.fileno())
@@ -50,8 +51,8 @@ def read_private_file(path, what="keys"):
     except OSError as exc:
         raise PlatoonError("cannot read the job's %s from %s (%s)" % (what, path, exc)) from None
     if info.st_uid != os.getuid():
-        raise PlatoonError("%s file %s belongs to uid %d, not to you (uid %d): use %s "
-                           "your launcher made" % (what, path, info.st_uid, os.getuid(), what))
+        raise PlatoonError("%s file %s belongs to uid %d, not to you (uid %d): use %s"
+                           % (what, path, info.st_uid, os.getuid(), source))
     mode = info.st_mode
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise PlatoonError("%s file %s is readable by other users; run chmod 600 on it"

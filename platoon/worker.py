@@ -59,7 +59,9 @@ class Worker:
     device the launcher pinned this worker to ("cuda0", "cpu"; "cpu" when run
     by hand), a `platoon.device.Device`: a str whose `local` is its name inside
     the process ("cuda:0": a pinned GPU is the only one the process sees) and
-    `torch` the torch.device, as in ``model.to(w.device.local)``.
+    `torch` the torch.device, as in ``model.to(w.device.local)``. `elastic_node` is
+    its node's name in an elastic job (``python -m platoon.elastic.node``: its stable
+    slot, by which it picks its data), else None.
 
     Parameters:
         control_port: the controller's control port or endpoint string (None: the
@@ -206,11 +208,13 @@ class Worker:
         other nodes train: the job's collective timeout bounds it) for the tie's final
         round, which makes every node's centre the same, and node 0's evaluates it, once;
         its node prints the result and the launcher's summary shows it. Without a tie each
-        node evaluates its own centre.
+        node evaluates its own centre. In an elastic job it waits likewise, until every
+        node of the quorum is done (its node bounds that wait: ``--final-timeout-s``).
         Raises TypeError when `evaluate` returns something else than a dict, and as
         `send_req`.
         """
-        wait_s = None if timeout_s is _DEFAULT and self.num_nodes > 1 else timeout_s
+        wait_s = None if timeout_s is _DEFAULT and (
+            self.num_nodes > 1 or self.elastic_node is not None) else timeout_s
         reply = self.send_req(protocol.TRAINED, {}, timeout_s=wait_s)
         if not (isinstance(reply, dict) and reply.get("evaluate")):
             return None
@@ -342,6 +346,7 @@ class Worker:
         self.global_size = info.get("global_size", self.local_size)
         self.node_rank = info.get("node_rank", 0)
         self.num_nodes = info.get("num_nodes", 1)
+        self.elastic_node: Optional[str] = info.get("elastic_node")
 
     @renamed_keywords(timeout="timeout_s")
     @_while_open
@@ -406,7 +411,7 @@ class Worker:
         if self._res.centre is not None:  # left by an earlier attempt that failed
             self._res.centre.close()
             self._res.centre = None
-        exchange = share(self.send_req, adapter, param_sync_rule, self._res,
+        exchange = share(self._init_request, adapter, param_sync_rule, self._res,
                          cast(int, self.worker_id), self.timeout_s, names=names)
         self.is_first = exchange.first
         param_sync_rule.attach(self)  # rules with shared state (Downpour's optimizer)
@@ -415,6 +420,13 @@ class Worker:
         self._local = adapter.arrays
         self._rule = param_sync_rule
         self._exchange = exchange
+
+    def _init_request(self, req: Any, info: Any = None) -> Any:
+        # An elastic node answers platoon-init-params once its tie has decided whether a live
+        # peer gives the centre's first values: the node bounds that wait, not the worker.
+        wait_s = None if req == protocol.INIT_PARAMS and self.elastic_node is not None \
+            else _DEFAULT
+        return self.send_req(req, info, timeout_s=wait_s)
 
     @property
     def shared_params(self) -> Optional[List[np.ndarray]]:

@@ -89,6 +89,24 @@ def test_accelerates_own_multi_process_mode_is_refused():
         LocalSGD(types.SimpleNamespace(num_processes=1), None, 0)
 
 
+def test_each_worker_of_an_elastic_job_gets_its_own_directory_and_seed():
+    """Both integrations place a worker's files and offset its seed by `worker_slot`: in an
+    elastic job two one-worker nodes both have global rank 0 of 1, yet get different
+    directories and seeds (from their node names); a fixed world keeps workerK and K."""
+    from platoon.integrations._core import worker_slot
+
+    def worker(rank, size, node=None):
+        return types.SimpleNamespace(global_rank=rank, global_size=size, local_rank=rank,
+                                     elastic_node=node)
+
+    a, b = worker_slot(worker(0, 1, "a")), worker_slot(worker(0, 1, "b"))
+    assert (a[0], b[0]) == (os.path.join("a", "worker0"), os.path.join("b", "worker0"))
+    assert a[1] != b[1] and worker_slot(worker(1, 2, "a"))[1] not in (a[1], b[1])
+    assert worker_slot(worker(0, 1, "a")) == a  # stable: a restarted node keeps its slot
+    assert worker_slot(worker(1, 2)) == ("worker1", 1)
+    assert worker_slot(worker(0, 1)) is None  # a job of one worker: as without platoon
+
+
 def test_disabled_it_makes_no_worker_and_only_counts():
     """enabled=False, as Accelerate's: no worker is made (none could register: there is no
     controller), step() counts its calls, leaving the block does nothing more."""

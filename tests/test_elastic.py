@@ -5,6 +5,7 @@ Real processes on 127.0.0.1: a lighthouse (python -m platoon.elastic.lighthouse)
 """
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -17,7 +18,7 @@ from conftest import PROCS, Proc, platoon_segments
 from platoon.elastic import MembershipSettings, Quorum, generate_secret, load_secret, wire
 from platoon.elastic.lighthouse import Lighthouse
 from platoon.elastic.quorum import Membership
-from platoon.errors import PlatoonError, QuorumBroken
+from platoon.errors import NonFiniteValues, PlatoonError, QuorumBroken, QuorumTimeout
 
 NODE = os.path.join(PROCS, "elastic_node.py")
 WORKER = os.path.join(PROCS, "elastic_worker.py")
@@ -25,6 +26,9 @@ TIMEOUT_S = 1.0  # the lighthouse's heartbeat timeout in these tests
 GRACE_S = 0.3
 SLACK_S = 3.0  # scheduling on a loaded machine: python startup, 100 ms heartbeats, ticks
 QUORUM = r"lighthouse: quorum (\d+): (.*)$"
+# what srun or mpiexec gives a node started one per host
+MPI_RANK_VARIABLES = {"PMI_RANK": "1", "PMI_SIZE": "3", "OMPI_COMM_WORLD_SIZE": "3",
+                      "RANK": "1", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1"}
 
 
 # --- pure logic ---------------------------------------------------------------------------
@@ -74,11 +78,97 @@ def test_a_client_reporting_its_group_broken_gets_both_members_a_new_quorum():
         try:
             with LighthouseClient(lighthouse.address, "a", "h:1", secret=secret) as a, \
                     LighthouseClient(lighthouse.address, "b", "h:2", secret=secret) as b:
-                first = a.wait_for_quorum(timeout=10)
+                first = a.wait_for_quorum(timeout_s=10)
                 a.report_broken(first.id)
-                second = b.wait_for_quorum(timeout=10, newer_than=first.id)
+                second = b.wait_for_quorum(timeout_s=10, newer_than=first.id)
                 assert second.members == first.members == ("a", "b")
-                assert a.wait_for_quorum(timeout=10, newer_than=first.id) == second
+                assert a.wait_for_quorum(timeout_s=10, newer_than=first.id) == second
+        finally:
+            stopping.set()
+            serving.join(10)
+
+
+def test_a_registered_node_outlives_a_false_lighthouse_on_its_port():
+    """Once registered, a node takes a reply that fails its check (here another process bound
+    the lighthouse's port while it is down and answers refusals) for an unreachable
+    lighthouse: it keeps its quorum, and raises ElasticAuthError only once such replies have
+    lasted refused_for_s."""
+    import threading
+
+    import zmq
+
+    from platoon.elastic import LighthouseClient
+    from platoon.errors import ElasticAuthError
+    secret, stopping = b"s" * 32, threading.Event()
+    settings = MembershipSettings(min_nodes=1, heartbeat_timeout_s=5.0, join_grace_s=0.05)
+    with Lighthouse(settings, "127.0.0.1:0", secret) as lighthouse:
+        serving = threading.Thread(target=lighthouse.serve, args=(stopping.is_set,))
+        serving.start()
+        client = LighthouseClient(lighthouse.address, "a", "h:1", secret=secret,
+                                  heartbeat_interval_s=0.05, request_timeout_s=0.2,
+                                  refused_for_s=2.0)
+        try:
+            first = client.wait_for_quorum(timeout_s=10)
+        finally:
+            stopping.set()
+            serving.join(10)
+    context = zmq.Context()
+    false = context.socket(zmq.REP)
+    false.linger = 0
+    try:
+        false.bind("tcp://" + lighthouse.address)
+        answered = 0
+        while answered < 2:  # at least one after a new connection
+            assert false.poll(5000), "the node sent nothing to the false lighthouse"
+            false.recv_multipart()
+            false.send_multipart(list(wire.refusal("x")))
+            answered += 1
+        assert client.current_quorum() == first and not client.reachable
+        with pytest.raises(ElasticAuthError, match="the lighthouse at .* refused it: x"):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                if false.poll(100):
+                    false.recv_multipart()
+                    false.send_multipart(list(wire.refusal("x")))
+                client.current_quorum()
+    finally:
+        client.close()
+        false.close(linger=0)
+        context.term()
+
+
+def test_a_second_process_under_a_live_nodes_name_waits_until_the_first_is_gone():
+    """Two processes heartbeat as node c (two nodes given one --name): the second is refused
+    while the first is live (no quorum flapping between their addresses), and taken in once
+    the first leaves or times out (a node restarted under its name)."""
+    m = Membership(MembershipSettings(min_nodes=1, heartbeat_timeout_s=1.0, join_grace_s=0.0))
+    assert m.heartbeat("c", "h:1", 0, now=0.0, incarnation="first")
+    first = m.tick(0.1)
+    assert not m.heartbeat("c", "h:2", 0, now=0.2, incarnation="second")
+    m.leave("c", incarnation="second")  # not its name to give up
+    assert m.tick(0.3) is None and m.quorum.addresses == ("h:1",)
+    assert m.heartbeat("c", "h:2", 0, now=1.5, incarnation="second")  # the first timed out
+    assert m.tick(1.6) == Quorum(first.id + 1, ("c",), ("h:2",))
+    import threading
+
+    from platoon.elastic import LighthouseClient
+    secret, stopping = b"s" * 32, threading.Event()
+    settings = MembershipSettings(min_nodes=1, heartbeat_timeout_s=5.0, join_grace_s=0.05)
+    with Lighthouse(settings, "127.0.0.1:0", secret) as lighthouse:
+        serving = threading.Thread(target=lighthouse.serve, args=(stopping.is_set,))
+        serving.start()
+        try:
+            with LighthouseClient(lighthouse.address, "c", "h:1", secret=secret) as one:
+                assert one.wait_for_quorum(timeout_s=10).addresses == ("h:1",)
+                with LighthouseClient(lighthouse.address, "c", "h:2", secret=secret) as two:
+                    deadline = time.monotonic() + 10
+                    while not two.name_taken:
+                        assert time.monotonic() < deadline
+                        time.sleep(0.01)
+                    assert two.current_quorum() is None  # it is told of no quorum
+                    one.close()  # leaves: the name is free
+                    assert two.wait_for_quorum(timeout_s=10).addresses == ("h:2",)
+                    assert not two.name_taken
         finally:
             stopping.set()
             serving.join(10)
@@ -103,7 +193,7 @@ def test_secret_file_must_exist_be_private_and_long(tmp_path, monkeypatch):
     short = tmp_path / "short"
     short.write_text("abc")
     os.chmod(short, 0o600)
-    with pytest.raises(PlatoonError, match="holds 3 bytes; use at least 16"):
+    with pytest.raises(PlatoonError, match="holds 3 characters; use at least 16, random"):
         load_secret(str(short))
 
 
@@ -125,6 +215,10 @@ def test_a_replayed_or_forged_request_changes_nothing():
             assert not replayed["done"]
         forged, _, _ = send(b"p3", "", key=other)
         assert "signature does not match the lighthouse's secret" in forged["error"]
+        long_body = b"x" * (wire.MAX_BODY + 1)  # said as too long, not as a bad signature
+        assert wire.read_request(secret, long_body, wire.request(secret, "leave", "a", "h:1", 0,
+                                                                  "")[1]) \
+            == (None, "request of 4097 bytes, over the limit of 4096")
         assert lighthouse.membership.live(1.0) == []
 
 
@@ -135,6 +229,347 @@ def test_the_lighthouse_and_the_client_load_no_torch():
             "print(sorted(m for m in ('torch', 'mpi4py') if m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=30).stdout.strip() == "[]"
+
+
+# --- the elastic tie's decisions, in-process (a stand-in centre, group and lighthouse) -------
+class _Lock:
+    """The centre's lock; `after_release()` runs once, at the next release (a worker's sync
+    that was waiting for the lock lands then)."""
+
+    def __init__(self):
+        self.after_release = None
+
+    def acquire(self, timeout_s=None):
+        return True
+
+    def release(self):
+        hook, self.after_release = self.after_release, None
+        if hook is not None:
+            hook()
+
+
+class _Centre:
+    def __init__(self, values):
+        self.arrays = [np.array(values, np.float32)]
+        self.layout = [("float32", (len(values),))]
+        self.lock = _Lock()
+
+
+class _Controller:
+    def __init__(self, values):
+        self.shared_centre, self.centre_ready = _Centre(values), True
+
+
+class _Group:
+    """A quorum's group as this member sees it: `mean(move, among)` makes each round's mean,
+    `raises` (if set) is what every collective raises."""
+
+    def __init__(self, rank, size, mean=None, raises=None, payload=None, rows=None):
+        names = tuple("abcdefgh"[:size])
+        self.quorum = Quorum(7, names, tuple("h:%d" % i for i in range(size)), "n0nce")
+        self.rank, self.size, self.mean, self.raises = rank, size, mean, raises
+        self.payload, self.rows = payload, rows  # rows(own message): what the all-gather gives
+
+    def all_gather_bytes(self, message):
+        return self.rows(np.array(message, np.uint8))
+
+    def compressed_mean(self, array, codec, feedback=None, out=None, among=None):
+        if self.raises is not None:
+            raise self.raises
+        return self.mean(np.array(array, np.float32), among), 0
+
+    def broadcast_bytes(self, message, root):
+        return message if self.rank == root else self.payload
+
+    def close(self):
+        pass
+
+
+class _NoLighthouse:
+    """A lighthouse client that never hears of a quorum (it signs as the real one, with the
+    secret b"s" * 32)."""
+
+    secret = b"s" * 32
+
+    def sign_header(self, quorum, rank, header):
+        from platoon.elastic.secret import sign_header
+        return sign_header(self.secret, quorum.id, quorum.nonce, rank, header)
+
+    def header_signed(self, quorum, rank, header, mac):
+        return self.sign_header(quorum, rank, header) == mac
+
+    def wait_for_quorum(self, timeout_s=None, newer_than=0):
+        time.sleep(min(timeout_s or 0.05, 0.05))
+        raise QuorumTimeout("no quorum (test)")
+
+    def current_quorum(self):
+        return None
+
+    def report_broken(self, quorum_id):
+        pass
+
+    def close(self):
+        pass
+
+
+def _tie(values, anchor, *, running=False, **settings):
+    """An ElasticTie (float32 moves, DiLoCo lr 0.7, momentum 0.9) over a stand-in centre
+    holding `values`, its anchor `anchor` (round 3); its thread ended at once unless
+    `running` (then its lighthouse never forms a quorum)."""
+    from platoon.elastic.tie import ElasticTie
+    from platoon.mpi import CentreTie
+    from platoon.mpi.compress import ErrorFeedback
+    ctl = _Controller(values)
+    if not running:
+        ctl.shared_centre = None  # the thread waits for it: halted, it ends at once
+    failures = []
+    tie = ElasticTie(CentreTie(0.05, outer="diloco", compress="float32"), _NoLighthouse, "a",
+                     ctl, 1.0, failures.append, **settings)
+    if not running:
+        assert tie.halt(5)
+        tie._halt.clear(), tie._done.clear()
+        ctl.shared_centre = _Centre(values)
+        tie.client = _NoLighthouse()
+    tie.anchor = [np.array(anchor, np.float32)]
+    tie.velocity = [np.zeros(len(anchor), np.float32)]
+    tie._feedback = [ErrorFeedback(len(anchor), np.dtype(np.float32))]
+    tie.round_no = 3
+    return tie, ctl.shared_centre, failures
+
+
+def _sha256(arrays):
+    from platoon.elastic.tie import _sha256
+    return _sha256(arrays)
+
+
+def _stepped(anchor, mean):
+    """The anchor after DiLoCo's outer step (lr 0.7, momentum 0.9, fresh momentum)."""
+    from platoon.mpi.tie import outer_step
+    anchor = np.array(anchor, np.float32)
+    outer_step(anchor, np.zeros_like(anchor), np.array(mean, np.float32), 0.7, 0.9)
+    return anchor
+
+
+def test_a_last_sync_landing_during_a_round_is_kept_and_handed_over_in_the_next():
+    """The workers' last sync lands just after the round's snapshot, and the node is done
+    before the round ends: that sync is neither erased nor taken for handed over; the next
+    round sends it."""
+    tie, centre, _ = _tie([1.0, 1.0], [0.0, 0.0])
+    group = _Group(0, 1, mean=lambda move, among: move)
+
+    def last_sync():
+        centre.arrays[0] += 2.0
+        tie.node_done()
+
+    centre.lock.after_release = last_sync  # right after the snapshot
+    tie._outer_round(group, [0])
+    first = _stepped([0.0, 0.0], [1.0, 1.0])
+    np.testing.assert_allclose(tie.anchor[0], first)
+    np.testing.assert_allclose(centre.arrays[0], first + 2.0)  # the last sync kept
+    assert not tie._handed_over  # its last move is not in any mean yet
+    tie._outer_round(group, [0])
+    assert tie._handed_over
+    np.testing.assert_allclose(centre.arrays[0], tie.anchor[0])  # done: the centre is the anchor
+    assert not np.allclose(tie.anchor[0], first)  # the last sync moved it
+
+
+def test_a_rounds_moves_travel_as_one_message_per_dtype():
+    """The moves of every centre array of one dtype go in one compressed mean (one all-gather
+    a round, not one per array); each array's anchor steps by its own part of the mean."""
+    from platoon.elastic.tie import _feedback_for
+    tie, centre, _ = _tie([1.0, 1.0], [0.0, 0.0])
+    centre.arrays = [np.full(2, 1.0, np.float32), np.full((2, 3), 2.0, np.float32),
+                     np.full(4, 3.0, np.float32)]
+    tie.anchor = [np.zeros_like(a) for a in centre.arrays]
+    tie.velocity = [np.zeros_like(a) for a in centre.arrays]
+    tie._feedback = _feedback_for(tie.anchor)
+    calls = []
+
+    def mean(move, among):
+        calls.append(move.size)
+        return move
+
+    tie._outer_round(_Group(0, 1, mean=mean), [0])
+    assert calls == [2 + 6 + 4]
+    for anchor, value in zip(tie.anchor, (1.0, 2.0, 3.0)):
+        np.testing.assert_allclose(anchor, _stepped(np.zeros(anchor.shape), value))
+
+
+def test_repairing_an_anchor_keeps_a_sync_landing_during_the_repair():
+    """A member whose anchor differs is repaired: its centre becomes the new anchor plus its
+    workers' work since the old one, including a sync landing during the repair."""
+    tie, centre, _ = _tie([1.0, 1.0], [0.0, 0.0])  # its workers moved it by 1
+    new_anchor, new_velocity = np.array([5.0, 5.0], np.float32), np.zeros(2, np.float32)
+    payload = np.frombuffer(new_anchor.tobytes() + new_velocity.tobytes(), np.uint8)
+    group = _Group(1, 2, payload=payload)
+
+    def sync():
+        centre.arrays[0] += 2.0
+
+    centre.lock.after_release = sync
+    tie._heal(group, 0, 4, [1], _sha256([new_anchor, new_velocity]))
+    np.testing.assert_allclose(tie.anchor[0], new_anchor)
+    np.testing.assert_allclose(centre.arrays[0], new_anchor + 1.0 + 2.0)
+
+
+def test_a_header_not_signed_with_the_jobs_secret_breaks_the_round_before_anything_applies():
+    """Rank 1's header is signed with another secret (a process in a member's place in the
+    group, which it found under the quorum's prefix): the round breaks on rank 0 before any
+    decision, its anchor untouched; and an anchor received in a heal that does not match the
+    source's signed sha256 is refused likewise."""
+    from platoon.elastic.secret import sign_header
+    tie, centre, _ = _tie([1.0, 1.0], [0.0, 0.0])
+
+    def forged(own):  # rank 1 claims a far newer anchor, signed with the wrong secret
+        body = own[:-32].copy()
+        body[24:32] = np.frombuffer(np.int64(10 ** 6).tobytes(), np.uint8)  # round_no
+        mac = sign_header(b"o" * 32, 7, "n0nce", 1, body.tobytes())
+        return np.stack([own, np.concatenate([body, np.frombuffer(mac, np.uint8)])])
+
+    with pytest.raises(QuorumBroken, match=r"node a \(rank 0 of quorum 7: a, b\): the round "
+                                           r"header of rank 1 \(b\) is not signed with the "
+                                           r"job's secret"):
+        tie._group = _Group(0, 2, rows=forged)
+        tie._round()
+    assert tie.round_no == 3 and (tie.anchor[0] == 0.0).all()
+    assert (centre.arrays[0] == 1.0).all()
+    bad = np.frombuffer(np.full(2, 9.0, np.float32).tobytes() + bytes(8), np.uint8)
+    with pytest.raises(QuorumBroken, match=r"the anchor received from rank 0 \(a\) does not "
+                                           r"match the sha256 in its signed header"):
+        tie._heal(_Group(1, 2, payload=bad), 0, 4, [1],
+                  _sha256([np.full(2, 5.0, np.float32), np.zeros(2, np.float32)]))
+    assert tie.round_no == 3 and (tie.anchor[0] == 0.0).all()
+
+
+def test_each_quorum_meets_under_its_own_random_prefix():
+    """The lighthouse gives each quorum a random nonce (signed in its reply), and its group
+    meets under a store prefix holding it: unguessable without the secret, and two quorums of
+    one id (a lighthouse restarted before any node reported) never share a group."""
+    from platoon.elastic.dataplane import store_prefix
+    quorums = []
+    for _ in range(2):  # a lighthouse, then another started afresh
+        m = Membership(MembershipSettings(min_nodes=1, join_grace_s=0.0))
+        m.heartbeat("a", "h:1", 0, now=0.0)
+        quorums.append(m.tick(0.1))
+    first, again = quorums
+    assert first.id == again.id == 1 and len(first.nonce) == 32
+    assert store_prefix(first) != store_prefix(again)
+    assert store_prefix(first) == "platoon/quorum/1/%s/" % first.nonce
+    assert Quorum.from_wire(first.to_wire()).nonce == first.nonce
+
+
+def test_nan_on_one_member_ends_that_member_and_breaks_the_round_for_the_others():
+    """A round whose mean is refused for NaN or Inf on rank 1: rank 1 fails (its tie ends its
+    node); the others drop the round as broken (they go on without it) and keep their
+    error-feedback residuals."""
+    refusal = NonFiniteValues("rank(s) [1] of 2 hold NaN or Inf", [1])
+    healthy, _, _ = _tie([1.0, 1.0], [0.0, 0.0])
+    healthy._feedback[0].residual[...] = 0.25
+    with pytest.raises(QuorumBroken, match=r"the centre of node\(s\) b \(rank\(s\) 1 of "
+                                           r"quorum 7: a, b\) holds NaN or Inf"):
+        healthy._outer_round(_Group(0, 2, raises=refusal), [0, 1])
+    assert (healthy._feedback[0].residual == 0.25).all() and healthy.round_no == 3
+    diverged, _, _ = _tie([np.nan, 1.0], [0.0, 0.0])
+    with pytest.raises(NonFiniteValues):
+        diverged._outer_round(_Group(1, 2, raises=refusal), [0, 1])
+
+
+def test_an_elastic_workers_final_evaluation_waits_past_its_timeout_for_the_final_round(
+        serve):
+    """An elastic node's last worker waits for the final round, which comes once the other
+    nodes are done (here 1 s after this one), however short its own timeout."""
+    from platoon import EASGD, Controller, Worker
+    from platoon.elastic.link import ElasticLink
+    from platoon.mpi import CentreTie
+
+    class SlowFinal(ElasticLink):  # the other nodes finish 1 s after this one
+        done_at = None
+
+        def start(self, controller):
+            pass
+
+        def trained(self):
+            self.done_at = time.monotonic()
+            return True
+
+        def final_centre(self):
+            return None if time.monotonic() < self.done_at + 1.0 else True
+
+        def finish(self):
+            pass
+
+    link = SlowFinal(1, None, "a", CentreTie(1.0, outer="diloco"), 5.0, print)
+    ctl = Controller(control_port=0, num_workers=1, node_link=link)
+    serve(ctl)
+    with Worker(ctl.control_port, timeout_s=0.3) as w:
+        assert w.elastic_node == "a"
+        w.init_shared_params([np.zeros(3, np.float32)], EASGD(0.5))
+        assert w.final_evaluation(lambda: {"loss": 1.5}) == {"loss": 1.5}
+
+
+def test_a_done_node_whose_group_makes_no_round_gives_up_the_final_round_in_time():
+    """Node a is done (handed over), and then no quorum comes (its peer died, too few nodes
+    for --min-nodes): after final_timeout_s without a round it ends, keeping its centre (the
+    last anchor), and does not evaluate it as the agreed one."""
+    from platoon.elastic.link import ElasticLink
+    from platoon.mpi import CentreTie
+    tie, centre, failures = _tie([2.0, 2.0], [2.0, 2.0], running=True, final_timeout_s=0.3)
+    tie._handed_over = True
+    link = ElasticLink(1, None, "a", CentreTie(1.0, outer="diloco"), 1.0, print)
+    link._tie_thread = tie
+    started = time.monotonic()
+    link.finish()  # returns: the node saves its centre and ends
+    assert 0.3 <= time.monotonic() - started < 0.3 + SLACK_S
+    assert tie.gave_up and tie.final.is_set() and not failures
+    assert link.final_centre() is False  # not the agreed centre: no one evaluates it
+    np.testing.assert_array_equal(centre.arrays[0], [2.0, 2.0])
+    assert "no final round within 0.3 s: it kept its own centre" in tie.summary()
+
+
+def test_a_node_serves_on_while_its_tie_decides_where_the_centre_starts(serve):
+    """A node's first init_shared_params waits for its tie to decide whether a live peer
+    gives the centre's first values (here none comes: no quorum, 1 s): meanwhile its
+    controller serves (another worker registers within its 0.3 s timeout), and the waiting
+    worker, however short its own timeout, is answered once the tie has decided."""
+    import threading
+
+    from platoon import EASGD, Controller, Worker
+    from platoon.elastic.link import ElasticLink
+    from platoon.mpi import CentreTie
+    failures, outcome = [], {}
+    link = ElasticLink(2, _NoLighthouse, "a", CentreTie(0.05, outer="diloco",
+                                                        compress="float32"),
+                       0.5, failures.append, final_timeout_s=0.3)
+    ctl = Controller(control_port=0, num_workers=2, node_link=link)
+    serve(ctl)
+
+    def first_worker():
+        try:
+            with Worker(ctl.control_port, timeout_s=0.3) as w:
+                started = time.monotonic()
+                w.init_shared_params([np.full(3, 7.0, np.float32)], EASGD(0.5))
+                outcome["first"] = (w.is_first, time.monotonic() - started)
+        except Exception as exc:
+            outcome["error"] = exc
+
+    waiting = threading.Thread(target=first_worker)
+    waiting.start()
+    try:
+        deadline = time.monotonic() + 10
+        while link.tie_thread is None or not link.tie_thread._awaiting.is_set():
+            assert time.monotonic() < deadline and waiting.is_alive(), outcome
+            time.sleep(0.01)
+        with Worker(ctl.control_port, timeout_s=0.3) as other:  # registered meanwhile
+            waiting.join(10)
+            assert "error" not in outcome, outcome["error"]
+            is_first, took = outcome["first"]
+            assert is_first and took >= 0.9  # its workers write the first values
+            params = [np.zeros(3, np.float32)]
+            other.init_shared_params(params, EASGD(0.5))
+            assert not other.is_first and (params[0] == 7.0).all()
+    finally:
+        waiting.join(10)
+    assert not failures
 
 
 # --- real processes ---------------------------------------------------------------------------
@@ -159,7 +594,7 @@ def job(tmp_path):
         def lighthouse(self, min_nodes, port=0, host="127.0.0.1", netns=None):
             proc = Proc(_in_netns(netns) + [
                 "-m", "platoon.elastic.lighthouse", "--min-nodes", str(min_nodes),
-                "--heartbeat-timeout", str(TIMEOUT_S), "--join-grace", str(GRACE_S),
+                "--heartbeat-timeout-s", str(TIMEOUT_S), "--join-grace-s", str(GRACE_S),
                 "--bind", "%s:%d" % (host, port)], env=env)
             started.append(proc)
             match, _ = proc.wait_for_match(r"lighthouse: serving on tcp://(\S+) ")
@@ -175,9 +610,11 @@ def job(tmp_path):
 
         def runner(self, name, *worker_args, checkpoint=None, host="127.0.0.1", netns=None):
             """python -m platoon.elastic.node with one worker of elastic_worker.py (in network
-            namespace `netns`, on its address `host`, if given)."""
-            node_env = dict(env, PLATOON_CHECKPOINT_PATH=str(checkpoint)) if checkpoint \
-                else env
+            namespace `netns`, on its address `host`, if given), started as if by srun or
+            mpiexec (MPI's and torchrun's rank variables set: its workers must not see them)."""
+            node_env = dict(env, **MPI_RANK_VARIABLES)
+            if checkpoint:
+                node_env["PLATOON_CHECKPOINT_PATH"] = str(checkpoint)
             proc = Proc(_in_netns(netns) + [
                 "-m", "platoon.elastic.node", "--join", self.address, "--name", name,
                 "--host", host, "--tie-every-s", "0.2", "--tie-timeout-s", "3", "--", WORKER]
@@ -219,9 +656,9 @@ def test_a_killed_node_is_out_within_the_timeout(job):
     first, index = quorum_of(lighthouse, ["a", "b", "c"])
     killed_at = time.monotonic()
     nodes["b"].kill()
-    second, _ = quorum_of(lighthouse, ["a", "c"], index + 1, timeout=TIMEOUT_S + SLACK_S)
-    took = time.monotonic() - killed_at
-    assert second > first and took < TIMEOUT_S + GRACE_S + SLACK_S
+    second, _ = quorum_of(lighthouse, ["a", "c"], index + 1, timeout=3 * (TIMEOUT_S + SLACK_S))
+    took = time.monotonic() - killed_at  # waited past the bound: the assertion says by how much
+    assert second > first and took < TIMEOUT_S + GRACE_S + SLACK_S, took
     nodes["a"].wait_for_line("quorum %d: a c" % second, timeout=5)
 
 
@@ -261,10 +698,13 @@ def test_a_node_without_the_secret_is_refused_and_changes_nothing(job, tmp_path)
     assert "signature does not match the lighthouse's secret" in line
     assert intruder.wait(timeout=5) == 3
     lighthouse.wait_for_line("lighthouse: refused a request", timeout=5)
-    job.node("c")  # the next quorum is a, b, c: none between held x
+    job.node("c")  # no quorum holds x (a starved heartbeat may add one of a, b meanwhile)
     second, last = quorum_of(lighthouse, ["a", "b", "c"], index + 1)
-    assert second == first + 1
-    assert [line for line in lighthouse.lines[index + 1:last] if "quorum" in line] == []
+    assert second > first
+    between = [line for line in lighthouse.lines[index + 1:last + 1]
+               if line and re.search(QUORUM, line)]
+    assert between and not [line for line in between
+                            if "x" in re.search(QUORUM, line).group(2).split(", ")], between
 
 
 def test_gloo_data_plane_averages_int8_and_rebuilds_after_a_kill(job):
@@ -366,9 +806,15 @@ def test_nodes_survive_a_kill_take_the_node_back_healed_and_end_on_one_saved_cen
     assert np.isfinite(centres[0]).all()
     true_w = np.arange(256) / 256
     dists = [float(line.split()[1]) for n in (nodes["a"], nodes["b"], again)
-             for line in n.lines if line and line.startswith("DIST")]
-    assert np.linalg.norm(centres[0] - true_w) <= 2 * max(dists) + 1e-3, dists
+             for line in n.lines if line and line.startswith("DIST ")]
+    # Trained: from about 16 at the start (N(0, 1) weights) to within 0.05. The agreed centre
+    # (the DiLoCo anchor after the last handover) lags the workers' own weights in this short
+    # run: 0.007-0.012 against their 0.002 here, as at the base commit; no tighter bound
+    # holds whatever the number of rounds before the stop.
+    assert np.linalg.norm(centres[0] - true_w) < 0.05, dists
     assert not [s for s in platoon_segments() if c_job in s]
+    for node in (nodes["a"], nodes["b"], again):  # no worker took itself for an MPI rank
+        assert "DISTRIBUTED none" in node.lines, node.output
     print("c out of the quorum %.2f s after its kill; a and b back to outer rounds %s s "
           "after theirs broke; restarted c healed %s s and first contributing %s s after its "
           "start" % (out_after, "/".join(m.group(1) for m in went_on), healed.group(3),
@@ -385,7 +831,7 @@ def test_an_elastic_node_refuses_cross_node_collectives_and_a_rule_it_cannot_run
         link.all_reduce(np.zeros(3, np.float32), "sum")
     with pytest.raises(PlatoonError, match="a barrier across nodes does not exist"):
         link.barrier()
-    assert link.topology(1) == {"global_rank": 1, "global_size": 2}
+    assert link.topology(1) == {"global_rank": 1, "global_size": 2, "elastic_node": "a"}
     with pytest.raises(PlatoonError, match="DiLoCo's outer step only"):
         ElasticLink(1, None, "a", CentreTie(1.0, outer="easgd"), 5.0, print)
 
@@ -437,7 +883,10 @@ def test_nodes_train_on_while_the_lighthouse_is_down_and_rejoin_it_restarted(job
     for node in nodes.values():
         assert node.wait(30) == 0, node.output
         summary = [line for line in node.lines if line and "the elastic tie made" in line]
-        assert "in quorum(s) %d,%d," % (first, second) in summary[0], node.output
+        made = [int(q) for q in re.search(r"in quorum\(s\) ([\d,]+),", summary[0]).group(1)
+                .split(",")]  # a starved heartbeat may add a quorum between or after
+        assert first in made and second in made and made.index(first) < made.index(second), \
+            node.output
     centres = [load_centre(str(tmp_path / (n + ".npz")))["param_0"] for n in "ab"]
     assert np.array_equal(*centres) and np.isfinite(centres[0]).all()
 

@@ -4,7 +4,9 @@ The centre is created by the first worker to register its parameters. Its first
 values come from a checkpoint when resuming, else from one worker, the
 initialiser (the first to register): it is told to write them, and the others
 wait (their replies are deferred) until it reports them written. If it leaves
-before that, the next waiting worker takes over.
+before that, the next waiting worker takes over. On an elastic node the first values may
+come from a live peer: the node link decides that (`initial_centre`) while the workers'
+replies are deferred and the controller serves on (`poll_initial_centre`).
 """
 
 import logging
@@ -40,6 +42,8 @@ class Rendezvous:
         self.names: Optional[List[str]] = resume.names if resume is not None else None
         self.initialiser: Optional[int] = None  # worker id writing the centre's first values
         self.centre_ready = False
+        # an elastic node's centre whose first values its tie is deciding (`initial_centre`)
+        self.deciding = False
         self._init_waiting: List[Waiter] = []  # workers waiting for the centre's values
         self._barrier_waiting: Dict[int, Waiter] = {}
 
@@ -77,6 +81,16 @@ class Rendezvous:
                                      "in the same order to init_shared_params" % (wid, mismatch))
         if self.names is None:
             self.names = names
+        if self.deciding:
+            self._init_waiting.append((envelope, seq))
+            return
+        self._answer_init(envelope, seq, record)
+
+    def _answer_init(self, envelope: list, seq: Optional[int], record: WorkerRecord) -> None:
+        """Tell a worker whether it writes the centre's first values, or defer it."""
+        centre = self._res.centre
+        assert centre is not None  # created by the first platoon-init-params
+        wid = record.worker_id
         if self.centre_ready:
             self._registry.mark_ready(record)
             self._ctl.reply(envelope, seq, {"segment": centre.name, "initialise": False})
@@ -100,9 +114,28 @@ class Rendezvous:
             self.centre_ready = True
             log.info("centre initialised from checkpoint %s", resume.path)
         elif getattr(self._ctl.node_link, "initial_centre", None) is not None:
-            # an elastic job's joiner: its workers start from a live peer's anchor
-            self.centre_ready = bool(self._ctl.node_link.initial_centre(centre))
+            # an elastic node: its workers may start from a live peer's anchor; its tie
+            # decides while the controller serves on (`poll_initial_centre`)
+            self.deciding = True
+            self.poll_initial_centre()
         return centre
+
+    def poll_initial_centre(self) -> None:
+        """An elastic node's centre: once its node link has decided where the first values
+        come from (True: a live peer's anchor, now in the centre; False: its workers), answer
+        the workers waiting in init_params."""
+        if not self.deciding:
+            return
+        decided = self._ctl.node_link.initial_centre(self._res.centre)
+        if decided is None:
+            return
+        self.deciding = False
+        self.centre_ready = bool(decided)
+        waiting, self._init_waiting = self._init_waiting, []
+        for envelope, seq in waiting:
+            record = self._registry.by_identity(envelope[0])
+            if record is not None and not record.has_left:
+                self._answer_init(envelope, seq, record)
 
     def params_ready(self, envelope: list, seq: Optional[int], record: WorkerRecord) -> None:
         """``platoon-params-ready``: the initialiser wrote the values; release the waiters."""
@@ -156,6 +189,9 @@ class Rendezvous:
         self._barrier_waiting.pop(worker_id, None)
         self.release_barrier()
         if worker_id != self.initialiser or self.centre_ready:
+            return
+        if self.deciding:  # `poll_initial_centre` picks the initialiser, if one is needed
+            self.initialiser = None
             return
         # The initialising worker left before writing: the next waiting one takes over.
         self.initialiser = None

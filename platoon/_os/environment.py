@@ -45,7 +45,9 @@ class JobEnvironment:
     launcher_pid: Optional[int] = None  # child processes exit if it is gone
     log_level: Optional[str] = None
     host: Optional[str] = None  # the interface a node's controller binds (platoon.mpi)
-    mpi_node: Optional[int] = None  # 1: this controller is a rank of python -m platoon.mpi
+    # 1: this controller is a node runner's (python -m platoon.mpi's rank, an elastic node's):
+    # it takes the node link the runner offers
+    mpi_node: Optional[int] = None
     mpi_timeout_s: Optional[float] = None  # a node this late to a collective hangs
     assume_gpus: Optional[str] = None  # the launcher takes these GPUs ("0,3") as present
     elastic_secret_file: Optional[str] = None  # platoon.elastic: the job's secret
@@ -99,6 +101,16 @@ def without_distributed_variables(env):
     DDP across platoon's workers."""
     return {k: v for k, v in env.items()
             if not k.startswith(DISTRIBUTED_PREFIXES) and k not in DISTRIBUTED_VARIABLES}
+
+
+def worker_environment(environ, drop=(), extra=None):
+    """The environment of the workers a runner starts (the launcher's, ``python -m
+    platoon.mpi``'s, an elastic node's): `environ` plus `extra`, without MPI's and torchrun's
+    rank variables (`without_distributed_variables`: a worker is no rank, even where its
+    runner is one) and without the runner's own settings `drop` (JobEnvironment field names,
+    such as "ready_fd")."""
+    env = dict(without_distributed_variables(environ), **(extra or {}))
+    return without_job_variables(env, *drop) if drop else env
 
 
 def _variable(field_name):

@@ -1,16 +1,18 @@
 """A node's side of the lighthouse: registration, heartbeats in a thread, the latest quorum."""
 
 import logging
+import secrets
 import threading
 import time
 from typing import Optional
 
 import zmq
 
+from .._os.logthrottle import ThrottledLog
 from ..errors import ElasticAuthError, QuorumTimeout
 from . import wire
 from .quorum import Quorum
-from .secret import load_secret
+from .secret import load_secret, sign_header, verify
 
 log = logging.getLogger(__name__)
 
@@ -25,11 +27,17 @@ class LighthouseClient:
     registers again (reporting the highest quorum id it has seen) once the lighthouse is
     back. `secret`: the job's secret (default: `load_secret()`). A context manager; `close()`
     tells the lighthouse the node leaves.
+
+    A refusal (an unsigned reply, or one whose signature fails) before the first signed reply
+    means the secrets differ: `wait_for_quorum` and `current_quorum` raise ElasticAuthError.
+    Once registered, a refusal is taken for a reply from something else than the job's
+    lighthouse (another process on its port while it is down): the lighthouse counts as
+    unreachable, and only refusals lasting `refused_for_s` seconds raise.
     """
 
     def __init__(self, lighthouse: str, name: str, address: str, *,
                  secret: Optional[bytes] = None, heartbeat_interval_s: float = 0.1,
-                 request_timeout_s: float = 1.0):
+                 request_timeout_s: float = 1.0, refused_for_s: float = 60.0):
         if not name:
             raise ValueError("a node needs a name (its stable slot), got %r" % (name,))
         if not (heartbeat_interval_s > 0 and request_timeout_s > 0):
@@ -38,6 +46,12 @@ class LighthouseClient:
         self._secret = load_secret() if secret is None else secret
         self.heartbeat_interval_s = heartbeat_interval_s
         self.request_timeout_s = request_timeout_s
+        self.refused_for_s = refused_for_s
+        self.incarnation = secrets.token_hex(8)  # this process's claim on `name`
+        self.name_taken = False  # another live process holds `name` (the lighthouse says)
+        self._signed_at: Optional[float] = None  # the last signed reply (None: none yet)
+        self._refused_since: Optional[float] = None  # the first refusal since it
+        self._warnings = ThrottledLog(log)
         self._context = zmq.Context()
         self._cond = threading.Condition()
         self._quorum: Optional[Quorum] = None
@@ -55,27 +69,37 @@ class LighthouseClient:
             self._raise_refused()
             return self._quorum
 
-    def wait_for_quorum(self, timeout: Optional[float] = None,
+    def wait_for_quorum(self, timeout_s: Optional[float] = None,
                         newer_than: int = 0) -> Quorum:
-        """The first quorum with an id above `newer_than` that holds this node. Raises
-        QuorumTimeout after `timeout` seconds (None: forever) and ElasticAuthError when
+        """The first quorum with an id above `newer_than` that holds this node (its name at
+        its address: not a quorum made while another process held the name). Raises
+        QuorumTimeout after `timeout_s` seconds (None: forever) and ElasticAuthError when
         the lighthouse refuses this node's secret."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
             while True:
                 self._raise_refused()
                 q = self._quorum
-                if q is not None and q.id > newer_than and self.name in q.members:
+                if q is not None and q.id > newer_than and self.name in q.members \
+                        and q.addresses[q.rank_of(self.name)] == self.address:
                     return q
                 left = None if deadline is None else deadline - time.monotonic()
                 if deadline is not None and left is not None and left <= 0:
                     raise QuorumTimeout(
                         "node %s: no quorum above id %d holding it within %.3g s (lighthouse "
                         "%s %s; newest quorum %s): are enough nodes up (--min-nodes)?"
-                        % (self.name, newer_than, timeout or 0.0, self.lighthouse,
+                        % (self.name, newer_than, timeout_s or 0.0, self.lighthouse,
                            "answers" if self.reachable else "does not answer",
                            "none" if q is None else "%d of %s" % (q.id, ", ".join(q.members))))
                 self._cond.wait(left)
+
+    def sign_header(self, quorum: Quorum, rank: int, header: bytes) -> bytes:
+        """Rank `rank`'s signature of its round `header` in `quorum` (the job's secret)."""
+        return sign_header(self._secret, quorum.id, quorum.nonce, rank, header)
+
+    def header_signed(self, quorum: Quorum, rank: int, header: bytes, mac: bytes) -> bool:
+        """Whether `mac` is rank `rank`'s signature of `header` in `quorum`."""
+        return verify(self.sign_header(quorum, rank, header), mac)
 
     def report_broken(self, quorum_id: int) -> None:
         """Ask the lighthouse for a new quorum id for the same members: quorum `quorum_id`'s
@@ -103,7 +127,7 @@ class LighthouseClient:
             highest = 0 if self._quorum is None else self._quorum.id
             broken = self._broken
         body, mac = wire.request(self._secret, op, self.name, self.address, highest, challenge,
-                                 broken)
+                                 broken, self.incarnation)
         sock.send_multipart([body, mac])
         try:
             frames = sock.recv_multipart()
@@ -113,15 +137,38 @@ class LighthouseClient:
             return {"challenge": "", "quorum": None, "done": False, "error": "malformed reply"}
         return wire.read_reply(self._secret, mac, frames[0], frames[1])
 
-    def _heard(self, answer: dict) -> None:
+    def _heard(self, answer: dict) -> bool:
+        """Take in a reply; False when it is a refusal not taken as the lighthouse's (see the
+        class's doc): the caller then reconnects."""
         with self._cond:
+            error, now = answer["error"], time.monotonic()
+            if error is not None and self._signed_at is not None:
+                if self._refused_since is None:
+                    self._refused_since = now
+                if now - self._refused_since < self.refused_for_s:
+                    self.reachable = False
+                    self._warnings.warning(
+                        "refusal", "node %s: a reply from %s failed its check (%s): not the "
+                        "job's lighthouse (another process on its port?); taken as "
+                        "unreachable unless such replies last %.3g s", self.name,
+                        self.lighthouse, error, self.refused_for_s)
+                    return False
             self.reachable = True
-            self._refused = answer["error"]
-            if answer["error"] is None and answer["quorum"] is not None:
+            self._refused = error
+            if error is None:
+                self._signed_at, self._refused_since = now, None
+                self.name_taken = bool(answer.get("taken"))
+                if self.name_taken:
+                    self._warnings.warning(
+                        "taken", "node %s: another live process holds this name at the "
+                        "lighthouse %s: this one waits until it leaves or times out (give each "
+                        "node its own --name)", self.name, self.lighthouse)
+            if error is None and answer["quorum"] is not None:
                 quorum = Quorum.from_wire(answer["quorum"])
                 if self._quorum is None or quorum.id > self._quorum.id:
                     self._quorum = quorum
             self._cond.notify_all()
+            return True
 
     def _run(self):
         sock, challenge = self._connect(), ""
@@ -134,7 +181,11 @@ class LighthouseClient:
                     sock.close(linger=0)
                     sock, challenge = self._connect(), ""
                     continue
-                self._heard(answer)
+                if not self._heard(answer):  # not the lighthouse: a new connection, later
+                    sock.close(linger=0)
+                    self._stop.wait(max(1.0, self.heartbeat_interval_s))
+                    sock, challenge = self._connect(), ""
+                    continue
                 challenge = answer["challenge"]
                 if answer["error"] is None and not answer["done"]:
                     continue  # the challenge was stale: send again with the new one

@@ -2,7 +2,8 @@
 
 Each node hosts a TCPStore server from its start (`StoreServer`) and gives its address to the
 lighthouse; a quorum's group meets at its rank 0's store, under the prefix of the quorum's id
-(as torchft does), so groups of old quorums never mix with the new one's. Every wait is
+and nonce (`store_prefix`; torchft prefixes by id), so groups of old quorums never mix with
+the new one's. Every wait is
 finite: a member that dies or stops answering makes the round raise QuorumBroken within
 `timeout_s`, and the caller waits for the next quorum (`LighthouseClient.wait_for_quorum`)
 and builds a new group. Needs torch (``pip install platoon-dp[elastic]``); the messages are
@@ -36,8 +37,12 @@ def _split(address: str) -> Tuple[str, int]:
 
 
 class StoreServer:
-    """This node's TCPStore server on `host` (`port` 0: a free one); `address` ("HOST:PORT")
-    is what the node gives the lighthouse. Closed with the node (a context manager)."""
+    """This node's TCPStore server (`port` 0: a free one); `address` ("HOST:PORT", at `host`)
+    is what the node gives the lighthouse. Closed with the node (a context manager).
+
+    torch's TCPStore listens on every interface, whatever `host` is, and neither it nor gloo
+    authenticates anyone (the tie signs its round headers): the data plane must run on a
+    trusted network (docs/multi-node.md, "What the secret protects")."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0):
         _, dist = _torch()
@@ -58,6 +63,13 @@ class StoreServer:
         self.close()
 
 
+def store_prefix(quorum: Quorum) -> str:
+    """Where `quorum`'s group meets in its rank 0's store: under its id and its random nonce
+    (from the lighthouse, signed): unguessable by a process without the job's secret, and
+    distinct for two quorums of one id."""
+    return "platoon/quorum/%d/%s/" % (quorum.id, quorum.nonce)
+
+
 class QuorumGroup:
     """This node's gloo group for `quorum` (it must hold `name`), reached through the store
     at the quorum's rank 0; every collective waits at most `timeout_s`. Raises QuorumBroken
@@ -74,7 +86,7 @@ class QuorumGroup:
         own_host, _ = _split(quorum.addresses[self.rank])
         try:
             store = dist.TCPStore(store_host, store_port, is_master=False, timeout=timeout)
-            prefixed = dist.PrefixStore("platoon/quorum/%d/" % quorum.id, store)
+            prefixed = dist.PrefixStore(store_prefix(quorum), store)
             # gloo's options are private in torch's Python API (torchft sets them alike): the
             # device binds the interface this node gave the lighthouse, not the hostname's
             options = dist.ProcessGroupGloo._Options()  # noqa: SLF001

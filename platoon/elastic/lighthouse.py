@@ -1,7 +1,7 @@
 """The lighthouse: the small process that nodes of an elastic job register and heartbeat
 with, and that numbers their quorums. No training runs in it and it needs no torch::
 
-    python -m platoon.elastic.lighthouse --min-nodes 2 --heartbeat-timeout 5 \\
+    python -m platoon.elastic.lighthouse --min-nodes 2 --heartbeat-timeout-s 5 \\
         --bind 0.0.0.0:29510 --secret-file SECRET
 
 It keeps no state on disk: restarted, it learns the nodes again from their heartbeats and
@@ -19,6 +19,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import zmq
 
+from .._os.logthrottle import ThrottledLog
 from ..errors import PlatoonError
 from . import wire
 from .quorum import Membership, MembershipSettings
@@ -53,6 +54,7 @@ class Lighthouse:
                                "with --bind HOST:PORT" % (host, port, exc)) from None
         self.address = "%s:%s" % (host, port)
         self._challenges: Dict[bytes, Tuple[str, float]] = {}
+        self._warnings = ThrottledLog(log)
 
     def _challenge_for(self, peer: bytes, now: float) -> str:
         if len(self._challenges) >= MAX_CONNECTIONS:
@@ -71,16 +73,23 @@ class Lighthouse:
         expected, issued = self._challenges.get(peer, ("", 0.0))
         done = bool(expected) and data["challenge"] == expected \
             and now - issued < CHALLENGE_TTL_S
+        taken = False
         if done:
             if data["op"] == "leave":
                 log.info("node %s leaves", data["node"])
-                self.membership.leave(data["node"])
+                self.membership.leave(data["node"], data["incarnation"])
             else:
-                self.membership.heartbeat(data["node"], data["address"], data["highest_seen"],
-                                          now, data["broken"])
+                taken = not self.membership.heartbeat(
+                    data["node"], data["address"], data["highest_seen"], now, data["broken"],
+                    data["incarnation"])
+                if taken:
+                    self._warnings.warning(
+                        "name", "a second process heartbeats as node %s (from %s) while the "
+                        "first is live: it waits until the first leaves or times out",
+                        data["node"], data["address"])
         quorum = self.membership.quorum
         return wire.reply(self._secret, mac, self._challenge_for(peer, now),
-                          None if quorum is None else quorum.to_wire(), done)
+                          None if quorum is None else quorum.to_wire(), done, taken)
 
     def serve(self, stop=lambda: False) -> None:
         poller = zmq.Poller()
@@ -113,10 +122,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         description="Membership of an elastic platoon job: numbered quorums of live nodes.")
     parser.add_argument("--min-nodes", type=int, default=1,
                         help="no quorum with fewer live nodes (default 1)")
-    parser.add_argument("--heartbeat-timeout", type=float, default=5.0, metavar="S",
+    parser.add_argument("--heartbeat-timeout-s", type=float, default=5.0, metavar="S",
                         help="a node silent this many seconds is out of the next quorum "
                              "(default 5; 1 for fast recovery on a quiet network)")
-    parser.add_argument("--join-grace", type=float, default=0.3, metavar="S",
+    parser.add_argument("--join-grace-s", type=float, default=0.3, metavar="S",
                         help="wait this long after a change for more joiners (default 0.3)")
     parser.add_argument("--bind", default="127.0.0.1:29510", metavar="HOST:PORT",
                         help="where nodes reach it (default 127.0.0.1:29510; port 0 picks one)")
@@ -132,7 +141,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print("wrote a new secret to %s: copy it to every node" % generate_secret(
                 args.new_secret))
             return 0
-        settings = MembershipSettings(args.min_nodes, args.heartbeat_timeout, args.join_grace)
+        settings = MembershipSettings(args.min_nodes, args.heartbeat_timeout_s, args.join_grace_s)
         secret = load_secret(args.secret_file)
         lighthouse = Lighthouse(settings, args.bind, secret)
     except (PlatoonError, ValueError, OSError) as exc:

@@ -6,7 +6,7 @@ from typing import Callable, Optional
 
 from ..errors import PlatoonError
 from ..mpi.tie import CentreTie
-from .tie import ElasticTie
+from .tie import FINAL_TIMEOUT_S, ElasticTie
 
 log = logging.getLogger(__name__)
 
@@ -20,15 +20,19 @@ class ElasticLink:
 
     A worker's `global_rank`/`global_size` are its node's own (its local rank and the node's
     worker count: no job-wide numbering survives a node joining or leaving); its node's name
-    is PLATOON_ELASTIC_NODE, the stable slot a worker picks its data shard by. The
-    cross-node `all_reduce` and `barrier` refuse with PlatoonError."""
+    is PLATOON_ELASTIC_NODE (`Worker.elastic_node`), the stable slot a worker picks its data
+    shard by; its final evaluation waits for the final round without a deadline of its own
+    (the node bounds it). The cross-node `all_reduce` and `barrier` refuse with
+    PlatoonError."""
 
     def __init__(self, num_workers: int, connect: Callable, name: str, tie: CentreTie,
                  timeout_s: float,
-                 on_failure: Callable[[str], None], started_at: Optional[float] = None):
+                 on_failure: Callable[[str], None], started_at: Optional[float] = None,
+                 final_timeout_s: float = FINAL_TIMEOUT_S):
         self.num_workers = int(num_workers)
         self.connect, self.name, self.tie, self.timeout_s = connect, name, tie, timeout_s
         self.on_failure, self.started_at = on_failure, started_at
+        self.final_timeout_s = final_timeout_s
         self.final_result = None
         self._tie_thread: Optional[ElasticTie] = None
         self._finished = False
@@ -45,7 +49,8 @@ class ElasticLink:
                                           "tie_broken_rounds": thread.broken_rounds}
 
     def topology(self, worker_id):
-        return {"global_rank": worker_id, "global_size": self.num_workers}
+        return {"global_rank": worker_id, "global_size": self.num_workers,
+                "elastic_node": self.name}
 
     def all_reduce(self, array, op):
         raise PlatoonError(_NOT_ELASTIC % "all_reduce")
@@ -62,12 +67,14 @@ class ElasticLink:
     def start(self, controller):
         if self._tie_thread is None:
             self._tie_thread = ElasticTie(self.tie, self.connect, self.name, controller,
-                                          self.timeout_s,
-                                          self.on_failure, self.started_at)
+                                          self.timeout_s, self.on_failure, self.started_at,
+                                          self.final_timeout_s)
 
     def initial_centre(self, centre):
-        """The centre was just created: True once it holds a live member's anchor (the
-        workers copy it), False when they write the first values (see `ElasticTie`)."""
+        """Asked as the centre is created, then again until decided: None while undecided
+        (at most twice the tie's timeout), True once the centre holds a live member's anchor
+        (the workers copy it), False when they write the first values (see `ElasticTie`).
+        Never blocks: the controller serves on meanwhile."""
         thread = self._tie_thread
         return False if thread is None else thread.initial_centre(2 * self.timeout_s)
 
@@ -94,7 +101,8 @@ class ElasticLink:
             log.warning("node %s: the elastic tie thread did not end in time", self.name)
 
     def finish(self):
-        """This node's workers are done: wait for the final round among the nodes alive."""
+        """This node's workers are done: wait for the final round among the nodes alive (or
+        `final_timeout_s` without any round: then this node keeps its own centre)."""
         if self._finished:
             return
         self._finished = True

@@ -18,12 +18,13 @@ import time
 from typing import Optional, Sequence
 
 from .._os.argv import join_option_values
-from .._os.environment import JobEnvironment, without_job_variables
+from .._os.environment import JobEnvironment, worker_environment
 from .._os.process import stop
 from ..errors import PlatoonError
 from ..mpi.compress import CODECS
-from ..mpi.runner import WORKER_STOP_TIMEOUT_S, _say, _Workers, run_controller
+from ..mpi.runner import WORKER_STOP_TIMEOUT_S, _say, _Workers, serve_then_finish
 from ..mpi.tie import CentreTie
+from .tie import FINAL_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +48,12 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
                      secret_file: Optional[str] = None, host: str = "127.0.0.1",
                      controller=None, controller_args: Sequence[str] = (),
                      ready_timeout_s: float = 120.0, finish_timeout_s: float = 30.0,
-                     heartbeat_interval_s: float = 0.1) -> int:
+                     heartbeat_interval_s: float = 0.1,
+                     final_timeout_s: float = FINAL_TIMEOUT_S) -> int:
     """Run node `name` of the elastic job whose lighthouse is at `join`; return its exit code.
-    The workers get PLATOON_ELASTIC_NODE=name; a worker failing ends this node only."""
+    The workers get PLATOON_ELASTIC_NODE=name; a worker failing ends this node only. Once its
+    workers are done, the node waits for the final round as long as its group makes rounds;
+    after `final_timeout_s` without one it keeps its own centre and ends."""
     from . import LighthouseClient, load_secret
     from .dataplane import StoreServer
     from .link import ElasticLink
@@ -59,10 +63,13 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
     from ..launch import reaper
     reaper_fd = reaper.start(job_id)
     read_fd, write_fd = os.pipe()
-    env = without_job_variables(dict(os.environ), "ready_fd", "mpi_node", "checkpoint_path",
-                                "status_file")
+    # the workers are no MPI or torchrun ranks (one node per host under srun or mpiexec)
+    env = worker_environment(os.environ, ("ready_fd", "mpi_node", "checkpoint_path",
+                                          "status_file"))
     env.update(JobEnvironment(job_id=job_id, num_workers=num_workers,
                               elastic_node=name).to_env())
+    # mpi_node=1: a node runner's controller (a --controller script's too) takes the node link
+    # its runner offers (mpi.handoff): here the ElasticLink
     os.environ.update(JobEnvironment(mpi_node=1, job_id=job_id, control_port=0,
                                      num_workers=num_workers, ready_fd=write_fd).to_env())
     workers = None
@@ -78,22 +85,17 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
             return LighthouseClient(join, name, store.address, secret=secret,
                                     heartbeat_interval_s=heartbeat_interval_s)
 
-        link = ElasticLink(num_workers, connect, name, tie, tie_timeout_s, fail, started_at)
+        link = ElasticLink(num_workers, connect, name, tie, tie_timeout_s, fail, started_at,
+                           final_timeout_s)
         _say("platoon.elastic: node %s, controller pid %d, job %s, lighthouse %s, data plane %s"
              % (name, os.getpid(), job_id, join, store.address))
         try:
-            # the controller and its workers talk on this machine; only the data plane
-            # binds `host`
+            # the controller and its workers talk on this machine; the data plane is
+            # reached at `host` (its store listens on every interface: see StoreServer)
             workers = _Workers(worker_argv, num_workers, LOCAL_HOST, read_fd, reaper_fd, fail,
                                ready_timeout_s, env, num_workers)
-            run_controller(controller, controller_args, link, LOCAL_HOST, None)
-            if not workers.started.is_set():
-                raise PlatoonError("the controller returned before serving its workers")
-            stop(workers.procs, WORKER_STOP_TIMEOUT_S, grace_s=finish_timeout_s, group=False)
-            failed = [p for p in workers.procs if p.returncode != 0]
-            if failed:
-                raise PlatoonError("worker pid %d exited with code %d"
-                                   % (failed[0].pid, failed[0].returncode))
+            serve_then_finish(workers, controller, controller_args, link, LOCAL_HOST, None,
+                              finish_timeout_s)
             link.close()
         except BaseException as exc:
             _say("platoon.elastic: node %s failed: %s: %s" % (name, type(exc).__name__, exc))
@@ -126,9 +128,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--secret-file", default=None,
                         help="the job's secret (default: $PLATOON_ELASTIC_SECRET_FILE)")
     parser.add_argument("--host", default="127.0.0.1",
-                        help="the interface the data plane binds, which the other nodes "
-                             "reach (default 127.0.0.1; the controller serves its workers "
-                             "on 127.0.0.1)")
+                        help="the address at which the other nodes reach this node's data "
+                             "plane, and the interface gloo binds (default 127.0.0.1; the "
+                             "store listens on every interface whatever it says, and the store "
+                             "and gloo accept whoever reaches them: run the data plane on a "
+                             "trusted network or behind a firewall; the controller serves its "
+                             "workers on 127.0.0.1)")
     parser.add_argument("--controller", default=None,
                         help="controller script file.py, or module:Class or file.py:Class")
     parser.add_argument("--controller-args", default="",
@@ -144,6 +149,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--tie-timeout-s", type=float, default=30.0,
                         help="a round's collectives wait at most this long for a member that "
                              "stops answering (default 30; more than --tie-every-s)")
+    parser.add_argument("--final-timeout-s", type=float, default=FINAL_TIMEOUT_S,
+                        help="a node whose workers are done waits for the final round as long "
+                             "as its quorum makes rounds; after this long without one (its "
+                             "peers gone, too few nodes, the lighthouse gone) it keeps its own "
+                             "centre and ends (default %g; more than --tie-timeout-s)"
+                             % FINAL_TIMEOUT_S)
     parser.add_argument("--ready-timeout-s", type=float, default=120.0)
     parser.add_argument("--finish-timeout-s", type=float, default=30.0)
     parser.add_argument("worker", nargs=argparse.REMAINDER,
@@ -164,13 +175,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(str(exc))
     if not args.tie_timeout_s > args.tie_every_s:
         parser.error("--tie-timeout-s must be more than --tie-every-s")
+    if not args.final_timeout_s > args.tie_timeout_s:
+        parser.error("--final-timeout-s must be more than --tie-timeout-s")
     try:
         return run_elastic_node(command, args.workers, join=args.join, name=args.name, tie=tie,
                                 tie_timeout_s=args.tie_timeout_s, secret_file=args.secret_file,
                                 host=args.host, controller=args.controller,
                                 controller_args=shlex.split(args.controller_args),
                                 ready_timeout_s=args.ready_timeout_s,
-                                finish_timeout_s=args.finish_timeout_s)
+                                finish_timeout_s=args.finish_timeout_s,
+                                final_timeout_s=args.final_timeout_s)
     except PlatoonError as exc:
         print("platoon.elastic.node: %s" % exc, file=sys.stderr)
         return 1

@@ -3,10 +3,13 @@
 A quorum is a numbered list of the nodes that make the next outer rounds together. Its id
 only grows: a node reports the highest id it has seen whenever it heartbeats, and the
 lighthouse numbers its next quorum above every report, so a lighthouse restarted with no
-memory still issues ids above every id its members knew.
+memory still issues ids above every id its members knew. Each quorum also carries a random
+nonce: its group meets under a store prefix no one outside the job can guess, and two quorums
+that share an id (a lighthouse restarted before any node could report) never share a group.
 """
 
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 
@@ -14,11 +17,13 @@ from typing import Dict, List, Optional, Tuple
 class Quorum:
     """One membership of the job: `id` (grows with every change), `members` (node names,
     sorted: a member's rank is its index) and `addresses` (each member's data-plane address,
-    "host:port", in the same order)."""
+    "host:port", in the same order); `nonce`, random hex the lighthouse gives it (it names
+    the quorum's group; not compared)."""
 
     id: int
     members: Tuple[str, ...]
     addresses: Tuple[str, ...]
+    nonce: str = field(default="", compare=False)
 
     def rank_of(self, name: str) -> int:
         """`name`'s rank in this quorum; raises ValueError when it is not a member."""
@@ -38,16 +43,18 @@ class Quorum:
         return self.addresses[0]
 
     def to_wire(self) -> dict:
-        return {"id": self.id, "members": list(self.members), "addresses": list(self.addresses)}
+        return {"id": self.id, "members": list(self.members), "addresses": list(self.addresses),
+                "nonce": self.nonce}
 
     @classmethod
     def from_wire(cls, data: dict) -> "Quorum":
         members, addresses = data["members"], data["addresses"]
+        nonce = data.get("nonce", "")
         if not (isinstance(data["id"], int) and isinstance(members, list)
                 and isinstance(addresses, list) and len(members) == len(addresses)
-                and all(isinstance(x, str) for x in members + addresses)):
+                and all(isinstance(x, str) for x in members + addresses + [nonce])):
             raise ValueError("not a quorum: %r" % (data,))
-        return cls(data["id"], tuple(members), tuple(addresses))
+        return cls(data["id"], tuple(members), tuple(addresses), nonce)
 
 
 @dataclass(frozen=True)
@@ -80,29 +87,43 @@ class Membership:
         self.settings = settings
         self._last_seen: Dict[str, float] = {}
         self._addresses: Dict[str, str] = {}
+        self._incarnations: Dict[str, str] = {}  # each live name's process (its client's id)
         self._highest_reported = 0
         self.quorum: Optional[Quorum] = None
         self._change_since: Optional[float] = None  # when the live set first differed
         self._rebuild = False  # a member asked for a new id (`heartbeat`'s `broken`)
 
     def heartbeat(self, name: str, address: str, highest_seen: int, now: float,
-                  broken: int = 0) -> None:
+                  broken: int = 0, incarnation: str = "") -> bool:
         """`name` is alive at `now`, reachable for the data plane at `address`, and has seen
         quorum ids up to `highest_seen`. `broken`: the id of a quorum whose group broke for
         `name` with no newer quorum since (every member alive, yet one stalled a round past
         its timeout): while it is the current quorum and `name` a member, the next tick
-        issues a new id for the same members, so that they build a new group."""
+        issues a new id for the same members, so that they build a new group.
+        `incarnation`: the heartbeating process's id. Returns False, changing nothing, when
+        another incarnation holds `name` and is live (two processes given one name): the
+        second is taken in once the first leaves or times out."""
+        held = self._incarnations.get(name)
+        if held is not None and held != incarnation and name in self._last_seen \
+                and now - self._last_seen[name] <= self.settings.heartbeat_timeout_s:
+            return False
         if broken and self.quorum is not None and broken == self.quorum.id \
                 and name in self.quorum.members:
             self._rebuild = True
         self._last_seen[name] = now
         self._addresses[name] = address
+        self._incarnations[name] = incarnation
         self._highest_reported = max(self._highest_reported, int(highest_seen))
+        return True
 
-    def leave(self, name: str) -> None:
-        """`name` leaves: out of the next quorum, without waiting for its timeout."""
+    def leave(self, name: str, incarnation: Optional[str] = None) -> None:
+        """`name` leaves (if `incarnation` holds it, when given): out of the next quorum,
+        without waiting for its timeout."""
+        if incarnation is not None and self._incarnations.get(name, incarnation) != incarnation:
+            return
         self._last_seen.pop(name, None)
         self._addresses.pop(name, None)
+        self._incarnations.pop(name, None)
 
     def live(self, now: float) -> List[str]:
         """The nodes heard from within the heartbeat timeout (the silent ones are forgotten)."""
@@ -130,5 +151,6 @@ class Membership:
         self._change_since = None
         self._rebuild = False
         last = 0 if current is None else current.id
-        self.quorum = Quorum(max(last, self._highest_reported) + 1, tuple(names), addresses)
+        self.quorum = Quorum(max(last, self._highest_reported) + 1, tuple(names), addresses,
+                             secrets.token_hex(16))
         return self.quorum

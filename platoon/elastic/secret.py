@@ -1,11 +1,13 @@
 """The job's secret and the signatures that prove a message came from one of its nodes.
 
-Every node and the lighthouse read one secret (at least 16 bytes) from a file only its user
+Every node and the lighthouse read one secret (at least 16 characters) from a file only its user
 can read, named by ``--secret-file`` or PLATOON_ELASTIC_SECRET_FILE (the same checks as
 ``--curve``'s keys file: no link, the user's own, mode 0600). Each request carries an
 HMAC-SHA256 over its body, and the body carries the challenge the lighthouse sent in its last
 reply on that connection, so a captured request cannot be replayed; each reply is signed
 over its body and the request's signature, so a reply cannot be forged or replayed either.
+On the data plane, each member signs its round header over the quorum's id and nonce and its
+rank (`sign_header`), so a process without the secret cannot pass for a member.
 """
 
 import hashlib
@@ -19,9 +21,10 @@ from ..errors import PlatoonError
 from ..security import read_private_file
 
 SECRET_ENV = "PLATOON_ELASTIC_SECRET_FILE"  # JobEnvironment.elastic_secret_file
-MIN_SECRET_BYTES = 16
+MIN_SECRET_CHARS = 16  # of the file's text (--new-secret writes 64 hex digits: 32 bytes)
 _REQUEST = b"platoon-elastic/1 request\0"
 _REPLY = b"platoon-elastic/1 reply\0"
+_HEADER = b"platoon-elastic/1 header\0"
 
 
 def generate_secret(path: str) -> str:
@@ -41,11 +44,13 @@ def load_secret(path: Optional[str] = None) -> bytes:
         raise PlatoonError("an elastic job needs its secret: give --secret-file PATH or set %s "
                            "(make one with python -m platoon.elastic.lighthouse --new-secret "
                            "PATH and copy it to every node)" % SECRET_ENV)
-    secret = read_private_file(path, "secret").strip()
-    if len(secret) < MIN_SECRET_BYTES:
-        raise PlatoonError("secret file %s holds %d bytes; use at least %d random bytes "
-                           "(python -m platoon.elastic.lighthouse --new-secret PATH)"
-                           % (path, len(secret), MIN_SECRET_BYTES))
+    secret = read_private_file(path, "secret", source="a copy of the job's secret of your "
+                               "own (chmod 600), or make one with python -m "
+                               "platoon.elastic.lighthouse --new-secret PATH").strip()
+    if len(secret) < MIN_SECRET_CHARS:
+        raise PlatoonError("secret file %s holds %d characters; use at least %d, random (python "
+                           "-m platoon.elastic.lighthouse --new-secret PATH writes 64 random "
+                           "hex digits)" % (path, len(secret), MIN_SECRET_CHARS))
     return secret
 
 
@@ -55,6 +60,12 @@ def sign_request(secret: bytes, body: bytes) -> bytes:
 
 def sign_reply(secret: bytes, request_mac: bytes, body: bytes) -> bytes:
     return hmac.new(secret, _REPLY + request_mac + body, hashlib.sha256).digest()
+
+
+def sign_header(secret: bytes, quorum_id: int, nonce: str, rank: int, header: bytes) -> bytes:
+    """The signature of rank `rank`'s round `header` in quorum `quorum_id` (nonce `nonce`)."""
+    return hmac.new(secret, _HEADER + b"%d\0%s\0%d\0" % (quorum_id, nonce.encode(), rank)
+                    + header, hashlib.sha256).digest()
 
 
 def verify(expected: bytes, mac: bytes) -> bool:

@@ -5,7 +5,10 @@ members that join.
 Every member holds the same anchor and outer momentum, numbered by the outer rounds applied
 (`round_no`). Each round begins with a header every member sends (ready, done, handed over,
 round_no, the newest quorum id it has heard of, a sha256 of its anchor and momentum, of its
-centre's layout). Then, the same decision on every member:
+centre's layout), signed with the job's secret over the quorum's id and nonce and its rank: a
+header that fails its check breaks the round before anything is applied (a process without
+the secret in a member's place), and a healed member checks the anchor it receives against
+its source's signed sha256. Then, the same decision on every member:
 
 - someone has heard of a newer quorum: all leave this group for it;
 - nobody has an anchor yet (the job's first round): the anchor is the mean of the centres,
@@ -16,23 +19,27 @@ centre's layout). Then, the same decision on every member:
   takes them: a joiner's centre becomes the anchor, another's keeps what its workers added
   (its centre minus its old anchor plus the new one). Nothing else happens in that round;
 - otherwise an outer round: each member's pseudo-gradient (centre minus anchor) travels
-  compressed with error feedback (`QuorumGroup.compressed_mean`); every array's mean is in
+  compressed with error feedback (`QuorumGroup.compressed_mean`), its arrays packed into one
+  message per dtype (one all-gather a round for a model of one dtype); every array's mean is in
   before any anchor changes, so a round that breaks (QuorumBroken) changes no anchor,
-  momentum or residual on that member, and no centre is half-updated.
+  momentum or residual on that member, and no centre is half-updated. A mean refused for
+  NaN or Inf ends the members that hold it and breaks the round for the others.
 
 A round that breaks is dropped: the node waits for a quorum newer than the broken one
 (`LighthouseClient.wait_for_quorum`) and builds its group; the header of its first round
 repairs whatever anchors differ. A node whose workers are done hands its centre over once
 (its last move is in the next mean), then takes every anchor without contributing; when every
 member is done and handed over, each sets its centre to the anchor: the same bits on every
-node alive at the end.
+node alive at the end. A done node whose group makes no round for `final_timeout_s` (the
+others gone, too few nodes for a quorum, the lighthouse gone for good) gives up the final
+round and keeps its own centre (the last anchor, once handed over).
 """
 
 import hashlib
 import logging
 import threading
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -44,9 +51,10 @@ log = logging.getLogger(__name__)
 
 IDLE_POLL_S = 0.05  # between rounds while some member's centre is not ready
 HALT_TIMEOUT_S = 10.0
+FINAL_TIMEOUT_S = 120.0  # a done node's wait for a round of its group (then it gives up)
 _DIGEST = 32
 _FIELDS = 5  # ready, done, handed_over, round_no, newest quorum id (int64 each)
-_HEADER_BYTES = 8 * _FIELDS + 2 * _DIGEST
+_HEADER_BYTES = 8 * _FIELDS + 2 * _DIGEST  # then its signature (`LighthouseClient.sign_header`)
 
 
 def _sha256(arrays) -> bytes:
@@ -57,27 +65,49 @@ def _sha256(arrays) -> bytes:
     return h.digest()
 
 
+def _by_dtype(arrays) -> List[List[int]]:
+    """The indices of `arrays` grouped by dtype, first seen first: each group's moves travel
+    packed as one message."""
+    groups: Dict[str, List[int]] = {}
+    for i, a in enumerate(arrays):
+        groups.setdefault(a.dtype.str, []).append(i)
+    return list(groups.values())
+
+
+def _feedback_for(arrays) -> List[ErrorFeedback]:
+    """One ErrorFeedback for each packed message of `arrays`' moves (`_by_dtype`)."""
+    return [ErrorFeedback(sum(arrays[i].size for i in indices), arrays[indices[0]].dtype)
+            for indices in _by_dtype(arrays)]
+
+
 class ElasticTie:
     """The thread that ties node `name`'s `controller`'s centre to the other nodes' as `tie`
     (a CentreTie with ``outer="diloco"``) says, in the quorums that the LighthouseClient
     `connect()` makes hears of: it is made once the centre exists (its layout known), so a
     node enters a quorum only when it can be healed; it leaves when the tie ends.
-    `timeout_s` bounds each collective. `on_failure(message)` ends the node when the tie
-    cannot go on (a diverged centre, centres of different layouts). `started_at`: the
-    node's start (time.time()), for the joiner's time to its first contributing round."""
+    `timeout_s` bounds each collective; `final_timeout_s`, the wait of a done node for a
+    round (see the module's doc). `on_failure(message)` ends the node when the tie cannot go
+    on (a diverged centre, centres of different layouts). `started_at`: the node's start
+    (time.time()), for the joiner's time to its first contributing round."""
 
     def __init__(self, tie: CentreTie, connect: Callable, name: str, controller,
                  timeout_s: float,
-                 on_failure: Callable[[str], None], started_at: Optional[float] = None):
+                 on_failure: Callable[[str], None], started_at: Optional[float] = None,
+                 final_timeout_s: float = FINAL_TIMEOUT_S):
         self.check(tie)
         self.tie, self._connect, self.ctl = tie, connect, controller
         self.client: Any = None  # the LighthouseClient, once the centre exists
         self.name, self.timeout_s, self.on_failure = name, timeout_s, on_failure
+        self.final_timeout_s = final_timeout_s
+        self.gave_up = False  # no final round within final_timeout_s of the last round
+        self._round_at = time.monotonic()  # when a round's header last went round the group
+        self._done_at: Optional[float] = None
         self.started_at = time.time() if started_at is None else started_at
         self.codec = make_codec(tie.compress)
         # per centre array, the same bits on every member (None: no anchor yet)
         self.anchor: Any = None  # Optional[List[np.ndarray]]
         self.velocity: Any = None  # the outer momentum, Optional[List[np.ndarray]]
+        self._digest: Optional[bytes] = None  # their sha256, once asked (None: not yet)
         self._feedback: Any = None  # this node's Optional[List[ErrorFeedback]]
         self.round_no = -1  # outer rounds applied to the anchor (-1: no anchor)
         self.rounds = self.broken_rounds = self.heals = 0
@@ -92,7 +122,8 @@ class ElasticTie:
         self._halt = threading.Event()
         self.final = threading.Event()
         self._awaiting = threading.Event()  # in `initial_centre`
-        self._decided = threading.Event()  # `initial_centre` may return
+        self._decided = threading.Event()  # `initial_centre` answers
+        self._awaiting_until: Optional[float] = None  # its deadline, from its first call
         self.final_error: Optional[BaseException] = None
         self._group: Any = None  # the current quorum's QuorumGroup
         self._broken_at: Optional[float] = None  # when a round broke, until one succeeds
@@ -116,12 +147,23 @@ class ElasticTie:
     # --- the controller's side -----------------------------------------------------------
     def node_done(self) -> None:
         """This node's workers are all done: its centre no longer moves."""
+        if self._done_at is None:
+            self._done_at = time.monotonic()
         self._done.set()
 
     def stop(self) -> None:
-        """Wait for the final round (every member of the quorum done); raise its error."""
-        self._done.set()
-        self._thread.join()
+        """Wait for the final round (every member of the quorum done), or until the node gives
+        it up (`final_timeout_s` without a round); raise its error."""
+        self.node_done()
+        # The thread gives up between rounds; its collectives each wait at most timeout_s.
+        # Past that (a thread stuck where nothing should block), it is halted.
+        while self._thread.is_alive():
+            self._thread.join(1.0)
+            if self._thread.is_alive() and self._final_overdue(
+                    2 * self.timeout_s + HALT_TIMEOUT_S):
+                if not self.halt():
+                    log.warning("node %s: the elastic tie thread did not end", self.name)
+                break
         if self.final_error is not None:
             raise self.final_error
 
@@ -144,7 +186,9 @@ class ElasticTie:
                     ",".join(map(str, self.quorums)) or "none", self.bytes_sent,
                     self.broken_rounds, "healed from %s %.2f s after its start" % (
                         self.healed_from, self.healed_after_s or 0.0) if self.healed_from
-                    else "never healed from a peer"))
+                    else "never healed from a peer")) + (
+                        "; no final round within %.3g s: it kept its own centre"
+                        % self.final_timeout_s if self.gave_up else "")
 
     # --- the thread ----------------------------------------------------------------------
     def _run(self) -> None:
@@ -154,6 +198,9 @@ class ElasticTie:
                     return
             self.client = self._connect()
             while not self._halt.is_set():
+                if self._final_overdue():
+                    self._give_up()
+                    return
                 if self._group is None and not self._join_group():
                     continue
                 self._wait_for_round()
@@ -182,12 +229,27 @@ class ElasticTie:
                 self.client.close()
             self.final.set()
 
+    def _final_overdue(self, slack_s: float = 0.0) -> bool:
+        """Done, and no round for `final_timeout_s` (plus `slack_s`)."""
+        if self._done_at is None:
+            return False
+        return time.monotonic() - max(self._done_at, self._round_at) \
+            > self.final_timeout_s + slack_s
+
+    def _give_up(self) -> None:
+        self.gave_up = True
+        log.warning("node %s: done, but no round of its group within %.3g s (its peers gone, "
+                    "too few nodes for a quorum, or the lighthouse gone): no final round; it "
+                    "keeps its own centre (%s) and ends", self.name, self.final_timeout_s,
+                    "the anchor of outer round %d, its last move in it" % self.round_no
+                    if self._handed_over else "its last move in no anchor")
+
     def _join_group(self) -> bool:
         """Build the group of the next quorum holding this node (newer than the last one's)."""
         from .dataplane import QuorumGroup
         newer_than = self.quorums[-1] if self.quorums else 0
         try:
-            quorum = self.client.wait_for_quorum(timeout=0.5, newer_than=newer_than)
+            quorum = self.client.wait_for_quorum(timeout_s=0.5, newer_than=newer_than)
         except QuorumTimeout:
             if newer_than and time.monotonic() - self._waiting_since > self.timeout_s:
                 # every member heartbeats, yet the group broke (one stalled a round past
@@ -224,19 +286,24 @@ class ElasticTie:
                 return
             self._halt.wait(left)
 
-    def initial_centre(self, timeout_s: float) -> bool:
-        """Called as this node's centre is created, before its workers write it: True once
-        the centre holds a live member's anchor (its workers then start from it), False when
-        no member has an anchor yet (the job's start: the workers initialise it) or none came
-        within `timeout_s`."""
-        self._awaiting.set()
-        try:
-            if not self._decided.wait(timeout_s):
-                log.warning("node %s: no quorum took this node within %.3g s; its workers "
-                            "start from their own values", self.name, timeout_s)
-            return self.anchor is not None
-        finally:
+    def initial_centre(self, timeout_s: float) -> Optional[bool]:
+        """Called as this node's centre is created, before its workers write it, then again
+        until it answers (it never blocks): None while undecided, True once the centre holds
+        a live member's anchor (its workers then start from it), False when no member has an
+        anchor yet (the job's start: the workers initialise it) or none came within
+        `timeout_s` of the first call."""
+        if self._awaiting_until is None:
+            self._awaiting_until = time.monotonic() + timeout_s
+            self._awaiting.set()
+        if not self._decided.is_set():
+            if time.monotonic() < self._awaiting_until:
+                return None
+            log.warning("node %s: no quorum took this node within %.3g s; its workers start "
+                        "from their own values", self.name, timeout_s)
             self._awaiting.clear()
+            return False
+        self._awaiting.clear()
+        return self.anchor is not None
 
     def _header(self) -> np.ndarray:
         centre = self.ctl.shared_centre
@@ -246,8 +313,11 @@ class ElasticTie:
         newest = self.client.current_quorum()
         fields = np.array([ready, self._done.is_set(), self._handed_over, self.round_no,
                            0 if newest is None else newest.id], "<i8")
-        digest = _sha256(self.anchor + self.velocity) if self.anchor is not None \
-            else bytes(_DIGEST)
+        digest = bytes(_DIGEST)
+        if self.anchor is not None:
+            if self._digest is None:  # once for each new anchor
+                self._digest = _sha256(self.anchor + self.velocity)
+            digest = self._digest
         layout = hashlib.sha256(repr(centre.layout).encode()).digest() if ready \
             else bytes(_DIGEST)
         return np.frombuffer(fields.tobytes() + digest + layout, np.uint8)
@@ -255,10 +325,22 @@ class ElasticTie:
     def _round(self) -> bool:
         """One round in the current group (see the module's doc); True after the final one."""
         group = self._group
-        rows = group.all_gather_bytes(self._header())
+        header = self._header()
+        mac = self.client.sign_header(group.quorum, group.rank, header.tobytes())
+        rows = group.all_gather_bytes(np.concatenate([header, np.frombuffer(mac, np.uint8)]))
+        self._round_at = time.monotonic()  # every member answered: the group is alive
+        for r, row in enumerate(rows):
+            if not self.client.header_signed(group.quorum, r, bytes(row[:_HEADER_BYTES]),
+                                             bytes(row[_HEADER_BYTES:])):
+                raise QuorumBroken(
+                    "node %s (rank %d of quorum %d: %s): the round header of rank %d (%s) is "
+                    "not signed with the job's secret (another process in that member's "
+                    "place?); nothing was applied: the round is dropped"
+                    % (self.name, group.rank, group.quorum.id, ", ".join(group.quorum.members),
+                       r, group.quorum.members[r]))
         fields = np.stack([np.frombuffer(r[:8 * _FIELDS].tobytes(), "<i8") for r in rows])
         digests = [bytes(r[8 * _FIELDS:8 * _FIELDS + _DIGEST]) for r in rows]
-        layouts = [bytes(r[8 * _FIELDS + _DIGEST:]) for r in rows]
+        layouts = [bytes(r[8 * _FIELDS + _DIGEST:_HEADER_BYTES]) for r in rows]
         ready, done, handed, round_no, newest = fields.T
         if newest.max() > group.quorum.id:  # every member leaves for it alike
             self._leave_group()
@@ -281,7 +363,7 @@ class ElasticTie:
         differing = [r for r in range(group.size)
                      if round_no[r] != best or digests[r] != digests[source]]
         if differing and all(ready[r] for r in differing):
-            self._heal(group, source, best, differing)
+            self._heal(group, source, best, differing, digests[source])
             return False
         if differing or not (ready == 2).all():
             time.sleep(IDLE_POLL_S)
@@ -300,14 +382,15 @@ class ElasticTie:
         finally:
             centre.lock.release()
 
-    def _set_centre(self, centre, new, keep_since=None) -> None:
-        """Each centre array := new (plus what the workers added since `keep_since`, the
-        arrays it was compared to, while this node trains)."""
-        training = not self._done.is_set()
+    @staticmethod
+    def _set_centre(centre, new, keep_since=None) -> None:
+        """Each centre array := new, plus what the workers added since `keep_since` (the
+        arrays it was compared to), if given: in one hold of the lock, so that no sync landing
+        meanwhile is lost."""
         centre.lock.acquire(LOCK_TIMEOUT_S)
         try:
             for i, c in enumerate(centre.arrays):
-                if keep_since is not None and training:
+                if keep_since is not None:
                     c -= keep_since[i]
                     c += new[i]
                 else:
@@ -317,6 +400,7 @@ class ElasticTie:
 
     def _first_anchor(self, group) -> None:
         """The job's first round: the anchor is the mean of the centres, losslessly."""
+        training = not self._done.is_set()  # read once, before the snapshot (as _outer_round)
         centre, snaps = self._snapshot()
         means = []
         for s in snaps:
@@ -325,13 +409,16 @@ class ElasticTie:
             means.append(mean)
         self.anchor = means
         self.velocity = [np.zeros_like(a) for a in means]
-        self._feedback = [ErrorFeedback(a.size, a.dtype) for a in means]
+        self._feedback = _feedback_for(means)
         self.round_no = 0
-        self._set_centre(centre, self.anchor, keep_since=snaps)
+        self._digest = None
+        self._set_centre(centre, self.anchor, keep_since=snaps if training else None)
         self._note_contribution()
 
-    def _heal(self, group, source: int, best: int, differing: List[int]) -> None:
-        """The anchor and momentum of `source` to every member in `differing`, losslessly."""
+    def _heal(self, group, source: int, best: int, differing: List[int],
+              digest: bytes) -> None:
+        """The anchor and momentum of `source` to every member in `differing`, losslessly;
+        `digest`: their sha256 in `source`'s signed header, which what arrives must match."""
         centre = self.ctl.shared_centre
         shapes = list(centre.arrays) * 2  # the anchor's arrays, then the momentum's
         if group.rank == source:
@@ -349,10 +436,18 @@ class ElasticTie:
             arrays.append(np.frombuffer(got[offset:offset + a.nbytes].tobytes(),
                                         a.dtype).reshape(a.shape).copy())
             offset += a.nbytes
+        if _sha256(arrays) != digest:
+            raise QuorumBroken(
+                "node %s (rank %d of quorum %d: %s): the anchor received from rank %d (%s) "
+                "does not match the sha256 in its signed header; nothing was applied: the "
+                "round is dropped" % (self.name, group.rank, group.quorum.id,
+                                      ", ".join(group.quorum.members), source,
+                                      group.quorum.members[source]))
         half = len(arrays) // 2
         old, joiner = self.anchor, self.anchor is None
         self.anchor, self.velocity, self.round_no = arrays[:half], arrays[half:], best
-        self._feedback = [ErrorFeedback(a.size, a.dtype) for a in self.anchor]
+        self._digest = digest
+        self._feedback = _feedback_for(self.anchor)
         self.heals += 1
         if joiner:
             self._set_centre(centre, self.anchor)
@@ -362,37 +457,58 @@ class ElasticTie:
             log.warning("node %s: healed from %s in quorum %d (outer round %d), %.2f s after "
                         "its start", self.name, self.healed_from, group.quorum.id, best,
                         self.healed_after_s)
-        else:
-            _, snaps = self._snapshot()
-            self._set_centre(centre, [s - o + a for s, o, a in zip(snaps, old, self.anchor)])
+        else:  # its centre minus its old anchor plus the new one, in one hold of the lock
+            self._set_centre(centre, self.anchor, keep_since=old)
             log.warning("node %s: its anchor repaired from %s in quorum %d (outer round %d); "
                         "its workers' work since its old anchor kept", self.name,
                         group.quorum.members[source], group.quorum.id, best)
 
     def _outer_round(self, group, members: List[int]) -> None:
-        """DiLoCo's outer step on the anchor from the mean move of `members`."""
+        """DiLoCo's outer step on the anchor from the mean move of `members`.
+
+        Whether this node is done is read once, before the snapshot: a sync landing after it
+        is kept in the centre (and sent in the next round) even if the node is done by the
+        round's end; a node done before it hands its whole last move over now. A mean refused
+        for NaN or Inf raises NonFiniteValues on the members that hold it (their node ends)
+        and QuorumBroken on the others (they go on without them)."""
         contributes = group.rank in members
+        done = self._done.is_set()
         centre, snaps = self._snapshot()
         moves = [s - a for s, a in zip(snaps, self.anchor)]
         residuals = [f.residual.copy() for f in self._feedback]
-        means, sent_total = [], 0
+        means: List[Any] = [None] * len(moves)
+        sent_total = 0
         try:
-            for move, feedback in zip(moves, self._feedback):
-                mean, sent = group.compressed_mean(move, self.codec, feedback, among=members)
-                means.append(mean)
+            for indices, feedback in zip(_by_dtype(moves), self._feedback):
+                packed = np.concatenate([moves[i].reshape(-1) for i in indices])
+                mean, sent = group.compressed_mean(packed, self.codec, feedback, among=members)
+                offset = 0
+                for i in indices:
+                    means[i] = mean[offset:offset + moves[i].size].reshape(moves[i].shape)
+                    offset += moves[i].size
                 sent_total += sent
-        except (QuorumBroken, NonFiniteValues):
+        except (QuorumBroken, NonFiniteValues) as exc:
             for f, r in zip(self._feedback, residuals):  # as if never sent
                 f.residual[...] = r
+            if isinstance(exc, NonFiniteValues) and exc.ranks \
+                    and group.rank not in exc.ranks:
+                raise QuorumBroken(
+                    "the centre of node(s) %s (rank(s) %s of quorum %d: %s) holds NaN or Inf "
+                    "(training diverged there; that node ends): the round is dropped, and the "
+                    "others go on without it"
+                    % (", ".join(group.quorum.members[r] for r in exc.ranks),
+                       ", ".join(map(str, exc.ranks)), group.quorum.id,
+                       ", ".join(group.quorum.members))) from exc
             raise
         for anchor, velocity, mean in zip(self.anchor, self.velocity, means):
             outer_step(anchor, velocity, mean, self.tie.outer_lr, self.tie.outer_momentum)
+        self._digest = None
         self.round_no += 1
         self.rounds += 1
         self.bytes_sent += sent_total
         if group.quorum.id not in self.quorums:
             self.quorums.append(group.quorum.id)
-        self._set_centre(centre, self.anchor, keep_since=snaps)
+        self._set_centre(centre, self.anchor, keep_since=None if done else snaps)
         if self._broken_at is not None:
             self.recoveries_s.append(time.monotonic() - self._broken_at)
             self._broken_at = None
@@ -401,8 +517,7 @@ class ElasticTie:
                         self.recoveries_s[-1])
         if contributes:
             self._note_contribution()
-            if self._done.is_set():
-                self._handed_over = True
+            self._handed_over = done
 
     def _note_contribution(self) -> None:
         if self.first_contribution_s is None:

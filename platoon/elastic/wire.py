@@ -1,12 +1,16 @@
 """The lighthouse's messages: signed JSON bodies, two frames each (body, signature).
 
 Requests (node to lighthouse): ``{"op": "heartbeat" | "leave", "node": NAME,
-"address": "HOST:PORT", "highest_seen": ID, "challenge": HEX, "broken": ID}`` ("broken": a
-quorum whose group broke with no newer quorum coming, 0 for none; optional). Replies:
-``{"challenge": HEX, "quorum": QUORUM | null, "done": bool, "error": TEXT | null}``; "done"
-is false when the request's challenge was stale (a new connection, a restarted lighthouse):
-the node sends it again with the reply's challenge. A reply refusing a bad signature is not
-signed (its sender cannot know the key the request used) and can only refuse.
+"address": "HOST:PORT", "highest_seen": ID, "challenge": HEX, "broken": ID,
+"incarnation": HEX}`` ("broken": a quorum whose group broke with no newer quorum coming, 0
+for none; "incarnation": the node process's random id; both optional). Replies:
+``{"challenge": HEX, "quorum": QUORUM | null, "done": bool, "error": TEXT | null,
+"taken": bool}``; "done" is false when the request's challenge was stale (a new connection,
+a restarted lighthouse): the node sends it again with the reply's challenge (that reply
+carries no quorum, nor one whose "taken" is true: another live process holds the node's
+name). A reply refusing a
+bad signature is not signed (its sender cannot know the key the request used) and can only
+refuse.
 """
 
 import json
@@ -19,18 +23,20 @@ MAX_BODY = 4096
 
 
 def request(secret: bytes, op: str, node: str, address: str, highest_seen: int,
-            challenge: str, broken: int = 0) -> Tuple[bytes, bytes]:
+            challenge: str, broken: int = 0, incarnation: str = "") -> Tuple[bytes, bytes]:
     """The frames (body, signature) of a request."""
     body = json.dumps({"op": op, "node": node, "address": address,
                        "highest_seen": highest_seen, "challenge": challenge,
-                       "broken": broken}).encode()
+                       "broken": broken, "incarnation": incarnation}).encode()
     return body, sign_request(secret, body)
 
 
 def read_request(secret: bytes, body: bytes, mac: bytes) -> Tuple[Optional[dict], str]:
     """(the request, "") when `body` is well formed and signed with `secret`, else
     (None, why it is refused)."""
-    if len(body) > MAX_BODY or not verify(sign_request(secret, body), mac):
+    if len(body) > MAX_BODY:
+        return None, "request of %d bytes, over the limit of %d" % (len(body), MAX_BODY)
+    if not verify(sign_request(secret, body), mac):
         return None, ("signature does not match the lighthouse's secret: give this node the "
                       "job's secret file (--secret-file or PLATOON_ELASTIC_SECRET_FILE)")
     try:
@@ -38,16 +44,17 @@ def read_request(secret: bytes, body: bytes, mac: bytes) -> Tuple[Optional[dict]
         ok = (data["op"] in OPS and isinstance(data["node"], str) and data["node"]
               and isinstance(data["address"], str) and isinstance(data["highest_seen"], int)
               and isinstance(data["challenge"], str)
-              and isinstance(data.setdefault("broken", 0), int))
+              and isinstance(data.setdefault("broken", 0), int)
+              and isinstance(data.setdefault("incarnation", ""), str))
     except (ValueError, KeyError, TypeError):
         ok = False
     return (data, "") if ok else (None, "malformed request")
 
 
 def reply(secret: bytes, request_mac: bytes, challenge: str, quorum: Optional[dict],
-          done: bool) -> Tuple[bytes, bytes]:
-    body = json.dumps({"challenge": challenge, "quorum": quorum, "done": done,
-                       "error": None}).encode()
+          done: bool, taken: bool = False) -> Tuple[bytes, bytes]:
+    body = json.dumps({"challenge": challenge, "quorum": quorum if done and not taken else None,
+                       "done": done, "error": None, "taken": taken}).encode()
     return body, sign_reply(secret, request_mac, body)
 
 

@@ -33,7 +33,7 @@ import torch
 from ..rules import ParamSyncRule
 from ..torch_sync import PeriodicSync
 from ..worker import Worker
-from ._core import StepCounter, own_ddp_refused
+from ._core import StepCounter, own_ddp_refused, worker_slot
 
 
 class LocalSGD:
@@ -61,7 +61,8 @@ class LocalSGD:
     inside ``accelerator.accumulate``); what it counts are the optimizer's real steps, through
     the optimizer's post-step hook: a micro-batch of gradient accumulation is none, nor is a
     step the GradScaler skipped. In a job of several workers, worker K reseeds torch with
-    ``torch.initial_seed() + K``, so that each draws its own batches (build LocalSGD before
+    ``torch.initial_seed() + K`` (K: its global rank; in an elastic job an offset made from its
+    node's name and local rank), so that each draws its own batches (build LocalSGD before
     iterating the data loader). Raises PlatoonError when the accelerator runs several
     processes (torchrun, ``accelerate launch``), ValueError for a bad `local_sgd_steps` or
     for an accelerator that prepared no optimizer or several.
@@ -99,8 +100,9 @@ class LocalSGD:
                              % len(optimizers))
         self._own_worker = worker is None
         self.worker = Worker() if worker is None else worker
-        if self.worker.global_size > 1:  # each worker shuffles and draws dropout its own way
-            torch.manual_seed(torch.initial_seed() + self.worker.global_rank)
+        slot = worker_slot(self.worker)
+        if slot is not None:  # each worker shuffles and draws dropout its own way
+            torch.manual_seed((torch.initial_seed() + slot[1]) % 2 ** 64)
         try:
             self.sync = PeriodicSync(self.worker, accelerator.unwrap_model(model), None,
                                      sync_every=local_sgd_steps, rule=rule, buffers=buffers,

@@ -33,7 +33,7 @@ from ..errors import PlatoonError
 from ..rules import ParamSyncRule
 from ..torch_sync import PeriodicSync
 from ..worker import Worker
-from ._core import StepCounter, own_ddp_refused
+from ._core import StepCounter, own_ddp_refused, worker_slot
 
 STATE_KEY = "platoon"  # platoon's state in the checkpoint's trainer_state.json
 
@@ -72,7 +72,9 @@ class PlatoonCallback(TrainerCallback):
 
     In a job of several workers each worker writes its checkpoints under
     ``output_dir/workerK`` (K: its global rank) and seeds torch with ``seed + K``, so that
-    workers shuffle the data and draw dropout differently. Raises PlatoonError when the
+    workers shuffle the data and draw dropout differently; in an elastic job, under
+    ``output_dir/NODE/workerK`` (its node's name, its local rank) with a seed offset made from
+    both (`_core.worker_slot`). Raises PlatoonError when the
     Trainer runs its own DDP (`refuse_ddp`), ValueError for a bad `sync_every`.
     """
 
@@ -90,11 +92,12 @@ class PlatoonCallback(TrainerCallback):
         self.sync: Optional[PeriodicSync] = None  # made at the start of training
         self.final_result: Optional[Dict[str, Any]] = None
         self._counter: Optional[StepCounter] = None
-        if self.worker.global_size > 1:
-            rank = self.worker.global_rank
+        slot = worker_slot(self.worker)
+        if slot is not None:
+            directory, offset = slot
             trainer.args.output_dir = os.path.join(trainer.args.output_dir or "trainer_output",
-                                                   "worker%d" % rank)
-            torch.manual_seed(trainer.args.seed + rank)
+                                                   directory)
+            torch.manual_seed((trainer.args.seed + offset) % 2 ** 64)
 
     @classmethod
     def attach(cls, trainer: Trainer, **options: Any) -> "PlatoonCallback":

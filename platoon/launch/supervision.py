@@ -25,8 +25,8 @@ from .._os.environment import (
     THREAD_VARIABLES,
     JobEnvironment,
     device_variables,
-    without_distributed_variables,
     without_job_variables,
+    worker_environment,
 )
 from .._os.process import (
     find_mpiexec,
@@ -371,7 +371,7 @@ class Launch:
 
     def child_env(self, **settings):
         # No MPI or torchrun rank variables: a framework in a worker would start its own DDP.
-        env = dict(without_distributed_variables(os.environ), PYTHONUNBUFFERED="1")
+        env = worker_environment(os.environ, extra={"PYTHONUNBUFFERED": "1"})
         env.update(JobEnvironment(job_id=self.job_id, status_file=self.status_file,
                                   keys_file=self.keys_file, launcher_pid=os.getpid(),
                                   log_level=self.args.log_level, **settings).to_env())

@@ -19,8 +19,8 @@ from .._os.argv import join_option_values
 from .._os.environment import (
     JobEnvironment,
     device_variables,
-    without_distributed_variables,
     without_job_variables,
+    worker_environment,
 )
 from .._os.process import die_with_parent, read_announcement, stop
 from ..errors import PlatoonError
@@ -155,6 +155,21 @@ class _Workers:
             self._fail("worker pid %d exited with code %d" % (proc.pid, code))
 
 
+def serve_then_finish(workers: "_Workers", controller, controller_args, link, host: str,
+                      serve_timeout: Optional[float], finish_timeout_s: float) -> None:
+    """A node runner's middle (platoon.mpi's and an elastic node's): run its controller with
+    `link` until the job ends, then stop `workers` still running `finish_timeout_s` later;
+    PlatoonError when the controller never served them or one exited non-zero."""
+    run_controller(controller, controller_args, link, host, serve_timeout)
+    if not workers.started.is_set():
+        raise PlatoonError("the controller returned before serving its workers")
+    stop(workers.procs, WORKER_STOP_TIMEOUT_S, grace_s=finish_timeout_s, group=False)
+    failed = [p for p in workers.procs if p.returncode != 0]
+    if failed:
+        raise PlatoonError("worker pid %d exited with code %d"
+                           % (failed[0].pid, failed[0].returncode))
+
+
 def workers_on_this_host(comm, num_workers):
     """The workers of every rank of `comm` on this machine (MPI's shared-memory split: the
     ranks of a node that share it), among whom its cores are divided. Collective."""
@@ -206,8 +221,8 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
     # hand): node 0's to write, once its centre is the agreed one; no worker's.
     node0_files = ("status_file", "checkpoint_path")
     # The workers are not MPI ranks: MPI's PMI_* variables stay with this rank's process.
-    env = without_job_variables(dict(without_distributed_variables(os.environ),
-                                     **(worker_env or {})), "ready_fd", "mpi_node", *node0_files)
+    env = worker_environment(os.environ, ("ready_fd", "mpi_node") + node0_files,
+                                  worker_env)
     if rank != 0:
         for name in set(os.environ) - set(without_job_variables(os.environ, *node0_files)):
             del os.environ[name]
@@ -229,14 +244,8 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
 
         workers = _Workers(worker_argv, num_workers, host, read_fd, reaper_fd, fail,
                            ready_timeout_s, env, host_workers)
-        run_controller(controller, controller_args, link, host, serve_timeout)
-        if not workers.started.is_set():
-            raise PlatoonError("the controller returned before serving its workers")
-        stop(workers.procs, WORKER_STOP_TIMEOUT_S, grace_s=finish_timeout_s, group=False)
-        failed = [p for p in workers.procs if p.returncode != 0]
-        if failed:
-            raise PlatoonError("worker pid %d exited with code %d"
-                               % (failed[0].pid, failed[0].returncode))
+        serve_then_finish(workers, controller, controller_args, link, host, serve_timeout,
+                          finish_timeout_s)
         link.close()
         summary = link.tie_summary()
         if summary is not None:  # on the terminal, by hand too (the log says it at INFO only)

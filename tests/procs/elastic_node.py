@@ -36,7 +36,7 @@ with LighthouseClient(args.lighthouse, args.name, address) as client:
     last = 0
     while time.monotonic() < end:
         try:
-            quorum = client.wait_for_quorum(timeout=1.0, newer_than=last)
+            quorum = client.wait_for_quorum(timeout_s=1.0, newer_than=last)
         except QuorumTimeout:
             continue
         except ElasticAuthError as exc:

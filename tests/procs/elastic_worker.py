@@ -1,7 +1,8 @@
 """A worker of an elastic job (python -m platoon.elastic.node ... -- THIS_FILE SECONDS [STOP]): SGD
 on a linear regression toward known true weights (256 float32 features), EASGD with its
-node's centre, for SECONDS seconds of training (less if file STOP exists); its data is picked by its node's name
-(PLATOON_ELASTIC_NODE). Prints "DIST d node NAME" (its distance to the true weights)."""
+node's centre, for SECONDS seconds of training (less if file STOP exists); its data is picked
+by its node's name (PLATOON_ELASTIC_NODE). Prints "DISTRIBUTED none" (or the MPI/torchrun rank
+variables it sees) and "DIST d node NAME" (its distance to the true weights)."""
 
 import os
 import sys
@@ -11,6 +12,7 @@ import zlib
 import numpy as np
 
 from platoon import EASGD, Worker
+from platoon._os.environment import DISTRIBUTED_PREFIXES, DISTRIBUTED_VARIABLES
 
 FEATURES = 256
 
@@ -18,6 +20,9 @@ FEATURES = 256
 def main():
     seconds = float(sys.argv[1])
     node = os.environ["PLATOON_ELASTIC_NODE"]
+    ranks = sorted(k for k in os.environ
+                   if k.startswith(DISTRIBUTED_PREFIXES) or k in DISTRIBUTED_VARIABLES)
+    print("DISTRIBUTED %s" % (",".join(ranks) or "none"), flush=True)
     true_w = (np.arange(FEATURES) / FEATURES).astype(np.float32)
     with Worker(timeout_s=30) as w:
         weights = np.random.default_rng(0).normal(size=FEATURES).astype(np.float32)
