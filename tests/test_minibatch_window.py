@@ -162,7 +162,9 @@ def test_a_streaming_worker_still_waits_as_long_as_asked_and_no_longer(serve):
 def test_streaming_workers_with_room_take_minibatches_in_turn(serve):
     """send_mb's fast path gives the minibatch to the first worker in line and moves it to
     the back: two workers that both have room (a deep window, taking as fast as they can)
-    share a stream in turn; the first to ask never takes it all."""
+    share a stream in turn; the first to ask never takes it all. (Not an exact alternation: under
+    load a worker's request can wait unread for up to 32 sends, and the CI run once split
+    41/59.)"""
     ctl = Controller(control_port=0, data_port=0, num_workers=2)
     serving = serve(ctl)
     got, errors, stop = {0: [], 1: []}, [], threading.Event()
@@ -191,7 +193,7 @@ def test_streaming_workers_with_room_take_minibatches_in_turn(serve):
         assert got[0] and got[1], "one worker took every minibatch: %s" % errors
         takers = [ctl.send_mb([np.array([-1])], timeout_s=10) for _ in range(100)]
         ctl.flush_mb(timeout_s=10)
-        assert abs(takers.count(0) - takers.count(1)) <= 10, takers
+        assert min(takers.count(0), takers.count(1)) >= 20, takers
     finally:
         stop.set()
         for t in workers:
