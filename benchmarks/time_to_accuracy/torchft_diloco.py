@@ -66,7 +66,6 @@ class TorchftDiLoCo(Member):
             lighthouse_addr=self.job.address, timeout=timedelta(seconds=30),
             quorum_timeout=timedelta(seconds=60), connect_timeout=timedelta(seconds=30))
         self.diloco = self.opt = None
-        self.sync_s = 0.0
         return self.model
 
     def _state(self):
