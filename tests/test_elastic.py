@@ -840,19 +840,28 @@ def test_a_stopped_node_is_dropped_the_others_go_on_and_it_rejoins_repaired(job,
     """Node c (controller and worker) is stopped past the heartbeat timeout: a and b go on in
     a quorum of two once their round has timed out (--tie-timeout-s 3); continued, c rejoins,
     its stale anchor is repaired from a peer, and the three end on one saved centre."""
-    from platoon import load_centre
     lighthouse = job.lighthouse(min_nodes=2)
     stop = tmp_path / "stop"
     nodes = {name: job.runner(name, 60, stop, checkpoint=tmp_path / (name + ".npz"))
              for name in ("a", "b", "c")}
+    _c_is_dropped_and_rejoins_repaired(
+        lighthouse, nodes, stop, tmp_path, lambda: os.killpg(nodes["c"].pid, signal.SIGSTOP),
+        lambda: os.killpg(nodes["c"].pid, signal.SIGCONT))
+
+
+def _c_is_dropped_and_rejoins_repaired(lighthouse, nodes, stop, tmp_path, drop, restore):
+    """Once c has contributed, `drop` it: a and b go on in a quorum of two once their round
+    has timed out; `restore` it: c rejoins, its stale anchor is repaired from a peer, and the
+    three end on one saved, finite centre."""
+    from platoon import load_centre
     nodes["c"].wait_for_match(r".* WARNING: node c: first contributing round", 30)
     _, index = quorum_of(lighthouse, ["a", "b", "c"])
-    os.killpg(nodes["c"].pid, signal.SIGSTOP)
+    drop()
     _, index = quorum_of(lighthouse, ["a", "b"], index + 1, timeout=TIMEOUT_S + SLACK_S)
     for n in ("a", "b"):
         nodes[n].wait_for_match(r".* WARNING: node %s: outer rounds go on in quorum \d+ "
                                 r"\(a, b\)" % n, 3 + 5 + SLACK_S)
-    os.killpg(nodes["c"].pid, signal.SIGCONT)
+    restore()
     quorum_of(lighthouse, ["a", "b", "c"], index + 1, timeout=5 + SLACK_S)
     nodes["c"].wait_for_match(r".* WARNING: node c: its anchor repaired from [ab] in quorum", 15)
     stop.write_text("")
@@ -953,26 +962,11 @@ def test_a_node_whose_link_is_cut_is_dropped_and_rejoins_when_it_is_back(job, sw
     link is cut (its port down) after its first round: a and b go on in a quorum of two once
     their round has timed out; the link back, c rejoins, its stale anchor repaired, and the
     three end on one saved centre."""
-    from platoon import load_centre
     hosts, sw, cut = switch
     lighthouse = job.lighthouse(min_nodes=2, host=SWITCH_IP, netns=sw)
     stop = tmp_path / "stop"
     nodes = {name: job.runner(name, 60, stop, checkpoint=tmp_path / (name + ".npz"),
                               host="10.219.7.%d" % index, netns=hosts[name])
              for index, name in enumerate("abc", 1)}
-    nodes["c"].wait_for_match(r".* WARNING: node c: first contributing round", 30)
-    _, index = quorum_of(lighthouse, ["a", "b", "c"])
-    cut("c")
-    _, index = quorum_of(lighthouse, ["a", "b"], index + 1, timeout=TIMEOUT_S + SLACK_S)
-    for n in ("a", "b"):
-        nodes[n].wait_for_match(r".* WARNING: node %s: outer rounds go on in quorum \d+ "
-                                r"\(a, b\)" % n, 3 + 5 + SLACK_S)
-    cut("c", up=True)
-    quorum_of(lighthouse, ["a", "b", "c"], index + 1, timeout=5 + SLACK_S)
-    nodes["c"].wait_for_match(r".* WARNING: node c: its anchor repaired from [ab] in quorum", 15)
-    stop.write_text("")
-    for node in nodes.values():
-        assert node.wait(30) == 0, node.output
-    centres = [load_centre(str(tmp_path / (n + ".npz")))["param_0"] for n in "abc"]
-    assert all(np.array_equal(centres[0], c) for c in centres[1:])
-    assert np.isfinite(centres[0]).all()
+    _c_is_dropped_and_rejoins_repaired(lighthouse, nodes, stop, tmp_path, lambda: cut("c"),
+                                       lambda: cut("c", up=True))

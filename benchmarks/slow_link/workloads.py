@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from .._util import ROOT
+from ..transformer.methods import ADAMW
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
@@ -42,7 +43,7 @@ LSTM = Workload(
                 "steps)")
 TRANSFORMER = Workload(
     "transformer", "slow_link_transformer", os.path.join(RESULTS, "transformer_tuning.json"),
-    {"optimizer": "adamw", "horizon": None},  # horizon: the transformer benchmark's
+    dict(ADAMW),  # AdamW and the transformer benchmark's horizon
     {"single_momentum": "single", "ddp_momentum": "ddp", "local_sgd": "local_sgd",
      "platoon_eamsgd": "platoon_easgd"},
     description="AdamW (weight decay 0.01, gradients clipped at norm 1) with the transformer "
@@ -52,10 +53,5 @@ WORKLOADS = {w.name: w for w in (LSTM, TRANSFORMER)}
 
 
 def optimizer_settings(workload):
-    """The settings `workload`'s workers are trained with (the transformer's horizon from
-    the transformer benchmark)."""
-    cfg = dict(workload.cfg)
-    if "horizon" in cfg:
-        from ..transformer.methods import ADAMW
-        cfg.update(ADAMW)
-    return cfg
+    """The settings `workload`'s workers are trained with (a copy)."""
+    return dict(workload.cfg)

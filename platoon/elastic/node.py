@@ -17,12 +17,17 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from .._os.argv import join_option_values
 from .._os.environment import JobEnvironment, worker_environment
 from .._os.process import stop
 from ..errors import PlatoonError
 from ..mpi.compress import CODECS
-from ..mpi.runner import WORKER_STOP_TIMEOUT_S, _say, _Workers, serve_then_finish
+from ..mpi.runner import (
+    WORKER_STOP_TIMEOUT_S,
+    _say,
+    _Workers,
+    parse_node_arguments,
+    serve_then_finish,
+)
 from ..mpi.tie import CentreTie
 from .tie import FINAL_TIMEOUT_S
 
@@ -159,15 +164,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--finish-timeout-s", type=float, default=30.0)
     parser.add_argument("worker", nargs=argparse.REMAINDER,
                         help="-- then the worker command (python is sys.executable for a .py)")
-    args = parser.parse_args(join_option_values(sys.argv[1:] if argv is None else argv,
-                                                ["--controller-args"]))
-    command = args.worker[1:] if args.worker[:1] == ["--"] else args.worker
-    if not command:
-        parser.error("give the worker command after --")
-    if command[0].endswith(".py"):
-        command = [sys.executable] + command
-    logging.basicConfig(level=(JobEnvironment.read("log_level").log_level or "WARNING").upper(),
-                        format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    args, command = parse_node_arguments(parser, argv)
     try:
         tie = CentreTie(args.tie_every_s, compress=args.tie_compress, outer=args.tie_outer,
                         outer_lr=args.tie_outer_lr, outer_momentum=args.tie_outer_momentum)

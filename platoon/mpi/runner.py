@@ -267,6 +267,22 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
         raise
 
 
+def parse_node_arguments(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]):
+    """(args, the worker command) of a node's command line (``... -- COMMAND``; a .py runs
+    under this Python), with logging set to the job's level: the MPI node's and the elastic
+    node's alike. An empty command is a parser error."""
+    args = parser.parse_args(join_option_values(sys.argv[1:] if argv is None else argv,
+                                                ["--controller-args"]))
+    command = args.worker[1:] if args.worker[:1] == ["--"] else args.worker
+    if not command:
+        parser.error("give the worker command after --")
+    if command[0].endswith(".py"):
+        command = [sys.executable] + command
+    logging.basicConfig(level=(JobEnvironment.read("log_level").log_level or "WARNING").upper(),
+                        format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    return args, command
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m platoon.mpi``: parse the command line and `run_node`; returns its code."""
     parser = argparse.ArgumentParser(
@@ -307,15 +323,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              "(default 30); then they are stopped")
     parser.add_argument("worker", nargs=argparse.REMAINDER,
                         help="-- then the worker command (python is sys.executable for a .py)")
-    args = parser.parse_args(join_option_values(sys.argv[1:] if argv is None else argv,
-                                                ["--controller-args"]))
-    command = args.worker[1:] if args.worker[:1] == ["--"] else args.worker
-    if not command:
-        parser.error("give the worker command after --")
-    if command[0].endswith(".py"):
-        command = [sys.executable] + command
-    logging.basicConfig(level=(JobEnvironment.read("log_level").log_level or "WARNING").upper(),
-                        format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    args, command = parse_node_arguments(parser, argv)
     tie = None
     if args.tie_every_s is not None or args.tie_every_syncs is not None:
         try:
