@@ -496,14 +496,15 @@ def test_compressed_mean_gives_every_rank_the_same_bits_and_counts_its_bytes():
 
 def _regression_job(mpi_job, out_dir, compress, *options):
     """The linear regression (256 float32 weights) on 2 nodes x 2 workers, the centres tied
-    every 0.02 s with `compress` (and the tie `options`): returns (the final centre's distance
+    every 0.02 s with `compress` (and the tie `options`), training on until each node's tie
+    has run 4 rounds (a loaded machine once ran only the first and the final one): returns (the final centre's distance
     to the true weights, [(tie rounds, tie bytes) of node 0, of node 1]) once both nodes hold
     the same centre."""
     os.makedirs(str(out_dir))
     job = mpi_job("-", "--controller", os.path.join(PROCS, "centre_controller.py"),
                   "--controller-args", str(out_dir), "--tie-every-s", "0.02",
                   "--tie-compress", compress, *options,
-                  "--", os.path.join(PROCS, "tie_regression_worker.py"), "150")
+                  "--", os.path.join(PROCS, "tie_regression_worker.py"), "150", "rounds=4")
     assert job.wait(90) == 0, job.output
     assert job.count("DIST ") == 4, job.output
     counts = sorted(re.findall(r"CENTRE node (\d) rounds (\d+) bytes (\d+)", job.output))
