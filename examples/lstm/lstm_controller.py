@@ -42,7 +42,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=None, help="by hand: port to listen on")
     parser.add_argument("--workers", type=int, default=None, help="by hand: number of workers")
-    parser.add_argument("--patience", type=int, default=60, help="reports per worker without progress")
+    parser.add_argument("--patience", type=int, default=60,
+                        help="reports per worker without progress")
     parser.add_argument("--max-minibatches", type=int, default=6000)
     args = parser.parse_args()
     with LSTMController(args.patience, args.max_minibatches, control_port=args.port,

@@ -46,7 +46,8 @@ def main():
                 sys.stdout.flush()
             train_and_sync()
         deadline = time.monotonic() + 30
-        while min_tie_rounds and w.send_req("tie_rounds") < min_tie_rounds and time.monotonic() < deadline:
+        while min_tie_rounds and w.send_req("tie_rounds") < min_tie_rounds \
+                and time.monotonic() < deadline:
             train_and_sync()
         sys.stdout.write("DIST %.6f node %d worker %d\n" % (
             float(np.linalg.norm(weights - true_w)), w.node_rank, w.local_rank))
