@@ -4,8 +4,8 @@ import os
 import re
 
 import pytest
-
 from conftest import PROCS
+
 from platoon import Controller, PlatoonError
 from platoon.mpi import CentreTie, load_controller_class
 
