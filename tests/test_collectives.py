@@ -5,10 +5,11 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import PROCS
 
 from platoon import Controller, RemoteError, Worker
 from platoon.collectives import average_gradients
+
+from helpers import PROCS
 
 sys.path.insert(0, PROCS)
 from mpi_worker import CASES, contribution  # noqa: E402  (the same contributions on one node and many)

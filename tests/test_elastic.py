@@ -13,12 +13,13 @@ import time
 
 import numpy as np
 import pytest
-from conftest import PROCS, Proc, platoon_segments
 
 from platoon.elastic import MembershipSettings, Quorum, generate_secret, load_secret, wire
 from platoon.elastic.lighthouse import Lighthouse
 from platoon.elastic.quorum import Membership
 from platoon.errors import NonFiniteValues, PlatoonError, QuorumBroken, QuorumTimeout
+
+from helpers import PROCS, Proc, platoon_segments
 
 NODE = os.path.join(PROCS, "elastic_node.py")
 WORKER = os.path.join(PROCS, "elastic_worker.py")

@@ -28,9 +28,7 @@ from platoon.launch import cli as launcher
 from platoon.launch.output import LogFollower, columns, fit, visible
 from platoon.launch.supervision import StatusLine
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-EXPERIMENTS = os.path.join(HERE, "experiments")
+from helpers import EXPERIMENTS, ROOT, wait_until
 
 
 def job_processes(job_id):
@@ -57,14 +55,6 @@ def label_of(pid):
     except OSError:
         return None
     return args[3].decode() if args[1:3] == [b"-m", b"platoon.launch.child"] else None
-
-
-def wait_until(condition, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail("timed out after %.3g s waiting for %s" % (timeout, what))
-        time.sleep(0.05)  # polling state owned by other processes, bounded by the deadline
 
 
 def launcher_cmd(*args):

@@ -36,7 +36,7 @@ def test_a_worker_waiting_in_recv_mb_has_acknowledged_all_it_finished(serve):
         ctl.send_mb([np.array([i])], timeout_s=10)
     assert waiting.wait(10)
     ctl.flush_mb(timeout_s=5)  # every one acknowledged although the worker has not left
-    assert ctl.send_mb([np.array([28])], timeout_s=10) is not None
+    assert ctl.send_mb([np.array([28])], timeout_s=10) == 0  # the id of its one worker
     worker.join(15)
     assert not errors and got == list(range(29))
     assert ctl.resent_minibatches == 0

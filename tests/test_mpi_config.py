@@ -4,10 +4,11 @@ import os
 import re
 
 import pytest
-from conftest import PROCS
 
 from platoon import Controller, PlatoonError
 from platoon.mpi import CentreTie, load_controller_class
+
+from helpers import PROCS
 
 
 def test_centre_tie_validates_its_settings():

@@ -14,7 +14,7 @@ from platoon.protocol import layout_of
 from platoon.rules import BLOCK_ELEMENTS, kernels
 from platoon.rules.downpour import SGD, Downpour
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
 
 # Not multiples of any block or vector width; the stripes start at odd offsets, so the
 # kernels also run on arrays not aligned to 8 or 16 bytes.

@@ -10,7 +10,6 @@ import time
 
 import numpy as np
 import pytest
-from conftest import PROCS, Nothing
 
 import platoon
 from platoon import (
@@ -25,6 +24,8 @@ from platoon import (
     average_gradients,
 )
 from platoon.device import Device
+
+from helpers import PROCS, Nothing
 
 torch = pytest.importorskip("torch", reason="the PyTorch tests need PyTorch")
 from torch import nn  # noqa: E402
