@@ -19,6 +19,7 @@ import numpy as np
 
 from .._controller.config import check_seconds
 from ..errors import NonFiniteValues, PlatoonError
+from ..rules.diloco import DiLoCo
 from ._comm import Cancelled, wait
 from .compress import CODECS, ErrorFeedback, RawCodec, compressed_mean, make_codec
 
@@ -135,13 +136,9 @@ _FIELDS = frozenset(f.name for f in dataclasses.fields(CentreTie))
 def outer_step(anchor, velocity, mean_moved, lr, mu):
     """DiLoCo's outer SGD step with Nesterov momentum `mu` and learning rate `lr` on
     `anchor`, in place (`velocity` too): ``u = mu*u + d; anchor += lr * (d + mu*u)``, d the
-    nodes' mean move (-gradient). lr 1, momentum 0: the new anchor is the mean."""
-    velocity *= mu
-    velocity += mean_moved
-    step = velocity * mu
-    step += mean_moved
-    step *= lr
-    anchor += step
+    nodes' mean move (-gradient). lr 1, momentum 0: the new anchor is the mean. The rule's
+    own step (`DiLoCo.synchronous_step`), not a copy of it."""
+    DiLoCo(lr, mu).synchronous_step(anchor, velocity, mean_moved)
 
 
 class TieThread:
