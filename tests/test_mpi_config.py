@@ -43,3 +43,21 @@ def test_controller_class_from_module_or_file():
         load_controller_class("platoon")
     with pytest.raises(PlatoonError, match="cannot load controller 'platoon:Nope'"):
         load_controller_class("platoon:Nope")
+
+
+def test_a_node_places_its_workers_on_its_gpus_as_the_launcher_does(monkeypatch):
+    """GPU discovery is platoon.device's, shared by the launcher and the node runner (which no
+    longer imports the launcher's command line for it)."""
+    from platoon import device
+    from platoon.launch import cli
+    from platoon.mpi.runner import node_devices
+    monkeypatch.setenv("PLATOON_ASSUME_GPUS", "0,1")
+    assert node_devices(3) == ["cuda0", "cuda1", "cuda0"] == device.in_turn(3, ["0", "1"])
+    assert cli.plan_devices(cli.parse_args(["-n", "3", "train.py"]), print) == node_devices(3)
+    monkeypatch.setenv("PLATOON_ASSUME_GPUS", "-1")
+    assert node_devices(2) == ["cpu", "cpu"]
+    monkeypatch.setenv("PLATOON_ASSUME_GPUS", "MIG-4b1c2a3e")
+    with pytest.raises(device.VisibleDevicesError, match="names a MIG instance"):
+        device.find_gpus()
+    with pytest.raises(cli.UsageError, match="names a MIG instance"):
+        cli.find_gpus()

@@ -23,6 +23,7 @@ from .._os.environment import (
     worker_environment,
 )
 from .._os.process import die_with_parent, read_announcement, stop
+from ..device import find_gpus, in_turn
 from ..errors import PlatoonError
 from ._comm import abort, import_mpi
 from .compress import CODECS
@@ -38,11 +39,7 @@ WORKER_STOP_TIMEOUT_S = 3.0  # between SIGTERM and SIGKILL when stopping workers
 def node_devices(count):
     """Each of this node's `count` workers' device, as the launcher plans them with -n: the
     node's visible GPUs in turn (several workers may share one), else "cpu"."""
-    from ..launch.cli import find_gpus  # (the launcher's GPU discovery, subprocess and all)
-    gpus = find_gpus()[0]
-    if not gpus:
-        return ["cpu"] * count
-    return ["cuda%s" % gpus[i % len(gpus)] for i in range(count)]
+    return in_turn(count, find_gpus()[0])
 
 
 def _say(line):
