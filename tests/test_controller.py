@@ -362,7 +362,8 @@ def test_the_controllers_keywords_are_the_configs_fields_with_its_defaults():
     """One copy of each default: Controller's signature names ControllerConfig's."""
     import dataclasses
     import inspect
-    from platoon._controller.config import ControllerConfig
+
+    from platoon._controller.config import ControllerConfig  # noqa: PLC2701 (its defaults)
     keywords = {name: p.default for name, p in
                 inspect.signature(Controller.__init__).parameters.items()
                 if name not in ("self", "control_port", "data_port", "node_link")}

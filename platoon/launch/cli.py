@@ -13,11 +13,12 @@ import re
 import shlex
 import signal
 import sys
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from .. import device
 from .._os.argv import join_option_values
 from .._os.environment import JobEnvironment
+from .._os.nodesettings import OUTER_RULES, TIE_CODECS, CentreTie, NodeSettings, flag_message
 from .supervision import (  # noqa: F401
     EXIT_FAILED,
     EXIT_OK,
@@ -52,9 +53,10 @@ exit codes:
   130  interrupted by SIGINT (Ctrl-C); 143 by SIGTERM
 """
 
-# --tie-compress's codecs (platoon.mpi.compress.CODECS, named here: the launcher loads no numpy)
-TIE_CODECS = ("float32", "int8", "int4")
-TIE_OUTER_RULES = ("easgd", "diloco")  # platoon.mpi.tie.OUTER_RULES
+# --tie-compress's codecs and --tie-outer's rules (the node settings', which load no numpy)
+TIE_CODECS, TIE_OUTER_RULES = TIE_CODECS, OUTER_RULES
+TIE_FLAGS = ("tie_every_s", "tie_every_syncs", "tie_compress", "tie_outer", "tie_outer_lr",
+             "tie_outer_momentum")
 
 # Options a --hosts job cannot honour, and why (each is refused rather than dropped).
 NOT_WITH_HOSTS = [
@@ -145,7 +147,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """The launcher's options; exits with status 2 (argparse's usage error) on bad ones."""
+    """The launcher's options, read (`read_args`) then checked (`check_args`); exits with
+    status 2 (argparse's usage error) on bad ones."""
+    parser = make_parser()
+    args = read_args(parser, argv)
+    check_args(args, parser.error)
+    return args
+
+
+def make_parser() -> "_Parser":
+    """The launcher's command line: its options, defaults and help."""
     parser = _Parser(
         prog="platoon-launcher", description=__doc__.split("\n\n")[0],
         usage="%(prog)s [options] SCRIPT.py [-- SCRIPT_ARGS ...]\n"
@@ -208,10 +219,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="with --hosts: what a tie round does: easgd (each centre moves "
                         "toward the mean; default) or diloco (an outer Nesterov step)")
     parser.add_argument("--tie-outer-lr", type=float, metavar="LR",
-                        help="with --hosts and --tie-outer diloco: the outer lr (default 0.7)")
+                        help="with --hosts and --tie-outer diloco: the outer lr (default %g)"
+                        % CentreTie.outer_lr)
     parser.add_argument("--tie-outer-momentum", type=float, metavar="MU",
                         help="with --hosts and --tie-outer diloco: the outer Nesterov momentum "
-                        "(default 0.9)")
+                        "(default %g)" % CentreTie.outer_momentum)
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="do not show the workers' output here, each line prefixed "
                         "[workerN] (it is in LOG_DIR/workerN.log either way)")
@@ -220,6 +232,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "(written 0600 to LOG_DIR/curve_keys.json); not with --hosts")
     parser.add_argument("--log-level",
                         default=JobEnvironment.read("log_level").log_level or "INFO")
+    return parser
+
+
+def read_args(parser: "_Parser", argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    """`argv` (default sys.argv[1:]) read by `parser`: the options, the worker script's
+    arguments after --, -c and -w split as a shell would (`worker_argv`). Exits with status 2
+    on words it cannot read (naming the option a typo was meant to be)."""
     words = join_option_values(sys.argv[1:] if argv is None else argv, SCRIPT_ARGS_OPTIONS)
     script_args = []
     if "--" in words:  # the worker script's arguments
@@ -242,19 +261,26 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             parser.error("%s %r: %s; quote it as a shell would: -c \"--name 'a b'\""
                          % (flag, getattr(args, dest), exc))
     args.worker_argv = split["worker_args"] + script_args
+    return args
+
+
+def check_args(args: argparse.Namespace, error: Callable[[str], Any]) -> None:
+    """Check the options `read_args` read, together, and fill in what depends on them: the
+    defaults of options refused with --hosts, `workers` (and `workers_given`), and `node` (the
+    `NodeSettings` handed to each node's runner with --hosts; None without). `error(message)`
+    is called for the first problem and must not return (the parser's exits with status 2)."""
     if args.controller and not is_script(args.experiment):
-        parser.error("--controller goes with a SCRIPT.py (ending in .py); the EXPERIMENT form "
-                     "runs %s_controller.py" % args.experiment)
+        error("--controller goes with a SCRIPT.py (ending in .py); the EXPERIMENT form runs "
+              "%s_controller.py" % args.experiment)
     if args.hosts:
         for dest, flag, why in NOT_WITH_HOSTS:
             if getattr(args, dest) not in (None, False):
-                parser.error("%s cannot be used with --hosts: %s" % (flag, why))
+                error("%s cannot be used with --hosts: %s" % (flag, why))
     else:
-        for flag in ("tie_every_s", "tie_every_syncs", "tie_compress", "tie_outer",
-                     "tie_outer_lr", "tie_outer_momentum"):
+        for flag in TIE_FLAGS:
             if getattr(args, flag) is not None:
-                parser.error("--%s needs --hosts: it ties the centres of the nodes' "
-                             "controllers" % flag.replace("_", "-"))
+                error("--%s needs --hosts: it ties the centres of the nodes' controllers"
+                      % flag.replace("_", "-"))
     for dest, default in DEFAULTS.items():
         if getattr(args, dest) is None:
             setattr(args, dest, default)
@@ -262,24 +288,39 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.workers is None:
         args.workers = 2
     if args.workers < 1:
-        parser.error("-n must be at least 1")
-    for dest in ("status_every_s", "checkpoint_every_s", "tie_every_s"):
+        error("-n must be at least 1")
+    for dest in ("status_every_s", "checkpoint_every_s"):
         if getattr(args, dest) == 0:
-            parser.error("--%s must be more than 0" % dest.replace("_", "-"))
-    if args.tie_every_syncs is not None and args.tie_every_syncs < 1:
-        parser.error("--tie-every-syncs must be at least 1")
-    if args.tie_outer_lr is not None and not 0 < args.tie_outer_lr <= 10:
-        parser.error("--tie-outer-lr must be in (0, 10], got %r" % args.tie_outer_lr)
-    if args.tie_outer_momentum is not None and not 0 <= args.tie_outer_momentum < 1:
-        parser.error("--tie-outer-momentum must be in [0, 1), got %r" % args.tie_outer_momentum)
+            error("--%s must be more than 0" % dest.replace("_", "-"))
     if (args.tie_outer_lr is not None or args.tie_outer_momentum is not None) \
             and args.tie_outer != "diloco":
-        parser.error("--tie-outer-lr and --tie-outer-momentum go with --tie-outer diloco")
+        error("--tie-outer-lr and --tie-outer-momentum go with --tie-outer diloco")
     if args.restart < 0:
-        parser.error("--restart must be at least 0")
+        error("--restart must be at least 0")
     if args.resume and not os.path.exists(args.resume):
-        parser.error("--resume %s: no such checkpoint" % args.resume)
-    return args
+        error("--resume %s: no such checkpoint" % args.resume)
+    args.node = None
+    if args.hosts:
+        try:
+            args.node = node_settings(args)
+        except ValueError as exc:
+            error(flag_message(exc))
+
+
+def node_settings(args: argparse.Namespace) -> NodeSettings:
+    """What each node of a --hosts job runs, from the launcher's options (the controller comes
+    later: `Launch.run_hosts`). The tie's settings are checked whenever one is given; the
+    centres are tied when --tie-every-s or --tie-every-syncs is. Raises ValueError naming a bad
+    setting."""
+    given = {name: getattr(args, "tie_" + name) for name in ("compress", "outer", "outer_lr",
+                                                             "outer_momentum")
+             if getattr(args, "tie_" + name) is not None}
+    pace = {"every_s": args.tie_every_s, "every_syncs": args.tie_every_syncs}
+    tied = pace["every_s"] is not None or pace["every_syncs"] is not None
+    tie = CentreTie(**(pace if tied else {}), **given) if tied or given else None
+    return NodeSettings(args.workers, controller_args=args.controller_args,
+                        tie=tie if tied else None, ready_timeout_s=args.ready_timeout_s,
+                        finish_timeout_s=args.finish_timeout_s)
 
 
 def is_script(target: str) -> bool:

@@ -97,9 +97,11 @@ class SGD:
         """The same step given a move ``d = -g`` (where the parameters went) and the momentum
         of moves ``u = -v``, in place: ``u = mu*u + d; central += lr*(d + mu*u)`` (Nesterov;
         ``lr*u`` without, ``lr*d`` with no momentum, `velocity` then untouched). Negation is
-        exact, so these are the bits of `apply_block` on ``g = -d``; `move` is left as it
-        was. DiLoCo's synchronous outer step (`DiLoCo.synchronous_step`) is this."""
-        d = np.array(move, copy=True)
+        exact, so these are the bits of `apply_block` on ``g = -d``; `move` (broadcast to
+        `central`'s shape and dtype) is left as it was. DiLoCo's synchronous outer step
+        (`DiLoCo.synchronous_step`) is this."""
+        d = np.empty(central.shape, central.dtype)  # (a move may broadcast: one value)
+        d[...] = move
         scratch = np.empty_like(d) if self.momentum and self.nesterov else d
         self._step(central, d, velocity if self.momentum else None, scratch, descend=False)
 
