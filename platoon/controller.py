@@ -362,6 +362,13 @@ class Controller:
         {"metrics": {...}, "worker": its id}; None before. Also in the status file."""
         return self._progress.final_result or None
 
+    @property
+    def log_dir(self) -> Optional[str]:
+        """The launcher's log directory for this job (its logs, status file and checkpoints):
+        a place for the job's own outputs; None when the controller was not launched."""
+        status_file = self._env.status_file
+        return os.path.dirname(status_file) if status_file else None
+
     def departed_workers(self) -> List[int]:
         """Ids of the workers that have left the job (done or failed)."""
         return self._registry.departed()

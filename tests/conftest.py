@@ -11,8 +11,8 @@ import time
 import pytest
 
 from platoon import Controller, Worker
-from platoon._os.process import proc_stat
 from platoon._centre.shmem import segment_owner
+from platoon._os.process import proc_stat
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROCS = os.path.join(HERE, "procs")

@@ -10,7 +10,6 @@ import sys
 import types
 
 import pytest
-
 from conftest import Nothing
 
 pytest.importorskip("accelerate", reason="the Accelerate tests need accelerate: pip install "

@@ -5,8 +5,7 @@ GPU paths are in tests/gpu/test_gpu_adapters.py and skip without a GPU."""
 import numpy as np
 import pytest
 
-from platoon import EASGD, Controller, PlatoonError, Worker
-from platoon import adapters
+from platoon import EASGD, Controller, PlatoonError, Worker, adapters
 
 torch = pytest.importorskip("torch", reason="the torch adapter tests need PyTorch")
 

@@ -18,8 +18,16 @@ import zipfile
 import numpy as np
 import pytest
 
-from platoon import (EASGD, CheckpointError, Controller, DiLoCo, LayoutMismatch, Worker, WorkerDied,
-                     load_centre)
+from platoon import (
+    EASGD,
+    CheckpointError,
+    Controller,
+    DiLoCo,
+    LayoutMismatch,
+    Worker,
+    WorkerDied,
+    load_centre,
+)
 from platoon._centre import checkpoint
 from platoon._os.process import unlink_job_segments
 

@@ -6,12 +6,10 @@ import time
 
 import numpy as np
 import pytest
+from test_downpour import ROUNDS, big_delta, big_initial, delta, initial, reference, run_job
 
 import platoon
 from platoon import Controller, DelayedNesterov, DiLoCo, Worker
-
-from test_downpour import ROUNDS, big_delta, big_initial, delta, initial, reference, run_job
-
 
 # -- references, written from the papers' formulas, independently of platoon --
 

@@ -7,12 +7,21 @@ import threading
 import numpy as np
 import pytest
 
-from platoon import (ASGD, EASGD, Controller, LockTimeout, ParamSyncRule, PlatoonError,
-                     SyncTimeout, Worker)
-from platoon.protocol import layout_of
+from platoon import (
+    ASGD,
+    EASGD,
+    Controller,
+    LockTimeout,
+    ParamSyncRule,
+    PlatoonError,
+    SyncTimeout,
+    Worker,
+)
 from platoon._centre.shmem import MIN_STRIPE_BYTES, SharedCentre, stripe_ranges
+from platoon.protocol import layout_of
 
-# 12 MB of float32 (11 stripes) over three parameters: several stripes, some spanning two parameters.
+# 12 MB of float32 (11 stripes) over three parameters: several stripes, some spanning two
+# parameters.
 SHAPES = [(1000, 1500), (7,), (1_500_000,)]
 
 
@@ -657,7 +666,7 @@ def test_default_start_sync_keeps_its_promise_on_either_path(serve):
         p = [np.zeros(1000)]
         w.init_shared_params(p, EASGD(0.5))
         paths = set()
-        for r in range(40):
+        for _r in range(40):
             before, centre = p[0].copy(), ctl.centre[0].copy()
             handle = w.start_sync()
             paths.add(handle.at_once)

@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import Nothing, Proc
 
 pytest.importorskip("transformers", reason="the Trainer tests need transformers: pip install "

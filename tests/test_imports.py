@@ -111,8 +111,8 @@ def test_mpi_names_of_today():
     for name in ("CentreTie", "NodeLink", "node_link_for", "run_node", "main", "import_mpi",
                  "load_controller_class"):
         assert callable(getattr(mpi, name)), name
-    from platoon.controller import raise_system_exit
     from platoon._os.process import raise_system_exit as moved
+    from platoon.controller import raise_system_exit
     assert raise_system_exit is moved
 
 

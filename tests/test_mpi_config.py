@@ -5,8 +5,8 @@ import re
 import sys
 
 import pytest
-
 from conftest import PROCS
+
 from platoon import Controller, PlatoonError
 from platoon.mpi import CentreTie, load_controller_class
 

@@ -81,7 +81,7 @@ def test_several_workers_interleaving(size):
         ref_x = [init.copy() for _ in range(3)]
         ref_last = [init.copy() for _ in range(3)]
         order = [0, 2, 1, 1, 0, 2, 2, 0, 1]
-        for step, k in enumerate(order):
+        for _step, k in enumerate(order):
             delta = rng.normal(size=size)
             locals_[k] += delta
             ref_x[k] += delta

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from platoon import Controller, StopRequested, Worker
-from platoon._os.process import job_segments
 from platoon._centre.shmem import remove_stale_segments, segment_owner
 from platoon._centre.stopsignal import CONTROLLER, MAX_REASON_BYTES, JobStop, StopSignal
+from platoon._os.process import job_segments
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -11,11 +11,10 @@ import pytest
 from platoon import EASGD, LayoutMismatch
 
 torch = pytest.importorskip("torch", reason="the PyTorch tests need PyTorch")
+from conftest import Nothing  # noqa: E402
 from torch import nn  # noqa: E402
 
 from platoon import PeriodicSync  # noqa: E402
-
-from conftest import Nothing  # noqa: E402
 
 
 def run_worker(serve, procs, tmp_path, changes, overlap):
