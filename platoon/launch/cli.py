@@ -30,8 +30,9 @@ from .supervision import (  # noqa: F401
     open_private,
 )
 
-__all__ = ["main", "parse_args", "is_script", "find_scripts", "plan_devices", "visible_gpus",
-           "find_gpus", "join_option_values"]
+__all__ = ["main", "parse_args", "make_parser", "read_args", "check_args", "node_settings",
+           "is_script", "find_scripts", "plan_devices", "visible_gpus", "find_gpus",
+           "join_option_values"]
 
 EPILOG = """\
 any script: SCRIPT.py runs as each worker, with the words after -- as its arguments, and
