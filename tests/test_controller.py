@@ -367,6 +367,19 @@ def test_each_setting_lives_in_the_config_alone(tmp_path):
             Controller(transport="udp")
 
 
+def test_the_controllers_keywords_are_the_configs_fields_with_its_defaults():
+    """One copy of each default: Controller's signature names ControllerConfig's."""
+    import dataclasses
+    import inspect
+
+    from platoon._controller.config import ControllerConfig  # noqa: PLC2701 (its defaults)
+    keywords = {name: p.default for name, p in
+                inspect.signature(Controller.__init__).parameters.items()
+                if name not in ("self", "control_port", "data_port", "node_link")}
+    fields = {f.name: f.default for f in dataclasses.fields(ControllerConfig)}
+    assert keywords == fields
+
+
 @pytest.mark.parametrize("setting, value", [
     ("liveness_interval_s", float("inf")), ("liveness_interval_s", 0),
     ("liveness_interval_s", -1), ("liveness_interval_s", float("nan")),

@@ -742,15 +742,22 @@ def _device_sync_job(torch, serve, on_device, rule, mode):
     return out
 
 
-@pytest.mark.parametrize("rule", ["easgd", "asgd"])
-@pytest.mark.parametrize("mode", ["sync_params", "locked", "live", "snapshot", "snapshot-take"])
+class _NamedEASGD(EASGD):
+    """A user's subclass that changes no maths: it keeps EASGD's device kernels."""
+
+    def __repr__(self):
+        return "NamedEASGD(%r)" % self.alpha
+
+
+@pytest.mark.parametrize("rule,mode", [(rule, mode) for rule in ("easgd", "asgd") for mode in (
+    "sync_params", "locked", "live", "snapshot", "snapshot-take")] + [("subclass", "snapshot")])
 def test_the_registered_sync_matches_the_host_kernels_bit_for_bit(serve, monkeypatch, rule, mode):
     torch = pytest.importorskip("torch")
     for name, stand_in in (("Stream", _NoStream), ("Event", _NoEvent),
                            ("current_stream", _NoStream),
                            ("stream", lambda s: contextlib.nullcontext())):
         monkeypatch.setattr(torch.cuda, name, stand_in)
-    make = (lambda: EASGD(0.3)) if rule == "easgd" else ASGD
+    make = {"easgd": lambda: EASGD(0.3), "asgd": ASGD, "subclass": lambda: _NamedEASGD(0.3)}[rule]
     host = _device_sync_job(torch, serve, False, make(), mode)
     device = _device_sync_job(torch, serve, True, make(), mode)
     assert len(host) == 4

@@ -231,9 +231,12 @@ NEVER = {
     # The original Platoon's names: a facade over the core (nothing imports it: below).
     "platoon.compat": ("platoon._worker", "platoon._centre", "platoon.mpi", "platoon.launch",
                        "zmq", "numpy"),
-    # Controller ranks: the controller's side, never a worker's.
+    # Controller ranks: the controller's side, never a worker's; of the launcher, only the
+    # reaper (GPU discovery is platoon.device's).
     "platoon.mpi": ("platoon._worker", "platoon.worker", "platoon.adapters",
-                    "platoon.torch_sync", "platoon.collectives", "platoon.compat", "zmq"),
+                    "platoon.torch_sync", "platoon.collectives", "platoon.compat", "zmq",
+                    "platoon.launch.cli", "platoon.launch.child", "platoon.launch.output",
+                    "platoon.launch.supervision"),
     # A worker's arrays: rules and errors only, no process, no sockets.
     "platoon.adapters": ("platoon._", "platoon.controller", "platoon.worker", "platoon.mpi",
                          "platoon.launch", "platoon.compat", "platoon.protocol",

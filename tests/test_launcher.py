@@ -929,7 +929,7 @@ def test_a_planted_link_in_the_log_dir_is_never_followed(tmp_path):
     (["--stop-timeout", "-1"], "argument --stop-timeout: '-1' is not a duration"),
     (["--status-every-s", "0"], "--status-every-s must be more than 0"),
     (["--checkpoint-every-s", "0"], "--checkpoint-every-s must be more than 0"),
-    (["--hosts", "h1", "--tie-every-syncs", "0"], "--tie-every-syncs must be at least 1"),
+    (["--hosts", "h1", "--tie-every-syncs", "0"], "--tie-every-syncs must be an integer >= 1"),
     (["-c", "--a 'b"], "-c/--controller-args \"--a 'b\": No closing quotation; quote it as a "
      "shell would"),
     (["-w", '"x'], "-w/--worker-args '\"x': No closing quotation")])
