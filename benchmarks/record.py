@@ -2,7 +2,8 @@
 into benchmarks/results/latest.md and a marked block of docs/performance.md.
 
 The Markdown is always rendered from the JSON (`python -m benchmarks --render FILE`),
-so the docs table is the one the committed record holds (tests/test_benchmark_record.py).
+so the docs table is the one the committed record holds
+(tests/benchmarking/test_benchmark_record.py).
 """
 
 import json

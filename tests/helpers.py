@@ -2,9 +2,12 @@
 output is read line by line, the shared memory and processes a test may leave, a controller
 that answers None, a bounded wait. (Fixtures are in conftest.py.)"""
 
+import json
 import os
 import re
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -13,7 +16,8 @@ import time
 import pytest
 
 from platoon import Controller
-from platoon._os.process import proc_stat
+from platoon._os.environment import THREAD_VARIABLES
+from platoon._os.process import job_segments, pid_alive, proc_stat
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -170,3 +174,190 @@ def wait_until(condition, timeout, what):
         if time.monotonic() > deadline:
             pytest.fail("timed out after %.3g s waiting for %s" % (timeout, what))
         time.sleep(0.02)  # bounded by the deadline
+
+
+class Tolerant(Controller):
+    """Carries on when a worker dies, remembering when it heard of it."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.deaths = []
+
+    def handle_control(self, req, worker_id, req_info):
+        return None
+
+    def handle_worker_death(self, worker_id, exit_info):
+        self.deaths.append((worker_id, exit_info, time.monotonic()))
+
+
+class TcpProxy:
+    """Forwards 127.0.0.1:port to the controller; `reset()` aborts every connection with a
+    TCP RST, as a network failure would. The listener stays, so ZeroMQ reconnects."""
+
+    def __init__(self, target_port):
+        self.target = target_port
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(8)
+        self.listener.settimeout(0.2)
+        self.port = self.listener.getsockname()[1]
+        self.conns = []
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def _accept(self):
+        while not self.stopped.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+            with self.lock:
+                self.conns += [client, server]
+            for a, b in ((client, server), (server, client)):
+                t = threading.Thread(target=self._pump, args=(a, b), daemon=True)
+                t.start()
+                self.threads.append(t)
+
+    @staticmethod
+    def _pump(src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def reset(self):
+        with self.lock:
+            conns, self.conns = self.conns, []
+        for conn in conns:
+            # SO_LINGER on with a zero timeout: close() sends a RST
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            conn.close()
+
+    def close(self):
+        self.stopped.set()
+        self.reset()
+        self.listener.close()
+        for t in self.threads:
+            t.join(5)
+
+
+def garbled_minibatch(rng):
+    """Frames of one random, usually malformed, minibatch message."""
+    values = [0, -1, 3, 2 ** 63, 10 ** 30, 1.5, True, None, "3", [], {}, "\u00e9", "C", "F",
+              "<f4", "|b1", "<c16"]
+    dtypes = ["<f4", "<f8", "|u1", "<i8", "|b1", "<c8", "f", "?", "O", "|O", "V8", "U3", "M8",
+              "<M8[s]", "(2)f4", "f4,f4", "\u00e9", "S", "a5", "[f4]", "int", "float64", "f4)",
+              "(", "'", "\x00", "<f4 ", "c>", "e", "<f2", "g", "G", "<f16", "1f4", "f" * 16,
+              "=" * 17, "l", "p", "P", "i16", "u0", "b", "h", "H"]
+    kind = rng.randrange(6)
+    if kind == 0:  # random bytes, random frame count
+        return [rng.randbytes(rng.randrange(0, 40)) for _ in range(rng.randrange(0, 4))]
+    if kind == 1:  # a valid header with bytes flipped
+        header = bytearray(json.dumps([{"dtype": "<f4", "shape": [2, 3], "order": "C"}]).encode())
+        for _ in range(rng.randrange(1, 4)):
+            header[rng.randrange(len(header))] = rng.randrange(256)
+        return [bytes(header), bytes(24)]
+    specs = []
+    for _ in range(rng.randrange(0, 4)):
+        spec = {"dtype": rng.choice(dtypes + values),
+                "shape": rng.choice([[rng.randrange(0, 4)], [2, 3], [], [0, 2 ** 63],
+                                     [0, 10 ** 40], [-1], [1.0], [True], [2 ** 31] * 3,
+                                     [0] * 40, [1] * 70, rng.choice(values)]),
+                "order": rng.choice(["C", "F", "C", "A", "K", "", None, ["C"], 1])}
+        if rng.random() < 0.2:
+            del spec[rng.choice(list(spec))]
+        specs.append(spec if rng.random() < 0.9 else rng.choice(values))
+    header = json.dumps(specs if kind != 5 else {"x": specs}, ensure_ascii=rng.random() < 0.5)
+    frames = [header.encode("utf-8", "surrogatepass")]
+    for _ in range(len(specs) + rng.choice([0, 0, 0, -1, 1])):
+        frames.append(bytes(rng.choice([0, 1, 4, 8, 12, 24, 48])))
+    return frames
+
+
+def run_all(workers, fn, timeout=20.0):
+    """Run fn(worker) in one thread per worker; return the results in worker order."""
+    results, errors = [None] * len(workers), []
+
+    def body(k, w):
+        try:
+            results[k] = fn(w)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(k, w)) for k, w in enumerate(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        assert not t.is_alive(), "a worker is stuck in a collective"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def loaded_after(statement):
+    """The modules loaded by `statement` in a fresh interpreter."""
+    out = subprocess.run([sys.executable, "-c", statement + "\nimport sys\nprint(' '.join("
+                          "sorted(sys.modules)))"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.split())
+
+
+def job_processes(job_id):
+    """Pids of live processes started for a job (they carry PLATOON_JOB_ID)."""
+    needle = ("PLATOON_JOB_ID=%s" % job_id).encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/%s/environ" % entry, "rb") as f:
+                    if needle in f.read().split(b"\0"):
+                        if pid_alive(int(entry)):
+                            found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def launcher_cmd(*args):
+    return [sys.executable, "-m", "platoon.launch.cli"] + list(args)
+
+
+def run_launcher(args, tmp_path, env=None, timeout=120, script_args=None):
+    """(exit code, output) of the launcher run with `args`, --log-dir tmp_path/logs, and
+    `script_args` (if given) after --."""
+    full_env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}  # caps: ours
+    full_env.update(env or {})
+    after = [] if script_args is None else ["--"] + list(script_args)
+    proc = subprocess.run(args + ["--log-dir", str(tmp_path / "logs")] + after,
+                          capture_output=True, text=True, timeout=timeout, env=full_env,
+                          cwd=str(tmp_path))
+    out = proc.stdout + proc.stderr
+    job = re.search(r"job ([0-9a-f]{16})", out)
+    if job:  # whatever happened, the job's shared memory is gone once the launcher exits
+        assert not job_segments(job.group(1)), out
+    return proc.returncode, out
+
+
+def job_id_of(output):
+    match = re.search(r"job ([0-9a-f]{16})", output)
+    assert match, output
+    return match.group(1)
+
+
+def assert_job_gone(job_id):
+    wait_until(lambda: not job_processes(job_id), 15, "the job's processes to exit")
+    assert not job_segments(job_id)

@@ -25,7 +25,7 @@ PREFIX = "slk"  # namespaces: slk<pid>a, slk<pid>b
 MPI_TCP_ENV = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ucx", "UCX_TLS": "tcp",
                "UCX_NET_DEVICES": DEVICE}
 # An ssh stand-in for mpiexec (hydra's -launcher-exec): "[-x] HOST COMMAND" runs COMMAND in
-# HOST's namespace under HOST's own hostname (as tests/test_mpi.py's two_hosts does).
+# HOST's namespace under HOST's own hostname (as tests/mpi/test_mpi.py's two_hosts does).
 LAUNCHER = """#!/bin/sh
 while [ "${1#-}" != "$1" ]; do shift; done
 case $1 in %s) ns=%s; name=%s ;; %s) ns=%s; name=%s ;; *) echo "no host $1" >&2; exit 2 ;; esac

@@ -5,6 +5,6 @@ launcher reads (`statusfile`), a multi-node job's node and tie settings, which c
 as one argv (`nodesettings`), a setting's value checked (`checks`), argv handling shared by
 the launcher and the MPI runner (`argv`) and a throttled log (`logthrottle`).
 
-Standard library only: no zmq, no numpy (tests/test_imports.py), so the launcher, the MPI
+Standard library only: no zmq, no numpy (tests/package/test_imports.py), so the launcher, the MPI
 runner, the reaper and every child can use it without paying for the rest of platoon.
 """

@@ -160,8 +160,8 @@ PY
 gputests() {
   # -o addopts: pytest.ini's "-n 2" needs pytest-xdist, which the GPU machine lacks
   XLA_PYTHON_CLIENT_PREALLOCATE=false "$PY" -m pytest -o addopts= -q -rs -p no:cacheprovider --timeout 240 \
-    --junitxml "$OUT/gputests.xml" tests/test_adapters.py tests/test_torch_sync.py \
-    tests/test_torch_tensor_moves.py tests/gpu
+    --junitxml "$OUT/gputests.xml" tests/frameworks/test_adapters.py tests/frameworks/test_torch_sync.py \
+    tests/frameworks/test_torch_tensor_moves.py tests/gpu
 }
 
 LAUNCH_FAILED=""

@@ -1,5 +1,6 @@
 """A small Accelerate loop (an MLP with BatchNorm, made-up data) using platoon's LocalSGD in
-place of accelerate.local_sgd's; writes what it did to OUT_JSON (tests/test_accelerate.py).
+place of accelerate.local_sgd's; writes what it did to OUT_JSON
+(tests/integrations/test_accelerate.py).
 
 usage: accel_worker.py OUT_JSON [--batches N] [--accum K] [--every K] [--rule diloco]
                        [--scaler --inf-at STEP] [--save-to DIR] [--resume-from DIR]

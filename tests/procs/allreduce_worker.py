@@ -1,4 +1,4 @@
-"""A worker of the all_reduce meeting tests (tests/test_all_reduce_meeting.py).
+"""A worker of the all_reduce meeting tests (tests/collectives/test_all_reduce_meeting.py).
 
 usage: allreduce_worker.py PORT MODE
   rounds:  ROUNDS rounds of every case in CASES with the contributions of `contribution`,

@@ -1,5 +1,5 @@
 """compressed_mean over a real network device: each rank (one per network namespace, see
-`two_hosts` in tests/test_mpi.py) counts the bytes it sent by compressed_mean's count and by its
+`two_hosts` in tests/mpi/test_mpi.py) counts the bytes it sent by compressed_mean's count and by its
 device's tx_bytes, for every codec: prints "WIRE rank R CODEC counted C wire W".
 
 usage: mpiexec ... python compressed_mean_wire.py DEVICE

@@ -1,5 +1,5 @@
 """A small Hugging Face Trainer script (a tiny GPT-2 from a config, made-up text) made a platoon
-worker by PlatoonCallback; writes what it did to OUT_JSON (tests/test_huggingface.py).
+worker by PlatoonCallback; writes what it did to OUT_JSON (tests/integrations/test_huggingface.py).
 
 usage: hf_worker.py OUT_JSON OUTPUT_DIR [--steps N] [--accum K] [--every K] [--save-steps S]
                     [--then-resume N] [--scaler --inf-at STEP]

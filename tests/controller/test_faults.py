@@ -29,19 +29,7 @@ from platoon._centre.shmem import HEADER, MAGIC, SharedCentre, remove_stale_segm
 from platoon._os.process import job_segments
 from platoon.protocol import layout_of
 
-
-class Tolerant(Controller):
-    """Carries on when a worker dies, remembering when it heard of it."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.deaths = []
-
-    def handle_control(self, req, worker_id, req_info):
-        return None
-
-    def handle_worker_death(self, worker_id, exit_info):
-        self.deaths.append((worker_id, exit_info, time.monotonic()))
+from helpers import Tolerant
 
 
 def test_worker_killed_holding_the_lock_mid_update(serve, procs):

@@ -9,33 +9,12 @@ import pytest
 from platoon import Controller, RemoteError, Worker
 from platoon.collectives import average_gradients
 
-from helpers import PROCS
+from helpers import PROCS, run_all
 
 sys.path.insert(0, PROCS)
 from mpi_worker import CASES, contribution  # noqa: E402  (the same contributions on one node and many)
 
 N = 3
-
-
-def run_all(workers, fn, timeout=20.0):
-    """Run fn(worker) in one thread per worker; return the results in worker order."""
-    results, errors = [None] * len(workers), []
-
-    def body(k, w):
-        try:
-            results[k] = fn(w)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=body, args=(k, w)) for k, w in enumerate(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-        assert not t.is_alive(), "a worker is stuck in a collective"
-    if errors:
-        raise errors[0]
-    return results
 
 
 @pytest.fixture
@@ -48,7 +27,6 @@ def job(serve):
     for w in workers:
         w.close()
     serving.join()
-
 
 
 def test_every_op_and_dtype_is_exact_on_every_worker(job):

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from helpers import Nothing, Proc
+from helpers import ROOT, Nothing, Proc
 
 pytest.importorskip("transformers", reason="the Trainer tests need transformers: pip install "
                                            "-e '.[huggingface]'")
@@ -131,14 +131,13 @@ def test_the_package_imports_without_any_framework():
 def test_the_docs_show_the_examples_diff_and_it_adds_at_most_three_lines():
     """docs/huggingface.md shows examples/huggingface's diff (single_process.py to train.py) as
     it is, and the Trainer script becomes a platoon worker in at most 3 added lines, 0 removed."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    example = os.path.join(root, "examples", "huggingface")
+    example = os.path.join(ROOT, "examples", "huggingface")
     files = []
     for name in ("single_process.py", "train.py"):
         with open(os.path.join(example, name)) as f:
             files.append(f.read().splitlines(keepends=True))
     diff = "".join(difflib.unified_diff(*files, "single_process.py", "train.py"))
-    with open(os.path.join(root, "docs", "huggingface.md")) as f:
+    with open(os.path.join(ROOT, "docs", "huggingface.md")) as f:
         shown = re.findall(r"^```diff\n(.*?)^```", f.read(), re.S | re.M)
     assert shown == [diff]
     lines = diff.splitlines()[2:]

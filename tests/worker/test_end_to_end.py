@@ -1,12 +1,13 @@
 """A controller and several worker processes, all real, syncing through shared memory."""
 
-import os
 import sys
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "procs"))
+from helpers import PROCS
+
+sys.path.insert(0, PROCS)
 from shared_math import initial_params, local_delta  # noqa: E402
 
 from platoon._os.process import job_segments  # noqa: E402

@@ -4,7 +4,6 @@ peer can claim. Real controllers, workers, sockets and processes."""
 import json
 import os
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -15,74 +14,12 @@ import zmq
 
 from platoon import EASGD, Controller, ProtocolError, RemoteError, Worker
 
+from helpers import TcpProxy
+
 
 class Echo(Controller):
     def handle_control(self, req, worker_id, req_info):
         return {"req": req, "worker": worker_id, "info": req_info}
-
-
-class TcpProxy:
-    """Forwards 127.0.0.1:port to the controller; `reset()` aborts every connection with a
-    TCP RST, as a network failure would. The listener stays, so ZeroMQ reconnects."""
-
-    def __init__(self, target_port):
-        self.target = target_port
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(8)
-        self.listener.settimeout(0.2)
-        self.port = self.listener.getsockname()[1]
-        self.conns = []
-        self.lock = threading.Lock()
-        self.stopped = threading.Event()
-        self.threads = [threading.Thread(target=self._accept, daemon=True)]
-        self.threads[0].start()
-
-    def _accept(self):
-        while not self.stopped.is_set():
-            try:
-                client, _ = self.listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self.target), timeout=5)
-            with self.lock:
-                self.conns += [client, server]
-            for a, b in ((client, server), (server, client)):
-                t = threading.Thread(target=self._pump, args=(a, b), daemon=True)
-                t.start()
-                self.threads.append(t)
-
-    @staticmethod
-    def _pump(src, dst):
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-
-    def reset(self):
-        with self.lock:
-            conns, self.conns = self.conns, []
-        for conn in conns:
-            # SO_LINGER on with a zero timeout: close() sends a RST
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            conn.close()
-
-    def close(self):
-        self.stopped.set()
-        self.reset()
-        self.listener.close()
-        for t in self.threads:
-            t.join(5)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pytest
 
 from platoon import load_centre
 from platoon._os.environment import THREAD_VARIABLES, XLA_MEMORY_VARIABLES, device_variables
-from platoon._os.process import job_segments, pid_alive, signal_name
+from platoon._os.process import job_segments, signal_name
 from platoon._os.statusfile import write_status
 from platoon.device import Device
 from platoon.errors import ControllerGone
@@ -28,23 +28,16 @@ from platoon.launch import cli as launcher
 from platoon.launch.output import LogFollower, columns, fit, visible
 from platoon.launch.supervision import StatusLine
 
-from helpers import EXPERIMENTS, ROOT, wait_until
-
-
-def job_processes(job_id):
-    """Pids of live processes started for a job (they carry PLATOON_JOB_ID)."""
-    needle = ("PLATOON_JOB_ID=%s" % job_id).encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open("/proc/%s/environ" % entry, "rb") as f:
-                    if needle in f.read().split(b"\0"):
-                        if pid_alive(int(entry)):
-                            found.append(int(entry))
-            except OSError:
-                pass
-    return found
+from helpers import (
+    EXPERIMENTS,
+    ROOT,
+    assert_job_gone,
+    job_id_of,
+    job_processes,
+    launcher_cmd,
+    run_launcher,
+    wait_until,
+)
 
 
 def label_of(pid):
@@ -55,37 +48,6 @@ def label_of(pid):
     except OSError:
         return None
     return args[3].decode() if args[1:3] == [b"-m", b"platoon.launch.child"] else None
-
-
-def launcher_cmd(*args):
-    return [sys.executable, "-m", "platoon.launch.cli"] + list(args)
-
-
-def run_launcher(args, tmp_path, env=None, timeout=120, script_args=None):
-    """(exit code, output) of the launcher run with `args`, --log-dir tmp_path/logs, and
-    `script_args` (if given) after --."""
-    full_env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}  # caps: ours
-    full_env.update(env or {})
-    after = [] if script_args is None else ["--"] + list(script_args)
-    proc = subprocess.run(args + ["--log-dir", str(tmp_path / "logs")] + after,
-                          capture_output=True, text=True, timeout=timeout, env=full_env,
-                          cwd=str(tmp_path))
-    out = proc.stdout + proc.stderr
-    job = re.search(r"job ([0-9a-f]{16})", out)
-    if job:  # whatever happened, the job's shared memory is gone once the launcher exits
-        assert not job_segments(job.group(1)), out
-    return proc.returncode, out
-
-
-def job_id_of(output):
-    match = re.search(r"job ([0-9a-f]{16})", output)
-    assert match, output
-    return match.group(1)
-
-
-def assert_job_gone(job_id):
-    wait_until(lambda: not job_processes(job_id), 15, "the job's processes to exit")
-    assert not job_segments(job_id)
 
 
 class Launched:
@@ -915,7 +877,6 @@ def test_a_planted_link_in_the_log_dir_is_never_followed(tmp_path):
     assert "log file %s exists already" % (logs / "worker0.log") in out, out
     assert victim.read_text() == "precious"
     assert_job_gone(job_id_of(out))
-
 
 
 @pytest.mark.parametrize("argv, error", [

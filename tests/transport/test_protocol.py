@@ -8,6 +8,8 @@ import pytest
 
 from platoon import ProtocolError, RemoteError, protocol
 
+from helpers import garbled_minibatch
+
 
 def test_request_round_trip():
     payload = protocol.encode_request(3, "next", {"n": 5}, seq=9)
@@ -101,39 +103,6 @@ def test_minibatch_round_trip_keeps_dtype_shape_and_order():
 def test_malformed_minibatches(frames, message):
     with pytest.raises(ProtocolError, match=message):
         protocol.decode_minibatch(frames)
-
-
-def garbled_minibatch(rng):
-    """Frames of one random, usually malformed, minibatch message."""
-    values = [0, -1, 3, 2 ** 63, 10 ** 30, 1.5, True, None, "3", [], {}, "\u00e9", "C", "F",
-              "<f4", "|b1", "<c16"]
-    dtypes = ["<f4", "<f8", "|u1", "<i8", "|b1", "<c8", "f", "?", "O", "|O", "V8", "U3", "M8",
-              "<M8[s]", "(2)f4", "f4,f4", "\u00e9", "S", "a5", "[f4]", "int", "float64", "f4)",
-              "(", "'", "\x00", "<f4 ", "c>", "e", "<f2", "g", "G", "<f16", "1f4", "f" * 16,
-              "=" * 17, "l", "p", "P", "i16", "u0", "b", "h", "H"]
-    kind = rng.randrange(6)
-    if kind == 0:  # random bytes, random frame count
-        return [rng.randbytes(rng.randrange(0, 40)) for _ in range(rng.randrange(0, 4))]
-    if kind == 1:  # a valid header with bytes flipped
-        header = bytearray(json.dumps([{"dtype": "<f4", "shape": [2, 3], "order": "C"}]).encode())
-        for _ in range(rng.randrange(1, 4)):
-            header[rng.randrange(len(header))] = rng.randrange(256)
-        return [bytes(header), bytes(24)]
-    specs = []
-    for _ in range(rng.randrange(0, 4)):
-        spec = {"dtype": rng.choice(dtypes + values),
-                "shape": rng.choice([[rng.randrange(0, 4)], [2, 3], [], [0, 2 ** 63],
-                                     [0, 10 ** 40], [-1], [1.0], [True], [2 ** 31] * 3,
-                                     [0] * 40, [1] * 70, rng.choice(values)]),
-                "order": rng.choice(["C", "F", "C", "A", "K", "", None, ["C"], 1])}
-        if rng.random() < 0.2:
-            del spec[rng.choice(list(spec))]
-        specs.append(spec if rng.random() < 0.9 else rng.choice(values))
-    header = json.dumps(specs if kind != 5 else {"x": specs}, ensure_ascii=rng.random() < 0.5)
-    frames = [header.encode("utf-8", "surrogatepass")]
-    for _ in range(len(specs) + rng.choice([0, 0, 0, -1, 1])):
-        frames.append(bytes(rng.choice([0, 1, 4, 8, 12, 24, 48])))
-    return frames
 
 
 def test_fuzzed_minibatches_raise_only_protocol_errors():

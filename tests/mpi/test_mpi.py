@@ -18,7 +18,7 @@ from platoon._centre.shmem import pid_alive
 from platoon._os.environment import THREAD_VARIABLES
 from platoon._os.process import find_mpiexec
 
-from helpers import PROCS, Proc, platoon_segments, wait_until
+from helpers import EXPERIMENTS, PROCS, ROOT, Proc, platoon_segments, wait_until
 
 try:
     from mpi4py import MPI  # noqa: F401  (fails without an MPI library)
@@ -441,8 +441,7 @@ def _launch_hosts(tmp_path, experiment, *args):
 
 
 def test_launcher_hosts_runs_one_controller_per_host(tmp_path):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code, out, log = _launch_hosts(tmp_path, os.path.join(root, "examples", "linear", "linear"),
+    code, out, log = _launch_hosts(tmp_path, os.path.join(ROOT, "examples", "linear", "linear"),
                                    "-n", "2", "-c", "--steps 1000", "--tie-every-s", "0.1")
     assert code == 0, out + log.read_text()
     assert "job finished on 2 node(s)" in out
@@ -466,9 +465,8 @@ def test_launcher_hosts_shows_the_agreed_centres_final_result_and_saves_that_cen
 
 
 def test_launcher_hosts_fails_cleanly_when_a_worker_fails(tmp_path):
-    experiments = os.path.join(os.path.dirname(os.path.abspath(__file__)), "experiments")
     before = platoon_segments()
-    code, out, log = _launch_hosts(tmp_path, os.path.join(experiments, "crash"), "-n", "2")
+    code, out, log = _launch_hosts(tmp_path, os.path.join(EXPERIMENTS, "crash"), "-n", "2")
     assert code != 0, out
     assert "mpiexec failed" in out and "deliberate crash in worker 1" in out
     job_id = re.search(r"job ([0-9a-f]+)-n\d", log.read_text()).group(1)
@@ -639,8 +637,7 @@ def test_launcher_hosts_passes_tie_compress_to_every_node(tmp_path, capsys):
         launcher.parse_args(["x", "--hosts", "h1", "--tie-outer", "diloco",
                              "--tie-outer-momentum", "1"])
     assert "--tie-outer-momentum must be in [0, 1)" in capsys.readouterr().err
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code, out, log = _launch_hosts(tmp_path, os.path.join(root, "examples", "linear", "linear"),
+    code, out, log = _launch_hosts(tmp_path, os.path.join(ROOT, "examples", "linear", "linear"),
                                    "-n", "2", "-c", "--steps 1000", "--tie-every-s", "0.05",
                                    "--tie-compress", "int8", "--tie-outer", "diloco",
                                    "--tie-outer-lr", "0.5")

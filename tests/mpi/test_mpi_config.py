@@ -9,7 +9,7 @@ import pytest
 from platoon import Controller, PlatoonError
 from platoon.mpi import CentreTie, load_controller_class
 
-from helpers import PROCS
+from helpers import HERE, PROCS
 
 
 def test_centre_tie_validates_its_settings():
@@ -68,7 +68,7 @@ def test_a_node_places_its_workers_on_its_gpus_as_the_launcher_does(monkeypatch)
 # A --hosts job's settings cross mpiexec as one argv, made from one object (NodeSettings);
 # tests/golden/mpi_node_argv.json pins it. Regenerate with WRITE_GOLDEN=1 after a deliberate
 # change, and read the diff.
-GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "mpi_node_argv.json")
+GOLDEN = os.path.join(HERE, "golden", "mpi_node_argv.json")
 LAUNCHES = {
     "diloco tie, controller script": (
         ["train.py", "--hosts", "h1", "h2", "-n", "3", "--controller", "ctl.py", "-c",

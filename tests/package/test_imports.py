@@ -10,13 +10,7 @@ import pytest
 import platoon
 from platoon._moved import MOVED
 
-
-def loaded_after(statement):
-    """The modules loaded by `statement` in a fresh interpreter."""
-    out = subprocess.run([sys.executable, "-c", statement + "\nimport sys\nprint(' '.join("
-                          "sorted(sys.modules)))"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    return set(out.stdout.split())
+from helpers import loaded_after
 
 
 @pytest.mark.parametrize("module", ["platoon", "platoon.launch", "platoon._os.process",

@@ -7,10 +7,11 @@ import threading
 import numpy as np
 import pytest
 import zmq
-from test_protocol import garbled_minibatch
 
 from platoon import EASGD, Controller, ProtocolError, Worker
 from platoon.protocol import encode_minibatch
+
+from helpers import garbled_minibatch
 
 
 class Counting(Controller):

@@ -8,7 +8,9 @@ import pytest
 
 from platoon import Controller, RemoteError, Worker
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+from helpers import ROOT
+
+README = os.path.join(ROOT, "README.md")
 
 
 def readme_block(first_line):

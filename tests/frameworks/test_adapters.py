@@ -7,6 +7,8 @@ import pytest
 
 from platoon import EASGD, Controller, PlatoonError, Worker, adapters
 
+from helpers import HERE
+
 torch = pytest.importorskip("torch", reason="the torch adapter tests need PyTorch")
 
 
@@ -211,7 +213,7 @@ def test_two_worker_processes_with_bfloat16_tensors(procs, tmp_path):
     """The GPU test's two workers (tests/gpu/test_gpu_adapters.py), with CPU tensors."""
     import os
     import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu"))
+    sys.path.insert(0, os.path.join(HERE, "gpu"))
     from test_gpu_adapters import two_workers_in_turn
     two_workers_in_turn(procs, tmp_path, "cpu")
 

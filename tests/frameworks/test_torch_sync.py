@@ -33,8 +33,9 @@ from torch import nn  # noqa: E402
 from platoon import LayoutMismatch, LockTimeout, PeriodicSync, load_centre  # noqa: E402
 
 sys.path.insert(0, PROCS)
-from test_collectives import run_all  # noqa: E402  (one thread per worker)
 from torch_sync_worker import make_model  # noqa: E402
+
+from helpers import run_all  # noqa: E402  (one thread per worker)
 
 
 def bn_model(seed=0):
@@ -576,7 +577,7 @@ def test_average_gradients_takes_cuda_tensors(two_workers):
 
 
 def test_torch_is_imported_only_for_periodic_sync():
-    from test_imports import loaded_after
+    from helpers import loaded_after
     assert "torch" not in loaded_after("import platoon, platoon.worker\nplatoon.Worker")
     assert "torch" in loaded_after("import platoon\nplatoon.PeriodicSync")
 
@@ -618,7 +619,7 @@ def test_worker_device_is_usable_with_torch(serve, monkeypatch):
 
 @pytest.mark.slow
 def test_a_launched_job_reports_steps_loss_and_one_final_result(tmp_path):
-    from test_launcher import EXPERIMENTS, launcher_cmd, run_launcher
+    from helpers import EXPERIMENTS, launcher_cmd, run_launcher
     code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "torchjob"), "-n", "2"),
                              tmp_path, timeout=120, script_args=["40"])
     assert code == 0, out

@@ -1,6 +1,6 @@
 """platoon.mpi.compress: the codecs' round trips and byte counts, error feedback, refusal of
 non-finite values (pure numpy; compressed_mean on a one-rank communicator). Two ranks:
-tests/test_mpi.py."""
+tests/mpi/test_mpi.py."""
 
 import math
 
