@@ -79,6 +79,8 @@ def main(argv=None):
     parser.add_argument("--cap-s", type=float, default=None,
                         help="seconds a run may train before it stops short of the target")
     parser.add_argument("--target", type=float, default=None, help="bits per byte")
+    parser.add_argument("--eval-every", type=int, default=None,
+                        help="steps between evaluations (default 100; a short smoke run: fewer)")
     parser.add_argument("--out", default=RESULTS, help="directory for the .json and .md")
     args = parser.parse_args(argv)
     log = lambda text: print("..", text, flush=True)  # noqa: E731
@@ -87,6 +89,8 @@ def main(argv=None):
         problem = dataclasses.replace(problem, cap_s=args.cap_s)
     if args.target is not None:
         problem = dataclasses.replace(problem, target=args.target)
+    if args.eval_every is not None:
+        problem = dataclasses.replace(problem, eval_every=args.eval_every)
     table = methods()
     picked = [n for n in args.methods.split(",") if n] if args.methods else list(table)
     if set(picked) - set(table):
