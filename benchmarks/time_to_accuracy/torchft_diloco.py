@@ -10,7 +10,7 @@ import sys
 import time
 from datetime import timedelta
 
-from .methods import Member
+from .member import Member
 
 
 def free_port():
