@@ -319,8 +319,8 @@ def check_args(args: argparse.Namespace, error: Callable[[str], Any]) -> None:
     check_elastic(args, error)
     if args.hosts:
         for dest, flag, why in NOT_WITH_HOSTS:
-            if getattr(args, dest) not in (None, False) and not (args.elastic
-                                                                  and dest == "restart"):
+            if getattr(args, dest) not in (None, False) and not (
+                    args.elastic and dest in ("restart", "status_every_s")):
                 error("%s cannot be used with --hosts: %s" % (flag, why))
     else:
         for flag in TIE_FLAGS:

@@ -255,8 +255,8 @@ class ElasticLaunch(Launch):
         if not self.status.due(force):
             return
         running = sum(p.poll() is None for p in self.nodes.values())
-        parts = ["nodes running %d/%d" % (running, len(self.nodes)),
-                 "elapsed %s" % datetime.timedelta(seconds=int(time.monotonic() - self._started))]
+        elapsed = datetime.timedelta(seconds=int(time.monotonic() - self._started))
+        parts = ["nodes running %d/%d" % (running, len(self.nodes)), "elapsed %s" % elapsed]
         if self._quorum is not None:
             parts.append("quorum %d: %s" % self._quorum)
         elif self.lighthouse is not None:
@@ -267,10 +267,11 @@ class ElasticLaunch(Launch):
         self.status.draw(parts)
 
     def shows_output(self, proc):
-        return not getattr(self.args, "quiet", False) and proc in self.started_nodes
+        """Every node's output and the lighthouse's (its quorums), unless --quiet."""
+        return not getattr(self.args, "quiet", False) and proc in self.everyone()
 
     def echo_output(self, final=False):
-        for proc in self.started_nodes:
+        for proc in self.everyone():
             if self.shows_output(proc):
                 lines = proc.new_lines(final)
                 if lines:
