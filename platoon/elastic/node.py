@@ -122,8 +122,10 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m platoon.elastic.node``: parse the command line and `run_elastic_node`."""
+def read_arguments(argv: Optional[Sequence[str]] = None):
+    """(the parsed options, the node's tie, the worker command) of
+    ``python -m platoon.elastic.node``'s command line; exits with status 2 (argparse's usage
+    error) naming a bad option."""
     parser = argparse.ArgumentParser(
         prog="python -m platoon.elastic.node",
         description="One node of an elastic platoon job (nodes that come and go).")
@@ -147,7 +149,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="arguments of a controller script (one shell-quoted string)")
     default = elastic_tie()  # (platoon-launcher --elastic writes what differs from it)
     parser.add_argument("--tie-every-s", type=float, default=default.every_s,
-                        help="an outer round every so many seconds (default %g)"
+                        help="an outer round every so many seconds (default %s)"
                              % default.every_s)
     parser.add_argument("--tie-outer", choices=["diloco"], default=default.outer,
                         help="what a round does: diloco (the only rule of an elastic job)")
@@ -184,6 +186,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("--tie-timeout-s must be more than --tie-every-s")
     if not args.final_timeout_s > args.tie_timeout_s:
         parser.error("--final-timeout-s must be more than --tie-timeout-s")
+    return args, tie, command
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m platoon.elastic.node``: parse the command line and `run_elastic_node`."""
+    args, tie, command = read_arguments(argv)
     try:
         return run_elastic_node(command, args.workers, join=args.join, name=args.name, tie=tie,
                                 tie_timeout_s=args.tie_timeout_s, secret_file=args.secret_file,

@@ -94,8 +94,7 @@ ELASTIC_FLAGS = ("lighthouse", "join", "secret_file", "min_nodes", "heartbeat_ti
 TIE_TIMEOUT_S = 30.0  # an elastic node's --tie-timeout-s (platoon.elastic.node's default)
 # Defaults of the options above that are refused with --hosts (None in the parser, so that
 # an option given explicitly can be told from its default).
-DEFAULTS = {"restart": 0, "control_port": 0, "data_port": 0, "status_every_s": 5.0,
-            "min_nodes": 1, "heartbeat_timeout_s": 5.0}
+DEFAULTS = {"restart": 0, "control_port": 0, "data_port": 0, "status_every_s": 5.0}
 
 
 class Interrupted(Exception):
@@ -251,7 +250,7 @@ def make_parser() -> "_Parser":
                         "quorum (default 5; 1 on a quiet network)")
     parser.add_argument("--tie-every-s", type=_seconds, metavar="S",
                         help="with --hosts: tie the node centres every S seconds (with "
-                        "--elastic: default %g)" % elastic_tie().every_s)
+                        "--elastic: default %s)" % elastic_tie().every_s)
     parser.add_argument("--tie-every-syncs", type=int, metavar="K",
                         help="with --hosts: tie the node centres every K syncs")
     parser.add_argument("--tie-compress", choices=TIE_CODECS, metavar="{%s}" % ",".join(TIE_CODECS),
@@ -355,9 +354,11 @@ def check_args(args: argparse.Namespace, error: Callable[[str], Any]) -> None:
 
 def check_elastic(args: argparse.Namespace, error: Callable[[str], Any]) -> None:
     """`check_args`' part for --elastic and its options: what an elastic job cannot do is
-    refused, naming the flag and why; its lighthouse's settings are checked where they are
-    declared (`platoon.elastic.MembershipSettings`)."""
+    refused, naming the flag and why; its lighthouse's settings are defaulted and checked
+    where they are declared, in `args.membership` (a `platoon.elastic.MembershipSettings`;
+    None without --elastic)."""
     given = [flag for flag in ELASTIC_FLAGS if getattr(args, flag) is not None]
+    args.membership = None
     if not args.elastic:
         if given:
             error("--%s needs --elastic (with --hosts)" % given[0].replace("_", "-"))
@@ -393,7 +394,9 @@ def check_elastic(args: argparse.Namespace, error: Callable[[str], Any]) -> None
               % args.secret_file)
     from ..elastic.quorum import MembershipSettings  # (imports pyzmq: only with --elastic)
     try:
-        MembershipSettings(args.min_nodes or 1, args.heartbeat_timeout_s or 5.0)
+        args.membership = MembershipSettings(**{
+            k: getattr(args, k) for k in ("min_nodes", "heartbeat_timeout_s")
+            if getattr(args, k) is not None})
     except ValueError as exc:
         error(flag_message(exc, "--"))
     if args.min_nodes is not None and args.min_nodes > len(args.hosts):
@@ -414,6 +417,7 @@ def node_settings(args: argparse.Namespace) -> NodeSettings:
              if getattr(args, "tie_" + name) is not None}
     pace = {"every_s": args.tie_every_s, "every_syncs": args.tie_every_syncs}
     tied = pace["every_s"] is not None or pace["every_syncs"] is not None
+    tie: Optional[CentreTie]
     if getattr(args, "elastic", False):  # always tied: DiLoCo, paced in seconds
         tie = elastic_tie(**{k: v for k, v in pace.items() if v is not None}, **given)
         tied = True
@@ -535,7 +539,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     signal.signal(signal.SIGINT, interrupt)  # first of all: start-up is interruptible too
     signal.signal(signal.SIGTERM, interrupt)
-    launch = None
+    launch: Optional[Launch] = None
     try:
         try:
             args = parse_args(argv)

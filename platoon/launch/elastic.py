@@ -85,7 +85,8 @@ class ElasticLaunch(Launch):
         self._ended: Dict[Process, str] = {}  # node process -> how it ended, as said
         self._lighthouse_log: Optional[LogFollower] = None
         self._quorum: Optional[Tuple[int, str]] = None  # the lighthouse's latest
-        self._lighthouse_port = None
+        self._lighthouse_port: Optional[str] = None
+        self.join = ""  # the lighthouse's address, as the nodes join it
 
     def started(self):
         return self.lighthouse is not None or bool(self.started_nodes)
@@ -94,10 +95,11 @@ class ElasticLaunch(Launch):
     def run_elastic(self, worker_script, controller_script):
         """Start the lighthouse (or join one) and the nodes; supervise; the exit code."""
         args = self.args
-        self.mpiexec = find_mpiexec()
-        if self.mpiexec is None:
+        mpiexec = find_mpiexec()
+        if mpiexec is None:
             raise UsageError("--hosts needs mpiexec: pip install mpi4py mpich (in platoon's "
                              "clone: pip install -e '.[mpi]')")
+        self.mpiexec = mpiexec
         self.log_dir_fd = make_private_dirs(self.log_dir)
         if args.secret_file:
             self.secret_file = os.path.abspath(args.secret_file)
@@ -117,13 +119,12 @@ class ElasticLaunch(Launch):
             bind, self.join = lighthouse_address(args.lighthouse, args.hosts)
             address = self.start_lighthouse(bind)
             if address is None:
-                return self.fail(self.lighthouse, "the lighthouse did not start (%s)" % (
-                    self.lighthouse.describe_exit() if self.lighthouse.poll() is not None
-                    else "no answer within %.3g s" % args.ready_timeout_s))
+                return self._not_started()
             self._lighthouse_port = address.rpartition(":")[2]
             self.join = "%s:%s" % (self.join.rpartition(":")[0], self._lighthouse_port)
             self.say("lighthouse at %s (min nodes %d, heartbeat timeout %g s), secret %s"
-                     % (self.join, args.min_nodes, args.heartbeat_timeout_s, self.secret_file))
+                     % (self.join, args.membership.min_nodes,
+                        args.membership.heartbeat_timeout_s, self.secret_file))
         self.node = dataclasses.replace(
             args.node, controller=controller_script,
             controller_args=args.controller_args if controller_script else "")
@@ -149,8 +150,9 @@ class ElasticLaunch(Launch):
         try:
             self.lighthouse = Process(
                 label, "-m:platoon.elastic.lighthouse",
-                ["--min-nodes", str(args.min_nodes), "--heartbeat-timeout-s",
-                 repr(args.heartbeat_timeout_s), "--bind", bind, "--secret-file",
+                ["--min-nodes", str(args.membership.min_nodes), "--heartbeat-timeout-s",
+                 repr(args.membership.heartbeat_timeout_s), "--join-grace-s",
+                 repr(args.membership.join_grace_s), "--bind", bind, "--secret-file",
                  self.secret_file], env, os.path.join(self.log_dir, label + ".log"),
                 pass_fds=(write_fd,))
         finally:
@@ -239,9 +241,16 @@ class ElasticLaunch(Launch):
                                                self.restarts_left))
         bind, _ = lighthouse_address(self.join, self.args.hosts)
         if self.start_lighthouse(bind) is None:
-            return self.fail(self.lighthouse, "the lighthouse did not start again (%s)"
-                             % self.lighthouse.describe_exit())
+            return self._not_started()
         return None
+
+    def _not_started(self):
+        """Fail the job: the lighthouse just started announced no address."""
+        proc = self.lighthouse
+        assert proc is not None
+        return self.fail(proc, "the lighthouse did not start (%s)" % (
+            proc.describe_exit() if proc.poll() is not None
+            else "no answer within %.3g s" % self.args.ready_timeout_s))
 
     def _follow_lighthouse(self):
         if self._lighthouse_log is None:
@@ -310,8 +319,9 @@ class ElasticLaunch(Launch):
         final, kept_own = None, []
         for proc in self.started_nodes:
             for line in _lines(proc.log_path):
-                if FINAL_LINE.search(line):
-                    final = FINAL_LINE.search(line).group(0)
+                match = FINAL_LINE.search(line)
+                if match:
+                    final = match.group(0)
                 if KEPT_OWN in line:
                     kept_own.append(proc.index)
         if final:
