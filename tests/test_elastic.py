@@ -881,6 +881,29 @@ def test_launcher_elastic_job_survives_a_kill_restarts_the_node_healed_ends_on_o
           % ("/".join(m.group(3) for m in went_on), healed.group(3), first.group(1)))
 
 
+def test_launcher_elastic_job_stopped_by_sigint_leaves_nothing(tmp_path):
+    """Ctrl-C (SIGINT) on platoon-launcher --elastic while its node trains: the launcher stops
+    the node (through its mpiexec) and the lighthouse, exits 130 with a summary that says the
+    centre saved is the node's own, and leaves no process and no shared memory."""
+    logs = tmp_path / "logs"
+    launcher = Proc(["-m", "platoon.launch.cli", WORKER, "--hosts", "127.0.0.1", "--elastic",
+                     "-n", "1", "--log-dir", str(logs), "--", "60"])
+    try:
+        match, _ = launcher.wait_for_match(r"\[node-127.0.0.1\] platoon.elastic: node \S+, "
+                                           r"controller pid \d+, job (\S+),", 30)
+        launcher.wait_for_line("[node-127.0.0.1] DISTRIBUTED none", 30)  # its worker runs
+        launcher.popen.send_signal(signal.SIGINT)
+        assert launcher.wait(30) == 128 + signal.SIGINT, launcher.output
+        summary = launcher.output[launcher.output.index("job summary"):]
+        assert "node-127.0.0.1 on 127.0.0.1: stopped" in summary, summary
+        assert "the job was stopped before its final round" in summary, summary
+        wait_until(lambda: not _mentioning(str(tmp_path)), 10, "the job's processes to end")
+        job_id = match.group(1).rpartition("-127.0.0.1")[0]
+        assert not [s for s in platoon_segments() if job_id in s]
+    finally:
+        _stop(launcher, tmp_path)
+
+
 def test_an_elastic_node_refuses_cross_node_collectives_and_a_rule_it_cannot_run():
     from platoon.elastic.link import ElasticLink
     from platoon.mpi import CentreTie

@@ -329,15 +329,22 @@ class ElasticLaunch(Launch):
         saved = [self.centre_of(n) for n in self.names
                  if self._saved_during_job(self.centre_of(n))]
         if saved:
+            if not self._finished_ok:
+                how = ("the job was stopped before its final round: each node saved its own "
+                       "centre, and they may differ")
+            elif kept_own:
+                how = ("node(s) %s gave the final round up and kept their own centre: the "
+                       "centres may differ" % ", ".join(sorted(set(kept_own))))
+            else:
+                how = "the nodes alive at the end saved the same agreed centre"
             lines.append("  centre saved by each node that ended, on its own machine: %s "
-                         "(load one with platoon.load_centre)%s"
-                         % (", ".join(saved), "; node(s) %s gave the final round up and kept "
-                            "their own centre: the centres may differ"
-                            % ", ".join(sorted(set(kept_own))) if kept_own else
-                            "; the nodes alive at the end saved the same agreed centre"))
+                         "(load one with platoon.load_centre); %s" % (", ".join(saved), how))
         else:
-            lines.append("  no centre saved here: each node saves its own to %s on its "
-                         "machine once the job ends" % self.centre_of("NAME"))
+            lines.append("  no centre saved here%s: each node saves its own to %s on its "
+                         "machine once it has one" % (
+                             "" if self._finished_ok else
+                             " (the job was stopped before its final round)",
+                             self.centre_of("NAME")))
         return lines
 
 
