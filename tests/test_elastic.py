@@ -776,6 +776,14 @@ def _alive(pid):
         return False
 
 
+def _cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _mentioning(text):
     """Pids of the live processes whose command line holds `text`."""
     found = []
@@ -881,16 +889,29 @@ def test_launcher_elastic_job_survives_a_kill_restarts_the_node_healed_ends_on_o
           % ("/".join(m.group(3) for m in went_on), healed.group(3), first.group(1)))
 
 
-def test_launcher_elastic_job_stopped_by_sigint_leaves_nothing(tmp_path):
-    """Ctrl-C (SIGINT) on platoon-launcher --elastic while its node trains: the launcher stops
-    the node (through its mpiexec) and the lighthouse, exits 130 with a summary that says the
-    centre saved is the node's own, and leaves no process and no shared memory."""
+def test_launcher_elastic_restarts_its_lighthouse_and_sigint_leaves_nothing(tmp_path):
+    """The lighthouse that platoon-launcher --elastic --restart 1 started is killed -9: the
+    launcher starts it again on its port, and the node, training on, joins its new quorum.
+    Then Ctrl-C (SIGINT): the launcher stops the node (through its mpiexec) and the
+    lighthouse, exits 130 with a summary that says the centre saved is the node's own, and
+    leaves no process and no shared memory."""
     logs = tmp_path / "logs"
     launcher = Proc(["-m", "platoon.launch.cli", WORKER, "--hosts", "127.0.0.1", "--elastic",
-                     "-n", "1", "--log-dir", str(logs), "--", "60"])
+                     "-n", "1", "--restart", "1", "--log-dir", str(logs), "--", "60"])
     try:
         match, _ = launcher.wait_for_match(r"\[node-127.0.0.1\] platoon.elastic: node \S+, "
                                            r"controller pid \d+, job (\S+),", 30)
+        first, index = launcher.wait_for_match(r"\[lighthouse\] .*lighthouse: quorum (\d+): "
+                                               r"127.0.0.1$", 30)
+        (lighthouse,) = [pid for pid in _mentioning(str(tmp_path))
+                         if "platoon.elastic.lighthouse" in _cmdline(pid)]
+        os.kill(lighthouse, signal.SIGKILL)
+        launcher.wait_for_match(r"platoon-launcher: the lighthouse failed \(killed by SIGKILL\); "
+                                r"starting it again on port \d+ \(0 restart\(s\) left\)", 10,
+                                index)
+        again, _ = launcher.wait_for_match(r"\[lighthouse.restart1\] .*lighthouse: quorum "
+                                           r"(\d+): 127.0.0.1$", 5 + SLACK_S, index)
+        assert int(again.group(1)) > int(first.group(1))
         launcher.wait_for_line("[node-127.0.0.1] DISTRIBUTED none", 30)  # its worker runs
         launcher.popen.send_signal(signal.SIGINT)
         assert launcher.wait(30) == 128 + signal.SIGINT, launcher.output
