@@ -819,7 +819,8 @@ def test_launcher_elastic_job_survives_a_kill_restarts_the_node_healed_ends_on_o
         tmp_path):
     """platoon-launcher --hosts (three nodes on this machine, one worker each) --elastic: a
     lighthouse with a new secret, and one node runner per host under an mpiexec of its own.
-    Their centres are tied with DiLoCo every 0.2 s over int8. Node 3's controller is killed -9
+    Their centres are tied every 0.2 s over int8 by DiLoCo's outer step at lr 1 without
+    momentum (plain averaging). Node 3's controller is killed -9
     after its first round (its worker dies with it, the reaper frees its shared memory): its
     mpiexec alone ends, nodes 1 and 2 go on in the next quorum, and the launcher (--restart 1)
     starts node 3 again under its name: it is healed from a peer (it takes their anchor) and
@@ -831,8 +832,8 @@ def test_launcher_elastic_job_survives_a_kill_restarts_the_node_healed_ends_on_o
     n = {name: re.escape(name) for name in names}
     launcher = Proc(["-m", "platoon.launch.cli", WORKER, "--hosts"] + ["127.0.0.1"] * 3 + [
         "--elastic", "-n", "1", "--min-nodes", "2", "--heartbeat-timeout-s", str(TIMEOUT_S),
-        "--tie-every-s", "0.2", "--restart", "1", "--log-dir", str(logs), "--", "60",
-        str(stop)])
+        "--tie-every-s", "0.2", "--tie-outer-lr", "1", "--tie-outer-momentum", "0",
+        "--restart", "1", "--log-dir", str(logs), "--", "60", str(stop)])
     try:
         match, _ = launcher.wait_for_match(r"\[node-%s\] platoon.elastic: node \S+, controller "
                                            r"pid (\d+), job (\S+)," % n[c], 30)
@@ -872,11 +873,13 @@ def test_launcher_elastic_job_survives_a_kill_restarts_the_node_healed_ends_on_o
         true_w = np.arange(256) / 256
         dists = [float(line.split()[2]) for line in launcher.lines
                  if line and re.match(r"\[node-\S+\] DIST ", line)]
-        # Trained: from about 16 at the start (N(0, 1) weights) to within 1. The agreed centre
-        # (the DiLoCo anchor after the last handover) lags the workers' own weights (0.006
-        # here) by as many outer steps as the short run made: 5 to 30 rounds of 0.2 s here,
-        # the anchor 0.005 to 0.17 from the true weights.
-        assert len(dists) == 3 and np.linalg.norm(centres[0] - true_w) < 1.0, dists
+        # Trained: from about 16 at the start (N(0, 1) weights) to the workers' own distance.
+        # An outer step of lr 1 without momentum is plain averaging: the agreed centre is where
+        # the workers are, however few rounds the run made (with the defaults, lr 0.7 and
+        # momentum 0.9, it lags them by the outer steps it did not make: 0.17 to 1.2 with 5
+        # rounds, the workers at 0.006 to 0.17)
+        distance = float(np.linalg.norm(centres[0] - true_w))
+        assert len(dists) == 3 and distance < min(4.0, 2 * max(dists) + 0.01), (distance, dists)
         # no worker took itself for an MPI rank (mpiexec started each node)
         assert sum(line.endswith("] DISTRIBUTED none") for line in launcher.lines if line) == 4
         assert os.stat(logs / "elastic.secret").st_mode & 0o777 == 0o600
@@ -885,8 +888,10 @@ def test_launcher_elastic_job_survives_a_kill_restarts_the_node_healed_ends_on_o
     finally:
         _stop(launcher, tmp_path)
     print("nodes 1 and 2 back to outer rounds %s s after theirs broke; node 3 started again by "
-          "the launcher healed %s s and first contributing %s s after its start"
-          % ("/".join(m.group(3) for m in went_on), healed.group(3), first.group(1)))
+          "the launcher healed %s s and first contributing %s s after its start; the centre "
+          "%.4f from the true weights, the workers %s"
+          % ("/".join(m.group(3) for m in went_on), healed.group(3), first.group(1), distance,
+             dists))
 
 
 def test_launcher_elastic_restarts_its_lighthouse_and_sigint_leaves_nothing(tmp_path):
