@@ -922,10 +922,31 @@ def test_launcher_elastic_restarts_its_lighthouse_and_sigint_leaves_nothing(tmp_
         assert launcher.wait(30) == 128 + signal.SIGINT, launcher.output
         summary = launcher.output[launcher.output.index("job summary"):]
         assert "node-127.0.0.1 on 127.0.0.1: stopped" in summary, summary
-        assert "the job was stopped before its final round" in summary, summary
+        assert "the job ended before its final round" in summary, summary
         wait_until(lambda: not _mentioning(str(tmp_path)), 10, "the job's processes to end")
         job_id = match.group(1).rpartition("-127.0.0.1")[0]
         assert not [s for s in platoon_segments() if job_id in s]
+    finally:
+        _stop(launcher, tmp_path)
+
+
+def test_launcher_elastic_job_whose_every_node_fails_fails_and_leaves_nothing(tmp_path):
+    """Both nodes' workers fail at once (a bad argument): each node ends, the launcher, with
+    no restart left, reports each, says that every node failed, exits 1, and stops the
+    lighthouse, leaving no process."""
+    logs = tmp_path / "logs"
+    launcher = Proc(["-m", "platoon.launch.cli", WORKER, "--hosts", "127.0.0.1", "127.0.0.1",
+                     "--elastic", "-n", "1", "--log-dir", str(logs), "--", "not-seconds"])
+    try:
+        assert launcher.wait(60) == 1, launcher.output
+        for name in ("127.0.0.1-1", "127.0.0.1-2"):
+            assert re.search(r"platoon-launcher: node %s failed \(exit code \d+\); (the other "
+                             r"nodes go on without it|no other node runs) \(no restart left"
+                             % re.escape(name), launcher.output), launcher.output
+        assert "platoon-launcher: job failed: every node failed" in launcher.output
+        assert "no centre saved here (the job ended before its final round)" in launcher.output
+        assert "could not convert string to float: 'not-seconds'" in launcher.output
+        wait_until(lambda: not _mentioning(str(tmp_path)), 10, "the job's processes to end")
     finally:
         _stop(launcher, tmp_path)
 

@@ -212,9 +212,11 @@ class ElasticLaunch(Launch):
                             proc.tail(5).rstrip()))
                 self.start_node(name, proc.device)
             else:
-                self.say("%s; the other nodes go on without it%s. Last lines of %s:\n%s"
-                         % (reason, " (no restart left: --restart N starts a failed node "
-                            "again)" if not finished else " (the job is ending)",
+                others = any(p.poll() is None for n, p in self.nodes.items() if n != name)
+                self.say("%s; %s%s. Last lines of %s:\n%s"
+                         % (reason, "the other nodes go on without it" if others
+                            else "no other node runs", " (no restart left: --restart N starts "
+                            "a failed node again)" if not finished else " (the job is ending)",
                             proc.log_path, proc.tail(5).rstrip()))
         if all(p.poll() is not None for p in self.nodes.values()):
             self.echo_output(final=True)
@@ -330,7 +332,7 @@ class ElasticLaunch(Launch):
                  if self._saved_during_job(self.centre_of(n))]
         if saved:
             if not self._finished_ok:
-                how = ("the job was stopped before its final round: each node saved its own "
+                how = ("the job ended before its final round: each node saved its own "
                        "centre, and they may differ")
             elif kept_own:
                 how = ("node(s) %s gave the final round up and kept their own centre: the "
@@ -343,7 +345,7 @@ class ElasticLaunch(Launch):
             lines.append("  no centre saved here%s: each node saves its own to %s on its "
                          "machine once it has one" % (
                              "" if self._finished_ok else
-                             " (the job was stopped before its final round)",
+                             " (the job ended before its final round)",
                              self.centre_of("NAME")))
         return lines
 
