@@ -214,7 +214,8 @@ def make_parser() -> "_Parser":
               help="seconds between status lines when the output is not a terminal "
               "(default 5); on a terminal the line refreshes twice a second")
     parser.add_argument("--restart", type=int, metavar="N",
-                        help="replace up to N failed workers instead of stopping the job")
+                        help="replace up to N failed workers instead of stopping the job "
+                        "(with --elastic: start up to N failed nodes, or its lighthouse, again)")
     parser.add_argument("--keep-going", action="store_true",
                         help="a failed worker does not stop the job: the controller's "
                         "handle_worker_death decides")
