@@ -124,6 +124,17 @@ class CentreTie:
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(CentreTie))
 
+# An elastic node's tie where its command line gives none of these settings (DiLoCo's outer
+# step is its only rule): ``python -m platoon.elastic.node`` and ``platoon-launcher --elastic``
+# alike.
+ELASTIC_TIE = {"every_s": 3.0, "compress": "int8", "outer": "diloco"}
+
+
+def elastic_tie(**given) -> CentreTie:
+    """The tie of an elastic job's nodes: `ELASTIC_TIE` updated with the settings `given`
+    (CentreTie's keywords). Raises ValueError naming a bad setting."""
+    return CentreTie(**dict(ELASTIC_TIE, **given))
+
 
 def flag_message(exc: ValueError, prefix: str = "--tie-") -> str:
     """A CentreTie's (or NodeSettings') refusal, naming the command-line flag of the setting
@@ -167,11 +178,13 @@ class NodeSettings:
         if self.tie is not None and not isinstance(self.tie, CentreTie):
             raise ValueError("NodeSettings tie must be a CentreTie or None, got %r" % (self.tie,))
 
-    def to_argv(self) -> List[str]:
+    def to_argv(self, tie_defaults: Optional[CentreTie] = None) -> List[str]:
         """The node runner's options for these settings (the worker command goes after them,
         behind ``--``): ``--workers`` and every setting that is not its default, in the order
         of the fields; a tie as ``--tie-every-s`` and/or ``--tie-every-syncs`` (whichever it
-        has) and its other settings that are not their defaults."""
+        has) and its other settings that are not their defaults: CentreTie's, or those of
+        `tie_defaults`, the tie the runner takes where none is given (an elastic node's,
+        `elastic_tie()`)."""
         argv = ["--workers", str(self.workers)]
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -183,7 +196,8 @@ class NodeSettings:
             for f in dataclasses.fields(tie):
                 value = getattr(tie, f.name)
                 pace = f.name in ("every_s", "every_syncs")
-                if (pace and value is None) or (not pace and value == f.default):
+                default = f.default if tie_defaults is None else getattr(tie_defaults, f.name)
+                if (pace and value is None) or (not pace and value == default):
                     continue
                 argv += ["--tie-" + f.name.replace("_", "-"), _text(value)]
         return argv

@@ -19,7 +19,9 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import zmq
 
+from .._os.environment import JobEnvironment
 from .._os.logthrottle import ThrottledLog
+from .._os.process import announce
 from ..errors import PlatoonError
 from . import wire
 from .quorum import Membership, MembershipSettings
@@ -153,6 +155,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with lighthouse:
         log.info("serving on tcp://%s (min nodes %d, heartbeat timeout %g s)",
                  lighthouse.address, settings.min_nodes, settings.heartbeat_timeout_s)
+        ready_fd = JobEnvironment.read("ready_fd").ready_fd  # platoon-launcher --elastic's
+        if ready_fd is not None:
+            announce(ready_fd, {"address": lighthouse.address})
         lighthouse.serve(lambda: bool(stopping))
     return 0
 

@@ -18,7 +18,7 @@ import time
 from typing import Optional, Sequence
 
 from .._os.environment import JobEnvironment, worker_environment
-from .._os.nodesettings import TIE_CODECS, NodeSettings, flag_message
+from .._os.nodesettings import TIE_CODECS, NodeSettings, elastic_tie, flag_message
 from .._os.process import stop
 from ..errors import PlatoonError
 from ..mpi.runner import (
@@ -122,8 +122,10 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m platoon.elastic.node``: parse the command line and `run_elastic_node`."""
+def read_arguments(argv: Optional[Sequence[str]] = None):
+    """(the parsed options, the node's tie, the worker command) of
+    ``python -m platoon.elastic.node``'s command line; exits with status 2 (argparse's usage
+    error) naming a bad option."""
     parser = argparse.ArgumentParser(
         prog="python -m platoon.elastic.node",
         description="One node of an elastic platoon job (nodes that come and go).")
@@ -145,17 +147,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="controller script file.py, or module:Class or file.py:Class")
     parser.add_argument("--controller-args", default="",
                         help="arguments of a controller script (one shell-quoted string)")
-    parser.add_argument("--tie-every-s", type=float, default=3.0,
-                        help="an outer round every so many seconds (default 3)")
-    parser.add_argument("--tie-outer", choices=["diloco"], default="diloco",
+    default = elastic_tie()  # (platoon-launcher --elastic writes what differs from it)
+    parser.add_argument("--tie-every-s", type=float, default=default.every_s,
+                        help="an outer round every so many seconds (default %s)"
+                             % default.every_s)
+    parser.add_argument("--tie-outer", choices=["diloco"], default=default.outer,
                         help="what a round does: diloco (the only rule of an elastic job)")
-    parser.add_argument("--tie-compress", choices=TIE_CODECS, default="int8",
-                        help="how the moves travel: float32, int8 (default) or int4")
-    parser.add_argument("--tie-outer-lr", type=float, default=CentreTie.outer_lr,
-                        help="the outer learning rate (default %g)" % CentreTie.outer_lr)
-    parser.add_argument("--tie-outer-momentum", type=float, default=CentreTie.outer_momentum,
+    parser.add_argument("--tie-compress", choices=TIE_CODECS, default=default.compress,
+                        help="how the moves travel: float32, int8 or int4 (default %s)"
+                             % default.compress)
+    parser.add_argument("--tie-outer-lr", type=float, default=default.outer_lr,
+                        help="the outer learning rate (default %g)" % default.outer_lr)
+    parser.add_argument("--tie-outer-momentum", type=float, default=default.outer_momentum,
                         help="the outer Nesterov momentum (default %g)"
-                             % CentreTie.outer_momentum)
+                             % default.outer_momentum)
     parser.add_argument("--tie-timeout-s", type=float, default=TIE_TIMEOUT_S,
                         help="a round's collectives wait at most this long for a member that "
                              "stops answering (default 30; more than --tie-every-s)")
@@ -172,14 +177,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="-- then the worker command (python is sys.executable for a .py)")
     args, command = parse_node_arguments(parser, argv)
     try:
-        tie = CentreTie(args.tie_every_s, compress=args.tie_compress, outer=args.tie_outer,
-                        outer_lr=args.tie_outer_lr, outer_momentum=args.tie_outer_momentum)
+        tie = elastic_tie(every_s=args.tie_every_s, compress=args.tie_compress,
+                          outer=args.tie_outer, outer_lr=args.tie_outer_lr,
+                          outer_momentum=args.tie_outer_momentum)
     except ValueError as exc:
         parser.error(flag_message(exc))
     if not args.tie_timeout_s > args.tie_every_s:
         parser.error("--tie-timeout-s must be more than --tie-every-s")
     if not args.final_timeout_s > args.tie_timeout_s:
         parser.error("--final-timeout-s must be more than --tie-timeout-s")
+    return args, tie, command
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m platoon.elastic.node``: parse the command line and `run_elastic_node`."""
+    args, tie, command = read_arguments(argv)
     try:
         return run_elastic_node(command, args.workers, join=args.join, name=args.name, tie=tie,
                                 tie_timeout_s=args.tie_timeout_s, secret_file=args.secret_file,

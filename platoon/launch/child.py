@@ -41,7 +41,7 @@ def main() -> None:
     try:
         if target.startswith("-m:"):
             sys.argv = [target[3:]] + args
-            importlib.import_module(target[3:]).main()
+            sys.exit(importlib.import_module(target[3:]).main())  # its exit code, if any
         else:
             sys.argv = [target] + args
             sys.path.insert(0, os.path.dirname(os.path.abspath(target)))

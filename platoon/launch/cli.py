@@ -18,7 +18,14 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 from .. import device
 from .._os.argv import join_option_values
 from .._os.environment import JobEnvironment
-from .._os.nodesettings import OUTER_RULES, TIE_CODECS, CentreTie, NodeSettings, flag_message
+from .._os.nodesettings import (
+    OUTER_RULES,
+    TIE_CODECS,
+    CentreTie,
+    NodeSettings,
+    elastic_tie,
+    flag_message,
+)
 from .supervision import (  # noqa: F401
     EXIT_FAILED,
     EXIT_OK,
@@ -75,6 +82,16 @@ NOT_WITH_HOSTS = [
     ("status_every_s", "--status-every-s", "there is no status line: each node's progress "
      "is in LOG_DIR/mpiexec.log"),
 ]
+# What an elastic job (--hosts ... --elastic) cannot do besides (--restart it can: a failed
+# node is started again and rejoins), and why.
+NOT_WITH_ELASTIC = [
+    ("keep_going", "--keep-going", "a failed node never stops an elastic job's other nodes; "
+     "--restart N starts it again"),
+    ("tie_every_syncs", "--tie-every-syncs", "an elastic node's outer rounds are paced in "
+     "seconds: use --tie-every-s"),
+]
+ELASTIC_FLAGS = ("lighthouse", "join", "secret_file", "min_nodes", "heartbeat_timeout_s")
+TIE_TIMEOUT_S = 30.0  # an elastic node's --tie-timeout-s (platoon.elastic.node's default)
 # Defaults of the options above that are refused with --hosts (None in the parser, so that
 # an option given explicitly can be told from its default).
 DEFAULTS = {"restart": 0, "control_port": 0, "data_port": 0, "status_every_s": 5.0}
@@ -197,7 +214,8 @@ def make_parser() -> "_Parser":
               help="seconds between status lines when the output is not a terminal "
               "(default 5); on a terminal the line refreshes twice a second")
     parser.add_argument("--restart", type=int, metavar="N",
-                        help="replace up to N failed workers instead of stopping the job")
+                        help="replace up to N failed workers instead of stopping the job "
+                        "(with --elastic: start up to N failed nodes, or its lighthouse, again)")
     parser.add_argument("--keep-going", action="store_true",
                         help="a failed worker does not stop the job: the controller's "
                         "handle_worker_death decides")
@@ -209,16 +227,41 @@ def make_parser() -> "_Parser":
     parser.add_argument("--hosts", nargs="+", metavar="HOST",
                         help="one controller per host, as MPI ranks (mpiexec from "
                         "the mpi extra), each running -n workers; see README, Multi-node jobs")
+    parser.add_argument("--elastic", action="store_true",
+                        help="with --hosts: nodes that come and go (platoon.elastic): a "
+                        "lighthouse, one node per host under an mpiexec of its own; a node "
+                        "that dies ends alone, and --restart N starts it again (it rejoins, "
+                        "healed from a live node); DiLoCo ties the node centres; see "
+                        "docs/multi-node.md")
+    parser.add_argument("--lighthouse", metavar="HOST:PORT",
+                        help="with --elastic: where the job's lighthouse listens and the nodes "
+                        "join it (default 127.0.0.1 when every host is this machine, else "
+                        "this machine's hostname; port 0, the default, picks a free one)")
+    parser.add_argument("--join", metavar="HOST:PORT",
+                        help="with --elastic: start no lighthouse; the nodes join the running "
+                        "one at HOST:PORT (give its job's --secret-file)")
+    parser.add_argument("--secret-file", metavar="PATH",
+                        help="with --elastic: the job's secret, at this path on every host "
+                        "(default: a new one, 0600, in LOG_DIR/%s: on another host the log "
+                        "directory must be shared, or give this)" % "elastic.secret")
+    parser.add_argument("--min-nodes", type=int, metavar="M",
+                        help="with --elastic: no quorum with fewer live nodes (default 1)")
+    parser.add_argument("--heartbeat-timeout-s", type=_seconds, metavar="S",
+                        help="with --elastic: a node silent this long is out of the next "
+                        "quorum (default 5; 1 on a quiet network)")
     parser.add_argument("--tie-every-s", type=_seconds, metavar="S",
-                        help="with --hosts: tie the node centres every S seconds")
+                        help="with --hosts: tie the node centres every S seconds (with "
+                        "--elastic: default %s)" % elastic_tie().every_s)
     parser.add_argument("--tie-every-syncs", type=int, metavar="K",
                         help="with --hosts: tie the node centres every K syncs")
     parser.add_argument("--tie-compress", choices=TIE_CODECS, metavar="{%s}" % ",".join(TIE_CODECS),
                         help="with --hosts: how the node centres travel at a tie (default "
-                        "float32; int8 and int4 send 3.9x and 7.8x fewer bytes)")
+                        "float32, with --elastic %s; int8 and int4 send 3.9x and 7.8x fewer "
+                        "bytes)" % elastic_tie().compress)
     parser.add_argument("--tie-outer", choices=TIE_OUTER_RULES,
                         help="with --hosts: what a tie round does: easgd (each centre moves "
-                        "toward the mean; default) or diloco (an outer Nesterov step)")
+                        "toward the mean; default) or diloco (an outer Nesterov step; the "
+                        "only rule with --elastic)")
     parser.add_argument("--tie-outer-lr", type=float, metavar="LR",
                         help="with --hosts and --tie-outer diloco: the outer lr (default %g)"
                         % CentreTie.outer_lr)
@@ -273,9 +316,11 @@ def check_args(args: argparse.Namespace, error: Callable[[str], Any]) -> None:
     if args.controller and not is_script(args.experiment):
         error("--controller goes with a SCRIPT.py (ending in .py); the EXPERIMENT form runs "
               "%s_controller.py" % args.experiment)
+    check_elastic(args, error)
     if args.hosts:
         for dest, flag, why in NOT_WITH_HOSTS:
-            if getattr(args, dest) not in (None, False):
+            if getattr(args, dest) not in (None, False) and not (
+                    args.elastic and dest in ("restart", "status_every_s")):
                 error("%s cannot be used with --hosts: %s" % (flag, why))
     else:
         for flag in TIE_FLAGS:
@@ -294,7 +339,7 @@ def check_args(args: argparse.Namespace, error: Callable[[str], Any]) -> None:
         if getattr(args, dest) == 0:
             error("--%s must be more than 0" % dest.replace("_", "-"))
     if (args.tie_outer_lr is not None or args.tie_outer_momentum is not None) \
-            and args.tie_outer != "diloco":
+            and args.tie_outer != "diloco" and not args.elastic:
         error("--tie-outer-lr and --tie-outer-momentum go with --tie-outer diloco")
     if args.restart < 0:
         error("--restart must be at least 0")
@@ -308,6 +353,61 @@ def check_args(args: argparse.Namespace, error: Callable[[str], Any]) -> None:
             error(flag_message(exc))
 
 
+def check_elastic(args: argparse.Namespace, error: Callable[[str], Any]) -> None:
+    """`check_args`' part for --elastic and its options: what an elastic job cannot do is
+    refused, naming the flag and why; its lighthouse's settings are defaulted and checked
+    where they are declared, in `args.membership` (a `platoon.elastic.MembershipSettings`;
+    None without --elastic)."""
+    given = [flag for flag in ELASTIC_FLAGS if getattr(args, flag) is not None]
+    args.membership = None
+    if not args.elastic:
+        if given:
+            error("--%s needs --elastic (with --hosts)" % given[0].replace("_", "-"))
+        return
+    if not args.hosts:
+        error("--elastic needs --hosts: one node per host (give one host, or localhost "
+              "several times, to try it on this machine)")
+    for dest, flag, why in NOT_WITH_ELASTIC:
+        if getattr(args, dest) not in (None, False):
+            error("%s cannot be used with --elastic: %s" % (flag, why))
+    if args.tie_outer == "easgd":
+        error("--tie-outer easgd cannot be used with --elastic: an elastic job ties its nodes "
+              "with DiLoCo's outer step only (leave out --tie-outer, or run a fixed-world job "
+              "without --elastic)")
+    if args.join:
+        for flag in ("lighthouse", "min_nodes", "heartbeat_timeout_s"):
+            if getattr(args, flag) is not None:
+                error("--%s cannot be used with --join: it is the running lighthouse's "
+                      "setting" % flag.replace("_", "-"))
+        if not args.secret_file:
+            error("--join needs --secret-file: the secret of the job whose lighthouse it "
+                  "joins")
+    for flag in ("lighthouse", "join"):
+        address = getattr(args, flag)
+        host, _, port = (address or "").rpartition(":")
+        if address is not None and not (host and port.isdigit() and int(port) <= 65535
+                                        and (flag == "lighthouse" or int(port) > 0)):
+            error("--%s %s: give HOST:PORT%s" % (flag, address, " (port 0 picks a free one)"
+                                                 if flag == "lighthouse" else ""))
+    if args.secret_file and not os.path.isfile(args.secret_file):
+        error("--secret-file %s: no such file (make one with python -m "
+              "platoon.elastic.lighthouse --new-secret PATH, or leave it out for a new one)"
+              % args.secret_file)
+    from ..elastic.quorum import MembershipSettings  # (imports pyzmq: only with --elastic)
+    try:
+        args.membership = MembershipSettings(**{
+            k: getattr(args, k) for k in ("min_nodes", "heartbeat_timeout_s")
+            if getattr(args, k) is not None})
+    except ValueError as exc:
+        error(flag_message(exc, "--"))
+    if args.min_nodes is not None and args.min_nodes > len(args.hosts):
+        error("--min-nodes %d is more than the %d host(s): no quorum would ever form"
+              % (args.min_nodes, len(args.hosts)))
+    if args.tie_every_s is not None and not args.tie_every_s < TIE_TIMEOUT_S:
+        error("--tie-every-s must be less than %g s with --elastic (a round's timeout)"
+              % TIE_TIMEOUT_S)
+
+
 def node_settings(args: argparse.Namespace) -> NodeSettings:
     """What each node of a --hosts job runs, from the launcher's options (the controller comes
     later: `Launch.run_hosts`). The tie's settings are checked whenever one is given; the
@@ -318,7 +418,12 @@ def node_settings(args: argparse.Namespace) -> NodeSettings:
              if getattr(args, "tie_" + name) is not None}
     pace = {"every_s": args.tie_every_s, "every_syncs": args.tie_every_syncs}
     tied = pace["every_s"] is not None or pace["every_syncs"] is not None
-    tie = CentreTie(**(pace if tied else {}), **given) if tied or given else None
+    tie: Optional[CentreTie]
+    if getattr(args, "elastic", False):  # always tied: DiLoCo, paced in seconds
+        tie = elastic_tie(**{k: v for k, v in pace.items() if v is not None}, **given)
+        tied = True
+    else:
+        tie = CentreTie(**(pace if tied else {}), **given) if tied or given else None
     return NodeSettings(args.workers, controller_args=args.controller_args,
                         tie=tie if tied else None, ready_timeout_s=args.ready_timeout_s,
                         finish_timeout_s=args.finish_timeout_s)
@@ -411,6 +516,10 @@ def run(launch: Launch) -> int:
         launch.say("%s: using the default Controller" % (
             "no --controller" if is_script(args.experiment)
             else "no %s_controller.py" % os.path.basename(args.experiment)))
+    if args.elastic:
+        from .elastic import ElasticLaunch
+        assert isinstance(launch, ElasticLaunch), "main makes an ElasticLaunch for --elastic"
+        return launch.run_elastic(worker_script, controller_script)
     if args.hosts:
         return launch.run_hosts(worker_script, controller_script)
     return launch.run(worker_script, controller_script, plan_devices(args, launch.say))
@@ -431,13 +540,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     signal.signal(signal.SIGINT, interrupt)  # first of all: start-up is interruptible too
     signal.signal(signal.SIGTERM, interrupt)
-    launch = None
+    launch: Optional[Launch] = None
     try:
         try:
             args = parse_args(argv)
             logging.basicConfig(level=args.log_level.upper(),
                                 format="platoon-launcher: %(message)s")
-            launch = Launch(args)
+            if args.elastic:
+                from .elastic import ElasticLaunch
+                launch = ElasticLaunch(args)
+            else:
+                launch = Launch(args)
             return run(launch)
         except UsageError as exc:
             print("platoon-launcher: %s" % exc, file=sys.stderr)
@@ -456,7 +569,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         if launch is not None:
             launch.make_status_private()
-            if launch.controller is not None:  # the job started: how it went, what it left
+            if launch.started():  # the job started: how it went, what it left
                 launch.echo_output(final=True)
                 for line in launch.summary():
                     launch.say(line)

@@ -314,10 +314,8 @@ class StatusLine:
         """Draw the status line: how many of the processes `workers` (every one started,
         failed and replaced ones included) are alive, of the job's `size`; the controller's
         counts and metrics."""
-        now = time.monotonic()
-        if not force and now - self._shown < (0.5 if self.tty else self.every_s):
+        if not self.due(force):
             return
-        self._shown = now
         status = read_status(self.status_file)
         alive = sum(w.poll() is None for w in workers)
         parts = ["workers alive %d/%d" % (alive, size)]
@@ -331,6 +329,20 @@ class StatusLine:
         if _dropped(status):
             parts.append("%d metrics not kept" % _dropped(status))
         parts += _metrics(status.get("metrics"))
+        self.draw(parts)
+
+    def due(self, force=False):
+        """Whether the line is to be drawn now (twice a second on a terminal, else every
+        `every_s`, or `force`); if so, counts it as drawn."""
+        now = time.monotonic()
+        if not force and now - self._shown < (0.5 if self.tty else self.every_s):
+            return False
+        self._shown = now
+        return True
+
+    def draw(self, parts):
+        """Draw the line of `parts` (each made visible): in place, fitted to the terminal, or
+        as one line of output."""
         parts = [visible(part) for part in parts]
         if self.tty:  # one line that fits: a wider one wraps, and clear() leaves its copy
             line = fit(parts, self.width())
@@ -379,6 +391,10 @@ class Launch:
         self._started = time.monotonic()
         self._started_at = time.time()
         self.centre_path = os.path.join(self.log_dir, "centre.npz")
+
+    def started(self):
+        """Whether the job started (it has a summary): its controller (or mpiexec) did."""
+        return self.controller is not None
 
     def child_env(self, **settings):
         # No MPI or torchrun rank variables: a framework in a worker would start its own DDP.

@@ -669,6 +669,56 @@ def test_hosts_takes_the_options_it_passes_on():
             args.restart, args.control_port) == (3, 9.0, 8.0, 7.0, 0, 0)
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--elastic"], "--elastic needs --hosts: one node per host"),
+    (["--hosts", "h1", "--min-nodes", "1"], "--min-nodes needs --elastic (with --hosts)"),
+    (["--hosts", "h1", "--elastic", "--tie-outer", "easgd"],
+     "--tie-outer easgd cannot be used with --elastic: an elastic job ties its nodes with "
+     "DiLoCo's outer step only"),
+    (["--hosts", "h1", "--elastic", "--tie-every-syncs", "4"],
+     "--tie-every-syncs cannot be used with --elastic: an elastic node's outer rounds are "
+     "paced in seconds"),
+    (["--hosts", "h1", "--elastic", "--keep-going"], "--keep-going cannot be used with "
+     "--elastic: a failed node never stops an elastic job's other nodes"),
+    (["--hosts", "h1", "--elastic", "--curve"], "--curve cannot be used with --hosts"),
+    (["--hosts", "h1", "--elastic", "--join", "h0:29510"],
+     "--join needs --secret-file: the secret of the job whose lighthouse it joins"),
+    (["--hosts", "h1", "--elastic", "--join", "h0:29510", "--min-nodes", "1"],
+     "--min-nodes cannot be used with --join: it is the running lighthouse's setting"),
+    (["--hosts", "h1", "--elastic", "--lighthouse", "h0"], "--lighthouse h0: give HOST:PORT"),
+    (["--hosts", "h1", "h2", "--elastic", "--min-nodes", "3"],
+     "--min-nodes 3 is more than the 2 host(s): no quorum would ever form"),
+    (["--hosts", "h1", "--elastic", "--min-nodes", "0"], "--min-nodes must be an integer >= 1"),
+    (["--hosts", "h1", "--elastic", "--heartbeat-timeout-s", "0"],
+     "--heartbeat-timeout-s must be > 0 seconds"),
+    (["--hosts", "h1", "--elastic", "--tie-every-s", "30"],
+     "--tie-every-s must be less than 30 s with --elastic"),
+    (["--hosts", "h1", "--elastic", "--tie-outer-lr", "11"], "--tie-outer-lr must be in (0, 10]"),
+])
+def test_elastic_refuses_what_an_elastic_job_cannot_do(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        launcher.parse_args(["x"] + argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "error: " + message in err, err
+
+
+def test_elastic_takes_restart_and_ties_with_the_elastic_nodes_defaults():
+    from platoon._os.nodesettings import elastic_tie  # noqa: PLC2701 (the settings' home)
+    from platoon.launch.elastic import lighthouse_address, node_names
+    args = launcher.parse_args(["x", "--hosts", "h1", "h2", "h1", "--elastic", "--restart", "2",
+                                "--tie-outer-lr", "0.5", "--status-every-s", "1"])
+    from platoon.elastic import MembershipSettings
+    assert args.restart == 2 and args.membership == MembershipSettings()
+    assert args.node.tie == elastic_tie(outer_lr=0.5)
+    assert (args.node.tie.outer, args.node.tie.compress, args.node.tie.every_s) == (
+        "diloco", "int8", 3.0)
+    assert node_names(args.hosts) == ["h1-1", "h2", "h1-2"]
+    assert lighthouse_address(None, ["localhost", "127.0.0.1"]) == ("127.0.0.1:0",) * 2
+    assert lighthouse_address("lh.example:29510", ["h1"]) == ("0.0.0.0:29510",
+                                                              "lh.example:29510")
+    assert lighthouse_address("10.0.0.1:0", ["h1"]) == ("10.0.0.1:0",) * 2
+
+
 def test_tie_options_need_hosts(capsys):
     with pytest.raises(SystemExit) as exc:
         launcher.parse_args(["x", "--tie-every-s", "1"])

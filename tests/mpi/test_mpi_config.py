@@ -112,6 +112,48 @@ def test_the_node_argv_that_crosses_mpiexec_is_made_from_one_object_and_read_bac
         assert made == json.load(f)
 
 
+# An elastic job's node settings cross each node's mpiexec the same way (the tie written
+# against the elastic node's own defaults); tests/golden/elastic_node_argv.json pins it.
+ELASTIC_GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "elastic_node_argv.json")
+ELASTIC_LAUNCHES = {
+    "defaults": (["train.py", "--hosts", "h1", "h2", "--elastic"], None),
+    "float32 (CentreTie's default, not the elastic node's), controller script": (
+        ["train.py", "--hosts", "h1", "--elastic", "-n", "2", "--controller", "ctl.py", "-c",
+         "--steps 5", "--tie-every-s", "0.5", "--tie-compress", "float32", "--tie-outer-lr",
+         "0.5", "--tie-outer-momentum", "0.8", "--", "--epochs", "2"], "ctl.py"),
+}
+
+
+def test_an_elastic_nodes_argv_is_made_from_one_object_and_read_back_whole():
+    import dataclasses
+    import json
+
+    from platoon.elastic.node import read_arguments
+    from platoon.launch import cli
+    from platoon.launch.elastic import elastic_node_arguments
+    made = {}
+    for name, (argv, controller) in ELASTIC_LAUNCHES.items():
+        args = cli.parse_args(argv)
+        node = dataclasses.replace(args.node, controller=controller, host=args.hosts[0],
+                                   controller_args=args.controller_args if controller else "")
+        cmd = elastic_node_arguments(args.hosts[0], "a", "lh:29510", "/s", node,
+                                     ["worker.py"] + args.worker_argv, python="PYTHON")
+        made[name] = cmd
+        read, tie, command = read_arguments(cmd[cmd.index("platoon.elastic.node") + 1:])
+        assert tie == node.tie, name  # every tie setting arrives, float32 included
+        assert (read.workers, read.controller, read.controller_args, read.host, read.join,
+                read.name, read.secret_file, read.finish_timeout_s) == (
+            node.workers, node.controller, node.controller_args, node.host, "lh:29510", "a",
+            "/s", node.finish_timeout_s), name
+        assert command == [sys.executable] + cmd[cmd.index("--") + 1:]
+    if os.environ.get("WRITE_GOLDEN"):
+        with open(ELASTIC_GOLDEN, "w") as f:
+            json.dump(made, f, indent=1)
+            f.write("\n")
+    with open(ELASTIC_GOLDEN) as f:
+        assert made == json.load(f)
+
+
 def test_a_tie_setting_is_defaulted_and_checked_in_one_place(capsys):
     """The DiLoCo outer lr's default lives in CentreTie alone: the runner's default, the
     launcher's and the elastic node's help name it; a bad value is refused by CentreTie's

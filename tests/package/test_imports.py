@@ -16,6 +16,7 @@ from helpers import loaded_after
 @pytest.mark.parametrize("module", ["platoon", "platoon.launch", "platoon._os.process",
                                     "platoon.launch.child", "platoon.launch.cli",
                                     "platoon.launch.supervision", "platoon.launch.reaper",
+                                    "platoon.launch.elastic",
                                     "platoon._os.environment", "platoon._os.statusfile",
                                     "platoon._os.argv", "platoon._os.logthrottle"])
 def test_supervising_modules_load_neither_zmq_nor_numpy(module):

@@ -2,7 +2,8 @@
 on a linear regression toward known true weights (256 float32 features), EASGD with its
 node's centre, for SECONDS seconds of training (less if file STOP exists); its data is picked
 by its node's name (PLATOON_ELASTIC_NODE). Prints "DISTRIBUTED none" (or the MPI/torchrun rank
-variables it sees) and "DIST d node NAME" (its distance to the true weights)."""
+variables it sees), "SYNCS k" after every 50th sync, and "DIST d node NAME" (its distance to
+the true weights)."""
 
 import os
 import sys
@@ -30,12 +31,16 @@ def main():
         data = np.random.default_rng(zlib.crc32(node.encode()) + w.local_rank)
         end = time.monotonic() + seconds
         stop = sys.argv[2] if len(sys.argv) > 2 else None
+        syncs = 0
         while time.monotonic() < end and not (stop and os.path.exists(stop)):
             for _ in range(5):
                 x = data.normal(size=(64, FEATURES)).astype(np.float32)
                 y = x @ true_w + np.float32(0.01) * data.normal(size=64).astype(np.float32)
                 weights -= np.float32(0.05) * (x.T @ (x @ weights - y)) / np.float32(len(y))
             w.sync_params()
+            syncs += 1
+            if syncs % 50 == 0:
+                print("SYNCS %d" % syncs, flush=True)
             time.sleep(0.01)
         sys.stdout.write("DIST %.6f node %s\n" % (float(np.linalg.norm(weights - true_w)), node))
         sys.stdout.flush()
