@@ -114,7 +114,7 @@ def test_the_node_argv_that_crosses_mpiexec_is_made_from_one_object_and_read_bac
 
 # An elastic job's node settings cross each node's mpiexec the same way (the tie written
 # against the elastic node's own defaults); tests/golden/elastic_node_argv.json pins it.
-ELASTIC_GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "elastic_node_argv.json")
+ELASTIC_GOLDEN = os.path.join(HERE, "golden", "elastic_node_argv.json")
 ELASTIC_LAUNCHES = {
     "defaults": (["train.py", "--hosts", "h1", "h2", "--elastic"], None),
     "float32 (CentreTie's default, not the elastic node's), controller script": (
