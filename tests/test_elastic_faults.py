@@ -39,13 +39,14 @@ def test_a_killed_node_keeps_only_its_steps_before_its_last_contribution():
     c0 = Incarnation("c", 0.0, ended=50.0, steps=_steps(0, 10, 50), rounds=[5.0, 47.0],
                      step_s=0.05)
     c1 = Incarnation("c", 60.0, steps=_steps(60, 10, 100), rounds=[63.5, 90.0], step_s=0.05,
-                     first_contribution_s=3.5)
+                     first_contribution_s=3.5, loaded=62.0)
     out = account([a, b, c0, c1], start=0.0, end=100.0)
     assert out["steps"] == 1000 + 1000 + 500 + 400
     assert out["useful_steps"] == 1000 + 1000 + 470 + 400  # c lost 47-50 s: 30 steps
     assert out["steps_possible"] == pytest.approx(3 * 100 / 0.05)
     assert out["goodput"] == pytest.approx(2870 / 6000)
-    assert out["joiners"] == [{"node": "c", "started_s": 60.0, "first_contribution_s": 3.5}]
+    assert out["joiners"] == [{"node": "c", "started_s": 60.0, "first_contribution_s": 3.5,
+                               "worker_loaded_s": 2.0}]
 
 
 def test_a_fixed_world_job_goes_back_to_its_checkpoints_and_its_joiners_to_their_first_round():
@@ -68,8 +69,8 @@ def _row(member, time_s, joiners=(), cap_s=300.0):
     return {"member": member, "cap_s": cap_s, "reached": time_s is not None, "time_s": time_s,
             "steps": 4000, "useful_steps": 3900, "steps_possible": 9000, "goodput": 3900 / 9000,
             "bytes_total": 5e7, "faults": [[61.0, "kill", "c"], [71.0, "restart", "c"]],
-            "joiners": [{"node": "c", "started_s": 71.0, "first_contribution_s": j}
-                        for j in joiners], "load_before": 1.5}
+            "joiners": [{"node": "c", "started_s": 71.0, "first_contribution_s": j,
+                         "worker_loaded_s": 2.0} for j in joiners], "load_before": 1.5}
 
 
 def test_the_report_states_each_goal_met_or_missed():
@@ -98,7 +99,7 @@ def test_the_report_states_each_goal_met_or_missed():
     text = report.markdown({"meta": meta, "problem": problem, "settings": settings,
                             "members": {"elastic": "platoon elastic, no faults"},
                             "summary": summary, "runs": runs})
-    assert "| elastic_faults | 120.0 s | 1 | 4000 / 3900 / 9000 | 0.43 | 50.0 | 3.1, 4.6 |" \
+    assert "| elastic_faults | 120.0 s | 1 | 4000 / 3900 / 9000 | 0.43 | 50.0 | 3.1 [2.0], 4.6 [2.0] |" \
         in text
     assert "| torchft_faults | not in 300 s |" in text
     assert "vs its own fault-free time <= 1.15x: 1.20x, MISSED" in text

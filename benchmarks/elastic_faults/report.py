@@ -34,7 +34,8 @@ def summarise(runs):
         bound = time_s == float("inf")
         if bound:
             time_s = max(r["cap_s"] for r in ok)
-        joins = [j["first_contribution_s"] for r in ok for j in r.get("joiners", ())]
+        joiners = [j for r in ok for j in r.get("joiners", ())]
+        joins = [j["first_contribution_s"] for j in joiners]
         out[member] = {
             "runs": len(rows), "failed": len(rows) - len(ok),
             "reached": sum(1 for r in ok if r.get("reached")),
@@ -47,6 +48,8 @@ def summarise(runs):
             "faults": _median([sum(1 for f in r.get("faults", ()) if f[1] == "kill")
                                for r in ok]),
             "joiners_s": [j for j in joins if j is not None],
+            "joiners_detail": sorted([[j["first_contribution_s"], j.get("worker_loaded_s")]
+                                      for j in joiners if j["first_contribution_s"] is not None]),
             "joiners_never": sum(1 for j in joins if j is None),
             "load": [r["load_before"] for r in rows],
             "errors": [r["error"] for r in rows if "error" in r]}
@@ -137,8 +140,9 @@ def markdown(report):
              "Joiners: seconds from "
              "a restarted node's start command to its first contributing round (elastic: the "
              "node's own report; MPI: the restarted job's first tie round on that node; "
-             "torchft: its first committed outer step). %d repetition(s) (seeds %s), members "
-             "interleaved; %s, %s cores, commit %s, %s; load average %.2f at the start and "
+             "torchft: its first committed outer step); in brackets, when its worker had "
+             "imported torch, read the corpus and built its model (the worker's own start-up). "
+             "%d repetition(s) (seeds %s), members interleaved; %s, %s cores, commit %s, %s; load average %.2f at the start and "
              "%.2f at the end; %.0f s in all."
              % (meta["link"], problem["name"],
                 problem["hidden"], problem["batch"], problem["bptt"], meta["cfg"]["lr"],
@@ -151,10 +155,12 @@ def markdown(report):
                 meta["date"], meta["load_start"], meta.get("load_end", float("nan")),
                 meta.get("seconds", 0.0)), "",
              "| member | time to target | faults | steps made / useful / possible | goodput "
-             "| MB across the links | joiners: first contributing round (s) | load at start |",
+             "| MB across the links | joiners: first contributing round [worker loaded] (s) "
+             "| load at start |",
              "|---|---|---|---|---|---|---|---|"]
     for member, s in summary.items():
-        joins = ", ".join("%.1f" % j for j in sorted(s["joiners_s"])) or "-"
+        joins = ", ".join("%.1f" % j if w is None else "%.1f [%.1f]" % (j, w)
+                          for j, w in s["joiners_detail"]) or "-"
         if s["joiners_never"]:
             joins += " (%d never)" % s["joiners_never"]
         lines.append("| %s | %s | %s | %s / %s / %s | %s | %s | %s | %s |" % (

@@ -55,6 +55,7 @@ class Incarnation:
     checkpoints: Optional[List[float]] = None
     step_s: Optional[float] = None
     first_contribution_s: Optional[float] = None  # its own report, where it makes one
+    loaded: Optional[float] = None  # when its worker had imported, read its data, built its model
 
 
 def _steps_at(steps, t):
@@ -102,7 +103,9 @@ def account(incarnations: Sequence[Incarnation], start: float, end: float,
     for i in sorted(incarnations, key=lambda i: i.started):
         if i.node in seen and i.started < end:
             joiners.append({"node": i.node, "started_s": round(i.started - start, 3),
-                            "first_contribution_s": first_contribution_s(i)})
+                            "first_contribution_s": first_contribution_s(i),
+                            "worker_loaded_s": None if i.loaded is None
+                            else round(i.loaded - i.started, 3)})
         seen.add(i.node)
     return {"steps": made, "useful_steps": useful,
             "step_s": step_times[len(step_times) // 2] if step_times else None,

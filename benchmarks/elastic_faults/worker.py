@@ -6,7 +6,8 @@ usage: python -m benchmarks.elastic_faults.worker CONFIG INCARNATION
 The node is the host's name ("nodea" -> "a"). Trains the slow-link language model (its LSTM,
 SGD with momentum) until the config's deadline or until the race kills it, and appends its
 events to EVENTS_DIR/NODE-INCARNATION-worker.jsonl as it goes (one write a line, so a kill -9
-loses none it wrote): "start", "steps" (every sync, with the CPU seconds this thread spent in
+loses none it wrote): "loaded" (imports, corpus and model done), "start" (its centre or
+torchft's state in place), "steps" (every sync, with the CPU seconds this thread spent in
 steps and syncs so far), "eval" (the metric
 of the node's centre, or of torchft's model, every `eval_every` steps; its time is when the
 evaluation began), "commit" (torchft: a committed outer step).
@@ -142,6 +143,7 @@ def main(argv):
     data = problem.load()
     model = problem.model(config["seed"])
     kind = {"torchft": TorchftMember}.get(config["kind"], PlatoonMember)
+    events("loaded")  # imports, corpus and model done: the rest of a join is the job's
     member = kind(config, model, problem, events)
     opt = make_optimizer(torch, cfg, model.parameters())
     member.use_optimizer(opt)
