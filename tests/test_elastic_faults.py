@@ -99,7 +99,7 @@ def test_the_report_states_each_goal_met_or_missed():
     text = report.markdown({"meta": meta, "problem": problem, "settings": settings,
                             "members": {"elastic": "platoon elastic, no faults"},
                             "summary": summary, "runs": runs})
-    assert "| elastic_faults | 120.0 s | 1 | 4000 / 3900 / 9000 | 0.43 | 50.0 | 3.1 [2.0], 4.6 [2.0] |" \
-        in text
+    assert ("| elastic_faults | 120.0 s | 1 | 4000 / 3900 / 9000 | 0.43 | 50.0 "
+            "| 3.1 [2.0], 4.6 [2.0] |") in text
     assert "| torchft_faults | not in 300 s |" in text
     assert "vs its own fault-free time <= 1.15x: 1.20x, MISSED" in text

@@ -142,8 +142,8 @@ def markdown(report):
              "node's own report; MPI: the restarted job's first tie round on that node; "
              "torchft: its first committed outer step); in brackets, when its worker had "
              "imported torch, read the corpus and built its model (the worker's own start-up). "
-             "%d repetition(s) (seeds %s), members interleaved; %s, %s cores, commit %s, %s; load average %.2f at the start and "
-             "%.2f at the end; %.0f s in all."
+             "%d repetition(s) (seeds %s), members interleaved; %s, %s cores, commit %s, %s; "
+             "load average %.2f at the start and %.2f at the end; %.0f s in all."
              % (meta["link"], problem["name"],
                 problem["hidden"], problem["batch"], problem["bptt"], meta["cfg"]["lr"],
                 meta["cfg"]["momentum"], settings["outer_lr"], settings["outer_momentum"],
