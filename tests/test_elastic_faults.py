@@ -13,7 +13,7 @@ def test_the_fault_schedule_is_the_seeds_alone_and_never_kills_a_node_that_is_do
     assert faults == fault_schedule(33, horizon_s=600, every_s=60, down_s=10, jitter_s=5)
     assert faults != fault_schedule(34, horizon_s=600, every_s=60, down_s=10, jitter_s=5)
     assert 9 <= len(faults) <= 10 and faults[-1].kill_s < 600
-    previous = 0.0
+    previous = -30.0  # the first kill half a gap in
     for before, fault in zip([None] + faults, faults):
         assert 55 <= fault.kill_s - previous <= 65 and fault.restart_s == fault.kill_s + 10
         assert before is None or before.node != fault.node

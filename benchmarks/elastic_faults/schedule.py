@@ -19,17 +19,19 @@ class Fault:
 
 
 def fault_schedule(seed: int, horizon_s: float, every_s: float = 60.0, down_s: float = 10.0,
-                   jitter_s: float = 5.0, nodes: Sequence[str] = NODES) -> List[Fault]:
-    """A kill about every `every_s` seconds (each gap `every_s` +- `jitter_s`) until
-    `horizon_s`, each of a node drawn at random (never the same node twice running), each
-    node started again `down_s` later. Raises ValueError for settings where a node would be
-    killed again before it is back."""
+                   jitter_s: float = 5.0, nodes: Sequence[str] = NODES,
+                   first_s: Optional[float] = None) -> List[Fault]:
+    """A kill about every `every_s` seconds (each gap `every_s` +- `jitter_s`; the first at
+    `first_s` +- `jitter_s`, by default half a gap in, so that a run shorter than two gaps also
+    sees a node come back) until `horizon_s`, each of a node drawn at random (never the same
+    node twice running), each node started again `down_s` later. Raises ValueError for
+    settings where a node would be killed again before it is back."""
     if not every_s - jitter_s > down_s or down_s <= 0 or jitter_s < 0:
         raise ValueError("a fault every %g +- %g s with nodes down %g s: a node would be "
                          "killed before it is back; give every_s - jitter_s > down_s > 0"
                          % (every_s, jitter_s, down_s))
     rng = random.Random(seed)
-    out, t, last = [], 0.0, None
+    out, t, last = [], (every_s / 2 if first_s is None else first_s) - every_s, None
     while True:
         t += every_s + rng.uniform(-jitter_s, jitter_s)
         if t >= horizon_s:
