@@ -46,7 +46,7 @@ def test_a_killed_node_keeps_only_its_steps_before_its_last_contribution():
     assert out["steps_possible"] == pytest.approx(3 * 100 / 0.05)
     assert out["goodput"] == pytest.approx(2870 / 6000)
     assert out["joiners"] == [{"node": "c", "started_s": 60.0, "first_contribution_s": 3.5,
-                               "worker_loaded_s": 2.0}]
+                               "worker_started_s": None, "worker_loaded_s": 2.0}]
 
 
 def test_a_fixed_world_job_goes_back_to_its_checkpoints_and_its_joiners_to_their_first_round():
@@ -70,7 +70,8 @@ def _row(member, time_s, joiners=(), cap_s=300.0):
             "steps": 4000, "useful_steps": 3900, "steps_possible": 9000, "goodput": 3900 / 9000,
             "bytes_total": 5e7, "faults": [[61.0, "kill", "c"], [71.0, "restart", "c"]],
             "joiners": [{"node": "c", "started_s": 71.0, "first_contribution_s": j,
-                         "worker_loaded_s": 2.0} for j in joiners], "load_before": 1.5}
+                         "worker_started_s": 1.0, "worker_loaded_s": 2.0} for j in joiners],
+            "load_before": 1.5}
 
 
 def test_the_report_states_each_goal_met_or_missed():
@@ -100,6 +101,6 @@ def test_the_report_states_each_goal_met_or_missed():
                             "members": {"elastic": "platoon elastic, no faults"},
                             "summary": summary, "runs": runs})
     assert ("| elastic_faults | 120.0 s | 1 | 4000 / 3900 / 9000 | 0.43 | 50.0 "
-            "| 3.1 [2.0], 4.6 [2.0] |") in text
+            "| 3.1 [1.0/2.0], 4.6 [1.0/2.0] |") in text
     assert "| torchft_faults | not in 300 s |" in text
     assert "vs its own fault-free time <= 1.15x: 1.20x, MISSED" in text

@@ -123,6 +123,18 @@ def main(argv=None):
             "schedule_text": schedule_text(schedule), "cfg": cfg,
             "torchft_cfg": torchft_cfg, "command": command}
     runs = []
+    from .report import summarise
+
+    def record():
+        """The report of the runs so far (written after each run: a run cut short keeps
+        what was measured)."""
+        step_times = [r.get("step_s") for r in runs if r.get("step_s")]
+        meta.update(load_end=os.getloadavg()[0], seconds=time.monotonic() - started,
+                    step_s=sorted(step_times)[len(step_times) // 2] if step_times else None)
+        report = {"meta": meta, "problem": problem, "settings": dataclasses.asdict(settings),
+                  "members": {n: MEMBERS[n].note for n in members}, "skipped": skipped,
+                  "summary": summarise(runs), "runs": runs}
+        return report, write(report, args.out)
     for rep in range(args.reps):  # the repetitions outside: members alternate
         for i, name in enumerate(members):
             log("[%d/%d] %s (seed %d) ..." % (rep * len(members) + i + 1,
@@ -136,18 +148,13 @@ def main(argv=None):
                     "not reached (best %s)" % row["best_metric"], row["steps"],
                     row["useful_steps"], "%.2f" % row["goodput"] if row["goodput"] else "-",
                     row["bytes_total"] / 1e6,
-                    [j["first_contribution_s"] for j in row["joiners"]]))
+                    [(j["first_contribution_s"], j["worker_started_s"], j["worker_loaded_s"])
+                     for j in row["joiners"]]))
             runs.append(row)
-    step_times = [r.get("step_s") for r in runs if r.get("step_s")]
-    meta.update(load_end=os.getloadavg()[0], seconds=time.monotonic() - started,
-                step_s=sorted(step_times)[len(step_times) // 2] if step_times else None)
-    from .report import summarise
-    report = {"meta": meta, "problem": problem, "settings": dataclasses.asdict(settings),
-              "members": {n: MEMBERS[n].note for n in members}, "skipped": skipped,
-              "summary": summarise(runs), "runs": runs}
+            record()
+    report, base = record()
     print()
     print(markdown(report))
-    base = write(report, args.out)
     log("wrote %s.json and %s.md" % (base, base))
     failed = [r for r in runs if "error" in r]
     if failed:

@@ -227,7 +227,8 @@ class Run:
             ctl = _read_events(os.path.join(self.events_dir, "%s-%d-controller.jsonl"
                                             % (node, index)))
             inc.steps = [(e["t"], e["n"]) for e in worker if e["ev"] == "steps"]
-            inc.loaded = next((e["t"] for e in worker if e["ev"] == "loaded"), None)
+            loaded = next((e for e in worker if e["ev"] == "loaded"), {})
+            inc.loaded, inc.worker_started = loaded.get("t"), loaded.get("process_started")
             progress = [e for e in worker if e["ev"] == "steps" and e["n"]]
             inc.step_s = progress[-1]["cpu"] / progress[-1]["n"] if progress else None
             if self.member.kind == "torchft":

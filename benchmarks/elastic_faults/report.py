@@ -48,7 +48,8 @@ def summarise(runs):
             "faults": _median([sum(1 for f in r.get("faults", ()) if f[1] == "kill")
                                for r in ok]),
             "joiners_s": [j for j in joins if j is not None],
-            "joiners_detail": sorted([[j["first_contribution_s"], j.get("worker_loaded_s")]
+            "joiners_detail": sorted([[j["first_contribution_s"], j.get("worker_started_s"),
+                                       j.get("worker_loaded_s")]
                                       for j in joiners if j["first_contribution_s"] is not None]),
             "joiners_never": sum(1 for j in joins if j is None),
             "load": [r["load_before"] for r in rows],
@@ -140,8 +141,9 @@ def markdown(report):
              "Joiners: seconds from "
              "a restarted node's start command to its first contributing round (elastic: the "
              "node's own report; MPI: the restarted job's first tie round on that node; "
-             "torchft: its first committed outer step); in brackets, when its worker had "
-             "imported torch, read the corpus and built its model (the worker's own start-up). "
+             "torchft: its first committed outer step); in brackets, when its worker's process "
+             "started (after the node's own start-up: imports, data plane, controller) and when "
+             "it had imported torch, read the corpus and built its model. "
              "%d repetition(s) (seeds %s), members interleaved; %s, %s cores, commit %s, %s; "
              "load average %.2f at the start and %.2f at the end; %.0f s in all."
              % (meta["link"], problem["name"],
@@ -155,12 +157,13 @@ def markdown(report):
                 meta["date"], meta["load_start"], meta.get("load_end", float("nan")),
                 meta.get("seconds", 0.0)), "",
              "| member | time to target | faults | steps made / useful / possible | goodput "
-             "| MB across the links | joiners: first contributing round [worker loaded] (s) "
+             "| MB across the links | joiners: first contributing round [worker started/loaded] "
+             "(s) "
              "| load at start |",
              "|---|---|---|---|---|---|---|---|"]
     for member, s in summary.items():
-        joins = ", ".join("%.1f" % j if w is None else "%.1f [%.1f]" % (j, w)
-                          for j, w in s["joiners_detail"]) or "-"
+        joins = ", ".join("%.1f [%s/%s]" % (j, _fmt(ws, "%.1f"), _fmt(wl, "%.1f"))
+                          for j, ws, wl in s["joiners_detail"]) or "-"
         if s["joiners_never"]:
             joins += " (%d never)" % s["joiners_never"]
         lines.append("| %s | %s | %s | %s / %s / %s | %s | %s | %s | %s |" % (

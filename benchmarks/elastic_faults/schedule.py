@@ -58,6 +58,7 @@ class Incarnation:
     step_s: Optional[float] = None
     first_contribution_s: Optional[float] = None  # its own report, where it makes one
     loaded: Optional[float] = None  # when its worker had imported, read its data, built its model
+    worker_started: Optional[float] = None  # when its worker's process started
 
 
 def _steps_at(steps, t):
@@ -106,6 +107,8 @@ def account(incarnations: Sequence[Incarnation], start: float, end: float,
         if i.node in seen and i.started < end:
             joiners.append({"node": i.node, "started_s": round(i.started - start, 3),
                             "first_contribution_s": first_contribution_s(i),
+                            "worker_started_s": None if i.worker_started is None
+                            else round(i.worker_started - i.started, 3),
                             "worker_loaded_s": None if i.loaded is None
                             else round(i.loaded - i.started, 3)})
         seen.add(i.node)

@@ -143,7 +143,10 @@ def main(argv):
     data = problem.load()
     model = problem.model(config["seed"])
     kind = {"torchft": TorchftMember}.get(config["kind"], PlatoonMember)
-    events("loaded")  # imports, corpus and model done: the rest of a join is the job's
+    from platoon.elastic.node import process_start_time
+    # imports, corpus and model done; and when this process started (under a node or mpiexec:
+    # after their own start-up)
+    events("loaded", process_started=process_start_time())
     member = kind(config, model, problem, events)
     opt = make_optimizer(torch, cfg, model.parameters())
     member.use_optimizer(opt)
