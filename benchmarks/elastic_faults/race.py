@@ -23,7 +23,8 @@ CONTROLLER = os.path.join(ROOT, "benchmarks", "elastic_faults", "controller.py")
 LIGHTHOUSE_PORT = 29510
 READY_TIMEOUT_S = 30.0
 POLL_S = 0.1
-FIRST_CONTRIBUTION = re.compile(r"node (\w+): first contributing round ([\d.]+) s after its start")
+FIRST_CONTRIBUTION = re.compile(r"node \w+: first contributing round ([\d.]+) s after its start")
+HEALED = re.compile(r"node \w+: healed from \w+ in quorum \d+ \(outer round \d+\), ([\d.]+) s")
 
 
 @dataclass(frozen=True)
@@ -241,10 +242,12 @@ class Run:
                 path = os.path.join(self.workdir, "%s-%d.log" % (node, index))
                 try:
                     with open(path) as f:
-                        found = FIRST_CONTRIBUTION.search(f.read())
+                        text = f.read()
                 except OSError:
-                    found = None
-                inc.first_contribution_s = float(found.group(2)) if found else None
+                    text = ""
+                found, healed = FIRST_CONTRIBUTION.search(text), HEALED.search(text)
+                inc.first_contribution_s = float(found.group(1)) if found else None
+                inc.healed_s = float(healed.group(1)) if healed else None
         return list(self.incarnations.values())
 
     def stop_all(self):

@@ -20,6 +20,21 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
+def _restarts(run):
+    """A run's joiners grouped by their start command (the MPI job restarts every node at
+    once)."""
+    groups = {}
+    for j in run.get("joiners", ()):
+        groups.setdefault(j["started_s"], []).append(j)
+    return list(groups.values())
+
+
+def _slowest(group):
+    """The joiner of `group` that contributed last (one that never did, if any)."""
+    return max(group, key=lambda j: float("inf") if j["first_contribution_s"] is None
+               else j["first_contribution_s"])
+
+
 def summarise(runs):
     """One summary per member: median time (a run that missed counts as its cap, and the
     summary is then a bound), steps, useful steps, goodput, bytes, joiners' times."""
@@ -34,7 +49,7 @@ def summarise(runs):
         bound = time_s == float("inf")
         if bound:
             time_s = max(r["cap_s"] for r in ok)
-        joiners = [j for r in ok for j in r.get("joiners", ())]
+        joiners = [_slowest(group) for r in ok for group in _restarts(r)]
         joins = [j["first_contribution_s"] for j in joiners]
         out[member] = {
             "runs": len(rows), "failed": len(rows) - len(ok),
@@ -49,7 +64,7 @@ def summarise(runs):
                                for r in ok]),
             "joiners_s": [j for j in joins if j is not None],
             "joiners_detail": sorted([[j["first_contribution_s"], j.get("worker_started_s"),
-                                       j.get("worker_loaded_s")]
+                                       j.get("worker_loaded_s"), j.get("healed_s")]
                                       for j in joiners if j["first_contribution_s"] is not None]),
             "joiners_never": sum(1 for j in joins if j is None),
             "load": [r["load_before"] for r in rows],
@@ -140,10 +155,11 @@ def markdown(report):
              "cores); goodput: useful / possible. MB: what the three hosts' links sent. "
              "Joiners: seconds from "
              "a restarted node's start command to its first contributing round (elastic: the "
-             "node's own report; MPI: the restarted job's first tie round on that node; "
-             "torchft: its first committed outer step); in brackets, when its worker's process "
-             "started (after the node's own start-up: imports, data plane, controller) and when "
-             "it had imported torch, read the corpus and built its model. "
+             "node's own report; MPI: the restarted job's first tie round, on its slowest "
+             "node; torchft: its first committed outer step), "
+             "in brackets when its worker's process started (after the node's own start-up: "
+             "imports, data plane, controller), when it had imported torch, read the corpus and "
+             "built its model, and when it was healed (the elastic node's report). "
              "%d repetition(s) (seeds %s), members interleaved; %s, %s cores, commit %s, %s; "
              "load average %.2f at the start and %.2f at the end; %.0f s in all."
              % (meta["link"], problem["name"],
@@ -157,13 +173,13 @@ def markdown(report):
                 meta["date"], meta["load_start"], meta.get("load_end", float("nan")),
                 meta.get("seconds", 0.0)), "",
              "| member | time to target | faults | steps made / useful / possible | goodput "
-             "| MB across the links | joiners: first contributing round [worker started/loaded] "
-             "(s) "
+             "| MB across the links | joiners: first contributing round [worker started/loaded/"
+             "healed] (s) "
              "| load at start |",
              "|---|---|---|---|---|---|---|---|"]
     for member, s in summary.items():
-        joins = ", ".join("%.1f [%s/%s]" % (j, _fmt(ws, "%.1f"), _fmt(wl, "%.1f"))
-                          for j, ws, wl in s["joiners_detail"]) or "-"
+        joins = ", ".join("%.1f [%s]" % (j, "/".join(_fmt(x, "%.1f") for x in more))
+                          for j, *more in s["joiners_detail"]) or "-"
         if s["joiners_never"]:
             joins += " (%d never)" % s["joiners_never"]
         lines.append("| %s | %s | %s | %s / %s / %s | %s | %s | %s | %s |" % (

@@ -59,6 +59,7 @@ class Incarnation:
     first_contribution_s: Optional[float] = None  # its own report, where it makes one
     loaded: Optional[float] = None  # when its worker had imported, read its data, built its model
     worker_started: Optional[float] = None  # when its worker's process started
+    healed_s: Optional[float] = None  # its own report of its heal (elastic), from its start
 
 
 def _steps_at(steps, t):
@@ -90,6 +91,12 @@ def first_contribution_s(inc: Incarnation) -> Optional[float]:
     return min(later) - inc.started if later else None
 
 
+def _since(when, start):
+    """Seconds from `start` to `when` (None if unknown; 0 for a hair before: a process's
+    start time is known to a clock tick)."""
+    return None if when is None else round(max(0.0, when - start), 3)
+
+
 def account(incarnations: Sequence[Incarnation], start: float, end: float,
             workers: int = len(NODES)) -> Dict:
     """A run's steps, useful steps and goodput (useful steps over the steps `workers` workers
@@ -107,10 +114,9 @@ def account(incarnations: Sequence[Incarnation], start: float, end: float,
         if i.node in seen and i.started < end:
             joiners.append({"node": i.node, "started_s": round(i.started - start, 3),
                             "first_contribution_s": first_contribution_s(i),
-                            "worker_started_s": None if i.worker_started is None
-                            else round(i.worker_started - i.started, 3),
-                            "worker_loaded_s": None if i.loaded is None
-                            else round(i.loaded - i.started, 3)})
+                            "worker_started_s": _since(i.worker_started, i.started),
+                            "worker_loaded_s": _since(i.loaded, i.started),
+                            "healed_s": i.healed_s})
         seen.add(i.node)
     return {"steps": made, "useful_steps": useful,
             "step_s": step_times[len(step_times) // 2] if step_times else None,
