@@ -45,9 +45,11 @@ def test_a_killed_node_keeps_only_its_steps_before_its_last_contribution():
     assert out["useful_steps"] == 1000 + 1000 + 470 + 400  # c lost 47-50 s: 30 steps
     assert out["steps_possible"] == pytest.approx(3 * 100 / 0.05)
     assert out["goodput"] == pytest.approx(2870 / 6000)
+    assert account([a, b, c0, c1], 0.0, 100.0, kills=[(50.0, "c")])["survivors_go_on_s"] \
+        == [40.0]  # a and b: their next round at 90 s
     assert out["joiners"] == [{"node": "c", "started_s": 60.0, "first_contribution_s": 3.5,
                                "worker_started_s": None, "worker_loaded_s": 2.0,
-                               "healed_s": None}]
+                               "healed_s": None, "window_s": 40.0}]
 
 
 def test_a_fixed_world_job_goes_back_to_its_checkpoints_and_its_joiners_to_their_first_round():
@@ -57,7 +59,8 @@ def test_a_fixed_world_job_goes_back_to_its_checkpoints_and_its_joiners_to_their
                          checkpoints=[40.0, 45.0, 51.0], step_s=0.05) for n in "abc"]
     again = [Incarnation(n, 60.0, steps=_steps(60, 10, 100), rounds=[67.0, 80.0],
                          checkpoints=[70.0], step_s=0.05) for n in "abc"]
-    out = account(first + again, start=0.0, end=100.0)
+    out = account(first + again, start=0.0, end=100.0, kills=[(50.0, "c")])
+    assert out["survivors_go_on_s"] == [None]  # no node survives
     assert out["useful_steps"] == 3 * (450 + 400)  # the checkpoint at 51 s came after death
     assert [j["first_contribution_s"] for j in out["joiners"]] == [7.0, 7.0, 7.0]
     never = Incarnation("c", 95.0, steps=[], rounds=[])  # started, no round before the end
@@ -72,7 +75,7 @@ def _row(member, time_s, joiners=(), cap_s=300.0):
             "bytes_total": 5e7, "faults": [[61.0, "kill", "c"], [71.0, "restart", "c"]],
             "joiners": [{"node": n, "started_s": at, "first_contribution_s": j,
                          "worker_started_s": 1.0, "worker_loaded_s": 2.0} for n, at, j in joiners],
-            "load_before": 1.5}
+            "load_before": 1.5, "survivors_go_on_s": [5.4] if joiners else []}
 
 
 def test_the_report_states_each_goal_met_or_missed():
@@ -91,8 +94,17 @@ def test_the_report_states_each_goal_met_or_missed():
     assert goals["vs the fixed-world job's"] == ("0.60x", True)
     assert goals["vs torchft's DiLoCo"] == ("< 0.40x", True)  # torchft missed its target
     assert goals["a joiner contributes"] == ("worst 4.6 s", False)
+    assert goals["the survivors go on"] == ("worst 5.4 s", True)
+    late = dict(runs[1], joiners=[dict(runs[1]["joiners"][0], first_contribution_s=3.1),
+                                  dict(runs[1]["joiners"][1], first_contribution_s=None,
+                                       window_s=2.0)])  # the target came 2 s after its start
+    assert report.goals(report.summarise([late]))[-1][1:] == ("worst 3.1 s", True)
+    late["joiners"][1]["window_s"] = 6.0  # it had 6 s and made no round
+    assert report.goals(report.summarise([late]))[-1][1:] == (
+        "worst 3.1 s, 1 never contributed", False)
     meta = {"quick": True, "every_s": 60.0, "link": "100 Mbit/s", "cfg": {"lr": 2.0,
-            "momentum": 0.9}, "down_s": 10.0, "fault_seed": 33, "schedule_text": "c at 61 s",
+            "momentum": 0.9}, "torchft_cfg": {"lr": 0.5}, "down_s": 10.0, "fault_seed": 33,
+            "schedule_text": "c at 61 s",
             "cap_s": 300.0, "step_s": 0.05, "reps": 1, "seeds": "1", "cpu": "AMD EPYC",
             "cores": 2, "commit": "abc1234", "date": "2026-11-28 08:00 UTC", "load_start": 1.5,
             "load_end": 2.0, "seconds": 900.0, "command": report.COMMAND}
@@ -104,9 +116,9 @@ def test_the_report_states_each_goal_met_or_missed():
     text = report.markdown({"meta": meta, "problem": problem, "settings": settings,
                             "members": {"elastic": "platoon elastic, no faults"},
                             "summary": summary, "runs": runs})
-    assert ("| elastic_faults | 120.0 s | 1 | 4000 / 3900 / 9000 | 0.43 | 50.0 "
+    assert ("| elastic_faults | 120.0 s | 1 | 4000 / 3900 / 9000 | 0.43 | 50.0 | 5.4 "
             "| 3.1 [1.0/2.0/-], 4.6 [1.0/2.0/-] |") in text
-    assert "| mpi_faults | 200.0 s | 1 | 4000 / 3900 / 9000 | 0.43 | 50.0 | 9.0 [1.0/2.0/-] |" \
-        in text
+    assert ("| mpi_faults | 200.0 s | 1 | 4000 / 3900 / 9000 | 0.43 | 50.0 | 5.4 "
+            "| 9.0 [1.0/2.0/-] |") in text
     assert "| torchft_faults | not in 300 s |" in text
     assert "vs its own fault-free time <= 1.15x: 1.20x, MISSED" in text

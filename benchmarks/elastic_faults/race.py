@@ -317,7 +317,8 @@ def run_member(name, problem, cfg, settings, schedule, seed, cap_s, rate_bits_s,
         tx_after = hosts.tx_bytes()
         run.stop_all()
         incarnations = run.collect()
-        row.update(account(incarnations, t0, end))
+        row.update(account(incarnations, t0, end, kills=[(t0 + at, node) for at, what, node
+                                                          in done if what == "kill"]))
         row.update({
             "reached": reached is not None,
             "time_s": reached[0] - t0 if reached else None,

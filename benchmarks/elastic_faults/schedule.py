@@ -97,12 +97,25 @@ def _since(when, start):
     return None if when is None else round(max(0.0, when - start), 3)
 
 
+def survivors_go_on_s(incarnations: Sequence[Incarnation], kill_at: float, node: str,
+                      end: float) -> Optional[float]:
+    """Seconds from `node`'s kill at `kill_at` until every other node alive then had made a
+    round again (None when one made none before `end`, or none survived: the MPI job)."""
+    alive = [i for i in incarnations if i.node != node and i.started <= kill_at
+             and (i.ended is None or i.ended > kill_at)]
+    if not alive:
+        return None
+    after = [min((t for t in i.rounds or () if kill_at < t <= end), default=None) for i in alive]
+    return None if None in after else round(max(after) - kill_at, 3)
+
+
 def account(incarnations: Sequence[Incarnation], start: float, end: float,
-            workers: int = len(NODES)) -> Dict:
+            workers: int = len(NODES), kills: Sequence = ()) -> Dict:
     """A run's steps, useful steps and goodput (useful steps over the steps `workers` workers
     could have made from `start` to `end` at the median CPU time a step took them: a core
     each, no faults, no start-up), and each restarted node's time to its first contributing
-    round."""
+    round, and for each kill (time, node) before `end` how long the survivors took to make a
+    round again."""
     made = sum(_steps_at(i.steps, min(end, i.ended or end)) for i in incarnations)
     useful = sum(useful_steps(i, end) for i in incarnations)
     step_times = sorted(i.step_s for i in incarnations if i.step_s)
@@ -116,9 +129,11 @@ def account(incarnations: Sequence[Incarnation], start: float, end: float,
                             "first_contribution_s": first_contribution_s(i),
                             "worker_started_s": _since(i.worker_started, i.started),
                             "worker_loaded_s": _since(i.loaded, i.started),
-                            "healed_s": i.healed_s})
+                            "healed_s": i.healed_s, "window_s": round(end - i.started, 3)})
         seen.add(i.node)
     return {"steps": made, "useful_steps": useful,
             "step_s": step_times[len(step_times) // 2] if step_times else None,
             "steps_possible": possible,
-            "goodput": useful / possible if possible else None, "joiners": joiners}
+            "goodput": useful / possible if possible else None, "joiners": joiners,
+            "survivors_go_on_s": [survivors_go_on_s(incarnations, t, node, end)
+                                  for t, node in kills if t < end]}
