@@ -122,3 +122,5 @@ def test_the_report_states_each_goal_met_or_missed():
             "| 9.0 [1.0/2.0/-] |") in text
     assert "| torchft_faults | not in 300 s |" in text
     assert "vs its own fault-free time <= 1.15x: 1.20x, MISSED" in text
+    assert report.stem(False) == "elastic_faults" and report.stem(True, 30.0) \
+        == "elastic_faults_every30_quick"  # a record per fault period

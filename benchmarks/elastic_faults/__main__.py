@@ -53,7 +53,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     log = lambda text: print("..", text, flush=True)  # noqa: E731
     if args.render:
-        with open(os.path.join(args.out, stem(args.quick) + ".json")) as f:
+        with open(os.path.join(args.out, stem(args.quick, args.every_s) + ".json")) as f:
             report = json.load(f)
         write(report, args.out)
         print(markdown(report))

@@ -11,8 +11,11 @@ COMMAND = "python -m benchmarks.elastic_faults"
 ORDER = ("elastic", "elastic_faults", "mpi_faults", "torchft_faults")
 
 
-def stem(quick):
-    return "elastic_faults_quick" if quick else "elastic_faults"
+def stem(quick, every_s=60.0):
+    """The record's name: elastic_faults[_everyN][_quick] (N: the faults' period, where it is
+    not the default 60 s)."""
+    base = "elastic_faults" if every_s == 60.0 else "elastic_faults_every%g" % every_s
+    return base + "_quick" if quick else base
 
 
 def _median(values):
@@ -139,7 +142,8 @@ def markdown(report):
     meta, summary = report["meta"], report["summary"]
     problem, settings = report["problem"], report["settings"]
     lines = ["<!-- generated from benchmarks/results/%s.json by `%s --render`; do not edit -->"
-             % (stem(meta["quick"]), COMMAND), "",
+             % (stem(meta["quick"], meta["every_s"]), COMMAND + (
+                 "" if meta["every_s"] == 60.0 else " --every-s %g" % meta["every_s"])), "",
              "### Nodes that come and go: byte-level LSTM to %.2f bits per byte, three hosts, "
              "a fault every ~%.0f s" % (problem["target"], meta["every_s"]), "",
              "Three hosts (network namespaces a, b, c; one worker each) on a switch, each "
@@ -219,7 +223,7 @@ def markdown(report):
 
 def write(report, out_dir=RESULTS):
     os.makedirs(out_dir, exist_ok=True)
-    base = os.path.join(out_dir, stem(report["meta"]["quick"]))
+    base = os.path.join(out_dir, stem(report["meta"]["quick"], report["meta"]["every_s"]))
     with open(base + ".json", "w") as f:
         json.dump(report, f, indent=1)
     with open(base + ".md", "w") as f:
