@@ -1,0 +1,178 @@
+"""Three "hosts" on one machine: network namespaces a, b and c, each joined by a veth pair to
+a bridge in a fourth namespace (the switch, where the lighthouses run). Every host's link is
+shaped by `tc` tbf to one rate both ways (its own end and the switch's port toward it): one
+shaped link per host, as three machines on a slow network.
+
+`Hosts` is a context manager; `close()` (also at exit) kills every process left in the
+namespaces and deletes them. Namespaces of an earlier run whose process is gone are removed
+by `benchmarks.slow_link.link.remove_stale` (they share its prefix).
+"""
+
+import atexit
+import json
+import os
+import signal
+import subprocess
+import tempfile
+
+from ..slow_link import link as slow_link
+from .schedule import NODES
+
+SUBNET = "10.218.5."
+SWITCH_IP = SUBNET + "254"
+DEVICE = "eth0"  # each host's end of its link
+# MPICH over the links, not shared memory (see ../shared/FACTS.md)
+MPI_TCP_ENV = dict(slow_link.MPI_TCP_ENV, UCX_NET_DEVICES=DEVICE)
+LAUNCHER = """#!/bin/sh
+while [ "${1#-}" != "$1" ]; do shift; done
+case $1 in
+%s
+*) echo "no host $1" >&2; exit 2 ;;
+esac
+shift
+exec ip netns exec "$ns" unshare --uts sh -c "hostname $name && exec $*"
+"""
+
+
+def _run(args, check=True):
+    return subprocess.run(args, check=check, capture_output=True, text=True, timeout=10)
+
+
+def ip_of(node):
+    return SUBNET + str(NODES.index(node) + 1)
+
+
+class Hosts:
+    """The switch and one namespace per node of `NODES`, links shaped to `rate_bits_s`.
+    Raises RuntimeError (with `ip`'s or `tc`'s message) when they cannot be made."""
+
+    def __init__(self, rate_bits_s, tag=""):
+        self.rate = rate_bits_s
+        base = "%s%d%s" % (slow_link.PREFIX, os.getpid(), tag)
+        self.switch = base + "s"
+        self.names = {n: base + n for n in NODES}
+        self.made = []
+        self.launcher = None
+        self._closed = False
+
+    def __enter__(self):
+        atexit.register(self.close)
+        try:
+            self._make()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _ip(self, *args):
+        try:
+            _run(["ip"] + list(args))
+        except subprocess.CalledProcessError as exc:
+            raise RuntimeError("`ip %s` failed: %s" % (" ".join(args),
+                                                        exc.stderr.strip())) from None
+
+    def _shape(self, namespace, device):
+        burst = max(64 * 1024, int(self.rate / 8 * 0.005))  # as slow_link's
+        cmd = ["tc", "-n", namespace, "qdisc", "replace", "dev", device, "root", "tbf",
+               "rate", "%dbit" % self.rate, "burst", str(burst), "latency", "100ms"]
+        try:
+            _run(cmd)
+        except subprocess.CalledProcessError as exc:
+            raise RuntimeError("`%s` failed: %s" % (" ".join(cmd), exc.stderr.strip())) from None
+
+    def _make(self):
+        ip, sw = self._ip, self.switch
+        for ns in [sw] + list(self.names.values()):
+            ip("netns", "add", ns)
+            self.made.append(ns)
+        ip("-n", sw, "link", "add", "br0", "type", "bridge")
+        ip("-n", sw, "addr", "add", SWITCH_IP + "/24", "dev", "br0")
+        ip("-n", sw, "link", "set", "br0", "up")
+        ip("-n", sw, "link", "set", "lo", "up")
+        for node, ns in self.names.items():
+            port, end = "p" + ns, "e" + ns  # unique names in the root namespace
+            ip("link", "add", port, "type", "veth", "peer", "name", end)
+            ip("link", "set", port, "netns", sw)
+            ip("-n", sw, "link", "set", port, "name", "p" + node)
+            ip("-n", sw, "link", "set", "p" + node, "master", "br0")
+            ip("-n", sw, "link", "set", "p" + node, "up")
+            ip("link", "set", end, "netns", ns)
+            ip("-n", ns, "link", "set", end, "name", DEVICE)
+            ip("-n", ns, "addr", "add", ip_of(node) + "/24", "dev", DEVICE)
+            ip("-n", ns, "link", "set", DEVICE, "up")
+            ip("-n", ns, "link", "set", "lo", "up")
+            if self.rate:
+                self._shape(ns, DEVICE)
+                self._shape(sw, "p" + node)
+        self.launcher = os.path.join(tempfile.gettempdir(), self.switch + "-launcher.sh")
+        cases = "\n".join('%s) ns=%s; name=node%s ;;' % (ip_of(n), ns, n)
+                          for n, ns in self.names.items())
+        with open(self.launcher, "w") as f:
+            f.write(LAUNCHER % cases)
+        os.chmod(self.launcher, 0o755)
+
+    def prefix(self, node):
+        """The command prefix that runs a command on `node` under its own hostname (the same
+        pid: `ip netns exec` and `unshare` exec)."""
+        return ["ip", "netns", "exec", self.names[node], "unshare", "--uts", "sh", "-c",
+                'hostname node%s && exec "$@"' % node, "sh"]
+
+    def switch_prefix(self):
+        """The command prefix that runs a command on the switch (the lighthouses)."""
+        return ["ip", "netns", "exec", self.switch]
+
+    def mpiexec(self, mpiexec):
+        """mpiexec on node a with one rank on each node (hydra reaching the others through
+        the launcher script); give it `MPI_TCP_ENV` in its environment."""
+        return self.prefix(NODES[0]) + [
+            mpiexec, "-launcher", "ssh", "-launcher-exec", self.launcher, "-iface", DEVICE,
+            "-hosts", ",".join(ip_of(n) for n in NODES), "-n", str(len(NODES)), "-ppn", "1"]
+
+    def pids(self, node):
+        """The processes running on `node` (in its namespace)."""
+        out = _run(["ip", "netns", "pids", self.names[node]], check=False).stdout
+        return [int(p) for p in out.split() if p.isdigit() and int(p) != os.getpid()]
+
+    def tx_bytes(self):
+        """{node: bytes its end of its link has sent}, from the kernel's counters."""
+        out = {}
+        for node, ns in self.names.items():
+            text = _run(["ip", "-n", ns, "-s", "-j", "link", "show", "dev",
+                                   DEVICE]).stdout
+            out[node] = int(json.loads(text)[0]["stats64"]["tx"]["bytes"])
+        return out
+
+    def kill_node(self, node):
+        """kill -9 every process on `node`, by pid (and again any it forked meanwhile);
+        returns the pids."""
+        killed = []
+        for _ in range(3):
+            pids = [p for p in self.pids(node) if p not in killed]
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            killed += pids
+        return killed
+
+    def close(self):
+        """Stop what runs in the namespaces and delete them (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            for node in self.names:
+                if self.names[node] in self.made:
+                    self.kill_node(node)
+        finally:
+            for ns in self.made:
+                _run(["ip", "netns", "del", ns], check=False)
+            if self.launcher and os.path.exists(self.launcher):
+                os.unlink(self.launcher)
+            atexit.unregister(self.close)

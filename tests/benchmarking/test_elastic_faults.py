@@ -1,0 +1,126 @@
+"""benchmarks.elastic_faults as pure logic: the fault schedule every member shares, the
+accounting of a run (useful steps, goodput, a joiner's time to its first contributing round)
+and the goals the report checks."""
+
+import pytest
+
+from benchmarks.elastic_faults import report
+from benchmarks.elastic_faults.schedule import Incarnation, account, fault_schedule
+
+
+def test_the_fault_schedule_is_the_seeds_alone_and_never_kills_a_node_that_is_down():
+    faults = fault_schedule(33, horizon_s=600, every_s=60, down_s=10, jitter_s=5)
+    assert faults == fault_schedule(33, horizon_s=600, every_s=60, down_s=10, jitter_s=5)
+    assert faults != fault_schedule(34, horizon_s=600, every_s=60, down_s=10, jitter_s=5)
+    assert 9 <= len(faults) <= 10 and faults[-1].kill_s < 600
+    previous = -30.0  # the first kill half a gap in
+    for before, fault in zip([None] + faults, faults):
+        assert 55 <= fault.kill_s - previous <= 65 and fault.restart_s == fault.kill_s + 10
+        assert before is None or before.node != fault.node
+        previous = fault.kill_s
+    with pytest.raises(ValueError, match="killed before it is back"):
+        fault_schedule(1, 100, every_s=12, down_s=10, jitter_s=5)
+
+
+def _steps(start, rate, until, every=1.0):
+    """(time, steps) every `every` s from `start` to `until` at `rate` steps a second."""
+    out, t = [], start
+    while t <= until:
+        out.append((t, int((t - start) * rate)))
+        t += every
+    return out
+
+
+def test_a_killed_node_keeps_only_its_steps_before_its_last_contribution():
+    # a and b train 100 s at 10 steps/s; c is killed at 50 s (its last round at 47 s) and
+    # started again at 60 s, contributing from 63.5 s (its own report: 3.5 s)
+    a = Incarnation("a", 0.0, steps=_steps(0, 10, 100), rounds=[5.0, 47.0, 90.0], step_s=0.05)
+    b = Incarnation("b", 0.0, steps=_steps(0, 10, 100), rounds=[5.0, 47.0, 90.0], step_s=0.05)
+    c0 = Incarnation("c", 0.0, ended=50.0, steps=_steps(0, 10, 50), rounds=[5.0, 47.0],
+                     step_s=0.05)
+    c1 = Incarnation("c", 60.0, steps=_steps(60, 10, 100), rounds=[63.5, 90.0], step_s=0.05,
+                     first_contribution_s=3.5, loaded=62.0)
+    out = account([a, b, c0, c1], start=0.0, end=100.0)
+    assert out["steps"] == 1000 + 1000 + 500 + 400
+    assert out["useful_steps"] == 1000 + 1000 + 470 + 400  # c lost 47-50 s: 30 steps
+    assert out["steps_possible"] == pytest.approx(3 * 100 / 0.05)
+    assert out["goodput"] == pytest.approx(2870 / 6000)
+    assert account([a, b, c0, c1], 0.0, 100.0, kills=[(50.0, "c")])["survivors_go_on_s"] \
+        == [40.0]  # a and b: their next round at 90 s
+    assert out["joiners"] == [{"node": "c", "started_s": 60.0, "first_contribution_s": 3.5,
+                               "worker_started_s": None, "worker_loaded_s": 2.0,
+                               "healed_s": None, "window_s": 40.0}]
+
+
+def test_a_fixed_world_job_goes_back_to_its_checkpoints_and_its_joiners_to_their_first_round():
+    # the whole job dies at 50 s (one node killed) and restarts at 60 s from checkpoints of
+    # 45 s; each node's first round in the new job comes 7 s after the restart command
+    first = [Incarnation(n, 0.0, ended=50.0, steps=_steps(0, 10, 50), rounds=[10.0, 48.0],
+                         checkpoints=[40.0, 45.0, 51.0], step_s=0.05) for n in "abc"]
+    again = [Incarnation(n, 60.0, steps=_steps(60, 10, 100), rounds=[67.0, 80.0],
+                         checkpoints=[70.0], step_s=0.05) for n in "abc"]
+    out = account(first + again, start=0.0, end=100.0, kills=[(50.0, "c")])
+    assert out["survivors_go_on_s"] == [None]  # no node survives
+    assert out["useful_steps"] == 3 * (450 + 400)  # the checkpoint at 51 s came after death
+    assert [j["first_contribution_s"] for j in out["joiners"]] == [7.0, 7.0, 7.0]
+    never = Incarnation("c", 95.0, steps=[], rounds=[])  # started, no round before the end
+    assert account([never], 0.0, 100.0)["joiners"] == []
+    assert account(first[2:] + [never], 0.0, 100.0)["joiners"][0]["first_contribution_s"] \
+        is None
+
+
+def _row(member, time_s, joiners=(), cap_s=300.0):
+    return {"member": member, "cap_s": cap_s, "reached": time_s is not None, "time_s": time_s,
+            "steps": 4000, "useful_steps": 3900, "steps_possible": 9000, "goodput": 3900 / 9000,
+            "bytes_total": 5e7, "faults": [[61.0, "kill", "c"], [71.0, "restart", "c"]],
+            "joiners": [{"node": n, "started_s": at, "first_contribution_s": j,
+                         "worker_started_s": 1.0, "worker_loaded_s": 2.0} for n, at, j in joiners],
+            "load_before": 1.5, "survivors_go_on_s": [5.4] if joiners else []}
+
+
+def test_the_report_states_each_goal_met_or_missed():
+    runs = [_row("elastic", 100.0),
+            _row("elastic_faults", 120.0, joiners=[("c", 71.0, 3.1), ("b", 128.0, 4.6)]),
+            # the MPI job restarts every node at once: its slowest node counts
+            _row("mpi_faults", 200.0, joiners=[(n, 71.0, j) for n, j in zip("abc", [7, 9, 8])]),
+            _row("torchft_faults", None)]
+    summary = report.summarise(runs)
+    assert list(summary) == list(report.ORDER)
+    assert summary["torchft_faults"]["not_reached"] and summary["torchft_faults"]["time_s"] \
+        == 300.0
+    goals = {text.split(" <=")[0].split(" within")[0]: (shown, met)
+             for text, shown, met in report.goals(summary)}
+    assert goals["vs its own fault-free time"] == ("1.20x", False)  # over 1.15x: a miss
+    assert goals["vs the fixed-world job's"] == ("0.60x", True)
+    assert goals["vs torchft's DiLoCo"] == ("< 0.40x", True)  # torchft missed its target
+    assert goals["a joiner contributes"] == ("worst 4.6 s", False)
+    assert goals["the survivors go on"] == ("worst 5.4 s", True)
+    late = dict(runs[1], joiners=[dict(runs[1]["joiners"][0], first_contribution_s=3.1),
+                                  dict(runs[1]["joiners"][1], first_contribution_s=None,
+                                       window_s=2.0)])  # the target came 2 s after its start
+    assert report.goals(report.summarise([late]))[-1][1:] == ("worst 3.1 s", True)
+    late["joiners"][1]["window_s"] = 6.0  # it had 6 s and made no round
+    assert report.goals(report.summarise([late]))[-1][1:] == (
+        "worst 3.1 s, 1 never contributed", False)
+    meta = {"quick": True, "every_s": 60.0, "link": "100 Mbit/s", "cfg": {"lr": 2.0,
+            "momentum": 0.9}, "torchft_cfg": {"lr": 0.5}, "down_s": 10.0, "fault_seed": 33,
+            "schedule_text": "c at 61 s",
+            "cap_s": 300.0, "step_s": 0.05, "reps": 1, "seeds": "1", "cpu": "AMD EPYC",
+            "cores": 2, "commit": "abc1234", "date": "2026-11-28 08:00 UTC", "load_start": 1.5,
+            "load_end": 2.0, "seconds": 900.0, "command": report.COMMAND}
+    problem = {"name": "stdlib", "target": 2.2, "hidden": 256, "batch": 16, "bptt": 64,
+               "eval_every": 100}
+    settings = {"outer_lr": 0.7, "outer_momentum": 0.9, "tie_every_s": 1.0,
+                "compress": "int8", "checkpoint_every_s": 5.0, "sync_every": 20,
+                "heartbeat_timeout_s": 5.0, "min_nodes": 2}
+    text = report.markdown({"meta": meta, "problem": problem, "settings": settings,
+                            "members": {"elastic": "platoon elastic, no faults"},
+                            "summary": summary, "runs": runs})
+    assert ("| elastic_faults | 120.0 s | 1 | 4000 / 3900 / 9000 | 0.43 | 50.0 | 5.4 "
+            "| 3.1 [1.0/2.0/-], 4.6 [1.0/2.0/-] |") in text
+    assert ("| mpi_faults | 200.0 s | 1 | 4000 / 3900 / 9000 | 0.43 | 50.0 | 5.4 "
+            "| 9.0 [1.0/2.0/-] |") in text
+    assert "| torchft_faults | not in 300 s |" in text
+    assert "vs its own fault-free time <= 1.15x: 1.20x, MISSED" in text
+    assert report.stem(False) == "elastic_faults" and report.stem(True, 30.0) \
+        == "elastic_faults_every30_quick"  # a record per fault period
