@@ -35,7 +35,8 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
     - each worker logs and checkpoints under its own workerK, with platoon's state in its
       checkpoint, and draws its own batches;
     - the job's result is the final centre validated once; after fit the model holds the
-      centre (trainer.validate gives that result again on the last worker).
+      centre (trainer.validate gives that result again on the last worker); a second fit
+      with the same strategy is refused.
     Before the job, the pytorch_lightning worker asks for Lightning's DDP (Trainer(devices=2),
     then torchrun's WORLD_SIZE=2): PlatoonError, before any worker is made. After it, alone:
     - a GradScaler in Lightning's mixed-precision plugin skips step 2 (infinite gradients): 4
@@ -61,6 +62,7 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
         assert r["own_back"] and all(r["own_back"]), r
         assert r["checkpoint_platoon"] == {"platoon_steps": 2}, r
         assert r["lr"] == pytest.approx(0.05 * 0.5 ** 2), r
+        assert "PlatoonError: a PlatoonStrategy serves one trainer.fit()" in r["refit"], r
     dirs = sorted(os.path.relpath(r["log_dir"], tmp_path) for r in runs)
     assert dirs == [os.path.join("lightning_logs", "worker0"),
                     os.path.join("lightning_logs", "worker1")]
@@ -101,7 +103,7 @@ def test_the_module_names_the_extra_without_lightning():
     assert "pip install 'platoon-dp[lightning]'" in out.stdout, out.stdout
 
 
-def test_the_docs_show_the_examples_diff_and_it_adds_one_line():
+def test_the_docs_show_the_examples_diff_and_it_adds_two_lines():
     """docs/lightning.md shows examples/lightning's diff (single_process.py to train.py) as it
     is: two added lines, the strategy and its import, none removed."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -349,7 +349,7 @@ class PlatoonStrategy:
         made here)."""
         self._on_centre.close()
         self._stop_counting()
-        if self.sync is not None and not self._fitted:
+        if self.worker is not None and not self._fitted:
             self._fitted = True
             self._leave()
         super().teardown()  # type: ignore[misc]

@@ -169,6 +169,11 @@ def train(pl, opts, steps, ckpt):
     trainer.fit(module, loader, val, ckpt_path=ckpt)
     centre_after_fit = [p.detach().clone() for p in module.parameters()]
     validated = trainer.validate(module, val, verbose=False)
+    try:  # a second fit with the same strategy
+        trainer.fit(module, loader)
+        refit = None
+    except Exception as exc:  # the strategy's PlatoonError
+        refit = "%s: %s" % (type(exc).__name__, exc)
     last = None
     if opts.save_at:
         saved = sorted(os.listdir(callbacks[0].dirpath))
@@ -182,7 +187,7 @@ def train(pl, opts, steps, ckpt):
             "checkpoint": last, "checkpoint_platoon": state.get("platoon"),
             "unchanged_by_validate": all(torch.equal(p, q) for p, q in
                                          zip(module.parameters(), centre_after_fit)),
-            "lr": trainer.optimizers[0].param_groups[0]["lr"]}
+            "lr": trainer.optimizers[0].param_groups[0]["lr"], "refit": refit}
 
 
 if __name__ == "__main__":
