@@ -100,9 +100,9 @@ def main():
                                         shuffle=True)
     val = torch.utils.data.DataLoader(Windows(VALID_FILES, limit=2048), batch_size=256)
     trainer = L.Trainer(
-        accelerator="cpu", max_steps=args.steps, accumulate_grad_batches=args.accumulation,
-        gradient_clip_val=1.0, val_check_interval=200 * args.accumulation,
-        check_val_every_n_epoch=None, log_every_n_steps=50, enable_progress_bar=False,
+        max_steps=args.steps, accumulate_grad_batches=args.accumulation, gradient_clip_val=1.0,
+        val_check_interval=200 * args.accumulation, check_val_every_n_epoch=None,
+        log_every_n_steps=50, enable_progress_bar=False,
         callbacks=[ModelCheckpoint(every_n_train_steps=200, save_last=True)],
         default_root_dir=args.output_dir,
     )
