@@ -43,7 +43,9 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
       Trainer steps are 3 counted steps; the checkpoint at step 3 holds 2;
     - a fresh Trainer resumed from it (fit(ckpt_path=...)) goes on from 2: 3 more real steps
       make 5 (counting again from 0 it would say 3), and its scheduler resumes;
-    - with two optimizers (manual optimization) the first one's steps are counted."""
+    - with two optimizers (manual optimization) the first one's steps are counted;
+    - counting an optimizer past configure_optimizers' list is refused, and the worker made
+      for that fit leaves its job."""
     ctl = Nothing(control_port=0, num_workers=2)
     serving = serve(ctl, timeout=90)
     env = {"PLATOON_CONTROL_PORT": str(ctl.control_port)}
@@ -89,6 +91,10 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
     assert (manual["global_step"], manual["platoon_steps"], manual["syncs"]) == (4, 2, 2), manual
     for run in reports[1]["alone"]:
         assert run["validated"] == [run["final_result"]], run
+    past = reports[1]["counted_past_the_list"]
+    assert past["error"].startswith("ValueError: PlatoonStrategy(counted_optimizer=1): "
+                                    "configure_optimizers gave 1 optimizer(s)"), past
+    assert past["worker_closed"], past  # the worker made for the failed fit left its job
 
 
 def test_the_module_names_the_extra_without_lightning():

@@ -11,7 +11,8 @@ and record the errors, before any worker is made.
      script gives it one), the gradients of step 2 infinite; 4 steps, sync every 2, a
      checkpoint at step 3;
   2. a fresh model, Trainer and strategy resume from that checkpoint and train to step 6;
-  3. manual optimization with two optimizers, each stepped once a batch, 4 steps, sync every 1.
+  3. manual optimization with two optimizers, each stepped once a batch, 4 steps, sync every 1;
+  4. PlatoonStrategy(counted_optimizer=1) with one optimizer.
 """
 
 import argparse
@@ -50,6 +51,7 @@ def main():
         manual = train(pl, options(opts, scaler=False, inf_at=0, save_at=0,
                                    **dict(alone, every=1, manual=True)), 4, None)
         report["alone"] = [first, resumed, manual]
+        report["counted_past_the_list"] = count_past_the_list(pl, options(opts, manual=False))
     with open(opts.out, "w") as f:
         json.dump(report, f)
 
@@ -144,6 +146,20 @@ def refusals(pl, opts):
             for key in env:
                 del os.environ[key]
     return errors
+
+
+def count_past_the_list(pl, opts):
+    """PlatoonStrategy(counted_optimizer=1) with one optimizer: the error, and whether the
+    worker made for the fit left its (one-worker) job."""
+    strategy = PlatoonStrategy(counted_optimizer=1, package=opts.package)
+    trainer = pl.Trainer(accelerator="cpu", max_steps=1, strategy=strategy, logger=False,
+                         enable_progress_bar=False, enable_checkpointing=False)
+    try:
+        trainer.fit(make_module(pl, opts), torch.utils.data.DataLoader(data(0)))
+        return {"error": None}
+    except Exception as exc:  # the strategy's ValueError
+        return {"error": "%s: %s" % (type(exc).__name__, exc),
+                "worker_closed": strategy.worker._closed}
 
 
 def train(pl, opts, steps, ckpt):
