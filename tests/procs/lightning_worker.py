@@ -22,6 +22,7 @@ import os
 
 import torch
 
+from platoon.errors import WorkerClosed
 from platoon.integrations.lightning import PlatoonStrategy
 
 
@@ -156,10 +157,15 @@ def count_past_the_list(pl, opts):
                          enable_progress_bar=False, enable_checkpointing=False)
     try:
         trainer.fit(make_module(pl, opts), torch.utils.data.DataLoader(data(0)))
-        return {"error": None}
+        error = None
     except Exception as exc:  # the strategy's ValueError
-        return {"error": "%s: %s" % (type(exc).__name__, exc),
-                "worker_closed": strategy.worker._closed}
+        error = "%s: %s" % (type(exc).__name__, exc)
+    try:
+        strategy.worker.start_together()
+        closed = False
+    except WorkerClosed:
+        closed = True
+    return {"error": error, "worker_closed": closed}
 
 
 def train(pl, opts, steps, ckpt):
