@@ -97,6 +97,22 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
     assert past["worker_closed"], past  # the worker made for the failed fit left its job
 
 
+def test_the_strategy_serves_the_package_the_script_imported(monkeypatch):
+    """A script that imported pytorch_lightning (and not lightning) gets its strategy;
+    package= says which; a name that is not Lightning's, or a package not installed, is
+    refused. (Nothing here imports Lightning itself.)"""
+    from platoon.integrations.lightning import users_package
+    monkeypatch.delitem(sys.modules, "lightning", raising=False)
+    monkeypatch.setitem(sys.modules, "pytorch_lightning", object())
+    assert users_package() == "pytorch_lightning"
+    assert users_package("lightning") == "lightning"
+    with pytest.raises(ValueError, match="package must be lightning or pytorch_lightning"):
+        users_package("torch")
+    monkeypatch.setitem(sys.modules, "lightning", None)  # blocked: as if not installed
+    with pytest.raises(ImportError, match="lightning is not installed"):
+        users_package("lightning")
+
+
 def test_the_module_names_the_extra_without_lightning():
     """Without lightning and pytorch_lightning, importing the module says which extra to
     install."""

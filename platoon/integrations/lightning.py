@@ -31,7 +31,7 @@ import torch
 
 from ..errors import PlatoonError
 from ..rules import ParamSyncRule
-from ..torch_sync import PeriodicSync
+from ..torch_sync import BUFFERS, PeriodicSync
 from ..worker import Worker
 from ._core import StepCounter, own_ddp_refused, worker_slot
 
@@ -121,7 +121,7 @@ class PlatoonStrategy:
     that ``trainer.validate``, ``trainer.test`` and saving the model see it. Raises
     PlatoonError at the start of ``fit`` when Lightning's own DDP is asked for
     (``devices`` or ``num_nodes`` above 1, torchrun's WORLD_SIZE) or for a second ``fit``;
-    ValueError for a bad `sync_every` or `counted_optimizer`.
+    ValueError for a bad `sync_every`, `buffers` or `counted_optimizer`.
     """
 
     # Set by Lightning's accelerator connector (the Trainer's devices and num_nodes), read to
@@ -145,6 +145,8 @@ class PlatoonStrategy:
                 or counted_optimizer < 0:
             raise ValueError("counted_optimizer must be an index >= 0 into "
                              "configure_optimizers' optimizers, got %r" % (counted_optimizer,))
+        if buffers not in BUFFERS:
+            raise ValueError("buffers must be one of %s, got %r" % (", ".join(BUFFERS), buffers))
         super().__init__(device="cpu" if device is None else device)  # type: ignore[call-arg]
         self.sync_every, self.rule, self.buffers = sync_every, rule, buffers
         self.counted_optimizer = counted_optimizer

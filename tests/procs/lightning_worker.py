@@ -136,7 +136,7 @@ def refusals(pl, opts):
         os.environ.update(env)
         try:
             trainer = pl.Trainer(accelerator="cpu", devices=devices, max_steps=1,
-                                 strategy=PlatoonStrategy(package=opts.package),
+                                 strategy=PlatoonStrategy(),
                                  logger=False, enable_progress_bar=False)
             trainer.fit(make_module(pl, options(opts, manual=False)),
                         torch.utils.data.DataLoader(data(0)))
@@ -171,7 +171,7 @@ def count_past_the_list(pl, opts):
 def train(pl, opts, steps, ckpt):
     torch.manual_seed(0)
     module = make_module(pl, opts)
-    strategy = PlatoonStrategy(sync_every=opts.every, package=opts.package)
+    strategy = PlatoonStrategy(sync_every=opts.every)  # the package: the one imported
     plugins = []
     if opts.scaler:
         scaler = torch.amp.GradScaler("cpu", init_scale=16.0)  # no overflow but step 2's
