@@ -166,9 +166,11 @@ def markdown(report):
             ("error" if "error" in r else "not reached"),
             r["reached"][1] if r["reached"] else r["steps"]))
     meta = report["meta"]
-    lines += ["", "Target eval loss %g (nats per byte); commit %s, %s, %s, %d repetition(s), "
-              "%.0f s in all." % (report["problem"]["target"], meta["commit"], meta["date"],
-                                   meta["cpu"], meta["reps"], meta["seconds"])]
+    lines += ["", "Target eval loss %g (nats per byte); lr %s; commit %s, %s, %s, %d "
+              "repetition(s), %.0f s in all." % (
+                  report["problem"]["target"], "tuned (--tune)" if report["problem"].get(
+                      "lr_tuned") else "each grid's middle, NOT tuned", meta["commit"],
+                  meta["date"], meta["cpu"], meta["reps"], meta["seconds"])]
     return "\n".join(lines)
 
 
@@ -224,27 +226,37 @@ def main(argv=None):
             chosen.update({n: t["chosen"] for n, t in json.load(f).items() if n in chosen})
     else:
         log("no %s: each method runs its grid's middle point (run --tune first)" % tuning_path)
-    runs = []
-    for rep in range(args.reps):  # methods alternate within each repetition
-        runs += [run_once(n, chosen[n], 1 + rep, -1, problem, log) for n in picked]
+    problem["lr_tuned"] = os.path.exists(tuning_path)
     straggler_reps = args.reps if args.straggler_reps is None else args.straggler_reps
-    for rep in range(straggler_reps):
-        runs += [run_once(n, chosen[n], 1 + rep, 1, problem, log) for n in picked
-                 if n in STRAGGLER]
+    plan = [(n, 1 + rep, -1) for rep in range(args.reps) for n in picked]  # methods alternate
+    plan += [(n, 1 + rep, 1) for rep in range(straggler_reps) for n in picked if n in STRAGGLER]
+    runs = []
+    for number, (name, seed, slow_rank) in enumerate(plan, 1):
+        runs.append(run_once(name, chosen[name], seed, slow_rank, problem, log))
+        write_report(args.out, problem, chosen, runs, started, args.reps, straggler_reps,
+                     complete=number == len(plan), echo=number == len(plan))
+
+
+def write_report(out, problem, chosen, runs, started, reps, straggler_reps, complete, echo):
+    """hf_trainer_race.{json,md} with the runs so far (after each run: a run cut short still
+    leaves its record, marked incomplete)."""
     meta = {"commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "cpu": cpu_model(), "cores": os.cpu_count(), "reps": args.reps,
-            "straggler_reps": straggler_reps, "seconds": time.monotonic() - started}
+            "cpu": cpu_model(), "cores": os.cpu_count(), "reps": reps,
+            "straggler_reps": straggler_reps, "seconds": time.monotonic() - started,
+            "complete": complete}
     report = {"meta": meta, "problem": problem, "chosen": chosen, "runs": runs,
               "summary": summarise(runs)}
     text = markdown(report)
-    print()
-    print(text)
-    with open(os.path.join(args.out, "hf_trainer_race.json"), "w") as f:
+    if not complete:
+        text += "\n\nINCOMPLETE: %d run(s) so far." % len(runs)
+    if echo:
+        print()
+        print(text)
+    with open(os.path.join(out, "hf_trainer_race.json"), "w") as f:
         json.dump(report, f, indent=1)
-    with open(os.path.join(args.out, "hf_trainer_race.md"), "w") as f:
+    with open(os.path.join(out, "hf_trainer_race.md"), "w") as f:
         f.write("# The Hugging Face Trainer race: time to target\n\nWritten by `python -m "
                 "benchmarks.hf_trainer_race`.\n\n" + text + "\n")
-
 
 if __name__ == "__main__":
     main()
