@@ -113,6 +113,16 @@ def test_the_strategy_serves_the_package_the_script_imported(monkeypatch):
         users_package("lightning")
 
 
+def test_each_worker_logs_under_its_own_version():
+    """No version given: workerK; a version given (or chosen by Lightning before fit, as
+    ckpt_path="last" makes it): workerK under it."""
+    from platoon.integrations.lightning import worker_version
+    assert worker_version(None, "worker1") == "worker1"
+    assert worker_version("exp", "worker1") == os.path.join("exp", "worker1")
+    assert worker_version(3, os.path.join("node", "worker0")) == os.path.join(
+        "version_3", "node", "worker0")
+
+
 def test_the_module_names_the_extra_without_lightning():
     """Without lightning and pytorch_lightning, importing the module says which extra to
     install."""

@@ -72,6 +72,16 @@ def users_package(package: Optional[str] = None) -> str:
     return next(name for name in PACKAGES if installed(name))
 
 
+def worker_version(version: Any, directory: str) -> str:
+    """A Lightning file logger's version for one worker of a job: ``workerK`` (`directory`)
+    where the script set none, else under the script's (or a version Lightning already
+    chose): ``exp/workerK``, ``version_3/workerK``; so no two workers share a directory."""
+    if version is None:
+        return directory
+    return os.path.join(version if isinstance(version, str) else "version_%s" % version,
+                        directory)
+
+
 _CLASSES: Dict[str, type] = {}
 
 
@@ -208,7 +218,7 @@ class PlatoonStrategy:
 
     def _own_files(self, trainer: Any) -> None:
         """In a job of several workers, worker K logs and checkpoints under its own
-        ``workerK`` (Lightning's file loggers' version, a ModelCheckpoint's dirpath, the
+        ``workerK`` (in Lightning's file loggers' version, a ModelCheckpoint's dirpath, the
         default root directory) and seeds torch with ``torch.initial_seed() + K``."""
         assert self.worker is not None
         slot = worker_slot(self.worker)
@@ -220,9 +230,10 @@ class PlatoonStrategy:
             self._redirected.add(id(trainer))
             root = trainer.default_root_dir
             trainer._default_root_dir = os.path.join(root, directory)  # noqa: SLF001 (Lightning)
-            for logger in trainer.loggers:  # TensorBoardLogger, CSVLogger: root/name/workerK
-                if getattr(logger, "_version", 0) is None:
-                    logger._version = directory  # noqa: SLF001 (Lightning)
+            for logger in trainer.loggers:  # Lightning's file loggers (CSV, TensorBoard)
+                if hasattr(logger, "_version"):
+                    logger._version = worker_version(logger._version,  # noqa: SLF001
+                                                     directory)
             for callback in trainer.checkpoint_callbacks:
                 if getattr(callback, "dirpath", None) is not None \
                         and id(callback) not in self._redirected:
@@ -357,4 +368,4 @@ class PlatoonStrategy:
         super().teardown()  # type: ignore[misc]
 
 
-__all__ = ["PlatoonStrategy", "STATE_KEY", "users_package", "strategy_class"]
+__all__ = ["PlatoonStrategy", "STATE_KEY", "users_package", "strategy_class", "worker_version"]
