@@ -32,8 +32,8 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
       steps on real steps;
     - every validation during fit runs on the centre (the model differs from the worker's own
       weights there, and they are back after it);
-    - each worker logs and checkpoints under its own workerK, with platoon's state in its
-      checkpoint, and draws its own batches;
+    - each worker logs and checkpoints under its own workerK (also in a ModelCheckpoint's
+      dirpath), with platoon's state in its checkpoint, and draws its own batches;
     - the job's result is the final centre validated once; after fit the model holds the
       centre (trainer.validate gives that result again on the last worker); a second fit
       with the same strategy is refused.
@@ -52,7 +52,8 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
     job = ("--steps", 4, "--accum", 2, "--every", 2, "--save-at", 2)
     workers = [procs("lightning_worker.py", tmp_path / "w0.json", tmp_path, *job, env=env),
                procs("lightning_worker.py", tmp_path / "w1.json", tmp_path, *job, "--package",
-                     "pytorch_lightning", "--refusals", "--then-alone", env=env)]
+                     "pytorch_lightning", "--ckpt-dir", tmp_path / "ckpts", "--refusals",
+                     "--then-alone", env=env)]
     for w in workers:
         assert w.wait(90) == 0, w.output
     serving.join()
@@ -68,8 +69,12 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
     dirs = sorted(os.path.relpath(r["log_dir"], tmp_path) for r in runs)
     assert dirs == [os.path.join("lightning_logs", "worker0"),
                     os.path.join("lightning_logs", "worker1")]
-    assert sorted(os.path.dirname(os.path.relpath(r["checkpoint"], tmp_path)) for r in runs) \
-        == [os.path.join(d, "checkpoints") for d in dirs]
+    # the default checkpoint directory is under the worker's log directory; a ModelCheckpoint
+    # dirpath given (worker w1's) is split by worker
+    slots = [os.path.basename(r["log_dir"]) for r in runs]
+    assert os.path.dirname(runs[0]["checkpoint"]) == os.path.join(runs[0]["log_dir"],
+                                                                  "checkpoints")
+    assert os.path.dirname(runs[1]["checkpoint"]) == str(tmp_path / "ckpts" / slots[1])
     assert runs[0]["first_batch"] != runs[1]["first_batch"], runs
     results = [r for r in runs if r["final_result"] is not None]
     assert len(results) == 1, runs

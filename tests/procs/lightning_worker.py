@@ -2,8 +2,10 @@
 PlatoonStrategy; writes what it did to OUT_JSON (tests/test_lightning.py).
 
 usage: lightning_worker.py OUT_JSON ROOT_DIR [--package pytorch_lightning] [--steps N]
-                           [--accum K] [--every K] [--save-at S] [--refusals] [--then-alone]
-A checkpoint every S steps; a validation every 2 batches; a StepLR halving the lr every 2 steps.
+                           [--accum K] [--every K] [--save-at S [--ckpt-dir D]] [--refusals]
+                           [--then-alone]
+A checkpoint every S steps (by default under the logger's directory, else in D); a validation
+every 2 batches; a StepLR halving the lr every 2 steps.
 --refusals: first ask for Lightning's DDP (devices=2, then WORLD_SIZE=2 as torchrun sets it)
 and record the errors, before any worker is made.
 --then-alone: after the job, this process runs alone (one-worker jobs, under ROOT_DIR/alone):
@@ -35,6 +37,7 @@ def main():
     parser.add_argument("--accum", type=int, default=1)
     parser.add_argument("--every", type=int, default=2)
     parser.add_argument("--save-at", type=int, default=0)
+    parser.add_argument("--ckpt-dir", default=None)
     parser.add_argument("--refusals", action="store_true")
     parser.add_argument("--then-alone", action="store_true")
     opts = parser.parse_args()
@@ -45,7 +48,8 @@ def main():
                             opts.steps, None)]
     if opts.then_alone:
         del os.environ["PLATOON_CONTROL_PORT"]  # from now on a worker is a one-worker job
-        alone = dict(root=os.path.join(opts.root, "alone"), accum=1, every=2, manual=False)
+        alone = dict(root=os.path.join(opts.root, "alone"), accum=1, every=2, manual=False,
+                     ckpt_dir=None)
         first = train(pl, options(opts, scaler=True, inf_at=2, save_at=3, **alone), 4, None)
         resumed = train(pl, options(opts, scaler=True, inf_at=0, save_at=3, **alone), 6,
                         first["checkpoint"])
@@ -176,8 +180,9 @@ def train(pl, opts, steps, ckpt):
     if opts.scaler:
         scaler = torch.amp.GradScaler("cpu", init_scale=16.0)  # no overflow but step 2's
         plugins = [pl.plugins.precision.MixedPrecision("16-mixed", "cpu", scaler=scaler)]
-    callbacks = [pl.callbacks.ModelCheckpoint(every_n_train_steps=opts.save_at,
-                                              save_top_k=-1)] if opts.save_at else []
+    callbacks = [pl.callbacks.ModelCheckpoint(dirpath=opts.ckpt_dir, save_top_k=-1,
+                                              every_n_train_steps=opts.save_at)
+                 ] if opts.save_at else []
     trainer = pl.Trainer(accelerator="cpu", max_steps=steps, accumulate_grad_batches=opts.accum,
                          strategy=strategy, plugins=plugins, callbacks=callbacks,
                          default_root_dir=opts.root, val_check_interval=2,
