@@ -64,7 +64,7 @@ def raw_mpi(iters, sizes=None):
     for label, n in _sizes(sizes).items():
         buf, result = np.ones(n, np.float32), np.empty(n, np.float32)
         comm.Barrier()
-        out[label] = timed(lambda: comm.Allreduce(buf, result, MPI.SUM),
+        out[label] = timed(lambda buf=buf, result=result: comm.Allreduce(buf, result, MPI.SUM),
                            _iters(n, iters) if sizes else iters)
     if comm.Get_rank() == 0:
         print("RESULT " + json.dumps(out), flush=True)
@@ -77,7 +77,7 @@ def platoon_worker(iters, sizes=None):
         for label, n in _sizes(sizes).items():
             buf, result = np.ones(n, np.float32), np.empty(n, np.float32)
             w.barrier()
-            out[label] = timed(lambda: w.all_reduce(buf, "sum", out=result),
+            out[label] = timed(lambda buf=buf, result=result: w.all_reduce(buf, "sum", out=result),
                                _iters(n, iters) if sizes else iters)
         if w.global_rank == 0:
             print("RESULT " + json.dumps(out), flush=True)

@@ -148,7 +148,7 @@ def downpour_lock_hold(rounds=5, syncs=20):
             rule.setup(local)
             runs[name] = (Exchange(rule, local, centre, timeout_s=60), local)
         best = {name: float("inf") for name in rules}
-        for r in range(rounds):
+        for _r in range(rounds):
             for name, (ex, local) in runs.items():
                 ex.stats.__init__()
                 for k in range(syncs):

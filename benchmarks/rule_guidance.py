@@ -187,10 +187,10 @@ def main(argv=None):
         data = os.path.join(tmp, "digits.npz")
         mlp.load_digits_split(data)
         for seed in seeds:  # settings in alternation, one seed at a time
-            for i, (label, kind, settings, tau) in enumerate(grid):
+            for i, (_label, kind, settings, tau) in enumerate(grid):
                 runs[i].append(run_one(kind, settings, tau, seed, args.target, data))
     rows = []
-    for i, (label, kind, settings, tau) in enumerate(grid):
+    for i, (label, _kind, _settings, tau) in enumerate(grid):
         steps = median([r[0] if r[1] is not None else None for r in runs[i]])
         secs = median([r[1] for r in runs[i]])
         rows.append({"rule": label, "tau": tau, "steps": steps, "seconds": secs,

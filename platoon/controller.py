@@ -21,7 +21,6 @@ from typing import Any, Dict, List, Optional, cast
 import numpy as np
 import zmq
 
-from . import protocol
 from ._centre.shmem import SharedCentre, remove_stale_segments
 from ._centre.stopsignal import CONTROLLER, JobStop
 from ._controller.afterjob import AfterJobReplies
@@ -44,6 +43,7 @@ from ._resources import Resources
 from .errors import PlatoonError, ServeTimeout, StopRequested, WorkerDied
 
 log = logging.getLogger(__name__)
+_DEFAULT = ControllerConfig  # its class attributes: the settings' defaults
 # How often serve() looks whether the centre tie's final round is done, while a worker waits
 # for it to evaluate the agreed centre (a multi-node job's final evaluation).
 _FINAL_POLL_S = 0.01
@@ -81,16 +81,24 @@ class Controller:
     `close()`, which also unlinks the shared centre.
     """
 
+    # The settings' defaults are ControllerConfig's, named here (one copy: `_DEFAULT.host` is
+    # the field's default), so that the signature shows them and type checkers see each one.
     def __init__(self, control_port: Optional[int] = None, data_port: Optional[int] = None, *,
-                 num_workers: Optional[int] = None, host: str = "127.0.0.1",
-                 job_id: Optional[str] = None,
-                 max_request_bytes: int = protocol.DEFAULT_MAX_REQUEST_BYTES,
-                 max_shared_bytes: Optional[int] = None, restarts: Optional[int] = None,
-                 checkpoint_path: Optional[str] = None,
-                 checkpoint_every_s: Optional[float] = None, resume_from: Optional[str] = None,
-                 liveness_interval_s: float = 0.5, keys_file: Optional[str] = None,
-                 replacement_timeout_s: float = 120.0, transport: str = "tcp",
-                 allow_nonfinite: bool = False, checkpoint_lock_timeout_s: float = 10.0,
+                 num_workers: Optional[int] = _DEFAULT.num_workers,
+                 host: str = _DEFAULT.host,
+                 job_id: Optional[str] = _DEFAULT.job_id,
+                 max_request_bytes: int = _DEFAULT.max_request_bytes,
+                 max_shared_bytes: Optional[int] = _DEFAULT.max_shared_bytes,
+                 restarts: Optional[int] = _DEFAULT.restarts,
+                 checkpoint_path: Optional[str] = _DEFAULT.checkpoint_path,
+                 checkpoint_every_s: Optional[float] = _DEFAULT.checkpoint_every_s,
+                 resume_from: Optional[str] = _DEFAULT.resume_from,
+                 liveness_interval_s: float = _DEFAULT.liveness_interval_s,
+                 keys_file: Optional[str] = _DEFAULT.keys_file,
+                 replacement_timeout_s: float = _DEFAULT.replacement_timeout_s,
+                 transport: str = _DEFAULT.transport,
+                 allow_nonfinite: bool = _DEFAULT.allow_nonfinite,
+                 checkpoint_lock_timeout_s: float = _DEFAULT.checkpoint_lock_timeout_s,
                  node_link: Any = None) -> None:
         self._env = env = JobEnvironment.read()
         # Every setting, resolved (given, else the launcher's, else the default) and checked
@@ -353,6 +361,13 @@ class Controller:
         """The job's final result, once a worker reported it (`Worker.final_evaluation`):
         {"metrics": {...}, "worker": its id}; None before. Also in the status file."""
         return self._progress.final_result or None
+
+    @property
+    def log_dir(self) -> Optional[str]:
+        """The launcher's log directory for this job (its logs, status file and checkpoints):
+        a place for the job's own outputs; None when the controller was not launched."""
+        status_file = self._env.status_file
+        return os.path.dirname(status_file) if status_file else None
 
     def departed_workers(self) -> List[int]:
         """Ids of the workers that have left the job (done or failed)."""

@@ -12,7 +12,9 @@ only for "cpu": write ``model.to(w.device.local)`` or ``w.device.torch``.
 
 import os
 import re
-from typing import List
+from typing import Dict, List, Optional, Tuple
+
+from ._os.environment import JobEnvironment
 
 _CUDA = re.compile(r"^cuda(\d+)$")
 _ENTRY = re.compile(r"^(\d+|GPU-[0-9A-Za-z-]+|MIG-[0-9A-Za-z/-]+)$")
@@ -29,6 +31,107 @@ def visible_devices(listed: str) -> List[str]:
             break
         entries.append(entry)
     return entries
+
+
+class VisibleDevicesError(ValueError):
+    """A ``CUDA_VISIBLE_DEVICES`` (or PLATOON_ASSUME_GPUS) that names GPUs the launcher cannot
+    place workers on (a MIG instance, an unknown UUID); the message says what to list."""
+
+
+def _indices(listed: str, name: str, uuids: Optional[Dict[str, str]] = None) -> List[str]:
+    """The GPU indices a CUDA_VISIBLE_DEVICES-style list (variable `name`) names, as CUDA reads
+    it: up to the first entry that names no GPU ("-1" names none); GPU UUIDs become their index
+    through `uuids` (UUID -> index, from nvidia-smi; CUDA takes a unique prefix). Raises
+    VisibleDevicesError for a MIG instance (cudaN names a whole GPU) and for a UUID nvidia-smi
+    does not list."""
+    indices = []
+    for entry in visible_devices(listed):
+        if entry.startswith("MIG-"):
+            raise VisibleDevicesError(
+                "%s=%r names a MIG instance (%s); the launcher places workers on whole GPUs "
+                "(cudaN), which cannot name one. List whole GPUs there (indices or GPU-... "
+                "UUIDs, see nvidia-smi -L), or use -D cpu, or run the worker script on the "
+                "instance yourself" % (name, listed, entry))
+        if entry.isdigit():
+            indices.append(str(int(entry)))
+            continue
+        matches = sorted({index for uuid, index in (uuids or {}).items()
+                          if uuid.startswith(entry)})
+        if len(matches) != 1:
+            raise VisibleDevicesError(
+                "%s=%r names GPU %s, which %s; nvidia-smi -L lists the GPUs with their UUIDs "
+                "(or list indices: 0,1)" % (
+                    name, listed, entry, "several GPUs' UUIDs start with" if matches else
+                    "is not among the GPUs nvidia-smi lists here" if uuids else
+                    "cannot be matched to an index without nvidia-smi"))
+        indices.append(matches[0])
+    return indices
+
+
+def _machine_gpus() -> Tuple[List[str], List[str], Dict[str, str]]:
+    """(indices of the machine's NVIDIA GPUs, what was looked at, their UUIDs -> indices):
+    nvidia-smi's list, else the /dev/nvidiaN device files (no UUIDs then)."""
+    seen = []
+    import shutil  # (here: a worker imports this module, and needs neither)
+    import subprocess
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        seen.append("nvidia-smi (not on PATH)")
+    else:
+        try:
+            out = subprocess.run([smi, "--query-gpu=index,uuid", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            seen.append("nvidia-smi (failed: %s)" % exc)
+        else:
+            rows = [[word.strip() for word in line.split(",")]
+                    for line in out.stdout.splitlines()]
+            uuids = {row[1]: row[0] for row in rows if len(row) == 2 and row[0].isdigit()}
+            found = [row[0] for row in rows if row and row[0].isdigit()]
+            if found:
+                return found, ["nvidia-smi (GPUs %s)" % ", ".join(found)], uuids
+            seen.append("nvidia-smi (no GPU listed, exit code %d)" % out.returncode)
+    found = sorted((name[len("nvidia"):] for name in os.listdir("/dev")
+                    if re.fullmatch(r"nvidia\d+", name)), key=int) if os.path.isdir("/dev") else []
+    seen.append("/dev/nvidiaN (%s)" % (", ".join("nvidia" + i for i in found) or "none"))
+    return found, seen, {}
+
+
+def find_gpus() -> Tuple[List[str], List[str]]:
+    """(indices of the CUDA GPUs this process may use, what was looked at to find them).
+
+    The machine's GPUs (nvidia-smi, else /dev/nvidiaN), narrowed to those CUDA_VISIBLE_DEVICES
+    lists if it is set (indices or GPU UUIDs, read as CUDA reads them); PLATOON_ASSUME_GPUS
+    (indices, "0,3"; "-1" for none) replaces the search (tests, or GPUs the launcher cannot
+    see). Raises VisibleDevicesError for a CUDA_VISIBLE_DEVICES naming MIG instances or
+    unknown UUIDs.
+    """
+    assumed = JobEnvironment.read("assume_gpus").assume_gpus
+    if assumed is not None:
+        return (_indices(assumed, "PLATOON_ASSUME_GPUS"),
+                ["PLATOON_ASSUME_GPUS=%r" % assumed])
+    found, seen, uuids = _machine_gpus()
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return found, seen + ["CUDA_VISIBLE_DEVICES (unset)"]
+    seen = seen + ["CUDA_VISIBLE_DEVICES=%r" % listed]
+    if not found:
+        return [], seen
+    shown = []
+    for index in _indices(listed, "CUDA_VISIBLE_DEVICES", uuids):
+        if index not in found:  # CUDA ignores this entry and those after it
+            break
+        if index not in shown:
+            shown.append(index)
+    return shown, seen
+
+
+def in_turn(count: int, gpus: List[str]) -> List[str]:
+    """The devices of `count` workers placed in turn on `gpus` (indices; several workers may
+    share one): "cudaK" each, or "cpu" for all when there is no GPU."""
+    if not gpus:
+        return ["cpu"] * count
+    return ["cuda%s" % gpus[i % len(gpus)] for i in range(count)]
 
 
 class Device(str):

@@ -11,12 +11,11 @@ import types
 
 import pytest
 
-from conftest import Nothing
+from helpers import ROOT, Nothing
 
 pytest.importorskip("accelerate", reason="the Accelerate tests need accelerate: pip install "
                                          "-e '.[accelerate]'")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(out):

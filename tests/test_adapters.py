@@ -5,8 +5,7 @@ GPU paths are in tests/gpu/test_gpu_adapters.py and skip without a GPU."""
 import numpy as np
 import pytest
 
-from platoon import EASGD, Controller, PlatoonError, Worker
-from platoon import adapters
+from platoon import EASGD, Controller, PlatoonError, Worker, adapters
 
 torch = pytest.importorskip("torch", reason="the torch adapter tests need PyTorch")
 
@@ -36,7 +35,8 @@ def test_module_parameters_sync_in_place_with_easgd(serve):
         weight_before = a_model.weight.detach().clone()
         with torch.no_grad():
             a_model.weight += 2.0
-        assert a.sync_params() is not None
+        returned = a.sync_params()  # the same tensors, synced in place
+        assert [t is p for t, p in zip(returned, a_model.parameters())] == [True, True]
         torch.testing.assert_close(a_model.weight, weight_before + 1.0)  # moved halfway back
         np.testing.assert_allclose(ctl.centre[0], (weight_before + 1.0).numpy())
         # Training still works on the shared tensors.

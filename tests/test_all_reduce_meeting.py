@@ -11,10 +11,10 @@ import time
 import numpy as np
 import pytest
 
-from conftest import PROCS
-
 from platoon import Controller
 from platoon.rules import kernels
+
+from helpers import PROCS
 
 sys.path.insert(0, PROCS)
 from allreduce_worker import CASES, ROUNDS, contribution  # noqa: E402

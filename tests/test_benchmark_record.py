@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
+
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 from benchmarks import record  # noqa: E402  (no side effects, unlike benchmarks.run)

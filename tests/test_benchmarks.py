@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
+
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
 

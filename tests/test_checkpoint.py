@@ -18,12 +18,20 @@ import zipfile
 import numpy as np
 import pytest
 
-from platoon import (EASGD, CheckpointError, Controller, DiLoCo, LayoutMismatch, Worker, WorkerDied,
-                     load_centre)
+from platoon import (
+    EASGD,
+    CheckpointError,
+    Controller,
+    DiLoCo,
+    LayoutMismatch,
+    Worker,
+    WorkerDied,
+    load_centre,
+)
 from platoon._centre import checkpoint
 from platoon._os.process import unlink_job_segments
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from helpers import EXPERIMENTS
 
 
 def _truncated(path):
@@ -144,7 +152,7 @@ def test_the_launcher_reports_a_corrupt_resume_at_once(tmp_path):
     bad = tmp_path / "centre.npz"
     _truncated(str(bad))
     done = subprocess.run(
-        [sys.executable, "-m", "platoon.launch.cli", os.path.join(HERE, "experiments", "envcheck"),
+        [sys.executable, "-m", "platoon.launch.cli", os.path.join(EXPERIMENTS, "envcheck"),
          "-n", "1", "--resume", str(bad), "--log-dir", str(tmp_path / "logs")],
         capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
     out = done.stdout + done.stderr

@@ -6,10 +6,10 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import PROCS
-
 from platoon import Controller, RemoteError, Worker
 from platoon.collectives import average_gradients
+
+from helpers import PROCS
 
 sys.path.insert(0, PROCS)
 from mpi_worker import CASES, contribution  # noqa: E402  (the same contributions on one node and many)
@@ -218,6 +218,6 @@ def test_the_number_of_buffers_a_worker_can_make_is_bounded(job, monkeypatch):
     monkeypatch.setattr(collectives, "MAX_REDUCTION_BUFFERS", 2)
     _, workers = job
     for size in (1, 2):
-        run_all(workers, lambda w: w.all_reduce(np.zeros(size)))
+        run_all(workers, lambda w, size=size: w.all_reduce(np.zeros(size)))
     with pytest.raises(RemoteError, match="already has 2 all_reduce buffers"):
         run_all(workers, lambda w: w.all_reduce(np.zeros(3)))

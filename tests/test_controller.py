@@ -1,8 +1,8 @@
 """The controller against real sockets: reserved requests, user handlers, and bad input."""
 
 import json
-import re
 import os
+import re
 import socket
 import threading
 import time
@@ -11,10 +11,19 @@ import numpy as np
 import pytest
 import zmq
 
-from platoon import (EASGD, Controller, LayoutMismatch, MinibatchTimeout, PlatoonError,
-                     PortInUse, RemoteError, ServeTimeout, Worker)
-from platoon.compat.channel import Lieutenant, Soldier
+from platoon import (
+    EASGD,
+    Controller,
+    LayoutMismatch,
+    MinibatchTimeout,
+    PlatoonError,
+    PortInUse,
+    RemoteError,
+    ServeTimeout,
+    Worker,
+)
 from platoon._os.process import job_segments
+from platoon.compat.channel import Lieutenant, Soldier
 from platoon.controller import default_max_shared_bytes
 
 
@@ -243,7 +252,7 @@ def test_a_flood_of_bad_requests_logs_a_few_lines_and_a_count(serve, raw_client,
             sock = raw_client(ctl)
             for i in range(1000):
                 sock.send(b"not json %d" % i)
-            for i in range(1000):
+            for _ in range(1000):
                 assert "not valid JSON" in error_of(sock.recv())
         serving.join()
     lines = [r.getMessage() for r in caplog.records if r.name == "platoon.controller"]
@@ -358,6 +367,19 @@ def test_each_setting_lives_in_the_config_alone(tmp_path):
             Controller(transport="udp")
 
 
+def test_the_controllers_keywords_are_the_configs_fields_with_its_defaults():
+    """One copy of each default: Controller's signature names ControllerConfig's."""
+    import dataclasses
+    import inspect
+
+    from platoon._controller.config import ControllerConfig  # noqa: PLC2701 (its defaults)
+    keywords = {name: p.default for name, p in
+                inspect.signature(Controller.__init__).parameters.items()
+                if name not in ("self", "control_port", "data_port", "node_link")}
+    fields = {f.name: f.default for f in dataclasses.fields(ControllerConfig)}
+    assert keywords == fields
+
+
 @pytest.mark.parametrize("setting, value", [
     ("liveness_interval_s", float("inf")), ("liveness_interval_s", 0),
     ("liveness_interval_s", -1), ("liveness_interval_s", float("nan")),
@@ -398,3 +420,14 @@ def test_good_settings_at_their_bounds_are_taken():
         ctl.restarts_left = 5
         ctl.checkpoint_every_s = None
         assert (ctl.liveness_interval_s, ctl.restarts_left, ctl.job_id) == (3600, 5, "JOB_1.n-2")
+
+
+def test_log_dir_is_the_launchers_log_directory_or_none(monkeypatch, tmp_path):
+    """A controller script puts its own outputs next to the job's logs without reading the
+    launcher's variables itself."""
+    monkeypatch.delenv("PLATOON_STATUS_FILE", raising=False)
+    with Controller(control_port=0) as ctl:
+        assert ctl.log_dir is None
+    monkeypatch.setenv("PLATOON_STATUS_FILE", str(tmp_path / "status.json"))
+    with Controller(control_port=0) as ctl:
+        assert ctl.log_dir == str(tmp_path)

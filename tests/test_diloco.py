@@ -6,12 +6,10 @@ import time
 
 import numpy as np
 import pytest
+from test_downpour import ROUNDS, big_delta, big_initial, delta, initial, reference, run_job
 
 import platoon
 from platoon import Controller, DelayedNesterov, DiLoCo, Worker
-
-from test_downpour import ROUNDS, big_delta, big_initial, delta, initial, reference, run_job
-
 
 # -- references, written from the papers' formulas, independently of platoon --
 
@@ -437,3 +435,37 @@ def test_a_killed_pusher_leaves_a_state_whole_pushes_explain(serve, procs):
             "pushes (first: %r, want %r)" % (bad.size, pushes, centre[at][bad[0]], want_c)
         np.testing.assert_allclose(m[at], want_m, rtol=0, atol=1e-9)
         np.testing.assert_allclose(buf[at], want_buf, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("mu", [0.0, 0.9])
+def test_the_ties_outer_step_is_diloco_s_bit_for_bit(mu):
+    """The node centres' tie (mpi and elastic) applies DiLoCo's outer step, not a copy: the
+    same bits as DiLoCo's per-push kernel and numpy path with p = 1 on g = -d (velocity -u),
+    and as the formula the tie wrote by hand before."""
+    from platoon.mpi.tie import outer_step
+    from platoon.rules import kernels
+    rng = np.random.default_rng(36)
+    anchor = rng.standard_normal(100_003).astype(np.float32)
+    ties, by_hand, compiled, numpy_path = (anchor.copy() for _ in range(4))
+    u, u_hand, v_compiled, v_numpy = (np.zeros_like(anchor) for _ in range(4))
+    rule = DiLoCo(0.7, mu, workers=1)
+    rule.optimizer.workers = 1  # what attach sets
+    settings = rule.optimizer.kernel_settings()
+    for _ in range(3):
+        d = rng.standard_normal(anchor.size).astype(np.float32)
+        outer_step(ties, u, d, 0.7, mu)
+        u_hand *= mu  # the tie's formula before it reused the rule's
+        u_hand += d
+        step = u_hand * mu
+        step += d
+        step *= 0.7
+        by_hand += step
+        last, s = np.zeros_like(d), d.copy()  # g = last - s = -d, exactly
+        if not kernels.sgd(s, compiled, last, v_compiled if mu else None, *settings[:3],
+                           False, settings[3]):
+            pytest.skip("the compiled kernels are not built here")
+        rule.optimizer.apply_block(numpy_path, -d, [v_numpy], np.empty_like(d))
+    for other in (by_hand, compiled, numpy_path):
+        np.testing.assert_array_equal(ties.view(np.int32), other.view(np.int32))
+    if mu:
+        np.testing.assert_array_equal(u, -v_compiled)

@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
+
 PAGES = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))) \
     + [os.path.join(ROOT, "CHANGELOG.md")]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from platoon import ASGD, Controller, Worker
-from platoon.rules import BLOCK_ELEMENTS
-from platoon.rules.downpour import SGD, Adam, Downpour
 from platoon._centre.shmem import stripe_ranges  # noqa: PLC2701 (the exchange's cut)
 from platoon.protocol import layout_of
+from platoon.rules import BLOCK_ELEMENTS
+from platoon.rules.downpour import SGD, Adam, Downpour
 
 ROUNDS = 4
 

@@ -13,12 +13,13 @@ import time
 
 import numpy as np
 import pytest
-from conftest import PROCS, Proc, platoon_segments
 
 from platoon.elastic import MembershipSettings, Quorum, generate_secret, load_secret, wire
 from platoon.elastic.lighthouse import Lighthouse
 from platoon.elastic.quorum import Membership
 from platoon.errors import NonFiniteValues, PlatoonError, QuorumBroken, QuorumTimeout
+
+from helpers import PROCS, Proc, platoon_segments
 
 NODE = os.path.join(PROCS, "elastic_node.py")
 WORKER = os.path.join(PROCS, "elastic_worker.py")
@@ -69,6 +70,7 @@ def test_a_member_whose_group_broke_gets_a_new_id_for_the_same_members():
 
 def test_a_client_reporting_its_group_broken_gets_both_members_a_new_quorum():
     import threading
+
     from platoon.elastic import LighthouseClient
     secret, stopping = b"s" * 32, threading.Event()
     settings = MembershipSettings(min_nodes=2, heartbeat_timeout_s=5.0, join_grace_s=0.05)
@@ -766,7 +768,8 @@ def test_a_group_whose_member_never_comes_is_broken_within_its_timeout():
 
 # --- python -m platoon.elastic.node ---------------------------------------------------------
 def _controller_and_job(node):
-    match, _ = node.wait_for_match(r"platoon.elastic: node \S+, controller pid (\d+), job (\S+),", 30)
+    match, _ = node.wait_for_match(
+        r"platoon.elastic: node \S+, controller pid (\d+), job (\S+),", 30)
     return int(match.group(1)), match.group(2)
 
 
@@ -794,8 +797,9 @@ def test_nodes_survive_a_kill_take_the_node_back_healed_and_end_on_one_saved_cen
                                        r"\(a, b\), (\S+) s after a round broke" % n, 10)[0]
                for n in ("a", "b")]
     again = job.runner("c", 1, checkpoint=tmp_path / "c.npz")
-    healed, _ = again.wait_for_match(r".* WARNING: node c: healed from (\w) in quorum \d+ \(outer round "
-                                     r"(\d+)\), (\S+) s after its start", 30)
+    healed, _ = again.wait_for_match(
+        r".* WARNING: node c: healed from (\w) in quorum \d+ \(outer round "
+        r"(\d+)\), (\S+) s after its start", 30)
     assert healed.group(1) in ("a", "b") and int(healed.group(2)) > 0
     first, _ = again.wait_for_match(r".* WARNING: node c: first contributing round (\S+) s", 10)
     stop.write_text("")

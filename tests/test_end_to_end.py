@@ -22,7 +22,9 @@ def run_job(procs, tmp_path, num_workers, rounds, mode, rule):
     for w in workers:
         assert w.wait(60) == 0, w.output
     assert ctl.wait(30) == 0, ctl.output
-    load = lambda path: [f["arr_%d" % i] for f in [np.load(path)] for i in range(len(f.files))]
+    def load(path):
+        return [f["arr_%d" % i] for f in [np.load(path)] for i in range(len(f.files))]
+
     centre = load(centre_out)
     locals_ = [load(tmp_path / ("worker%d.npz" % k)) for k in range(num_workers)]
     return ctl, centre, locals_

@@ -7,12 +7,21 @@ import threading
 import numpy as np
 import pytest
 
-from platoon import (ASGD, EASGD, Controller, LockTimeout, ParamSyncRule, PlatoonError,
-                     SyncTimeout, Worker)
-from platoon.protocol import layout_of
+from platoon import (
+    ASGD,
+    EASGD,
+    Controller,
+    LockTimeout,
+    ParamSyncRule,
+    PlatoonError,
+    SyncTimeout,
+    Worker,
+)
 from platoon._centre.shmem import MIN_STRIPE_BYTES, SharedCentre, stripe_ranges
+from platoon.protocol import layout_of
 
-# 12 MB of float32 (11 stripes) over three parameters: several stripes, some spanning two parameters.
+# 12 MB of float32 (11 stripes) over three parameters: several stripes, some spanning two
+# parameters.
 SHAPES = [(1000, 1500), (7,), (1_500_000,)]
 
 
@@ -657,7 +666,7 @@ def test_default_start_sync_keeps_its_promise_on_either_path(serve):
         p = [np.zeros(1000)]
         w.init_shared_params(p, EASGD(0.5))
         paths = set()
-        for r in range(40):
+        for _r in range(40):
             before, centre = p[0].copy(), ctl.centre[0].copy()
             handle = w.start_sync()
             paths.add(handle.at_once)
@@ -733,15 +742,22 @@ def _device_sync_job(torch, serve, on_device, rule, mode):
     return out
 
 
-@pytest.mark.parametrize("rule", ["easgd", "asgd"])
-@pytest.mark.parametrize("mode", ["sync_params", "locked", "live", "snapshot", "snapshot-take"])
+class _NamedEASGD(EASGD):
+    """A user's subclass that changes no maths: it keeps EASGD's device kernels."""
+
+    def __repr__(self):
+        return "NamedEASGD(%r)" % self.alpha
+
+
+@pytest.mark.parametrize("rule,mode", [(rule, mode) for rule in ("easgd", "asgd") for mode in (
+    "sync_params", "locked", "live", "snapshot", "snapshot-take")] + [("subclass", "snapshot")])
 def test_the_registered_sync_matches_the_host_kernels_bit_for_bit(serve, monkeypatch, rule, mode):
     torch = pytest.importorskip("torch")
     for name, stand_in in (("Stream", _NoStream), ("Event", _NoEvent),
                            ("current_stream", _NoStream),
                            ("stream", lambda s: contextlib.nullcontext())):
         monkeypatch.setattr(torch.cuda, name, stand_in)
-    make = (lambda: EASGD(0.3)) if rule == "easgd" else ASGD
+    make = {"easgd": lambda: EASGD(0.3), "asgd": ASGD, "subclass": lambda: _NamedEASGD(0.3)}[rule]
     host = _device_sync_job(torch, serve, False, make(), mode)
     device = _device_sync_job(torch, serve, True, make(), mode)
     assert len(host) == 4

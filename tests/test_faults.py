@@ -10,12 +10,24 @@ import time
 import numpy as np
 import pytest
 
-from platoon import (EASGD, SGD, Adam, Controller, ControllerGone, ControllerTimeout, DiLoCo,
-                     Downpour, LayoutMismatch, PlatoonError, Worker, WorkerDied)
+from platoon import (
+    EASGD,
+    SGD,
+    Adam,
+    Controller,
+    ControllerGone,
+    ControllerTimeout,
+    DiLoCo,
+    Downpour,
+    LayoutMismatch,
+    PlatoonError,
+    Worker,
+    WorkerDied,
+)
 from platoon._centre import checkpoint
-from platoon.protocol import layout_of
-from platoon._os.process import job_segments
 from platoon._centre.shmem import HEADER, MAGIC, SharedCentre, remove_stale_segments
+from platoon._os.process import job_segments
+from platoon.protocol import layout_of
 
 
 class Tolerant(Controller):

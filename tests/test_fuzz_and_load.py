@@ -7,11 +7,10 @@ import threading
 import numpy as np
 import pytest
 import zmq
+from test_protocol import garbled_minibatch
 
 from platoon import EASGD, Controller, ProtocolError, Worker
 from platoon.protocol import encode_minibatch
-
-from test_protocol import garbled_minibatch
 
 
 class Counting(Controller):
@@ -102,7 +101,7 @@ def test_malformed_minibatches_raise_and_good_ones_still_arrive(serve, raw_data_
     serving = serve(ctl)
     rng = random.Random(99)
     with Worker(ctl.control_port, data_port=port, timeout_s=10) as w:
-        for i in range(500):
+        for _i in range(500):
             frames = garbled_minibatch(rng) or [b""]
             push.send(frames)
             try:

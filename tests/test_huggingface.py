@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import Nothing, Proc
+from helpers import Nothing, Proc
 
 pytest.importorskip("transformers", reason="the Trainer tests need transformers: pip install "
                                            "-e '.[huggingface]'")

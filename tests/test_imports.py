@@ -111,8 +111,8 @@ def test_mpi_names_of_today():
     for name in ("CentreTie", "NodeLink", "node_link_for", "run_node", "main", "import_mpi",
                  "load_controller_class"):
         assert callable(getattr(mpi, name)), name
-    from platoon.controller import raise_system_exit
     from platoon._os.process import raise_system_exit as moved
+    from platoon.controller import raise_system_exit
     assert raise_system_exit is moved
 
 
@@ -231,9 +231,12 @@ NEVER = {
     # The original Platoon's names: a facade over the core (nothing imports it: below).
     "platoon.compat": ("platoon._worker", "platoon._centre", "platoon.mpi", "platoon.launch",
                        "zmq", "numpy"),
-    # Controller ranks: the controller's side, never a worker's.
+    # Controller ranks: the controller's side, never a worker's; of the launcher, only the
+    # reaper (GPU discovery is platoon.device's).
     "platoon.mpi": ("platoon._worker", "platoon.worker", "platoon.adapters",
-                    "platoon.torch_sync", "platoon.collectives", "platoon.compat", "zmq"),
+                    "platoon.torch_sync", "platoon.collectives", "platoon.compat", "zmq",
+                    "platoon.launch.cli", "platoon.launch.child", "platoon.launch.output",
+                    "platoon.launch.supervision"),
     # A worker's arrays: rules and errors only, no process, no sockets.
     "platoon.adapters": ("platoon._", "platoon.controller", "platoon.worker", "platoon.mpi",
                          "platoon.launch", "platoon.compat", "platoon.protocol",

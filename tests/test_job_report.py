@@ -10,13 +10,13 @@ import time
 import traceback
 
 import pytest
+from test_launcher import EXPERIMENTS, assert_job_gone, job_id_of, launcher_cmd, run_launcher
 
-from platoon.errors import ProtocolError, StopRequested
 from platoon._controller.status import Progress
 from platoon._controller.threadfailures import ThreadFailures
 from platoon._os.statusfile import MAX_METRICS, MAX_TEXT
+from platoon.errors import ProtocolError, StopRequested
 from platoon.launch.cli import Launch, parse_args
-from test_launcher import EXPERIMENTS, assert_job_gone, job_id_of, launcher_cmd, run_launcher
 
 
 def test_a_failing_controller_thread_fails_the_job_at_once_and_leads_the_report(tmp_path):

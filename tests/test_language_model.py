@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
+
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
 

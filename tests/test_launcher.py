@@ -17,21 +17,18 @@ import time
 
 import pytest
 
-from platoon.launch import cli as launcher
-
 from platoon import load_centre
-from platoon.device import Device
-from platoon.errors import ControllerGone
-from platoon.launch import child, output
-from platoon.launch.output import LogFollower, columns, fit, visible
-from platoon.launch.supervision import StatusLine
 from platoon._os.environment import THREAD_VARIABLES, XLA_MEMORY_VARIABLES, device_variables
 from platoon._os.process import job_segments, pid_alive, signal_name
 from platoon._os.statusfile import write_status
+from platoon.device import Device
+from platoon.errors import ControllerGone
+from platoon.launch import child, output
+from platoon.launch import cli as launcher
+from platoon.launch.output import LogFollower, columns, fit, visible
+from platoon.launch.supervision import StatusLine
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-EXPERIMENTS = os.path.join(HERE, "experiments")
+from helpers import EXPERIMENTS, ROOT, wait_until
 
 
 def job_processes(job_id):
@@ -58,14 +55,6 @@ def label_of(pid):
     except OSError:
         return None
     return args[3].decode() if args[1:3] == [b"-m", b"platoon.launch.child"] else None
-
-
-def wait_until(condition, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail("timed out after %.3g s waiting for %s" % (timeout, what))
-        time.sleep(0.05)  # polling state owned by other processes, bounded by the deadline
 
 
 def launcher_cmd(*args):
@@ -439,7 +428,8 @@ def test_a_killed_controller_leads_the_failure_report(launched):
     out = launch.output()
     assert re.search(r"^platoon-launcher: the controller failed \(killed by SIGKILL\)"
                      r"(; after it worker\d \(exit code 1\)(, worker\d \(exit code 1\))? "
-                     r"failed)?; stopped the job\. Last lines of \S+controller\.log", out, re.M), out
+                     r"failed)?; stopped the job\. Last lines of \S+controller\.log",
+                     out, re.M), out
     assert not re.search(r"^platoon-launcher: worker\d failed", out, re.M), out
     assert_job_gone(job_id)
 
@@ -681,7 +671,8 @@ class ExitedProcess(launcher.Process):
 
 def test_the_worker_named_by_workerdied_leads_even_if_seen_after_the_controller(tmp_path):
     (tmp_path / "controller.log").write_text(
-        "platoon.errors.WorkerDied: worker 1 (pid 4242) failed: RuntimeError: boom; the job stops\n")
+        "platoon.errors.WorkerDied: worker 1 (pid 4242) failed: RuntimeError: boom; "
+        "the job stops\n")
     (tmp_path / "worker.log").write_text("RuntimeError: boom\n")
     launch = launcher.Launch(launcher.parse_args(["x"]), out=io.StringIO())
     launch.controller = ExitedProcess("controller", 4000, 1, str(tmp_path / "controller.log"))
@@ -829,7 +820,7 @@ def test_two_signals_at_once_during_start_up(tmp_path):
         workdir.mkdir()
         launch = Launched(launcher_cmd(os.path.join(EXPERIMENTS, "forever"), "-n", "2"), workdir)
         try:
-            wait_until(lambda: catches(launch.popen.pid, signal.SIGTERM)
+            wait_until(lambda launch=launch: catches(launch.popen.pid, signal.SIGTERM)
                        or launch.popen.poll() is not None, 20, "the launcher's handlers")
             deadline = time.monotonic() + delay  # the moment of start-up to interrupt:
             time.sleep(max(0.0, delay - 0.01))  # (slept, not spun: the job needs the cores)
@@ -938,7 +929,7 @@ def test_a_planted_link_in_the_log_dir_is_never_followed(tmp_path):
     (["--stop-timeout", "-1"], "argument --stop-timeout: '-1' is not a duration"),
     (["--status-every-s", "0"], "--status-every-s must be more than 0"),
     (["--checkpoint-every-s", "0"], "--checkpoint-every-s must be more than 0"),
-    (["--hosts", "h1", "--tie-every-syncs", "0"], "--tie-every-syncs must be at least 1"),
+    (["--hosts", "h1", "--tie-every-syncs", "0"], "--tie-every-syncs must be an integer >= 1"),
     (["-c", "--a 'b"], "-c/--controller-args \"--a 'b\": No closing quotation; quote it as a "
      "shell would"),
     (["-w", '"x'], "-w/--worker-args '\"x': No closing quotation")])

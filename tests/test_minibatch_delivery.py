@@ -15,11 +15,11 @@ import time
 import numpy as np
 import pytest
 import zmq
+from test_faults import Tolerant
+from test_registration import TcpProxy
 
 from platoon import Controller, MinibatchTimeout, Worker
 from platoon.protocol import encode_mb_request, encode_minibatch, mb_refusal
-from test_faults import Tolerant
-from test_registration import TcpProxy
 
 
 def got(proc):

@@ -4,7 +4,8 @@ import importlib.metadata
 import os
 import re
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
+
 DISTRIBUTION = "platoon-dp"
 
 

@@ -13,7 +13,8 @@ import pytest
 from platoon import load_centre
 from platoon._os.process import job_segments
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
+
 LM = os.path.join(ROOT, "examples", "lm")
 PAGE = os.path.join(ROOT, "docs", "porting-a-script.md")
 QUICK = ["--epochs", "2", "--max-batches", "12", "--valid-bytes", "2000"]

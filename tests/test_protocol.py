@@ -6,8 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from platoon import ProtocolError, RemoteError
-from platoon import protocol
+from platoon import ProtocolError, RemoteError, protocol
 
 
 def test_request_round_trip():

@@ -3,9 +3,9 @@ so no pid is checked)."""
 
 import pytest
 
-from platoon.errors import PlatoonError, ProtocolError
 from platoon._controller.config import ControllerConfig
 from platoon._controller.registry import WorkerRegistry, WorkerState, describe_death
+from platoon.errors import PlatoonError, ProtocolError
 
 
 def registry(num_workers=2, restarts=0):

@@ -81,7 +81,7 @@ def test_several_workers_interleaving(size):
         ref_x = [init.copy() for _ in range(3)]
         ref_last = [init.copy() for _ in range(3)]
         order = [0, 2, 1, 1, 0, 2, 2, 0, 1]
-        for step, k in enumerate(order):
+        for _step, k in enumerate(order):
             delta = rng.normal(size=size)
             locals_[k] += delta
             ref_x[k] += delta
@@ -278,3 +278,52 @@ def test_a_rule_takes_its_stripes_from_the_context():
         rule.attach(ctx)
         journal = ctx.states["%s-journal" % rule.state_name]
         assert journal[0].shape[0] == slots, [a.shape for a in journal]
+
+
+# Each rule declares its kernels once (`sync_kernels`); adapters ask the rule
+# (`device_kernels`), never its type.
+
+
+def test_the_built_in_rules_declare_every_compiled_kernel_once_and_nothing_else():
+    from platoon.rules import Downpour, kernels
+    declared = [name for rule in (EASGD, ASGD, Downpour) for name in rule.sync_kernels.compiled
+                if name != "take_pull"]  # the pull that ASGD and Downpour share
+    assert sorted(declared + ["take_pull"]) == sorted(kernels.NAMES)
+    assert {type(EASGD(0.5).device_kernels()).__name__,
+            type(ASGD().device_kernels()).__name__} == {"EASGDOnDevice", "ASGDOnDevice"}
+    assert Downpour.sync_kernels.device is None and ParamSyncRule().device_kernels() is None
+
+
+def test_a_subclass_keeps_the_device_kernels_unless_it_changes_the_maths():
+    from platoon.adapters.torch_registered import unfit
+    from platoon.rules.base import SyncKernels
+    torch = pytest.importorskip("torch")
+
+    class Named(EASGD):  # only a name: the maths, hence the kernels, are EASGD's
+        def __repr__(self):
+            return "Named()"
+
+    class Damped(EASGD):  # its own update: its code must run, so no device kernels
+        def update(self, index, local, central):
+            super().update(index, local, central)
+            local *= 0.5
+
+    class Mine(ParamSyncRule):  # a new rule runs EASGD's device kernels by declaring them
+        elementwise = True
+        alpha = 0.25
+        sync_kernels = SyncKernels(device="elastic_torch:EASGDOnDevice")
+
+        def update(self, index, local, central):
+            EASGD(self.alpha).update(index, local, central)
+
+    assert Named(0.5).device_kernels().alpha == 0.5 and Mine().device_kernels().alpha == 0.25
+    assert Damped(0.5).device_kernels() is None
+    on_cpu = [torch.zeros(3)]
+    assert "not all on one GPU" in unfit(on_cpu, Named(0.5))
+    assert "not all on one GPU" in unfit(on_cpu, Mine())
+    assert "declare device kernels" in unfit(on_cpu, Damped(0.5))
+    assert "declare device kernels" in unfit(on_cpu, object())
+    with pytest.raises(TypeError, match="compiled kernels that platoon.rules.kernels does not "
+                                        "have: easgd_fused"):
+        class Typo(EASGD):
+            sync_kernels = SyncKernels(compiled=("easgd_fused",))

@@ -18,7 +18,7 @@ import zmq
 from platoon import EASGD, Controller, ControllerTimeout, PlatoonError, Worker, load_centre
 from platoon.security import generate_keys, is_loopback, load_keys
 
-EXPERIMENTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "experiments")
+from helpers import EXPERIMENTS
 
 
 class Echo(Controller):

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from platoon import Controller, PlatoonError, RemoteError, Worker
+from platoon._centre.shmem import SharedCentre
 from platoon._os.process import job_segments
 from platoon.protocol import layout_of
-from platoon._centre.shmem import SharedCentre
 
 SHM = "/dev/shm"
 NOBODY = 65534  # squatted names belong to another user, as in an attack (when we are root)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from platoon import LockTimeout, PlatoonError
-from platoon.protocol import layout_of
 from platoon._centre.shmem import SharedCentre, param_offsets
+from platoon.protocol import layout_of
 
 LAYOUT = layout_of([np.zeros(4)])
 

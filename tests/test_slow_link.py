@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.slow_link import jobs, link, methods, report
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
 
 
 def _run(method, link_name, time_s, steps, *, cap_s=240.0, bytes_window=None, tie=None,

@@ -1,13 +1,12 @@
 """The package's own checks, configured in the repository: ruff (lint, import order, no module
 reaching another's private names; ruff.toml) and mypy (types; setup.cfg)."""
 
-import os
 import subprocess
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
 
 
 def run_tool(*args):

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from platoon import Controller, StopRequested, Worker
-from platoon._os.process import job_segments
 from platoon._centre.shmem import remove_stale_segments, segment_owner
 from platoon._centre.stopsignal import CONTROLLER, MAX_REASON_BYTES, JobStop, StopSignal
+from platoon._os.process import job_segments
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from helpers import EXPERIMENTS, ROOT
 
 
 class Ping(Controller):
@@ -84,7 +84,7 @@ def test_a_stop_segment_left_by_a_dead_controller_is_removed(tmp_path):
             "print(path, flush=True); os._exit(0)" % (job, job))
     done = subprocess.run([sys.executable, "-c", code], check=True, timeout=30,
                           capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)))
+                          env=dict(os.environ, PYTHONPATH=ROOT))
     path = done.stdout.strip()
     assert path.startswith("/dev/shm/platoon-" + job), done.stdout
     removed = remove_stale_segments()
@@ -232,7 +232,7 @@ def test_the_stop_request_reads_and_sets_the_state_for_workers_without_the_segme
 
 def test_a_launched_job_ends_with_success_when_its_workers_stop_on_the_signal(tmp_path):
     args = [sys.executable, "-m", "platoon.launch.cli",
-            os.path.join(HERE, "experiments", "stopping"), "-n", "2",
+            os.path.join(EXPERIMENTS, "stopping"), "-n", "2",
             "--log-dir", str(tmp_path / "logs")]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
     out = proc.stdout + proc.stderr

@@ -9,13 +9,12 @@ import numpy as np
 import pytest
 
 from platoon import ASGD, EASGD, DiLoCo
-from platoon.rules import kernels
-from platoon.rules.downpour import SGD, Downpour
-from platoon.rules import BLOCK_ELEMENTS
 from platoon._centre.shmem import stripe_ranges  # noqa: PLC2701 (the exchange's cut)
 from platoon.protocol import layout_of
+from platoon.rules import BLOCK_ELEMENTS, kernels
+from platoon.rules.downpour import SGD, Downpour
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
 
 # Not multiples of any block or vector width; the stripes start at odd offsets, so the
 # kernels also run on arrays not aligned to 8 or 16 bytes.
@@ -67,7 +66,7 @@ def run(name, dtype, n, how):
     c = [p + rng.normal(size=p.shape).astype(dtype) for p in x]
     rule = make_rules()[name]
     setup_rule(rule, x, c, rng)
-    for step in range(3):
+    for _step in range(3):
         for p in x:
             p += (rng.normal(size=p.shape) * 0.1).astype(dtype)
         if how == "whole":
@@ -146,7 +145,7 @@ def test_downpour_and_diloco_take_the_compiled_kernel(name, monkeypatch, isa):
     # Chosen by what the optimizer computes (SGD, DiLoCo's SGD on g/p), not by its type.
     calls = []
     for kernel in ("sgd", "sgd_staged"):
-        def spy(*args, _real=getattr(kernels, kernel), _kernel=kernel):
+        def spy(*args, _real=getattr(kernels, kernel), _kernel=kernel):  # noqa: B008 (bound)
             calls.append((_kernel, _real(*args)))
             return calls[-1][1]
         monkeypatch.setattr(kernels, kernel, spy)
@@ -208,11 +207,11 @@ def test_kernels_let_other_threads_run():
     if not kernels.available():
         pytest.skip("the compiled kernels are not built")
     x, c = np.ones(4_000_000, np.float32), np.zeros(4_000_000, np.float32)
-    for attempt in range(20):  # under load the kernel may finish before this thread runs
+    for _attempt in range(20):  # under load the kernel may finish before this thread runs
         c[-1] = 0.0
         entering = threading.Event()
 
-        def push():
+        def push(entering=entering):
             entering.set()
             kernels.easgd_push(x, c, 0.5)
 
@@ -268,6 +267,7 @@ def test_without_the_compiled_kernels_syncs_use_numpy_and_say_so_once(why):
     warnings = [line for line in done.stderr.splitlines() if "sync kernels" in line]
     if why == "missing":  # one line, however many syncs, saying what to do
         assert len(warnings) == 1, done.stderr
-        assert "could not be loaded" in warnings[0] and "Reinstall platoon with a C compiler" in warnings[0]
+        assert "could not be loaded" in warnings[0]
+        assert "Reinstall platoon with a C compiler" in warnings[0]
     else:  # asked for: no warning
         assert warnings == [], done.stderr

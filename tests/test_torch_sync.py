@@ -12,12 +12,20 @@ import numpy as np
 import pytest
 
 import platoon
-
-from platoon import (ASGD, EASGD, SGD, Adam, Controller, Downpour, PlatoonError, Worker,
-                     average_gradients)
+from platoon import (
+    ASGD,
+    EASGD,
+    SGD,
+    Adam,
+    Controller,
+    Downpour,
+    PlatoonError,
+    Worker,
+    average_gradients,
+)
 from platoon.device import Device
 
-from conftest import PROCS, Nothing
+from helpers import PROCS, Nothing
 
 torch = pytest.importorskip("torch", reason="the PyTorch tests need PyTorch")
 from torch import nn  # noqa: E402
@@ -25,9 +33,8 @@ from torch import nn  # noqa: E402
 from platoon import LayoutMismatch, LockTimeout, PeriodicSync, load_centre  # noqa: E402
 
 sys.path.insert(0, PROCS)
-from torch_sync_worker import make_model  # noqa: E402
-
 from test_collectives import run_all  # noqa: E402  (one thread per worker)
+from torch_sync_worker import make_model  # noqa: E402
 
 
 def bn_model(seed=0):

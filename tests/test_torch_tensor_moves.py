@@ -15,7 +15,7 @@ from torch import nn  # noqa: E402
 
 from platoon import PeriodicSync  # noqa: E402
 
-from conftest import Nothing  # noqa: E402
+from helpers import Nothing  # noqa: E402
 
 
 def run_worker(serve, procs, tmp_path, changes, overlap):

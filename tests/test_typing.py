@@ -12,7 +12,7 @@ import pytest
 
 import platoon
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
 
 
 def test_the_package_is_marked_typed_and_the_marker_installs():

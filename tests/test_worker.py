@@ -8,9 +8,20 @@ import time
 import numpy as np
 import pytest
 
-from platoon import shard
-from platoon import (ASGD, EASGD, Controller, ControllerTimeout, LockTimeout, MinibatchTimeout,
-                     ParamSyncRule, PlatoonError, ProtocolError, Worker, WorkerClosed)
+from platoon import (
+    ASGD,
+    EASGD,
+    Controller,
+    ControllerTimeout,
+    LockTimeout,
+    MinibatchTimeout,
+    ParamSyncRule,
+    PlatoonError,
+    ProtocolError,
+    Worker,
+    WorkerClosed,
+    shard,
+)
 from platoon._os.process import job_segments
 
 

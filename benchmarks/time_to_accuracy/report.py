@@ -172,7 +172,8 @@ and under what load, is under the tables; `--quick` is a shorter smoke version t
 `benchmarks/results/time_to_accuracy_quick.*`):
 
 ```bash
-python3 -m venv .venv && .venv/bin/pip install -q -e '.[bench]' && .venv/bin/python -m benchmarks.time_to_accuracy
+python3 -m venv .venv && .venv/bin/pip install -q -e '.[bench]' \\
+  && .venv/bin/python -m benchmarks.time_to_accuracy
 ```
 
 Caveats: the baselines use plain SGD, as a user switching from one process would; only

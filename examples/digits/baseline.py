@@ -4,9 +4,8 @@ controller's early-stopping rule and evaluation cadence (in minibatches)."""
 
 import time
 
-import numpy as np
-
 import mlp
+import numpy as np
 
 
 def train_single_process(patience, eval_every, max_minibatches, batch_size=mlp.BATCH_SIZE,

@@ -10,12 +10,11 @@ import logging
 import os
 import time
 
-import numpy as np
-
 import baseline
 import mlp
+import numpy as np
+
 from platoon import Controller
-from platoon._os.environment import JobEnvironment
 
 log = logging.getLogger("digits")
 
@@ -149,14 +148,12 @@ def main():
     parser.add_argument("--lr", type=float, default=mlp.LR,
                         help="baseline learning rate (the workers' is their --lr)")
     args = parser.parse_args()
-    status = JobEnvironment.read().status_file  # under the launcher: its log directory
-    plot_path = args.plot or os.path.join(os.path.dirname(status) if status else ".",
-                                          "digits_curves.png")
-
     with DigitsController(args.patience, args.eval_every, args.max_minibatches,
                           control_port=args.port, num_workers=args.workers) as ctl:
         if ctl.control_port is None:
             ctl.init_control(5567)
+        # under the launcher, next to the job's logs
+        plot_path = args.plot or os.path.join(ctl.log_dir or ".", "digits_curves.png")
         ctl.serve()
         ctl.evaluate_centre(ctl.elapsed_s())
         n_workers = len(ctl.workers)

@@ -6,9 +6,9 @@ Run by the launcher:  platoon-launcher examples/digits/digits -n 2
 
 import argparse
 
+import mlp
 import numpy as np
 
-import mlp
 from platoon import EASGD, Worker
 
 

@@ -4,8 +4,8 @@ Run by hand:  python linear_controller.py --port 5567 --workers 2
 """
 
 import argparse
-import os
 import logging
+import os
 
 import numpy as np
 

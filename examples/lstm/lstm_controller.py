@@ -1,5 +1,6 @@
 """The LSTM example's controller: hands out work until the workers' validation error
-stops improving (patience) or a minibatch budget is spent.
+stops improving (patience, in reports per worker) or a minibatch budget is spent; then
+every worker stops.
 """
 
 import argparse
@@ -15,14 +16,19 @@ class LSTMController(Controller):
         self.minibatches = 0
         self.best_error = 1.0
         self.bad_reports = 0
+        self.stopping = False
 
     def handle_control(self, req, worker_id, req_info):
         if req == "next":
-            stop = self.bad_reports >= self.patience or self.minibatches >= self.max_minibatches
-            return "stop" if stop else "train"
+            # Patience per worker: n workers report n times as often as one. Once stopping,
+            # every worker stops (a later improvement must not restart only some of them).
+            self.stopping = self.stopping or self.minibatches >= self.max_minibatches \
+                or self.bad_reports >= self.patience * max(1, len(self.workers))
+            return "stop" if self.stopping else "train"
         if req == "done":
             self.minibatches += req_info["n"]
-            self.add_progress(worker_id, req_info["n"], req_info["syncs"],
+            # the worker's PeriodicSync reports its minibatches: only the metrics here
+            self.add_progress(worker_id, 0, req_info["syncs"],
                               {"loss": req_info["loss"], "valid_error": req_info["valid_error"]})
             if req_info["valid_error"] < self.best_error:
                 self.best_error, self.bad_reports = req_info["valid_error"], 0
@@ -36,7 +42,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=None, help="by hand: port to listen on")
     parser.add_argument("--workers", type=int, default=None, help="by hand: number of workers")
-    parser.add_argument("--patience", type=int, default=60, help="reports without progress")
+    parser.add_argument("--patience", type=int, default=60,
+                        help="reports per worker without progress")
     parser.add_argument("--max-minibatches", type=int, default=6000)
     args = parser.parse_args()
     with LSTMController(args.patience, args.max_minibatches, control_port=args.port,

@@ -69,6 +69,7 @@ def main():
                 error = (model(x_valid).argmax(1) != y_valid).float().mean().item()
             w.send_req("done", {"n": args.sync_every, "syncs": w.syncs,
                                 "loss": loss.item(), "valid_error": error})
+        optimizer.finish()  # the sync in flight (--overlap) and the last progress report
 
 
 if __name__ == "__main__":

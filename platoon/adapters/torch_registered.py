@@ -10,12 +10,10 @@ back overlaps the next one's copy in. The compute stream is never synchronised: 
 streams wait on an event recorded on it when the sync starts, and every stripe's event has
 completed when a sync returns. A thread never waits for a lock while it holds another.
 
-Arithmetic: the float32 operations of the host kernels (rules/_sync_kernels.c, compiled
-without FMA contraction), in the same order, each a separate elementwise kernel (one
-rounding each; alpha rounded to float32 once, as the kernels do); neither side flushes
-denormals to zero. IEEE float32 add, subtract, multiply and negate are correctly rounded on
-both, so results are bit-identical to the staging path. ASGD's ``x_last`` lives on the GPU
-once this path runs (copied from the rule's host arrays at the first sync).
+The arithmetic is the rule's own: the device kernels it declares (`ParamSyncRule.device_kernels`;
+EASGD's and ASGD's are in `platoon.rules.elastic_torch`, bit-identical to the staging path).
+This module asks the rule for them and holds no rule's maths: any rule that declares device
+kernels runs here, and a subclass that overrides its maths syncs through staging.
 """
 
 import collections
@@ -25,7 +23,6 @@ from typing import Callable, List, Optional
 
 import torch
 
-from ..rules.elastic import ASGD, EASGD
 from . import cuda_register
 
 log = logging.getLogger(__name__)
@@ -33,8 +30,9 @@ log = logging.getLogger(__name__)
 
 def unfit(params, rule) -> Optional[str]:
     """Why `params` synced by `rule` cannot take the registered path, or None."""
-    if type(rule) not in (EASGD, ASGD):
-        return "the registered centre runs EASGD and ASGD only, not %r" % (rule,)
+    if _device_kernels(rule) is None:
+        return ("the registered centre runs rules that declare device kernels (EASGD, ASGD; "
+                "a subclass that overrides their maths does not), not %r" % (rule,))
     devices = {p.device for p in params}
     if len(devices) != 1 or next(iter(devices)).type != "cuda":
         return "the parameters are not all on one GPU (%s)" % ", ".join(sorted(map(str, devices)))
@@ -43,6 +41,12 @@ def unfit(params, rule) -> Optional[str]:
         return "the registered centre runs float32 only (parameters hold %s)" % ", ".join(
             sorted(str(d) for d in dtypes))
     return None
+
+
+def _device_kernels(rule):
+    """`rule`'s device kernels, or None (also for a rule that is no ParamSyncRule)."""
+    ask = getattr(rule, "device_kernels", None)
+    return ask() if ask is not None else None
 
 
 def attach(params_of: Callable[[], List[torch.Tensor]], rule, centre, timeout_s
@@ -99,12 +103,16 @@ def register_centre(centre, ordinal: int):
 
 
 class RegisteredSync:
-    """EASGD or ASGD between CUDA float32 tensors and a registered centre (see the module
-    docstring). `update` is sync_params's update; `snapshot`, `push` and `pull` are
+    """A rule's device kernels between CUDA float32 tensors and a registered centre (see the
+    module docstring). `update` is sync_params's update; `snapshot`, `push` and `pull` are
     start_sync's with a snapshot. Stripes go in `order`; `count_hold(got, asked)` is told
     each stripe lock's hold (perf_counter when it was taken and asked for) at its release."""
 
     def __init__(self, params_of, rule, centre, timeout_s):
+        self.kernels = _device_kernels(rule)
+        if self.kernels is None:
+            raise TypeError("%r declares no device kernels (see platoon.rules.base.SyncKernels)"
+                            % (rule,))
         self._params_of = params_of  # the current tensors (torch may swap a parameter's data)
         self.rule = rule
         self.centre = centre
@@ -115,18 +123,10 @@ class RegisteredSync:
         self._bufs = [torch.empty(max(width, 1), dtype=torch.float32, device=self.device)
                       for _ in range(2)]
         self._streams = [torch.cuda.Stream(self.device) for _ in range(2)]
-        self._alpha = rule.alpha if isinstance(rule, EASGD) else None
-        self._last: Optional[List[torch.Tensor]] = None  # ASGD's x_last, on the GPU
         self._snaps: Optional[List[torch.Tensor]] = None  # start_sync's snapshots
 
     def _flat(self) -> List[torch.Tensor]:
         return [p.detach().view(-1) for p in self._params_of()]
-
-    def _asgd_last(self) -> List[torch.Tensor]:
-        if self._last is None:
-            self._last = [torch.from_numpy(last.reshape(-1)).to(self.device)
-                          for last in self.rule._last]  # noqa: SLF001 (its state moves here)
-        return self._last
 
     def begin(self) -> torch.cuda.Event:
         """An event marking the calling thread's current stream (the compute stream) now; a
@@ -138,24 +138,13 @@ class RegisteredSync:
     def update(self, order, ready, lock_stripes: bool, count_hold) -> None:
         """sync_params's update of the parameters and the centre, in place (stripe locks
         taken when `lock_stripes`; else the caller holds the centre or locks nothing)."""
-        xs, alpha = self._flat(), self._alpha
-        last = self._asgd_last() if alpha is None else None
+        xs, kernels = self._flat(), self.kernels
+        kernels.prepare(self.device)
 
-        def easgd(i, a, b, c):  # d = (x - c) * alpha; x = x - d; c = c + d
-            x = xs[i][a:b]
-            d = torch.sub(x, c).mul_(alpha)
-            x.sub_(d)
-            c.add_(d)
+        def update(i, a, b, c):
+            kernels.update(i, a, b, xs[i][a:b], c)
 
-        def asgd(i, a, b, c):  # v = c + (x - last); c = x = last = v
-            assert last is not None  # ASGD's (alpha is None)
-            x, x_last = xs[i][a:b], last[i][a:b]
-            c.add_(torch.sub(x, x_last))
-            x.copy_(c)
-            x_last.copy_(c)
-
-        self._stripes(order, easgd if alpha is not None else asgd, ready, lock_stripes,
-                      count_hold)
+        self._stripes(order, update, ready, lock_stripes, count_hold)
 
     def snapshot(self) -> torch.cuda.Event:
         """Copy the parameters into the snapshot, queued on the compute stream (nothing
@@ -170,36 +159,23 @@ class RegisteredSync:
     def push(self, order, ready, count_hold, pushed: list) -> None:
         """Push the snapshot to the centre stripe by stripe; each stripe's ranges are appended
         to `pushed` once its copy back has landed (what `pull` may apply)."""
-        snaps, alpha, stripes = self._snaps, self._alpha, self.centre.stripes
+        snaps, kernels, stripes = self._snaps, self.kernels, self.centre.stripes
         assert snaps is not None, "push() before snapshot()"
-        last = self._asgd_last() if alpha is None else None
+        kernels.prepare(self.device)
 
-        def easgd(i, a, b, c):  # d = (s - c) * alpha; c = c + d; s = -d
-            s = snaps[i][a:b]
-            d = torch.sub(s, c).mul_(alpha)
-            c.add_(d)
-            torch.neg(d, out=s)
+        def push(i, a, b, c):
+            kernels.push(i, a, b, snaps[i][a:b], c)
 
-        def asgd(i, a, b, c):  # v = c + (s - last); c = last = v
-            assert last is not None  # ASGD's (alpha is None)
-            x_last = last[i][a:b]
-            c.add_(torch.sub(snaps[i][a:b], x_last))
-            x_last.copy_(c)
-
-        self._stripes(order, easgd if alpha is not None else asgd, ready, True, count_hold,
+        self._stripes(order, push, ready, True, count_hold,
                       landed=lambda k: pushed.extend(stripes[k]))
 
     def pull(self, ranges) -> None:
         """Apply pushed `ranges` to the parameters, queued on the calling thread's current
-        stream: EASGD ``x = x + s`` (s = -d), ASGD ``x = (x - s) + last``."""
+        stream, by the rule's device kernels' `pull`."""
         xs, snaps = self._flat(), self._snaps
         assert snaps is not None, "pull() before snapshot()"
         for i, a, b in ranges:
-            x = xs[i][a:b]
-            if self._alpha is not None:
-                x.add_(snaps[i][a:b])
-            else:
-                x.sub_(snaps[i][a:b]).add_(self._asgd_last()[i][a:b])
+            self.kernels.pull(i, a, b, xs[i][a:b], snaps[i][a:b])
 
     def _stripes(self, order, op, ready, lock_stripes, count_hold, landed=None) -> None:
         """For each stripe k of `order`: lock it (when `lock_stripes`), copy the centre's

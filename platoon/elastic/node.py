@@ -18,9 +18,9 @@ import time
 from typing import Optional, Sequence
 
 from .._os.environment import JobEnvironment, worker_environment
+from .._os.nodesettings import TIE_CODECS, NodeSettings, flag_message
 from .._os.process import stop
 from ..errors import PlatoonError
-from ..mpi.compress import CODECS
 from ..mpi.runner import (
     WORKER_STOP_TIMEOUT_S,
     _say,
@@ -34,6 +34,7 @@ from .tie import FINAL_TIMEOUT_S
 log = logging.getLogger(__name__)
 
 LOCAL_HOST = "127.0.0.1"  # where a node's controller serves its workers
+TIE_TIMEOUT_S = 30.0  # a round's collectives wait at most this long for a silent member
 
 
 def process_start_time() -> float:
@@ -49,10 +50,11 @@ def process_start_time() -> float:
 
 
 def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str, name: str,
-                     tie: CentreTie, tie_timeout_s: float = 30.0,
-                     secret_file: Optional[str] = None, host: str = "127.0.0.1",
+                     tie: CentreTie, tie_timeout_s: float = TIE_TIMEOUT_S,
+                     secret_file: Optional[str] = None, host: str = NodeSettings.host,
                      controller=None, controller_args: Sequence[str] = (),
-                     ready_timeout_s: float = 120.0, finish_timeout_s: float = 30.0,
+                     ready_timeout_s: float = NodeSettings.ready_timeout_s,
+                     finish_timeout_s: float = NodeSettings.finish_timeout_s,
                      heartbeat_interval_s: float = 0.1,
                      final_timeout_s: float = FINAL_TIMEOUT_S) -> int:
     """Run node `name` of the elastic job whose lighthouse is at `join`; return its exit code.
@@ -147,11 +149,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="an outer round every so many seconds (default 3)")
     parser.add_argument("--tie-outer", choices=["diloco"], default="diloco",
                         help="what a round does: diloco (the only rule of an elastic job)")
-    parser.add_argument("--tie-compress", choices=list(CODECS), default="int8",
+    parser.add_argument("--tie-compress", choices=TIE_CODECS, default="int8",
                         help="how the moves travel: float32, int8 (default) or int4")
-    parser.add_argument("--tie-outer-lr", type=float, default=0.7)
-    parser.add_argument("--tie-outer-momentum", type=float, default=0.9)
-    parser.add_argument("--tie-timeout-s", type=float, default=30.0,
+    parser.add_argument("--tie-outer-lr", type=float, default=CentreTie.outer_lr,
+                        help="the outer learning rate (default %g)" % CentreTie.outer_lr)
+    parser.add_argument("--tie-outer-momentum", type=float, default=CentreTie.outer_momentum,
+                        help="the outer Nesterov momentum (default %g)"
+                             % CentreTie.outer_momentum)
+    parser.add_argument("--tie-timeout-s", type=float, default=TIE_TIMEOUT_S,
                         help="a round's collectives wait at most this long for a member that "
                              "stops answering (default 30; more than --tie-every-s)")
     parser.add_argument("--final-timeout-s", type=float, default=FINAL_TIMEOUT_S,
@@ -160,8 +165,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              "peers gone, too few nodes, the lighthouse gone) it keeps its own "
                              "centre and ends (default %g; more than --tie-timeout-s)"
                              % FINAL_TIMEOUT_S)
-    parser.add_argument("--ready-timeout-s", type=float, default=120.0)
-    parser.add_argument("--finish-timeout-s", type=float, default=30.0)
+    parser.add_argument("--ready-timeout-s", type=float, default=NodeSettings.ready_timeout_s)
+    parser.add_argument("--finish-timeout-s", type=float,
+                        default=NodeSettings.finish_timeout_s)
     parser.add_argument("worker", nargs=argparse.REMAINDER,
                         help="-- then the worker command (python is sys.executable for a .py)")
     args, command = parse_node_arguments(parser, argv)
@@ -169,7 +175,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         tie = CentreTie(args.tie_every_s, compress=args.tie_compress, outer=args.tie_outer,
                         outer_lr=args.tie_outer_lr, outer_momentum=args.tie_outer_momentum)
     except ValueError as exc:
-        parser.error(str(exc))
+        parser.error(flag_message(exc))
     if not args.tie_timeout_s > args.tie_every_s:
         parser.error("--tie-timeout-s must be more than --tie-every-s")
     if not args.final_timeout_s > args.tie_timeout_s:

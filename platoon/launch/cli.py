@@ -11,15 +11,14 @@ import math
 import os
 import re
 import shlex
-import shutil
 import signal
-import subprocess
 import sys
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+from .. import device
 from .._os.argv import join_option_values
 from .._os.environment import JobEnvironment
-from ..device import visible_devices
+from .._os.nodesettings import OUTER_RULES, TIE_CODECS, CentreTie, NodeSettings, flag_message
 from .supervision import (  # noqa: F401
     EXIT_FAILED,
     EXIT_OK,
@@ -31,8 +30,9 @@ from .supervision import (  # noqa: F401
     open_private,
 )
 
-__all__ = ["main", "parse_args", "is_script", "find_scripts", "plan_devices", "visible_gpus",
-           "find_gpus", "join_option_values"]
+__all__ = ["main", "parse_args", "make_parser", "read_args", "check_args", "node_settings",
+           "is_script", "find_scripts", "plan_devices", "visible_gpus", "find_gpus",
+           "join_option_values"]
 
 EPILOG = """\
 any script: SCRIPT.py runs as each worker, with the words after -- as its arguments, and
@@ -54,9 +54,10 @@ exit codes:
   130  interrupted by SIGINT (Ctrl-C); 143 by SIGTERM
 """
 
-# --tie-compress's codecs (platoon.mpi.compress.CODECS, named here: the launcher loads no numpy)
-TIE_CODECS = ("float32", "int8", "int4")
-TIE_OUTER_RULES = ("easgd", "diloco")  # platoon.mpi.tie.OUTER_RULES
+# --tie-compress's codecs and --tie-outer's rules (the node settings', which load no numpy)
+TIE_CODECS, TIE_OUTER_RULES = TIE_CODECS, OUTER_RULES
+TIE_FLAGS = ("tie_every_s", "tie_every_syncs", "tie_compress", "tie_outer", "tie_outer_lr",
+             "tie_outer_momentum")
 
 # Options a --hosts job cannot honour, and why (each is refused rather than dropped).
 NOT_WITH_HOSTS = [
@@ -147,7 +148,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """The launcher's options; exits with status 2 (argparse's usage error) on bad ones."""
+    """The launcher's options, read (`read_args`) then checked (`check_args`); exits with
+    status 2 (argparse's usage error) on bad ones."""
+    parser = make_parser()
+    args = read_args(parser, argv)
+    check_args(args, parser.error)
+    return args
+
+
+def make_parser() -> "_Parser":
+    """The launcher's command line: its options, defaults and help."""
     parser = _Parser(
         prog="platoon-launcher", description=__doc__.split("\n\n")[0],
         usage="%(prog)s [options] SCRIPT.py [-- SCRIPT_ARGS ...]\n"
@@ -210,10 +220,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="with --hosts: what a tie round does: easgd (each centre moves "
                         "toward the mean; default) or diloco (an outer Nesterov step)")
     parser.add_argument("--tie-outer-lr", type=float, metavar="LR",
-                        help="with --hosts and --tie-outer diloco: the outer lr (default 0.7)")
+                        help="with --hosts and --tie-outer diloco: the outer lr (default %g)"
+                        % CentreTie.outer_lr)
     parser.add_argument("--tie-outer-momentum", type=float, metavar="MU",
                         help="with --hosts and --tie-outer diloco: the outer Nesterov momentum "
-                        "(default 0.9)")
+                        "(default %g)" % CentreTie.outer_momentum)
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="do not show the workers' output here, each line prefixed "
                         "[workerN] (it is in LOG_DIR/workerN.log either way)")
@@ -222,6 +233,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "(written 0600 to LOG_DIR/curve_keys.json); not with --hosts")
     parser.add_argument("--log-level",
                         default=JobEnvironment.read("log_level").log_level or "INFO")
+    return parser
+
+
+def read_args(parser: "_Parser", argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    """`argv` (default sys.argv[1:]) read by `parser`: the options, the worker script's
+    arguments after --, -c and -w split as a shell would (`worker_argv`). Exits with status 2
+    on words it cannot read (naming the option a typo was meant to be)."""
     words = join_option_values(sys.argv[1:] if argv is None else argv, SCRIPT_ARGS_OPTIONS)
     script_args = []
     if "--" in words:  # the worker script's arguments
@@ -244,19 +262,26 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             parser.error("%s %r: %s; quote it as a shell would: -c \"--name 'a b'\""
                          % (flag, getattr(args, dest), exc))
     args.worker_argv = split["worker_args"] + script_args
+    return args
+
+
+def check_args(args: argparse.Namespace, error: Callable[[str], Any]) -> None:
+    """Check the options `read_args` read, together, and fill in what depends on them: the
+    defaults of options refused with --hosts, `workers` (and `workers_given`), and `node` (the
+    `NodeSettings` handed to each node's runner with --hosts; None without). `error(message)`
+    is called for the first problem and must not return (the parser's exits with status 2)."""
     if args.controller and not is_script(args.experiment):
-        parser.error("--controller goes with a SCRIPT.py (ending in .py); the EXPERIMENT form "
-                     "runs %s_controller.py" % args.experiment)
+        error("--controller goes with a SCRIPT.py (ending in .py); the EXPERIMENT form runs "
+              "%s_controller.py" % args.experiment)
     if args.hosts:
         for dest, flag, why in NOT_WITH_HOSTS:
             if getattr(args, dest) not in (None, False):
-                parser.error("%s cannot be used with --hosts: %s" % (flag, why))
+                error("%s cannot be used with --hosts: %s" % (flag, why))
     else:
-        for flag in ("tie_every_s", "tie_every_syncs", "tie_compress", "tie_outer",
-                     "tie_outer_lr", "tie_outer_momentum"):
+        for flag in TIE_FLAGS:
             if getattr(args, flag) is not None:
-                parser.error("--%s needs --hosts: it ties the centres of the nodes' "
-                             "controllers" % flag.replace("_", "-"))
+                error("--%s needs --hosts: it ties the centres of the nodes' controllers"
+                      % flag.replace("_", "-"))
     for dest, default in DEFAULTS.items():
         if getattr(args, dest) is None:
             setattr(args, dest, default)
@@ -264,24 +289,39 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.workers is None:
         args.workers = 2
     if args.workers < 1:
-        parser.error("-n must be at least 1")
-    for dest in ("status_every_s", "checkpoint_every_s", "tie_every_s"):
+        error("-n must be at least 1")
+    for dest in ("status_every_s", "checkpoint_every_s"):
         if getattr(args, dest) == 0:
-            parser.error("--%s must be more than 0" % dest.replace("_", "-"))
-    if args.tie_every_syncs is not None and args.tie_every_syncs < 1:
-        parser.error("--tie-every-syncs must be at least 1")
-    if args.tie_outer_lr is not None and not 0 < args.tie_outer_lr <= 10:
-        parser.error("--tie-outer-lr must be in (0, 10], got %r" % args.tie_outer_lr)
-    if args.tie_outer_momentum is not None and not 0 <= args.tie_outer_momentum < 1:
-        parser.error("--tie-outer-momentum must be in [0, 1), got %r" % args.tie_outer_momentum)
+            error("--%s must be more than 0" % dest.replace("_", "-"))
     if (args.tie_outer_lr is not None or args.tie_outer_momentum is not None) \
             and args.tie_outer != "diloco":
-        parser.error("--tie-outer-lr and --tie-outer-momentum go with --tie-outer diloco")
+        error("--tie-outer-lr and --tie-outer-momentum go with --tie-outer diloco")
     if args.restart < 0:
-        parser.error("--restart must be at least 0")
+        error("--restart must be at least 0")
     if args.resume and not os.path.exists(args.resume):
-        parser.error("--resume %s: no such checkpoint" % args.resume)
-    return args
+        error("--resume %s: no such checkpoint" % args.resume)
+    args.node = None
+    if args.hosts:
+        try:
+            args.node = node_settings(args)
+        except ValueError as exc:
+            error(flag_message(exc))
+
+
+def node_settings(args: argparse.Namespace) -> NodeSettings:
+    """What each node of a --hosts job runs, from the launcher's options (the controller comes
+    later: `Launch.run_hosts`). The tie's settings are checked whenever one is given; the
+    centres are tied when --tie-every-s or --tie-every-syncs is. Raises ValueError naming a bad
+    setting."""
+    given = {name: getattr(args, "tie_" + name) for name in ("compress", "outer", "outer_lr",
+                                                             "outer_momentum")
+             if getattr(args, "tie_" + name) is not None}
+    pace = {"every_s": args.tie_every_s, "every_syncs": args.tie_every_syncs}
+    tied = pace["every_s"] is not None or pace["every_syncs"] is not None
+    tie = CentreTie(**(pace if tied else {}), **given) if tied or given else None
+    return NodeSettings(args.workers, controller_args=args.controller_args,
+                        tie=tie if tied else None, ready_timeout_s=args.ready_timeout_s,
+                        finish_timeout_s=args.finish_timeout_s)
 
 
 def is_script(target: str) -> bool:
@@ -307,89 +347,13 @@ def find_scripts(experiment, controller=None):
     return worker, controller if os.path.isfile(controller) else None
 
 
-def _indices(listed: str, name: str, uuids: Optional[Dict[str, str]] = None) -> List[str]:
-    """The GPU indices a CUDA_VISIBLE_DEVICES-style list (variable `name`) names, as CUDA reads
-    it: up to the first entry that names no GPU ("-1" names none); GPU UUIDs become their index
-    through `uuids` (UUID -> index, from nvidia-smi; CUDA takes a unique prefix). Raises
-    UsageError for a MIG instance (cudaN names a whole GPU) and for a UUID nvidia-smi does not
-    list."""
-    indices = []
-    for entry in visible_devices(listed):
-        if entry.startswith("MIG-"):
-            raise UsageError(
-                "%s=%r names a MIG instance (%s); the launcher places workers on whole GPUs "
-                "(cudaN), which cannot name one. List whole GPUs there (indices or GPU-... "
-                "UUIDs, see nvidia-smi -L), or use -D cpu, or run the worker script on the "
-                "instance yourself" % (name, listed, entry))
-        if entry.isdigit():
-            indices.append(str(int(entry)))
-            continue
-        matches = sorted({index for uuid, index in (uuids or {}).items()
-                          if uuid.startswith(entry)})
-        if len(matches) != 1:
-            raise UsageError(
-                "%s=%r names GPU %s, which %s; nvidia-smi -L lists the GPUs with their UUIDs "
-                "(or list indices: 0,1)" % (
-                    name, listed, entry, "several GPUs' UUIDs start with" if matches else
-                    "is not among the GPUs nvidia-smi lists here" if uuids else
-                    "cannot be matched to an index without nvidia-smi"))
-        indices.append(matches[0])
-    return indices
-
-
-def _machine_gpus() -> Tuple[List[str], List[str], Dict[str, str]]:
-    """(indices of the machine's NVIDIA GPUs, what was looked at, their UUIDs -> indices):
-    nvidia-smi's list, else the /dev/nvidiaN device files (no UUIDs then)."""
-    seen = []
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        seen.append("nvidia-smi (not on PATH)")
-    else:
-        try:
-            out = subprocess.run([smi, "--query-gpu=index,uuid", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=20)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            seen.append("nvidia-smi (failed: %s)" % exc)
-        else:
-            rows = [[word.strip() for word in line.split(",")]
-                    for line in out.stdout.splitlines()]
-            uuids = {row[1]: row[0] for row in rows if len(row) == 2 and row[0].isdigit()}
-            found = [row[0] for row in rows if row and row[0].isdigit()]
-            if found:
-                return found, ["nvidia-smi (GPUs %s)" % ", ".join(found)], uuids
-            seen.append("nvidia-smi (no GPU listed, exit code %d)" % out.returncode)
-    found = sorted((name[len("nvidia"):] for name in os.listdir("/dev")
-                    if re.fullmatch(r"nvidia\d+", name)), key=int) if os.path.isdir("/dev") else []
-    seen.append("/dev/nvidiaN (%s)" % (", ".join("nvidia" + i for i in found) or "none"))
-    return found, seen, {}
-
-
 def find_gpus() -> Tuple[List[str], List[str]]:
-    """(indices of the CUDA GPUs this process may use, what was looked at to find them).
-
-    The machine's GPUs (nvidia-smi, else /dev/nvidiaN), narrowed to those CUDA_VISIBLE_DEVICES
-    lists if it is set (indices or GPU UUIDs, read as CUDA reads them); PLATOON_ASSUME_GPUS
-    (indices, "0,3"; "-1" for none) replaces the search (tests, or GPUs the launcher cannot
-    see). Raises UsageError for a CUDA_VISIBLE_DEVICES naming MIG instances or unknown UUIDs.
-    """
-    assumed = JobEnvironment.read("assume_gpus").assume_gpus
-    if assumed is not None:
-        return (_indices(assumed, "PLATOON_ASSUME_GPUS"),
-                ["PLATOON_ASSUME_GPUS=%r" % assumed])
-    found, seen, uuids = _machine_gpus()
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is None:
-        return found, seen + ["CUDA_VISIBLE_DEVICES (unset)"]
-    seen = seen + ["CUDA_VISIBLE_DEVICES=%r" % listed]
-    if not found:
-        return [], seen
-    shown = []
-    for index in _indices(listed, "CUDA_VISIBLE_DEVICES", uuids):
-        if index not in found:  # CUDA ignores this entry and those after it
-            break
-        if index not in shown:
-            shown.append(index)
-    return shown, seen
+    """`platoon.device.find_gpus` (the GPUs this process may use, and what was looked at),
+    its refusals as the launcher's UsageError."""
+    try:
+        return device.find_gpus()
+    except device.VisibleDevicesError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def visible_gpus() -> List[str]:
@@ -429,7 +393,7 @@ def plan_devices(args, say) -> List[str]:
             "devices)" % args.workers)
         return ["cpu"] * args.workers
     if getattr(args, "workers_given", False):
-        devices = ["cuda%s" % gpus[i % len(gpus)] for i in range(args.workers)]
+        devices = device.in_turn(args.workers, gpus)
         how = "-n %d on %d visible GPU(s)" % (args.workers, len(gpus))
     else:
         devices = ["cuda%s" % g for g in gpus]

@@ -6,6 +6,7 @@ any process fails, or the launcher is interrupted, the rest are stopped
 (`platoon._os.process.stop`), the job's shared memory is removed, and the job fails.
 """
 
+import dataclasses
 import datetime
 import errno
 import logging
@@ -19,7 +20,7 @@ import stat
 import subprocess
 import sys
 import time
-from typing import Optional
+from typing import List, Optional, Sequence
 
 from .._os.environment import (
     THREAD_VARIABLES,
@@ -28,6 +29,7 @@ from .._os.environment import (
     without_job_variables,
     worker_environment,
 )
+from .._os.nodesettings import NodeSettings
 from .._os.process import (
     find_mpiexec,
     read_announcement,
@@ -46,6 +48,15 @@ LOGS = "platoon-logs"  # the default --log-dir's top folder, in the working dire
 
 class UsageError(Exception):
     """A job that cannot start as asked (the launcher exits with EXIT_USAGE)."""
+
+
+def mpiexec_arguments(hosts: Sequence[str], node: NodeSettings, worker_command: Sequence[str],
+                      python: str = sys.executable) -> List[str]:
+    """mpiexec's arguments for a --hosts job: one rank on each of `hosts` runs
+    ``python -m platoon.mpi`` with `node`'s settings (`NodeSettings.to_argv`, the one argv
+    that carries them across), then ``--`` and `worker_command`."""
+    return (["-hosts", ",".join(hosts), "-n", str(len(hosts)), "-ppn", "1",
+             python, "-m", "platoon.mpi"] + node.to_argv() + ["--"] + list(worker_command))
 
 
 def open_private(path):
@@ -437,20 +448,10 @@ class Launch:
                              "clone: pip install -e '.[mpi]')")
         self.log_dir_fd = make_private_dirs(self.log_dir)
         args = self.args
-        cmd = ["-hosts", ",".join(args.hosts), "-n", str(len(args.hosts)), "-ppn", "1",
-               sys.executable, "-m", "platoon.mpi", "--workers", str(args.workers),
-               "--ready-timeout-s", str(args.ready_timeout_s),
-               "--finish-timeout-s", str(args.finish_timeout_s)]
-        if controller_script:
-            cmd += ["--controller", controller_script, "--controller-args", args.controller_args]
-        if args.tie_every_s:
-            cmd += ["--tie-every-s", str(args.tie_every_s)]
-        if args.tie_every_syncs:
-            cmd += ["--tie-every-syncs", str(args.tie_every_syncs)]
-        for dest in ("tie_compress", "tie_outer", "tie_outer_lr", "tie_outer_momentum"):
-            if getattr(args, dest, None) is not None:
-                cmd += ["--" + dest.replace("_", "-"), str(getattr(args, dest))]
-        cmd += ["--", worker_script] + args.worker_argv
+        node = dataclasses.replace(args.node, controller=controller_script,
+                                   controller_args=args.controller_args if controller_script
+                                   else "")
+        cmd = mpiexec_arguments(args.hosts, node, [worker_script] + args.worker_argv)
         env = without_job_variables(os.environ)
         env.update(JobEnvironment(launcher_pid=os.getpid(), log_level=args.log_level,
                                   status_file=os.path.abspath(self.status_file),
@@ -740,7 +741,7 @@ class Launch:
                 head += ", %d %s" % (status[key], key)
         lines = [head]
         final = status.get("final_result")
-        tied = bool(self.args.tie_every_s or self.args.tie_every_syncs)
+        tied = getattr(self.args, "node", None) is not None and self.args.node.tie is not None
         if isinstance(final, dict) and isinstance(final.get("metrics"), dict):
             lines.append("  final result (%s, evaluated once by %sworker %s): %s%s"
                          % ("the final centre" if not hosts

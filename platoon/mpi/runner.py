@@ -22,13 +22,14 @@ from .._os.environment import (
     without_job_variables,
     worker_environment,
 )
+from .._os.nodesettings import NodeSettings, flag_message
 from .._os.process import die_with_parent, read_announcement, stop
+from ..device import find_gpus, in_turn
 from ..errors import PlatoonError
 from ._comm import abort, import_mpi
-from .compress import CODECS
 from .handoff import offered
 from .link import NodeLink
-from .tie import OUTER_RULES, CentreTie
+from .tie import CentreTie
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +39,7 @@ WORKER_STOP_TIMEOUT_S = 3.0  # between SIGTERM and SIGKILL when stopping workers
 def node_devices(count):
     """Each of this node's `count` workers' device, as the launcher plans them with -n: the
     node's visible GPUs in turn (several workers may share one), else "cpu"."""
-    from ..launch.cli import find_gpus  # (the launcher's GPU discovery, subprocess and all)
-    gpus = find_gpus()[0]
-    if not gpus:
-        return ["cpu"] * count
-    return ["cuda%s" % gpus[i % len(gpus)] for i in range(count)]
+    return in_turn(count, find_gpus()[0])
 
 
 def _say(line):
@@ -183,10 +180,11 @@ def workers_on_this_host(comm, num_workers):
 
 def run_node(worker_argv: Sequence[str], num_workers: int, *,
              controller: Union[str, type, None] = None, controller_args: Sequence[str] = (),
-             tie: Optional[CentreTie] = None, host: str = "127.0.0.1",
-             serve_timeout: Optional[float] = None, ready_timeout_s: float = 120.0,
+             tie: Optional[CentreTie] = None, host: str = NodeSettings.host,
+             serve_timeout: Optional[float] = None,
+             ready_timeout_s: float = NodeSettings.ready_timeout_s,
              worker_env: Optional[Mapping[str, str]] = None,
-             finish_timeout_s: float = 30.0) -> int:
+             finish_timeout_s: float = NodeSettings.finish_timeout_s) -> int:
     """Run this MPI rank's part of a job; return its exit code (0: every worker succeeded).
 
     Collective: call it on every rank of COMM_WORLD. `controller` is a
@@ -283,56 +281,35 @@ def parse_node_arguments(parser: argparse.ArgumentParser, argv: Optional[Sequenc
     return args, command
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m platoon.mpi``: parse the command line and `run_node`; returns its code."""
+def make_parser() -> argparse.ArgumentParser:
+    """``python -m platoon.mpi``'s command line: `NodeSettings`' options, then -- COMMAND."""
     parser = argparse.ArgumentParser(
         prog="python -m platoon.mpi",
         description="One node of a multi-node platoon job; run under mpiexec, one rank per node.")
-    parser.add_argument("--workers", type=int, required=True, help="workers on each node")
-    parser.add_argument("--controller", default=None,
-                        help="controller script file.py (run as __main__, like "
-                             "EXPERIMENT_controller.py), or module:Class or file.py:Class "
-                             "(created and served); default platoon.Controller")
-    parser.add_argument("--controller-args", default="",
-                        help="arguments of a controller script (one shell-quoted string, "
-                             'which may start with a dash: --controller-args "--steps=400")')
-    parser.add_argument("--host", default="127.0.0.1", help="interface the controller binds")
-    parser.add_argument("--tie-every-s", type=float, default=None,
-                        help="tie the node centres every so many seconds (hierarchical EASGD)")
-    parser.add_argument("--tie-every-syncs", type=int, default=None,
-                        help="tie the node centres once every node's workers have made so "
-                             "many syncs")
-    parser.add_argument("--tie-beta", type=float, default=0.5,
-                        help="how far each centre moves toward the mean at a tie (0, 1]")
-    parser.add_argument("--tie-compress", choices=list(CODECS), default="float32",
-                        help="how the centres travel at a tie: float32 (default), int8 or "
-                             "int4 (per-block scales, 3.9x or 7.8x fewer bytes)")
-    parser.add_argument("--tie-outer", choices=list(OUTER_RULES), default="easgd",
-                        help="what a tie round does: easgd (each centre moves toward the "
-                             "mean; default) or diloco (an outer Nesterov step on the nodes' "
-                             "mean pseudo-gradient)")
-    parser.add_argument("--tie-outer-lr", type=float, default=0.7,
-                        help="diloco: the outer learning rate (default 0.7)")
-    parser.add_argument("--tie-outer-momentum", type=float, default=0.9,
-                        help="diloco: the outer Nesterov momentum (default 0.9)")
-    parser.add_argument("--serve-timeout-s", type=float, default=None)
-    parser.add_argument("--ready-timeout-s", type=float, default=120.0,
-                        help="seconds for the controller to start serving (default 120)")
-    parser.add_argument("--finish-timeout-s", type=float, default=30.0,
-                        help="seconds workers may run on after the controller finished "
-                             "(default 30); then they are stopped")
+    NodeSettings.add_arguments(parser)
     parser.add_argument("worker", nargs=argparse.REMAINDER,
                         help="-- then the worker command (python is sys.executable for a .py)")
+    return parser
+
+
+def read_node_settings(argv: Optional[Sequence[str]] = None):
+    """(NodeSettings, the worker command) of a node runner's command line; exits with status 2
+    (argparse's usage error) naming a bad option."""
+    parser = make_parser()
     args, command = parse_node_arguments(parser, argv)
-    tie = None
-    if args.tie_every_s is not None or args.tie_every_syncs is not None:
-        try:
-            tie = CentreTie(args.tie_every_s, args.tie_beta, args.tie_every_syncs,
-                            compress=args.tie_compress, outer=args.tie_outer,
-                            outer_lr=args.tie_outer_lr, outer_momentum=args.tie_outer_momentum)
-        except ValueError as exc:
-            parser.error(str(exc))
-    return run_node(command, args.workers, controller=args.controller,
-                    controller_args=shlex.split(args.controller_args), tie=tie, host=args.host,
-                    serve_timeout=args.serve_timeout_s, ready_timeout_s=args.ready_timeout_s,
-                    finish_timeout_s=args.finish_timeout_s)
+    del args.worker
+    try:
+        return NodeSettings.from_arguments(args), command
+    except ValueError as exc:
+        parser.error(flag_message(exc))
+        raise  # (parser.error exits)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m platoon.mpi``: parse the command line and `run_node`; returns its code."""
+    node, command = read_node_settings(argv)
+    return run_node(command, node.workers, controller=node.controller,
+                    controller_args=shlex.split(node.controller_args), tie=node.tie,
+                    host=node.host, serve_timeout=node.serve_timeout_s,
+                    ready_timeout_s=node.ready_timeout_s,
+                    finish_timeout_s=node.finish_timeout_s)

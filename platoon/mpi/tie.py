@@ -7,141 +7,32 @@ The tie reads its controller only through `Controller.centre_ready`,
 count in `Controller.progress`. Its messages go through `compress.compressed_mean`.
 """
 
-import dataclasses
 import hashlib
 import logging
 import threading
 import time
-from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
-from .._controller.config import check_seconds
+from .._os.nodesettings import OUTER_RULES, CentreTie  # noqa: F401 (names of this module)
 from ..errors import NonFiniteValues, PlatoonError
+from ..rules.diloco import DiLoCo
 from ._comm import Cancelled, wait
-from .compress import CODECS, ErrorFeedback, RawCodec, compressed_mean, make_codec
+from .compress import ErrorFeedback, RawCodec, compressed_mean, make_codec
 
 log = logging.getLogger(__name__)
 
 LOCK_TIMEOUT_S = 60.0  # a worker stopped while holding the centre fails the tie
-OUTER_RULES = ("easgd", "diloco")
 IDLE_POLL_S = 0.05  # between the tie thread's checks while there is nothing to tie
 HALT_TIMEOUT_S = 10.0  # for a halted tie thread to end (a round waiting for the centre's lock)
-
-
-@dataclass
-class CentreTie:
-    """How the node centres of a multi-node job are tied.
-
-    A tie round comes every `every_s` seconds (counted from the start of the
-    last round; a round that took longer is followed at once, so rounds come
-    as often as the link carries them and never queue), or
-    once every node's workers have made `every_syncs` syncs since the last
-    round (counted in the centre's shared memory, or from `Worker.report()`
-    where that is larger), whichever is set (both: whichever comes first on
-    each node). A round runs in the controller's tie thread against a
-    snapshot of the node centre; the workers sync with their centre
-    meanwhile, and what they add during the round is kept.
-
-    `outer` is what a round does:
-
-    - ``"easgd"`` (hierarchical EASGD): the controllers average their centres
-      and move each toward the mean, ``c += beta * (mean - c)``; beta=1 makes
-      the centres equal.
-    - ``"diloco"`` (DiLoCo's outer step): the nodes share one anchor (the
-      first round sets it to the mean of the centres, losslessly; the nodes first
-      compare a sha256 of their centres, and centres already equal, as from one seed, are
-      not sent: each is the mean). Each round,
-      every node's pseudo-gradient is how far its centre moved from the
-      anchor; the nodes average them and every node applies the same outer
-      SGD step with Nesterov momentum to the anchor, ``u = mu*u + d;
-      anchor += outer_lr * (d + mu*u)`` (d: the mean move, -gradient), then
-      sets its centre to the new anchor plus what its workers added since
-      the snapshot. The outer state (anchor, u) is held once per node, in the
-      controller, the same bits on every node. outer_lr=1, momentum 0 is
-      plain averaging.
-
-    Rounds go on while any node trains. A node whose workers are done stops
-    moving: its centre enters the next round once (handed over to the nodes
-    still training), then sits the rounds out. Once every node is done, a
-    final round gives every node the mean of the centres not handed over
-    (the nodes that finished last; one such centre is copied as it is), the
-    same bits on every node: what each controller then holds and checkpoints.
-
-    `compress` ("float32", "int8" or "int4", see `platoon.mpi.compress`) is how
-    a round's moves travel. Not as values (large, hence coarse scales): each
-    node sends how far its centre moved (since the last round; with
-    ``"diloco"``, from the anchor), with error feedback (what compression
-    dropped goes out with its next message), so the error does not grow with
-    the rounds; every node decodes and adds the messages alike, so the result
-    is the same bits on every node. The final round is sent losslessly, in
-    the centres' own dtype, after a sha256 of the centres (no centre is sent when every
-    node's is equal, one when the last nodes' are). Raises ValueError for bad values, at
-    construction and when a setting is changed afterwards: every_s a finite number of
-    seconds more than 0 and at most 1e9 (or None with every_syncs), every_syncs an integer
-    >= 1, beta in (0, 1], outer_lr in (0, 10], outer_momentum in [0, 1).
-    """
-
-    every_s: Optional[float] = 1.0
-    beta: float = 0.5
-    every_syncs: Optional[int] = None
-    compress: str = "float32"
-    outer: str = "easgd"
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
-
-    def __post_init__(self):
-        if self.every_s is None and self.every_syncs is None:
-            raise ValueError("CentreTie needs every_s (seconds) or every_syncs (syncs per node)")
-        check_seconds("CentreTie every_s", self.every_s, none="when every_syncs is set")
-        if self.every_syncs is not None and (not isinstance(self.every_syncs, int)
-                                             or self.every_syncs < 1):
-            raise ValueError("CentreTie every_syncs must be an integer >= 1, got %r"
-                             % (self.every_syncs,))
-        if not 0 < self.beta <= 1:
-            raise ValueError("CentreTie beta must be in (0, 1], got %r" % self.beta)
-        if self.compress not in CODECS:
-            raise ValueError("CentreTie compress must be one of %s, got %r"
-                             % (", ".join(CODECS), self.compress))
-        if self.outer not in OUTER_RULES:
-            raise ValueError("CentreTie outer must be one of %s, got %r"
-                             % (", ".join(OUTER_RULES), self.outer))
-        if not 0 < self.outer_lr <= 10:
-            raise ValueError("CentreTie outer_lr must be in (0, 10], got %r" % self.outer_lr)
-        if not 0 <= self.outer_momentum < 1:
-            raise ValueError("CentreTie outer_momentum must be in [0, 1), got %r"
-                             % self.outer_momentum)
-        object.__setattr__(self, "_checked", True)
-
-    def __setattr__(self, name, value):
-        """A setting changed after construction (the tie thread reads them at each round) is
-        checked as at construction: ValueError, and the old value stays."""
-        if name in _FIELDS and getattr(self, "_checked", False):
-            dataclasses.replace(self, **{name: value})
-        object.__setattr__(self, name, value)
-
-    def agreed(self):
-        """The settings every node must share (`NodeLink` checks them at start): those that
-        decide what a round's messages are and what is done with them. The pace
-        (`every_s`, `every_syncs`) is each node's own."""
-        return {"compress": self.compress, "outer": self.outer, "beta": self.beta,
-                "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum}
-
-
-_FIELDS = frozenset(f.name for f in dataclasses.fields(CentreTie))
 
 
 def outer_step(anchor, velocity, mean_moved, lr, mu):
     """DiLoCo's outer SGD step with Nesterov momentum `mu` and learning rate `lr` on
     `anchor`, in place (`velocity` too): ``u = mu*u + d; anchor += lr * (d + mu*u)``, d the
-    nodes' mean move (-gradient). lr 1, momentum 0: the new anchor is the mean."""
-    velocity *= mu
-    velocity += mean_moved
-    step = velocity * mu
-    step += mean_moved
-    step *= lr
-    anchor += step
+    nodes' mean move (-gradient). lr 1, momentum 0: the new anchor is the mean. The rule's
+    own step (`DiLoCo.synchronous_step`), not a copy of it."""
+    DiLoCo(lr, mu).synchronous_step(anchor, velocity, mean_moved)
 
 
 class TieThread:

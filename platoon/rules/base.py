@@ -10,9 +10,11 @@ take that formula in numpy, walked in cache-sized blocks with one preallocated
 scratch buffer (several passes over each block, no temporaries).
 """
 
+import importlib
 import threading
 import warnings
-from typing import Any, Iterator, List, Optional, Protocol, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterator, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -54,6 +56,31 @@ def stripes_of(worker: RuleContext, layout: list) -> List[List[Tuple[int, int, i
 BLOCK_ELEMENTS = 1 << 16  # 256 KiB of float32: stays in L2 while a block is updated
 
 _CAPABILITIES = ("elementwise", "supports_async", "concurrent_stripes")
+_MATHS = ("update", "update_range", "push", "pull", "push_pull")
+
+
+@dataclass(frozen=True)
+class SyncKernels:
+    """The kernels a rule's maths runs on besides its numpy formula, declared once by the rule
+    (its class attribute `sync_kernels`); adapters ask the rule (`ParamSyncRule.device_kernels`)
+    rather than testing its type.
+
+    - `compiled`: the functions of `platoon.rules.kernels` (the compiled one-pass kernels of
+      `_sync_kernels.c`) that the rule's methods call, each falling back to numpy.
+    - `device`: ``"module:Class"`` in `platoon.rules` of its kernels on framework tensors on a
+      GPU (`platoon.rules.elastic_torch` holds EASGD's and ASGD's), loaded on first use, or
+      None. The class is built with the rule and offers ``prepare(device)`` (its state to
+      the device, before a sync's stripes), ``update(i, a, b, x, c)``, ``push(i, a, b, s, c)``
+      and ``pull(i, a, b, x, s)`` on elements ``a:b`` of parameter `i`, bit-identical to the
+      rule's own methods.
+
+    They implement the declaring class's maths methods (update, update_range, push, pull,
+    push_pull): a subclass that overrides one of them runs its own code, never the device
+    kernels declared here (see `ParamSyncRule.device_kernels`).
+    """
+
+    compiled: Tuple[str, ...] = ()
+    device: Optional[str] = None
 
 
 class ParamSyncRule:
@@ -82,9 +109,23 @@ class ParamSyncRule:
     elementwise: bool = False
     supports_async: bool = False
     concurrent_stripes: bool = False
+    sync_kernels: ClassVar[SyncKernels] = SyncKernels()  # none: numpy (or the rule's own code)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        declared = vars(cls).get("sync_kernels")
+        if declared is not None:
+            if not isinstance(declared, SyncKernels):
+                raise TypeError("%s.sync_kernels must be a platoon.rules.base.SyncKernels, got %r"
+                                % (cls.__name__, declared))
+            unknown = [name for name in declared.compiled if name not in kernels.NAMES]
+            if unknown:
+                raise TypeError("%s.sync_kernels names compiled kernels that platoon.rules."
+                                "kernels does not have: %s (it has %s)"
+                                % (cls.__name__, ", ".join(unknown), ", ".join(kernels.NAMES)))
+            if declared.device is not None and declared.device.count(":") != 1:
+                raise TypeError("%s.sync_kernels.device must be 'module:Class' (a module of "
+                                "platoon.rules), got %r" % (cls.__name__, declared.device))
         for name in _CAPABILITIES:
             if not isinstance(getattr(cls, name), bool):
                 raise TypeError("%s.%s must be True or False, got %r"
@@ -112,6 +153,20 @@ class ParamSyncRule:
 
     def check(self, local_params: Sequence[np.ndarray]) -> None:
         """Raise TypeError or ValueError if this rule cannot sync these arrays."""
+
+    def device_kernels(self) -> Any:
+        """This rule's kernels on GPU tensors (see `SyncKernels.device`), built for it, or
+        None: it declares none, or its class overrides a maths method of the class that
+        declared them (the subclass's own code must run, so it syncs through host memory).
+        Raises ImportError where the framework the kernels use is not installed."""
+        cls = type(self)
+        declarer = next(c for c in cls.__mro__ if "sync_kernels" in vars(c))
+        device = vars(declarer)["sync_kernels"].device
+        if device is None or any(getattr(cls, name) is not getattr(declarer, name)
+                                 for name in _MATHS):
+            return None
+        module, name = device.split(":")
+        return getattr(importlib.import_module("." + module, __package__), name)(self)
 
     def attach(self, worker: RuleContext) -> None:
         """Acquire what the rule shares with other workers through `worker` (a Worker, or

@@ -145,6 +145,17 @@ class DiLoCo(Downpour):
         self.optimizer.workers = _job_workers(self, worker, "each push applies g/p")
         super().attach(worker)
 
+    def synchronous_step(self, anchor: np.ndarray, velocity: np.ndarray,
+                         mean_move: np.ndarray) -> None:
+        """Synchronous DiLoCo's outer step, in place: `mean_move` is the workers' mean move
+        from `anchor` (``-mean(g)``), applied whole (a round, not one push's 1/p) with the
+        outer SGD of this rule; `velocity` holds the momentum of moves (``-v``). What the
+        centre ties of a multi-node job apply each round (`platoon.mpi.tie.outer_step`):
+        ``u = momentum*u + d; anchor += outer_lr*(d + momentum*u)``; `mean_move` is left as
+        it was."""
+        assert isinstance(self.optimizer, _PerPush)
+        self.optimizer.inner.apply_move(anchor, mean_move, velocity)
+
     def __repr__(self) -> str:
         return "DiLoCo(outer_lr=%r, momentum=%r, nesterov=%r, workers=%r)" % (
             self.outer_lr, self.momentum, self.nesterov, self.workers)

@@ -40,6 +40,7 @@ from .base import (
     BLOCK_ELEMENTS,
     ParamSyncRule,
     RuleContext,
+    SyncKernels,
     require_float,
     stripes_of,
     take_pull,
@@ -79,38 +80,52 @@ class SGD:
 
     def apply(self, index: int, central: np.ndarray, g: np.ndarray,
               state: Sequence[np.ndarray]) -> None:
-        """Apply descent `g` to `central` (parameter `index`), updating `state` in place."""
-        if not self.momentum:
-            central -= self.lr * g
-            return
-        v = state[index]
-        v *= self.momentum
-        v += g
-        if self.nesterov:
-            central -= self.lr * (g + self.momentum * v)
-        else:
-            central -= self.lr * v
+        """Apply descent `g` to `central` (parameter `index`), updating `state` in place;
+        `g` is left as it was."""
+        g = np.array(g, copy=True)
+        scratch = np.empty_like(g) if self.momentum and self.nesterov else g
+        self._step(central, g, state[index] if self.momentum else None, scratch, descend=True)
 
     def apply_block(self, central: np.ndarray, g: np.ndarray, state: Sequence[np.ndarray],
                     scratch: np.ndarray) -> None:
         """`apply` on one block: `g` (clobbered) and `scratch` are scratch of the block's
         size, `state` the blocks of this parameter's state arrays. Same operations in
         the same order as `apply`, so bit-identical."""
+        self._step(central, g, state[0] if self.momentum else None, scratch, descend=True)
+
+    def apply_move(self, central: np.ndarray, move: np.ndarray, velocity: np.ndarray) -> None:
+        """The same step given a move ``d = -g`` (where the parameters went) and the momentum
+        of moves ``u = -v``, in place: ``u = mu*u + d; central += lr*(d + mu*u)`` (Nesterov;
+        ``lr*u`` without, ``lr*d`` with no momentum, `velocity` then untouched). Negation is
+        exact, so these are the bits of `apply_block` on ``g = -d``; `move` (broadcast to
+        `central`'s shape and dtype) is left as it was. DiLoCo's synchronous outer step
+        (`DiLoCo.synchronous_step`) is this."""
+        d = np.empty(central.shape, central.dtype)  # (a move may broadcast: one value)
+        d[...] = move
+        scratch = np.empty_like(d) if self.momentum and self.nesterov else d
+        self._step(central, d, velocity if self.momentum else None, scratch, descend=False)
+
+    def _step(self, central: np.ndarray, g: np.ndarray, v: Optional[np.ndarray],
+              scratch: np.ndarray, descend: bool) -> None:
+        """The one formula of the numpy path: `g` becomes the step, subtracted from
+        `central` (added when not `descend`: `g` and `v` are then the negations)."""
         lr, mu = self.lr, self.momentum
         if not mu:
             g *= lr
-            central -= g
-            return
-        v = state[0]
-        v *= mu
-        v += g
-        if self.nesterov:
-            np.multiply(v, mu, out=scratch)
-            g += scratch  # g + mu*v (addition commutes exactly)
-            g *= lr
         else:
-            np.multiply(v, lr, out=g)
-        central -= g
+            assert v is not None, "momentum needs its state"
+            v *= mu
+            v += g
+            if self.nesterov:
+                np.multiply(v, mu, out=scratch)
+                g += scratch  # g + mu*v (addition commutes exactly)
+                g *= lr
+            else:
+                np.multiply(v, lr, out=g)
+        if descend:
+            central -= g
+        else:
+            central += g
 
     def __repr__(self) -> str:
         return "SGD(lr=%r, momentum=%r, nesterov=%r)" % (self.lr, self.momentum, self.nesterov)
@@ -199,6 +214,8 @@ class Downpour(ParamSyncRule):
 
     elementwise = True
     supports_async = True
+    # sgd and sgd_staged where the optimizer's `kernel_settings` allows them (SGD, DiLoCo's)
+    sync_kernels = SyncKernels(compiled=("sgd", "sgd_staged", "take_pull"))
 
     def __init__(self, optimizer: Any, state_name: str = "downpour") -> None:
         # `optimizer`: SGD, Adam, or any object with their `apply` and `state_layout` (and

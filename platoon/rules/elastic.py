@@ -6,7 +6,7 @@ from typing import Sequence
 import numpy as np
 
 from . import kernels
-from .base import ParamSyncRule, all_contiguous, require_float, take_pull
+from .base import ParamSyncRule, SyncKernels, all_contiguous, require_float, take_pull
 
 
 class EASGD(ParamSyncRule):
@@ -24,6 +24,9 @@ class EASGD(ParamSyncRule):
     elementwise = True
     supports_async = True
     concurrent_stripes = True
+    sync_kernels = SyncKernels(
+        compiled=("easgd_update", "easgd_push", "easgd_push_pull", "add_into"),
+        device="elastic_torch:EASGDOnDevice")
 
     def __init__(self, alpha: float) -> None:
         alpha = float(alpha)
@@ -81,6 +84,8 @@ class ASGD(ParamSyncRule):
     elementwise = True
     supports_async = True
     concurrent_stripes = True
+    sync_kernels = SyncKernels(compiled=("asgd_update", "asgd_push", "take_pull"),
+                               device="elastic_torch:ASGDOnDevice")
 
     def check(self, local_params: Sequence[np.ndarray]) -> None:
         require_float(self, local_params)

@@ -1,8 +1,9 @@
 """Worker 1's first attempt shares the centre, then ends with sys.exit(3): without closing
 its Worker (platoon says goodbye at exit), or with `after-close` as the argument right after
 close(). With `all` (`all-after-close`), every worker's first attempt does so (after-close:
-once every worker has closed, so that none exits while the controller still serves). A replacement prints its
-id and finishes; the other workers wait for it. Runs in the test's temporary directory."""
+once every worker has closed, so that none exits while the controller still serves). A
+replacement prints its id and finishes; the other workers wait for it. Runs in the test's
+temporary directory."""
 
 import os
 import sys

@@ -8,7 +8,7 @@
 # is idempotent, about a minute). Each stage runs at most 9 minutes and the stages of one call
 # stop short of DEVICE_RUN_BUDGET_S (570 s: the device tool stops a call at 600 s), so a call
 # always returns what it has. Everything is written under $OUT: STAGE.log per stage, pytest's
-# junit XML, the launcher's logs. Suggested calls (minutes):
+# junit XML, the launcher's logs (packed in launch-logs.tar.gz). Suggested calls (minutes):
 #   1. probe setup gputests launch   (~6)    2. suite (~5)    3. bench (~6-8)
 # Without a GPU (or with DEVICE_RUN_NO_GPU=1) every stage says so and exits 0 at once.
 #
@@ -195,6 +195,8 @@ launch() {
   timeout 150 "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 examples/lm/ddp.py \
     $quick > "$OUT/launch/lm-ddp.out" 2>&1 || LAUNCH_FAILED="$LAUNCH_FAILED lm-ddp"
   tail -8 "$OUT/launch/lm-ddp.out"
+  # one file: the device tool returns only so many files, and the workers' logs matter
+  tar czf "$OUT/launch-logs.tar.gz" -C "$OUT" launch && rm -rf "$OUT/launch"
   [ -z "$LAUNCH_FAILED" ] || { echo "launch: failed:$LAUNCH_FAILED"; return 1; }
 }
 

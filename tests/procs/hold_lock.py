@@ -10,8 +10,8 @@ import sys
 
 import numpy as np
 
-from platoon.protocol import layout_of
 from platoon._centre.shmem import SharedCentre
+from platoon.protocol import layout_of
 
 centre = SharedCentre.attach(sys.argv[1], layout_of([np.zeros(4)]))
 centre.lock.acquire()

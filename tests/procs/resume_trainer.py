@@ -4,8 +4,9 @@ resume_trainer.py STEPS OUT [--save-at N CKPT] [--resume CKPT] [--centre-only]
 
 SGD with momentum, a StepLR schedule, PeriodicSync every 3 steps. --save-at writes a
 checkpoint after step N (and goes on): the centre, this worker's weights, PeriodicSync's and
-the scheduler's state. --resume restores them all and goes on to STEPS; with --centre-only it restores the
-centre only (what a resume gave before). OUT gets {"losses": {step: loss}, "final": ...}.
+the scheduler's state. --resume restores them all and goes on to STEPS; with --centre-only it
+restores the centre only (what a resume gave before). OUT gets {"losses": {step: loss},
+"final": ...}.
 """
 
 import argparse

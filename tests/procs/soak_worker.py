@@ -19,7 +19,7 @@ with Worker(port, timeout_s=30) as w:
     w.barrier(timeout_s=120)  # the last of 16 workers' imports, on 2 cores
     rng = np.random.default_rng(w.worker_id)
     total = np.zeros(SIZE)
-    for i in range(steps):
+    for _i in range(steps):
         change = rng.normal(size=SIZE)
         params[0] += change
         total += change

@@ -1,0 +1,251 @@
+"""The settings of a node of a multi-node job, declared, defaulted and checked once: its tie
+(`CentreTie`) and the rest of the node (`NodeSettings`, which holds the tie).
+
+The launcher (``platoon-launcher --hosts``) builds them from its command line and hands them
+whole to each node's runner (``python -m platoon.mpi``) as the one argv that crosses
+``mpiexec``, made by `NodeSettings.to_argv` (pinned by a golden file in the tests); the runner
+reads it back with `NodeSettings.add_arguments` and `NodeSettings.from_arguments`. A setting
+left at its default is not written: the runner takes the same default, from here.
+
+The standard library only (the launcher loads no numpy): `platoon.mpi.tie` re-exports
+`CentreTie`, and `platoon.mpi.compress.CODECS` holds the codecs `TIE_CODECS` names.
+"""
+
+import argparse
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import List, Optional
+
+from .checks import check_count, check_seconds
+
+TIE_CODECS = ("float32", "int8", "int4")  # platoon.mpi.compress.CODECS (a test holds them equal)
+OUTER_RULES = ("easgd", "diloco")
+
+
+@dataclass
+class CentreTie:
+    """How the node centres of a multi-node job are tied.
+
+    A tie round comes every `every_s` seconds (counted from the start of the
+    last round; a round that took longer is followed at once, so rounds come
+    as often as the link carries them and never queue), or
+    once every node's workers have made `every_syncs` syncs since the last
+    round (counted in the centre's shared memory, or from `Worker.report()`
+    where that is larger), whichever is set (both: whichever comes first on
+    each node). A round runs in the controller's tie thread against a
+    snapshot of the node centre; the workers sync with their centre
+    meanwhile, and what they add during the round is kept.
+
+    `outer` is what a round does:
+
+    - ``"easgd"`` (hierarchical EASGD): the controllers average their centres
+      and move each toward the mean, ``c += beta * (mean - c)``; beta=1 makes
+      the centres equal.
+    - ``"diloco"`` (DiLoCo's outer step): the nodes share one anchor (the
+      first round sets it to the mean of the centres, losslessly; the nodes first
+      compare a sha256 of their centres, and centres already equal, as from one seed, are
+      not sent: each is the mean). Each round,
+      every node's pseudo-gradient is how far its centre moved from the
+      anchor; the nodes average them and every node applies the same outer
+      SGD step with Nesterov momentum to the anchor, ``u = mu*u + d;
+      anchor += outer_lr * (d + mu*u)`` (d: the mean move, -gradient), then
+      sets its centre to the new anchor plus what its workers added since
+      the snapshot. The outer state (anchor, u) is held once per node, in the
+      controller, the same bits on every node. outer_lr=1, momentum 0 is
+      plain averaging.
+
+    Rounds go on while any node trains. A node whose workers are done stops
+    moving: its centre enters the next round once (handed over to the nodes
+    still training), then sits the rounds out. Once every node is done, a
+    final round gives every node the mean of the centres not handed over
+    (the nodes that finished last; one such centre is copied as it is), the
+    same bits on every node: what each controller then holds and checkpoints.
+
+    `compress` ("float32", "int8" or "int4", see `platoon.mpi.compress`) is how
+    a round's moves travel. Not as values (large, hence coarse scales): each
+    node sends how far its centre moved (since the last round; with
+    ``"diloco"``, from the anchor), with error feedback (what compression
+    dropped goes out with its next message), so the error does not grow with
+    the rounds; every node decodes and adds the messages alike, so the result
+    is the same bits on every node. The final round is sent losslessly, in
+    the centres' own dtype, after a sha256 of the centres (no centre is sent when every
+    node's is equal, one when the last nodes' are). Raises ValueError for bad values, at
+    construction and when a setting is changed afterwards: every_s a finite number of
+    seconds more than 0 and at most 1e9 (or None with every_syncs), every_syncs an integer
+    >= 1, beta in (0, 1], outer_lr in (0, 10], outer_momentum in [0, 1).
+    """
+
+    every_s: Optional[float] = 1.0
+    beta: float = 0.5
+    every_syncs: Optional[int] = None
+    compress: str = "float32"
+    outer: str = "easgd"
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+
+    def __post_init__(self):
+        if self.every_s is None and self.every_syncs is None:
+            raise ValueError("CentreTie needs every_s (seconds) or every_syncs (syncs per node)")
+        check_seconds("CentreTie every_s", self.every_s, none="when every_syncs is set")
+        if self.every_syncs is not None and (not isinstance(self.every_syncs, int)
+                                             or self.every_syncs < 1):
+            raise ValueError("CentreTie every_syncs must be an integer >= 1, got %r"
+                             % (self.every_syncs,))
+        if not 0 < self.beta <= 1:
+            raise ValueError("CentreTie beta must be in (0, 1], got %r" % self.beta)
+        if self.compress not in TIE_CODECS:
+            raise ValueError("CentreTie compress must be one of %s, got %r"
+                             % (", ".join(TIE_CODECS), self.compress))
+        if self.outer not in OUTER_RULES:
+            raise ValueError("CentreTie outer must be one of %s, got %r"
+                             % (", ".join(OUTER_RULES), self.outer))
+        if not 0 < self.outer_lr <= 10:
+            raise ValueError("CentreTie outer_lr must be in (0, 10], got %r" % self.outer_lr)
+        if not 0 <= self.outer_momentum < 1:
+            raise ValueError("CentreTie outer_momentum must be in [0, 1), got %r"
+                             % self.outer_momentum)
+        object.__setattr__(self, "_checked", True)
+
+    def __setattr__(self, name, value):
+        """A setting changed after construction (the tie thread reads them at each round) is
+        checked as at construction: ValueError, and the old value stays."""
+        if name in _FIELDS and getattr(self, "_checked", False):
+            dataclasses.replace(self, **{name: value})
+        object.__setattr__(self, name, value)
+
+    def agreed(self):
+        """The settings every node must share (`NodeLink` checks them at start): those that
+        decide what a round's messages are and what is done with them. The pace
+        (`every_s`, `every_syncs`) is each node's own."""
+        return {"compress": self.compress, "outer": self.outer, "beta": self.beta,
+                "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum}
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(CentreTie))
+
+
+def flag_message(exc: ValueError, prefix: str = "--tie-") -> str:
+    """A CentreTie's (or NodeSettings') refusal, naming the command-line flag of the setting
+    (``CentreTie outer_lr must ...`` -> ``--tie-outer-lr must ...``) for a parser's error."""
+    text = str(exc)
+    match = re.match(r"(?:CentreTie |NodeSettings )?([a-z_]+) (must|needs)", text)
+    if match is None:
+        return text
+    flag = ("--" if text.startswith("NodeSettings") else prefix) + match.group(1).replace("_", "-")
+    return flag + text[match.end(1):]
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """What a node of a multi-node job runs (``python -m platoon.mpi``; see `run_node`).
+
+    workers: the node's workers (at least 1). controller: a controller script (``file.py``) or
+    ``module:Class`` / ``file.py:Class`` (None: platoon.Controller); controller_args: its
+    arguments, one shell-quoted string. host: the interface the controller binds. tie: how the
+    node centres are tied (None: not at all). serve_timeout_s: how long the controller serves
+    (None: until its workers are done); ready_timeout_s: for it to start serving;
+    finish_timeout_s: how long workers may run on after it finished (then they are stopped).
+    Raises ValueError naming a bad setting.
+    """
+
+    workers: int
+    controller: Optional[str] = None
+    controller_args: str = ""
+    host: str = "127.0.0.1"
+    tie: Optional[CentreTie] = None
+    serve_timeout_s: Optional[float] = None
+    ready_timeout_s: float = 120.0
+    finish_timeout_s: float = 30.0
+
+    def __post_init__(self):
+        check_count("NodeSettings workers", self.workers, 1)
+        check_seconds("NodeSettings serve_timeout_s", self.serve_timeout_s,
+                      none="to serve until the workers are done")
+        check_seconds("NodeSettings ready_timeout_s", self.ready_timeout_s, zero=True)
+        check_seconds("NodeSettings finish_timeout_s", self.finish_timeout_s, zero=True)
+        if self.tie is not None and not isinstance(self.tie, CentreTie):
+            raise ValueError("NodeSettings tie must be a CentreTie or None, got %r" % (self.tie,))
+
+    def to_argv(self) -> List[str]:
+        """The node runner's options for these settings (the worker command goes after them,
+        behind ``--``): ``--workers`` and every setting that is not its default, in the order
+        of the fields; a tie as ``--tie-every-s`` and/or ``--tie-every-syncs`` (whichever it
+        has) and its other settings that are not their defaults."""
+        argv = ["--workers", str(self.workers)]
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("workers", "tie") or value == f.default:
+                continue
+            argv += ["--" + f.name.replace("_", "-"), _text(value)]
+        tie = self.tie
+        if tie is not None:
+            for f in dataclasses.fields(tie):
+                value = getattr(tie, f.name)
+                pace = f.name in ("every_s", "every_syncs")
+                if (pace and value is None) or (not pace and value == f.default):
+                    continue
+                argv += ["--tie-" + f.name.replace("_", "-"), _text(value)]
+        return argv
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        """The node runner's options (what `to_argv` writes) on `parser`; a setting not given
+        is absent from the parsed namespace, and `from_arguments` takes its default."""
+        absent = argparse.SUPPRESS
+        add = parser.add_argument
+        add("--workers", type=int, required=True, help="workers on each node")
+        add("--controller", default=absent,
+            help="controller script file.py (run as __main__, like EXPERIMENT_controller.py), "
+                 "or module:Class or file.py:Class (created and served); default "
+                 "platoon.Controller")
+        add("--controller-args", default=absent,
+            help="arguments of a controller script (one shell-quoted string, which may start "
+                 'with a dash: --controller-args "--steps=400")')
+        add("--host", default=absent,
+            help="interface the controller binds (default %s)" % NodeSettings.host)
+        add("--tie-every-s", type=float, default=absent,
+            help="tie the node centres every so many seconds")
+        add("--tie-every-syncs", type=int, default=absent,
+            help="tie the node centres once every node's workers have made so many syncs")
+        add("--tie-beta", type=float, default=absent,
+            help="easgd: how far each centre moves toward the mean at a tie, (0, 1] "
+                 "(default %g)" % CentreTie.beta)
+        add("--tie-compress", choices=TIE_CODECS, default=absent,
+            help="how the centres travel at a tie: float32 (default), int8 or int4 (per-block "
+                 "scales, 3.9x or 7.8x fewer bytes)")
+        add("--tie-outer", choices=OUTER_RULES, default=absent,
+            help="what a tie round does: easgd (each centre moves toward the mean; default) "
+                 "or diloco (an outer Nesterov step on the nodes' mean pseudo-gradient)")
+        add("--tie-outer-lr", type=float, default=absent,
+            help="diloco: the outer learning rate (default %g)" % CentreTie.outer_lr)
+        add("--tie-outer-momentum", type=float, default=absent,
+            help="diloco: the outer Nesterov momentum (default %g)" % CentreTie.outer_momentum)
+        add("--serve-timeout-s", type=float, default=absent)
+        add("--ready-timeout-s", type=float, default=absent,
+            help="seconds for the controller to start serving (default %g)"
+                 % NodeSettings.ready_timeout_s)
+        add("--finish-timeout-s", type=float, default=absent,
+            help="seconds workers may run on after the controller finished (default %g); "
+                 "then they are stopped" % NodeSettings.finish_timeout_s)
+
+    @classmethod
+    def from_arguments(cls, args: argparse.Namespace) -> "NodeSettings":
+        """The settings a namespace of `add_arguments`' options holds; a tie when
+        ``--tie-every-s`` or ``--tie-every-syncs`` was given. Raises ValueError naming a bad
+        setting (`flag_message` names its flag)."""
+        given = vars(args)
+        tie = None
+        if "tie_every_s" in given or "tie_every_syncs" in given:
+            tie = CentreTie(given.get("tie_every_s"), every_syncs=given.get("tie_every_syncs"),
+                            **{f.name: given["tie_" + f.name]
+                               for f in dataclasses.fields(CentreTie)
+                               if f.name not in ("every_s", "every_syncs")
+                               and "tie_" + f.name in given})
+        return cls(tie=tie, **{f.name: given[f.name] for f in dataclasses.fields(cls)
+                               if f.name != "tie" and f.name in given})
+
+
+def _text(value) -> str:
+    """A setting's value as a word of the argv (floats as repr: they read back exactly)."""
+    return repr(value) if isinstance(value, float) else str(value)
