@@ -21,6 +21,7 @@ import sysconfig
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+
 from platoon.integrations.lightning import PlatoonStrategy
 
 TRAIN_FILES = ["argparse.py", "ast.py", "base64.py", "bisect.py", "calendar.py",
