@@ -39,5 +39,8 @@ setup(
         "huggingface": ["transformers>=4.46", "accelerate>=1.1", "torch==2.13.0"],
         # platoon.integrations.accelerate: LocalSGD; tested with accelerate 1.15.0
         "accelerate": ["accelerate>=1.1", "torch==2.13.0"],
+        # platoon.integrations.lightning: PlatoonStrategy, for either of Lightning's packages
+        # (the tests use both); tested with lightning 2.6.6 and pytorch-lightning 2.6.6
+        "lightning": ["lightning>=2.1", "pytorch-lightning>=2.1", "torch==2.13.0"],
     },
 )

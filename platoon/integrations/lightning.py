@@ -1,0 +1,371 @@
+"""A Lightning script as a platoon worker, in one added line: `PlatoonStrategy`.
+
+::
+
+    import lightning as L
+    from platoon.integrations.lightning import PlatoonStrategy
+
+    trainer = L.Trainer(max_epochs=3, strategy=PlatoonStrategy())   # this process: a worker
+    trainer.fit(model, train_loader, val_loader)
+
+The strategy trains on one device, as Lightning's ``SingleDeviceStrategy`` (which it extends),
+and syncs the model with the job's centre every `sync_every` real optimizer steps (a
+``PeriodicSync`` counting, through the optimizer's post-step hook, the steps that Lightning's
+precision plugin really takes: ``accumulate_grad_batches``' micro-batches are not steps, nor
+are the steps a GradScaler skips). Every validation (during ``fit``, ``trainer.validate``,
+``trainer.test``) runs on the centre; at the end of ``fit`` the job's last worker validates
+the final centre once as the job's result, and the model then holds the centre. Platoon's
+state rides in Lightning's checkpoints and resumes with ``fit(ckpt_path=...)``. It works with
+``lightning`` and with ``pytorch_lightning``. docs/lightning.md tells the rest. Imported only
+by its users; needs one of the two (the ``lightning`` extra).
+"""
+
+import contextlib
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Any, Dict, List, Optional, Set
+
+import torch
+
+from ..errors import PlatoonError
+from ..rules import ParamSyncRule
+from ..torch_sync import BUFFERS, PeriodicSync
+from ..worker import Worker
+from ._core import StepCounter, own_ddp_refused, worker_slot
+
+PACKAGES = ("lightning", "pytorch_lightning")  # Lightning's two names for one Trainer
+
+
+def installed(package: str) -> bool:
+    """Whether `package` can be imported (not blocked by a None in sys.modules)."""
+    if package in sys.modules:
+        return sys.modules[package] is not None
+    return importlib.util.find_spec(package) is not None
+
+
+if not any(installed(name) for name in PACKAGES):
+    raise ImportError("platoon.integrations.lightning needs Lightning (lightning or "
+                      "pytorch_lightning): pip install 'platoon-dp[lightning]' (in platoon's "
+                      "clone: pip install -e '.[lightning]')")
+
+STATE_KEY = "platoon"  # platoon's state in a Lightning checkpoint
+
+
+def users_package(package: Optional[str] = None) -> str:
+    """The Lightning package whose Trainer the strategy serves: `package` if given, else the
+    one of ``lightning`` and ``pytorch_lightning`` that the script imported (``lightning`` if
+    both or neither), else the one installed. ValueError for another name, ImportError when
+    it is not installed."""
+    if package is not None:
+        if package not in PACKAGES:
+            raise ValueError("package must be %s or %s (the package of your Trainer), got %r"
+                             % (PACKAGES + (package,)))
+        if not installed(package):
+            raise ImportError("PlatoonStrategy(package=%r): %s is not installed" % (package,
+                                                                                    package))
+        return package
+    imported = [name for name in PACKAGES if sys.modules.get(name) is not None]
+    if imported:
+        return imported[0]
+    return next(name for name in PACKAGES if installed(name))
+
+
+def worker_version(version: Any, directory: str) -> str:
+    """A Lightning file logger's version for one worker of a job: ``workerK`` (`directory`)
+    where the script set none, else under the script's (or a version Lightning already
+    chose): ``exp/workerK``, ``version_3/workerK``; so no two workers share a directory."""
+    if version is None:
+        return directory
+    return os.path.join(version if isinstance(version, str) else "version_%s" % version,
+                        directory)
+
+
+_CLASSES: Dict[str, type] = {}
+
+
+def strategy_class(package: str) -> type:
+    """`PlatoonStrategy` over `package`'s ``SingleDeviceStrategy`` (made once per package)."""
+    if package not in _CLASSES:
+        module = "lightning.pytorch" if package == "lightning" else package
+        base = importlib.import_module(module + ".strategies").SingleDeviceStrategy
+        _CLASSES[package] = type("PlatoonStrategy", (PlatoonStrategy, base),
+                                 {"__module__": __name__, "__doc__": PlatoonStrategy.__doc__})
+    return _CLASSES[package]
+
+
+class PlatoonStrategy:
+    """A Lightning strategy that makes the Trainer's process a worker of a platoon job.
+
+    ``Trainer(strategy=PlatoonStrategy())``; the instance is a ``SingleDeviceStrategy`` of the
+    Lightning package the script uses (`users_package`).
+
+    Parameters:
+        sync_every: sync with the centre after every this many real optimizer steps (>= 1).
+        rule: the sync rule; default as ``PeriodicSync``'s: ``EASGD(0.9 / workers)``, and
+            ``ASGD()`` in a job of one worker (the script run alone trains as without
+            platoon); ``DiLoCo(...)`` or any platoon rule.
+        buffers: "sync" (default): floating-point buffers (BatchNorm's statistics) go through
+            the centre with the parameters; "exclude": each worker keeps its own.
+        counted_optimizer: with several optimizers (manual optimization), the index in
+            ``configure_optimizers``' list of the one whose steps are counted (default 0:
+            the first); each sync syncs the whole model.
+        validate_centre: True: every validation and test loop runs on the centre as it is
+            then (the worker's own weights come back after it); False: on the worker's own.
+        evaluate_centre: True: at the end of ``fit`` the job's last worker runs the
+            validation loop once on the final centre (when there is validation data); the
+            launcher's summary shows its metrics as the job's result, and `final_result`
+            holds them on that worker.
+        worker: this process's `platoon.Worker`; default one made at the start of ``fit``
+            (under the launcher or ``python -m platoon.mpi`` a worker of the job, alone a
+            one-worker job) and closed at its end.
+        report_every_s: progress reports (steps, the training loss) to the launcher's status
+            line at most this often; None: never.
+        device: the device to train on; default the accelerator's (under the launcher, the
+            worker's GPU or the CPU).
+        package: "lightning" or "pytorch_lightning", the package of the Trainer; default the
+            one the script imported (`users_package`).
+
+    After ``fit`` the model holds the centre (the final one on the job's last worker), so
+    that ``trainer.validate``, ``trainer.test`` and saving the model see it. Raises
+    PlatoonError at the start of ``fit`` when Lightning's own DDP is asked for
+    (``devices`` or ``num_nodes`` above 1, torchrun's WORLD_SIZE) or for a second ``fit``;
+    ValueError for a bad `sync_every`, `buffers` or `counted_optimizer`.
+    """
+
+    # Set by Lightning's accelerator connector (the Trainer's devices and num_nodes), read to
+    # refuse its DDP: a SingleDeviceStrategy would ignore them.
+    parallel_devices: Optional[List[torch.device]] = None
+    num_nodes = 1
+
+    def __new__(cls, *args: Any, package: Optional[str] = None, **options: Any) -> Any:
+        if cls is PlatoonStrategy:
+            cls = strategy_class(users_package(package))
+        return object.__new__(cls)
+
+    def __init__(self, *, sync_every: int = 4, rule: Optional[ParamSyncRule] = None,
+                 buffers: str = "sync", counted_optimizer: int = 0,
+                 validate_centre: bool = True, evaluate_centre: bool = True,
+                 worker: Optional[Worker] = None, report_every_s: Optional[float] = 1.0,
+                 device: Any = None, package: Optional[str] = None) -> None:
+        if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
+            raise ValueError("sync_every must be an integer >= 1, got %r" % (sync_every,))
+        if isinstance(counted_optimizer, bool) or not isinstance(counted_optimizer, int) \
+                or counted_optimizer < 0:
+            raise ValueError("counted_optimizer must be an index >= 0 into "
+                             "configure_optimizers' optimizers, got %r" % (counted_optimizer,))
+        if buffers not in BUFFERS:
+            raise ValueError("buffers must be one of %s, got %r" % (", ".join(BUFFERS), buffers))
+        super().__init__(device="cpu" if device is None else device)  # type: ignore[call-arg]
+        self.sync_every, self.rule, self.buffers = sync_every, rule, buffers
+        self.counted_optimizer = counted_optimizer
+        self.validate_centre, self.evaluate_centre = validate_centre, evaluate_centre
+        self.report_every_s = report_every_s
+        self._device_given = device is not None
+        self._given_worker = worker
+        self.worker: Optional[Worker] = None
+        self.sync: Optional[PeriodicSync] = None  # made at the start of fit
+        self.final_result: Optional[Dict[str, Any]] = None
+        self._fitted = False
+        self._counter: Optional[StepCounter] = None
+        self._resumed: Optional[Dict[str, Any]] = None  # platoon's state from a checkpoint
+        self._on_centre = contextlib.ExitStack()  # the centre in the model, while validating
+        self._redirected: Set[int] = set()
+
+    # -- the strategy's Lightning parts (super(): the package's SingleDeviceStrategy) --
+
+    def _trainer(self) -> Any:
+        return self.lightning_module.trainer  # type: ignore[attr-defined]
+
+    def setup_environment(self) -> None:
+        """At the start of ``fit``: refuse Lightning's DDP, join the job, give this worker its
+        own directories and seed; then the device's set-up."""
+        trainer = self._trainer()
+        if trainer.state.fn == "fit":
+            self._refuse_ddp(trainer)
+            if self._fitted:
+                raise PlatoonError("a PlatoonStrategy serves one trainer.fit(): its worker "
+                                   "left the job at the end of the first; give the next "
+                                   "Trainer a new PlatoonStrategy")
+            if self.worker is None:
+                self.worker = Worker() if self._given_worker is None else self._given_worker
+                self._own_files(trainer)
+            if not self._device_given and self.parallel_devices:
+                self._root_device = torch.device(self.parallel_devices[0])
+        if self.parallel_devices:
+            self.parallel_devices = [self.root_device]  # type: ignore[attr-defined]
+        super().setup_environment()  # type: ignore[misc]
+
+    def _refuse_ddp(self, trainer: Any) -> None:
+        dist = torch.distributed
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        world = max(world, int(os.environ.get("WORLD_SIZE", "1") or 1))
+        if world > 1:
+            raise own_ddp_refused(world, "Lightning", "torchrun or a cluster's ranks: "
+                                  "WORLD_SIZE=%d" % world)
+        devices = getattr(getattr(trainer, "_accelerator_connector", None), "_devices_flag",
+                          None)
+        asked = len(devices) if isinstance(devices, (list, tuple)) else \
+            devices if isinstance(devices, int) and devices > 0 else 1
+        if asked > 1 or self.num_nodes > 1:
+            raise PlatoonError(
+                "Trainer(devices=%r, num_nodes=%d) asks for Lightning's DDP across %d "
+                "processes: under platoon each worker trains alone on one device and syncs "
+                "through the centre. Leave devices and num_nodes at 1 and start N workers "
+                "with platoon-launcher -n N (or python -m platoon.mpi)"
+                % (devices, self.num_nodes, asked * self.num_nodes))
+
+    def _own_files(self, trainer: Any) -> None:
+        """In a job of several workers, worker K logs and checkpoints under its own
+        ``workerK`` (in Lightning's file loggers' version, a ModelCheckpoint's dirpath, the
+        default root directory) and seeds torch with ``torch.initial_seed() + K``."""
+        assert self.worker is not None
+        slot = worker_slot(self.worker)
+        if slot is None:
+            return
+        directory, offset = slot
+        torch.manual_seed((torch.initial_seed() + offset) % 2 ** 64)
+        if id(trainer) not in self._redirected:
+            self._redirected.add(id(trainer))
+            root = trainer.default_root_dir
+            trainer._default_root_dir = os.path.join(root, directory)  # noqa: SLF001 (Lightning)
+            for logger in trainer.loggers:  # Lightning's file loggers (CSV, TensorBoard)
+                if hasattr(logger, "_version"):
+                    logger._version = worker_version(logger._version,  # noqa: SLF001
+                                                     directory)
+            for callback in trainer.checkpoint_callbacks:
+                if getattr(callback, "dirpath", None) is not None \
+                        and id(callback) not in self._redirected:
+                    self._redirected.add(id(callback))
+                    callback.dirpath = os.path.join(callback.dirpath, directory)
+
+    def setup(self, trainer: Any) -> None:
+        """The package's set-up (model on its device, optimizers, precision); at the start of
+        ``fit`` the model (loaded from the checkpoint, when resuming) is shared with the job's
+        centre and the counted optimizer's real steps are counted."""
+        super().setup(trainer)  # type: ignore[misc]
+        if trainer.state.fn != "fit":
+            return
+        optimizers = self.optimizers  # type: ignore[attr-defined]
+        if self.counted_optimizer >= len(optimizers):
+            raise ValueError("PlatoonStrategy(counted_optimizer=%d): configure_optimizers "
+                             "gave %d optimizer(s); count one of them (0 .. %d)"
+                             % (self.counted_optimizer, len(optimizers), len(optimizers) - 1))
+        assert self.worker is not None
+        self.sync = PeriodicSync(self.worker, self.lightning_module, None,  # type: ignore
+                                 sync_every=self.sync_every, rule=self.rule, buffers=self.buffers,
+                                 report_every_s=self.report_every_s)
+        if self._resumed:
+            self.sync.load_state_dict(self._resumed)
+            self._resumed = None
+        self._counter = StepCounter(optimizers[self.counted_optimizer], self.sync.step)
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().training_step(*args, **kwargs)  # type: ignore[misc]
+        loss = out.get("loss") if isinstance(out, dict) else out
+        if self.sync is not None and isinstance(loss, torch.Tensor):
+            self.sync.report_loss(loss)
+        return out
+
+    def save_checkpoint(self, checkpoint: Dict[str, Any], filepath: Any,
+                        storage_options: Any = None) -> None:
+        """Lightning's checkpoint, with platoon's state (the sync phase) under "platoon"."""
+        if self.sync is not None:
+            checkpoint[STATE_KEY] = self.sync.state_dict()
+        super().save_checkpoint(checkpoint, filepath,  # type: ignore[misc]
+                                storage_options=storage_options)
+
+    def load_checkpoint(self, *args: Any, **kwargs: Any) -> Dict[str, Any]:
+        """Lightning's checkpoint; platoon's state in it resumes the sync phase."""
+        checkpoint = super().load_checkpoint(*args, **kwargs)  # type: ignore[misc]
+        self._resumed = checkpoint.get(STATE_KEY)
+        return checkpoint
+
+    # -- validation on the centre --
+
+    def _enter_centre(self) -> None:
+        if self.validate_centre and self.sync is not None and not self._fitted:
+            self._on_centre.enter_context(self.sync.centre())
+
+    def on_validation_start(self) -> None:
+        super().on_validation_start()  # type: ignore[misc]
+        self._enter_centre()
+
+    def on_validation_end(self) -> None:
+        self._on_centre.close()  # the worker's own weights again
+        super().on_validation_end()  # type: ignore[misc]
+
+    def on_test_start(self) -> None:
+        super().on_test_start()  # type: ignore[misc]
+        self._enter_centre()
+
+    def on_test_end(self) -> None:
+        self._on_centre.close()
+        super().on_test_end()  # type: ignore[misc]
+
+    # -- the end of fit --
+
+    def on_train_end(self) -> None:
+        """Finish the last sync, take part in the final evaluation, load the centre into the
+        model and leave the job."""
+        super().on_train_end()  # type: ignore[misc]
+        if self.sync is None:
+            return
+        self._stop_counting()
+        trainer = self._trainer()
+        val_loop = trainer.fit_loop.epoch_loop.val_loop
+        evaluate = None
+        if self.evaluate_centre:
+            trainer.validating = True
+            val_loop.setup_data()
+            evaluate = None if val_loop.skip else self._validate_final_centre
+            trainer.training = True
+        self.sync.evaluate = evaluate
+        self.final_result = self.sync.finish()
+        # The model holds the centre from now on (after every worker's last sync on the last).
+        self.lightning_module.load_state_dict(self.sync.centre_state_dict())  # type: ignore
+        self._fitted = True
+        self._leave()
+
+    def _validate_final_centre(self, model: Any) -> Dict[str, Any]:
+        """The fit's validation loop once, on the final centre (in the model already)."""
+        trainer = self._trainer()
+        val_loop = trainer.fit_loop.epoch_loop.val_loop
+        logging = trainer._logger_connector  # noqa: SLF001 (Lightning)
+        first_loop_iter = logging._first_loop_iter  # noqa: SLF001 (Lightning)
+        trainer.validating = True  # as Lightning's training loop runs it
+        self.validate_centre, validate = False, self.validate_centre
+        try:
+            outputs = val_loop.run()
+        finally:
+            self.validate_centre = validate
+            trainer.training = True
+            logging._first_loop_iter = first_loop_iter  # noqa: SLF001 (Lightning)
+        metrics: Dict[str, Any] = {}
+        for logged in outputs:
+            metrics.update(logged)
+        return metrics
+
+    def _stop_counting(self) -> None:
+        if self._counter is not None:
+            self._counter.remove()
+            self._counter = None
+
+    def _leave(self) -> None:
+        self._on_centre.close()
+        if self.worker is not None and self._given_worker is None:
+            self.worker.close()
+
+    def teardown(self) -> None:
+        """Lightning's teardown; after a failed ``fit``, leave the job (closing the worker
+        made here)."""
+        self._on_centre.close()
+        self._stop_counting()
+        if self.worker is not None and not self._fitted:
+            self._fitted = True
+            self._leave()
+        super().teardown()  # type: ignore[misc]
+
+
+__all__ = ["PlatoonStrategy", "STATE_KEY", "users_package", "strategy_class", "worker_version"]

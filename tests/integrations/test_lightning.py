@@ -1,0 +1,162 @@
+"""platoon.integrations.lightning: a Lightning script as a platoon worker (an MLP with BatchNorm
+and made-up data, nothing downloaded), in real processes: two Lightning processes in all, one
+job (importing Lightning costs ~7.5 s of CPU in each process)."""
+
+import difflib
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT, Nothing
+
+pytest.importorskip("lightning", reason="the Lightning tests need lightning and "
+                                        "pytorch_lightning: pip install -e '.[lightning]'")
+pytest.importorskip("pytorch_lightning", reason="the Lightning tests need lightning and "
+                                                "pytorch_lightning: pip install -e '.[lightning]'")
+
+
+def report(out):
+    with open(out) as f:
+        return json.load(f)
+
+
+@pytest.mark.slow  # two Lightning processes, ~25 s on a loaded 2-core machine
+def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoint_and_resume(
+        serve, procs, tmp_path):
+    """One job of two workers under a real controller, one on `lightning`, one on
+    `pytorch_lightning`, accumulate_grad_batches 2:
+    - 4 optimizer steps (8 batches) and sync_every 2 give 2 syncs each, not 4; the scheduler
+      steps on real steps;
+    - every validation during fit runs on the centre (the model differs from the worker's own
+      weights there, and they are back after it);
+    - each worker logs and checkpoints under its own workerK (also in a ModelCheckpoint's
+      dirpath), with platoon's state in its checkpoint, and draws its own batches;
+    - the job's result is the final centre validated once; after fit the model holds the
+      centre (trainer.validate gives that result again on the last worker); a second fit
+      with the same strategy is refused.
+    Before the job, the pytorch_lightning worker asks for Lightning's DDP (Trainer(devices=2),
+    then torchrun's WORLD_SIZE=2): PlatoonError, before any worker is made. After it, alone:
+    - a GradScaler in Lightning's mixed-precision plugin skips step 2 (infinite gradients): 4
+      Trainer steps are 3 counted steps; the checkpoint at step 3 holds 2;
+    - a fresh Trainer resumed from it (fit(ckpt_path=...)) goes on from 2: 3 more real steps
+      make 5 (counting again from 0 it would say 3), and its scheduler resumes;
+    - with two optimizers (manual optimization) the first one's steps are counted;
+    - counting an optimizer past configure_optimizers' list is refused, and the worker made
+      for that fit leaves its job."""
+    ctl = Nothing(control_port=0, num_workers=2)
+    serving = serve(ctl, timeout=90)
+    env = {"PLATOON_CONTROL_PORT": str(ctl.control_port)}
+    job = ("--steps", 4, "--accum", 2, "--every", 2, "--save-at", 2)
+    workers = [procs("lightning_worker.py", tmp_path / "w0.json", tmp_path, *job, env=env),
+               procs("lightning_worker.py", tmp_path / "w1.json", tmp_path, *job, "--package",
+                     "pytorch_lightning", "--ckpt-dir", tmp_path / "ckpts", "--refusals",
+                     "--then-alone", env=env)]
+    for w in workers:
+        assert w.wait(90) == 0, w.output
+    serving.join()
+    reports = [report(tmp_path / ("w%d.json" % k)) for k in range(2)]
+    runs = [r["runs"][0] for r in reports]
+    for r in runs:
+        assert (r["global_step"], r["platoon_steps"], r["syncs"]) == (4, 4, 2), r
+        assert len(r["on_centre"]) >= 8 and all(r["on_centre"][:8]), r  # 4 validations x 2
+        assert r["own_back"] and all(r["own_back"]), r
+        assert r["checkpoint_platoon"] == {"platoon_steps": 2}, r
+        assert r["lr"] == pytest.approx(0.05 * 0.5 ** 2), r
+        assert "PlatoonError: a PlatoonStrategy serves one trainer.fit()" in r["refit"], r
+    dirs = sorted(os.path.relpath(r["log_dir"], tmp_path) for r in runs)
+    assert dirs == [os.path.join("lightning_logs", "worker0"),
+                    os.path.join("lightning_logs", "worker1")]
+    # the default checkpoint directory is under the worker's log directory; a ModelCheckpoint
+    # dirpath given (worker w1's) is split by worker
+    slots = [os.path.basename(r["log_dir"]) for r in runs]
+    assert os.path.dirname(runs[0]["checkpoint"]) == os.path.join(runs[0]["log_dir"],
+                                                                  "checkpoints")
+    assert os.path.dirname(runs[1]["checkpoint"]) == str(tmp_path / "ckpts" / slots[1])
+    assert runs[0]["first_batch"] != runs[1]["first_batch"], runs
+    results = [r for r in runs if r["final_result"] is not None]
+    assert len(results) == 1, runs
+    last = results[0]
+    assert ctl.final_result["metrics"] == last["final_result"]
+    assert last["validated"] == [last["final_result"]]
+    assert all(r["unchanged_by_validate"] for r in runs)
+
+    devices, torchrun = reports[1]["refusals"]
+    assert "Trainer(devices=2, num_nodes=1) asks for Lightning's DDP across 2" in devices
+    assert "platoon-launcher -n N" in devices
+    assert "Lightning runs its own DDP across 2 processes" in torchrun
+    assert "WORLD_SIZE=2" in torchrun
+    first, resumed, manual = reports[1]["alone"]
+    assert (first["global_step"], first["platoon_steps"], first["syncs"]) == (4, 3, 1), first
+    assert first["checkpoint_platoon"] == {"platoon_steps": 2}, first
+    assert (resumed["global_step"], resumed["platoon_steps"]) == (6, 5), resumed
+    assert resumed["lr"] == pytest.approx(0.05 * 0.5 ** 3), resumed
+    assert (manual["global_step"], manual["platoon_steps"], manual["syncs"]) == (4, 2, 2), manual
+    for run in reports[1]["alone"]:
+        assert run["validated"] == [run["final_result"]], run
+    past = reports[1]["counted_past_the_list"]
+    assert past["error"].startswith("ValueError: PlatoonStrategy(counted_optimizer=1): "
+                                    "configure_optimizers gave 1 optimizer(s)"), past
+    assert past["worker_closed"], past  # the worker made for the failed fit left its job
+
+
+def test_the_strategy_serves_the_package_the_script_imported(monkeypatch):
+    """A script that imported pytorch_lightning (and not lightning) gets its strategy;
+    package= says which; a name that is not Lightning's, or a package not installed, is
+    refused. (Nothing here imports Lightning itself.)"""
+    from platoon.integrations.lightning import users_package
+    monkeypatch.delitem(sys.modules, "lightning", raising=False)
+    monkeypatch.setitem(sys.modules, "pytorch_lightning", object())
+    assert users_package() == "pytorch_lightning"
+    assert users_package("lightning") == "lightning"
+    with pytest.raises(ValueError, match="package must be lightning or pytorch_lightning"):
+        users_package("torch")
+    monkeypatch.setitem(sys.modules, "lightning", None)  # blocked: as if not installed
+    with pytest.raises(ImportError, match="lightning is not installed"):
+        users_package("lightning")
+
+
+def test_each_worker_logs_under_its_own_version():
+    """No version given: workerK; a version given (or chosen by Lightning before fit, as
+    ckpt_path="last" makes it): workerK under it."""
+    from platoon.integrations.lightning import worker_version
+    assert worker_version(None, "worker1") == "worker1"
+    assert worker_version("exp", "worker1") == os.path.join("exp", "worker1")
+    assert worker_version(3, os.path.join("node", "worker0")) == os.path.join(
+        "version_3", "node", "worker0")
+
+
+def test_the_module_names_the_extra_without_lightning():
+    """Without lightning and pytorch_lightning, importing the module says which extra to
+    install."""
+    code = ("import sys; sys.modules['lightning'] = None; sys.modules['pytorch_lightning'] = None\n"
+            "try:\n    import platoon.integrations.lightning\n"
+            "except ImportError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'platoon-dp[lightning]'" in out.stdout, out.stdout
+
+
+def test_the_docs_show_the_examples_diff_and_it_adds_two_lines_of_code():
+    """docs/lightning.md shows examples/lightning's diff (single_process.py to train.py) as it
+    is: two added lines of code, the strategy and its import (and a blank line before the
+    import, as isort has it), none removed."""
+    example = os.path.join(ROOT, "examples", "lightning")
+    files = []
+    for name in ("single_process.py", "train.py"):
+        with open(os.path.join(example, name)) as f:
+            files.append(f.read().splitlines(keepends=True))
+    diff = "".join(difflib.unified_diff(*files, "single_process.py", "train.py"))
+    with open(os.path.join(ROOT, "docs", "lightning.md")) as f:
+        shown = re.findall(r"^```diff\n(.*?)^```", f.read(), re.S | re.M)
+    assert shown[0] == diff
+    lines = diff.splitlines()[2:]
+    code = [line for line in lines if line.startswith("+") and line[1:].strip()]
+    assert not any(line.startswith("-") for line in lines)
+    assert len([line for line in lines if line.startswith("+")]) == 3, diff
+    assert len(code) == 2, diff
+    assert "import PlatoonStrategy" in code[0] and "strategy=PlatoonStrategy(" in code[1]

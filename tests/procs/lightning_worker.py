@@ -1,0 +1,221 @@
+"""A small Lightning script (an MLP with BatchNorm, made-up data) made a platoon worker by
+PlatoonStrategy; writes what it did to OUT_JSON (tests/integrations/test_lightning.py).
+
+usage: lightning_worker.py OUT_JSON ROOT_DIR [--package pytorch_lightning] [--steps N]
+                           [--accum K] [--every K] [--save-at S [--ckpt-dir D]] [--refusals]
+                           [--then-alone]
+A checkpoint every S steps (by default under the logger's directory, else in D); a validation
+every 2 batches; a StepLR halving the lr every 2 steps.
+--refusals: first ask for Lightning's DDP (devices=2, then WORLD_SIZE=2 as torchrun sets it)
+and record the errors, before any worker is made.
+--then-alone: after the job, this process runs alone (one-worker jobs, under ROOT_DIR/alone):
+  1. a GradScaler in Lightning's mixed-precision plugin (Lightning has none on the CPU: the
+     script gives it one), the gradients of step 2 infinite; 4 steps, sync every 2, a
+     checkpoint at step 3;
+  2. a fresh model, Trainer and strategy resume from that checkpoint and train to step 6;
+  3. manual optimization with two optimizers, each stepped once a batch, 4 steps, sync every 1;
+  4. PlatoonStrategy(counted_optimizer=1) with one optimizer.
+"""
+
+import argparse
+import importlib
+import json
+import os
+
+import torch
+
+from platoon.errors import WorkerClosed
+from platoon.integrations.lightning import PlatoonStrategy
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("root")
+    parser.add_argument("--package", default="lightning")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--accum", type=int, default=1)
+    parser.add_argument("--every", type=int, default=2)
+    parser.add_argument("--save-at", type=int, default=0)
+    parser.add_argument("--ckpt-dir", default=None)
+    parser.add_argument("--refusals", action="store_true")
+    parser.add_argument("--then-alone", action="store_true")
+    opts = parser.parse_args()
+    pl = importlib.import_module("lightning.pytorch" if opts.package == "lightning"
+                                 else opts.package)
+    report = {"refusals": refusals(pl, opts) if opts.refusals else []}
+    report["runs"] = [train(pl, options(opts, scaler=False, inf_at=0, manual=False),
+                            opts.steps, None)]
+    if opts.then_alone:
+        del os.environ["PLATOON_CONTROL_PORT"]  # from now on a worker is a one-worker job
+        alone = dict(root=os.path.join(opts.root, "alone"), accum=1, every=2, manual=False,
+                     ckpt_dir=None)
+        first = train(pl, options(opts, scaler=True, inf_at=2, save_at=3, **alone), 4, None)
+        resumed = train(pl, options(opts, scaler=True, inf_at=0, save_at=3, **alone), 6,
+                        first["checkpoint"])
+        manual = train(pl, options(opts, scaler=False, inf_at=0, save_at=0,
+                                   **dict(alone, every=1, manual=True)), 4, None)
+        report["alone"] = [first, resumed, manual]
+        report["counted_past_the_list"] = count_past_the_list(pl, options(opts, manual=False))
+    with open(opts.out, "w") as f:
+        json.dump(report, f)
+
+
+def options(opts, **changes):
+    return argparse.Namespace(**dict(vars(opts), **changes))
+
+
+def data(seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(128, 8, generator=g)
+    return torch.utils.data.TensorDataset(x, x[:, :1] - 2 * x[:, 1:2])
+
+
+def make_module(pl, opts):
+    class Regression(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16),
+                                           torch.nn.ReLU(), torch.nn.Linear(16, 1))
+            self.automatic_optimization = not opts.manual
+            self.on_centre = []  # per validation batch: did the model differ from its own?
+            self.own_back = []  # per validation: were its own weights back after it?
+            self.first_batch = None
+            self.real_steps = 0
+            self._own = None
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            if self.first_batch is None:
+                self.first_batch = x[:, 0].tolist()
+            if self._own is not None:  # the first training step after a validation
+                self.own_back.append(all(torch.equal(p, o) for p, o in
+                                         zip(self.net.parameters(), self._own)))
+                self._own = None
+            loss = torch.nn.functional.mse_loss(self.net(x), y)
+            if not self.automatic_optimization:
+                first, second = self.optimizers()
+                for opt in (first, second):
+                    opt.zero_grad()
+                    self.manual_backward(torch.nn.functional.mse_loss(self.net(x), y))
+                    opt.step()
+                return loss
+            return loss
+
+        def on_validation_start(self):  # before the strategy's hook: the worker's own weights
+            self._own = [p.detach().clone() for p in self.net.parameters()]
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.on_centre.append(any(not torch.equal(p, o) for p, o in
+                                      zip(self.net.parameters(), self._own)))
+            self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
+
+        def configure_optimizers(self):
+            first = torch.optim.SGD(self.net[:2].parameters(), lr=0.05)
+            if not self.automatic_optimization:
+                return [first, torch.optim.SGD(self.net[2:].parameters(), lr=0.05)]
+            sgd = torch.optim.SGD(self.net.parameters(), lr=0.05, momentum=0.9)
+            halving = torch.optim.lr_scheduler.StepLR(sgd, 2, gamma=0.5)
+            return {"optimizer": sgd,
+                    "lr_scheduler": {"scheduler": halving, "interval": "step"}}
+
+    return Regression()
+
+
+def poison(module, at):
+    """The gradients of backward pass `at` (1-based; optimizer step `at` without gradient
+    accumulation) made infinite: the GradScaler skips that step."""
+    calls = [0]
+
+    def hook(grad):
+        calls[0] += 1
+        return grad * float("inf") if calls[0] == at else grad
+    next(module.parameters()).register_hook(hook)
+
+
+def refusals(pl, opts):
+    errors = []
+    for devices, env in ((2, {}), (1, {"WORLD_SIZE": "2"})):
+        os.environ.update(env)
+        try:
+            trainer = pl.Trainer(accelerator="cpu", devices=devices, max_steps=1,
+                                 strategy=PlatoonStrategy(),
+                                 logger=False, enable_progress_bar=False)
+            trainer.fit(make_module(pl, options(opts, manual=False)),
+                        torch.utils.data.DataLoader(data(0)))
+            errors.append(None)
+        except Exception as exc:  # the strategy's PlatoonError
+            errors.append("%s: %s" % (type(exc).__name__, exc))
+        finally:
+            for key in env:
+                del os.environ[key]
+    return errors
+
+
+def count_past_the_list(pl, opts):
+    """PlatoonStrategy(counted_optimizer=1) with one optimizer: the error, and whether the
+    worker made for the fit left its (one-worker) job."""
+    strategy = PlatoonStrategy(counted_optimizer=1, package=opts.package)
+    trainer = pl.Trainer(accelerator="cpu", max_steps=1, strategy=strategy, logger=False,
+                         enable_progress_bar=False, enable_checkpointing=False)
+    try:
+        trainer.fit(make_module(pl, opts), torch.utils.data.DataLoader(data(0)))
+        error = None
+    except Exception as exc:  # the strategy's ValueError
+        error = "%s: %s" % (type(exc).__name__, exc)
+    try:
+        strategy.worker.start_together()
+        closed = False
+    except WorkerClosed:
+        closed = True
+    return {"error": error, "worker_closed": closed}
+
+
+def train(pl, opts, steps, ckpt):
+    torch.manual_seed(0)
+    module = make_module(pl, opts)
+    strategy = PlatoonStrategy(sync_every=opts.every)  # the package: the one imported
+    plugins = []
+    if opts.scaler:
+        scaler = torch.amp.GradScaler("cpu", init_scale=16.0)  # no overflow but step 2's
+        plugins = [pl.plugins.precision.MixedPrecision("16-mixed", "cpu", scaler=scaler)]
+    callbacks = [pl.callbacks.ModelCheckpoint(dirpath=opts.ckpt_dir, save_top_k=-1,
+                                              every_n_train_steps=opts.save_at)
+                 ] if opts.save_at else []
+    trainer = pl.Trainer(accelerator="cpu", max_steps=steps, accumulate_grad_batches=opts.accum,
+                         strategy=strategy, plugins=plugins, callbacks=callbacks,
+                         default_root_dir=opts.root, val_check_interval=2,
+                         check_val_every_n_epoch=None, limit_val_batches=2,
+                         num_sanity_val_steps=0, enable_progress_bar=False,
+                         enable_model_summary=False, logger=pl.loggers.CSVLogger(opts.root))
+    if opts.inf_at and ckpt is None:
+        poison(module, opts.inf_at)
+    loader = torch.utils.data.DataLoader(data(0), batch_size=8, shuffle=True)
+    val = torch.utils.data.DataLoader(data(1), batch_size=32)
+    trainer.fit(module, loader, val, ckpt_path=ckpt)
+    centre_after_fit = [p.detach().clone() for p in module.parameters()]
+    validated = trainer.validate(module, val, verbose=False)
+    try:  # a second fit with the same strategy
+        trainer.fit(module, loader)
+        refit = None
+    except Exception as exc:  # the strategy's PlatoonError
+        refit = "%s: %s" % (type(exc).__name__, exc)
+    last = None
+    if opts.save_at:
+        saved = sorted(os.listdir(callbacks[0].dirpath))
+        last = os.path.join(callbacks[0].dirpath, saved[0])
+    state = torch.load(last, weights_only=False) if last else {}
+    return {"global_step": trainer.global_step, "platoon_steps": strategy.sync.steps,
+            "syncs": strategy.worker.syncs,
+            "final_result": strategy.final_result, "validated": validated,
+            "on_centre": module.on_centre, "own_back": module.own_back,
+            "first_batch": module.first_batch, "log_dir": trainer.log_dir,
+            "checkpoint": last, "checkpoint_platoon": state.get("platoon"),
+            "unchanged_by_validate": all(torch.equal(p, q) for p, q in
+                                         zip(module.parameters(), centre_after_fit)),
+            "lr": trainer.optimizers[0].param_groups[0]["lr"], "refit": refit}
+
+
+if __name__ == "__main__":
+    main()
