@@ -4,8 +4,9 @@ controller's early-stopping rule and evaluation cadence (in minibatches)."""
 
 import time
 
-import mlp
 import numpy as np
+
+import mlp
 
 
 def train_single_process(patience, eval_every, max_minibatches, batch_size=mlp.BATCH_SIZE,

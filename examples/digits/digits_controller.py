@@ -10,11 +10,12 @@ import logging
 import os
 import time
 
-import baseline
-import mlp
 import numpy as np
 
 from platoon import Controller
+
+import baseline
+import mlp
 
 log = logging.getLogger("digits")
 

@@ -6,10 +6,11 @@ Run by the launcher:  platoon-launcher examples/digits/digits -n 2
 
 import argparse
 
-import mlp
 import numpy as np
 
 from platoon import EASGD, Worker
+
+import mlp
 
 
 def main():
