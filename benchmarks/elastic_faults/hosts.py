@@ -12,7 +12,6 @@ import atexit
 import json
 import os
 import signal
-import subprocess
 import tempfile
 
 from ..slow_link import link as slow_link
@@ -32,10 +31,6 @@ esac
 shift
 exec ip netns exec "$ns" unshare --uts sh -c "hostname $name && exec $*"
 """
-
-
-def _run(args, check=True):
-    return subprocess.run(args, check=check, capture_output=True, text=True, timeout=10)
 
 
 def ip_of(node):
@@ -67,24 +62,8 @@ class Hosts:
     def __exit__(self, *exc):
         self.close()
 
-    def _ip(self, *args):
-        try:
-            _run(["ip"] + list(args))
-        except subprocess.CalledProcessError as exc:
-            raise RuntimeError("`ip %s` failed: %s" % (" ".join(args),
-                                                        exc.stderr.strip())) from None
-
-    def _shape(self, namespace, device):
-        burst = max(64 * 1024, int(self.rate / 8 * 0.005))  # as slow_link's
-        cmd = ["tc", "-n", namespace, "qdisc", "replace", "dev", device, "root", "tbf",
-               "rate", "%dbit" % self.rate, "burst", str(burst), "latency", "100ms"]
-        try:
-            _run(cmd)
-        except subprocess.CalledProcessError as exc:
-            raise RuntimeError("`%s` failed: %s" % (" ".join(cmd), exc.stderr.strip())) from None
-
     def _make(self):
-        ip, sw = self._ip, self.switch
+        ip, sw = slow_link.ip, self.switch
         for ns in [sw] + list(self.names.values()):
             ip("netns", "add", ns)
             self.made.append(ns)
@@ -105,8 +84,8 @@ class Hosts:
             ip("-n", ns, "link", "set", DEVICE, "up")
             ip("-n", ns, "link", "set", "lo", "up")
             if self.rate:
-                self._shape(ns, DEVICE)
-                self._shape(sw, "p" + node)
+                slow_link.shape(ns, DEVICE, self.rate)
+                slow_link.shape(sw, "p" + node, self.rate)
         self.launcher = os.path.join(tempfile.gettempdir(), self.switch + "-launcher.sh")
         cases = "\n".join('%s) ns=%s; name=node%s ;;' % (ip_of(n), ns, n)
                           for n, ns in self.names.items())
@@ -133,14 +112,14 @@ class Hosts:
 
     def pids(self, node):
         """The processes running on `node` (in its namespace)."""
-        out = _run(["ip", "netns", "pids", self.names[node]], check=False).stdout
+        out = slow_link.run_command(["ip", "netns", "pids", self.names[node]], check=False).stdout
         return [int(p) for p in out.split() if p.isdigit() and int(p) != os.getpid()]
 
     def tx_bytes(self):
         """{node: bytes its end of its link has sent}, from the kernel's counters."""
         out = {}
         for node, ns in self.names.items():
-            text = _run(["ip", "-n", ns, "-s", "-j", "link", "show", "dev",
+            text = slow_link.run_command(["ip", "-n", ns, "-s", "-j", "link", "show", "dev",
                                    DEVICE]).stdout
             out[node] = int(json.loads(text)[0]["stats64"]["tx"]["bytes"])
         return out
@@ -172,7 +151,7 @@ class Hosts:
                     self.kill_node(node)
         finally:
             for ns in self.made:
-                _run(["ip", "netns", "del", ns], check=False)
+                slow_link.run_command(["ip", "netns", "del", ns], check=False)
             if self.launcher and os.path.exists(self.launcher):
                 os.unlink(self.launcher)
             atexit.unregister(self.close)

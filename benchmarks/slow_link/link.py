@@ -55,8 +55,29 @@ def rate_bits(link):
     return RATES[link]
 
 
-def _run(args, timeout_s=10.0, check=True):
+def run_command(args, timeout_s=10.0, check=True):
     return subprocess.run(args, check=check, capture_output=True, text=True, timeout=timeout_s)
+
+
+def ip(*args):
+    """`ip ARGS`; RuntimeError with ip's message when it fails."""
+    try:
+        run_command(["ip"] + list(args))
+    except subprocess.CalledProcessError as exc:
+        raise RuntimeError("`ip %s` failed: %s" % (" ".join(args), exc.stderr.strip())) from None
+
+
+def shape(namespace, device, rate_bits_s):
+    """Shape what `device` in `namespace` sends to `rate_bits_s` by tbf: a burst of at least 64
+    KiB (a GSO packet) and 5 ms at the rate, a queue of 100 ms. RuntimeError with tc's message
+    when it fails."""
+    burst = max(64 * 1024, int(rate_bits_s / 8 * 0.005))
+    cmd = ["tc", "-n", namespace, "qdisc", "replace", "dev", device, "root", "tbf",
+           "rate", "%dbit" % rate_bits_s, "burst", str(burst), "latency", "100ms"]
+    try:
+        run_command(cmd)
+    except subprocess.CalledProcessError as exc:
+        raise RuntimeError("`%s` failed: %s" % (" ".join(cmd), exc.stderr.strip())) from None
 
 
 def _pid_alive(pid):
@@ -72,12 +93,12 @@ def _pid_alive(pid):
 def remove_stale():
     """Delete the namespaces, and the temporary files, of earlier runs whose process is
     gone; returns the namespaces' names."""
-    out = _run(["ip", "netns", "list"], check=False).stdout
+    out = run_command(["ip", "netns", "list"], check=False).stdout
     gone = []
     for name in re.findall(r"^(%s(\d+)\w*)" % PREFIX, out, re.M):
         if not _pid_alive(int(name[1])):
             _kill_all_in(name[0])
-            _run(["ip", "netns", "del", name[0]], check=False)
+            run_command(["ip", "netns", "del", name[0]], check=False)
             gone.append(name[0])
     for path in glob.glob(os.path.join(tempfile.gettempdir(), PREFIX + "[0-9]*")):
         pid = re.match(r"%s(\d+)" % PREFIX, os.path.basename(path))
@@ -92,7 +113,7 @@ def remove_stale():
 def _kill_all_in(namespace, grace_s=3.0):
     """SIGTERM every process in `namespace`, then SIGKILL those left after `grace_s`."""
     def pids():
-        out = _run(["ip", "netns", "pids", namespace], check=False).stdout
+        out = run_command(["ip", "netns", "pids", namespace], check=False).stdout
         return [int(p) for p in out.split() if p.isdigit() and int(p) != os.getpid()]
     left = pids()
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -135,12 +156,6 @@ class TwoHosts:
         self.close()
 
     def _make(self):
-        def ip(*args):
-            try:
-                _run(["ip"] + list(args))
-            except subprocess.CalledProcessError as exc:
-                raise RuntimeError("`ip %s` failed: %s" % (" ".join(args),
-                                                            exc.stderr.strip())) from None
         for name in self.names:
             ip("netns", "add", name)
             self.made.append(name)
@@ -152,15 +167,7 @@ class TwoHosts:
             ip("-n", name, "link", "set", DEVICE, "up")
             ip("-n", name, "link", "set", "lo", "up")
             if self.rate:
-                # burst: at least 64 KiB (a GSO packet) and 5 ms at the rate; a queue of 100 ms
-                burst = max(64 * 1024, int(self.rate / 8 * 0.005))
-                cmd = ["tc", "-n", name, "qdisc", "replace", "dev", DEVICE, "root", "tbf",
-                       "rate", "%dbit" % self.rate, "burst", str(burst), "latency", "100ms"]
-                try:
-                    _run(cmd)
-                except subprocess.CalledProcessError as exc:
-                    raise RuntimeError("`%s` failed: %s" % (" ".join(cmd),
-                                                              exc.stderr.strip())) from None
+                shape(name, DEVICE, self.rate)
         self.launcher = os.path.join(tempfile.gettempdir(), self.names[0] + "-launcher.sh")
         with open(self.launcher, "w") as f:
             f.write(LAUNCHER % (IPS[0], self.names[0], HOSTNAMES[0],
@@ -183,7 +190,7 @@ class TwoHosts:
         """[bytes sent by host 0's veth end, by host 1's], from the kernel's counters."""
         out = []
         for name in self.names:
-            text = _run(["ip", "-n", name, "-s", "-j", "link", "show", "dev", DEVICE]).stdout
+            text = run_command(["ip", "-n", name, "-s", "-j", "link", "show", "dev", DEVICE]).stdout
             out.append(int(json.loads(text)[0]["stats64"]["tx"]["bytes"]))
         return out
 
@@ -194,7 +201,8 @@ class TwoHosts:
             return None
         out = []
         for name in self.names:
-            text = _run(["tc", "-n", name, "-s", "-j", "qdisc", "show", "dev", DEVICE]).stdout
+            text = run_command(["tc", "-n", name, "-s", "-j", "qdisc", "show", "dev",
+                                DEVICE]).stdout
             tbf = [q for q in json.loads(text) if q.get("kind") == "tbf"][0]
             out.append({"rate_bits_s": 8 * tbf["options"]["rate"], "bytes": tbf["bytes"],
                         "drops": tbf["drops"], "overlimits": tbf["overlimits"]})
@@ -214,7 +222,7 @@ class TwoHosts:
             self.kill_all()
         finally:
             for name in self.made:
-                _run(["ip", "netns", "del", name], check=False)
+                run_command(["ip", "netns", "del", name], check=False)
             if self.launcher and os.path.exists(self.launcher):
                 os.unlink(self.launcher)
             atexit.unregister(self.close)
