@@ -76,21 +76,20 @@ def main(argv=None):
     if why:
         print("elastic_faults: skipped: %s" % why, flush=True)
         return 0
+    from platoon._os.process import find_mpiexec
+    mpiexec = find_mpiexec()
     skipped = []
     if "torchft_faults" in members and importlib.util.find_spec("torchft") is None:
         members.remove("torchft_faults")
         skipped.append("torchft_faults (torchft is not installed: pip install torchft==0.2.0)")
     if "mpi_faults" in members:
-        from platoon._os.process import find_mpiexec
-        if find_mpiexec() is None or importlib.util.find_spec("mpi4py") is None:
+        if mpiexec is None or importlib.util.find_spec("mpi4py") is None:
             members.remove("mpi_faults")
             skipped.append("mpi_faults (no mpiexec or mpi4py: pip install -e '.[mpi]')")
     for line in skipped:
         log("skipped: " + line)
     for name in slow_link.remove_stale():
         log("removed the namespace %s of an earlier run" % name)
-    from platoon._os.process import find_mpiexec
-    mpiexec = find_mpiexec()
     from ..language_model.methods import FULL, QUICK
     problem = dataclasses.asdict(QUICK if args.quick else FULL)
     if args.target is not None:
