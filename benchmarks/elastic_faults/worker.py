@@ -20,6 +20,8 @@ import sys
 import time
 from datetime import timedelta
 
+from benchmarks.time_to_accuracy.torchft_diloco import TorchftReplica
+
 
 class Events:
     """Appends JSON lines to a file, each in one write."""
@@ -65,7 +67,7 @@ class PlatoonMember:
         return self.worker.stop_requested
 
 
-class TorchftMember:
+class TorchftMember(TorchftReplica):
     """One torchft replica group (world size 1): DiLoCo over gloo with the torchft
     lighthouse of the config, its TCPStore hosted here (torchft connects to one)."""
 
@@ -97,23 +99,9 @@ class TorchftMember:
         self.manager.should_commit = counted
         self.diloco = None
 
-    def _state(self):
-        return {"model": self.model.state_dict(),
-                "optimizer": self.opt.state_dict() if self.opt is not None else {}}
-
-    def _load(self, state):
-        self.model.load_state_dict(state["model"])
-        if self.opt is not None and state["optimizer"]:
-            self.opt.load_state_dict(state["optimizer"])
-
     def use_optimizer(self, optimizer):
-        import torch
-        from torchft.local_sgd import DiLoCo
-        self.opt = optimizer
-        outer = torch.optim.SGD(self.model.parameters(), lr=self.cfg["outer_lr"],
-                                momentum=self.cfg["outer_momentum"], nesterov=True)
-        self.diloco = DiLoCo(self.manager, [self.model], optimizer, outer,
-                             sync_every=self.cfg["sync_every"], pin_memory=False).__enter__()
+        self.start_diloco(optimizer, self.cfg["outer_lr"], self.cfg["outer_momentum"],
+                          self.cfg["sync_every"])
 
     def after_step(self, step):
         return step % 4 == 0

@@ -48,7 +48,33 @@ def start_lighthouse(replicas):
     raise RuntimeError("the torchft lighthouse did not listen within 30 s")
 
 
-class TorchftDiLoCo(Member):
+class TorchftReplica:
+    """What the benchmarks' torchft members share: the state torchft heals a replica group
+    with (`model`, `opt`) and its DiLoCo around the inner optimizer (`manager` set first)."""
+
+    model = opt = manager = diloco = None
+
+    def _state(self):
+        return {"model": self.model.state_dict(),
+                "optimizer": self.opt.state_dict() if self.opt is not None else {}}
+
+    def _load(self, state):
+        self.model.load_state_dict(state["model"])
+        if self.opt is not None and state["optimizer"]:
+            self.opt.load_state_dict(state["optimizer"])
+
+    def start_diloco(self, optimizer, outer_lr, outer_momentum, sync_every):
+        """DiLoCo over `optimizer`, its outer step SGD(outer_lr, Nesterov outer_momentum)."""
+        import torch
+        from torchft.local_sgd import DiLoCo
+        self.opt = optimizer
+        outer = torch.optim.SGD(self.model.parameters(), lr=outer_lr,
+                                momentum=outer_momentum, nesterov=True)
+        self.diloco = DiLoCo(self.manager, [self.model], optimizer, outer,
+                             sync_every=sync_every, pin_memory=False).__enter__()
+
+
+class TorchftDiLoCo(TorchftReplica, Member):
     """One replica group of torchft's DiLoCo. Stopping: rank 0's decision is shared through
     the run's event and a barrier at every evaluation (both ranks evaluate at the same steps,
     right after a sync when `eval_every` is a multiple of `sync_every`)."""
@@ -68,24 +94,9 @@ class TorchftDiLoCo(Member):
         self.diloco = self.opt = None
         return self.model
 
-    def _state(self):
-        return {"model": self.model.state_dict(),
-                "optimizer": self.opt.state_dict() if self.opt is not None else {}}
-
-    def _load(self, state):
-        self.model.load_state_dict(state["model"])
-        if self.opt is not None and state["optimizer"]:
-            self.opt.load_state_dict(state["optimizer"])
-
     def use_optimizer(self, optimizer):
-        import torch
-        from torchft.local_sgd import DiLoCo
-        self.opt = optimizer
         cfg = self.job.cfg
-        outer = torch.optim.SGD(self.model.parameters(), lr=cfg.get("outer_lr", 0.7),
-                                momentum=0.9, nesterov=True)
-        self.diloco = DiLoCo(self.manager, [self.model], optimizer, outer,
-                             sync_every=cfg["sync_every"], pin_memory=False).__enter__()
+        self.start_diloco(optimizer, cfg.get("outer_lr", 0.7), 0.9, cfg["sync_every"])
 
     def agree_stop(self, stop):
         if stop:

@@ -35,7 +35,7 @@ pytestmark = [
 ]
 
 WORKER = os.path.join(PROCS, "mpi_worker.py")
-ENVCHECK = os.path.join(os.path.dirname(PROCS), "experiments", "envcheck_worker.py")
+ENVCHECK = os.path.join(EXPERIMENTS, "envcheck_worker.py")
 NO_THREAD_CAPS = {var: None for var in THREAD_VARIABLES}  # the user set none
 
 
