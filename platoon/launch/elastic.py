@@ -281,22 +281,10 @@ class ElasticLaunch(Launch):
         """Every node's output and the lighthouse's (its quorums), unless --quiet."""
         return not getattr(self.args, "quiet", False) and proc in self.everyone()
 
-    def echo_output(self, final=False):
-        for proc in self.everyone():
-            if self.shows_output(proc):
-                lines = proc.new_lines(final)
-                if lines:
-                    self.status.clear()
-                    self.status.out.write("".join("[%s] %s\n" % (proc.label, line)
-                                                  for line in lines))
-                    self.status.out.flush()
-
     # -- the end -------------------------------------------------------------------------
     def everyone(self):
+        """The nodes started so far (restarts too), then the lighthouse."""
         return self.started_nodes + [p for p in [self.lighthouse] if p is not None]
-
-    def running(self):
-        return any(p.poll() is None for p in self.everyone())
 
     def stop_all(self):
         """Stop the nodes (SIGTERM to each mpiexec, which passes it to its node; SIGKILL at

@@ -713,11 +713,15 @@ class Launch:
         return not getattr(self.args, "quiet", False) and (
             proc in self.workers or (bool(self.args.hosts) and proc is self.controller))
 
+    def everyone(self):
+        """The job's processes started so far: the controller, then the workers."""
+        return [p for p in [self.controller] + self.workers if p is not None]
+
     def echo_output(self, final=False):
         """Show on the terminal, each line prefixed with its process ([worker0] ...), what the
         logs of the processes it shows (`shows_output`) gained since the last look."""
-        for proc in [self.controller] + self.workers:
-            if proc is not None and self.shows_output(proc):
+        for proc in self.everyone():
+            if self.shows_output(proc):
                 lines = proc.new_lines(final)
                 if lines:
                     self.status.clear()
@@ -727,7 +731,7 @@ class Launch:
 
     def running(self):
         """Whether any of the job's processes is still running."""
-        return any(p is not None and p.poll() is None for p in [self.controller] + self.workers)
+        return any(p.poll() is None for p in self.everyone())
 
     def stop_all(self):
         """Stop every live process group (SIGTERM, SIGKILL at the deadline), reap them all, and
