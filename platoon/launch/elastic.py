@@ -196,7 +196,7 @@ class ElasticLaunch(Launch):
                 return code
         finished = [n for n, p in self.nodes.items() if p.poll() == 0]
         for name, proc in list(self.nodes.items()):
-            if proc.poll() is None or proc in self._ended:
+            if proc in self._ended or proc.poll() is None:
                 continue
             if proc.returncode == 0:
                 self._ended[proc] = "finished"
@@ -218,7 +218,9 @@ class ElasticLaunch(Launch):
                             else "no other node runs", " (no restart left: --restart N starts "
                             "a failed node again)" if not finished else " (the job is ending)",
                             proc.log_path, proc.tail(5).rstrip()))
-        if all(p.poll() is not None for p in self.nodes.values()):
+        # Ended once each node's end is recorded above: a node that exits after its look in
+        # this pass is recorded (finished or failed) in the next, not taken as stopped.
+        if all(p in self._ended for p in self.nodes.values()):
             self.echo_output(final=True)
             self.stop_all()
             if finished:

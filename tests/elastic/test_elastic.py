@@ -908,6 +908,10 @@ def test_launcher_elastic_restarts_its_lighthouse_and_sigint_leaves_nothing(tmp_
                                            r"controller pid \d+, job (\S+),", 30)
         first, index = launcher.wait_for_match(r"\[lighthouse\] .*lighthouse: quorum (\d+): "
                                                r"127.0.0.1$", 30)
+        # the node has that quorum (else a lighthouse killed first, knowing nothing of it,
+        # comes back numbering from the id the node reports: the same one)
+        launcher.wait_for_match(r"\[node-127.0.0.1\] .*: rank \d+ of quorum %s " % first.group(1),
+                                30)
         (lighthouse,) = [pid for pid in _mentioning(str(tmp_path))
                          if "platoon.elastic.lighthouse" in _cmdline(pid)]
         os.kill(lighthouse, signal.SIGKILL)
