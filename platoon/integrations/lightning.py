@@ -95,6 +95,25 @@ def strategy_class(package: str) -> type:
     return _CLASSES[package]
 
 
+class JoinFirst:
+    """The strategy's launcher: the one hook Lightning calls with the Trainer before ``fit``
+    looks for its checkpoint, so that the worker has joined its job and logs and checkpoints
+    under its own ``workerK`` when ``fit(ckpt_path="last")`` looks there. Starts no process."""
+
+    is_interactive_compatible = True
+
+    def __init__(self, strategy: "PlatoonStrategy") -> None:
+        self.strategy = strategy
+
+    def launch(self, function: Any, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
+        if trainer is not None and trainer.state.fn == "fit":
+            self.strategy._join(trainer)  # noqa: SLF001 (its own strategy)
+        return function(*args, **kwargs)
+
+    def kill(self, signum: Any) -> None:
+        """Nothing to kill: the strategy started no process (Lightning calls it on SIGTERM)."""
+
+
 class PlatoonStrategy:
     """A Lightning strategy that makes the Trainer's process a worker of a platoon job.
 
@@ -178,19 +197,27 @@ class PlatoonStrategy:
     def _trainer(self) -> Any:
         return self.lightning_module.trainer  # type: ignore[attr-defined]
 
-    def setup_environment(self) -> None:
+    def _configure_launcher(self) -> None:
+        self._launcher = JoinFirst(self)
+
+    def _join(self, trainer: Any) -> None:
         """At the start of ``fit``: refuse Lightning's DDP, join the job, give this worker its
-        own directories and seed; then the device's set-up."""
+        own directories and seed (once a fit)."""
+        self._refuse_ddp(trainer)
+        if self._fitted:
+            raise PlatoonError("a PlatoonStrategy serves one trainer.fit(): its worker left "
+                               "the job at the end of the first; give the next Trainer a new "
+                               "PlatoonStrategy")
+        if self.worker is None:
+            self.worker = Worker() if self._given_worker is None else self._given_worker
+            self._own_files(trainer)
+
+    def setup_environment(self) -> None:
+        """At the start of ``fit``, the job joined (`JoinFirst` did already, unless the
+        Trainer took no launcher); then the device's set-up."""
         trainer = self._trainer()
         if trainer.state.fn == "fit":
-            self._refuse_ddp(trainer)
-            if self._fitted:
-                raise PlatoonError("a PlatoonStrategy serves one trainer.fit(): its worker "
-                                   "left the job at the end of the first; give the next "
-                                   "Trainer a new PlatoonStrategy")
-            if self.worker is None:
-                self.worker = Worker() if self._given_worker is None else self._given_worker
-                self._own_files(trainer)
+            self._join(trainer)
             if not self._device_given and self.parallel_devices:
                 self._root_device = torch.device(self.parallel_devices[0])
         if self.parallel_devices:

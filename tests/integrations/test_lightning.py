@@ -24,7 +24,7 @@ def report(out):
         return json.load(f)
 
 
-@pytest.mark.slow  # two Lightning processes, ~25 s on a loaded 2-core machine
+@pytest.mark.slow  # two Lightning processes (two jobs), ~30 s on a loaded 2-core machine
 def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoint_and_resume(
         serve, procs, tmp_path):
     """One job of two workers under a real controller, one on `lightning`, one on
@@ -37,7 +37,9 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
       dirpath), with platoon's state in its checkpoint, and draws its own batches;
     - the job's result is the final centre validated once; after fit the model holds the
       centre (trainer.validate gives that result again on the last worker); a second fit
-      with the same strategy is refused.
+      with the same strategy is refused;
+    - then both join a second job with a fresh Trainer and fit(ckpt_path="last"): each
+      resumes from its own last.ckpt (step 4, platoon's 4 steps) and goes on to 8 in 2 syncs.
     Before the job, the pytorch_lightning worker asks for Lightning's DDP (Trainer(devices=2),
     then torchrun's WORLD_SIZE=2): PlatoonError, before any worker is made. After it, alone:
     - a GradScaler in Lightning's mixed-precision plugin skips step 2 (infinite gradients): 4
@@ -47,17 +49,21 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
     - with two optimizers (manual optimization) the first one's steps are counted;
     - counting an optimizer past configure_optimizers' list is refused, and the worker made
       for that fit leaves its job."""
-    ctl = Nothing(control_port=0, num_workers=2)
-    serving = serve(ctl, timeout=90)
+    ctl, again = Nothing(control_port=0, num_workers=2), Nothing(control_port=0, num_workers=2)
+    servings = [serve(ctl, timeout=90), serve(again, timeout=120)]
     env = {"PLATOON_CONTROL_PORT": str(ctl.control_port)}
-    job = ("--steps", 4, "--accum", 2, "--every", 2, "--save-at", 2)
-    workers = [procs("lightning_worker.py", tmp_path / "w0.json", tmp_path, *job, env=env),
+    job = ("--steps", 4, "--accum", 2, "--every", 2, "--save-at", 2, "--rejoin",
+           again.control_port)
+    # each worker's index in both jobs, as the launcher gives it (its files are workerK's)
+    workers = [procs("lightning_worker.py", tmp_path / "w0.json", tmp_path, *job,
+                     env=dict(env, PLATOON_WORKER_INDEX="0")),
                procs("lightning_worker.py", tmp_path / "w1.json", tmp_path, *job, "--package",
                      "pytorch_lightning", "--ckpt-dir", tmp_path / "ckpts", "--refusals",
-                     "--then-alone", env=env)]
+                     "--then-alone", env=dict(env, PLATOON_WORKER_INDEX="1"))]
     for w in workers:
         assert w.wait(90) == 0, w.output
-    serving.join()
+    for serving in servings:
+        serving.join()
     reports = [report(tmp_path / ("w%d.json" % k)) for k in range(2)]
     runs = [r["runs"][0] for r in reports]
     for r in runs:
@@ -83,6 +89,12 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
     assert ctl.final_result["metrics"] == last["final_result"]
     assert last["validated"] == [last["final_result"]]
     assert all(r["unchanged_by_validate"] for r in runs)
+    for first, rejoined in (r["runs"] for r in reports):
+        assert rejoined["resumed_from"] == os.path.join(os.path.dirname(first["checkpoint"]),
+                                                        "last.ckpt"), rejoined
+        assert (rejoined["global_step"], rejoined["platoon_steps"], rejoined["syncs"]) == \
+            (8, 8, 2), rejoined
+        assert rejoined["log_dir"] == first["log_dir"], rejoined
 
     devices, torchrun = reports[1]["refusals"]
     assert "Trainer(devices=2, num_nodes=1) asks for Lightning's DDP across 2" in devices
@@ -120,8 +132,8 @@ def test_the_strategy_serves_the_package_the_script_imported(monkeypatch):
 
 
 def test_each_worker_logs_under_its_own_version():
-    """No version given: workerK; a version given (or chosen by Lightning before fit, as
-    ckpt_path="last" makes it): workerK under it."""
+    """No version given: workerK; a version given (or chosen by Lightning before fit):
+    workerK under it."""
     from platoon.integrations.lightning import worker_version
     assert worker_version(None, "worker1") == "worker1"
     assert worker_version("exp", "worker1") == os.path.join("exp", "worker1")

@@ -3,9 +3,11 @@ PlatoonStrategy; writes what it did to OUT_JSON (tests/integrations/test_lightni
 
 usage: lightning_worker.py OUT_JSON ROOT_DIR [--package pytorch_lightning] [--steps N]
                            [--accum K] [--every K] [--save-at S [--ckpt-dir D]] [--refusals]
-                           [--then-alone]
-A checkpoint every S steps (by default under the logger's directory, else in D); a validation
-every 2 batches; a StepLR halving the lr every 2 steps.
+                           [--rejoin PORT] [--then-alone]
+A checkpoint every S steps and a last.ckpt (by default under the logger's directory, else in
+D); a validation every 2 batches; a StepLR halving the lr every 2 steps.
+--rejoin PORT: after the job, a fresh model, Trainer and strategy join a second job (the
+controller at PORT) with fit(ckpt_path="last") and train to twice --steps.
 --refusals: first ask for Lightning's DDP (devices=2, then WORLD_SIZE=2 as torchrun sets it)
 and record the errors, before any worker is made.
 --then-alone: after the job, this process runs alone (one-worker jobs, under ROOT_DIR/alone):
@@ -39,6 +41,7 @@ def main():
     parser.add_argument("--save-at", type=int, default=0)
     parser.add_argument("--ckpt-dir", default=None)
     parser.add_argument("--refusals", action="store_true")
+    parser.add_argument("--rejoin", type=int, default=0)
     parser.add_argument("--then-alone", action="store_true")
     opts = parser.parse_args()
     pl = importlib.import_module("lightning.pytorch" if opts.package == "lightning"
@@ -46,6 +49,10 @@ def main():
     report = {"refusals": refusals(pl, opts) if opts.refusals else []}
     report["runs"] = [train(pl, options(opts, scaler=False, inf_at=0, manual=False),
                             opts.steps, None)]
+    if opts.rejoin:
+        os.environ["PLATOON_CONTROL_PORT"] = str(opts.rejoin)
+        report["runs"].append(train(pl, options(opts, scaler=False, inf_at=0, manual=False),
+                                    2 * opts.steps, "last"))
     if opts.then_alone:
         del os.environ["PLATOON_CONTROL_PORT"]  # from now on a worker is a one-worker job
         alone = dict(root=os.path.join(opts.root, "alone"), accum=1, every=2, manual=False,
@@ -181,7 +188,8 @@ def train(pl, opts, steps, ckpt):
         scaler = torch.amp.GradScaler("cpu", init_scale=16.0)  # no overflow but step 2's
         plugins = [pl.plugins.precision.MixedPrecision("16-mixed", "cpu", scaler=scaler)]
     callbacks = [pl.callbacks.ModelCheckpoint(dirpath=opts.ckpt_dir, save_top_k=-1,
-                                              every_n_train_steps=opts.save_at)
+                                              every_n_train_steps=opts.save_at,
+                                              save_last=True)
                  ] if opts.save_at else []
     trainer = pl.Trainer(accelerator="cpu", max_steps=steps, accumulate_grad_batches=opts.accum,
                          strategy=strategy, plugins=plugins, callbacks=callbacks,
@@ -194,6 +202,7 @@ def train(pl, opts, steps, ckpt):
     loader = torch.utils.data.DataLoader(data(0), batch_size=8, shuffle=True)
     val = torch.utils.data.DataLoader(data(1), batch_size=32)
     trainer.fit(module, loader, val, ckpt_path=ckpt)
+    resumed_from = trainer.ckpt_path  # (trainer.validate sets it again)
     centre_after_fit = [p.detach().clone() for p in module.parameters()]
     validated = trainer.validate(module, val, verbose=False)
     try:  # a second fit with the same strategy
@@ -203,7 +212,7 @@ def train(pl, opts, steps, ckpt):
         refit = "%s: %s" % (type(exc).__name__, exc)
     last = None
     if opts.save_at:
-        saved = sorted(os.listdir(callbacks[0].dirpath))
+        saved = sorted(os.listdir(callbacks[0].dirpath))  # epoch=0-step=S.ckpt, ..., last.ckpt
         last = os.path.join(callbacks[0].dirpath, saved[0])
     state = torch.load(last, weights_only=False) if last else {}
     return {"global_step": trainer.global_step, "platoon_steps": strategy.sync.steps,
@@ -212,6 +221,7 @@ def train(pl, opts, steps, ckpt):
             "on_centre": module.on_centre, "own_back": module.own_back,
             "first_batch": module.first_batch, "log_dir": trainer.log_dir,
             "checkpoint": last, "checkpoint_platoon": state.get("platoon"),
+            "resumed_from": resumed_from,
             "unchanged_by_validate": all(torch.equal(p, q) for p, q in
                                          zip(module.parameters(), centre_after_fit)),
             "lr": trainer.optimizers[0].param_groups[0]["lr"], "refit": refit}
