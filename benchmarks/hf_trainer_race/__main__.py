@@ -174,14 +174,38 @@ def markdown(report):
     return "\n".join(lines)
 
 
+def crossing_step(run, target):
+    """The step at which `run` crossed `target`, interpolated between the two evaluations
+    around it (evaluations come every 100 steps: two lrs often reach it at the same one);
+    None if it did not. The job's: the earliest of its ranks'."""
+    steps = []
+    for rank in run["ranks"]:
+        previous = None
+        for step, _, loss in rank["trace"]:
+            if loss <= target:
+                if previous is None or previous[1] <= loss:
+                    steps.append(float(step))
+                else:
+                    before, above = previous
+                    steps.append(before + (step - before) * (above - target) / (above - loss))
+                break
+            previous = (step, loss)
+    return min(steps) if steps else None
+
+
+def best_point(runs, target):
+    """Of a method's grid runs, the settings with the fewest steps to the target (by the
+    interpolated crossing: by steps, not seconds, which the machine's load sways)."""
+    return min(runs, key=lambda r: (crossing_step(r, target) is None,
+                                    crossing_step(r, target) or 0))["settings"]
+
+
 def tune(methods, problem, path, log):
     """Every method's grid on seed 0; the point with the fewest steps to the target."""
     tuned = {}
     for name in methods:
         runs = [run_once(name, point, 0, -1, problem, log) for point in METHODS[name]]
-        best = min(runs, key=lambda r: (r["reached"] is None, (r["reached"] or [0, 0])[1],
-                                        (r["reached"] or [0, 0])[0]))
-        tuned[name] = {"chosen": best["settings"], "runs": runs}
+        tuned[name] = {"chosen": best_point(runs, problem["target"]), "runs": runs}
     with open(path, "w") as f:
         json.dump(tuned, f, indent=1)
     return tuned
@@ -221,9 +245,11 @@ def main(argv=None):
         tune(picked, problem, tuning_path, log)
         return
     chosen = {n: METHODS[n][len(METHODS[n]) // 2] for n in picked}  # the grid's middle
+    tuning = {}
     if os.path.exists(tuning_path):
         with open(tuning_path) as f:
-            chosen.update({n: t["chosen"] for n, t in json.load(f).items() if n in chosen})
+            tuning = json.load(f)
+        chosen.update({n: t["chosen"] for n, t in tuning.items() if n in chosen})
     else:
         log("no %s: each method runs its grid's middle point (run --tune first)" % tuning_path)
     problem["lr_tuned"] = os.path.exists(tuning_path)
@@ -234,10 +260,29 @@ def main(argv=None):
     for number, (name, seed, slow_rank) in enumerate(plan, 1):
         runs.append(run_once(name, chosen[name], seed, slow_rank, problem, log))
         write_report(args.out, problem, chosen, runs, started, args.reps, straggler_reps,
-                     complete=number == len(plan), echo=number == len(plan))
+                     complete=number == len(plan), echo=number == len(plan), tuning=tuning)
 
 
-def write_report(out, problem, chosen, runs, started, reps, straggler_reps, complete, echo):
+def tuning_table(tuning, target):
+    """Every grid point's steps to the target on seed 0 (the evaluation that saw it, and the
+    crossing interpolated between evaluations), its seconds and the load as it started."""
+    lines = ["| method | settings | chosen | steps to target (interpolated) | seconds | load |",
+             "|---|---|---|---|---|---|"]
+    for name, tuned in tuning.items():
+        for run in tuned["runs"]:
+            crossed = crossing_step(run, target)
+            lines.append("| %s | %s | %s | %s | %s | %.1f |" % (
+                name, ", ".join("%s %g" % (k.replace("_", " "), v)
+                                for k, v in sorted(run["settings"].items())),
+                "yes" if run["settings"] == tuned["chosen"] else "",
+                "%d (%.0f)" % (run["reached"][1], crossed) if run["reached"] else
+                "not reached", "%.1f s" % run["reached"][0] if run["reached"] else "-",
+                run["load_before"]))
+    return "\n".join(lines)
+
+
+def write_report(out, problem, chosen, runs, started, reps, straggler_reps, complete, echo,
+                 tuning=None):
     """hf_trainer_race.{json,md} with the runs so far (after each run: a run cut short still
     leaves its record, marked incomplete)."""
     meta = {"commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -247,6 +292,10 @@ def write_report(out, problem, chosen, runs, started, reps, straggler_reps, comp
     report = {"meta": meta, "problem": problem, "chosen": chosen, "runs": runs,
               "summary": summarise(runs)}
     text = markdown(report)
+    if tuning:
+        text += ("\n\nThe lr tuning (`--tune`: each grid on seed 0, the fewest steps to the "
+                 "target chosen, by the interpolated crossing):\n\n"
+                 + tuning_table(tuning, problem["target"]))
     if not complete:
         text += "\n\nINCOMPLETE: %d run(s) so far." % len(runs)
     if echo:

@@ -8,7 +8,17 @@ import sys
 
 import pytest
 
-from benchmarks.hf_trainer_race.__main__ import METHODS, QUICK, SCRIPT, command, markdown, summarise
+from benchmarks.hf_trainer_race.__main__ import (
+    METHODS,
+    QUICK,
+    SCRIPT,
+    best_point,
+    command,
+    crossing_step,
+    markdown,
+    summarise,
+    tuning_table,
+)
 
 from helpers import ROOT
 
@@ -54,6 +64,30 @@ def test_the_report_gives_ratios_and_every_runs_load():
     assert "| platoon_easgd | 1/1 | 45.0 s | 1400 | 0.50x |" in text  # against DDP slowed
     assert "| platoon_easgd | 2 | - | 3.0 | not reached | 900 |" in text
     assert "| ddp | 1 | rank 1 | 2.0 | 90.0 s | 1100 |" in text
+
+
+def test_tuning_picks_the_fewest_steps_by_the_interpolated_crossing():
+    """Two lrs that first see the target at the same evaluation are told apart by where
+    their loss crossed it between evaluations (the job's earliest rank); a run that never
+    reached it loses; the table marks the chosen point."""
+    def run(lr, *traces):
+        ranks = [{"trace": [[step, step / 20.0, loss] for step, loss in trace]}
+                 for trace in traces]
+        last = traces[0][-1]
+        reached = [last[0] / 20.0, last[0]] if last[1] <= 1.6 else None
+        return {"settings": {"lr": lr}, "ranks": ranks, "reached": reached,
+                "load_before": 1.0}
+    late = run(0.01, [(100, 2.0), (200, 1.7), (300, 1.5)])  # crossed at 250
+    early = run(0.02, [(100, 2.0), (200, 1.9), (300, 1.5)],  # rank 0 at 275
+                [(100, 2.0), (200, 1.61), (300, 1.56)])  # rank 1 at 220
+    never = run(0.04, [(100, 2.0), (200, 1.9), (300, 1.8)])
+    assert crossing_step(late, 1.6) == pytest.approx(250.0)
+    assert crossing_step(early, 1.6) == pytest.approx(220.0)
+    assert crossing_step(never, 1.6) is None
+    assert best_point([never, late, early], 1.6) == {"lr": 0.02}
+    table = tuning_table({"single": {"chosen": {"lr": 0.02}, "runs": [late, early, never]}}, 1.6)
+    assert "| single | lr 0.02 | yes | 300 (220) | 15.0 s | 1.0 |" in table
+    assert "| single | lr 0.04 |  | not reached | - | 1.0 |" in table
 
 
 @pytest.mark.slow
