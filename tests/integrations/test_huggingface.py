@@ -51,20 +51,26 @@ def test_two_trainer_workers_sync_every_k_real_optimizer_steps_and_evaluate_the_
 
 @pytest.mark.slow  # a Trainer process: importing transformers takes ~4 s of CPU
 def test_resume_from_checkpoint_continues_platoons_sync_phase(procs, tmp_path):
-    """A script run alone saves a checkpoint at step 3 (sync_every 2: synced at step 2); a fresh
-    Trainer resumed from it goes on at step 3: it syncs at steps 4 and 6, as the uninterrupted
-    run would (counting again from 0 it would sync at 2 only, by its step 6)."""
+    """A script run alone saves a checkpoint at step 3 of 6 and stops there (sync_every 2:
+    synced at step 2); a fresh Trainer resumed from it goes on at step 3: it syncs at steps 4
+    and 6, as the uninterrupted run would (counting again from 0 it would sync at 2 only, by
+    its step 6), and its training loss at steps 4-6 is the uninterrupted run's."""
     out = tmp_path / "runs.json"
-    proc = procs("hf_worker.py", out, tmp_path / "out", "--steps", 3, "--save-steps", 3,
-                 "--every", 2, "--then-resume", 6)
+    proc = procs("hf_worker.py", out, tmp_path / "out", "--steps", 6, "--stop-at", 3,
+                 "--save-steps", 3, "--every", 2, "--then-resume", 6, "--uninterrupted")
     assert proc.wait(90) == 0, proc.output
-    first, resumed = run(out)
+    first, resumed, whole = run(out)
     assert (first["platoon_steps"], first["syncs"]) == (3, 1), first
     with open(tmp_path / "out" / "checkpoint-3" / "trainer_state.json") as f:
         assert json.load(f)["stateful_callbacks"]["platoon"] == {"platoon_steps": 3}
     assert (resumed["global_step"], resumed["platoon_steps"], resumed["syncs"]) == (6, 6, 2), \
         resumed
     assert resumed["final_result"]["eval_loss"] < 4.1
+    assert resumed["losses"][:3] == first["losses"]  # the checkpoint's history, then its own
+    assert [step for step, _ in resumed["losses"]] == [1, 2, 3, 4, 5, 6]
+    assert whole["global_step"] == 6 and len({loss for _, loss in whole["losses"]}) == 6
+    assert [loss for _, loss in resumed["losses"]] == pytest.approx(
+        [loss for _, loss in whole["losses"]], abs=1e-6), (resumed, whole)
 
 
 @pytest.mark.slow  # a Trainer process: importing transformers takes ~4 s of CPU

@@ -2,9 +2,12 @@
 worker by PlatoonCallback; writes what it did to OUT_JSON (tests/integrations/test_huggingface.py).
 
 usage: hf_worker.py OUT_JSON OUTPUT_DIR [--steps N] [--accum K] [--every K] [--save-steps S]
-                    [--then-resume N] [--scaler --inf-at STEP]
+                    [--stop-at S] [--then-resume N [--uninterrupted]] [--scaler --inf-at STEP]
+--stop-at S: the run stops after step S of its N (as if killed there, its schedule N steps').
 --then-resume N: after training, a fresh model and Trainer resume from the last checkpoint and
-train to N steps (a second PlatoonCallback, a second one-worker job); OUT_JSON tells of both.
+train to N steps (a second PlatoonCallback, a second one-worker job); OUT_JSON tells of both,
+and each run's training loss at every step. --uninterrupted: then a third run trains N steps
+from the start, in its own output directory, to compare with.
 --scaler --inf-at STEP: accelerate's mixed-precision path with torch's GradScaler (accelerate
 has none on the CPU: the script gives it one), and the gradients of optimizer step STEP
 (1-based) made infinite, so that the scaler skips that step.
@@ -12,9 +15,10 @@ has none on the CPU: the script gives it one), and the gradients of optimizer st
 
 import argparse
 import json
+import os
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 from platoon.integrations.huggingface import PlatoonCallback
 
@@ -36,29 +40,46 @@ def main():
     parser.add_argument("--accum", type=int, default=1)
     parser.add_argument("--every", type=int, default=2)
     parser.add_argument("--save-steps", type=int, default=0)
+    parser.add_argument("--stop-at", type=int, default=0)
     parser.add_argument("--then-resume", type=int, default=0)
+    parser.add_argument("--uninterrupted", action="store_true")
     parser.add_argument("--scaler", action="store_true")
     parser.add_argument("--inf-at", type=int, default=0)
     opts = parser.parse_args()
-    runs = [train(opts, opts.steps, resume=None)]
+    runs = [train(opts, opts.steps, resume=None, stop_at=opts.stop_at)]
     if opts.then_resume:
         runs.append(train(opts, opts.then_resume, resume=True))
+    if opts.uninterrupted:
+        whole = argparse.Namespace(**dict(vars(opts), output_dir=os.path.join(
+            opts.output_dir, "uninterrupted")))
+        runs.append(train(whole, opts.then_resume, resume=None))
     with open(opts.out, "w") as f:
         json.dump(runs, f)
 
 
-def train(opts, steps, resume):
+class StopAt(TrainerCallback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True
+
+
+def train(opts, steps, resume, stop_at=0):
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=SEQ, n_embd=16, n_layer=1,
                                        n_head=2, bos_token_id=0, eos_token_id=0))
     args = TrainingArguments(opts.output_dir, max_steps=steps, per_device_train_batch_size=4,
                              gradient_accumulation_steps=opts.accum, learning_rate=3e-3,
-                             logging_steps=2, report_to="none", use_cpu=True, disable_tqdm=True,
+                             logging_steps=1, report_to="none", use_cpu=True, disable_tqdm=True,
                              save_strategy="steps" if opts.save_steps else "no",
                              save_steps=opts.save_steps or 500, dataloader_num_workers=0)
     data = examples(TEXT)
     trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data[:8])
     callback = PlatoonCallback.attach(trainer, sync_every=opts.every)
+    if stop_at:
+        trainer.add_callback(StopAt(stop_at))
     if opts.scaler:  # backward scales the loss, the optimizer's step goes through scaler.step
         trainer.accelerator.scaler = torch.amp.GradScaler("cpu")
     if opts.inf_at:
@@ -70,7 +91,8 @@ def train(opts, steps, resume):
     return {"platoon_steps": callback.sync.steps, "syncs": callback.worker.syncs,
             "global_step": trainer.state.global_step, "final_result": callback.final_result,
             "output_dir": trainer.args.output_dir, "first_batch": first_batch,
-            "skipped": trainer.accelerator.optimizer_step_was_skipped}
+            "skipped": trainer.accelerator.optimizer_step_was_skipped,
+            "losses": [[e["step"], e["loss"]] for e in trainer.state.log_history if "loss" in e]}
 
 
 if __name__ == "__main__":
