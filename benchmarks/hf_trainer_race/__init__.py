@@ -8,7 +8,9 @@ usage: python -m benchmarks.hf_trainer_race [--tune] [--methods a,b] [--reps N]
                                              [--straggler-reps N] [--quick]
 
 `--tune` runs every method's lr grid on seed 0 and records the point with the fewest steps to
-the target in benchmarks/results/hf_trainer_race_tuning.json; the measured run takes the
+the target (interpolated between evaluations) in
+benchmarks/results/hf_trainer_race_tuning.json, keeping the points recorded there already (a
+grid extended runs only its new points); the measured run takes the
 recorded points (the grid's middle without them), runs every method on new seeds, methods
 alternating, then DDP and platoon with one process slowed 2x, and writes
 benchmarks/results/hf_trainer_race.{json,md}, each run with the load average as it started.

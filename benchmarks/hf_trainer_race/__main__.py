@@ -22,12 +22,20 @@ RESULTS = os.path.join(ROOT, "benchmarks", "results")
 SCRIPT = os.path.join(HERE, "race_trainer.py")
 PROCESSES = 2  # DDP's ranks and platoon's workers
 # lr grids around the transformer benchmark's best points (benchmarks/results/transformer.md:
-# one process and DDP 1.2e-2, platoon's EASGD 2.4e-2); DiLoCo's outer SGD(0.7, Nesterov 0.9)
-# every 20 or 50 inner steps (every 4 diverged there, with torchft's).
+# one process and DDP 1.2e-2, platoon's EASGD 2.4e-2). DiLoCo: first the paper's outer
+# SGD(0.7, Nesterov 0.9) every 20 or 50 inner steps (every 4 diverged in the transformer
+# benchmark, with torchft's); asynchronous, it reached no target here (its centre's eval loss
+# swung 2.5-4.6), so then without outer momentum (outer lr 1: each push moves the centre by
+# its 1/p share, an asynchronous model average) every 4 or 20, and DelayedNesterov (the
+# momentum once per p pushes: synchronous DiLoCo's step) every 20.
 GRID = [{"lr": 6e-3}, {"lr": 1.2e-2}, {"lr": 2.4e-2}]
 HIGHER = [{"lr": 1.2e-2}, {"lr": 2.4e-2}, {"lr": 4.8e-2}]
-METHODS = {"single": GRID, "ddp": GRID, "platoon_easgd": HIGHER,
-           "platoon_diloco": [dict(g, sync_every=k) for k in (20, 50) for g in GRID]}
+AVERAGE = {"outer_lr": 1.0, "outer_momentum": 0.0}
+DILOCO = [dict(g, sync_every=k) for k in (20, 50) for g in GRID] + [
+    dict(AVERAGE, lr=1.2e-2, sync_every=4), dict(AVERAGE, lr=2.4e-2, sync_every=4),
+    dict(AVERAGE, lr=1.2e-2, sync_every=20), {"lr": 1.2e-2, "sync_every": 20,
+                                              "delayed_nesterov": 1}]
+METHODS = {"single": GRID, "ddp": GRID, "platoon_easgd": HIGHER, "platoon_diloco": DILOCO}
 STRAGGLER = ("ddp", "platoon_easgd", "platoon_diloco")
 # The target eval loss (nats per byte; 1.6 is 2.31 bits per byte). Checked once (2026-11-28,
 # not a timing: the machine was loaded, 1-minute load 7): one process at lr 1.2e-2 evaluated
@@ -201,13 +209,21 @@ def best_point(runs, target):
 
 
 def tune(methods, problem, path, log):
-    """Every method's grid on seed 0; the point with the fewest steps to the target."""
+    """Every method's grid on seed 0; the point with the fewest steps to the target. Points
+    already in `path` (an earlier --tune's) are kept, not run again; it is written after each
+    method."""
     tuned = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            tuned = json.load(f)
     for name in methods:
-        runs = [run_once(name, point, 0, -1, problem, log) for point in METHODS[name]]
+        done = {json.dumps(r["settings"], sort_keys=True): r
+                for r in tuned.get(name, {}).get("runs", [])}
+        runs = [done.get(json.dumps(point, sort_keys=True)) or
+                run_once(name, point, 0, -1, problem, log) for point in METHODS[name]]
         tuned[name] = {"chosen": best_point(runs, problem["target"]), "runs": runs}
-    with open(path, "w") as f:
-        json.dump(tuned, f, indent=1)
+        with open(path, "w") as f:
+            json.dump(tuned, f, indent=1)
     return tuned
 
 

@@ -4,7 +4,7 @@ DDP (torchrun) or a platoon worker (platoon-launcher; PlatoonCallback).
 
 usage: race_trainer.py OUT_DIR --method M --lr LR [--seed S] [--target LOSS] [--eval-every K]
                        [--horizon N] [--cap-s S] [--sync-every K] [--outer-lr X]
-                       [--slow-rank R] [--quick]
+                       [--outer-momentum B] [--delayed-nesterov 0|1] [--slow-rank R] [--quick]
 
 Every `eval_every` optimizer steps the clock stops and the model is evaluated on the held-out
 files (platoon: the centre, `PeriodicSync.on_centre`; DDP: every rank evaluates its share):
@@ -89,6 +89,10 @@ def main(argv=None):
     parser.add_argument("--cap-s", type=float, default=300.0)
     parser.add_argument("--sync-every", type=int, default=4)
     parser.add_argument("--outer-lr", type=float, default=0.7)
+    parser.add_argument("--outer-momentum", type=float, default=0.9)
+    parser.add_argument("--delayed-nesterov", type=int, default=0,
+                        help="1: platoon_diloco's rule is DelayedNesterov (momentum every p "
+                             "pushes), not DiLoCo")
     parser.add_argument("--slow-rank", type=int, default=-1)
     parser.add_argument("--quick", action="store_true", help="a tiny model and data")
     opts = parser.parse_args(argv)
@@ -118,9 +122,11 @@ def main(argv=None):
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             return bool(flag.item())
     elif opts.method.startswith("platoon"):
-        from platoon import DiLoCo
+        from platoon import DelayedNesterov, DiLoCo
         from platoon.integrations.huggingface import PlatoonCallback
-        rule = DiLoCo(outer_lr=opts.outer_lr) if opts.method == "platoon_diloco" else None
+        outer = DelayedNesterov if opts.delayed_nesterov else DiLoCo
+        rule = outer(outer_lr=opts.outer_lr, momentum=opts.outer_momentum) \
+            if opts.method == "platoon_diloco" else None
         sync = PlatoonCallback.attach(trainer, sync_every=opts.sync_every, rule=rule,
                                       evaluate_centre=False)
         rank = sync.worker.global_rank

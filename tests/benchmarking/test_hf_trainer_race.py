@@ -110,3 +110,25 @@ def test_a_platoon_job_of_the_race_runs_with_a_straggler(tmp_path):
     assert run["slow_rank"] == 1 and run["reached"][1] == QUICK["eval_every"]
     assert sorted(r["rank"] for r in run["ranks"]) == [0, 1]
     assert "| platoon_easgd | 1 | rank 1 |" in (tmp_path / "hf_trainer_race.md").read_text()
+
+
+def test_tuning_keeps_the_points_already_recorded(tmp_path, monkeypatch):
+    """A grid extended after a --tune runs only its new points; the file holds all of them
+    and the choice is made over all."""
+    from benchmarks.hf_trainer_race import __main__ as race
+    monkeypatch.setitem(race.METHODS, "single", [{"lr": 1.0}, {"lr": 2.0}, {"lr": 3.0}])
+
+    def ran(lr, steps):
+        trace = [[100, 5.0, 2.0], [steps, 10.0, 1.5]]
+        return {"settings": {"lr": lr}, "ranks": [{"trace": trace}], "reached": [10.0, steps],
+                "load_before": 0.0}
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps({"single": {"chosen": {"lr": 1.0}, "runs": [ran(1.0, 900)]}}))
+    asked = []
+    monkeypatch.setattr(race, "run_once", lambda name, point, *rest: asked.append(point) or
+                        ran(point["lr"], 600 if point["lr"] == 3.0 else 1200))
+    tuned = race.tune(["single"], {"target": 1.6}, str(path), print)
+    assert asked == [{"lr": 2.0}, {"lr": 3.0}]
+    assert tuned["single"]["chosen"] == {"lr": 3.0}
+    assert [r["settings"]["lr"] for r in json.loads(path.read_text())["single"]["runs"]] == \
+        [1.0, 2.0, 3.0]
