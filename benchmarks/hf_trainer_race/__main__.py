@@ -279,9 +279,16 @@ def main(argv=None):
                      complete=number == len(plan), echo=number == len(plan), tuning=tuning)
 
 
+def best_loss(run):
+    """The lowest eval loss any rank of `run` saw ("-" if none)."""
+    losses = [loss for rank in run["ranks"] for _, _, loss in rank["trace"]]
+    return "%.3g" % min(losses) if losses else "-"
+
+
 def tuning_table(tuning, target):
     """Every grid point's steps to the target on seed 0 (the evaluation that saw it, and the
-    crossing interpolated between evaluations), its seconds and the load as it started."""
+    crossing interpolated between evaluations; else its best eval loss), its seconds and the
+    load as it started."""
     lines = ["| method | settings | chosen | steps to target (interpolated) | seconds | load |",
              "|---|---|---|---|---|---|"]
     for name, tuned in tuning.items():
@@ -292,7 +299,8 @@ def tuning_table(tuning, target):
                                 for k, v in sorted(run["settings"].items())),
                 "yes" if run["settings"] == tuned["chosen"] else "",
                 "%d (%.0f)" % (run["reached"][1], crossed) if run["reached"] else
-                "not reached", "%.1f s" % run["reached"][0] if run["reached"] else "-",
+                "not reached (best %s)" % best_loss(run), "%.1f s" % run["reached"][0]
+                if run["reached"] else "-",
                 run["load_before"]))
     return "\n".join(lines)
 

@@ -87,7 +87,7 @@ def test_tuning_picks_the_fewest_steps_by_the_interpolated_crossing():
     assert best_point([never, late, early], 1.6) == {"lr": 0.02}
     table = tuning_table({"single": {"chosen": {"lr": 0.02}, "runs": [late, early, never]}}, 1.6)
     assert "| single | lr 0.02 | yes | 300 (220) | 15.0 s | 1.0 |" in table
-    assert "| single | lr 0.04 |  | not reached | - | 1.0 |" in table
+    assert "| single | lr 0.04 |  | not reached (best 1.8) | - | 1.0 |" in table
 
 
 @pytest.mark.slow
