@@ -26,15 +26,19 @@ PROCESSES = 2  # DDP's ranks and platoon's workers
 # SGD(0.7, Nesterov 0.9) every 20 or 50 inner steps (every 4 diverged in the transformer
 # benchmark, with torchft's); asynchronous, it reached no target here (its centre's eval loss
 # swung 2.5-4.6), so then without outer momentum (outer lr 1: each push moves the centre by
-# its 1/p share, an asynchronous model average) every 4 or 20, and DelayedNesterov (the
-# momentum once per p pushes: synchronous DiLoCo's step) every 20.
+# its 1/p share, an asynchronous model average) every 4 or 20, DelayedNesterov (the
+# momentum once per p pushes: synchronous DiLoCo's step) every 20, and less outer momentum
+# or a smaller outer lr every 20, or the paper's settings every 4.
 GRID = [{"lr": 6e-3}, {"lr": 1.2e-2}, {"lr": 2.4e-2}]
 HIGHER = [{"lr": 1.2e-2}, {"lr": 2.4e-2}, {"lr": 4.8e-2}]
 AVERAGE = {"outer_lr": 1.0, "outer_momentum": 0.0}
 DILOCO = [dict(g, sync_every=k) for k in (20, 50) for g in GRID] + [
     dict(AVERAGE, lr=1.2e-2, sync_every=4), dict(AVERAGE, lr=2.4e-2, sync_every=4),
     dict(AVERAGE, lr=1.2e-2, sync_every=20), {"lr": 1.2e-2, "sync_every": 20,
-                                              "delayed_nesterov": 1}]
+                                              "delayed_nesterov": 1},
+    {"lr": 1.2e-2, "sync_every": 20, "outer_lr": 0.7, "outer_momentum": 0.5},
+    {"lr": 1.2e-2, "sync_every": 20, "outer_lr": 0.35, "outer_momentum": 0.9},
+    {"lr": 1.2e-2, "sync_every": 4, "outer_lr": 0.7, "outer_momentum": 0.9}]
 METHODS = {"single": GRID, "ddp": GRID, "platoon_easgd": HIGHER, "platoon_diloco": DILOCO}
 STRAGGLER = ("ddp", "platoon_easgd", "platoon_diloco")
 # The target eval loss (nats per byte; 1.6 is 2.31 bits per byte). Checked once (2026-11-28,
@@ -242,6 +246,9 @@ def main(argv=None):
                         help="seconds of training after which a run stops short of the target")
     parser.add_argument("--quick", action="store_true",
                         help="a tiny model, a few steps, an easy target: the harness only")
+    parser.add_argument("--report", action="store_true",
+                        help="only write the .md again from the recorded .json and tuning "
+                             "(after a grid was extended)")
     parser.add_argument("--out", default=RESULTS, help="directory for the .json and .md")
     args = parser.parse_args(argv)
     log = lambda text: print("..", text, flush=True)  # noqa: E731
@@ -259,6 +266,12 @@ def main(argv=None):
     started = time.monotonic()
     if args.tune:
         tune(picked, problem, tuning_path, log)
+        return
+    if args.report:
+        with open(os.path.join(args.out, "hf_trainer_race.json")) as f:
+            report = json.load(f)
+        with open(tuning_path) as f:
+            write_markdown(args.out, report, json.load(f), echo=True)
         return
     chosen = {n: METHODS[n][len(METHODS[n]) // 2] for n in picked}  # the grid's middle
     tuning = {}
@@ -315,21 +328,27 @@ def write_report(out, problem, chosen, runs, started, reps, straggler_reps, comp
             "complete": complete}
     report = {"meta": meta, "problem": problem, "chosen": chosen, "runs": runs,
               "summary": summarise(runs)}
+    with open(os.path.join(out, "hf_trainer_race.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    write_markdown(out, report, tuning, echo)
+
+
+def write_markdown(out, report, tuning, echo=False):
+    """hf_trainer_race.md from `report` (the .json's), with the tuning table of `tuning`."""
     text = markdown(report)
     if tuning:
         text += ("\n\nThe lr tuning (`--tune`: each grid on seed 0, the fewest steps to the "
                  "target chosen, by the interpolated crossing):\n\n"
-                 + tuning_table(tuning, problem["target"]))
-    if not complete:
-        text += "\n\nINCOMPLETE: %d run(s) so far." % len(runs)
+                 + tuning_table(tuning, report["problem"]["target"]))
+    if not report["meta"]["complete"]:
+        text += "\n\nINCOMPLETE: %d run(s) so far." % len(report["runs"])
     if echo:
         print()
         print(text)
-    with open(os.path.join(out, "hf_trainer_race.json"), "w") as f:
-        json.dump(report, f, indent=1)
     with open(os.path.join(out, "hf_trainer_race.md"), "w") as f:
         f.write("# The Hugging Face Trainer race: time to target\n\nWritten by `python -m "
                 "benchmarks.hf_trainer_race`.\n\n" + text + "\n")
+
 
 if __name__ == "__main__":
     main()

@@ -132,3 +132,24 @@ def test_tuning_keeps_the_points_already_recorded(tmp_path, monkeypatch):
     assert tuned["single"]["chosen"] == {"lr": 3.0}
     assert [r["settings"]["lr"] for r in json.loads(path.read_text())["single"]["runs"]] == \
         [1.0, 2.0, 3.0]
+
+
+def test_report_writes_the_markdown_again_with_the_grid_as_extended(tmp_path):
+    """--report runs nothing: the recorded runs' tables, and the tuning table as it is now."""
+    from benchmarks.hf_trainer_race import __main__ as race
+    run = {"method": "single", "settings": {"lr": 0.01}, "seed": 1, "slow_rank": -1,
+           "load_before": 1.0, "reached": [80.0, 2000], "steps": 2000,
+           "ranks": [{"trace": [[1000, 40.0, 2.0], [2000, 80.0, 1.5]]}]}
+    report = {"meta": {"commit": "abc", "date": "today", "cpu": "cpu", "reps": 1,
+                       "seconds": 90.0, "complete": True},
+              "problem": {"target": 1.6}, "chosen": {"single": {"lr": 0.01}}, "runs": [run],
+              "summary": summarise([run])}
+    (tmp_path / "hf_trainer_race.json").write_text(json.dumps(report))
+    tuned = dict(run, settings={"lr": 0.02})
+    (tmp_path / "hf_trainer_race_tuning.json").write_text(json.dumps(
+        {"single": {"chosen": {"lr": 0.01}, "runs": [run, tuned]}}))
+    race.main(["--report", "--out", str(tmp_path)])
+    text = (tmp_path / "hf_trainer_race.md").read_text()
+    assert "| single | lr 0.01 | 1/1 | 80.0 s | 2000 | 1.00x | - |" in text
+    assert "| single | lr 0.02 |  | 2000 (1800) | 80.0 s | 1.0 |" in text
+    assert "INCOMPLETE" not in text
