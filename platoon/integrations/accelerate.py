@@ -19,6 +19,7 @@ syncs with the job's centre every `local_sgd_steps` real optimizer steps under a
 its users; needs ``accelerate`` (the ``accelerate`` extra).
 """
 
+import os
 from typing import Any, Callable, Dict, Optional
 
 try:
@@ -34,6 +35,23 @@ from ..rules import ParamSyncRule
 from ..torch_sync import PeriodicSync
 from ..worker import Worker
 from ._core import StepCounter, own_ddp_refused, worker_slot
+
+
+def own_project_directories(accelerator: Accelerator, directory: str) -> None:
+    """Worker `directory` (``workerK``) under the accelerator's project and logging
+    directories, where the script set them (once per accelerator: a second LocalSGD on the
+    same accelerator leaves them)."""
+    config = accelerator.project_configuration
+    if getattr(config, "_platoon_worker_directory", None) is not None:
+        return
+    config._platoon_worker_directory = directory  # noqa: SLF001 (marks it done)
+    if config.logging_dir is not None and config.logging_dir != config.project_dir:
+        config.logging_dir = os.path.join(config.logging_dir, directory)
+    if config.project_dir is not None:
+        project = os.path.join(config.project_dir, directory)
+        if config.logging_dir == config.project_dir:
+            config.logging_dir = project
+        config.project_dir = project
 
 
 class LocalSGD:
@@ -56,6 +74,12 @@ class LocalSGD:
             worker evaluates the final centre with it once (the job's result, also
             `final_result` there).
         report_every_s: progress reports to the launcher's status line at most this often.
+
+    In a job of several workers, worker K saves under its own ``workerK`` of the accelerator's
+    project directory (``ProjectConfiguration(project_dir=...)``: ``save_state()`` and
+    ``load_state()`` without a directory, with automatic checkpoint naming) and of its logging
+    directory. A directory the script names itself it makes each worker's own with
+    `worker_path` (``save_state(local_sgd.worker_path(DIR))``).
 
     `step()` goes where Accelerate's goes (after the optimizer's step, once per batch, also
     inside ``accelerator.accumulate``); what it counts are the optimizer's real steps, through
@@ -90,6 +114,7 @@ class LocalSGD:
         self._pending = 0  # real optimizer steps not yet given to the sync
         self._closed = False
         self._own_worker = False
+        self._directory: Optional[str] = None  # workerK in a job of several workers
         if not self.enabled:
             return
         optimizers = list(getattr(accelerator, "_optimizers", []))
@@ -103,6 +128,8 @@ class LocalSGD:
         slot = worker_slot(self.worker)
         if slot is not None:  # each worker shuffles and draws dropout its own way
             torch.manual_seed((torch.initial_seed() + slot[1]) % 2 ** 64)
+            own_project_directories(accelerator, slot[0])
+            self._directory = slot[0]
         try:
             self.sync = PeriodicSync(self.worker, accelerator.unwrap_model(model), None,
                                      sync_every=local_sgd_steps, rule=rule, buffers=buffers,
@@ -112,6 +139,12 @@ class LocalSGD:
             if self._own_worker:
                 self.worker.close()
             raise
+
+    def worker_path(self, path: str) -> str:
+        """`path` made this worker's own: ``path/workerK`` in a job of several workers (in an
+        elastic job ``path/NODE/workerK``), `path` itself alone or disabled. For
+        ``accelerator.save_state(local_sgd.worker_path(DIR))`` and its ``load_state``."""
+        return path if self._directory is None else os.path.join(path, self._directory)
 
     def _stepped(self):
         self._pending += 1

@@ -30,12 +30,15 @@ def test_two_workers_sync_every_k_real_optimizer_steps_with_buffers_and_evaluate
     are 4 optimizer steps, and local_sgd_steps 2 gives 2 syncs each (counting step() calls,
     as Accelerate's LocalSGD, gave 4); BatchNorm's statistics are synced with the parameters
     under the default rule (EASGD for two workers); the workers draw their own batches; the
-    final centre is evaluated once."""
+    final centre is evaluated once; worker K's save_state() (automatic checkpoint naming)
+    goes under workerK of the project directory they share, and worker_path("ckpt") is
+    ckpt/workerK."""
     ctl = Nothing(control_port=0, num_workers=2)
     serving = serve(ctl, timeout=90)
     env = {"PLATOON_CONTROL_PORT": str(ctl.control_port)}
     workers = [procs("accel_worker.py", tmp_path / ("w%d.json" % k), "--batches", 8,
-                     "--accum", 2, "--every", 2, env=env) for k in range(2)]
+                     "--accum", 2, "--every", 2, "--project-dir", tmp_path / "project",
+                     env=dict(env, PLATOON_WORKER_INDEX=str(k))) for k in range(2)]
     for w in workers:
         assert w.wait(90) == 0, w.output
     serving.join()
@@ -45,6 +48,11 @@ def test_two_workers_sync_every_k_real_optimizer_steps_with_buffers_and_evaluate
         assert {"1.running_mean", "1.running_var"} <= set(r["shared"]), r
         assert r["rule"] == "EASGD(alpha=0.45)", r
     assert runs[0]["first_batch"] != runs[1]["first_batch"], runs
+    for k, r in enumerate(runs):
+        own = tmp_path / "project" / ("worker%d" % k)
+        assert r["project_dir"] == r["logging_dir"] == str(own), r
+        assert r["worker_path"] == os.path.join("ckpt", "worker%d" % k), r
+        assert (own / "checkpoints" / "checkpoint_0" / "custom_checkpoint_0.pkl").exists()
     results = [r["final_result"] for r in runs if r["final_result"] is not None]
     assert len(results) == 1, runs
     assert ctl.final_result["metrics"] == results[0]
@@ -115,6 +123,7 @@ def test_disabled_it_makes_no_worker_and_only_counts():
             local_sgd.step()
     assert (local_sgd.num_steps, local_sgd.worker, local_sgd.sync) == (3, None, None)
     assert local_sgd.state_dict() == {"platoon_steps": 0, "num_steps": 3}
+    assert local_sgd.worker_path("ckpt") == "ckpt"
 
 
 def test_the_module_names_the_extra_without_accelerate():

@@ -4,8 +4,11 @@ place of accelerate.local_sgd's; writes what it did to OUT_JSON
 
 usage: accel_worker.py OUT_JSON [--batches N] [--accum K] [--every K] [--rule diloco]
                        [--scaler --inf-at STEP] [--save-to DIR] [--resume-from DIR]
+                       [--project-dir DIR]
 --save-to DIR: accelerator.save_state(DIR) after training (LocalSGD registered for
 checkpointing); --resume-from DIR: accelerator.load_state(DIR) before.
+--project-dir DIR: the accelerator's project directory, with automatic checkpoint naming;
+accelerator.save_state() after training.
 --scaler --inf-at STEP: a GradScaler (accelerate has none on the CPU: the script gives it one)
 with a fused AdamW, and the gradients of optimizer step STEP (1-based) made infinite, so that
 the scaler skips that step.
@@ -16,6 +19,7 @@ import json
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import ProjectConfiguration
 
 from platoon import DiLoCo
 from platoon.integrations.accelerate import LocalSGD
@@ -32,6 +36,7 @@ def main():
     parser.add_argument("--inf-at", type=int, default=0)
     parser.add_argument("--save-to", default=None)
     parser.add_argument("--resume-from", default=None)
+    parser.add_argument("--project-dir", default=None)
     opts = parser.parse_args()
 
     torch.manual_seed(0)
@@ -42,7 +47,10 @@ def main():
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=opts.scaler)
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16,
                                        shuffle=True)
-    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=opts.accum)
+    project = ProjectConfiguration(project_dir=opts.project_dir,
+                                   automatic_checkpoint_naming=True) if opts.project_dir else None
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=opts.accum,
+                              project_config=project)
     if opts.scaler:  # accelerator.backward scales the loss, the optimizer steps through it
         accelerator.scaler = torch.amp.GradScaler("cpu")
     model, optimizer, data = accelerator.prepare(model, optimizer, data)
@@ -79,11 +87,15 @@ def main():
                 local_sgd.step()
         if opts.save_to:
             accelerator.save_state(opts.save_to)
+        if opts.project_dir:
+            accelerator.save_state()
     with open(opts.out, "w") as f:
         json.dump({"num_steps": local_sgd.num_steps, "platoon_steps": local_sgd.sync.steps,
                    "syncs": local_sgd.worker.syncs, "shared": local_sgd.sync.shared_names,
                    "rule": repr(local_sgd.sync.rule), "final_result": local_sgd.final_result,
-                   "first_batch": first_batch},
+                   "first_batch": first_batch, "project_dir": accelerator.project_dir,
+                   "worker_path": local_sgd.worker_path("ckpt"),
+                   "logging_dir": accelerator.logging_dir},
                   f)
 
 
