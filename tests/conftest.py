@@ -3,19 +3,31 @@
 import os
 import signal
 import threading
+import time
+import warnings
 
 import pytest
 
 from platoon import Worker
 from platoon._centre.shmem import segment_owner
 
-from helpers import PROCS, SHM, SPAWNED, Nothing, Proc, child_pids, platoon_segments
+from helpers import (
+    PROCS,
+    SHM,
+    SPAWNED,
+    Nothing,
+    Proc,
+    child_pids,
+    orphaned_mpich_segments,
+    platoon_segments,
+)
 
 # The launcher finds no GPU in the suite's jobs, on any machine: `-n 2` then means two CPU
 # workers, as on a machine without GPUs (with one, the launcher would place both on the
 # GPU). A test of GPU planning sets PLATOON_ASSUME_GPUS itself, or removes it to look at
 # the machine's GPUs.
 os.environ.setdefault("PLATOON_ASSUME_GPUS", "-1")
+SUITE_STARTED = time.time()  # MPICH segments older than the suite are not the suite's
 
 
 @pytest.fixture(autouse=True)
@@ -37,8 +49,27 @@ def no_leaks():
             os.waitpid(pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass  # gone already, or not our child (the kill was enough)
+    remove_orphaned_mpich_segments()
     assert not leaked, "test leaked shared memory: %s" % leaked
     assert not children, "test left child processes running: %s" % children
+
+
+def remove_orphaned_mpich_segments():
+    """Unlink MPICH's segments that no process maps any more (`orphaned_mpich_segments`: a
+    rank was killed while its node's ranks attached), saying so: MPICH's leak, not platoon's
+    segments, but the suite leaves /dev/shm as it found it (segments from before the suite
+    are left)."""
+    for path in orphaned_mpich_segments(SUITE_STARTED):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            continue  # removed by the other xdist worker
+        warnings.warn("removed %s: MPICH's shared memory that no process maps (an MPI rank "
+                      "was killed before its node's ranks had all attached)" % path, stacklevel=2)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    remove_orphaned_mpich_segments()
 
 
 @pytest.fixture

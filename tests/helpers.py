@@ -33,6 +33,37 @@ def platoon_segments():
         return set()
 
 
+def orphaned_mpich_segments(since, older_than_s=1.0):
+    """MPICH's shared memory (``/dev/shm/mpich_shm_*``) that no live process maps, made after
+    `since` (a time.time()) and more than `older_than_s` ago: what an MPI rank killed before
+    its node's ranks had all attached leaves (MPICH unlinks the segment only then). Younger
+    ones may be a starting job's."""
+    try:
+        names = [n for n in os.listdir(SHM) if n.startswith("mpich_shm_")]
+    except FileNotFoundError:
+        return []
+    now = time.time()
+    paths = []
+    for name in names:
+        path = os.path.join(SHM, name)
+        try:
+            if since <= os.stat(path).st_mtime < now - older_than_s:
+                paths.append(path)
+        except FileNotFoundError:
+            pass
+    if not paths:
+        return []
+    mapped = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/%s/maps" % entry) as f:
+                    mapped.update(p for p in paths if p in f.read())
+            except OSError:
+                pass  # gone, or not ours to read
+    return [p for p in paths if p not in mapped]
+
+
 def child_pids():
     """Pids whose parent is this process (zombies included), or that live in the session of a
     process this session started (a forked child outliving its parent)."""
