@@ -49,27 +49,34 @@ def no_leaks():
             os.waitpid(pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass  # gone already, or not our child (the kill was enough)
-    remove_orphaned_mpich_segments()
     assert not leaked, "test leaked shared memory: %s" % leaked
     assert not children, "test left child processes running: %s" % children
 
 
-def remove_orphaned_mpich_segments():
-    """Unlink MPICH's segments that no process maps any more (`orphaned_mpich_segments`: a
-    rank was killed while its node's ranks attached), saying so: MPICH's leak, not platoon's
-    segments, but the suite leaves /dev/shm as it found it (segments from before the suite
-    are left)."""
+def pytest_sessionfinish(session, exitstatus):
+    """At the end of the run (in its main process, once the xdist workers are done): unlink
+    MPICH's segments made during the suite that no process maps any more
+    (`orphaned_mpich_segments`: MPI ranks the tests killed leave them), saying so. MPICH's
+    files, not platoon's, but the suite leaves /dev/shm as it found it (segments from before
+    the suite are left)."""
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: the main process looks once all are done
+    removed = []
     for path in orphaned_mpich_segments(SUITE_STARTED):
         try:
             os.unlink(path)
+            removed.append(os.path.basename(path))
         except FileNotFoundError:
-            continue  # removed by the other xdist worker
-        warnings.warn("removed %s: MPICH's shared memory that no process maps (an MPI rank "
-                      "was killed before its node's ranks had all attached)" % path, stacklevel=2)
-
-
-def pytest_sessionfinish(session, exitstatus):
-    remove_orphaned_mpich_segments()
+            pass  # removed by another process of this run
+    if removed:
+        text = ("removed %d MPICH shared-memory segment(s) that no process maps, left by MPI "
+                "ranks the tests killed: %s" % (len(removed), ", ".join(sorted(removed))))
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write("\n")  # after xdist's progress line, which it does not end
+            reporter.write_line(text)
+        else:
+            warnings.warn(text, stacklevel=1)
 
 
 @pytest.fixture
