@@ -8,11 +8,8 @@ namespaces and deletes them. Namespaces of an earlier run whose process is gone 
 by `benchmarks.slow_link.link.remove_stale` (they share its prefix).
 """
 
-import atexit
-import json
 import os
 import signal
-import tempfile
 
 from ..slow_link import link as slow_link
 from .schedule import NODES
@@ -37,36 +34,21 @@ def ip_of(node):
     return SUBNET + str(NODES.index(node) + 1)
 
 
-class Hosts:
+class Hosts(slow_link.Namespaces):
     """The switch and one namespace per node of `NODES`, links shaped to `rate_bits_s`.
     Raises RuntimeError (with `ip`'s or `tc`'s message) when they cannot be made."""
 
     def __init__(self, rate_bits_s, tag=""):
+        super().__init__()
         self.rate = rate_bits_s
         base = "%s%d%s" % (slow_link.PREFIX, os.getpid(), tag)
         self.switch = base + "s"
         self.names = {n: base + n for n in NODES}
-        self.made = []
-        self.launcher = None
-        self._closed = False
 
-    def __enter__(self):
-        atexit.register(self.close)
-        try:
-            self._make()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def _make(self):
+    def make(self):
         ip, sw = slow_link.ip, self.switch
         for ns in [sw] + list(self.names.values()):
-            ip("netns", "add", ns)
-            self.made.append(ns)
+            self.add(ns)
         ip("-n", sw, "link", "add", "br0", "type", "bridge")
         ip("-n", sw, "addr", "add", SWITCH_IP + "/24", "dev", "br0")
         ip("-n", sw, "link", "set", "br0", "up")
@@ -86,18 +68,14 @@ class Hosts:
             if self.rate:
                 slow_link.shape(ns, DEVICE, self.rate)
                 slow_link.shape(sw, "p" + node, self.rate)
-        self.launcher = os.path.join(tempfile.gettempdir(), self.switch + "-launcher.sh")
         cases = "\n".join('%s) ns=%s; name=node%s ;;' % (ip_of(n), ns, n)
                           for n, ns in self.names.items())
-        with open(self.launcher, "w") as f:
-            f.write(LAUNCHER % cases)
-        os.chmod(self.launcher, 0o755)
+        self.write_launcher(self.switch, LAUNCHER % cases)
 
     def prefix(self, node):
         """The command prefix that runs a command on `node` under its own hostname (the same
         pid: `ip netns exec` and `unshare` exec)."""
-        return ["ip", "netns", "exec", self.names[node], "unshare", "--uts", "sh", "-c",
-                'hostname node%s && exec "$@"' % node, "sh"]
+        return slow_link.host_prefix(self.names[node], "node" + node)
 
     def switch_prefix(self):
         """The command prefix that runs a command on the switch (the lighthouses)."""
@@ -106,23 +84,16 @@ class Hosts:
     def mpiexec(self, mpiexec):
         """mpiexec on node a with one rank on each node (hydra reaching the others through
         the launcher script); give it `MPI_TCP_ENV` in its environment."""
-        return self.prefix(NODES[0]) + [
-            mpiexec, "-launcher", "ssh", "-launcher-exec", self.launcher, "-iface", DEVICE,
-            "-hosts", ",".join(ip_of(n) for n in NODES), "-n", str(len(NODES)), "-ppn", "1"]
+        return slow_link.mpiexec_over(self.prefix(NODES[0]), mpiexec, self.launcher,
+                                      [ip_of(n) for n in NODES], device=DEVICE)
 
     def pids(self, node):
         """The processes running on `node` (in its namespace)."""
-        out = slow_link.run_command(["ip", "netns", "pids", self.names[node]], check=False).stdout
-        return [int(p) for p in out.split() if p.isdigit() and int(p) != os.getpid()]
+        return slow_link.namespace_pids(self.names[node])
 
     def tx_bytes(self):
         """{node: bytes its end of its link has sent}, from the kernel's counters."""
-        out = {}
-        for node, ns in self.names.items():
-            text = slow_link.run_command(["ip", "-n", ns, "-s", "-j", "link", "show", "dev",
-                                   DEVICE]).stdout
-            out[node] = int(json.loads(text)[0]["stats64"]["tx"]["bytes"])
-        return out
+        return {node: slow_link.tx_bytes_of(ns, DEVICE) for node, ns in self.names.items()}
 
     def kill_node(self, node):
         """kill -9 every process on `node`, by pid (and again any it forked meanwhile);
@@ -140,18 +111,8 @@ class Hosts:
             killed += pids
         return killed
 
-    def close(self):
-        """Stop what runs in the namespaces and delete them (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            for node in self.names:
-                if self.names[node] in self.made:
-                    self.kill_node(node)
-        finally:
-            for ns in self.made:
-                slow_link.run_command(["ip", "netns", "del", ns], check=False)
-            if self.launcher and os.path.exists(self.launcher):
-                os.unlink(self.launcher)
-            atexit.unregister(self.close)
+    def stop_processes(self):
+        """kill -9 what still runs on every node made (at close)."""
+        for node in self.names:
+            if self.names[node] in self.made:
+                self.kill_node(node)

@@ -110,11 +110,16 @@ def remove_stale():
     return gone
 
 
+def namespace_pids(namespace):
+    """The processes running in `namespace` (this one left out)."""
+    out = run_command(["ip", "netns", "pids", namespace], check=False).stdout
+    return [int(p) for p in out.split() if p.isdigit() and int(p) != os.getpid()]
+
+
 def _kill_all_in(namespace, grace_s=3.0):
     """SIGTERM every process in `namespace`, then SIGKILL those left after `grace_s`."""
     def pids():
-        out = run_command(["ip", "netns", "pids", namespace], check=False).stdout
-        return [int(p) for p in out.split() if p.isdigit() and int(p) != os.getpid()]
+        return namespace_pids(namespace)
     left = pids()
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in left:
@@ -131,14 +136,13 @@ def _kill_all_in(namespace, grace_s=3.0):
         left = pids()
 
 
-class TwoHosts:
-    """Namespaces A and B joined by a veth pair (`DEVICE` in both, `IPS`), loopback up, both
-    ends shaped to `rate_bits_s` by tbf (None: unshaped). Raises RuntimeError (with `ip`'s or
-    `tc`'s message) when they cannot be made."""
+class Namespaces:
+    """Network namespaces made one by one (`add`), an ssh stand-in script for mpiexec
+    (`write_launcher`), all deleted on `close()` (idempotent, also at exit) after the
+    processes in them are stopped (`stop_processes`). A context manager: `make()`, which
+    subclasses write, runs on entering, and a failure in it closes what was made."""
 
-    def __init__(self, rate_bits_s=None, tag=""):
-        self.rate = rate_bits_s
-        self.names = ["%s%d%s%s" % (PREFIX, os.getpid(), tag, side) for side in "ab"]
+    def __init__(self):
         self.made = []
         self.launcher = None
         self._closed = False
@@ -146,7 +150,7 @@ class TwoHosts:
     def __enter__(self):
         atexit.register(self.close)
         try:
-            self._make()
+            self.make()
         except BaseException:
             self.close()
             raise
@@ -155,10 +159,76 @@ class TwoHosts:
     def __exit__(self, *exc):
         self.close()
 
-    def _make(self):
+    def make(self):
+        raise NotImplementedError
+
+    def add(self, name):
+        """`ip netns add NAME`, deleted on close."""
+        ip("netns", "add", name)
+        self.made.append(name)
+
+    def write_launcher(self, name, script):
+        """The executable mpiexec launcher script (`LAUNCHER`'s shape) in the temporary
+        directory, named after `name`, removed on close."""
+        self.launcher = os.path.join(tempfile.gettempdir(), name + "-launcher.sh")
+        with open(self.launcher, "w") as f:
+            f.write(script)
+        os.chmod(self.launcher, 0o755)
+
+    def stop_processes(self):
+        """Stop every process still in the namespaces (SIGTERM, then SIGKILL)."""
+        for name in self.made:
+            _kill_all_in(name)
+
+    def close(self):
+        """Stop what runs in the namespaces and delete them (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.stop_processes()
+        finally:
+            for name in self.made:
+                run_command(["ip", "netns", "del", name], check=False)
+            if self.launcher and os.path.exists(self.launcher):
+                os.unlink(self.launcher)
+            atexit.unregister(self.close)
+
+
+def host_prefix(namespace, hostname):
+    """The command prefix that runs a command in `namespace` under `hostname` (the same pid:
+    `ip netns exec` and `unshare` exec)."""
+    return ["ip", "netns", "exec", namespace, "unshare", "--uts", "sh", "-c",
+            'hostname %s && exec "$@"' % hostname, "sh"]
+
+
+def mpiexec_over(prefix, mpiexec, launcher, hosts, device=DEVICE):
+    """`mpiexec` run behind `prefix`, one rank on each of `hosts` (hydra reaching the others
+    through the `launcher` script, over `device`)."""
+    return prefix + [mpiexec, "-launcher", "ssh", "-launcher-exec", launcher, "-iface",
+                     device, "-hosts", ",".join(hosts), "-n", str(len(hosts)), "-ppn", "1"]
+
+
+def tx_bytes_of(namespace, device=DEVICE):
+    """The bytes `device` in `namespace` has sent, from the kernel's counters."""
+    text = run_command(["ip", "-n", namespace, "-s", "-j", "link", "show", "dev",
+                        device]).stdout
+    return int(json.loads(text)[0]["stats64"]["tx"]["bytes"])
+
+
+class TwoHosts(Namespaces):
+    """Namespaces A and B joined by a veth pair (`DEVICE` in both, `IPS`), loopback up, both
+    ends shaped to `rate_bits_s` by tbf (None: unshaped). Raises RuntimeError (with `ip`'s or
+    `tc`'s message) when they cannot be made."""
+
+    def __init__(self, rate_bits_s=None, tag=""):
+        super().__init__()
+        self.rate = rate_bits_s
+        self.names = ["%s%d%s%s" % (PREFIX, os.getpid(), tag, side) for side in "ab"]
+
+    def make(self):
         for name in self.names:
-            ip("netns", "add", name)
-            self.made.append(name)
+            self.add(name)
         ip("link", "add", self.names[0], "type", "veth", "peer", "name", self.names[1])
         for name, address in zip(self.names, IPS):
             ip("link", "set", name, "netns", name)
@@ -168,31 +238,21 @@ class TwoHosts:
             ip("-n", name, "link", "set", "lo", "up")
             if self.rate:
                 shape(name, DEVICE, self.rate)
-        self.launcher = os.path.join(tempfile.gettempdir(), self.names[0] + "-launcher.sh")
-        with open(self.launcher, "w") as f:
-            f.write(LAUNCHER % (IPS[0], self.names[0], HOSTNAMES[0],
-                                IPS[1], self.names[1], HOSTNAMES[1]))
-        os.chmod(self.launcher, 0o755)
+        self.write_launcher(self.names[0], LAUNCHER % (IPS[0], self.names[0], HOSTNAMES[0],
+                                                       IPS[1], self.names[1], HOSTNAMES[1]))
 
     def prefix(self, side):
         """The command prefix that runs a command in host `side` (0 or 1) under its hostname."""
-        return ["ip", "netns", "exec", self.names[side], "unshare", "--uts", "sh", "-c",
-                'hostname %s && exec "$@"' % HOSTNAMES[side], "sh"]
+        return host_prefix(self.names[side], HOSTNAMES[side])
 
     def mpiexec(self, mpiexec):
         """mpiexec on host 0 with one rank on each host (hydra reaching host 1 through the
         launcher script); give it `MPI_TCP_ENV` in its environment."""
-        return self.prefix(0) + [mpiexec, "-launcher", "ssh", "-launcher-exec", self.launcher,
-                                 "-iface", DEVICE, "-hosts", ",".join(IPS), "-n", "2",
-                                 "-ppn", "1"]
+        return mpiexec_over(self.prefix(0), mpiexec, self.launcher, IPS)
 
     def tx_bytes(self):
         """[bytes sent by host 0's veth end, by host 1's], from the kernel's counters."""
-        out = []
-        for name in self.names:
-            text = run_command(["ip", "-n", name, "-s", "-j", "link", "show", "dev", DEVICE]).stdout
-            out.append(int(json.loads(text)[0]["stats64"]["tx"]["bytes"]))
-        return out
+        return [tx_bytes_of(name) for name in self.names]
 
     def shaping(self):
         """[{rate_bits_s, bytes, drops, overlimits}] of each end's tbf since it was made
@@ -208,21 +268,3 @@ class TwoHosts:
                         "drops": tbf["drops"], "overlimits": tbf["overlimits"]})
         return out
 
-    def kill_all(self):
-        """Stop every process still in either namespace (SIGTERM, then SIGKILL)."""
-        for name in self.made:
-            _kill_all_in(name)
-
-    def close(self):
-        """Stop what runs in the namespaces and delete them (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self.kill_all()
-        finally:
-            for name in self.made:
-                run_command(["ip", "netns", "del", name], check=False)
-            if self.launcher and os.path.exists(self.launcher):
-                os.unlink(self.launcher)
-            atexit.unregister(self.close)
