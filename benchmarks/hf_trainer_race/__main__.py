@@ -246,7 +246,7 @@ def main(argv=None):
                         help="seconds of training after which a run stops short of the target")
     parser.add_argument("--quick", action="store_true",
                         help="a tiny model, a few steps, an easy target: the harness only")
-    parser.add_argument("--report", action="store_true",
+    parser.add_argument("--render", action="store_true",
                         help="only write the .md again from the recorded .json and tuning "
                              "(after a grid was extended)")
     parser.add_argument("--out", default=RESULTS, help="directory for the .json and .md")
@@ -267,7 +267,7 @@ def main(argv=None):
     if args.tune:
         tune(picked, problem, tuning_path, log)
         return
-    if args.report:
+    if args.render:
         with open(os.path.join(args.out, "hf_trainer_race.json")) as f:
             report = json.load(f)
         with open(tuning_path) as f:

@@ -134,8 +134,8 @@ def test_tuning_keeps_the_points_already_recorded(tmp_path, monkeypatch):
         [1.0, 2.0, 3.0]
 
 
-def test_report_writes_the_markdown_again_with_the_grid_as_extended(tmp_path):
-    """--report runs nothing: the recorded runs' tables, and the tuning table as it is now."""
+def test_render_writes_the_markdown_again_with_the_grid_as_extended(tmp_path):
+    """--render runs nothing: the recorded runs' tables, and the tuning table as it is now."""
     from benchmarks.hf_trainer_race import __main__ as race
     run = {"method": "single", "settings": {"lr": 0.01}, "seed": 1, "slow_rank": -1,
            "load_before": 1.0, "reached": [80.0, 2000], "steps": 2000,
@@ -148,7 +148,7 @@ def test_report_writes_the_markdown_again_with_the_grid_as_extended(tmp_path):
     tuned = dict(run, settings={"lr": 0.02})
     (tmp_path / "hf_trainer_race_tuning.json").write_text(json.dumps(
         {"single": {"chosen": {"lr": 0.01}, "runs": [run, tuned]}}))
-    race.main(["--report", "--out", str(tmp_path)])
+    race.main(["--render", "--out", str(tmp_path)])
     text = (tmp_path / "hf_trainer_race.md").read_text()
     assert "| single | lr 0.01 | 1/1 | 80.0 s | 2000 | 1.00x | - |" in text
     assert "| single | lr 0.02 |  | 2000 (1800) | 80.0 s | 1.0 |" in text
