@@ -33,8 +33,10 @@ SUITE_STARTED = time.time()  # MPICH segments older than the suite are not the s
 @pytest.fixture(autouse=True)
 def no_leaks():
     """Fail a test that leaves shared memory of this process or of one it started, or a
-    child running. (Segments of other owners belong to a suite running beside this one.)"""
-    before = platoon_segments()
+    child running. (Segments of other owners belong to a suite running beside this one.)
+    MPICH's segments made meanwhile that no process maps any more (a rank the test killed
+    left them) are removed."""
+    before, began = platoon_segments(), time.time()
     yield
     leaked = []
     for name in sorted(platoon_segments() - before):
@@ -49,16 +51,21 @@ def no_leaks():
             os.waitpid(pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass  # gone already, or not our child (the kill was enough)
+    for path in orphaned_mpich_segments(began):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass  # removed by the other xdist worker
     assert not leaked, "test leaked shared memory: %s" % leaked
     assert not children, "test left child processes running: %s" % children
 
 
 def pytest_sessionfinish(session, exitstatus):
     """At the end of the run (in its main process, once the xdist workers are done): unlink
-    MPICH's segments made during the suite that no process maps any more
-    (`orphaned_mpich_segments`: MPI ranks the tests killed leave them), saying so. MPICH's
-    files, not platoon's, but the suite leaves /dev/shm as it found it (segments from before
-    the suite are left)."""
+    MPICH's segments made during the suite that no process maps any more and that no test's
+    `no_leaks` removed (under a second old at its end), saying so. MPICH's files, not
+    platoon's, but the suite leaves /dev/shm as it found it (segments from before the suite
+    are left)."""
     if hasattr(session.config, "workerinput"):
         return  # an xdist worker: the main process looks once all are done
     removed = []

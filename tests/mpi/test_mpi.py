@@ -1,7 +1,6 @@
 """Multi-node jobs under `mpiexec -n 2` on this machine: two controllers stand in for two nodes,
 each with two workers and its own centre."""
 
-import glob
 import os
 import re
 import shutil
@@ -37,32 +36,6 @@ pytestmark = [
 WORKER = os.path.join(PROCS, "mpi_worker.py")
 ENVCHECK = os.path.join(EXPERIMENTS, "envcheck_worker.py")
 NO_THREAD_CAPS = {var: None for var in THREAD_VARIABLES}  # the user set none
-
-
-def _mapped_by_a_live_process(path):
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open("/proc/%s/maps" % entry) as f:
-                    if path in f.read():
-                        return True
-            except OSError:
-                pass
-    return False
-
-
-@pytest.fixture(autouse=True)
-def no_stale_mpich_files():
-    """MPICH leaves its shared-memory files behind when a rank is killed (as some tests do on
-    purpose); remove the ones this test made that no live process maps any more."""
-    before = set(glob.glob("/dev/shm/mpich_shm_*"))
-    yield
-    for path in set(glob.glob("/dev/shm/mpich_shm_*")) - before:
-        if not _mapped_by_a_live_process(path):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
 
 
 def two_ranks(script):
