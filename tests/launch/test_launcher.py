@@ -319,11 +319,18 @@ def test_a_failed_job_ends_with_a_summary_too(tmp_path):
     assert "centre saved to %s" % (tmp_path / "logs" / "centre.npz") in summary, out
 
 
-def test_interrupted_the_launcher_says_where_the_centre_was_saved(launched, tmp_path):
+def sharing_forever(launched):
+    """A launched job of two workers that train forever, once they share their parameters:
+    (the launch, its job id)."""
     launch = launched(os.path.join(EXPERIMENTS, "forever"), "-n", "2")
     job_id = launch.job_id()
     wait_until(lambda: job_segments(job_id, kind="centre"), 20,
                "the workers to share their parameters")
+    return launch, job_id
+
+
+def test_interrupted_the_launcher_says_where_the_centre_was_saved(launched, tmp_path):
+    launch, job_id = sharing_forever(launched)
     launch.popen.send_signal(signal.SIGINT)
     assert launch.popen.wait(20) == 130, launch.output()
     centre = tmp_path / "logs" / "centre.npz"
@@ -369,10 +376,7 @@ def test_usage_errors(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupting_the_launcher_stops_everything(launched, signum, code):
-    launch = launched(os.path.join(EXPERIMENTS, "forever"), "-n", "2")
-    job_id = launch.job_id()
-    wait_until(lambda: job_segments(job_id, kind="centre"), 20,
-               "the workers to share their parameters")
+    launch, job_id = sharing_forever(launched)
     launch.popen.send_signal(signum)
     assert launch.popen.wait(20) == code, launch.output()
     assert "received: stopping the job" in launch.output()
@@ -380,10 +384,7 @@ def test_interrupting_the_launcher_stops_everything(launched, signum, code):
 
 
 def test_a_killed_controller_leads_the_failure_report(launched):
-    launch = launched(os.path.join(EXPERIMENTS, "forever"), "-n", "2")
-    job_id = launch.job_id()
-    wait_until(lambda: job_segments(job_id, kind="centre"), 20,
-               "the workers to share their parameters")
+    launch, job_id = sharing_forever(launched)
     (controller,) = [pid for pid in job_processes(job_id) if label_of(pid) == "controller"]
     os.kill(controller, signal.SIGKILL)
     assert launch.popen.wait(20) == 1, launch.output()
@@ -397,10 +398,7 @@ def test_a_killed_controller_leads_the_failure_report(launched):
 
 
 def test_workers_die_with_a_killed_launcher(launched):
-    launch = launched(os.path.join(EXPERIMENTS, "forever"), "-n", "2")
-    job_id = launch.job_id()
-    wait_until(lambda: job_segments(job_id, kind="centre"), 20,
-               "the workers to share their parameters")
+    launch, job_id = sharing_forever(launched)
     os.kill(launch.popen.pid, signal.SIGKILL)
     launch.popen.wait(10)
     assert_job_gone(job_id)  # PDEATHSIG: each child gets SIGTERM and cleans up

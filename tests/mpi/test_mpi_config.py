@@ -80,6 +80,17 @@ LAUNCHES = {
 }
 
 
+def assert_golden(made, path):
+    """`made` is what the golden file at `path` holds (WRITE_GOLDEN=1 writes it first)."""
+    import json
+    if os.environ.get("WRITE_GOLDEN"):
+        with open(path, "w") as f:
+            json.dump(made, f, indent=1)
+            f.write("\n")
+    with open(path) as f:
+        assert made == json.load(f)
+
+
 def _mpiexec_arguments(argv, controller):
     import dataclasses
 
@@ -93,7 +104,6 @@ def _mpiexec_arguments(argv, controller):
 
 
 def test_the_node_argv_that_crosses_mpiexec_is_made_from_one_object_and_read_back_whole():
-    import json
 
     from platoon.mpi.runner import read_node_settings
     made = {}
@@ -104,12 +114,7 @@ def test_the_node_argv_that_crosses_mpiexec_is_made_from_one_object_and_read_bac
         read, command = read_node_settings(runner_argv)
         assert read == node, name  # every setting arrives, defaults from the same class
         assert command == [sys.executable] + cmd[cmd.index("--") + 1:]  # a .py: this Python
-    if os.environ.get("WRITE_GOLDEN"):
-        with open(GOLDEN, "w") as f:
-            json.dump(made, f, indent=1)
-            f.write("\n")
-    with open(GOLDEN) as f:
-        assert made == json.load(f)
+    assert_golden(made, GOLDEN)
 
 
 # An elastic job's node settings cross each node's mpiexec the same way (the tie written
@@ -126,7 +131,6 @@ ELASTIC_LAUNCHES = {
 
 def test_an_elastic_nodes_argv_is_made_from_one_object_and_read_back_whole():
     import dataclasses
-    import json
 
     from platoon.elastic.node import read_arguments
     from platoon.launch import cli
@@ -146,12 +150,7 @@ def test_an_elastic_nodes_argv_is_made_from_one_object_and_read_back_whole():
             node.workers, node.controller, node.controller_args, node.host, "lh:29510", "a",
             "/s", node.finish_timeout_s), name
         assert command == [sys.executable] + cmd[cmd.index("--") + 1:]
-    if os.environ.get("WRITE_GOLDEN"):
-        with open(ELASTIC_GOLDEN, "w") as f:
-            json.dump(made, f, indent=1)
-            f.write("\n")
-    with open(ELASTIC_GOLDEN) as f:
-        assert made == json.load(f)
+    assert_golden(made, ELASTIC_GOLDEN)
 
 
 def test_a_tie_setting_is_defaulted_and_checked_in_one_place(capsys):
