@@ -104,7 +104,6 @@ def _mpiexec_arguments(argv, controller):
 
 
 def test_the_node_argv_that_crosses_mpiexec_is_made_from_one_object_and_read_back_whole():
-
     from platoon.mpi.runner import read_node_settings
     made = {}
     for name, (argv, controller) in LAUNCHES.items():
