@@ -208,8 +208,10 @@ def crossing_step(run, target):
 def best_point(runs, target):
     """Of a method's grid runs, the settings with the fewest steps to the target (by the
     interpolated crossing: by steps, not seconds, which the machine's load sways)."""
-    return min(runs, key=lambda r: (crossing_step(r, target) is None,
-                                    crossing_step(r, target) or 0))["settings"]
+    def fewest_steps(run):
+        crossed = crossing_step(run, target)
+        return (crossed is None, crossed or 0.0)
+    return min(runs, key=fewest_steps)["settings"]
 
 
 def tune(methods, problem, path, log):
