@@ -118,9 +118,7 @@ def namespace_pids(namespace):
 
 def _kill_all_in(namespace, grace_s=3.0):
     """SIGTERM every process in `namespace`, then SIGKILL those left after `grace_s`."""
-    def pids():
-        return namespace_pids(namespace)
-    left = pids()
+    left = namespace_pids(namespace)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in left:
             try:
@@ -133,7 +131,7 @@ def _kill_all_in(namespace, grace_s=3.0):
             left = [p for p in left if _pid_alive(p)]
         if not left:
             return
-        left = pids()
+        left = namespace_pids(namespace)
 
 
 class Namespaces:
