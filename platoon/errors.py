@@ -116,6 +116,12 @@ class QuorumTimeout(PlatoonError, TimeoutError):
     """No quorum holding this node came within the time given (`platoon.elastic`)."""
 
 
+class NodeRefused(PlatoonError, ValueError):
+    """The other members of an elastic quorum refused this node at the door of a round: a tie
+    setting or its model's layout differs from the job's (`platoon.elastic`). Nothing was
+    applied; the node ends, the others go on without it."""
+
+
 class QuorumBroken(PlatoonError, ConnectionError):
     """An outer round over a quorum's data plane failed (a member died, stopped answering, or
     the quorum changed under it): nothing was averaged; wait for the next quorum and rebuild

@@ -125,8 +125,8 @@ class CentreTie:
 _FIELDS = frozenset(f.name for f in dataclasses.fields(CentreTie))
 
 # An elastic node's tie where its command line gives none of these settings (DiLoCo's outer
-# step is its only rule): ``python -m platoon.elastic.node`` and ``platoon-launcher --elastic``
-# alike.
+# step unless --tie-outer easgd): ``python -m platoon.elastic.node`` and
+# ``platoon-launcher --elastic`` alike.
 ELASTIC_TIE = {"every_s": 3.0, "compress": "int8", "outer": "diloco"}
 
 

@@ -18,7 +18,7 @@ import time
 from typing import Optional, Sequence
 
 from .._os.environment import JobEnvironment, worker_environment
-from .._os.nodesettings import TIE_CODECS, NodeSettings, elastic_tie, flag_message
+from .._os.nodesettings import OUTER_RULES, TIE_CODECS, NodeSettings, elastic_tie, flag_message
 from .._os.process import stop
 from ..errors import PlatoonError
 from ..mpi.runner import (
@@ -151,8 +151,13 @@ def read_arguments(argv: Optional[Sequence[str]] = None):
     parser.add_argument("--tie-every-s", type=float, default=default.every_s,
                         help="an outer round every so many seconds (default %s)"
                              % default.every_s)
-    parser.add_argument("--tie-outer", choices=["diloco"], default=default.outer,
-                        help="what a round does: diloco (the only rule of an elastic job)")
+    parser.add_argument("--tie-outer", choices=OUTER_RULES, default=default.outer,
+                        help="what a round does: diloco (an outer Nesterov step on the nodes' "
+                             "mean move; default) or easgd (each centre moves toward the "
+                             "nodes' mean by --tie-beta)")
+    parser.add_argument("--tie-beta", type=float, default=default.beta,
+                        help="easgd: how far each centre moves toward the mean at a round, "
+                             "(0, 1] (default %g)" % default.beta)
     parser.add_argument("--tie-compress", choices=TIE_CODECS, default=default.compress,
                         help="how the moves travel: float32, int8 or int4 (default %s)"
                              % default.compress)
@@ -178,7 +183,7 @@ def read_arguments(argv: Optional[Sequence[str]] = None):
     args, command = parse_node_arguments(parser, argv)
     try:
         tie = elastic_tie(every_s=args.tie_every_s, compress=args.tie_compress,
-                          outer=args.tie_outer, outer_lr=args.tie_outer_lr,
+                          outer=args.tie_outer, beta=args.tie_beta, outer_lr=args.tie_outer_lr,
                           outer_momentum=args.tie_outer_momentum)
     except ValueError as exc:
         parser.error(flag_message(exc))

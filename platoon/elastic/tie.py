@@ -1,15 +1,19 @@
-"""The centre tie of an elastic job: DiLoCo's outer step among the members of each quorum,
-over that quorum's gloo group (`QuorumGroup`), surviving members that die and taking in
-members that join.
+"""The centre tie of an elastic job: DiLoCo's outer step, or hierarchical EASGD, among the
+members of each quorum, over that quorum's gloo group (`QuorumGroup`), surviving members that
+die and taking in members that join.
 
 Every member holds the same anchor and outer momentum, numbered by the outer rounds applied
-(`round_no`). Each round begins with a header every member sends (ready, done, handed over,
-round_no, the newest quorum id it has heard of, a sha256 of its anchor and momentum, of its
-centre's layout), signed with the job's secret over the quorum's id and nonce and its rank: a
-header that fails its check breaks the round before anything is applied (a process without
-the secret in a member's place), and a healed member checks the anchor it receives against
-its source's signed sha256. Then, the same decision on every member:
+(`round_no`). Each round begins with a header every member sends (`decision.RoundHeader`:
+ready, done, handed over, round_no, the newest quorum id it has heard of, a sha256 of its
+anchor and momentum and of its centre's layout, its tie's settings and a summary of its
+layout), signed with the job's secret over the quorum's id and nonce and its rank: a header
+that fails its check breaks the round before anything is applied (a process without the
+secret in a member's place), and a healed member checks the anchor it receives against its
+source's signed sha256. Then, the same decision on every member (`decision.decide`):
 
+- a member whose tie settings (codec, rule and its settings) or model layout differ from the
+  job's is refused at the door: it ends (NodeRefused, naming the setting), the others drop the
+  round and go on without it;
 - someone has heard of a newer quorum: all leave this group for it;
 - nobody has an anchor yet (the job's first round): the anchor is the mean of the centres,
   sent losslessly;
@@ -22,8 +26,11 @@ its source's signed sha256. Then, the same decision on every member:
   compressed with error feedback (`QuorumGroup.compressed_mean`), its arrays packed into one
   message per dtype (one all-gather a round for a model of one dtype); every array's mean is in
   before any anchor changes, so a round that breaks (QuorumBroken) changes no anchor,
-  momentum or residual on that member, and no centre is half-updated. A mean refused for
-  NaN or Inf ends the members that hold it and breaks the round for the others.
+  momentum or residual on that member, and no centre is half-updated. DiLoCo: the outer step
+  on the anchor, and each centre becomes the new anchor plus what its workers added since the
+  snapshot. EASGD: the anchor becomes the members' mean centre, and each training member's
+  centre moves toward it by beta. A mean refused for NaN or Inf (in any round, the first
+  included) ends the members that hold it and breaks the round for the others.
 
 A round that breaks is dropped: the node waits for a quorum newer than the broken one
 (`LighthouseClient.wait_for_quorum`) and builds its group; the header of its first round
@@ -43,18 +50,23 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from ..errors import NonFiniteValues, PlatoonError, QuorumBroken, QuorumTimeout
+from ..errors import NodeRefused, NonFiniteValues, PlatoonError, QuorumBroken, QuorumTimeout
 from ..mpi.compress import ErrorFeedback, RawCodec, make_codec
 from ..mpi.tie import LOCK_TIMEOUT_S, CentreTie, outer_step
+from .decision import (
+    DIGEST_BYTES,
+    HEADER_BYTES,
+    RoundHeader,
+    decide,
+    door_settings,
+    layout_summary,
+)
 
 log = logging.getLogger(__name__)
 
 IDLE_POLL_S = 0.05  # between rounds while some member's centre is not ready
 HALT_TIMEOUT_S = 10.0
 FINAL_TIMEOUT_S = 120.0  # a done node's wait for a round of its group (then it gives up)
-_DIGEST = 32
-_FIELDS = 5  # ready, done, handed_over, round_no, newest quorum id (int64 each)
-_HEADER_BYTES = 8 * _FIELDS + 2 * _DIGEST  # then its signature (`LighthouseClient.sign_header`)
 
 
 def _sha256(arrays) -> bytes:
@@ -137,9 +149,6 @@ class ElasticTie:
     @staticmethod
     def check(tie: CentreTie) -> None:
         """Raise PlatoonError for a tie an elastic job cannot run."""
-        if tie.outer != "diloco":
-            raise PlatoonError("an elastic job ties its nodes with DiLoCo's outer step only "
-                               "(--tie-outer diloco), not %r" % tie.outer)
         if tie.every_s is None:
             raise PlatoonError("an elastic job's rounds come every so many seconds: give "
                                "--tie-every-s")
@@ -179,10 +188,13 @@ class ElasticTie:
         return self._halt.is_set()
 
     def summary(self) -> str:
-        return ("the elastic tie made %d outer round(s) (%s, DiLoCo lr %g, momentum %g) in "
+        tie = self.tie
+        rule = "DiLoCo lr %g, momentum %g" % (tie.outer_lr, tie.outer_momentum) \
+            if tie.outer == "diloco" else "EASGD beta %g" % tie.beta
+        return ("the elastic tie made %d outer round(s) (%s, %s) in "
                 "quorum(s) %s, sent %d bytes from this node; %d round(s) broke and were "
                 "dropped; %s" % (
-                    self.rounds, self.tie.compress, self.tie.outer_lr, self.tie.outer_momentum,
+                    self.rounds, tie.compress, rule,
                     ",".join(map(str, self.quorums)) or "none", self.bytes_sent,
                     self.broken_rounds, "healed from %s %.2f s after its start" % (
                         self.healed_from, self.healed_after_s or 0.0) if self.healed_from
@@ -217,11 +229,16 @@ class ElasticTie:
                         self._broken_at = self._waiting_since
                     log.warning("%s; the round is dropped", exc)
                     self._leave_group()
-        except Exception as exc:  # a diverged or mismatched centre: the tie cannot go on
+        except Exception as exc:  # a diverged or refused centre: the tie cannot go on
             if self._halt.is_set():
                 return
             self.final_error = exc
-            log.exception("node %s: the elastic tie failed", self.name)
+            if isinstance(exc, NodeRefused):
+                log.error("%s", exc)
+            else:
+                log.exception("node %s: the elastic tie failed", self.name)
+            if self.client is not None:  # out of the next quorum at once, not after a timeout
+                self.client.close()
             self.on_failure("the elastic tie failed: %s" % exc)
         finally:
             self._leave_group()
@@ -305,74 +322,82 @@ class ElasticTie:
         self._awaiting.clear()
         return self.anchor is not None
 
-    def _header(self) -> np.ndarray:
+    def _header(self) -> RoundHeader:
         centre = self.ctl.shared_centre
         # 2: the centre holds its values; 1: created, awaiting them (`initial_centre`)
         ready = 2 if self.ctl.centre_ready and centre is not None else \
             1 if self._awaiting.is_set() and centre is not None else 0
         newest = self.client.current_quorum()
-        fields = np.array([ready, self._done.is_set(), self._handed_over, self.round_no,
-                           0 if newest is None else newest.id], "<i8")
-        digest = bytes(_DIGEST)
+        digest = bytes(DIGEST_BYTES)
         if self.anchor is not None:
             if self._digest is None:  # once for each new anchor
                 self._digest = _sha256(self.anchor + self.velocity)
             digest = self._digest
-        layout = hashlib.sha256(repr(centre.layout).encode()).digest() if ready \
-            else bytes(_DIGEST)
-        return np.frombuffer(fields.tobytes() + digest + layout, np.uint8)
+        layout_digest, layout = bytes(DIGEST_BYTES), ""
+        if ready:
+            layout_digest = hashlib.sha256(repr(centre.layout).encode()).digest()
+            layout = layout_summary(centre.layout)
+        return RoundHeader(ready, self._done.is_set(), self._handed_over, self.round_no,
+                           0 if newest is None else newest.id, digest, layout_digest,
+                           door_settings(self.tie), layout)
 
-    def _round(self) -> bool:
-        """One round in the current group (see the module's doc); True after the final one."""
-        group = self._group
-        header = self._header()
-        mac = self.client.sign_header(group.quorum, group.rank, header.tobytes())
-        rows = group.all_gather_bytes(np.concatenate([header, np.frombuffer(mac, np.uint8)]))
+    def _gather_headers(self, group) -> List[RoundHeader]:
+        """Every member's signed header of this round, in rank order; QuorumBroken, before
+        anything is applied, when one is not signed with the job's secret."""
+        packed = self._header().pack()
+        mac = self.client.sign_header(group.quorum, group.rank, packed)
+        rows = group.all_gather_bytes(np.frombuffer(packed + mac, np.uint8))
         self._round_at = time.monotonic()  # every member answered: the group is alive
         for r, row in enumerate(rows):
-            if not self.client.header_signed(group.quorum, r, bytes(row[:_HEADER_BYTES]),
-                                             bytes(row[_HEADER_BYTES:])):
+            if not self.client.header_signed(group.quorum, r, bytes(row[:HEADER_BYTES]),
+                                             bytes(row[HEADER_BYTES:])):
                 raise QuorumBroken(
                     "node %s (rank %d of quorum %d: %s): the round header of rank %d (%s) is "
                     "not signed with the job's secret (another process in that member's "
                     "place?); nothing was applied: the round is dropped"
                     % (self.name, group.rank, group.quorum.id, ", ".join(group.quorum.members),
                        r, group.quorum.members[r]))
-        fields = np.stack([np.frombuffer(r[:8 * _FIELDS].tobytes(), "<i8") for r in rows])
-        digests = [bytes(r[8 * _FIELDS:8 * _FIELDS + _DIGEST]) for r in rows]
-        layouts = [bytes(r[8 * _FIELDS + _DIGEST:_HEADER_BYTES]) for r in rows]
-        ready, done, handed, round_no, newest = fields.T
-        if newest.max() > group.quorum.id:  # every member leaves for it alike
+        return [RoundHeader.unpack(bytes(row[:HEADER_BYTES])) for row in rows]
+
+    def _round(self) -> bool:
+        """One round in the current group (see the module's doc); True after the final one."""
+        group = self._group
+        headers = self._gather_headers(group)
+        decision = decide(headers, group.quorum.id, group.quorum.members)
+        if decision.action == "leave":  # every member leaves for the newer quorum alike
             self._leave_group()
             return False
-        with_centre = [r for r in range(group.size) if ready[r]]
-        if len({layouts[r] for r in with_centre}) > 1:
-            raise PlatoonError("the nodes' centres differ in layout (quorum %d: %s): every "
-                               "node must run the same model" % (
-                                   group.quorum.id, ", ".join(group.quorum.members)))
-        if (round_no < 0).all():
-            if ready[group.rank] == 1:
-                self._decided.set()  # the job's start: the workers write the first values
-            if (ready == 2).all():
-                self._first_anchor(group)
-            else:
-                time.sleep(IDLE_POLL_S)
-            return False
-        best = int(round_no.max())
-        source = int(np.flatnonzero(round_no == best)[0])
-        differing = [r for r in range(group.size)
-                     if round_no[r] != best or digests[r] != digests[source]]
-        if differing and all(ready[r] for r in differing):
-            self._heal(group, source, best, differing, digests[source])
-            return False
-        if differing or not (ready == 2).all():
-            time.sleep(IDLE_POLL_S)
-            return False
-        if done.all() and handed.all():
+        if decision.action == "refuse":
+            self._refuse(group, decision.refused)
+        if all(h.round_no < 0 for h in headers) and headers[group.rank].ready == 1:
+            self._decided.set()  # the job's start: the workers write the first values
+        if decision.action == "first_anchor":
+            self._first_anchor(group)
+        elif decision.action == "heal":
+            self._heal(group, decision.source, decision.best, list(decision.differing),
+                       headers[decision.source].anchor_digest)
+        elif decision.action == "final":
             self._final(group)
             return True
-        self._outer_round(group, [r for r in range(group.size) if not (done[r] and handed[r])])
+        elif decision.action == "outer":
+            self._outer_round(group, list(decision.members))
+        else:  # "wait"
+            time.sleep(IDLE_POLL_S)
         return False
+
+    def _refuse(self, group, refused) -> None:
+        """The members in `refused` (rank -> why) differ from the job: NodeRefused on them (the
+        node ends), QuorumBroken on the others (they drop the round and go on without them)."""
+        names = group.quorum.members
+        where = "quorum %d: %s" % (group.quorum.id, ", ".join(names))
+        if group.rank in refused:
+            raise NodeRefused("node %s is refused by the job's other nodes (%s): %s; nothing "
+                              "was applied" % (self.name, where, refused[group.rank]))
+        raise QuorumBroken("node(s) %s refused at the door (%s): %s; nothing was applied: the "
+                           "round is dropped, and the others go on without it" % (
+                               ", ".join(names[r] for r in refused), where,
+                               "; ".join("%s: %s" % (names[r], why)
+                                         for r, why in sorted(refused.items()))))
 
     def _snapshot(self):
         centre = self.ctl.shared_centre
@@ -402,11 +427,15 @@ class ElasticTie:
         """The job's first round: the anchor is the mean of the centres, losslessly."""
         training = not self._done.is_set()  # read once, before the snapshot (as _outer_round)
         centre, snaps = self._snapshot()
-        means = []
-        for s in snaps:
-            mean, sent = group.compressed_mean(s, RawCodec(s.dtype))
-            self.bytes_sent += sent
-            means.append(mean)
+        means, sent_total = [], 0
+        try:
+            for s in snaps:
+                mean, sent = group.compressed_mean(s, RawCodec(s.dtype))
+                sent_total += sent
+                means.append(mean)
+        except NonFiniteValues as exc:
+            raise self._diverged(group, exc) from exc
+        self.bytes_sent += sent_total
         self.anchor = means
         self.velocity = [np.zeros_like(a) for a in means]
         self._feedback = _feedback_for(means)
@@ -490,25 +519,25 @@ class ElasticTie:
         except (QuorumBroken, NonFiniteValues) as exc:
             for f, r in zip(self._feedback, residuals):  # as if never sent
                 f.residual[...] = r
-            if isinstance(exc, NonFiniteValues) and exc.ranks \
-                    and group.rank not in exc.ranks:
-                raise QuorumBroken(
-                    "the centre of node(s) %s (rank(s) %s of quorum %d: %s) holds NaN or Inf "
-                    "(training diverged there; that node ends): the round is dropped, and the "
-                    "others go on without it"
-                    % (", ".join(group.quorum.members[r] for r in exc.ranks),
-                       ", ".join(map(str, exc.ranks)), group.quorum.id,
-                       ", ".join(group.quorum.members))) from exc
+            if isinstance(exc, NonFiniteValues):
+                raise self._diverged(group, exc) from exc
             raise
+        easgd = self.tie.outer == "easgd"
         for anchor, velocity, mean in zip(self.anchor, self.velocity, means):
-            outer_step(anchor, velocity, mean, self.tie.outer_lr, self.tie.outer_momentum)
+            if easgd:  # the anchor is the members' mean centre
+                anchor += mean
+            else:
+                outer_step(anchor, velocity, mean, self.tie.outer_lr, self.tie.outer_momentum)
         self._digest = None
         self.round_no += 1
         self.rounds += 1
         self.bytes_sent += sent_total
         if group.quorum.id not in self.quorums:
             self.quorums.append(group.quorum.id)
-        self._set_centre(centre, self.anchor, keep_since=None if done else snaps)
+        if not easgd:
+            self._set_centre(centre, self.anchor, keep_since=None if done else snaps)
+        elif not done:  # each centre moves toward the mean by beta, keeping later syncs
+            self._move_centre(centre, snaps)
         if self._broken_at is not None:
             self.recoveries_s.append(time.monotonic() - self._broken_at)
             self._broken_at = None
@@ -518,6 +547,31 @@ class ElasticTie:
         if contributes:
             self._note_contribution()
             self._handed_over = done
+
+    def _diverged(self, group, exc: NonFiniteValues) -> PlatoonError:
+        """A mean refused for NaN or Inf: NonFiniteValues on the members whose centre holds it
+        (their node ends), QuorumBroken on the others (they drop the round and go on)."""
+        if not exc.ranks or group.rank in exc.ranks:
+            return exc
+        return QuorumBroken(
+            "the centre of node(s) %s (rank(s) %s of quorum %d: %s) holds NaN or Inf (training "
+            "diverged there; that node ends): the round is dropped, and the others go on "
+            "without it" % (", ".join(group.quorum.members[r] for r in exc.ranks),
+                            ", ".join(map(str, exc.ranks)), group.quorum.id,
+                            ", ".join(group.quorum.members)))
+
+    def _move_centre(self, centre, snaps) -> None:
+        """EASGD's move of each centre array toward the anchor (the members' mean) from its
+        snapshot `snaps`, ``c += beta * (anchor - snap)``, in one hold of the lock: what the
+        workers added since the snapshot stays."""
+        centre.lock.acquire(LOCK_TIMEOUT_S)
+        try:
+            for c, snap, anchor in zip(centre.arrays, snaps, self.anchor):
+                move = anchor - snap
+                move *= self.tie.beta
+                c += move
+        finally:
+            centre.lock.release()
 
     def _note_contribution(self) -> None:
         if self.first_contribution_s is None:

@@ -260,8 +260,8 @@ def make_parser() -> "_Parser":
                         "bytes)" % elastic_tie().compress)
     parser.add_argument("--tie-outer", choices=TIE_OUTER_RULES,
                         help="with --hosts: what a tie round does: easgd (each centre moves "
-                        "toward the mean; default) or diloco (an outer Nesterov step; the "
-                        "only rule with --elastic)")
+                        "toward the mean; the default without --elastic) or diloco (an outer "
+                        "Nesterov step; the default with --elastic)")
     parser.add_argument("--tie-outer-lr", type=float, metavar="LR",
                         help="with --hosts and --tie-outer diloco: the outer lr (default %g)"
                         % CentreTie.outer_lr)
@@ -370,10 +370,6 @@ def check_elastic(args: argparse.Namespace, error: Callable[[str], Any]) -> None
     for dest, flag, why in NOT_WITH_ELASTIC:
         if getattr(args, dest) not in (None, False):
             error("%s cannot be used with --elastic: %s" % (flag, why))
-    if args.tie_outer == "easgd":
-        error("--tie-outer easgd cannot be used with --elastic: an elastic job ties its nodes "
-              "with DiLoCo's outer step only (leave out --tie-outer, or run a fixed-world job "
-              "without --elastic)")
     if args.join:
         for flag in ("lighthouse", "min_nodes", "heartbeat_timeout_s"):
             if getattr(args, flag) is not None:

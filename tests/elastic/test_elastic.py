@@ -253,7 +253,7 @@ class _Lock:
 class _Centre:
     def __init__(self, values):
         self.arrays = [np.array(values, np.float32)]
-        self.layout = [("float32", (len(values),))]
+        self.layout = [{"dtype": "float32", "shape": [len(values)]}]
         self.lock = _Lock()
 
 
@@ -476,6 +476,90 @@ def test_nan_on_one_member_ends_that_member_and_breaks_the_round_for_the_others(
         diverged._outer_round(_Group(1, 2, raises=refusal), [0, 1])
 
 
+def test_nan_at_the_first_round_ends_that_member_only():
+    """The job's first round (the one that makes the anchor, sent losslessly) refused for NaN
+    on rank 1: rank 1 fails (NonFiniteValues: its node ends); rank 0 drops the round
+    (QuorumBroken naming b) and still has no anchor: it makes the first one without b."""
+    refusal = NonFiniteValues("rank(s) [1] of 2 hold NaN or Inf", [1])
+    healthy, _, _ = _tie([1.0, 1.0], [0.0, 0.0])
+    healthy.anchor, healthy.round_no = None, -1
+    with pytest.raises(QuorumBroken, match=r"the centre of node\(s\) b \(rank\(s\) 1 of "
+                                           r"quorum 7: a, b\) holds NaN or Inf"):
+        healthy._first_anchor(_Group(0, 2, raises=refusal))
+    assert healthy.anchor is None and healthy.round_no == -1
+    diverged, _, _ = _tie([np.nan, 1.0], [0.0, 0.0])
+    diverged.anchor, diverged.round_no = None, -1
+    with pytest.raises(NonFiniteValues):
+        diverged._first_anchor(_Group(1, 2, raises=refusal))
+
+
+def test_an_easgd_round_makes_the_anchor_the_mean_and_moves_each_centre_by_beta():
+    """EASGD across nodes: the anchor becomes the members' mean centre (no outer momentum), and
+    the centre moves toward it by beta from its snapshot, keeping a sync that lands during the
+    round; a done member's centre stays where it is."""
+    tie, centre, _ = _tie([1.0, 3.0], [0.0, 0.0])
+    tie.tie.outer, tie.tie.beta = "easgd", 0.5
+
+    def sync():
+        centre.arrays[0] += 10.0
+
+    centre.lock.after_release = sync  # lands just after the snapshot
+    tie._outer_round(_Group(0, 2, mean=lambda move, among: move + 1.0), [0, 1])
+    np.testing.assert_allclose(tie.anchor[0], [2.0, 4.0])  # the mean move from 0: 1+1, 3+1
+    np.testing.assert_allclose(centre.arrays[0], [1.0 + 0.5 + 10.0, 3.0 + 0.5 + 10.0])
+    assert (tie.velocity[0] == 0.0).all() and tie.round_no == 4
+    done, centre, _ = _tie([1.0, 3.0], [0.0, 0.0])
+    done.tie.outer = "easgd"
+    done._done.set()
+    done._outer_round(_Group(0, 2, mean=lambda move, among: move + 1.0), [0, 1])
+    np.testing.assert_allclose(centre.arrays[0], [1.0, 3.0])
+    assert done._handed_over
+
+
+def _others_header(settings=None, values=2, round_no=3):
+    """The packed, signed header (with _NoLighthouse's secret) of rank 1 of _Group's quorum,
+    with the job's settings unless `settings`, a centre of `values` float32 and `round_no`."""
+    import hashlib
+
+    from platoon.elastic.decision import RoundHeader, door_settings, layout_summary
+    from platoon.mpi import CentreTie
+    layout = [{"dtype": "float32", "shape": [values]}]
+    header = RoundHeader(2, False, False, round_no, 7, b"\1" * 32,
+                         hashlib.sha256(repr(layout).encode()).digest(),
+                         settings or door_settings(CentreTie(0.05, outer="diloco",
+                                                             compress="float32")),
+                         layout_summary(layout)).pack()
+    quorum = _Group(1, 2).quorum
+    return np.frombuffer(header + _NoLighthouse().sign_header(quorum, 1, header), np.uint8)
+
+
+def test_a_member_whose_codec_differs_is_refused_alone_and_the_others_drop_the_round():
+    """Rank 1 of a quorum of two holds another codec (the job's anchor at round 9): rank 0,
+    whose settings differ, is refused (NodeRefused naming --tie-compress and both values)
+    before any payload travels; seen from a member holding the job's settings, the round is
+    dropped (QuorumBroken naming the refused node), its anchor untouched."""
+    from platoon.elastic.decision import door_settings
+    from platoon.errors import NodeRefused
+    from platoon.mpi import CentreTie
+    tie, centre, _ = _tie([1.0, 1.0], [0.0, 0.0])
+    job = _others_header(round_no=9, settings=door_settings(
+        CentreTie(1.0, outer="diloco", compress="int8")))
+    tie._group = _Group(0, 2, rows=lambda own: np.stack([own, job]))
+    with pytest.raises(NodeRefused, match=r"node a is refused by the job's other nodes "
+                                          r"\(quorum 7: a, b\): its --tie-compress float32 "
+                                          r"where b has int8"):
+        tie._round()
+    assert tie.round_no == 3 and (centre.arrays[0] == 1.0).all()
+    odd = _others_header(values=3, round_no=-1)  # b's model is another: refused, not a
+    tie._group = _Group(0, 2, rows=lambda own: np.stack([own, odd]))
+    with pytest.raises(QuorumBroken, match=r"node\(s\) b refused at the door \(quorum 7: a, "
+                                           r"b\): b: its model differs from the job's: its "
+                                           r"centre holds 1 array\(s\): 3 float32, where a "
+                                           r"holds 1 array\(s\): 2 float32"):
+        tie._round()
+    assert tie.round_no == 3 and (tie.anchor[0] == 0.0).all()
+
+
 def test_an_elastic_workers_final_evaluation_waits_past_its_timeout_for_the_final_round(
         serve):
     """An elastic node's last worker waits for the final round, which comes once the other
@@ -610,16 +694,19 @@ def job(tmp_path):
             started.append(proc)
             return proc
 
-        def runner(self, name, *worker_args, checkpoint=None, host="127.0.0.1", netns=None):
+        def runner(self, name, *worker_args, checkpoint=None, host="127.0.0.1", netns=None,
+                   node_args=()):
             """python -m platoon.elastic.node with one worker of elastic_worker.py (in network
-            namespace `netns`, on its address `host`, if given), started as if by srun or
-            mpiexec (MPI's and torchrun's rank variables set: its workers must not see them)."""
+            namespace `netns`, on its address `host`, if given; `node_args`: more options of
+            the node), started as if by srun or mpiexec (MPI's and torchrun's rank variables
+            set: its workers must not see them)."""
             node_env = dict(env, **MPI_RANK_VARIABLES)
             if checkpoint:
                 node_env["PLATOON_CHECKPOINT_PATH"] = str(checkpoint)
             proc = Proc(_in_netns(netns) + [
                 "-m", "platoon.elastic.node", "--join", self.address, "--name", name,
-                "--host", host, "--tie-every-s", "0.2", "--tie-timeout-s", "3", "--", WORKER]
+                "--host", host, "--tie-every-s", "0.2", "--tie-timeout-s", "3"]
+                + [str(a) for a in node_args] + ["--", WORKER]
                 + [str(a) for a in worker_args], env=node_env)
             started.append(proc)
             return proc
@@ -955,7 +1042,7 @@ def test_launcher_elastic_job_whose_every_node_fails_fails_and_leaves_nothing(tm
         _stop(launcher, tmp_path)
 
 
-def test_an_elastic_node_refuses_cross_node_collectives_and_a_rule_it_cannot_run():
+def test_an_elastic_node_refuses_cross_node_collectives_and_a_tie_paced_in_syncs():
     from platoon.elastic.link import ElasticLink
     from platoon.mpi import CentreTie
     link = ElasticLink(2, connect=None, name="a", tie=CentreTie(1.0, outer="diloco"),
@@ -966,8 +1053,8 @@ def test_an_elastic_node_refuses_cross_node_collectives_and_a_rule_it_cannot_run
     with pytest.raises(PlatoonError, match="a barrier across nodes does not exist"):
         link.barrier()
     assert link.topology(1) == {"global_rank": 1, "global_size": 2, "elastic_node": "a"}
-    with pytest.raises(PlatoonError, match="DiLoCo's outer step only"):
-        ElasticLink(1, None, "a", CentreTie(1.0, outer="easgd"), 5.0, print)
+    with pytest.raises(PlatoonError, match="rounds come every so many seconds"):
+        ElasticLink(1, None, "a", CentreTie(None, every_syncs=4, outer="easgd"), 5.0, print)
 
 
 def test_a_stopped_node_is_dropped_the_others_go_on_and_it_rejoins_repaired(job, tmp_path):
@@ -981,6 +1068,40 @@ def test_a_stopped_node_is_dropped_the_others_go_on_and_it_rejoins_repaired(job,
     _c_is_dropped_and_rejoins_repaired(
         lighthouse, nodes, stop, tmp_path, lambda: os.killpg(nodes["c"].pid, signal.SIGSTOP),
         lambda: os.killpg(nodes["c"].pid, signal.SIGCONT))
+
+
+def test_joiners_with_another_codec_or_model_are_refused_alone_and_the_others_end_on_one_centre(
+        job, tmp_path):
+    """Nodes a and b train (int8, DiLoCo); c joins with --tie-compress int4 and d with another
+    model (512 features where the job has 256). Each is refused at the door of its first round,
+    before any payload travels (no gloo abort: the others' processes live on): it ends alone
+    (exit 1, naming the setting); a and b drop that round, go on between themselves, and end on
+    one saved, finite centre."""
+    from platoon import load_centre
+    lighthouse = job.lighthouse(min_nodes=2)
+    stop = tmp_path / "stop"
+    nodes = {name: job.runner(name, 60, stop, checkpoint=tmp_path / (name + ".npz"))
+             for name in ("a", "b")}
+    nodes["a"].wait_for_match(r".* WARNING: node a: first contributing round", 30)
+    _, index = quorum_of(lighthouse, ["a", "b"])
+    codec = job.runner("c", 60, stop, node_args=["--tie-compress", "int4"])
+    model = job.runner("d", 60, stop, 512)
+    assert codec.wait(30) == 1, codec.output
+    assert "node c is refused by the job's other nodes" in codec.output
+    assert re.search(r"its --tie-compress int4 where a, b(, d)? have int8", codec.output)
+    assert model.wait(30) == 1, model.output
+    assert re.search(r"node d is refused by the job's other nodes \(quorum \d+: a, b(, c)?, d\): "
+                     r"its model differs from the job's: its centre holds 1 array\(s\): 512 "
+                     r"float32, where a, b(, c)? hold 1 array\(s\): 256 float32", model.output)
+    for n in ("a", "b"):
+        nodes[n].wait_for_match(r".* refused at the door", 10)
+        nodes[n].wait_for_match(r".* WARNING: node %s: outer rounds go on in quorum \d+ "
+                                r"\(a, b\)" % n, 10 + SLACK_S)
+    stop.write_text("")
+    for node in nodes.values():
+        assert node.wait(30) == 0, node.output
+    centres = [load_centre(str(tmp_path / (n + ".npz")))["param_0"] for n in "ab"]
+    assert np.array_equal(centres[0], centres[1]) and np.isfinite(centres[0]).all()
 
 
 def _c_is_dropped_and_rejoins_repaired(lighthouse, nodes, stop, tmp_path, drop, restore):

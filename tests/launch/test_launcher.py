@@ -670,9 +670,6 @@ def test_hosts_takes_the_options_it_passes_on():
 @pytest.mark.parametrize("argv, message", [
     (["--elastic"], "--elastic needs --hosts: one node per host"),
     (["--hosts", "h1", "--min-nodes", "1"], "--min-nodes needs --elastic (with --hosts)"),
-    (["--hosts", "h1", "--elastic", "--tie-outer", "easgd"],
-     "--tie-outer easgd cannot be used with --elastic: an elastic job ties its nodes with "
-     "DiLoCo's outer step only"),
     (["--hosts", "h1", "--elastic", "--tie-every-syncs", "4"],
      "--tie-every-syncs cannot be used with --elastic: an elastic node's outer rounds are "
      "paced in seconds"),

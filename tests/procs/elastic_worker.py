@@ -1,5 +1,6 @@
-"""A worker of an elastic job (python -m platoon.elastic.node ... -- THIS_FILE SECONDS [STOP]): SGD
-on a linear regression toward known true weights (256 float32 features), EASGD with its
+"""A worker of an elastic job (python -m platoon.elastic.node ... -- THIS_FILE SECONDS [STOP
+[FEATURES]]): SGD on a linear regression toward known true weights (FEATURES float32 features,
+default 256: another number is another model), EASGD with its
 node's centre, for SECONDS seconds of training (less if file STOP exists); its data is picked
 by its node's name (PLATOON_ELASTIC_NODE). Prints "DISTRIBUTED none" (or the MPI/torchrun rank
 variables it sees), "SYNCS k" after every 50th sync, and "DIST d node NAME" (its distance to
@@ -20,13 +21,14 @@ FEATURES = 256
 
 def main():
     seconds = float(sys.argv[1])
+    features = int(sys.argv[3]) if len(sys.argv) > 3 else FEATURES
     node = os.environ["PLATOON_ELASTIC_NODE"]
     ranks = sorted(k for k in os.environ
                    if k.startswith(DISTRIBUTED_PREFIXES) or k in DISTRIBUTED_VARIABLES)
     print("DISTRIBUTED %s" % (",".join(ranks) or "none"), flush=True)
-    true_w = (np.arange(FEATURES) / FEATURES).astype(np.float32)
+    true_w = (np.arange(features) / features).astype(np.float32)
     with Worker(timeout_s=30) as w:
-        weights = np.random.default_rng(0).normal(size=FEATURES).astype(np.float32)
+        weights = np.random.default_rng(0).normal(size=features).astype(np.float32)
         w.init_shared_params([weights], EASGD(0.5))
         data = np.random.default_rng(zlib.crc32(node.encode()) + w.local_rank)
         end = time.monotonic() + seconds
@@ -34,7 +36,7 @@ def main():
         syncs = 0
         while time.monotonic() < end and not (stop and os.path.exists(stop)):
             for _ in range(5):
-                x = data.normal(size=(64, FEATURES)).astype(np.float32)
+                x = data.normal(size=(64, features)).astype(np.float32)
                 y = x @ true_w + np.float32(0.01) * data.normal(size=64).astype(np.float32)
                 weights -= np.float32(0.05) * (x.T @ (x @ weights - y)) / np.float32(len(y))
             w.sync_params()
