@@ -128,6 +128,9 @@ _FIELDS = frozenset(f.name for f in dataclasses.fields(CentreTie))
 # step unless --tie-outer easgd): ``python -m platoon.elastic.node`` and
 # ``platoon-launcher --elastic`` alike.
 ELASTIC_TIE = {"every_s": 3.0, "compress": "int8", "outer": "diloco"}
+# An elastic node's exit status when the job's other nodes refused it at the door (a tie
+# setting or its model differs): ``platoon-launcher --elastic`` does not start it again.
+EXIT_REFUSED = 3
 
 
 def elastic_tie(**given) -> CentreTie:

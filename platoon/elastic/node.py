@@ -18,9 +18,16 @@ import time
 from typing import Optional, Sequence
 
 from .._os.environment import JobEnvironment, worker_environment
-from .._os.nodesettings import OUTER_RULES, TIE_CODECS, NodeSettings, elastic_tie, flag_message
+from .._os.nodesettings import (
+    EXIT_REFUSED,
+    OUTER_RULES,
+    TIE_CODECS,
+    NodeSettings,
+    elastic_tie,
+    flag_message,
+)
 from .._os.process import stop
-from ..errors import PlatoonError
+from ..errors import NodeRefused, PlatoonError
 from ..mpi.runner import (
     WORKER_STOP_TIMEOUT_S,
     _say,
@@ -80,12 +87,15 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
     os.environ.update(JobEnvironment(mpi_node=1, job_id=job_id, control_port=0,
                                      num_workers=num_workers, ready_fd=write_fd).to_env())
     workers = None
+    link = None
 
     def fail(message):
         _say("platoon.elastic: node %s: %s; this node ends (the others go on)" % (name, message))
         if workers is not None:
             stop(workers.procs, WORKER_STOP_TIMEOUT_S, group=False)
-        os._exit(1)
+        thread = None if link is None else link.tie_thread
+        os._exit(EXIT_REFUSED if thread is not None
+                 and isinstance(thread.final_error, NodeRefused) else 1)
 
     with StoreServer(host) as store:
         def connect():

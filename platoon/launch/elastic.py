@@ -21,7 +21,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .._os.environment import JobEnvironment, without_job_variables
-from .._os.nodesettings import NodeSettings, elastic_tie
+from .._os.nodesettings import EXIT_REFUSED, NodeSettings, elastic_tie
 from .._os.process import find_mpiexec, read_announcement, stop, unlink_job_segments
 from .output import LogFollower
 from .supervision import EXIT_FAILED, EXIT_OK, Launch, Process, UsageError, make_private_dirs
@@ -204,7 +204,12 @@ class ElasticLaunch(Launch):
                 continue
             self._ended[proc] = "failed (%s)" % proc.describe_exit()
             reason = "node %s failed (%s)" % (name, proc.describe_exit())
-            if self.restarts_left > 0 and not finished:
+            if proc.returncode == EXIT_REFUSED:
+                self.say("node %s was refused by the job's other nodes: a tie setting or its "
+                         "model differs from theirs (its log says which); it is not started "
+                         "again. Last lines of %s:\n%s" % (name, proc.log_path,
+                                                            proc.tail(5).rstrip()))
+            elif self.restarts_left > 0 and not finished:
                 self.restarts_left -= 1
                 self.say("%s; starting it again (%d restart(s) left): it rejoins under its "
                          "name and is healed from a live node. Last lines of %s:\n%s"

@@ -1075,7 +1075,7 @@ def test_joiners_with_another_codec_or_model_are_refused_alone_and_the_others_en
     """Nodes a and b train (int8, DiLoCo); c joins with --tie-compress int4 and d with another
     model (512 features where the job has 256). Each is refused at the door of its first round,
     before any payload travels (no gloo abort: the others' processes live on): it ends alone
-    (exit 1, naming the setting); a and b drop that round, go on between themselves, and end on
+    (exit 3, naming the setting); a and b drop that round, go on between themselves, and end on
     one saved, finite centre."""
     from platoon import load_centre
     lighthouse = job.lighthouse(min_nodes=2)
@@ -1086,10 +1086,10 @@ def test_joiners_with_another_codec_or_model_are_refused_alone_and_the_others_en
     _, index = quorum_of(lighthouse, ["a", "b"])
     codec = job.runner("c", 60, stop, node_args=["--tie-compress", "int4"])
     model = job.runner("d", 60, stop, 512)
-    assert codec.wait(30) == 1, codec.output
+    assert codec.wait(30) == 3, codec.output  # EXIT_REFUSED: the launcher does not restart it
     assert "node c is refused by the job's other nodes" in codec.output
     assert re.search(r"its --tie-compress int4 where a, b(, d)? have int8", codec.output)
-    assert model.wait(30) == 1, model.output
+    assert model.wait(30) == 3, model.output
     assert re.search(r"node d is refused by the job's other nodes \(quorum \d+: a, b(, c)?, d\): "
                      r"its model differs from the job's: its centre holds 1 array\(s\): 512 "
                      r"float32, where a, b(, c)? hold 1 array\(s\): 256 float32", model.output)
