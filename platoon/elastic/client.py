@@ -4,7 +4,7 @@ import logging
 import secrets
 import threading
 import time
-from typing import Optional
+from typing import List, Optional, Sequence
 
 import zmq
 
@@ -57,6 +57,8 @@ class LighthouseClient:
         self._quorum: Optional[Quorum] = None
         self._refused: Optional[str] = None  # the lighthouse's last refusal, until a good reply
         self._broken = 0  # `report_broken`'s quorum id, sent with every heartbeat
+        self._unreachable: List[str] = []  # `report_unreachable`'s
+        self.excluded: Optional[str] = None  # why the lighthouse keeps this node out, if it does
         self.reachable = False  # whether the last request was answered
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="platoon-heartbeat", daemon=True)
@@ -108,6 +110,14 @@ class LighthouseClient:
         with self._cond:
             self._broken = max(self._broken, int(quorum_id))
 
+    def report_unreachable(self, names: Sequence[str]) -> None:
+        """Tell the lighthouse that the data plane of `names` (members of the current quorum)
+        could not be reached when a group failed to form: sent with every heartbeat until the
+        next call (``[]`` once a group forms). The lighthouse keeps a member that at least half
+        of the others report out of the quorums (`Membership.excluded`)."""
+        with self._cond:
+            self._unreachable = sorted(names)
+
     def _raise_refused(self):
         if self._refused is not None:
             raise ElasticAuthError("node %s: the lighthouse at %s refused it: %s"
@@ -126,8 +136,9 @@ class LighthouseClient:
         with self._cond:
             highest = 0 if self._quorum is None else self._quorum.id
             broken = self._broken
+            unreachable = self._unreachable
         body, mac = wire.request(self._secret, op, self.name, self.address, highest, challenge,
-                                 broken, self.incarnation)
+                                 broken, self.incarnation, unreachable)
         sock.send_multipart([body, mac])
         try:
             frames = sock.recv_multipart()
@@ -158,6 +169,11 @@ class LighthouseClient:
             if error is None:
                 self._signed_at, self._refused_since = now, None
                 self.name_taken = bool(answer.get("taken"))
+                self.excluded = answer.get("excluded")
+                if self.excluded:
+                    self._warnings.warning(
+                        "excluded", "node %s: the lighthouse %s keeps this node out of the "
+                        "quorums: %s", self.name, self.lighthouse, self.excluded)
                 if self.name_taken:
                     self._warnings.warning(
                         "taken", "node %s: another live process holds this name at the "

@@ -12,7 +12,9 @@ so that every member gets the same bits.
 """
 
 import datetime
-from typing import Optional, Sequence, Tuple
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -61,6 +63,26 @@ class StoreServer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def unreachable_members(quorum: Quorum, name: str, timeout_s: float = 1.0) -> List[str]:
+    """The members of `quorum` other than `name` whose data-plane address (their store)
+    refuses or does not answer a TCP connection within `timeout_s`: asked when a group failed
+    to form, to tell a member the others cannot reach (its --host an address only it sees, a
+    firewall) from one that was slow."""
+    def refused(address: str) -> bool:
+        try:
+            socket.create_connection(_split(address), timeout=timeout_s).close()
+            return False
+        except OSError:
+            return True
+
+    others = [(m, a) for m, a in zip(quorum.members, quorum.addresses) if m != name]
+    if not others:
+        return []
+    with ThreadPoolExecutor(min(16, len(others))) as pool:
+        found = list(pool.map(lambda other: refused(other[1]), others))
+    return [m for (m, _), bad in zip(others, found) if bad]
 
 
 def store_prefix(quorum: Quorum) -> str:

@@ -83,15 +83,16 @@ class Lighthouse:
             else:
                 taken = not self.membership.heartbeat(
                     data["node"], data["address"], data["highest_seen"], now, data["broken"],
-                    data["incarnation"])
+                    data["incarnation"], data["unreachable"])
                 if taken:
                     self._warnings.warning(
                         "name", "a second process heartbeats as node %s (from %s) while the "
                         "first is live: it waits until the first leaves or times out",
                         data["node"], data["address"])
         quorum = self.membership.quorum
+        excluded = self.membership.excluded(now).get(data["node"]) if done else None
         return wire.reply(self._secret, mac, self._challenge_for(peer, now),
-                          None if quorum is None else quorum.to_wire(), done, taken)
+                          None if quorum is None else quorum.to_wire(), done, taken, excluded)
 
     def serve(self, stop=lambda: False) -> None:
         poller = zmq.Poller()
@@ -103,8 +104,11 @@ class Lighthouse:
                     self._socket.send_multipart(
                         [frames[0], b""] + list(self.handle(frames[0], frames[2], frames[3],
                                                             time.monotonic())))
-            quorum = self.membership.tick(time.monotonic())
+            now = time.monotonic()
+            quorum = self.membership.tick(now)
             if quorum is not None:
+                for name, why in sorted(self.membership.excluded(now).items()):
+                    log.warning("node %s is out of the quorums: %s", name, why)
                 log.info("quorum %d: %s", quorum.id, ", ".join(quorum.members))
 
     def close(self) -> None:

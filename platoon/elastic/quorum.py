@@ -10,7 +10,12 @@ that share an id (a lighthouse restarted before any node could report) never sha
 
 import secrets
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+# A member whose data plane most other members of its quorum reported unreachable is out of
+# the quorums this long (or until it heartbeats from another address or process), then tried
+# again: each try costs the others one group that cannot form (--tie-timeout-s).
+UNREACHABLE_FOR_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,17 @@ class Quorum:
         return cls(data["id"], tuple(members), tuple(addresses), nonce)
 
 
+@dataclass
+class _Unreachable:
+    """A report that a member's data plane at `address` (the process `incarnation`) could not
+    be reached, first made at `since`, by `reporters`."""
+
+    address: str
+    incarnation: str
+    since: float
+    reporters: Set[str] = field(default_factory=set)
+
+
 @dataclass(frozen=True)
 class MembershipSettings:
     """The lighthouse's rule. min_nodes: no quorum with fewer live nodes.
@@ -92,9 +108,11 @@ class Membership:
         self.quorum: Optional[Quorum] = None
         self._change_since: Optional[float] = None  # when the live set first differed
         self._rebuild = False  # a member asked for a new id (`heartbeat`'s `broken`)
+        self._unreachable: Dict[str, _Unreachable] = {}  # by the name reported
 
     def heartbeat(self, name: str, address: str, highest_seen: int, now: float,
-                  broken: int = 0, incarnation: str = "") -> bool:
+                  broken: int = 0, incarnation: str = "",
+                  unreachable: Sequence[str] = ()) -> bool:
         """`name` is alive at `now`, reachable for the data plane at `address`, and has seen
         quorum ids up to `highest_seen`. `broken`: the id of a quorum whose group broke for
         `name` with no newer quorum since (every member alive, yet one stalled a round past
@@ -102,7 +120,9 @@ class Membership:
         issues a new id for the same members, so that they build a new group.
         `incarnation`: the heartbeating process's id. Returns False, changing nothing, when
         another incarnation holds `name` and is live (two processes given one name): the
-        second is taken in once the first leaves or times out."""
+        second is taken in once the first leaves or times out. `unreachable`: members of the
+        current quorum whose data plane `name` could not reach when their group failed to
+        form (see `excluded`)."""
         held = self._incarnations.get(name)
         if held is not None and held != incarnation and name in self._last_seen \
                 and now - self._last_seen[name] <= self.settings.heartbeat_timeout_s:
@@ -114,7 +134,49 @@ class Membership:
         self._addresses[name] = address
         self._incarnations[name] = incarnation
         self._highest_reported = max(self._highest_reported, int(highest_seen))
+        members = () if self.quorum is None or name not in self.quorum.members \
+            else self.quorum.members
+        for other in unreachable:
+            if other == name or other not in members or other not in self._addresses:
+                continue
+            entry = self._unreachable.get(other)
+            if entry is None or not self._still(other, entry, now):
+                entry = self._unreachable[other] = _Unreachable(
+                    self._addresses[other], self._incarnations.get(other, ""), now)
+            entry.reporters.add(name)
         return True
+
+    def _still(self, name: str, entry: "_Unreachable", now: float) -> bool:
+        """Whether the report `entry` on `name` holds: recent, and `name` heartbeats from the
+        address and process reported."""
+        return now - entry.since <= UNREACHABLE_FOR_S and name in self._last_seen \
+            and (self._addresses.get(name), self._incarnations.get(name, "")) \
+            == (entry.address, entry.incarnation)
+
+    def excluded(self, now: float) -> Dict[str, str]:
+        """The live nodes out of the quorums because at least half of the other live nodes
+        (at least one) reported their data plane unreachable, within `UNREACHABLE_FOR_S` and
+        while they heartbeat from the address and process reported: name -> why. Among three
+        or more, a node that reported every other one is not counted (its own side is more
+        likely the broken one)."""
+        live = set(self._last_seen)
+        for name, entry in list(self._unreachable.items()):
+            if not self._still(name, entry, now):
+                del self._unreachable[name]
+        named: Dict[str, int] = {}  # reporter -> how many it reported
+        for entry in self._unreachable.values():
+            for reporter in entry.reporters:
+                named[reporter] = named.get(reporter, 0) + 1
+        out = {}
+        for name, entry in self._unreachable.items():
+            voters = sorted(r for r in entry.reporters & live
+                            if len(live) < 3 or named[r] < len(live) - 1)
+            if voters and 2 * len(voters) >= len(live) - 1:
+                out[name] = ("its data plane at %s was unreachable from %s: give its --host an "
+                             "address the other nodes reach (out of the quorums for up to %g s, "
+                             "or until it heartbeats from another address)"
+                             % (entry.address, ", ".join(voters), UNREACHABLE_FOR_S))
+        return out
 
     def leave(self, name: str, incarnation: Optional[str] = None) -> None:
         """`name` leaves (if `incarnation` holds it, when given): out of the next quorum,
@@ -136,7 +198,9 @@ class Membership:
         """Issue the next quorum when the live nodes differ from the current quorum's (or a
         member's address changed), at least `min_nodes` are live, and the grace window since
         the change began has passed; returns it, else None."""
-        names = self.live(now)
+        live = self.live(now)
+        excluded = self.excluded(now)
+        names = [n for n in live if n not in excluded]
         addresses = tuple(self._addresses[n] for n in names)
         current = self.quorum
         changed = current is None or self._rebuild or (tuple(names), addresses) != (

@@ -263,7 +263,7 @@ class ElasticTie:
 
     def _join_group(self) -> bool:
         """Build the group of the next quorum holding this node (newer than the last one's)."""
-        from .dataplane import QuorumGroup
+        from .dataplane import QuorumGroup, unreachable_members
         newer_than = self.quorums[-1] if self.quorums else 0
         try:
             quorum = self.client.wait_for_quorum(timeout_s=0.5, newer_than=newer_than)
@@ -283,7 +283,14 @@ class ElasticTie:
             self._group = QuorumGroup(quorum, self.name, self.timeout_s)
         except QuorumBroken as exc:
             log.warning("%s", exc)
+            unreachable = unreachable_members(quorum, self.name)
+            if unreachable:
+                log.warning("node %s: the data plane of %s (quorum %d) is unreachable from "
+                            "here: told the lighthouse", self.name, ", ".join(unreachable),
+                            quorum.id)
+            self.client.report_unreachable(unreachable)
             return False
+        self.client.report_unreachable([])
         log.info("node %s: rank %d of quorum %d (%s)", self.name, self._group.rank, quorum.id,
                  ", ".join(quorum.members))
         return True

@@ -2,11 +2,13 @@
 
 Requests (node to lighthouse): ``{"op": "heartbeat" | "leave", "node": NAME,
 "address": "HOST:PORT", "highest_seen": ID, "challenge": HEX, "broken": ID,
-"incarnation": HEX}`` ("broken": a quorum whose group broke with no newer quorum coming, 0
-for none; "incarnation": the node process's random id; both optional). Replies:
-``{"challenge": HEX, "quorum": QUORUM | null, "done": bool, "error": TEXT | null,
-"taken": bool}``; "done" is false when the request's challenge was stale (a new connection,
-a restarted lighthouse): the node sends it again with the reply's challenge (that reply
+"incarnation": HEX, "unreachable": [NAME, ...]}`` ("broken": a quorum whose group broke
+with no newer quorum coming, 0 for none; "incarnation": the node process's random id;
+"unreachable": members of the current quorum whose data plane the node could not reach; all
+three optional). Replies: ``{"challenge": HEX, "quorum": QUORUM | null, "done": bool, "error":
+TEXT | null, "taken": bool, "excluded": TEXT | null}`` ("excluded": why the lighthouse keeps
+this node out of the quorums); "done" is false when the request's challenge was stale (a new
+connection, a restarted lighthouse): the node sends it again with the reply's challenge (that reply
 carries no quorum, nor one whose "taken" is true: another live process holds the node's
 name). A reply refusing a
 bad signature is not signed (its sender cannot know the key the request used) and can only
@@ -14,7 +16,7 @@ refuse.
 """
 
 import json
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 from .secret import sign_reply, sign_request, verify
 
@@ -23,11 +25,13 @@ MAX_BODY = 4096
 
 
 def request(secret: bytes, op: str, node: str, address: str, highest_seen: int,
-            challenge: str, broken: int = 0, incarnation: str = "") -> Tuple[bytes, bytes]:
+            challenge: str, broken: int = 0, incarnation: str = "",
+            unreachable: Sequence[str] = ()) -> Tuple[bytes, bytes]:
     """The frames (body, signature) of a request."""
     body = json.dumps({"op": op, "node": node, "address": address,
                        "highest_seen": highest_seen, "challenge": challenge,
-                       "broken": broken, "incarnation": incarnation}).encode()
+                       "broken": broken, "incarnation": incarnation,
+                       "unreachable": list(unreachable)}).encode()
     return body, sign_request(secret, body)
 
 
@@ -45,16 +49,19 @@ def read_request(secret: bytes, body: bytes, mac: bytes) -> Tuple[Optional[dict]
               and isinstance(data["address"], str) and isinstance(data["highest_seen"], int)
               and isinstance(data["challenge"], str)
               and isinstance(data.setdefault("broken", 0), int)
-              and isinstance(data.setdefault("incarnation", ""), str))
+              and isinstance(data.setdefault("incarnation", ""), str)
+              and isinstance(data.setdefault("unreachable", []), list)
+              and all(isinstance(n, str) for n in data["unreachable"]))
     except (ValueError, KeyError, TypeError):
         ok = False
     return (data, "") if ok else (None, "malformed request")
 
 
 def reply(secret: bytes, request_mac: bytes, challenge: str, quorum: Optional[dict],
-          done: bool, taken: bool = False) -> Tuple[bytes, bytes]:
+          done: bool, taken: bool = False, excluded: Optional[str] = None) -> Tuple[bytes, bytes]:
     body = json.dumps({"challenge": challenge, "quorum": quorum if done and not taken else None,
-                       "done": done, "error": None, "taken": taken}).encode()
+                       "done": done, "error": None, "taken": taken,
+                       "excluded": excluded}).encode()
     return body, sign_reply(secret, request_mac, body)
 
 

@@ -68,6 +68,37 @@ def test_a_member_whose_group_broke_gets_a_new_id_for_the_same_members():
     assert m.tick(1.2) is None
 
 
+def test_a_member_the_others_cannot_reach_is_out_of_the_quorums_until_it_moves():
+    """c's data plane is unreachable from a and b (its --host an address only it sees): once
+    either reports it, c is out of the next quorum (and told why); a reporter that names
+    every other member is not counted; c back from another address, or after
+    UNREACHABLE_FOR_S, is in again."""
+    from platoon.elastic.quorum import UNREACHABLE_FOR_S
+    m = Membership(MembershipSettings(min_nodes=2, heartbeat_timeout_s=1e9, join_grace_s=0.1))
+    for name in "abc":
+        m.heartbeat(name, "10.0.0.%s:1" % name, 0, now=0.0, incarnation=name)
+    m.tick(0.0)
+    first = m.tick(0.2)
+    assert first.members == ("a", "b", "c")
+    m.heartbeat("c", "10.0.0.c:1", 1, now=0.3, incarnation="c", unreachable=["a", "b"])
+    assert m.tick(0.4) is None and m.tick(0.6) is None  # c names everyone: not counted
+    m.heartbeat("a", "10.0.0.a:1", 1, now=0.7, incarnation="a", unreachable=["c", "zz"])
+    assert m.tick(0.75) is None  # the grace window
+    second = m.tick(0.9)
+    assert second.members == ("a", "b")
+    assert "data plane at 10.0.0.c:1 was unreachable from a: give its --host an address the " \
+           "other nodes reach" in m.excluded(1.0)["c"]
+    assert m.tick(5.0) is None  # c stays out
+    m.heartbeat("c", "10.0.0.9:1", 1, now=5.1, incarnation="c")  # another address
+    m.tick(5.1)
+    assert m.tick(5.3).members == ("a", "b", "c")
+    m.heartbeat("b", "10.0.0.b:1", 3, now=6.0, incarnation="b", unreachable=["c"])
+    m.tick(6.0)
+    assert m.tick(6.2).members == ("a", "b")
+    m.tick(6.2 + UNREACHABLE_FOR_S)
+    assert m.tick(6.4 + UNREACHABLE_FOR_S).members == ("a", "b", "c")  # tried again
+
+
 def test_a_client_reporting_its_group_broken_gets_both_members_a_new_quorum():
     import threading
 
@@ -1236,3 +1267,38 @@ def test_a_node_whose_link_is_cut_is_dropped_and_rejoins_when_it_is_back(job, sw
              for index, name in enumerate("abc", 1)}
     _c_is_dropped_and_rejoins_repaired(lighthouse, nodes, stop, tmp_path, lambda: cut("c"),
                                        lambda: cut("c", up=True))
+
+
+def test_a_node_whose_data_plane_the_others_cannot_reach_is_left_out_and_told_why(
+        job, switch, tmp_path):
+    """Three hosts on a switch; a gives --host 127.0.0.1 (the node's default, an address only
+    it sees), yet reaches the lighthouse. As rank 0 it hosts its quorum's store, so the group
+    cannot form; b and c, whose probes of a's data plane are refused, report it, and the
+    lighthouse leaves a out of the next quorum and tells it why: b and c make their rounds
+    between themselves and end on one centre (before, every group failed to form for as long
+    as a stayed)."""
+    from platoon import load_centre
+    hosts, sw, _ = switch
+    lighthouse = job.lighthouse(min_nodes=2, host=SWITCH_IP, netns=sw)
+    stop = tmp_path / "stop"
+    nodes = {name: job.runner(name, 60, stop, checkpoint=tmp_path / (name + ".npz"),
+                              host="10.219.7.%d" % index if name != "a" else "127.0.0.1",
+                              netns=hosts[name],
+                              node_args=["--final-timeout-s", 4] if name == "a" else [])
+             for index, name in enumerate("abc", 1)}
+    _, index = quorum_of(lighthouse, ["a", "b", "c"], timeout=30)
+    lighthouse.wait_for_match(r"lighthouse: node a is out of the quorums: its data plane at "
+                              r"127\.0\.0\.1:\d+ was unreachable from b(, c)?", 3 + 10, index)
+    quorum_of(lighthouse, ["b", "c"], index + 1, timeout=5)
+    for n in ("b", "c"):
+        nodes[n].wait_for_match(r".* WARNING: node %s: the data plane of a \(quorum \d+\) is "
+                                r"unreachable from here" % n, 5)
+        nodes[n].wait_for_match(r".* WARNING: node %s: first contributing round" % n, 15)
+    nodes["a"].wait_for_match(r".*node a: the lighthouse \S+ keeps this node out of the "
+                              r"quorums: its data plane at 127\.0\.0\.1", 10)
+    stop.write_text("")
+    for n in "abc":  # a, left out, gives the final round up and keeps its own centre
+        assert nodes[n].wait(30) == 0, nodes[n].output
+    assert "no final round within 4 s: it kept its own centre" in nodes["a"].output
+    centres = [load_centre(str(tmp_path / (n + ".npz")))["param_0"] for n in "bc"]
+    assert np.array_equal(centres[0], centres[1]) and np.isfinite(centres[0]).all()
