@@ -15,7 +15,8 @@ def shard(items: Union[int, Sequence[Any]], rank: Union[int, "Worker"],
 
     ``shard(items, w)`` with a `platoon.Worker` `w` (and no `size`) takes its place in the
     whole job, ``w.global_rank`` of ``w.global_size``: every worker of every node gets its
-    own part, on one node or many, and the whole of `items` when the script runs alone.
+    own part, on one node or many (in an elastic job, by the node's slot: each slot its own
+    part, whoever holds it now), and the whole of `items` when the script runs alone.
 
     `items` is a sequence (file names, ...) or an int n meaning ``range(n)``.
     With shuffle=True the items are permuted by a generator seeded with
@@ -25,8 +26,9 @@ def shard(items: Union[int, Sequence[Any]], rank: Union[int, "Worker"],
     worker gets exactly ``len(items) // size`` items (equal step counts for
     synchronous SGD). Pass the worker itself (or ``worker.global_rank,
     worker.global_size``) to split across every worker of every node. Returns a list (an int array
-    for an int `items`). Raises ValueError for a bad rank or size, or for a worker whose
-    controller was not told its number of workers (the job's size is then unknown).
+    for an int `items`). Raises ValueError for a bad rank or size, for a worker whose
+    controller was not told its number of workers (the job's size is then unknown), or for a
+    worker of an elastic node started without a slot (``--slot I --slots N``).
     """
     if size is None:
         rank, size = _place_in_job(rank)
@@ -56,6 +58,12 @@ def _place_in_job(worker):
         raise ValueError("shard(items, rank, size): give the size too, or pass the "
                          "platoon.Worker itself (shard(items, w)), got rank %r and no size"
                          % (worker,))
+    if not getattr(worker, "placed_in_job", True):
+        raise ValueError("shard(items, w): worker %s is on elastic node %s, started without "
+                         "--slot I --slots N, so its place among the job's workers is unknown "
+                         "and every node would read the same part; give each node its slot "
+                         "(platoon-launcher --elastic does), or split by the node's name "
+                         "yourself (w.elastic_node)" % (worker.worker_id, worker.elastic_node))
     if worker.num_workers is None:
         raise ValueError("shard(items, w): worker %s's controller was not told how many "
                          "workers the job has, so its shards are unknown; give the "

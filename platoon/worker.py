@@ -60,8 +60,10 @@ class Worker:
     by hand), a `platoon.device.Device`: a str whose `local` is its name inside
     the process ("cuda:0": a pinned GPU is the only one the process sees) and
     `torch` the torch.device, as in ``model.to(w.device.local)``. `elastic_node` is
-    its node's name in an elastic job (``python -m platoon.elastic.node``: its stable
-    slot, by which it picks its data), else None.
+    its node's name in an elastic job (``python -m platoon.elastic.node``), else None.
+    `global_rank` of `global_size` number it among every worker of the job (on one node,
+    its `local_rank` of `local_size`); `placed_in_job` is False where they cannot (an
+    elastic node started without ``--slot``: they are then its node's own).
 
     Parameters:
         control_port: the controller's control port or endpoint string (None: the
@@ -347,6 +349,9 @@ class Worker:
         self.node_rank = info.get("node_rank", 0)
         self.num_nodes = info.get("num_nodes", 1)
         self.elastic_node: Optional[str] = info.get("elastic_node")
+        # whether global_rank/global_size number this worker among every worker of the job
+        # (not on an elastic node started without --slot: they are then its node's own)
+        self.placed_in_job: bool = info.get("placed_in_job", True)
 
     @renamed_keywords(timeout="timeout_s")
     @_while_open

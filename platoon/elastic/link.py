@@ -2,7 +2,7 @@
 refusals of what cannot hold when nodes come and go (the controller's NodeLink interface)."""
 
 import logging
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 from ..errors import PlatoonError
 from ..mpi.tie import CentreTie
@@ -18,17 +18,24 @@ _NOT_ELASTIC = ("%s across nodes does not exist in an elastic job: its nodes com
 class ElasticLink:
     """What an elastic node's controller sees of the other nodes (as ``node_link``).
 
-    A worker's `global_rank`/`global_size` are its node's own (its local rank and the node's
-    worker count: no job-wide numbering survives a node joining or leaving); its node's name
-    is PLATOON_ELASTIC_NODE (`Worker.elastic_node`), the stable slot a worker picks its data
-    shard by; its final evaluation waits for the final round without a deadline of its own
-    (the node bounds it). The cross-node `all_reduce` and `barrier` refuse with
-    PlatoonError."""
+    `slot` (I, N): the node's place among the job's N node slots (``--slot``, which
+    platoon-launcher gives each host): a worker's `global_rank`/`global_size` are then
+    ``I * workers + local rank`` of ``N * workers``, which `platoon.shard` splits the data by,
+    each slot its own part, whoever holds it now. Without a slot they are its node's own (its
+    local rank and the node's worker count) and `Worker.placed_in_job` is False. Its node's name
+    is PLATOON_ELASTIC_NODE (`Worker.elastic_node`); its final evaluation waits for the final
+    round without a deadline of its own (the node bounds it). The cross-node `all_reduce` and
+    `barrier` refuse with PlatoonError."""
 
     def __init__(self, num_workers: int, connect: Callable, name: str, tie: CentreTie,
                  timeout_s: float,
                  on_failure: Callable[[str], None], started_at: Optional[float] = None,
-                 final_timeout_s: float = FINAL_TIMEOUT_S):
+                 final_timeout_s: float = FINAL_TIMEOUT_S,
+                 slot: Optional[Tuple[int, int]] = None):
+        if slot is not None and not (isinstance(slot[0], int) and isinstance(slot[1], int)
+                                     and 0 <= slot[0] < slot[1]):
+            raise ValueError("an elastic node's slot is I of N, 0 <= I < N, got %r" % (slot,))
+        self.slot = slot
         self.num_workers = int(num_workers)
         self.connect, self.name, self.tie, self.timeout_s = connect, name, tie, timeout_s
         self.on_failure, self.started_at = on_failure, started_at
@@ -49,8 +56,13 @@ class ElasticLink:
                                           "tie_broken_rounds": thread.broken_rounds}
 
     def topology(self, worker_id):
-        return {"global_rank": worker_id, "global_size": self.num_workers,
-                "elastic_node": self.name}
+        if self.slot is None:
+            return {"global_rank": worker_id, "global_size": self.num_workers,
+                    "elastic_node": self.name, "placed_in_job": False}
+        index, slots = self.slot
+        return {"global_rank": index * self.num_workers + worker_id,
+                "global_size": slots * self.num_workers, "node_rank": index,
+                "num_nodes": slots, "elastic_node": self.name}
 
     def all_reduce(self, array, op):
         raise PlatoonError(_NOT_ELASTIC % "all_reduce")

@@ -15,7 +15,7 @@ import secrets
 import shlex
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 from .._os.environment import JobEnvironment, worker_environment
 from .._os.nodesettings import (
@@ -63,11 +63,13 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
                      ready_timeout_s: float = NodeSettings.ready_timeout_s,
                      finish_timeout_s: float = NodeSettings.finish_timeout_s,
                      heartbeat_interval_s: float = 0.1,
-                     final_timeout_s: float = FINAL_TIMEOUT_S) -> int:
+                     final_timeout_s: float = FINAL_TIMEOUT_S,
+                     slot: Optional[Tuple[int, int]] = None) -> int:
     """Run node `name` of the elastic job whose lighthouse is at `join`; return its exit code.
     The workers get PLATOON_ELASTIC_NODE=name; a worker failing ends this node only. Once its
     workers are done, the node waits for the final round as long as its group makes rounds;
-    after `final_timeout_s` without one it keeps its own centre and ends."""
+    after `final_timeout_s` without one it keeps its own centre and ends. `slot` (I, N): the
+    node's place among N node slots, by which its workers' data is split (`ElasticLink`)."""
     from . import LighthouseClient, load_secret
     from .dataplane import StoreServer
     from .link import ElasticLink
@@ -103,7 +105,7 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
                                     heartbeat_interval_s=heartbeat_interval_s)
 
         link = ElasticLink(num_workers, connect, name, tie, tie_timeout_s, fail, started_at,
-                           final_timeout_s)
+                           final_timeout_s, slot)
         _say("platoon.elastic: node %s, controller pid %d, job %s, lighthouse %s, data plane %s"
              % (name, os.getpid(), job_id, join, store.address))
         try:
@@ -144,6 +146,13 @@ def read_arguments(argv: Optional[Sequence[str]] = None):
     parser.add_argument("--name", required=True,
                         help="this node's stable name: its slot (a restarted node keeps it)")
     parser.add_argument("--workers", type=int, default=1, help="workers on this node")
+    parser.add_argument("--slot", type=int, default=None, metavar="I",
+                        help="this node's place among --slots N node slots (0 <= I < N; "
+                             "platoon-launcher gives each host its own): its workers' "
+                             "global_rank and global_size count every slot's workers, and "
+                             "platoon.shard gives each slot its own part of the data")
+    parser.add_argument("--slots", type=int, default=None, metavar="N",
+                        help="how many node slots the job has (with --slot)")
     parser.add_argument("--secret-file", default=None,
                         help="the job's secret (default: $PLATOON_ELASTIC_SECRET_FILE)")
     parser.add_argument("--host", default="127.0.0.1",
@@ -197,6 +206,10 @@ def read_arguments(argv: Optional[Sequence[str]] = None):
                           outer_momentum=args.tie_outer_momentum)
     except ValueError as exc:
         parser.error(flag_message(exc))
+    if (args.slot is None) != (args.slots is None):
+        parser.error("--slot and --slots go together")
+    if args.slot is not None and not 0 <= args.slot < args.slots:
+        parser.error("--slot must be in [0, --slots), got %d of %d" % (args.slot, args.slots))
     if not args.tie_timeout_s > args.tie_every_s:
         parser.error("--tie-timeout-s must be more than --tie-every-s")
     if not args.final_timeout_s > args.tie_timeout_s:
@@ -214,7 +227,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                 controller_args=shlex.split(args.controller_args),
                                 ready_timeout_s=args.ready_timeout_s,
                                 finish_timeout_s=args.finish_timeout_s,
-                                final_timeout_s=args.final_timeout_s)
+                                final_timeout_s=args.final_timeout_s,
+                                slot=None if args.slot is None else (args.slot, args.slots))
     except PlatoonError as exc:
         print("platoon.elastic.node: %s" % exc, file=sys.stderr)
         return 1

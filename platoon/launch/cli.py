@@ -64,7 +64,7 @@ exit codes:
 # --tie-compress's codecs and --tie-outer's rules (the node settings', which load no numpy)
 TIE_CODECS, TIE_OUTER_RULES = TIE_CODECS, OUTER_RULES
 TIE_FLAGS = ("tie_every_s", "tie_every_syncs", "tie_compress", "tie_outer", "tie_outer_lr",
-             "tie_outer_momentum")
+             "tie_outer_momentum", "tie_beta")
 
 # Options a --hosts job cannot honour, and why (each is refused rather than dropped).
 NOT_WITH_HOSTS = [
@@ -268,6 +268,9 @@ def make_parser() -> "_Parser":
     parser.add_argument("--tie-outer-momentum", type=float, metavar="MU",
                         help="with --hosts and --tie-outer diloco: the outer Nesterov momentum "
                         "(default %g)" % CentreTie.outer_momentum)
+    parser.add_argument("--tie-beta", type=float, metavar="BETA",
+                        help="with --hosts and --tie-outer easgd: how far each centre moves "
+                        "toward the mean at a tie, (0, 1] (default %g)" % CentreTie.beta)
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="do not show the workers' output here, each line prefixed "
                         "[workerN] (it is in LOG_DIR/workerN.log either way)")
@@ -338,9 +341,12 @@ def check_args(args: argparse.Namespace, error: Callable[[str], Any]) -> None:
     for dest in ("status_every_s", "checkpoint_every_s"):
         if getattr(args, dest) == 0:
             error("--%s must be more than 0" % dest.replace("_", "-"))
+    outer = args.tie_outer or ("diloco" if args.elastic else "easgd")
     if (args.tie_outer_lr is not None or args.tie_outer_momentum is not None) \
-            and args.tie_outer != "diloco" and not args.elastic:
+            and outer != "diloco":
         error("--tie-outer-lr and --tie-outer-momentum go with --tie-outer diloco")
+    if args.tie_beta is not None and outer != "easgd":
+        error("--tie-beta goes with --tie-outer easgd")
     if args.restart < 0:
         error("--restart must be at least 0")
     if args.resume and not os.path.exists(args.resume):
@@ -410,7 +416,7 @@ def node_settings(args: argparse.Namespace) -> NodeSettings:
     centres are tied when --tie-every-s or --tie-every-syncs is. Raises ValueError naming a bad
     setting."""
     given = {name: getattr(args, "tie_" + name) for name in ("compress", "outer", "outer_lr",
-                                                             "outer_momentum")
+                                                             "outer_momentum", "beta")
              if getattr(args, "tie_" + name) is not None}
     pace = {"every_s": args.tie_every_s, "every_syncs": args.tie_every_syncs}
     tied = pace["every_s"] is not None or pace["every_syncs"] is not None

@@ -62,13 +62,15 @@ def lighthouse_address(given: Optional[str], hosts: Sequence[str]) -> Tuple[str,
 
 def elastic_node_arguments(host: str, name: str, join: str, secret_file: str,
                            node: NodeSettings, worker_command: Sequence[str],
-                           python: str = sys.executable) -> List[str]:
+                           python: str = sys.executable,
+                           slot: Optional[Tuple[int, int]] = None) -> List[str]:
     """mpiexec's arguments for node `name` of an elastic job: one rank on `host` runs
     ``python -m platoon.elastic.node`` joining the lighthouse at `join`, with `node`'s
-    settings (`NodeSettings.to_argv` against the elastic node's own tie defaults), then ``--``
-    and `worker_command`."""
+    settings (`NodeSettings.to_argv` against the elastic node's own tie defaults) and its
+    `slot` (I, N) if given, then ``--`` and `worker_command`."""
     return (["-hosts", host, "-n", "1", python, "-m", "platoon.elastic.node", "--join", join,
              "--name", name, "--secret-file", secret_file]
+            + ([] if slot is None else ["--slot", str(slot[0]), "--slots", str(slot[1])])
             + node.to_argv(tie_defaults=elastic_tie()) + ["--"] + list(worker_command))
 
 
@@ -173,9 +175,12 @@ class ElasticLaunch(Launch):
             launcher_pid=os.getpid(), log_level=self.args.log_level, job_id=self.job_id,
             checkpoint_path=os.path.abspath(self.centre_of(name))).to_env())
         node = dataclasses.replace(self.node, host=host)
+        # its place among the job's hosts, for its workers' data (not when joining a job
+        # another launcher started: its slots are not this launcher's to give)
+        slot = None if self.args.join else (self.names.index(name), len(self.names))
         proc = Process(label, "-x:" + self.mpiexec,
                        elastic_node_arguments(host, name, self.join, self.secret_file, node,
-                                              self.worker_command),
+                                              self.worker_command, slot=slot),
                        env, os.path.join(self.log_dir, label + ".log"), index=name,
                        device=host)
         self.nodes[name] = proc

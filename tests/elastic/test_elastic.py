@@ -933,12 +933,15 @@ def _stop(launcher, tmp_path):
             pass
 
 
+@pytest.mark.parametrize("rule", [
+    ["--tie-outer-lr", "1", "--tie-outer-momentum", "0"],
+    ["--tie-outer", "easgd", "--tie-beta", "0.5"]], ids=["diloco", "easgd"])
 def test_launcher_elastic_job_survives_a_kill_restarts_the_node_healed_ends_on_one_centre(
-        tmp_path):
+        tmp_path, rule):
     """platoon-launcher --hosts (three nodes on this machine, one worker each) --elastic: a
     lighthouse with a new secret, and one node runner per host under an mpiexec of its own.
     Their centres are tied every 0.2 s over int8 by DiLoCo's outer step at lr 1 without
-    momentum (plain averaging). Node 3's controller is killed -9
+    momentum (plain averaging), or by EASGD. Node 3's controller is killed -9
     after its first round (its worker dies with it, the reaper frees its shared memory): its
     mpiexec alone ends, nodes 1 and 2 go on in the next quorum, and the launcher (--restart 1)
     starts node 3 again under its name: it is healed from a peer (it takes their anchor) and
@@ -950,7 +953,7 @@ def test_launcher_elastic_job_survives_a_kill_restarts_the_node_healed_ends_on_o
     n = {name: re.escape(name) for name in names}
     launcher = Proc(["-m", "platoon.launch.cli", WORKER, "--hosts"] + ["127.0.0.1"] * 3 + [
         "--elastic", "-n", "1", "--min-nodes", "2", "--heartbeat-timeout-s", str(TIMEOUT_S),
-        "--tie-every-s", "0.2", "--tie-outer-lr", "1", "--tie-outer-momentum", "0",
+        "--tie-every-s", "0.2"] + rule + [
         "--restart", "1", "--log-dir", str(logs), "--", "60", str(stop)])
     try:
         match, _ = launcher.wait_for_match(r"\[node-%s\] platoon.elastic: node \S+, controller "
@@ -1000,6 +1003,15 @@ def test_launcher_elastic_job_survives_a_kill_restarts_the_node_healed_ends_on_o
         assert len(dists) == 3 and distance < min(4.0, 2 * max(dists) + 0.01), (distance, dists)
         # no worker took itself for an MPI rank (mpiexec started each node)
         assert sum(line.endswith("] DISTRIBUTED none") for line in launcher.lines if line) == 4
+        # each host's node its own slot, its own part of the data, the same after its restart
+        shards = {}
+        for line in launcher.lines:
+            match = re.match(r"\[node-(\S+?)(?:\.restart1)?\] SHARD ([\d ]+)$", line or "")
+            if match:
+                shards.setdefault(match.group(1), set()).add(match.group(2))
+        assert sorted(shards) == sorted(names) and all(len(s) == 1 for s in shards.values())
+        parts = [set(s.pop().split()) for s in shards.values()]
+        assert set.union(*parts) == set(map(str, range(12))) and sum(map(len, parts)) == 12
         assert os.stat(logs / "elastic.secret").st_mode & 0o777 == 0o600
         wait_until(lambda: not _mentioning(str(tmp_path)), 10, "the job's processes to end")
         assert not [s for s in platoon_segments() if c_job.rpartition("-" + c)[0] in s]
@@ -1107,16 +1119,23 @@ def test_joiners_with_another_codec_or_model_are_refused_alone_and_the_others_en
     model (512 features where the job has 256). Each is refused at the door of its first round,
     before any payload travels (no gloo abort: the others' processes live on): it ends alone
     (exit 3, naming the setting); a and b drop that round, go on between themselves, and end on
-    one saved, finite centre."""
+    one saved, finite centre. Given their slots (0 and 1 of 2), a's and b's workers each shard
+    the data their own part; c's, started without one, are refused a shard, saying why."""
     from platoon import load_centre
     lighthouse = job.lighthouse(min_nodes=2)
     stop = tmp_path / "stop"
-    nodes = {name: job.runner(name, 60, stop, checkpoint=tmp_path / (name + ".npz"))
-             for name in ("a", "b")}
+    nodes = {name: job.runner(name, 60, stop, checkpoint=tmp_path / (name + ".npz"),
+                              node_args=["--slot", slot, "--slots", 2])
+             for slot, name in enumerate(("a", "b"))}
+    shards = [set(nodes[n].wait_for_match(r"SHARD ([\d ]+)$", 30)[0].group(1).split())
+              for n in "ab"]
+    assert not shards[0] & shards[1] and shards[0] | shards[1] == set(map(str, range(12)))
     nodes["a"].wait_for_match(r".* WARNING: node a: first contributing round", 30)
     _, index = quorum_of(lighthouse, ["a", "b"])
     codec = job.runner("c", 60, stop, node_args=["--tie-compress", "int4"])
     model = job.runner("d", 60, stop, 512)
+    codec.wait_for_line("SHARD refused: shard(items, w): worker 0 is on elastic node c, started "
+                        "without --slot I --slots N", 30)
     assert codec.wait(30) == 3, codec.output  # EXIT_REFUSED: the launcher does not restart it
     assert "node c is refused by the job's other nodes" in codec.output
     assert re.search(r"its --tie-compress int4 where a, b(, d)? have int8", codec.output)

@@ -670,6 +670,10 @@ def test_hosts_takes_the_options_it_passes_on():
 @pytest.mark.parametrize("argv, message", [
     (["--elastic"], "--elastic needs --hosts: one node per host"),
     (["--hosts", "h1", "--min-nodes", "1"], "--min-nodes needs --elastic (with --hosts)"),
+    (["--hosts", "h1", "--elastic", "--tie-beta", "0.3"],
+     "--tie-beta goes with --tie-outer easgd"),
+    (["--hosts", "h1", "--elastic", "--tie-outer", "easgd", "--tie-outer-lr", "1"],
+     "--tie-outer-lr and --tie-outer-momentum go with --tie-outer diloco"),
     (["--hosts", "h1", "--elastic", "--tie-every-syncs", "4"],
      "--tie-every-syncs cannot be used with --elastic: an elastic node's outer rounds are "
      "paced in seconds"),

@@ -119,12 +119,13 @@ def test_the_node_argv_that_crosses_mpiexec_is_made_from_one_object_and_read_bac
 # An elastic job's node settings cross each node's mpiexec the same way (the tie written
 # against the elastic node's own defaults); tests/golden/elastic_node_argv.json pins it.
 ELASTIC_GOLDEN = os.path.join(HERE, "golden", "elastic_node_argv.json")
-ELASTIC_LAUNCHES = {
-    "defaults": (["train.py", "--hosts", "h1", "h2", "--elastic"], None),
-    "float32 (CentreTie's default, not the elastic node's), controller script": (
+ELASTIC_LAUNCHES = {  # name: (the launcher's argv, a controller script, the node's slot)
+    "defaults": (["train.py", "--hosts", "h1", "h2", "--elastic"], None, None),
+    "float32 (CentreTie's default, not the elastic node's), controller script, slot 1 of 3": (
         ["train.py", "--hosts", "h1", "--elastic", "-n", "2", "--controller", "ctl.py", "-c",
          "--steps 5", "--tie-every-s", "0.5", "--tie-compress", "float32", "--tie-outer-lr",
-         "0.5", "--tie-outer-momentum", "0.8", "--", "--epochs", "2"], "ctl.py"),
+         "0.5", "--tie-outer-momentum", "0.8", "--", "--epochs", "2"], "ctl.py", (1, 3)),
+    "EASGD": (["train.py", "--hosts", "h1", "--elastic", "--tie-outer", "easgd"], None, None),
 }
 
 
@@ -135,12 +136,13 @@ def test_an_elastic_nodes_argv_is_made_from_one_object_and_read_back_whole():
     from platoon.launch import cli
     from platoon.launch.elastic import elastic_node_arguments
     made = {}
-    for name, (argv, controller) in ELASTIC_LAUNCHES.items():
+    for name, (argv, controller, slot) in ELASTIC_LAUNCHES.items():
         args = cli.parse_args(argv)
         node = dataclasses.replace(args.node, controller=controller, host=args.hosts[0],
                                    controller_args=args.controller_args if controller else "")
         cmd = elastic_node_arguments(args.hosts[0], "a", "lh:29510", "/s", node,
-                                     ["worker.py"] + args.worker_argv, python="PYTHON")
+                                     ["worker.py"] + args.worker_argv, python="PYTHON",
+                                     slot=slot)
         made[name] = cmd
         read, tie, command = read_arguments(cmd[cmd.index("platoon.elastic.node") + 1:])
         assert tie == node.tie, name  # every tie setting arrives, float32 included
@@ -148,6 +150,7 @@ def test_an_elastic_nodes_argv_is_made_from_one_object_and_read_back_whole():
                 read.name, read.secret_file, read.finish_timeout_s) == (
             node.workers, node.controller, node.controller_args, node.host, "lh:29510", "a",
             "/s", node.finish_timeout_s), name
+        assert (read.slot, read.slots) == (slot or (None, None)), name
         assert command == [sys.executable] + cmd[cmd.index("--") + 1:]
     assert_golden(made, ELASTIC_GOLDEN)
 

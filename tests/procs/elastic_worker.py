@@ -3,7 +3,8 @@
 default 256: another number is another model), EASGD with its
 node's centre, for SECONDS seconds of training (less if file STOP exists); its data is picked
 by its node's name (PLATOON_ELASTIC_NODE). Prints "DISTRIBUTED none" (or the MPI/torchrun rank
-variables it sees), "SYNCS k" after every 50th sync, and "DIST d node NAME" (its distance to
+variables it sees), "SHARD i j ..." (its part of 12 items, `platoon.shard`) or "SHARD refused:
+why", "SYNCS k" after every 50th sync, and "DIST d node NAME" (its distance to
 the true weights)."""
 
 import os
@@ -13,7 +14,7 @@ import zlib
 
 import numpy as np
 
-from platoon import EASGD, Worker
+from platoon import EASGD, Worker, shard
 from platoon._os.environment import DISTRIBUTED_PREFIXES, DISTRIBUTED_VARIABLES
 
 FEATURES = 256
@@ -28,6 +29,10 @@ def main():
     print("DISTRIBUTED %s" % (",".join(ranks) or "none"), flush=True)
     true_w = (np.arange(features) / features).astype(np.float32)
     with Worker(timeout_s=30) as w:
+        try:
+            print("SHARD %s" % " ".join(map(str, shard(12, w))), flush=True)
+        except ValueError as exc:
+            print("SHARD refused: %s" % exc, flush=True)
         weights = np.random.default_rng(0).normal(size=features).astype(np.float32)
         w.init_shared_params([weights], EASGD(0.5))
         data = np.random.default_rng(zlib.crc32(node.encode()) + w.local_rank)
