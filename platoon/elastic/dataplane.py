@@ -8,19 +8,32 @@ finite: a member that dies or stops answering makes the round raise QuorumBroken
 `timeout_s`, and the caller waits for the next quorum (`LighthouseClient.wait_for_quorum`)
 and builds a new group. Needs torch (``pip install platoon-dp[elastic]``); the messages are
 those of `platoon.mpi.compress` (float32, int8, int4, error feedback), averaged in rank order
-so that every member gets the same bits.
+so that every member gets the same bits. A round's mean is a reduce-scatter then an
+all-gather (`QuorumGroup.compressed_mean`): each member sends about 2 m coded bytes for a
+message of m, whatever the quorum's size.
 """
 
 import datetime
 import socket
 from concurrent.futures import ThreadPoolExecutor
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import PlatoonError, QuorumBroken
-from ..mpi.compress import Codec, ErrorFeedback, mean_of_messages, own_message
+from ..errors import NonFiniteValues, PlatoonError, QuorumBroken
+from ..mpi.compress import BLOCK, Codec, ErrorFeedback, mean_of_messages, own_message
 from .quorum import Quorum
+
+# Below this many elements per member a mean goes as one all-gather of whole messages (the
+# reduce-scatter's chunks would be smaller than a codec's block).
+MIN_CHUNK = BLOCK
+
+
+def chunk_bounds(n: int, parts: int, align: int = BLOCK) -> List[int]:
+    """`parts` + 1 offsets cutting n elements into `parts` contiguous chunks of about equal
+    size, each boundary a multiple of `align` (the last chunk takes the remainder)."""
+    blocks = -(-n // align)
+    return [min(n, align * (blocks * k // parts)) for k in range(parts)] + [n]
 
 
 def _torch():
@@ -102,6 +115,7 @@ class QuorumGroup:
             raise ValueError("timeout_s must be > 0 seconds, got %r" % (timeout_s,))
         self.quorum, self.name, self.timeout_s = quorum, name, timeout_s
         self.rank, self.size = quorum.rank_of(name), quorum.size
+        self._residuals: Dict[Tuple[str, int, str], np.ndarray] = {}  # `_owner_residual`
         _, dist = _torch()
         timeout = datetime.timedelta(seconds=timeout_s)
         store_host, store_port = _split(quorum.store_address)
@@ -154,13 +168,22 @@ class QuorumGroup:
                         feedback: Optional[ErrorFeedback] = None,
                         out: Optional[np.ndarray] = None,
                         among: Optional[Sequence[int]] = None) -> Tuple[np.ndarray, int]:
-        """The mean over the quorum of the members' `array`s, each sent as `codec`'s message
+        """The mean over the quorum of the members' `array`s, each sent as `codec`'s messages
         of ``array + feedback.residual`` (as `platoon.mpi.compress.compressed_mean`, whose
         arithmetic it shares: the same bits on every member); returns (mean, bytes this node
-        sent, its message once for each other member). Raises QuorumBroken when a member
-        fails the round, NonFiniteValues when any member's array holds NaN or Inf.
-        `among`: the ranks whose arrays make the mean (default all); the others' messages
-        are not read (their array: any of the right size) and they count no bytes sent."""
+        sent). Raises QuorumBroken when a member fails the round, NonFiniteValues when any
+        member's array holds NaN or Inf. `among`: the ranks whose arrays make the mean
+        (default all); the others' messages are not read (their array: any of the right
+        size). The residual changes only once every message is in: a broken round drops
+        nothing.
+
+        A reduce-scatter then an all-gather: the array is cut into one chunk per member
+        (`chunk_bounds`); each member sends every other member its coded chunk of it, each
+        adds up the messages of its chunk in rank order and sends the mean chunk, coded again
+        (with an error feedback of its own for this quorum), to every member; every member
+        decodes the same messages. About 2 m bytes sent per member for a message of m,
+        whatever the quorum's size (an all-gather of whole messages: (size - 1) m). Arrays
+        too small to cut (fewer than `MIN_CHUNK` elements per member) go as one all-gather."""
         array = np.asarray(array)
         if array.dtype.kind != "f":
             raise ValueError("compressed_mean averages floating-point arrays, not %s"
@@ -168,16 +191,112 @@ class QuorumGroup:
         if feedback is not None and feedback.residual.size != array.size:
             raise ValueError("ErrorFeedback of %d elements for an array of %d"
                              % (feedback.residual.size, array.size))
-        # The residual changes only once every message is in: a broken round drops nothing.
         members = list(range(self.size)) if among is None else sorted(set(among))
         sending = self.rank in members
-        data, message, refused_here = own_message(array.reshape(-1), codec,
-                                                  feedback if sending else None)
-        gathered = self.all_gather_bytes(message)[members]
+        if self.size == 1 or array.size < MIN_CHUNK * self.size:
+            return self._gathered_mean(array, codec, feedback if sending else None, out,
+                                       members)
+        torch, dist = _torch()
+        flat = array.reshape(-1)
+        data = flat
+        if sending and feedback is not None:
+            data = flat.astype(np.result_type(flat.dtype, feedback.residual.dtype))
+            data += feedback.residual
+        bounds = chunk_bounds(flat.size, self.size)
+        sizes = [codec.encoded_size(bounds[k + 1] - bounds[k]) for k in range(self.size)]
+        # 1. each member's chunk k to member k (a refusal in every chunk for NaN or Inf)
+        outgoing = np.zeros(sum(sizes), np.uint8)
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        refused_here = None
+        if sending:
+            for k in range(self.size):
+                part = outgoing[offsets[k]:offsets[k + 1]]
+                try:
+                    codec.encode(data[bounds[k]:bounds[k + 1]], out=part)
+                except NonFiniteValues as exc:
+                    refused_here = exc
+                    break
+            if refused_here is not None:
+                for k in range(self.size):
+                    outgoing[offsets[k]:offsets[k + 1]] = codec.refusal(
+                        bounds[k + 1] - bounds[k])
+        mine = self.rank
+        incoming = torch.empty(self.size * sizes[mine], dtype=torch.uint8)
+        self._wait(self._group.alltoall_base(
+            incoming, torch.from_numpy(outgoing), [sizes[mine]] * self.size, sizes,
+            dist.AllToAllOptions()), "the reduce-scatter")
+        received = incoming.numpy().reshape(self.size, sizes[mine])
+        n_mine = bounds[mine + 1] - bounds[mine]
+        acc_dtype = np.result_type(array.dtype, np.float32)
+        refusing = [r for r in members if codec.refused(received[r])]
+        total = np.zeros(n_mine, acc_dtype)
+        if not refusing:
+            scratch = np.empty(n_mine, acc_dtype)
+            for index, r in enumerate(members):
+                decoded = codec.decode(received[r], total if index == 0 else scratch)
+                if index > 0:
+                    total += decoded
+            total /= len(members)
+        # 2. each member's mean chunk (with whom it found refusing) to every member
+        owner_residual = self._owner_residual(codec, array.size, acc_dtype, n_mine)
+        widest = max(sizes)
+        flags = np.zeros(self.size, np.uint8)
+        flags[refusing] = 1
+        message = np.zeros(self.size + widest, np.uint8)
+        message[:self.size] = flags
+        if not refusing:
+            total += owner_residual
+            codec.encode(total, out=message[self.size:self.size + sizes[mine]])
+        rows = self.all_gather_bytes(message)
+        everyone_refusing = sorted({int(r) for row in rows
+                                    for r in np.flatnonzero(row[:self.size])})
+        if everyone_refusing:
+            raise NonFiniteValues(
+                "compressed_mean: rank(s) %s of %d hold NaN or Inf, which would reach every "
+                "rank's mean (%s); nothing was averaged"
+                % (", ".join(map(str, everyone_refusing)), self.size, codec.name),
+                everyone_refusing) from refused_here
+        mean = out if out is not None else np.empty(array.shape, array.dtype)
+        flat_mean = np.empty(flat.size, acc_dtype)
+        for k, row in enumerate(rows):
+            codec.decode(row[self.size:self.size + sizes[k]], flat_mean[bounds[k]:bounds[k + 1]])
+        # every message is in: the residuals move (what this member's messages lost)
+        owner_residual[...] = total - flat_mean[bounds[mine]:bounds[mine + 1]]
+        if sending and feedback is not None:
+            for k in range(self.size):
+                sent = np.empty(bounds[k + 1] - bounds[k], acc_dtype)
+                codec.decode(outgoing[offsets[k]:offsets[k + 1]], sent)
+                np.subtract(data[bounds[k]:bounds[k + 1]], sent,
+                            out=feedback.residual[bounds[k]:bounds[k + 1]], casting="same_kind")
+        mean.reshape(-1)[...] = flat_mean
+        spread = sum(sizes) - sizes[mine] if sending else 0
+        return mean, spread + (self.size + widest) * (self.size - 1)
+
+    def _owner_residual(self, codec: Codec, n: int, dtype, n_mine: int) -> np.ndarray:
+        """What coding this member's mean chunks of arrays of `n` elements lost so far (added
+        to the next one): this quorum's own, as its chunks are (zeros for a lossless codec's,
+        which never change)."""
+        key = (codec.name, n, np.dtype(dtype).str)
+        if key not in self._residuals:
+            self._residuals[key] = np.zeros(n_mine, dtype)
+        return self._residuals[key]
+
+    def _gathered_mean(self, array: np.ndarray, codec: Codec,
+                       feedback: Optional[ErrorFeedback], out: Optional[np.ndarray],
+                       members: Sequence[int]) -> Tuple[np.ndarray, int]:
+        """`compressed_mean` as one all-gather of every member's whole message."""
+        sending = self.rank in members
+        data, message, refused_here = own_message(array.reshape(-1), codec, feedback)
+        gathered = self.all_gather_bytes(message)[list(members)]
         mean = mean_of_messages(gathered, members, self.rank, self.size, codec,
-                                array, data, feedback if sending else None,
-                                refused_here if sending else None, out)
+                                array, data, feedback, refused_here if sending else None, out)
         return mean, message.size * (self.size - 1) if sending else 0
+
+    def _wait(self, work, doing: str) -> None:
+        try:
+            work.wait(datetime.timedelta(seconds=self.timeout_s))
+        except (RuntimeError, OSError) as exc:
+            raise self._broken(doing, exc) from exc
 
     def close(self) -> None:
         group, self._group = getattr(self, "_group", None), None

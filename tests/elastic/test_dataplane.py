@@ -1,0 +1,121 @@
+"""platoon.elastic.dataplane: a quorum's compressed mean as a reduce-scatter then an all-gather,
+over real gloo groups (one per member, in threads of this process, on 127.0.0.1)."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from platoon.elastic import Quorum, QuorumGroup, StoreServer
+from platoon.elastic.dataplane import chunk_bounds
+from platoon.errors import NonFiniteValues
+from platoon.mpi.compress import ErrorFeedback, RawCodec, make_codec, mean_of_messages
+
+
+def _in_parallel(groups, call):
+    """call(rank, group) on every member at once; the results (or exceptions) by rank."""
+    results = {}
+
+    def run(rank, group):
+        try:
+            results[rank] = call(rank, group)
+        except Exception as exc:  # noqa: BLE001 (compared by the test)
+            results[rank] = exc
+
+    threads = [threading.Thread(target=run, args=item) for item in enumerate(groups)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(results) == len(groups)
+    return [results[r] for r in range(len(groups))]
+
+
+@pytest.fixture
+def quorum_of():
+    """quorum_of(p): p members' QuorumGroups of one quorum (all closed at teardown)."""
+    made = []
+
+    def make(p):
+        store = StoreServer("127.0.0.1")
+        made.append(store)
+        names = tuple("m%02d" % i for i in range(p))
+        quorum = Quorum(1, names, (store.address,) + ("127.0.0.1:1",) * (p - 1), "n0nce")
+        groups = _in_parallel(range(p), lambda rank, _: QuorumGroup(quorum, names[rank], 10.0))
+        made.extend(groups)
+        return groups
+
+    yield make
+    for thing in reversed(made):
+        thing.close()
+
+
+def test_chunks_cover_the_array_on_block_boundaries():
+    assert chunk_bounds(1000, 3, 256) == [0, 256, 512, 1000]
+    assert chunk_bounds(10, 4, 256) == [0, 0, 0, 0, 10]
+    bounds = chunk_bounds(100_000, 7, 256)
+    assert bounds[0] == 0 and bounds[-1] == 100_000
+    assert all(b % 256 == 0 for b in bounds[:-1]) and bounds == sorted(bounds)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_the_mean_is_the_same_bits_everywhere_for_about_two_messages_sent(quorum_of, p):
+    """int8 with error feedback: every member gets the same bits, close to the true mean;
+    each sends about 2 (p - 1) / p of one message, not (p - 1) messages; over rounds the sum
+    of the means tracks the sum of the true means (the errors do not pile up)."""
+    groups = quorum_of(p)
+    n = 20_000
+    codec = make_codec("int8")
+    feedback = [ErrorFeedback(n) for _ in range(p)]
+    rng = np.random.default_rng(0)
+    drift = np.zeros(n)
+    for _ in range(5):
+        arrays = [rng.normal(size=n).astype(np.float32) for _ in range(p)]
+        results = _in_parallel(groups, lambda rank, g: g.compressed_mean(
+            arrays[rank], codec, feedback[rank]))
+        means = [mean for mean, _ in results]
+        assert all(np.array_equal(means[0], m) for m in means[1:])
+        truth = np.mean(arrays, axis=0)
+        assert np.abs(means[0] - truth).max() < 0.1
+        drift += means[0] - truth
+        sent = [s for _, s in results]
+        message = codec.encoded_size(n)
+        # 2 (p - 1) / p messages, give or take a block per chunk and the refusal flags
+        assert max(sent) <= 2.0 * message * (p - 1) / p + (p - 1) * (p + 2 * 260), sent
+    assert np.abs(drift).max() < 0.1  # error feedback: five rounds' error stays one round's
+
+
+def test_a_lossless_mean_is_exactly_the_all_gathers(quorum_of):
+    """With the centres' own dtype (the first and final rounds), the reduce-scatter's mean is
+    bit for bit what adding every whole message in rank order gives."""
+    groups = quorum_of(3)
+    rng = np.random.default_rng(1)
+    arrays = [rng.normal(size=5000).astype(np.float32) for _ in range(3)]
+    codec = RawCodec(np.float32)
+    results = _in_parallel(groups, lambda rank, g: g.compressed_mean(arrays[rank], codec))
+    messages = np.stack([codec.encode(a) for a in arrays])
+    expected = mean_of_messages(messages, [0, 1, 2], 0, 3, codec, arrays[0],
+                                arrays[0].reshape(-1), None)
+    for mean, _ in results:
+        assert np.array_equal(mean, expected)
+
+
+def test_nan_on_one_member_is_refused_on_every_member_naming_it(quorum_of):
+    groups = quorum_of(3)
+    arrays = [np.ones(3000, np.float32) for _ in range(3)]
+    arrays[2][2999] = np.nan  # in the last member's own chunk, and in no other's
+    feedback = [ErrorFeedback(3000) for _ in range(3)]
+    results = _in_parallel(groups, lambda rank, g: g.compressed_mean(
+        arrays[rank], make_codec("int4"), feedback[rank]))
+    for result in results:
+        assert isinstance(result, NonFiniteValues) and result.ranks == [2]
+    assert not any(f.residual.any() for f in feedback)  # nothing averaged, nothing dropped
+
+
+def test_only_the_members_named_make_the_mean(quorum_of):
+    groups = quorum_of(3)
+    arrays = [np.full(4000, v, np.float32) for v in (1.0, 3.0, 1000.0)]
+    results = _in_parallel(groups, lambda rank, g: g.compressed_mean(
+        arrays[rank], make_codec("float32"), among=[0, 1]))
+    assert all(np.array_equal(mean, np.full(4000, 2.0, np.float32)) for mean, _ in results)
+    assert results[2][1] > 0  # it passes the others' chunks on, sending none of its own
