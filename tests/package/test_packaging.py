@@ -1,5 +1,7 @@
-"""The distribution's name: "platoon" on the package index is an unrelated project."""
+"""The distribution: its name ("platoon" on the package index is an unrelated project), its
+torch pin, its description."""
 
+import ast
 import importlib.metadata
 import os
 import re
@@ -28,15 +30,29 @@ def test_no_install_line_names_the_unrelated_platoon_distribution():
     assert not bad, bad
 
 
-def test_every_extra_pins_torch_to_the_release_with_a_cpu_build():
-    # An unpinned torch pulls a multi-GB CUDA build (docs/api.md#pytorch says how to install).
-    import ast
-
+def setup_keywords():
+    """The keywords of setup.py's setup() call, as syntax trees."""
     with open(os.path.join(ROOT, "setup.py")) as f:
         tree = ast.parse(f.read())
-    extras = next(ast.literal_eval(k.value) for node in ast.walk(tree)
-                  if isinstance(node, ast.Call) for k in node.keywords
-                  if k.arg == "extras_require")
+    call = next(node for node in ast.walk(tree) if isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) == "setup")
+    return {k.arg: k.value for k in call.keywords}
+
+
+def test_every_extra_pins_torch_to_the_release_with_a_cpu_build():
+    # An unpinned torch pulls a multi-GB CUDA build (docs/api.md#pytorch says how to install).
+    extras = ast.literal_eval(setup_keywords()["extras_require"])
     torch = {name: [r for r in reqs if re.match(r"torch\b", r)] for name, reqs in extras.items()}
     assert torch["torch"], "setup.py has no [torch] extra"
     assert all(r == "torch==2.13.0" for reqs in torch.values() for r in reqs), torch
+
+
+def test_the_description_names_every_sync_rule_the_package_exports():
+    import platoon
+
+    description = ast.literal_eval(setup_keywords()["description"])
+    rules = [n for n in platoon.__all__ if isinstance(getattr(platoon, n), type)
+             and issubclass(getattr(platoon, n), platoon.ParamSyncRule)
+             and getattr(platoon, n) is not platoon.ParamSyncRule]
+    assert rules and all(re.search(r"\b%s\b" % rule, description) for rule in rules), \
+        "setup.py's description %r does not name every rule in %s" % (description, rules)
