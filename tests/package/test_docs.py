@@ -307,10 +307,11 @@ class _Unchecked(Exception):
     """A name in a module that needs a framework this environment lacks (an extra)."""
 
 
-def import_ours(module):
-    """The module of ours named `module`; _Unchecked when it needs a missing framework."""
+def ours(load, *args):
+    """`load(*args)` (an import, a lazy name's getattr); _Unchecked when what it loads needs a
+    framework this environment lacks."""
     try:
-        return importlib.import_module(module)
+        return load(*args)
     except ImportError as exc:
         cause = exc
         while cause is not None:
@@ -319,6 +320,10 @@ def import_ours(module):
                 raise _Unchecked(missing) from exc
             cause = cause.__cause__
         raise
+
+
+def import_ours(module):
+    return ours(importlib.import_module, module)
 
 
 def modules_of_ours():
@@ -406,7 +411,7 @@ def resolve_attributes(obj, attributes):
 
     for attribute in attributes:
         if isinstance(obj, types.ModuleType):
-            if hasattr(obj, attribute):
+            if ours(hasattr, obj, attribute):  # platoon's names load on first use
                 obj = getattr(obj, attribute)
             elif hasattr(obj, "__path__") and \
                     importlib.util.find_spec("%s.%s" % (obj.__name__, attribute)) is not None:
