@@ -10,8 +10,9 @@ SYNC_KERNELS = Extension(
 setup(
     name="platoon-dp",  # the import name is platoon; "platoon" on the index is another project
     version="0.1.0",
-    description="Data-parallel training of one model by many worker processes "
-                "(EASGD, ASGD) over ZeroMQ and POSIX shared memory",
+    description="Data-parallel training of one model by many worker processes (EASGD, ASGD, "
+                "Downpour, DiLoCo, DelayedNesterov, all-reduce) over ZeroMQ and POSIX shared "
+                "memory",
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",
     license="MIT",

@@ -282,3 +282,169 @@ def test_every_backticked_flag_is_an_option_of_its_program():
                 unknown.append("%s: %s%s" % (name(page), command + " " if command else "", flag))
     assert not unknown, "options no program of ours takes: %s (fix the page, or add the flag to " \
         "OTHER_PROGRAMS_FLAGS with whose it is)" % unknown
+
+
+# Every backticked module (`platoon.elastic.node`, `benchmarks.slow_link`) and name of ours
+# (`platoon.shard`, `Worker.elastic_node`, `w.global_rank`, `ctl.centre`,
+# `ParamSyncRule.device_kernels()`) names something the code has.
+
+DOTTED = re.compile(r"(?<![\w./-])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)")
+# What the docs' code calls its objects of ours (`w.sync_params()`, `ctl.serve()`, `h.wait()`;
+# `opt` is a PeriodicSync or the torch optimizer it wraps, whose members it has too).
+RECEIVERS = {"w": "Worker", "ctl": "Controller", "h": "SyncHandle", "handle": "SyncHandle",
+             "sync": "PeriodicSync", "opt": "PeriodicSync", "rule": "ParamSyncRule",
+             "callback": "PlatoonCallback", "strategy": "PlatoonStrategy",
+             "local_sgd": "LocalSGD"}
+# Backticked names the code deliberately lacks, each with why.
+NOT_IN_THE_CODE = {
+    "platoon.rules._sync_kernels": "the C extension setup.py builds from _sync_kernels.c, "
+                                   "absent where no compiler was found",
+    "platoon.launch.process": "docs/launcher.md names where platoon._os.process used to be",
+}
+
+
+class _Unchecked(Exception):
+    """A name in a module that needs a framework this environment lacks (an extra)."""
+
+
+def ours(load, *args):
+    """`load(*args)` (an import, a lazy name's getattr); _Unchecked when what it loads needs a
+    framework this environment lacks."""
+    try:
+        return load(*args)
+    except ImportError as exc:
+        cause = exc
+        while cause is not None:
+            missing = getattr(cause, "name", None)
+            if missing and missing.split(".")[0] not in ("platoon", "benchmarks"):
+                raise _Unchecked(missing) from exc
+            cause = cause.__cause__
+        raise
+
+
+def import_ours(module):
+    return ours(importlib.import_module, module)
+
+
+def modules_of_ours():
+    """{module name: path} for every module of the package (`__main__` aside)."""
+    found = {}
+    for path in glob.glob(os.path.join(ROOT, "platoon", "**", "*.py"), recursive=True):
+        module = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+        if not module.endswith("__main__"):
+            found[module[:-len(".__init__")] if module.endswith(".__init__") else module] = path
+    return found
+
+
+def classes_of_ours(modules):
+    """{class name: [module]} for every public class defined at a module's top level, and
+    {name: [module]} for every module by its last names (`mpi.tie`, `tie`: `platoon.mpi.tie`)."""
+    classes, tails = {}, {}
+    for module, path in modules.items():
+        for node in ast.parse(read(path)).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                classes.setdefault(node.name, []).append(module)
+        parts = module.split(".")
+        for start in range(1, len(parts)):
+            tails.setdefault(".".join(parts[start:]), []).append(module)
+    return classes, tails
+
+
+def has_member(cls, attribute):
+    """Whether instances of `cls` have `attribute`: on the class, annotated in it or a base, or
+    set on self in the source of one of ours."""
+    import inspect
+
+    if hasattr(cls, attribute):
+        return True
+    for base in cls.__mro__:
+        if attribute in base.__dict__.get("__annotations__", {}):
+            return True
+        if base.__module__.split(".")[0] == "platoon" and re.search(
+                r"\bself\.%s\s*(:[^=\n]*)?=[^=]" % attribute, inspect.getsource(base)):
+            return True
+    return False
+
+
+def outside_module(name):
+    """Whether `name` is a top-level module outside this repository (`np`'s numpy, `os`)."""
+    spec = importlib.util.find_spec(name)
+    return spec is not None and spec.origin is not None and \
+        not os.path.abspath(spec.origin).startswith(ROOT + os.sep)
+
+
+def resolve_name(token, classes, tails):
+    """Whether the dotted `token` names something: a module of ours (`platoon.mpi.tie`, or
+    within platoon/ `mpi.tie`, `registry`), then attributes down from it
+    (`platoon.mpi.run_node`), or attributes of a class of ours (`Worker.elastic_node`; a
+    receiver: `w.global_rank`). Only modules and classes are walked past: `w.device.torch`
+    checks `device`. None when the token is not ours (`np.savez`, `accelerate.local_sgd`: a
+    module outside platoon wins); _Unchecked when it needs a missing framework."""
+    head, *rest = token.split(".")
+    if head == "benchmarks":  # files, not imported (the benchmarks need their extras)
+        path = os.path.join(ROOT, "benchmarks", rest[0])
+        if os.path.isdir(path):
+            return True
+        return os.path.isfile(path + ".py") and (len(rest) == 1 or defines(path + ".py",
+                                                                           rest[1:2]))
+    if head == "platoon":
+        return resolve_attributes(import_ours("platoon"), rest)
+    owner = RECEIVERS.get(head, head)
+    if owner in classes:
+        return any(resolve_attributes(getattr(import_ours(module), owner), rest)
+                   for module in classes[owner])
+    if head in tails and not outside_module(head):
+        parts = token.split(".")  # the longest start of the token that is a module's tail
+        for end in range(len(parts), 0, -1):
+            modules = tails.get(".".join(parts[:end]))
+            if modules:
+                return any(resolve_attributes(import_ours(module), parts[end:])
+                           for module in modules)
+    return None
+
+
+def resolve_attributes(obj, attributes):
+    """Whether `attributes` lead down from the module or class `obj`; a module's own classes'
+    members count as the module's (`registry.done`: a method of `registry.WorkerRegistry`)."""
+    import inspect
+    import types
+
+    for attribute in attributes:
+        if isinstance(obj, types.ModuleType):
+            if ours(hasattr, obj, attribute):  # platoon's names load on first use
+                obj = getattr(obj, attribute)
+            elif hasattr(obj, "__path__") and \
+                    importlib.util.find_spec("%s.%s" % (obj.__name__, attribute)) is not None:
+                obj = import_ours("%s.%s" % (obj.__name__, attribute))
+            else:
+                return any(has_member(c, attribute) for c in vars(obj).values()
+                           if inspect.isclass(c) and c.__module__ == obj.__name__)
+        elif inspect.isclass(obj):
+            if not has_member(obj, attribute):
+                return False
+            obj = inspect.getattr_static(obj, attribute, None)
+        else:
+            return True  # a function's or an instance's attributes: not checked
+    return True
+
+
+def stale_names(page, classes, tails):
+    stale = []
+    for span in spans(page):
+        for token in DOTTED.findall(span):
+            if token in NOT_IN_THE_CODE or FILE_SUFFIX.search(token):
+                continue
+            try:
+                if resolve_name(token, classes, tails) is False:
+                    stale.append(token)
+            except _Unchecked:
+                continue
+    return sorted(set(stale))
+
+
+def test_every_backticked_module_and_name_of_ours_exists():
+    classes, tails = classes_of_ours(modules_of_ours())
+    stale = ["%s: %s" % (name(page), token) for page in REFERENCE_PAGES
+             for token in stale_names(page, classes, tails)]
+    assert not stale, "names the code does not have: %s (fix the page, or add the name to " \
+        "NOT_IN_THE_CODE with why)" % stale

@@ -35,6 +35,8 @@ def test_a_worker_loads_only_what_it_starts_with():
               "tempfile", "shutil", "platoon.rules.diloco", "platoon.rules.downpour",
               "platoon.controller", "platoon._controller.minibatches",
               "platoon._worker.minibatches", "platoon.mpi"}
+    # what the worker's dependencies load themselves (numpy 2.0, on Python 3.9: subprocess)
+    unused -= loaded_after("import numpy, zmq, posix_ipc")
     assert not unused & loaded, sorted(unused & loaded)
     assert "subprocess" in loaded_after("import platoon._os.process\n"
                                         "platoon._os.process.stop([], 0.0)")
