@@ -71,7 +71,7 @@ def test_the_mean_is_the_same_bits_everywhere_for_about_two_messages_sent(quorum
     drift = np.zeros(n)
     for _ in range(5):
         arrays = [rng.normal(size=n).astype(np.float32) for _ in range(p)]
-        results = _in_parallel(groups, lambda rank, g: g.compressed_mean(
+        results = _in_parallel(groups, lambda rank, g, arrays=arrays: g.compressed_mean(
             arrays[rank], codec, feedback[rank]))
         means = [mean for mean, _ in results]
         assert all(np.array_equal(means[0], m) for m in means[1:])
