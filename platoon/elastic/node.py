@@ -14,6 +14,7 @@ import os
 import secrets
 import shlex
 import sys
+import threading
 import time
 from typing import Optional, Sequence, Tuple
 
@@ -54,6 +55,38 @@ def process_start_time() -> float:
         return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return time.time()
+
+
+class _StoreInBackground:
+    """`make(host)` (the node's StoreServer) run in a thread from construction; `get()` waits
+    for it (raising what it raised); closed with the node (a context manager)."""
+
+    def __init__(self, make, host: str):
+        self._store = None
+        self._error: Optional[BaseException] = None
+
+        def run():
+            try:
+                self._store = make(host)
+            except BaseException as exc:  # raised again by get()
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="platoon-store", daemon=True)
+        self._thread.start()
+
+    def get(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._store
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._thread.join()
+        if self._store is not None:
+            self._store.close()
 
 
 def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str, name: str,
@@ -99,15 +132,19 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
         os._exit(EXIT_REFUSED if thread is not None
                  and isinstance(thread.final_error, NodeRefused) else 1)
 
-    with StoreServer(host) as store:
+    # the data plane's store imports torch (seconds): made while the controller and its
+    # workers start; the tie needs it once the centre exists
+    with _StoreInBackground(StoreServer, host) as store:
         def connect():
-            return LighthouseClient(join, name, store.address, secret=secret,
+            address = store.get().address
+            _say("platoon.elastic: node %s: data plane at %s" % (name, address))
+            return LighthouseClient(join, name, address, secret=secret,
                                     heartbeat_interval_s=heartbeat_interval_s)
 
         link = ElasticLink(num_workers, connect, name, tie, tie_timeout_s, fail, started_at,
                            final_timeout_s, slot)
-        _say("platoon.elastic: node %s, controller pid %d, job %s, lighthouse %s, data plane %s"
-             % (name, os.getpid(), job_id, join, store.address))
+        _say("platoon.elastic: node %s, controller pid %d, job %s, lighthouse %s"
+             % (name, os.getpid(), job_id, join))
         try:
             # the controller and its workers talk on this machine; the data plane is
             # reached at `host` (its store listens on every interface: see StoreServer)
