@@ -17,7 +17,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import PlatoonError, QuorumBroken
-from ..mpi.compress import Codec, ErrorFeedback, mean_of_messages, own_message
+from ..node.compress import Codec, ErrorFeedback, mean_of_messages, own_message
 from .quorum import Quorum
 
 

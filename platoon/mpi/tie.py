@@ -14,25 +14,21 @@ import time
 
 import numpy as np
 
-from .._os.nodesettings import OUTER_RULES, CentreTie  # noqa: F401 (names of this module)
 from ..errors import NonFiniteValues, PlatoonError
-from ..rules.diloco import DiLoCo
+from ..node.compress import ErrorFeedback, RawCodec, make_codec
+from ..node.tie import (  # noqa: F401 (CentreTie, OUTER_RULES: names of this module too)
+    LOCK_TIMEOUT_S,
+    OUTER_RULES,
+    CentreTie,
+    outer_step,
+)
 from ._comm import Cancelled, wait
-from .compress import ErrorFeedback, RawCodec, compressed_mean, make_codec
+from .compress import compressed_mean
 
 log = logging.getLogger(__name__)
 
-LOCK_TIMEOUT_S = 60.0  # a worker stopped while holding the centre fails the tie
 IDLE_POLL_S = 0.05  # between the tie thread's checks while there is nothing to tie
 HALT_TIMEOUT_S = 10.0  # for a halted tie thread to end (a round waiting for the centre's lock)
-
-
-def outer_step(anchor, velocity, mean_moved, lr, mu):
-    """DiLoCo's outer SGD step with Nesterov momentum `mu` and learning rate `lr` on
-    `anchor`, in place (`velocity` too): ``u = mu*u + d; anchor += lr * (d + mu*u)``, d the
-    nodes' mean move (-gradient). lr 1, momentum 0: the new anchor is the mean. The rule's
-    own step (`DiLoCo.synchronous_step`), not a copy of it."""
-    DiLoCo(lr, mu).synchronous_step(anchor, velocity, mean_moved)
 
 
 class TieThread:
