@@ -101,7 +101,7 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
             # the controller and its workers talk on this machine; the data plane is
             # reached at `host` (its store listens on every interface: see StoreServer)
             workers = Workers(worker_argv, num_workers, LOCAL_HOST, read_fd, reaper_fd, fail,
-                               ready_timeout_s, env, num_workers)
+                              ready_timeout_s, env, num_workers, "node-%s" % name)
             serve_then_finish(workers, controller, controller_args, link, LOCAL_HOST, None,
                               finish_timeout_s)
             link.close()

@@ -101,7 +101,7 @@ def run_node(worker_argv: Sequence[str], num_workers: int, *,
             abort(world, 1)
 
         workers = Workers(worker_argv, num_workers, host, read_fd, reaper_fd, fail,
-                           ready_timeout_s, env, host_workers)
+                          ready_timeout_s, env, host_workers, "node-%d" % rank)
         serve_then_finish(workers, controller, controller_args, link, host, serve_timeout,
                           finish_timeout_s)
         link.close()

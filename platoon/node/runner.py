@@ -1,8 +1,9 @@
 """A node runner's parts, whichever way its node is linked to the others (``python -m
 platoon.mpi``: a rank of a fixed world; ``python -m platoon.elastic.node``: a node that comes
 and goes): its controller, run until it has served (`run_controller`, `serve_then_finish`),
-its workers, started once the controller serves and watched (`Workers`), its command line's
-worker command (`parse_node_arguments`) and its one-line messages (`say`)."""
+its workers, started once the controller serves and watched (`Workers`), their output relayed
+in whole lines, each attributed (`relay_lines`: ``[node-NAME/workerK] ...``), its command
+line's worker command (`parse_node_arguments`) and its one-line messages (`say`)."""
 
 import argparse
 import importlib
@@ -14,7 +15,8 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Callable, List, Mapping, Optional, Sequence, Tuple, Union
+import time
+from typing import IO, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .._controller.handoff import offered
 from .._controller.services import NodeLinkProtocol
@@ -28,6 +30,8 @@ from . import reaper
 log = logging.getLogger(__name__)
 
 WORKER_STOP_TIMEOUT_S = 3.0  # between SIGTERM and SIGKILL when stopping workers
+MAX_LINE = 64 * 1024  # bytes of a worker's line relayed in one piece (a longer one: in several)
+RELAY_DRAIN_S = 2.0  # after a worker exits, for its last lines (a child it left may hold its pipe)
 
 # A node's controller: a script (``file.py``), ``module:Class`` / ``file.py:Class``, a class,
 # or None (platoon.Controller).
@@ -45,6 +49,27 @@ def say(line: str) -> None:
     newline apart, and another node's line could join this one)."""
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
+
+
+def relay_lines(source: IO[bytes], sink_fd: int, prefix: bytes, lock: threading.Lock) -> None:
+    """Copy `source`'s lines to the file descriptor `sink_fd` until its end, each whole (a last
+    line without its newline gets one; one longer than `MAX_LINE` goes in pieces, each a line)
+    and led by `prefix`, in one write under `lock`: the workers of a node share its stdout, and
+    a line written in parts (print writes the newline apart) would be cut by another's. Once
+    `sink_fd` fails (a closed terminal), the lines are read on and dropped, so that the worker
+    never blocks on a full pipe."""
+    writable = True
+    with source:
+        for line in iter(lambda: source.readline(MAX_LINE), b""):
+            if not writable:
+                continue
+            data = prefix + line + (b"" if line.endswith(b"\n") else b"\n")
+            with lock:
+                try:
+                    while data:
+                        data = data[os.write(sink_fd, data):]
+                except OSError:
+                    writable = False
 
 
 def _kill_with_parent() -> None:
@@ -99,13 +124,15 @@ class Workers:
     ``PLATOON_*`` settings and thread caps (`host_workers`: the workers of every node on
     this machine, among whom its cores are divided), registered with the node's reaper
     (`reaper_fd`); calls `fail(message)` as soon as one fails (the node's end; platoon.mpi's:
-    the whole job's). Runs in its own thread, which lives as long as the workers (they die
-    with it: PR_SET_PDEATHSIG)."""
+    the whole job's). Each worker's stdout and stderr reach the node's own in whole lines,
+    led by ``[LABEL/workerK] `` (`relay_lines`; `label` names the node: ``node-0``,
+    ``node-NAME``), as the launcher shows a one-host job's. Runs in its own thread, which
+    lives as long as the workers (they die with it: PR_SET_PDEATHSIG)."""
 
     def __init__(self, argv: Sequence[str], count: int, host: str, ready_fd: int,
                  reaper_fd: int, fail: Callable[[str], None], ready_timeout_s: float,
-                 env: Mapping[str, str], host_workers: int) -> None:
-        self.argv, self.count, self.host = list(argv), count, host
+                 env: Mapping[str, str], host_workers: int, label: str) -> None:
+        self.argv, self.count, self.host, self.label = list(argv), count, host, label
         self.host_workers = host_workers
         self.ready_fd, self.reaper_fd = ready_fd, reaper_fd
         self._fail = fail
@@ -114,6 +141,8 @@ class Workers:
         self.started = threading.Event()
         self.finished = threading.Event()
         self.error: Optional[BaseException] = None
+        self._relays: Dict[int, List[threading.Thread]] = {}  # by worker pid
+        self._write_lock = threading.Lock()  # one line at a time on the node's stdout/stderr
         self.thread = threading.Thread(target=self._run, name="platoon-workers", daemon=True)
         self.thread.start()
 
@@ -135,9 +164,12 @@ class Workers:
                                           device=device).to_env())
                 env.update(device_variables(device, devices, os.cpu_count() or 1, self.env,
                                             host_workers=self.host_workers))
-                proc = subprocess.Popen(self.argv, env=env, preexec_fn=_kill_with_parent)
+                env.setdefault("PYTHONUNBUFFERED", "1")  # its lines as they come (a pipe)
+                proc = subprocess.Popen(self.argv, env=env, preexec_fn=_kill_with_parent,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                 reaper.watch(self.reaper_fd, proc.pid)
                 self.procs.append(proc)
+                self._relay(proc, index)
             self.started.set()
             watchers = [threading.Thread(target=self._watch, args=(p,), daemon=True)
                         for p in self.procs]
@@ -151,9 +183,32 @@ class Workers:
         finally:
             self.finished.set()
 
+    def _relay(self, proc: "subprocess.Popen[bytes]", index: int) -> None:
+        """Relay worker `index`'s stdout and stderr to the node's (file descriptors 1 and 2,
+        which the workers shared before), each line attributed."""
+        prefix = b"[%s/worker%d] " % (self.label.encode(), index)
+        relays = self._relays[proc.pid] = []
+        for source, sink_fd in ((proc.stdout, 1), (proc.stderr, 2)):
+            assert source is not None  # (piped)
+            relay = threading.Thread(target=relay_lines,
+                                     args=(source, sink_fd, prefix, self._write_lock),
+                                     name="platoon-worker%d-output" % index, daemon=True)
+            relay.start()
+            relays.append(relay)
+
+    def drain(self, timeout_s: float = RELAY_DRAIN_S, pids: Optional[List[int]] = None) -> None:
+        """Wait (at most `timeout_s`) until the last lines of the workers (those of `pids`,
+        if given) have been relayed."""
+        deadline = time.monotonic() + timeout_s
+        for pid, relays in list(self._relays.items()):
+            if pids is None or pid in pids:
+                for relay in relays:
+                    relay.join(max(0.0, deadline - time.monotonic()))
+
     def _watch(self, proc: "subprocess.Popen[bytes]") -> None:
         code = proc.wait()
         if code != 0:
+            self.drain(pids=[proc.pid])  # its last words (a traceback) before the node's
             self._fail("worker pid %d exited with code %d" % (proc.pid, code))
 
 
@@ -167,6 +222,7 @@ def serve_then_finish(workers: Workers, controller: ControllerSpec,
     if not workers.started.is_set():
         raise PlatoonError("the controller returned before serving its workers")
     stop(workers.procs, WORKER_STOP_TIMEOUT_S, grace_s=finish_timeout_s, group=False)
+    workers.drain()  # their last lines before the node's own
     failed = [p for p in workers.procs if p.returncode != 0]
     if failed:
         raise PlatoonError("worker pid %d exited with code %d"
@@ -191,5 +247,5 @@ def parse_node_arguments(parser: argparse.ArgumentParser, argv: Optional[Sequenc
 
 
 __all__ = ["WORKER_STOP_TIMEOUT_S", "ControllerSpec", "Workers", "load_controller_class",
-           "node_devices", "parse_node_arguments", "run_controller", "say",
+           "node_devices", "parse_node_arguments", "relay_lines", "run_controller", "say",
            "serve_then_finish"]

@@ -921,7 +921,7 @@ def test_launcher_elastic_restarts_its_lighthouse_and_sigint_leaves_nothing(tmp_
         again, _ = launcher.wait_for_match(r"\[lighthouse.restart1\] .*lighthouse: quorum "
                                            r"(\d+): 127.0.0.1$", 5 + SLACK_S, index)
         assert int(again.group(1)) > int(first.group(1))
-        launcher.wait_for_line("[node-127.0.0.1] DISTRIBUTED none", 30)  # its worker runs
+        launcher.wait_for_line("[node-127.0.0.1/worker0] DISTRIBUTED none", 30)  # it runs
         launcher.popen.send_signal(signal.SIGINT)
         assert launcher.wait(30) == 128 + signal.SIGINT, launcher.output
         summary = launcher.output[launcher.output.index("job summary"):]
