@@ -30,9 +30,11 @@ from ._controller.collectives import NodeCollectives
 from ._controller.config import ControllerConfig, check_count, default_max_shared_bytes
 from ._controller.dispatch import RequestDispatcher
 from ._controller.endpoints import Endpoints
+from ._controller.handoff import node_link_for
 from ._controller.minibatches import MinibatchChannel
 from ._controller.registry import WorkerRecord, WorkerRegistry, describe_death
 from ._controller.rendezvous import Rendezvous
+from ._controller.services import NodeLinkProtocol
 from ._controller.status import Progress
 from ._controller.threadfailures import ThreadFailures
 from ._deprecation import renamed_keywords
@@ -68,9 +70,10 @@ class Controller:
     `control_port` and `data_port`: ports of the control and minibatch sockets; 0
     picks a free one (see the attributes afterwards); None binds the launcher's
     choice when run by platoon-launcher, else nothing until `init_control` /
-    `init_data`. `node_link`: the `platoon.mpi.NodeLink` to the other nodes'
-    controllers when the job spans nodes; by default the one `python -m
-    platoon.mpi` made for this process (PLATOON_MPI_NODE), else none. The other
+    `init_data`. `node_link`: the link to the other nodes' controllers when the job
+    spans nodes (a `NodeLinkProtocol`: `platoon.mpi.NodeLink`, an elastic node's
+    `ElasticLink`); by default the one its node runner (`python -m platoon.mpi`, `python -m
+    platoon.elastic.node`) made for this process (PLATOON_MPI_NODE), else none. The other
     keywords are the fields of `ControllerConfig`, documented there.
 
     Worker processes on this machine are watched: one that exits without
@@ -99,7 +102,7 @@ class Controller:
                  transport: str = _DEFAULT.transport,
                  allow_nonfinite: bool = _DEFAULT.allow_nonfinite,
                  checkpoint_lock_timeout_s: float = _DEFAULT.checkpoint_lock_timeout_s,
-                 node_link: Any = None) -> None:
+                 node_link: Optional[NodeLinkProtocol] = None) -> None:
         self._env = env = JobEnvironment.read()
         # Every setting, resolved (given, else the launcher's, else the default) and checked
         # in one place: the one object the controller and its parts read them from.
@@ -129,7 +132,7 @@ class Controller:
                                                             len(registry.departed())),
                                   counted=lambda: me._counted(),  # noqa: SLF001
                                   pids=registry.pids, dir_fd=env.log_dir_fd,
-                                  extra=lambda: getattr(me.node_link, "totals", dict)())
+                                  extra=lambda: me._link_totals())  # noqa: SLF001
         self._next_tick = 0.0
         self._announced = False
         # close() from another thread stops serve() first: ZeroMQ sockets are not thread-safe.
@@ -159,9 +162,8 @@ class Controller:
                                           dir_fd=env.log_dir_fd
                                           if config.checkpoint_path == env.checkpoint_path
                                           else None)
-        self.node_link = node_link  # a platoon.mpi.NodeLink when the job spans nodes
-        if env.mpi_node:  # run by `python -m platoon.mpi`: the link it passes, or offers
-            from .mpi.handoff import node_link_for
+        self.node_link = node_link  # when the job spans nodes
+        if env.mpi_node:  # run by a node runner: the link it passes, or offers
             self.node_link = node_link_for(self, node_link)
         if control_port is None:
             control_port = env.control_port
@@ -512,9 +514,12 @@ class Controller:
 
     def _share_stop(self) -> None:
         """Multi-node jobs: send this node's stop to the other nodes, take theirs."""
-        share = getattr(self.node_link, "share_stop", None)
-        if share is not None:
-            share(self._job_stop)
+        if self.node_link is not None:
+            self.node_link.share_stop(self._job_stop)
+
+    def _link_totals(self) -> Dict[str, int]:
+        """What the node link adds to the progress totals (none on one node)."""
+        return {} if self.node_link is None else self.node_link.totals()
 
     def _tick(self, now: float) -> None:
         """Periodic duties while serving: watch local workers' pids, give up on overdue
@@ -622,9 +627,8 @@ class Controller:
                                "the controller's sockets are left open (a handle_control or "
                                "handle_worker_death that does not return?)"
                                % (getattr(serving, "name", None), limit))
-        end_tie = getattr(self.node_link, "end_tie", None)
-        if end_tie is not None:  # a multi-node job's centre tie: its rounds end before the centre
-            end_tie()
+        if self.node_link is not None:  # a multi-node job's centre tie: its rounds end before
+            self.node_link.end_tie()  # the centre
         self._checkpointer.join()
         self._thread_failures_finalizer()
         if self._mb is not None:

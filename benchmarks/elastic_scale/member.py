@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from platoon.elastic import Quorum, QuorumGroup, StoreServer
-from platoon.mpi.compress import ErrorFeedback, make_codec
+from platoon.node.compress import ErrorFeedback, make_codec
 
 PORT = 29650
 DEVICE = "eth0"

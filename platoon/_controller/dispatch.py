@@ -240,9 +240,10 @@ class RequestDispatcher:
 
     def answer_final(self) -> None:
         """Answer the worker waiting for the agreed centre (`_trained`) once it is there."""
-        if self.awaiting_final is None:
+        link = self._ctl.node_link
+        if self.awaiting_final is None or link is None:  # (awaited only with a link)
             return
-        evaluate = self._ctl.node_link.final_centre()
+        evaluate = link.final_centre()
         if evaluate is None:
             return
         envelope, seq = self.awaiting_final

@@ -113,9 +113,10 @@ class Rendezvous:
             resume.release()
             self.centre_ready = True
             log.info("centre initialised from checkpoint %s", resume.path)
-        elif getattr(self._ctl.node_link, "initial_centre", None) is not None:
-            # an elastic node: its workers may start from a live peer's anchor; its tie
-            # decides while the controller serves on (`poll_initial_centre`)
+        elif self._ctl.node_link is not None:
+            # an elastic node's workers may start from a live peer's anchor: its tie decides
+            # while the controller serves on (`poll_initial_centre`); an MPI node's link
+            # decides at once (its workers write the first values)
             self.deciding = True
             self.poll_initial_centre()
         return centre
@@ -124,9 +125,10 @@ class Rendezvous:
         """An elastic node's centre: once its node link has decided where the first values
         come from (True: a live peer's anchor, now in the centre; False: its workers), answer
         the workers waiting in init_params."""
-        if not self.deciding:
+        link, centre = self._ctl.node_link, self._res.centre
+        if not self.deciding or link is None or centre is None:
             return
-        decided = self._ctl.node_link.initial_centre(self._res.centre)
+        decided = link.initial_centre(centre)
         if decided is None:
             return
         self.deciding = False

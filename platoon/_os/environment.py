@@ -54,7 +54,7 @@ class JobEnvironment:
     elastic_node: Optional[str] = None  # platoon.elastic: the node's name (its data slot)
 
     @classmethod
-    def read(cls, *names):
+    def read(cls, *names: str) -> "JobEnvironment":
         """The settings in this process's environment (only those `names`, if given: the
         others are then None and their variables are not checked)."""
         values: typing.Dict[str, typing.Any] = {}
@@ -67,7 +67,7 @@ class JobEnvironment:
                 else _number(name, kind)
         return cls(**values)
 
-    def to_env(self):
+    def to_env(self) -> typing.Dict[str, str]:
         """The environment variables that carry these settings (None fields left out)."""
         return {_variable(field.name): str(getattr(self, field.name))
                 for field in dataclasses.fields(self) if getattr(self, field.name) is not None}
@@ -127,7 +127,9 @@ XLA_MEMORY_VARIABLES = ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PRE
                         "XLA_PYTHON_CLIENT_ALLOCATOR")
 
 
-def device_variables(device, devices, cpus, environ, *, host_workers=None):
+def device_variables(device: str, devices: typing.Sequence[str], cpus: int,
+                     environ: typing.Mapping[str, str], *,
+                     host_workers: Optional[int] = None) -> typing.Dict[str, str]:
     """The environment variables of a worker on `device` (one of the job's `devices`: "cpu" or
     "cudaK") on a machine with `cpus` cores, `environ` being the environment the worker
     inherits, `host_workers` the workers of every job's node on this machine (default:

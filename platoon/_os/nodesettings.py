@@ -1,5 +1,6 @@
 """The settings of a node of a multi-node job, declared, defaulted and checked once: its tie
-(`CentreTie`) and the rest of the node (`NodeSettings`, which holds the tie).
+(`CentreTie`), the rest of the node (`NodeSettings`, which holds the tie), and an elastic
+job's membership rule (`MembershipSettings`, the lighthouse's).
 
 The launcher (``platoon-launcher --hosts``) builds them from its command line and hands them
 whole to each node's runner (``python -m platoon.mpi``) as the one argv that crosses
@@ -7,8 +8,9 @@ whole to each node's runner (``python -m platoon.mpi``) as the one argv that cro
 reads it back with `NodeSettings.add_arguments` and `NodeSettings.from_arguments`. A setting
 left at its default is not written: the runner takes the same default, from here.
 
-The standard library only (the launcher loads no numpy): `platoon.mpi.tie` re-exports
-`CentreTie`, and `platoon.mpi.compress.CODECS` holds the codecs `TIE_CODECS` names.
+The standard library only (the launcher loads no numpy): `platoon.node.tie` re-exports
+`CentreTie`, `platoon.elastic` `MembershipSettings`, and `platoon.node.compress.CODECS` holds
+the codecs `TIE_CODECS` names.
 """
 
 import argparse
@@ -19,7 +21,7 @@ from typing import List, Optional
 
 from .checks import check_count, check_seconds
 
-TIE_CODECS = ("float32", "int8", "int4")  # platoon.mpi.compress.CODECS (a test holds them equal)
+TIE_CODECS = ("float32", "int8", "int4")  # platoon.node.compress.CODECS (a test holds them equal)
 OUTER_RULES = ("easgd", "diloco")
 
 
@@ -261,6 +263,28 @@ class NodeSettings:
                                and "tie_" + f.name in given})
         return cls(tie=tie, **{f.name: given[f.name] for f in dataclasses.fields(cls)
                                if f.name != "tie" and f.name in given})
+
+
+@dataclass(frozen=True)
+class MembershipSettings:
+    """The lighthouse's rule. min_nodes: no quorum with fewer live nodes.
+    heartbeat_timeout_s: a node silent this long is out of the next quorum.
+    join_grace_s: once the live nodes differ from the quorum's, wait this long for more
+    joiners (or leavers) before issuing the next quorum."""
+
+    min_nodes: int = 1
+    heartbeat_timeout_s: float = 5.0
+    join_grace_s: float = 0.3
+
+    def __post_init__(self):
+        if not (isinstance(self.min_nodes, int) and self.min_nodes >= 1):
+            raise ValueError("min_nodes must be an integer >= 1, got %r" % (self.min_nodes,))
+        if not self.heartbeat_timeout_s > 0:
+            raise ValueError("heartbeat_timeout_s must be > 0 seconds, got %r"
+                             % (self.heartbeat_timeout_s,))
+        if not self.join_grace_s >= 0:
+            raise ValueError("join_grace_s must be >= 0 seconds, got %r" % (self.join_grace_s,))
+
 
 
 def _text(value) -> str:

@@ -7,7 +7,7 @@ the new one's. Every wait is
 finite: a member that dies or stops answering makes the round raise QuorumBroken within
 `timeout_s`, and the caller waits for the next quorum (`LighthouseClient.wait_for_quorum`)
 and builds a new group. Needs torch (``pip install platoon-dp[elastic]``); the messages are
-those of `platoon.mpi.compress` (float32, int8, int4, error feedback), averaged in rank order
+those of `platoon.node.compress` (float32, int8, int4, error feedback), averaged in rank order
 so that every member gets the same bits. A round's mean is a reduce-scatter then an
 all-gather (`QuorumGroup.compressed_mean`): each member sends about 2 m coded bytes for a
 message of m, whatever the quorum's size.
@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import NonFiniteValues, PlatoonError, QuorumBroken
-from ..mpi.compress import BLOCK, Codec, ErrorFeedback, mean_of_messages, own_message
+from ..node.compress import BLOCK, Codec, ErrorFeedback, mean_of_messages, own_message
 from .quorum import Quorum
 
 # Below this many elements per member a mean goes as one all-gather of whole messages (the

@@ -2,10 +2,10 @@
 refusals of what cannot hold when nodes come and go (the controller's NodeLink interface)."""
 
 import logging
-from typing import Callable, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..errors import PlatoonError
-from ..mpi.tie import CentreTie
+from ..node.tie import CentreTie
 from .tie import FINAL_TIMEOUT_S, ElasticTie
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class ElasticLink:
         self.connect, self.name, self.tie, self.timeout_s = connect, name, tie, timeout_s
         self.on_failure, self.started_at = on_failure, started_at
         self.final_timeout_s = final_timeout_s
-        self.final_result = None
+        self.final_result: Optional[Dict[str, Any]] = None  # the agreed centre's evaluation
         self._tie_thread: Optional[ElasticTie] = None
         self._finished = False
         ElasticTie.check(tie)

@@ -1,5 +1,6 @@
-"""One node of an elastic job: its controller and workers, as ``python -m platoon.mpi`` runs
-them, with the node centres tied through each quorum's gloo group (`ElasticTie`)::
+"""One node of an elastic job: its controller and workers, run by the node layer's runner
+(`platoon.node.runner`) as ``python -m platoon.mpi`` runs them, with the node centres tied
+through each quorum's gloo group (`ElasticTie`)::
 
     python -m platoon.elastic.node --join LIGHTHOUSE_HOST:PORT --name NAME \\
         --secret-file SECRET --workers 2 --tie-every-s 3 --tie-compress int8 -- train.py
@@ -29,14 +30,15 @@ from .._os.nodesettings import (
 )
 from .._os.process import stop
 from ..errors import NodeRefused, PlatoonError
-from ..mpi.runner import (
+from ..node import reaper
+from ..node.runner import (
     WORKER_STOP_TIMEOUT_S,
-    _say,
-    _Workers,
+    Workers,
     parse_node_arguments,
+    say,
     serve_then_finish,
 )
-from ..mpi.tie import CentreTie
+from ..node.tie import CentreTie
 from .tie import FINAL_TIMEOUT_S
 
 log = logging.getLogger(__name__)
@@ -109,7 +111,6 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
     started_at = process_start_time()
     secret = load_secret(secret_file)
     job_id = "%s-%s" % (JobEnvironment.read("job_id").job_id or secrets.token_hex(6), name)
-    from ..launch import reaper
     reaper_fd = reaper.start(job_id)
     read_fd, write_fd = os.pipe()
     # the workers are no MPI or torchrun ranks (one node per host under srun or mpiexec)
@@ -118,14 +119,14 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
     env.update(JobEnvironment(job_id=job_id, num_workers=num_workers,
                               elastic_node=name).to_env())
     # mpi_node=1: a node runner's controller (a --controller script's too) takes the node link
-    # its runner offers (mpi.handoff): here the ElasticLink
+    # its runner offers (`platoon._controller.handoff`): here the ElasticLink
     os.environ.update(JobEnvironment(mpi_node=1, job_id=job_id, control_port=0,
                                      num_workers=num_workers, ready_fd=write_fd).to_env())
     workers = None
     link = None
 
     def fail(message):
-        _say("platoon.elastic: node %s: %s; this node ends (the others go on)" % (name, message))
+        say("platoon.elastic: node %s: %s; this node ends (the others go on)" % (name, message))
         if workers is not None:
             stop(workers.procs, WORKER_STOP_TIMEOUT_S, group=False)
         thread = None if link is None else link.tie_thread
@@ -137,36 +138,36 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
     with _StoreInBackground(StoreServer, host) as store:
         def connect():
             address = store.get().address
-            _say("platoon.elastic: node %s: data plane at %s" % (name, address))
+            say("platoon.elastic: node %s: data plane at %s" % (name, address))
             return LighthouseClient(join, name, address, secret=secret,
                                     heartbeat_interval_s=heartbeat_interval_s)
 
         link = ElasticLink(num_workers, connect, name, tie, tie_timeout_s, fail, started_at,
                            final_timeout_s, slot)
-        _say("platoon.elastic: node %s, controller pid %d, job %s, lighthouse %s"
-             % (name, os.getpid(), job_id, join))
+        say("platoon.elastic: node %s, controller pid %d, job %s, lighthouse %s"
+            % (name, os.getpid(), job_id, join))
         try:
             # the controller and its workers talk on this machine; the data plane is
             # reached at `host` (its store listens on every interface: see StoreServer)
-            workers = _Workers(worker_argv, num_workers, LOCAL_HOST, read_fd, reaper_fd, fail,
-                               ready_timeout_s, env, num_workers)
+            workers = Workers(worker_argv, num_workers, LOCAL_HOST, read_fd, reaper_fd, fail,
+                              ready_timeout_s, env, num_workers, "node-%s" % name)
             serve_then_finish(workers, controller, controller_args, link, LOCAL_HOST, None,
                               finish_timeout_s)
             link.close()
         except BaseException as exc:
-            _say("platoon.elastic: node %s failed: %s: %s" % (name, type(exc).__name__, exc))
+            say("platoon.elastic: node %s failed: %s: %s" % (name, type(exc).__name__, exc))
             if workers is not None:
                 stop(workers.procs, WORKER_STOP_TIMEOUT_S, group=False)
             raise
         thread = link.tie_thread
         if thread is not None:
-            _say("platoon.elastic: node %s: %s" % (name, thread.summary()))
+            say("platoon.elastic: node %s: %s" % (name, thread.summary()))
             if thread.first_contribution_s is not None:
-                _say("platoon.elastic: node %s: first contributing round %.2f s after its start"
+                say("platoon.elastic: node %s: first contributing round %.2f s after its start"
                      % (name, thread.first_contribution_s))
         final = link.final_result
         if final and isinstance(final.get("metrics"), dict):
-            _say("platoon.elastic: final result (the agreed centre, evaluated once by node %s): "
+            say("platoon.elastic: final result (the agreed centre, evaluated once by node %s): "
                  "%s" % (name, ", ".join("%s %s" % item for item in final["metrics"].items())))
     return 0
 

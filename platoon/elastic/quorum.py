@@ -6,11 +6,16 @@ lighthouse numbers its next quorum above every report, so a lighthouse restarted
 memory still issues ids above every id its members knew. Each quorum also carries a random
 nonce: its group meets under a store prefix no one outside the job can guess, and two quorums
 that share an id (a lighthouse restarted before any node could report) never share a group.
+The rule's settings (`MembershipSettings`) are declared with the other node settings, in
+`platoon._os.nodesettings` (the launcher reads them, and loads no elastic module), and
+re-exported here.
 """
 
 import secrets
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+from .._os.nodesettings import MembershipSettings  # (declared with the node settings)
 
 # A member whose data plane most other members of its quorum reported unreachable is out of
 # the quorums this long (or until it heartbeats from another address or process), then tried
@@ -71,27 +76,6 @@ class _Unreachable:
     incarnation: str
     since: float
     reporters: Set[str] = field(default_factory=set)
-
-
-@dataclass(frozen=True)
-class MembershipSettings:
-    """The lighthouse's rule. min_nodes: no quorum with fewer live nodes.
-    heartbeat_timeout_s: a node silent this long is out of the next quorum.
-    join_grace_s: once the live nodes differ from the quorum's, wait this long for more
-    joiners (or leavers) before issuing the next quorum."""
-
-    min_nodes: int = 1
-    heartbeat_timeout_s: float = 5.0
-    join_grace_s: float = 0.3
-
-    def __post_init__(self):
-        if not (isinstance(self.min_nodes, int) and self.min_nodes >= 1):
-            raise ValueError("min_nodes must be an integer >= 1, got %r" % (self.min_nodes,))
-        if not self.heartbeat_timeout_s > 0:
-            raise ValueError("heartbeat_timeout_s must be > 0 seconds, got %r"
-                             % (self.heartbeat_timeout_s,))
-        if not self.join_grace_s >= 0:
-            raise ValueError("join_grace_s must be >= 0 seconds, got %r" % (self.join_grace_s,))
 
 
 class Membership:

@@ -12,11 +12,10 @@ rank (`sign_header`), so a process without the secret cannot pass for a member.
 
 import hashlib
 import hmac
-import os
-import secrets
 from typing import Optional
 
 from .._os.environment import JobEnvironment
+from .._os.jobsecret import generate_secret  # noqa: F401 (made where the launcher reaches it)
 from ..errors import PlatoonError
 from ..security import read_private_file
 
@@ -25,15 +24,6 @@ MIN_SECRET_CHARS = 16  # of the file's text (--new-secret writes 64 hex digits: 
 _REQUEST = b"platoon-elastic/1 request\0"
 _REPLY = b"platoon-elastic/1 reply\0"
 _HEADER = b"platoon-elastic/1 header\0"
-
-
-def generate_secret(path: str) -> str:
-    """Write a new random secret to `path` (created 0600, never overwritten); returns the
-    path. Copy the file to every node and to the lighthouse's host."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32) + "\n")
-    return path
 
 
 def load_secret(path: Optional[str] = None) -> bytes:

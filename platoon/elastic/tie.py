@@ -51,8 +51,8 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from ..errors import NodeRefused, NonFiniteValues, PlatoonError, QuorumBroken, QuorumTimeout
-from ..mpi.compress import ErrorFeedback, RawCodec, make_codec
-from ..mpi.tie import LOCK_TIMEOUT_S, CentreTie, outer_step
+from ..node.compress import ErrorFeedback, RawCodec, make_codec
+from ..node.tie import LOCK_TIMEOUT_S, CentreTie, outer_step
 from .decision import (
     DIGEST_BYTES,
     HEADER_BYTES,

@@ -22,6 +22,7 @@ from .._os.nodesettings import (
     OUTER_RULES,
     TIE_CODECS,
     CentreTie,
+    MembershipSettings,
     NodeSettings,
     elastic_tie,
     flag_message,
@@ -362,7 +363,7 @@ def check_args(args: argparse.Namespace, error: Callable[[str], Any]) -> None:
 def check_elastic(args: argparse.Namespace, error: Callable[[str], Any]) -> None:
     """`check_args`' part for --elastic and its options: what an elastic job cannot do is
     refused, naming the flag and why; its lighthouse's settings are defaulted and checked
-    where they are declared, in `args.membership` (a `platoon.elastic.MembershipSettings`;
+    where they are declared, in `args.membership` (a `MembershipSettings`;
     None without --elastic)."""
     given = [flag for flag in ELASTIC_FLAGS if getattr(args, flag) is not None]
     args.membership = None
@@ -395,7 +396,6 @@ def check_elastic(args: argparse.Namespace, error: Callable[[str], Any]) -> None
         error("--secret-file %s: no such file (make one with python -m "
               "platoon.elastic.lighthouse --new-secret PATH, or leave it out for a new one)"
               % args.secret_file)
-    from ..elastic.quorum import MembershipSettings  # (imports pyzmq: only with --elastic)
     try:
         args.membership = MembershipSettings(**{
             k: getattr(args, k) for k in ("min_nodes", "heartbeat_timeout_s")

@@ -21,6 +21,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .._os.environment import JobEnvironment, without_job_variables
+from .._os.jobsecret import generate_secret
 from .._os.nodesettings import EXIT_REFUSED, NodeSettings, elastic_tie
 from .._os.process import find_mpiexec, read_announcement, stop, unlink_job_segments
 from .output import LogFollower
@@ -106,7 +107,6 @@ class ElasticLaunch(Launch):
         if args.secret_file:
             self.secret_file = os.path.abspath(args.secret_file)
         else:
-            from ..elastic.secret import generate_secret
             try:
                 self.secret_file = generate_secret(os.path.abspath(
                     os.path.join(self.log_dir, SECRET_FILE)))

@@ -12,6 +12,7 @@ import errno
 import logging
 import os
 import pwd
+import re
 import secrets
 import select
 import shlex
@@ -204,6 +205,9 @@ def make_private_dirs(path):
 
 
 SUPERVISION_PERIOD_S = 0.2  # between looks at the processes (and their output) at most
+# A line a node runner has attributed to one of its workers (platoon.node.runner.Workers):
+# shown as it is, not led by its node's process too.
+ATTRIBUTED = re.compile(r"\[node-[^\s\]/]+/worker\d+\] ")
 
 
 class Process:
@@ -719,14 +723,18 @@ class Launch:
 
     def echo_output(self, final=False):
         """Show on the terminal, each line prefixed with its process ([worker0] ...), what the
-        logs of the processes it shows (`shows_output`) gained since the last look."""
+        logs of the processes it shows (`shows_output`) gained since the last look. With
+        --hosts, a line a node's runner attributed to one of its workers
+        (``[node-0/worker1] ...``) is shown as it is."""
+        hosts = bool(self.args.hosts)
         for proc in self.everyone():
             if self.shows_output(proc):
                 lines = proc.new_lines(final)
                 if lines:
                     self.status.clear()
-                    self.status.out.write("".join("[%s] %s\n" % (proc.label, line)
-                                                  for line in lines))
+                    self.status.out.write("".join(
+                        "%s\n" % line if hosts and ATTRIBUTED.match(line)
+                        else "[%s] %s\n" % (proc.label, line) for line in lines))
                     self.status.out.flush()
 
     def running(self):

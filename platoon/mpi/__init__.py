@@ -18,7 +18,7 @@ EASGD, or DiLoCo's outer step).
 
 A failure anywhere ends the job: a worker that exits non-zero or a controller
 error makes the rank call MPI_Abort; a rank that dies makes ``mpiexec`` kill
-the others; a `platoon.launch.reaper` per rank then stops that rank's workers and
+the others; a `platoon.node.reaper` per rank then stops that rank's workers and
 unlinks its shared memory.
 
 The controller's MPI calls run in its serve thread (collectives, which block
@@ -26,33 +26,18 @@ it only while all of the node's workers wait in that collective anyway) and
 in the tie thread, on separate duplicated communicators; this needs
 MPI_THREAD_MULTIPLE, which mpi4py requests by default.
 
-Modules: `link` (NodeLink), `tie` (CentreTie and its rounds), `handoff` (how the
-controller gets its link), `runner` (run_node, main; loaded on first use, so the
-controller, which imports `handoff`, and the runner, which imports the controller,
-make no circle); this one only re-exports them.
+Modules: `link` (NodeLink), `tie` (the tie thread's rounds over MPI), `compress`
+(`compressed_mean` over MPI), `runner` (run_node, main), `_comm` (mpi4py's import, patient
+waits, abort); this one only re-exports them. What an elastic node runs too lives in the node
+layer, `platoon.node` (the codecs, the outer step, the node runner's parts, the reaper); how a
+controller gets its link, in `platoon._controller.handoff`.
 """
 
-import importlib
-from typing import TYPE_CHECKING
-
+from .._controller.handoff import node_link_for
 from ._comm import ABORT_GRACE_S, import_mpi
-from .handoff import node_link_for
 from .link import NodeLink
+from .runner import load_controller_class, main, run_node
 from .tie import CentreTie
-
-if TYPE_CHECKING:
-    from .runner import load_controller_class, main, run_node
-
-_RUNNER_NAMES = ("load_controller_class", "main", "run_node")  # loaded on first use (PEP 562)
-
-
-def __getattr__(name):
-    if name in _RUNNER_NAMES:
-        value = getattr(importlib.import_module(".runner", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError("module 'platoon.mpi' has no attribute %r" % name)
-
 
 __all__ = ["CentreTie", "NodeLink", "node_link_for", "run_node", "main", "import_mpi",
            "load_controller_class", "ABORT_GRACE_S"]

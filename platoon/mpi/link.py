@@ -193,6 +193,11 @@ class NodeLink:
             if self.tie is not None and self._tie_thread is None:
                 self._tie_thread = TieThread(self.tie, self._tie_comm, controller, self.abort)
 
+    def initial_centre(self, centre):
+        """False, at once: this node's workers write its centre's first values (each node's
+        own; a tie's first round makes them one)."""
+        return False
+
     def trained(self):
         """This node's workers are all past their last sync (`Worker.final_evaluation`): its
         centre is final, and the tie's final round may come without waiting for them to

@@ -11,28 +11,25 @@ import hashlib
 import logging
 import threading
 import time
+from typing import List, Optional, Tuple
 
 import numpy as np
 
-from .._os.nodesettings import OUTER_RULES, CentreTie  # noqa: F401 (names of this module)
 from ..errors import NonFiniteValues, PlatoonError
-from ..rules.diloco import DiLoCo
+from ..node.compress import ErrorFeedback, RawCodec, make_codec
+from ..node.tie import (  # noqa: F401 (CentreTie, OUTER_RULES: names of this module too)
+    LOCK_TIMEOUT_S,
+    OUTER_RULES,
+    CentreTie,
+    outer_step,
+)
 from ._comm import Cancelled, wait
-from .compress import ErrorFeedback, RawCodec, compressed_mean, make_codec
+from .compress import compressed_mean
 
 log = logging.getLogger(__name__)
 
-LOCK_TIMEOUT_S = 60.0  # a worker stopped while holding the centre fails the tie
 IDLE_POLL_S = 0.05  # between the tie thread's checks while there is nothing to tie
 HALT_TIMEOUT_S = 10.0  # for a halted tie thread to end (a round waiting for the centre's lock)
-
-
-def outer_step(anchor, velocity, mean_moved, lr, mu):
-    """DiLoCo's outer SGD step with Nesterov momentum `mu` and learning rate `lr` on
-    `anchor`, in place (`velocity` too): ``u = mu*u + d; anchor += lr * (d + mu*u)``, d the
-    nodes' mean move (-gradient). lr 1, momentum 0: the new anchor is the mean. The rule's
-    own step (`DiLoCo.synchronous_step`), not a copy of it."""
-    DiLoCo(lr, mu).synchronous_step(anchor, velocity, mean_moved)
 
 
 class TieThread:
@@ -59,8 +56,13 @@ class TieThread:
         # Per centre array, the same bits on every node: the last round's mean (zeros
         # before), or with DiLoCo the anchor and the outer momentum. This node's own: its
         # centre at the last round and what compression has dropped since the members last
-        # changed (`_members`). See `_round`.
-        self._mean = self._velocity = self._base = self._feedback = self._members = None
+        # changed (`_members`); empty where this node does not contribute (or, the outer
+        # momentum, without DiLoCo). See `_round`.
+        self._mean: Optional[List[np.ndarray]] = None  # None before the first round
+        self._velocity: List[np.ndarray] = []
+        self._base: List[np.ndarray] = []
+        self._feedback: List[ErrorFeedback] = []
+        self._members: Optional[Tuple[int, ...]] = None
         self._done = threading.Event()  # this node's workers are all done
         self._halt = threading.Event()  # end now, no final round (`halt`)
         self.final = threading.Event()  # the final round has run (or failed: `final_error`)
@@ -184,13 +186,14 @@ class TieThread:
         members = tuple(int(r) for r in np.flatnonzero(training | leaving))
         contributes = self.rank in members
         first = self._mean is None
-        if first:
+        if self._mean is None:  # (first)
             self._mean = [np.zeros_like(a) for a in centre.arrays]
-            self._velocity = [np.zeros_like(a) for a in centre.arrays] if diloco else None
+            self._velocity = [np.zeros_like(a) for a in centre.arrays] if diloco else []
+        means = self._mean
         if members != self._members:  # start again from the mean: it is every member's base
-            self._base = [m.copy() for m in self._mean] if contributes else None
+            self._base = [m.copy() for m in means] if contributes else []
             self._feedback = [ErrorFeedback(a.size, a.dtype) for a in centre.arrays] \
-                if contributes else None
+                if contributes else []
             self._members = members
         self._lock_centre(centre)  # a stopped holder: LockTimeout, the tie fails
         try:
@@ -199,7 +202,7 @@ class TieThread:
             centre.lock.release()
         sent_before = self.bytes_sent
         try:
-            self._send_moves(snaps, members, contributes, diloco, first)
+            self._send_moves(means, snaps, members, contributes, diloco, first)
         except NonFiniteValues as exc:
             raise self._diverged(exc, "round %d" % (self.rounds + 1)) from exc
         self.rounds += 1
@@ -210,7 +213,7 @@ class TieThread:
             return
         self._lock_centre(centre)
         try:
-            for c, s, m in zip(centre.arrays, snaps, self._mean):
+            for c, s, m in zip(centre.arrays, snaps, means):
                 if diloco:  # the anchor plus what the workers added since the snapshot
                     c -= s
                     c += m
@@ -261,12 +264,12 @@ class TieThread:
             raise NonFiniteValues("NaN or Inf in the centres", members)
         return True
 
-    def _send_moves(self, snaps, members, contributes, diloco, first):
-        """A round's messages (see `_round`): the new mean (anchor) in `self._mean`.
+    def _send_moves(self, means, snaps, members, contributes, diloco, first):
+        """A round's messages (see `_round`): the new mean (anchor) in `means` (`self._mean`).
         DiLoCo's first round sets the anchor to the mean of the centres, losslessly: when
         they are already equal (a hash shows it), no centre is sent, it is the mean."""
         equal = diloco and first and self._centres_equal(snaps, members, contributes)
-        for i, mean in enumerate(self._mean):  # peers are here: blocking
+        for i, mean in enumerate(means):  # peers are here: blocking
             if equal:  # every node has the mean already: its own centre
                 mean[...] = snaps[i]
                 self._base[i][...] = mean

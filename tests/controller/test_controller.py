@@ -279,7 +279,11 @@ def test_old_duration_keywords_still_work_with_a_warning():
 
 
 class RecordingLink:
-    """A node link that records what the controller asks of it."""
+    """A node link (`NodeLinkProtocol`, every member) that records what the controller asks
+    of it, beyond the calls of every tick (`share_stop`, `totals`)."""
+
+    num_workers = 1
+    final_result = None
 
     def __init__(self):
         self.calls = []
@@ -291,8 +295,35 @@ class RecordingLink:
         return {"global_rank": 10 + worker_id, "global_size": 20, "node_rank": 1,
                 "num_nodes": 2}
 
+    def initial_centre(self, centre):
+        self.calls.append("initial_centre")
+        return False
+
     def barrier(self):
         self.calls.append("barrier")
+
+    def all_reduce(self, array, op):
+        self.calls.append("all_reduce")
+        return 1
+
+    def fail_round(self, reason):
+        self.calls.append("fail_round")
+
+    def share_stop(self, job_stop):
+        pass
+
+    def trained(self):
+        self.calls.append("trained")
+        return False
+
+    def final_centre(self):
+        return None
+
+    def totals(self):
+        return {"link_rounds": 3}
+
+    def end_tie(self):
+        self.calls.append("end_tie")
 
     def finish(self):
         self.calls.append("finish")
@@ -305,9 +336,30 @@ def test_a_node_link_passed_in_joins_registration_barrier_and_the_end(serve):
     serving = serve(ctl)
     with Worker(ctl.control_port, timeout_s=5) as w:
         assert (w.global_rank, w.global_size, w.node_rank, w.num_nodes) == (10, 20, 1, 2)
+        w.init_shared_params([np.zeros(3, np.float32)], EASGD(0.5))
+        assert w.is_first  # the link left the first values to the workers
         w.barrier()
     serving.join()
-    assert link.calls == ["start", "barrier", "finish"]
+    assert link.calls == ["start", "initial_centre", "barrier", "finish"]
+    assert ctl.progress["link_rounds"] == 3  # the link's totals, in the progress
+    ctl.close()
+    assert link.calls[-1] == "end_tie"
+
+
+def test_both_node_links_and_the_test_double_keep_the_controllers_contract():
+    """mypy holds `platoon.mpi.NodeLink` and `ElasticLink` to `NodeLinkProtocol` where their
+    runners pass them (setup.cfg's checks); here the classes, at run time."""
+    from platoon._controller.services import NodeLinkProtocol
+    from platoon.elastic.link import ElasticLink
+    from platoon.mpi import CentreTie, NodeLink
+    members = [name for name in dir(NodeLinkProtocol) if not name.startswith("_")]
+    methods = [name for name in members if callable(getattr(NodeLinkProtocol, name))]
+    assert len(methods) == 12, methods
+    for cls in (NodeLink, ElasticLink, RecordingLink):
+        assert all(callable(getattr(cls, name, None)) for name in methods), cls
+    assert isinstance(RecordingLink(), NodeLinkProtocol)
+    assert isinstance(ElasticLink(1, None, "a", CentreTie(1.0, outer="diloco"), 5.0, print),
+                      NodeLinkProtocol)
 
 
 @pytest.mark.parametrize("ports, named", [

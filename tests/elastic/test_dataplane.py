@@ -9,7 +9,7 @@ import pytest
 from platoon.elastic import Quorum, QuorumGroup, StoreServer
 from platoon.elastic.dataplane import chunk_bounds
 from platoon.errors import NonFiniteValues
-from platoon.mpi.compress import ErrorFeedback, RawCodec, make_codec, mean_of_messages
+from platoon.node.compress import ErrorFeedback, RawCodec, make_codec, mean_of_messages
 
 
 def _in_parallel(groups, call):

@@ -350,8 +350,8 @@ def _tie(values, anchor, *, running=False, **settings):
     holding `values`, its anchor `anchor` (round 3); its thread ended at once unless
     `running` (then its lighthouse never forms a quorum)."""
     from platoon.elastic.tie import ElasticTie
-    from platoon.mpi import CentreTie
-    from platoon.mpi.compress import ErrorFeedback
+    from platoon.node.compress import ErrorFeedback
+    from platoon.node.tie import CentreTie
     ctl = _Controller(values)
     if not running:
         ctl.shared_centre = None  # the thread waits for it: halted, it ends at once
@@ -377,7 +377,7 @@ def _sha256(arrays):
 
 def _stepped(anchor, mean):
     """The anchor after DiLoCo's outer step (lr 0.7, momentum 0.9, fresh momentum)."""
-    from platoon.mpi.tie import outer_step
+    from platoon.node.tie import outer_step
     anchor = np.array(anchor, np.float32)
     outer_step(anchor, np.zeros_like(anchor), np.array(mean, np.float32), 0.7, 0.9)
     return anchor
@@ -597,7 +597,7 @@ def test_an_elastic_workers_final_evaluation_waits_past_its_timeout_for_the_fina
     nodes are done (here 1 s after this one), however short its own timeout."""
     from platoon import EASGD, Controller, Worker
     from platoon.elastic.link import ElasticLink
-    from platoon.mpi import CentreTie
+    from platoon.node.tie import CentreTie
 
     class SlowFinal(ElasticLink):  # the other nodes finish 1 s after this one
         done_at = None
@@ -629,7 +629,7 @@ def test_a_done_node_whose_group_makes_no_round_gives_up_the_final_round_in_time
     for --min-nodes): after final_timeout_s without a round it ends, keeping its centre (the
     last anchor), and does not evaluate it as the agreed one."""
     from platoon.elastic.link import ElasticLink
-    from platoon.mpi import CentreTie
+    from platoon.node.tie import CentreTie
     tie, centre, failures = _tie([2.0, 2.0], [2.0, 2.0], running=True, final_timeout_s=0.3)
     tie._handed_over = True
     link = ElasticLink(1, None, "a", CentreTie(1.0, outer="diloco"), 1.0, print)
@@ -652,7 +652,7 @@ def test_a_node_serves_on_while_its_tie_decides_where_the_centre_starts(serve):
 
     from platoon import EASGD, Controller, Worker
     from platoon.elastic.link import ElasticLink
-    from platoon.mpi import CentreTie
+    from platoon.node.tie import CentreTie
     failures, outcome = [], {}
     link = ElasticLink(2, _NoLighthouse, "a", CentreTie(0.05, outer="diloco",
                                                         compress="float32"),
@@ -851,7 +851,7 @@ def test_a_round_a_member_does_not_join_is_broken_within_its_timeout():
     import threading
 
     from platoon.elastic import QuorumGroup, StoreServer
-    from platoon.mpi.compress import ErrorFeedback, make_codec
+    from platoon.node.compress import ErrorFeedback, make_codec
     with StoreServer("127.0.0.1") as store:
         quorum = Quorum(3, ("a", "b"), (store.address, "127.0.0.1:1"))
         groups = {}
@@ -1051,7 +1051,7 @@ def test_launcher_elastic_restarts_its_lighthouse_and_sigint_leaves_nothing(tmp_
         again, _ = launcher.wait_for_match(r"\[lighthouse.restart1\] .*lighthouse: quorum "
                                            r"(\d+): 127.0.0.1$", 5 + SLACK_S, index)
         assert int(again.group(1)) > int(first.group(1))
-        launcher.wait_for_line("[node-127.0.0.1] DISTRIBUTED none", 30)  # its worker runs
+        launcher.wait_for_line("[node-127.0.0.1/worker0] DISTRIBUTED none", 30)  # it runs
         launcher.popen.send_signal(signal.SIGINT)
         assert launcher.wait(30) == 128 + signal.SIGINT, launcher.output
         summary = launcher.output[launcher.output.index("job summary"):]
@@ -1087,7 +1087,7 @@ def test_launcher_elastic_job_whose_every_node_fails_fails_and_leaves_nothing(tm
 
 def test_an_elastic_node_refuses_cross_node_collectives_and_a_tie_paced_in_syncs():
     from platoon.elastic.link import ElasticLink
-    from platoon.mpi import CentreTie
+    from platoon.node.tie import CentreTie
     link = ElasticLink(2, connect=None, name="a", tie=CentreTie(1.0, outer="diloco"),
                        timeout_s=5.0, on_failure=print)
     with pytest.raises(PlatoonError, match="all_reduce across nodes does not exist in an "

@@ -1,6 +1,6 @@
-"""platoon.mpi.compress: the codecs' round trips and byte counts, error feedback, refusal of
-non-finite values (pure numpy; compressed_mean on a one-rank communicator). Two ranks:
-tests/mpi/test_mpi.py."""
+"""platoon.node.compress: the codecs' round trips and byte counts, error feedback, refusal of
+non-finite values (pure numpy); platoon.mpi.compress.compressed_mean on a one-rank
+communicator. Two ranks: tests/mpi/test_mpi.py."""
 
 import math
 
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from platoon.errors import NonFiniteValues, PlatoonError
-from platoon.mpi.compress import BLOCK, ErrorFeedback, RawCodec, compressed_mean, make_codec
+from platoon.mpi.compress import compressed_mean
+from platoon.node.compress import BLOCK, ErrorFeedback, RawCodec, make_codec
 
 try:
     from mpi4py import MPI
@@ -167,8 +168,8 @@ def test_compressed_mean_refuses_non_finite_values_and_leaves_the_residual():
 
 def test_the_tie_and_the_launcher_offer_the_codecs():
     from platoon.launch.cli import TIE_CODECS
-    from platoon.mpi.compress import CODECS
-    from platoon.mpi.tie import CentreTie
+    from platoon.node.compress import CODECS
+    from platoon.node.tie import CentreTie
     assert tuple(CODECS) == TIE_CODECS == ("float32", "int8", "int4")
     assert CentreTie(0.1, compress="int4").compress == "int4"
     with pytest.raises(ValueError, match="compress must be one of float32, int8, int4, got 'fp8'"):

@@ -374,8 +374,8 @@ def test_nodes_sharing_a_host_divide_its_cores_and_keep_a_thread_count_the_user_
         want = {var: threads for var in THREAD_VARIABLES}
     else:
         want = dict({var: "None" for var in THREAD_VARIABLES}, OMP_NUM_THREADS=user)
-    found = [dict(pair.split("=") for pair in line.split()[1:])
-             for line in job.output.splitlines() if line.startswith("THREADS ")]
+    found = [dict(pair.split("=") for pair in line.split("THREADS ", 1)[1].split())
+             for line in job.output.splitlines() if "] THREADS " in line]
     assert found == [want, want], job.output
 
 
@@ -404,6 +404,20 @@ def test_a_launcher_style_controller_script_runs_as_each_node(mpi_job):
     assert len(distances) == 2 and len(set(distances)) == 1, job.output  # one centre: final tie
 
 
+CHATTY = re.compile(r"\[node-(\d)/worker(\d)\] CHATTY node \1 worker \2 line \d+ x{200}")
+
+
+def test_each_workers_lines_arrive_whole_and_attributed(mpi_job):
+    """Before: a node's workers shared its stdout, unbuffered, and print() writes the text and
+    its newline apart, so two workers printing at once cut into each other's lines. Now each
+    line arrives whole, led by its node and worker, as the launcher shows one host's."""
+    job = mpi_job("chatty")
+    assert job.wait(60) == 0, job.output
+    lines = [line for line in job.output.splitlines() if "CHATTY" in line]
+    cut = [line for line in lines if not CHATTY.fullmatch(line)]
+    assert len(lines) == 4 * 200 and not cut, (len(lines), cut[:3])
+
+
 def _launch_hosts(tmp_path, experiment, *args):
     out = subprocess.run([sys.executable, "-m", "platoon.launch.cli", experiment, "--hosts",
                           "localhost", "localhost", "--log-dir", str(tmp_path / "logs")]
@@ -419,6 +433,16 @@ def test_launcher_hosts_runs_one_controller_per_host(tmp_path):
     assert code == 0, out + log.read_text()
     assert "job finished on 2 node(s)" in out
     assert log.read_text().count("trained ") == 2  # each node's controller reports
+
+
+def test_launcher_hosts_shows_each_workers_lines_whole_attributed_once(tmp_path):
+    code, out, log = _launch_hosts(tmp_path, os.path.join(PROCS, "mpi"), "-n", "2", "--",
+                                   "chatty", "50")
+    assert code == 0, out + log.read_text()
+    shown = out[:out.index("job finished")]  # (then the log's last lines, as they are)
+    lines = [line for line in shown.splitlines() if "CHATTY" in line]
+    cut = [line for line in lines if not CHATTY.fullmatch(line)]  # ([mpiexec] not added)
+    assert len(lines) == 4 * 50 and not cut, (len(lines), cut[:3])
 
 
 def test_launcher_hosts_shows_the_agreed_centres_final_result_and_saves_that_centre(tmp_path):

@@ -52,7 +52,7 @@ def test_a_node_places_its_workers_on_its_gpus_as_the_launcher_does(monkeypatch)
     longer imports the launcher's command line for it)."""
     from platoon import device
     from platoon.launch import cli
-    from platoon.mpi.runner import node_devices
+    from platoon.node.runner import node_devices
     monkeypatch.setenv("PLATOON_ASSUME_GPUS", "0,1")
     assert node_devices(3) == ["cuda0", "cuda1", "cuda0"] == device.in_turn(3, ["0", "1"])
     assert cli.plan_devices(cli.parse_args(["-n", "3", "train.py"]), print) == node_devices(3)

@@ -1,5 +1,7 @@
 """The public API imports on demand: supervising processes load neither zmq nor numpy; the
-original Platoon's module paths still import; the package's imports make no circle."""
+original Platoon's module paths still import; the package's imports make no circle, each home
+keeps to its side of the process line, and docs/architecture.md's import table says what the
+code imports."""
 
 import importlib
 import subprocess
@@ -15,8 +17,9 @@ from helpers import loaded_after
 
 @pytest.mark.parametrize("module", ["platoon", "platoon.launch", "platoon._os.process",
                                     "platoon.launch.child", "platoon.launch.cli",
-                                    "platoon.launch.supervision", "platoon.launch.reaper",
-                                    "platoon.launch.elastic",
+                                    "platoon.launch.supervision", "platoon.node.reaper",
+                                    "platoon.launch.elastic", "platoon._os.nodesettings",
+                                    "platoon._os.jobsecret",
                                     "platoon._os.environment", "platoon._os.statusfile",
                                     "platoon._os.argv", "platoon._os.logthrottle"])
 def test_supervising_modules_load_neither_zmq_nor_numpy(module):
@@ -41,6 +44,17 @@ def test_a_worker_loads_only_what_it_starts_with():
     assert "subprocess" in loaded_after("import platoon._os.process\n"
                                         "platoon._os.process.stop([], 0.0)")
     assert "platoon.rules.diloco" in loaded_after("from platoon.rules import DiLoCo")
+
+
+def test_the_launcher_checks_an_elastic_jobs_options_without_zmq_or_numpy():
+    """Before: checking --elastic's membership options imported platoon.elastic (its
+    lighthouse client: pyzmq) into the launcher."""
+    loaded = loaded_after("from platoon.launch.cli import parse_args\n"
+                          "args = parse_args(['x', '--hosts', 'h1', 'h2', '--elastic', "
+                          "'--min-nodes', '2'])\nassert args.membership.min_nodes == 2")
+    heavy = {m for m in loaded if m.split(".")[0] in ("zmq", "numpy", "torch")
+             or m.startswith("platoon.elastic")}
+    assert not heavy, sorted(heavy)[:5]
 
 
 def test_a_launched_child_loads_neither_zmq_nor_numpy(tmp_path):
@@ -211,7 +225,9 @@ def every_import():
 
 # The process line (docs/architecture.md): what each private home may not import, anywhere.
 NEVER = {
-    "platoon._controller": ("platoon._worker", "platoon.worker", "platoon.launch"),
+    # (the node link is a contract it declares, `_controller.services`: no multi-node package)
+    "platoon._controller": ("platoon._worker", "platoon.worker", "platoon.launch", "platoon.mpi",
+                            "platoon.elastic", "platoon.node"),
     "platoon._worker": ("platoon._controller", "platoon.controller", "platoon.launch",
                         "platoon.mpi"),
     "platoon._centre": ("platoon._controller", "platoon._worker", "platoon.controller",
@@ -219,21 +235,25 @@ NEVER = {
                         "platoon._resources", "platoon.security"),
     "platoon._os": ("platoon.", "zmq", "numpy"),  # the standard library only
     "platoon.rules": ("platoon._", "platoon.controller", "platoon.worker", "zmq"),
-    # (its node runner, like platoon.mpi's, starts its workers' reaper: platoon.launch.reaper)
+    # The two multi-node paths: each builds on the node layer, neither on the other.
     "platoon.elastic": ("platoon._controller", "platoon._worker", "platoon.controller",
-                        "platoon.worker", "platoon.launch.cli", "platoon.launch.child",
-                        "platoon.launch.output", "platoon.launch.supervision"),
+                        "platoon.worker", "platoon.launch", "platoon.mpi", "mpi4py"),
+    # The node layer: what both paths run (the node runner, codecs, outer step, reaper); no
+    # MPI, no elastic machinery, no worker's side.
+    "platoon.node": ("platoon.mpi", "platoon.elastic", "platoon.launch", "platoon._worker",
+                     "platoon.worker", "platoon.adapters", "platoon.torch_sync",
+                     "platoon.collectives", "platoon.compat", "platoon.integrations", "zmq",
+                     "mpi4py", "torch"),
     "platoon.launch": ("platoon._controller", "platoon._worker", "platoon._centre",
-                       "platoon.controller", "platoon.worker", "platoon.mpi", "zmq", "numpy"),
+                       "platoon.controller", "platoon.worker", "platoon.mpi", "platoon.elastic",
+                       "platoon.node", "zmq", "numpy"),
     # The original Platoon's names: a facade over the core (nothing imports it: below).
     "platoon.compat": ("platoon._worker", "platoon._centre", "platoon.mpi", "platoon.launch",
                        "zmq", "numpy"),
-    # Controller ranks: the controller's side, never a worker's; of the launcher, only the
-    # reaper (GPU discovery is platoon.device's).
+    # Controller ranks: the controller's side, never a worker's, nor the launcher's.
     "platoon.mpi": ("platoon._worker", "platoon.worker", "platoon.adapters",
                     "platoon.torch_sync", "platoon.collectives", "platoon.compat", "zmq",
-                    "platoon.launch.cli", "platoon.launch.child", "platoon.launch.output",
-                    "platoon.launch.supervision"),
+                    "platoon.launch", "platoon.elastic"),
     # A worker's arrays: rules and errors only, no process, no sockets.
     "platoon.adapters": ("platoon._", "platoon.controller", "platoon.worker", "platoon.mpi",
                          "platoon.launch", "platoon.compat", "platoon.protocol",
@@ -257,7 +277,8 @@ NEVER = {
                          "platoon.launch", "platoon.compat", "platoon.protocol"),
     # The facades, each on its side of the process line.
     "platoon.controller": ("platoon._worker", "platoon.worker", "platoon.launch",
-                           "platoon.adapters", "platoon.compat"),
+                           "platoon.adapters", "platoon.compat", "platoon.mpi",
+                           "platoon.elastic", "platoon.node"),
     "platoon.worker": ("platoon._controller", "platoon.mpi", "platoon.launch", "platoon.compat"),
     "platoon.collectives": ("platoon._controller", "platoon.controller", "platoon.mpi",
                             "platoon.launch", "platoon.compat", "zmq"),
@@ -295,3 +316,64 @@ def test_compat_is_a_facade_that_nothing_imports():
             ("compat.deprecation", "_deprecation", "renamed_keywords")):
         assert getattr(importlib.import_module("platoon." + public), name) is getattr(
             importlib.import_module("platoon." + home), name), (public, name)
+
+
+def architecture_import_table():
+    """{unit: the platoon modules its row names} from docs/architecture.md's table
+    "Which package imports which": a unit is a package (``mpi``) or a root module
+    (``controller`` for ``controller.py``); a row may give several units (one cell, one set).
+    Text in parentheses explains and is not read; "nothing" is the empty set."""
+    import os
+    import re
+
+    path = os.path.join(os.path.dirname(os.path.dirname(platoon.__file__)), "docs",
+                        "architecture.md")
+    with open(path) as f:
+        text = f.read()
+    header = "| package | imports (of platoon) |"
+    assert header in text, "docs/architecture.md has no import table (%r)" % header
+    table = {}
+    for line in text[text.index(header):].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        units, imports = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        while re.search(r"\([^()]*\)", imports):
+            imports = re.sub(r"\([^()]*\)", "", imports)
+        named = set(re.findall(r"`([\w.]+)`", imports))
+        for unit in re.findall(r"`([\w.]+)`", re.sub(r"\([^()]*\)", "", units)):
+            unit = unit[:-len(".py")] if unit.endswith(".py") else unit
+            assert unit not in table, "docs/architecture.md: %s has two rows" % unit
+            table[unit] = named
+    return table
+
+
+def test_the_architecture_import_table_says_what_the_code_imports():
+    """Each row of docs/architecture.md's "which package imports which" names every package
+    its unit imports (anywhere: at load time or inside a function) and nothing else, and each
+    module it names (``rules.diloco``) is one the unit imports; every package and root module
+    of platoon has a row."""
+    table = architecture_import_table()
+    files = platoon_sources()
+    code = {}
+    for module, (ours, _) in every_import().items():
+        parts = module.split(".")
+        unit = parts[1] if len(parts) > 1 else "__init__"
+        code.setdefault(unit, set()).update(
+            name[len("platoon."):] for name in ours
+            if name.startswith("platoon.") and name.split(".")[1] != unit)
+    assert sorted(table) == sorted(code), "rows missing: %s; rows of nothing: %s" % (
+        sorted(set(code) - set(table)), sorted(set(table) - set(code)))
+    stale = []
+    for unit, named in sorted(table.items()):
+        imported = code[unit]
+        for name in sorted(named):
+            if "platoon." + name not in files:
+                stale.append("%s: `%s` is no module of platoon" % (unit, name))
+            elif not any(m == name or m.startswith(name + ".") for m in imported):
+                stale.append("%s: the code imports no `%s`" % (unit, name))
+        said = {name.split(".")[0] for name in named}
+        done = {name.split(".")[0] for name in imported}
+        if said != done:
+            stale.append("%s: the row says %s, the code imports %s" % (
+                unit, sorted(said), sorted(done)))
+    assert not stale, "docs/architecture.md's import table is stale:\n" + "\n".join(stale)

@@ -12,7 +12,8 @@ import numpy as np
 from mpi4py import MPI
 
 from platoon.errors import NonFiniteValues
-from platoon.mpi.compress import BLOCK, ErrorFeedback, RawCodec, compressed_mean, make_codec
+from platoon.mpi.compress import compressed_mean
+from platoon.node.compress import BLOCK, ErrorFeedback, RawCodec, make_codec
 
 LEVELS = {"int8": 127, "int4": 7}
 

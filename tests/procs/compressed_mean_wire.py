@@ -10,7 +10,8 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from platoon.mpi.compress import ErrorFeedback, compressed_mean, make_codec
+from platoon.mpi.compress import compressed_mean
+from platoon.node.compress import ErrorFeedback, make_codec
 
 
 def main():

@@ -27,7 +27,7 @@ args = parser.parse_args()
 store = None
 if args.value is not None:
     from platoon.elastic import QuorumGroup, StoreServer
-    from platoon.mpi.compress import ErrorFeedback, make_codec
+    from platoon.node.compress import ErrorFeedback, make_codec
     store = StoreServer("127.0.0.1")
     codec, feedback = make_codec("int8"), ErrorFeedback(1000)
 address = store.address if store is not None else "127.0.0.1:1"

@@ -21,6 +21,8 @@ usage: mpi_worker.py SCENARIO
        rounds run, then converge too; each prints DIST (its distance to the true weights)
   stop: every worker syncs until it sees the stop signal, which global worker 0 requests after
        5 syncs; prints STOPPED <reason>
+  chatty: prints CHATTY_LINES (argv[2], default 200) lines CHATTY node N worker K line I xxx...
+       as fast as it can with print() (which writes the text and its newline apart)
 """
 
 import os
@@ -174,6 +176,10 @@ def main():
                 if w.global_rank == 0 and w.syncs == 5:
                     w.request_stop("target reached")
             say("STOPPED %s %s" % (w.stop_reason, tag))
+        elif scenario == "chatty":
+            for i in range(int(sys.argv[2]) if len(sys.argv) > 2 else 200):
+                print("CHATTY node %d worker %d line %d %s" % (w.node_rank, w.local_rank, i,
+                                                               "x" * 200))
         else:
             raise SystemExit("unknown scenario %r" % scenario)
 

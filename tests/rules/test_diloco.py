@@ -442,7 +442,7 @@ def test_the_ties_outer_step_is_diloco_s_bit_for_bit(mu):
     """The node centres' tie (mpi and elastic) applies DiLoCo's outer step, not a copy: the
     same bits as DiLoCo's per-push kernel and numpy path with p = 1 on g = -d (velocity -u),
     and as the formula the tie wrote by hand before."""
-    from platoon.mpi.tie import outer_step
+    from platoon.node.tie import outer_step
     from platoon.rules import kernels
     rng = np.random.default_rng(36)
     anchor = rng.standard_normal(100_003).astype(np.float32)

@@ -1,8 +1,8 @@
-"""A watchdog that cleans up after a controller killed without warning.
+"""A watchdog that cleans up after a node's controller killed without warning.
 
-When one MPI rank dies, ``mpiexec`` SIGKILLs every other rank: their
-controllers get no chance to unlink shared memory or stop their workers. Each
-controller therefore starts ``python -m platoon.launch.reaper FD JOB_ID`` in its
+When one MPI rank dies, ``mpiexec`` SIGKILLs every other rank, and an elastic node may be
+SIGKILLed by its host: their controllers get no chance to unlink shared memory or stop their
+workers. Each node runner therefore starts ``python -m platoon.node.reaper FD JOB_ID`` in its
 own session. The reaper blocks reading the pipe FD, on which the controller
 writes its workers' pids with their start times; at end of file (the controller
 exited, however it exited) it SIGKILLs those still alive (the same processes: a
@@ -23,7 +23,7 @@ def start(job_id: str) -> int:
     """Start a reaper for `job_id`; return the pipe's write end (write pids, never close it)."""
     read_fd, write_fd = os.pipe()
     os.set_inheritable(read_fd, True)
-    subprocess.Popen([sys.executable, "-m", "platoon.launch.reaper", str(read_fd), job_id],
+    subprocess.Popen([sys.executable, "-m", "platoon.node.reaper", str(read_fd), job_id],
                      pass_fds=(read_fd,), start_new_session=True, stdin=subprocess.DEVNULL,
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.close(read_fd)
