@@ -76,8 +76,8 @@ def own_sampler_seeds(accelerator: Accelerator, offset: int) -> None:
     a ``SeedableRandomSampler`` (``DataLoaderConfiguration(use_seedable_sampler=True)``,
     which holds the seed of the moment ``prepare`` ran, or ``data_seed``) and a
     ``RandomSampler`` with a generator of its own get their seed moved (`sampler_seed_shift`); a
-    plain ``RandomSampler`` draws from torch's reseeded generator. Once per sampler (marked,
-    so that a sampler ``load_state`` restores from this worker's checkpoint keeps its seed)."""
+    plain ``RandomSampler`` draws from torch's reseeded generator. Once per sampler (marked:
+    every block calls this)."""
     shift = sampler_seed_shift(offset)
     for loader in getattr(accelerator, "_dataloaders", []):
         sampler = get_sampler(loader)
