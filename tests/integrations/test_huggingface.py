@@ -37,9 +37,10 @@ def test_two_trainer_workers_sync_every_k_real_optimizer_steps_and_evaluate_the_
     ctl, again = Nothing(control_port=0, num_workers=2), Nothing(control_port=0, num_workers=2)
     servings = [serve(ctl, timeout=90), serve(again, timeout=120)]
     env = {"PLATOON_CONTROL_PORT": str(ctl.control_port)}
+    # each worker's index in both jobs, as the launcher gives it (its files are workerK's)
     workers = [procs("hf_worker.py", tmp_path / ("w%d.json" % k), tmp_path / "out", "--steps", 4,
                      "--accum", 2, "--every", 2, "--save-steps", 2, "--rejoin",
-                     again.control_port, 6, resume, env=env)
+                     again.control_port, 6, resume, env=dict(env, PLATOON_WORKER_INDEX=str(k)))
                for k, resume in enumerate(("checkpoint-2", "last"))]
     for w in workers:
         assert w.wait(90) == 0, w.output
@@ -48,8 +49,8 @@ def test_two_trainer_workers_sync_every_k_real_optimizer_steps_and_evaluate_the_
     runs = [run(tmp_path / ("w%d.json" % k))[0] for k in range(2)]
     for r in runs:
         assert (r["global_step"], r["platoon_steps"], r["syncs"]) == (4, 4, 2), r
-    assert sorted(r["output_dir"] for r in runs) == [str(tmp_path / "out" / "worker0"),
-                                                     str(tmp_path / "out" / "worker1")]
+    assert [r["output_dir"] for r in runs] == [str(tmp_path / "out" / "worker0"),
+                                               str(tmp_path / "out" / "worker1")]
     assert runs[0]["first_batch"] != runs[1]["first_batch"], runs
     results = [r["final_result"] for r in runs if r["final_result"] is not None]
     assert len(results) == 1, runs
