@@ -475,12 +475,17 @@ class PlatoonStrategy:
         super().teardown()  # type: ignore[misc]
 
 
-# A LightningCLI script has imported Lightning before its parser imports this module (for
-# ``class_path: platoon.integrations.lightning.PlatoonStrategy``): the strategy is that
-# Lightning's from now on.
-for _package in PACKAGES:
-    if sys.modules.get(lightning_module(_package) + ".strategies") is not None:
-        strategy_class(_package)
+
+def _serve_the_imported() -> None:
+    """Make the strategy a strategy of each Lightning already imported: a LightningCLI script
+    has imported its Lightning before its parser imports this module (for ``class_path:
+    platoon.integrations.lightning.PlatoonStrategy``), and checks the class against it."""
+    for package in PACKAGES:
+        if sys.modules.get(lightning_module(package) + ".strategies") is not None:
+            strategy_class(package)
+
+
+_serve_the_imported()
 
 __all__ = ["PlatoonStrategy", "STATE_KEY", "SHORT_NAME", "users_package", "strategy_class",
            "worker_version"]
