@@ -243,8 +243,9 @@ class LocalSGD:
     step the GradScaler skipped. In a job of several workers, worker K reseeds torch with
     ``torch.initial_seed() + K`` (K: its global rank; in an elastic job an offset made from its
     node's name and local rank) and moves the seed of the accelerator's prepared samplers
-    (``use_seedable_sampler=True``'s, or one with a generator of its own) by K, so that each
-    draws its own batches (build the first LocalSGD before iterating the data loader).
+    (``use_seedable_sampler=True``'s, or one with a generator of its own) by a number made
+    from K (`sampler_seed_shift`), so that each draws its own batches (build the first
+    LocalSGD before iterating the data loader).
     Raises PlatoonError when the accelerator runs several processes (torchrun,
     ``accelerate launch``) or after `finish`, ValueError for a bad `local_sgd_steps`, for an
     accelerator that prepared no optimizer or several, or for another model than the first
