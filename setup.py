@@ -41,7 +41,9 @@ setup(
         # platoon.integrations.accelerate: LocalSGD; tested with accelerate 1.15.0
         "accelerate": ["accelerate>=1.1", "torch==2.13.0"],
         # platoon.integrations.lightning: PlatoonStrategy, for either of Lightning's packages
-        # (the tests use both); tested with lightning 2.6.6 and pytorch-lightning 2.6.6
-        "lightning": ["lightning>=2.1", "pytorch-lightning>=2.1", "torch==2.13.0"],
+        # (the tests use both, and LightningCLI, which needs jsonargparse); tested with
+        # lightning 2.6.6, pytorch-lightning 2.6.6 and jsonargparse 4.53.0
+        "lightning": ["lightning>=2.1", "pytorch-lightning>=2.1", "jsonargparse[signatures]",
+                      "torch==2.13.0"],
     },
 )

@@ -71,7 +71,7 @@ def main():
     valid = windows(VALID_FILES, 32, limit=2048)
     model, optimizer, train, scheduler = accelerator.prepare(model, optimizer, train, scheduler)
 
-    def evaluate(model):
+    def evaluate_model(model):
         model.eval()
         with torch.no_grad():
             loss = torch.nn.functional.cross_entropy(model(valid.tensors[0]), valid.tensors[1])
@@ -95,7 +95,7 @@ def main():
                     accelerator.print("batch %d: loss %.3f" % (batches, loss.item()))
                 if batches == 2 * args.steps:
                     break
-    accelerator.print("final evaluation:", evaluate(model))
+    accelerator.print("final evaluation:", evaluate_model(model))
 
 
 if __name__ == "__main__":

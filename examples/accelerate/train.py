@@ -72,7 +72,7 @@ def main():
     valid = windows(VALID_FILES, 32, limit=2048)
     model, optimizer, train, scheduler = accelerator.prepare(model, optimizer, train, scheduler)
 
-    def evaluate(model):
+    def evaluate_model(model):
         model.eval()
         with torch.no_grad():
             loss = torch.nn.functional.cross_entropy(model(valid.tensors[0]), valid.tensors[1])
@@ -81,7 +81,7 @@ def main():
 
     batches = 0
     with LocalSGD(accelerator=accelerator, model=model,
-                  local_sgd_steps=args.local_sgd_steps, evaluate=evaluate) as local_sgd:
+                  local_sgd_steps=args.local_sgd_steps, evaluate=evaluate_model) as local_sgd:
         while batches < 2 * args.steps:
             for x, y in train:
                 with accelerator.accumulate(model):
@@ -96,7 +96,7 @@ def main():
                     accelerator.print("batch %d: loss %.3f" % (batches, loss.item()))
                 if batches == 2 * args.steps:
                     break
-    accelerator.print("final evaluation:", evaluate(model))
+    accelerator.print("final evaluation:", evaluate_model(model))
 
 
 if __name__ == "__main__":

@@ -12,13 +12,15 @@ The callback syncs the model with the job's centre every `sync_every` real optim
 hook: gradient accumulation's micro-batches are not steps, nor are the steps a GradScaler
 skips, also those a fused optimizer is called for and skips itself); evaluates the final
 centre once with the Trainer's own ``evaluate()`` as the job's result; and keeps its step
-count in the Trainer's checkpoints, so that ``resume_from_checkpoint`` resumes the sync phase.
-docs/huggingface.md tells the rest. Imported only by its users; needs ``transformers`` (the
+count in the Trainer's checkpoints, in the worker's own ``output_dir/workerK``, so that
+``resume_from_checkpoint`` (True, "last", or a checkpoint's path under the script's
+``output_dir``) resumes the worker's own weights and sync phase. docs/huggingface.md tells the
+rest. Imported only by its users; needs ``transformers`` (the
 ``huggingface`` extra).
 """
 
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 try:
     from transformers import Trainer, TrainerCallback, TrainingArguments
@@ -36,6 +38,7 @@ from ..worker import Worker
 from ._core import StepCounter, own_ddp_refused, worker_slot
 
 STATE_KEY = "platoon"  # platoon's state in the checkpoint's trainer_state.json
+LAST = ("last", "true")  # resume_from_checkpoint strings that mean the worker's last checkpoint
 
 
 def refuse_ddp(args: TrainingArguments) -> None:
@@ -66,7 +69,9 @@ class PlatoonCallback(TrainerCallback):
         evaluate_centre: True: at the end of training, the job's last worker evaluates the
             final centre once with ``trainer.evaluate()`` (when the Trainer has an
             eval_dataset); the launcher's summary shows it as the job's result, and
-            `final_result` holds it on that worker.
+            `final_result` holds it on that worker. Not in a job of one worker (the script
+            run alone, ``-n 1``): its model is the result, and the script's own
+            ``evaluate()`` its only evaluation.
         report_every_s: progress reports (steps, the logged loss) to the launcher's status
             line at most this often; None: never.
 
@@ -74,8 +79,14 @@ class PlatoonCallback(TrainerCallback):
     ``output_dir/workerK`` (K: its global rank) and seeds torch with ``seed + K``, so that
     workers shuffle the data and draw dropout differently; in an elastic job, under
     ``output_dir/NODE/workerK`` (its node's name, its local rank) with a seed offset made from
-    both (`_core.worker_slot`). Raises PlatoonError when the
-    Trainer runs its own DDP (`refuse_ddp`), ValueError for a bad `sync_every`.
+    both (`_core.worker_slot`). A resume finds the worker's own checkpoint
+    (`own_checkpoint`): ``trainer.train(resume_from_checkpoint=...)`` (where scripts such as
+    transformers' ``run_clm.py`` pass their ``--resume_from_checkpoint``) with True or
+    "last" takes the last one in the worker's own directory, and a checkpoint's path under
+    the script's ``output_dir`` (``out/checkpoint-500``) the worker's
+    (``out/workerK/checkpoint-500``) when it has one.
+    Raises PlatoonError when the Trainer runs its own DDP (`refuse_ddp`), ValueError for a
+    bad `sync_every`.
     """
 
     def __init__(self, trainer: Trainer, *, sync_every: int = 4,
@@ -92,12 +103,42 @@ class PlatoonCallback(TrainerCallback):
         self.sync: Optional[PeriodicSync] = None  # made at the start of training
         self.final_result: Optional[Dict[str, Any]] = None
         self._counter: Optional[StepCounter] = None
+        self._shared_dir = trainer.args.output_dir or "trainer_output"  # the script's
         slot = worker_slot(self.worker)
         if slot is not None:
             directory, offset = slot
-            trainer.args.output_dir = os.path.join(trainer.args.output_dir or "trainer_output",
-                                                   directory)
+            trainer.args.output_dir = os.path.join(self._shared_dir, directory)
             torch.manual_seed((trainer.args.seed + offset) % 2 ** 64)
+        # The one place the Trainer reads a resume's checkpoint before any callback runs:
+        # its train() argument, made this worker's own here.
+        train = trainer.train
+
+        def own_train(resume_from_checkpoint: Union[str, bool, None] = None, *args: Any,
+                      **kwargs: Any) -> Any:
+            return train(self.own_checkpoint(resume_from_checkpoint), *args, **kwargs)
+        own_train.__doc__ = train.__doc__
+        trainer.train = own_train  # type: ignore[method-assign]
+
+    def own_checkpoint(self, checkpoint: Union[str, bool, None]) -> Union[str, bool, None]:
+        """A ``resume_from_checkpoint`` made this worker's: True or "last" (any case; "true"
+        too) are True, the Trainer's last checkpoint in ``args.output_dir`` (the worker's own
+        ``workerK``); a path under the script's ``output_dir`` that is not already the
+        worker's (``out/checkpoint-500``) is the worker's (``out/workerK/checkpoint-500``)
+        when that exists, or when the given one does not (the Trainer's error then names
+        the worker's); anything else as it is."""
+        if isinstance(checkpoint, str) and checkpoint.strip().lower() in LAST \
+                and not os.path.exists(checkpoint):
+            return True
+        own_dir = self.trainer.args.output_dir or self._shared_dir
+        if not isinstance(checkpoint, (str, os.PathLike)) or own_dir == self._shared_dir:
+            return checkpoint
+        path = os.path.abspath(os.fspath(checkpoint))
+        shared, own = os.path.abspath(self._shared_dir), os.path.abspath(own_dir)
+        if os.path.commonpath([path, shared]) != shared or path == shared \
+                or os.path.commonpath([path, own]) == own:
+            return checkpoint
+        mine = os.path.join(own_dir, os.path.relpath(path, shared))
+        return mine if os.path.exists(mine) or not os.path.exists(path) else checkpoint
 
     @classmethod
     def attach(cls, trainer: Trainer, **options: Any) -> "PlatoonCallback":
@@ -112,7 +153,8 @@ class PlatoonCallback(TrainerCallback):
         if self.sync is not None:
             raise PlatoonError("a PlatoonCallback serves one trainer.train(): its worker was "
                                "closed at the end of the first; attach a new one")
-        evaluate = self._evaluate if self.evaluate_centre and \
+        alone = self.worker.num_workers == 1 and self.worker.global_size == 1
+        evaluate = self._evaluate if self.evaluate_centre and not alone and \
             self.trainer.eval_dataset is not None else None
         self.sync = PeriodicSync(self.worker, model, None, sync_every=self.sync_every,
                                  rule=self.rule, report_every_s=self.report_every_s,

@@ -12,12 +12,18 @@ The strategy trains on one device, as Lightning's ``SingleDeviceStrategy`` (whic
 and syncs the model with the job's centre every `sync_every` real optimizer steps (a
 ``PeriodicSync`` counting, through the optimizer's post-step hook, the steps that Lightning's
 precision plugin really takes: ``accumulate_grad_batches``' micro-batches are not steps, nor
-are the steps a GradScaler skips). Every validation (during ``fit``, ``trainer.validate``,
-``trainer.test``) runs on the centre; at the end of ``fit`` the job's last worker validates
-the final centre once as the job's result, and the model then holds the centre. Platoon's
-state rides in Lightning's checkpoints and resumes with ``fit(ckpt_path=...)``. It works with
-``lightning`` and with ``pytorch_lightning``. docs/lightning.md tells the rest. Imported only
-by its users; needs one of the two (the ``lightning`` extra).
+are the steps a GradScaler skips). Every validation during ``fit`` runs on the centre (and
+only the validation: the worker's own weights are back before any callback's
+``on_validation_end``, so a checkpoint holds them); at the end of ``fit`` the job's last
+worker validates the final centre once as the job's result, and the model then holds the
+centre. Platoon's state rides in Lightning's checkpoints and resumes with
+``fit(ckpt_path=...)``. A LightningCLI script selects it with no line changed::
+
+    python main.py fit --trainer.strategy.class_path=platoon.integrations.lightning.PlatoonStrategy
+
+(or ``class_path:`` in its config); once this module is imported, ``strategy="platoon"`` names
+it too. It works with ``lightning`` and with ``pytorch_lightning``. docs/lightning.md tells
+the rest. Imported only by its users; needs one of the two (the ``lightning`` extra).
 """
 
 import contextlib
@@ -82,17 +88,58 @@ def worker_version(version: Any, directory: str) -> str:
                         directory)
 
 
+SHORT_NAME = "platoon"  # the strategy's name in Lightning's StrategyRegistry
+
 _CLASSES: Dict[str, type] = {}
 
 
+def lightning_module(package: str) -> str:
+    """The module of `package` that holds its Trainer, strategies and callbacks."""
+    return "lightning.pytorch" if package == "lightning" else package
+
+
 def strategy_class(package: str) -> type:
-    """`PlatoonStrategy` over `package`'s ``SingleDeviceStrategy`` (made once per package)."""
+    """`PlatoonStrategy` over `package`'s ``SingleDeviceStrategy`` (made once per package).
+
+    Making it also makes `PlatoonStrategy` a (virtual) subclass of `package`'s ``Strategy``,
+    so that LightningCLI takes ``class_path: platoon.integrations.lightning.PlatoonStrategy``
+    for its ``trainer.strategy``, and registers `SHORT_NAME` in its ``StrategyRegistry``."""
     if package not in _CLASSES:
-        module = "lightning.pytorch" if package == "lightning" else package
-        base = importlib.import_module(module + ".strategies").SingleDeviceStrategy
-        _CLASSES[package] = type("PlatoonStrategy", (PlatoonStrategy, base),
-                                 {"__module__": __name__, "__doc__": PlatoonStrategy.__doc__})
+        strategies = importlib.import_module(lightning_module(package) + ".strategies")
+        _CLASSES[package] = type("PlatoonStrategy",
+                                 (PlatoonStrategy, strategies.SingleDeviceStrategy),
+                                 {"__module__": __name__, "__doc__": PlatoonStrategy.__doc__,
+                                  "package": package})
+        strategies.Strategy.register(PlatoonStrategy)
+        strategies.StrategyRegistry.register(
+            SHORT_NAME, _CLASSES[package], override=True,
+            description="platoon: this process a worker of a platoon job "
+                        "(platoon.integrations.lightning.PlatoonStrategy)")
     return _CLASSES[package]
+
+
+_CALLBACKS: Dict[str, type] = {}
+
+
+def centre_out_class(package: str) -> type:
+    """A callback of `package` that gives the model its worker's own weights back at the end
+    of a validation, before any other callback's hook there (``ModelCheckpoint`` saves in its
+    ``on_validation_end``); made once per package."""
+    if package not in _CALLBACKS:
+        base = importlib.import_module(lightning_module(package) + ".callbacks").Callback
+
+        class CentreOut(base):  # type: ignore[valid-type,misc]
+            """The worker's own weights back before the other callbacks' end of validation."""
+
+            def __init__(self, restore: Any) -> None:
+                self.restore = restore
+
+            def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+                self.restore()
+
+        CentreOut.__module__ = __name__
+        _CALLBACKS[package] = CentreOut
+    return _CALLBACKS[package]
 
 
 class JoinFirst:
@@ -118,7 +165,10 @@ class PlatoonStrategy:
     """A Lightning strategy that makes the Trainer's process a worker of a platoon job.
 
     ``Trainer(strategy=PlatoonStrategy())``; the instance is a ``SingleDeviceStrategy`` of the
-    Lightning package the script uses (`users_package`).
+    Lightning package the script uses (`users_package`). In a LightningCLI script:
+    ``--trainer.strategy.class_path=platoon.integrations.lightning.PlatoonStrategy`` (and
+    ``--trainer.strategy.init_args.sync_every=8``), or the same under ``trainer: strategy:``
+    in its config; ``strategy="platoon"`` once this module is imported.
 
     Parameters:
         sync_every: sync with the centre after every this many real optimizer steps (>= 1).
@@ -130,8 +180,10 @@ class PlatoonStrategy:
         counted_optimizer: with several optimizers (manual optimization), the index in
             ``configure_optimizers``' list of the one whose steps are counted (default 0:
             the first); each sync syncs the whole model.
-        validate_centre: True: every validation and test loop runs on the centre as it is
-            then (the worker's own weights come back after it); False: on the worker's own.
+        validate_centre: True: every validation loop of ``fit`` runs on the centre as it is
+            then (the worker's own weights come back at its end, before the callbacks'
+            ``on_validation_end``: a checkpoint saved there holds them); False: on the
+            worker's own.
         evaluate_centre: True: at the end of ``fit`` the job's last worker runs the
             validation loop once on the final centre (when there is validation data); the
             launcher's summary shows its metrics as the job's result, and `final_result`
@@ -157,11 +209,17 @@ class PlatoonStrategy:
     # refuse its DDP: a SingleDeviceStrategy would ignore them.
     parallel_devices: Optional[List[torch.device]] = None
     num_nodes = 1
+    package: str  # the Lightning package, set on each package's class (`strategy_class`)
 
-    def __new__(cls, *args: Any, package: Optional[str] = None, **options: Any) -> Any:
+    def __new__(cls, *args: Any, **options: Any) -> Any:
         if cls is PlatoonStrategy:
-            cls = strategy_class(users_package(package))
+            cls = strategy_class(users_package(options.get("package")))
         return object.__new__(cls)
+
+    # __new__ only picks the class: a tool that reads a class's parameters from its own
+    # __new__ when it has one (LightningCLI's jsonargparse) is to read __init__'s, as for a
+    # class without one.
+    __new__.__wrapped__ = object.__new__  # type: ignore[attr-defined]
 
     def __init__(self, *, sync_every: int = 4, rule: Optional[ParamSyncRule] = None,
                  buffers: str = "sync", counted_optimizer: int = 0,
@@ -190,6 +248,9 @@ class PlatoonStrategy:
         self._counter: Optional[StepCounter] = None
         self._resumed: Optional[Dict[str, Any]] = None  # platoon's state from a checkpoint
         self._on_centre = contextlib.ExitStack()  # the centre in the model, while validating
+        self._final = False  # validating the final centre
+        self._centre_loaded = False  # the centre in the model (inside `_on_centre`)
+        self._centre_out_callback: Any = None
         self._redirected: Set[int] = set()
 
     # -- the strategy's Lightning parts (super(): the package's SingleDeviceStrategy) --
@@ -211,6 +272,10 @@ class PlatoonStrategy:
         if self.worker is None:
             self.worker = Worker() if self._given_worker is None else self._given_worker
             self._own_files(trainer)
+        if self._centre_out_callback is None:
+            self._centre_out_callback = centre_out_class(self.package)(self._centre_out)
+        if self._centre_out_callback not in trainer.callbacks:  # first: before the savers
+            trainer.callbacks.insert(0, self._centre_out_callback)
 
     def setup_environment(self) -> None:
         """At the start of ``fit``, the job joined (`JoinFirst` did already, unless the
@@ -303,6 +368,20 @@ class PlatoonStrategy:
         super().save_checkpoint(checkpoint, filepath,  # type: ignore[misc]
                                 storage_options=storage_options)
 
+    def lightning_module_state_dict(self) -> Dict[str, Any]:
+        """The model's state dict for a checkpoint: always the worker's own weights. (A save
+        in the middle of a validation on the centre takes them back for the save, then the
+        centre as it is then.)"""
+        if not self._centre_loaded:
+            return super().lightning_module_state_dict()  # type: ignore[misc]
+        self._centre_out()
+        try:
+            state = super().lightning_module_state_dict()  # type: ignore[misc]
+            return {key: value.detach().clone() if isinstance(value, torch.Tensor) else value
+                    for key, value in state.items()}
+        finally:
+            self._enter_centre()
+
     def load_checkpoint(self, *args: Any, **kwargs: Any) -> Dict[str, Any]:
         """Lightning's checkpoint; platoon's state in it resumes the sync phase."""
         checkpoint = super().load_checkpoint(*args, **kwargs)  # type: ignore[misc]
@@ -312,24 +391,23 @@ class PlatoonStrategy:
     # -- validation on the centre --
 
     def _enter_centre(self) -> None:
-        if self.validate_centre and self.sync is not None and not self._fitted:
+        if self.sync is not None and not self._fitted and not self._centre_loaded \
+                and (self.validate_centre or self._final):
             self._on_centre.enter_context(self.sync.centre())
+            self._centre_loaded = True
+
+    def _centre_out(self) -> None:
+        """The worker's own weights back in the model (`CentreOut` calls it first)."""
+        self._on_centre.close()
+        self._centre_loaded = False
 
     def on_validation_start(self) -> None:
         super().on_validation_start()  # type: ignore[misc]
         self._enter_centre()
 
     def on_validation_end(self) -> None:
-        self._on_centre.close()  # the worker's own weights again
+        self._centre_out()
         super().on_validation_end()  # type: ignore[misc]
-
-    def on_test_start(self) -> None:
-        super().on_test_start()  # type: ignore[misc]
-        self._enter_centre()
-
-    def on_test_end(self) -> None:
-        self._on_centre.close()
-        super().on_test_end()  # type: ignore[misc]
 
     # -- the end of fit --
 
@@ -340,33 +418,35 @@ class PlatoonStrategy:
         if self.sync is None:
             return
         self._stop_counting()
+        self.sync.finish()
         trainer = self._trainer()
         val_loop = trainer.fit_loop.epoch_loop.val_loop
-        evaluate = None
         if self.evaluate_centre:
             trainer.validating = True
             val_loop.setup_data()
-            evaluate = None if val_loop.skip else self._validate_final_centre
             trainer.training = True
-        self.sync.evaluate = evaluate
-        self.final_result = self.sync.finish()
+            if not val_loop.skip:
+                self.final_result = self.worker.final_evaluation(  # type: ignore[union-attr]
+                    self._validate_final_centre)
         # The model holds the centre from now on (after every worker's last sync on the last).
         self.lightning_module.load_state_dict(self.sync.centre_state_dict())  # type: ignore
         self._fitted = True
         self._leave()
 
-    def _validate_final_centre(self, model: Any) -> Dict[str, Any]:
-        """The fit's validation loop once, on the final centre (in the model already)."""
+    def _validate_final_centre(self) -> Dict[str, Any]:
+        """The fit's validation loop once, on the final centre (loaded at its start, as in
+        every validation, and out before the callbacks' end of validation)."""
         trainer = self._trainer()
         val_loop = trainer.fit_loop.epoch_loop.val_loop
         logging = trainer._logger_connector  # noqa: SLF001 (Lightning)
         first_loop_iter = logging._first_loop_iter  # noqa: SLF001 (Lightning)
         trainer.validating = True  # as Lightning's training loop runs it
-        self.validate_centre, validate = False, self.validate_centre
+        self._final = True
         try:
             outputs = val_loop.run()
         finally:
-            self.validate_centre = validate
+            self._final = False
+            self._centre_out()
             trainer.training = True
             logging._first_loop_iter = first_loop_iter  # noqa: SLF001 (Lightning)
         metrics: Dict[str, Any] = {}
@@ -380,14 +460,14 @@ class PlatoonStrategy:
             self._counter = None
 
     def _leave(self) -> None:
-        self._on_centre.close()
+        self._centre_out()
         if self.worker is not None and self._given_worker is None:
             self.worker.close()
 
     def teardown(self) -> None:
         """Lightning's teardown; after a failed ``fit``, leave the job (closing the worker
         made here)."""
-        self._on_centre.close()
+        self._centre_out()
         self._stop_counting()
         if self.worker is not None and not self._fitted:
             self._fitted = True
@@ -395,4 +475,17 @@ class PlatoonStrategy:
         super().teardown()  # type: ignore[misc]
 
 
-__all__ = ["PlatoonStrategy", "STATE_KEY", "users_package", "strategy_class", "worker_version"]
+
+def _serve_the_imported() -> None:
+    """Make the strategy a strategy of each Lightning already imported: a LightningCLI script
+    has imported its Lightning before its parser imports this module (for ``class_path:
+    platoon.integrations.lightning.PlatoonStrategy``), and checks the class against it."""
+    for package in PACKAGES:
+        if sys.modules.get(lightning_module(package) + ".strategies") is not None:
+            strategy_class(package)
+
+
+_serve_the_imported()
+
+__all__ = ["PlatoonStrategy", "STATE_KEY", "SHORT_NAME", "users_package", "strategy_class",
+           "worker_version"]

@@ -26,28 +26,34 @@ def run(out):
 @pytest.mark.slow  # worker processes importing accelerate (about 2 s of CPU each)
 def test_two_workers_sync_every_k_real_optimizer_steps_with_buffers_and_evaluate_once(
         serve, procs, tmp_path):
-    """Two Accelerate processes under a real controller, gradient accumulation 2: 8 batches
+    """Two Accelerate processes under a real controller, a new `with LocalSGD` block for
+    each of 2 epochs (as Accelerate's own example), gradient accumulation 2: 2 x 4 batches
     are 4 optimizer steps, and local_sgd_steps 2 gives 2 syncs each (counting step() calls,
-    as Accelerate's LocalSGD, gave 4); BatchNorm's statistics are synced with the parameters
-    under the default rule (EASGD for two workers); the workers draw their own batches; the
-    final centre is evaluated once; worker K's save_state() (automatic checkpoint naming)
-    goes under workerK of the project directory they share, and worker_path("ckpt") is
-    ckpt/workerK."""
+    as Accelerate's LocalSGD, gave 4), the second block continuing the first's worker and
+    sync phase; BatchNorm's statistics are synced with the parameters under the default rule
+    (EASGD for two workers); the workers draw their own batches, from the seedable sampler
+    accelerate's prepare() made with the script's seed (use_seedable_sampler=True) and from a
+    plain shuffled loader; the final centre is evaluated once, when the scripts end; worker
+    K's save_state() (automatic checkpoint naming) goes under workerK of the project
+    directory they share, and worker_path("ckpt") is ckpt/workerK."""
     ctl = Nothing(control_port=0, num_workers=2)
     serving = serve(ctl, timeout=90)
     env = {"PLATOON_CONTROL_PORT": str(ctl.control_port)}
-    workers = [procs("accel_worker.py", tmp_path / ("w%d.json" % k), "--batches", 8,
-                     "--accum", 2, "--every", 2, "--project-dir", tmp_path / "project",
+    workers = [procs("accel_worker.py", tmp_path / ("w%d.json" % k), "--epochs", 2,
+                     "--batches", 4, "--accum", 2, "--every", 2, "--seedable",
+                     "--project-dir", tmp_path / "project",
                      env=dict(env, PLATOON_WORKER_INDEX=str(k))) for k in range(2)]
     for w in workers:
         assert w.wait(90) == 0, w.output
     serving.join()
     runs = [run(tmp_path / ("w%d.json" % k)) for k in range(2)]
     for r in runs:
-        assert (r["num_steps"], r["platoon_steps"], r["syncs"]) == (8, 4, 2), r
+        assert (r["num_steps"], r["platoon_steps"], r["syncs"]) == (4, 4, 2), r
+        assert len(set(r["workers"])) == len(set(r["jobs"])) == 1, r  # one worker, one job
         assert {"1.running_mean", "1.running_var"} <= set(r["shared"]), r
         assert r["rule"] == "EASGD(alpha=0.45)", r
     assert runs[0]["first_batch"] != runs[1]["first_batch"], runs
+    assert runs[0]["first_plain"] != runs[1]["first_plain"], runs
     for k, r in enumerate(runs):
         own = tmp_path / "project" / ("worker%d" % k)
         assert r["project_dir"] == r["logging_dir"] == str(own), r
@@ -61,26 +67,30 @@ def test_two_workers_sync_every_k_real_optimizer_steps_with_buffers_and_evaluate
 @pytest.mark.slow  # two worker processes in turn, each importing accelerate
 def test_a_step_the_scaler_skips_is_not_counted_and_a_checkpoint_keeps_the_sync_phase(
         procs, tmp_path):
-    """Under DiLoCo, a fused AdamW stepped through a GradScaler, the gradients of optimizer
-    step 2 infinite: the scaler skips it (the fused optimizer is called all the same, and its
-    post-step hook fires), so 4 batches are 3 counted steps, and local_sgd_steps 2 syncs once
-    (counting the calls: 4 steps, 2 syncs). LocalSGD registered for the accelerator's
-    checkpoints: a fresh process that load_state's the run's save_state goes on at step 4 and
-    syncs at steps 4 and 6 over 3 more batches, as the uninterrupted run would (counting again
-    from 0 it would sync once)."""
+    """Run alone, under DiLoCo, two `with LocalSGD` blocks of 2 batches are one worker of one
+    job (not a job per block), whose sync phase runs on across them. A fused AdamW stepped
+    through a GradScaler, the gradients of optimizer step 2 infinite: the scaler skips it (the
+    fused optimizer is called all the same, and its post-step hook fires), so 4 batches are 3
+    counted steps, and local_sgd_steps 2 syncs once (counting the calls: 4 steps, 2 syncs).
+    The first block's LocalSGD registered for the accelerator's checkpoints: a fresh process
+    that load_state's the run's save_state goes on at step 4 and syncs at steps 4 and 6 over
+    3 more batches, as the uninterrupted run would (counting again from 0 it would sync
+    once); its step() count goes on from the first block's 2."""
     ckpt = tmp_path / "ckpt"
-    first = procs("accel_worker.py", tmp_path / "a.json", "--batches", 4, "--every", 2,
-                  "--scaler", "--inf-at", 2, "--rule", "diloco", "--save-to", ckpt)
+    first = procs("accel_worker.py", tmp_path / "a.json", "--epochs", 2, "--batches", 2,
+                  "--every", 2, "--scaler", "--inf-at", 2, "--rule", "diloco",
+                  "--save-to", ckpt)
     assert first.wait(90) == 0, first.output
     a = run(tmp_path / "a.json")
-    assert (a["num_steps"], a["platoon_steps"], a["syncs"]) == (4, 3, 1), a
+    assert (a["num_steps"], a["platoon_steps"], a["syncs"]) == (2, 3, 1), a
+    assert len(set(a["jobs"])) == 1, a
     assert a["rule"].startswith("DiLoCo(outer_lr=0.7"), a
     assert a["final_result"]["loss"] == a["final_result"]["loss"]  # finite, not NaN
     resumed = procs("accel_worker.py", tmp_path / "b.json", "--batches", 3, "--every", 2,
                     "--resume-from", ckpt)
     assert resumed.wait(90) == 0, resumed.output
     b = run(tmp_path / "b.json")
-    assert (b["num_steps"], b["platoon_steps"], b["syncs"]) == (7, 6, 2), b
+    assert (b["num_steps"], b["platoon_steps"], b["syncs"]) == (5, 6, 2), b
 
 
 def test_accelerates_own_multi_process_mode_is_refused():
@@ -116,14 +126,21 @@ def test_each_worker_of_an_elastic_job_gets_its_own_directory_and_seed():
 
 def test_disabled_it_makes_no_worker_and_only_counts():
     """enabled=False, as Accelerate's: no worker is made (none could register: there is no
-    controller), step() counts its calls, leaving the block does nothing more."""
+    controller), local_sgd_steps is not read (Accelerate's example passes None then),
+    step() counts its calls, leaving the block does nothing more. Enabled, None is refused,
+    saying to pass enabled=False."""
     from platoon.integrations.accelerate import LocalSGD
-    with LocalSGD(types.SimpleNamespace(num_processes=1), None, 2, enabled=False) as local_sgd:
-        for _ in range(3):
-            local_sgd.step()
-    assert (local_sgd.num_steps, local_sgd.worker, local_sgd.sync) == (3, None, None)
-    assert local_sgd.state_dict() == {"platoon_steps": 0, "num_steps": 3}
-    assert local_sgd.worker_path("ckpt") == "ckpt"
+    accelerator = types.SimpleNamespace(num_processes=1)
+    for steps in (2, None):
+        with LocalSGD(accelerator, None, steps, enabled=False) as local_sgd:
+            for _ in range(3):
+                local_sgd.step()
+        assert (local_sgd.num_steps, local_sgd.worker, local_sgd.sync) == (3, None, None)
+        assert local_sgd.state_dict() == {"platoon_steps": 0, "num_steps": 3}
+        assert local_sgd.worker_path("ckpt") == "ckpt"
+        assert local_sgd.finish() is None and local_sgd.final_result is None
+    with pytest.raises(ValueError, match="got None.*pass enabled=False"):
+        LocalSGD(accelerator, None, None)
 
 
 def test_the_module_names_the_extra_without_accelerate():

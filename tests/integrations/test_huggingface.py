@@ -27,26 +27,42 @@ def test_two_trainer_workers_sync_every_k_real_optimizer_steps_and_evaluate_the_
         serve, procs, tmp_path):
     """Two Trainer processes under a real controller, with gradient accumulation 2: 4 optimizer
     steps (8 micro-batches) and sync_every 2 give 2 syncs each, not 4; the job's result is the
-    final centre evaluated once by trainer.evaluate(); each worker checkpoints in its own
-    directory and draws its own batches."""
-    ctl = Nothing(control_port=0, num_workers=2)
-    serving = serve(ctl, timeout=90)
+    final centre evaluated once by trainer.evaluate() (the last worker's second evaluation,
+    the script's own its first); each worker checkpoints in its own directory and draws its
+    own batches. Then both join a second job with a fresh Trainer, resumed as a script that
+    knows nothing of platoon says it, each finding its own checkpoint: one with
+    resume_from_checkpoint=OUT/checkpoint-2 in its TrainingArguments, passed on to train() (as
+    transformers' run_clm.py does), resumes from OUT/workerK/checkpoint-2; the other with
+    train(resume_from_checkpoint="last") from its last, workerK/checkpoint-4."""
+    ctl, again = Nothing(control_port=0, num_workers=2), Nothing(control_port=0, num_workers=2)
+    servings = [serve(ctl, timeout=90), serve(again, timeout=120)]
     env = {"PLATOON_CONTROL_PORT": str(ctl.control_port)}
+    # each worker's index in both jobs, as the launcher gives it (its files are workerK's)
     workers = [procs("hf_worker.py", tmp_path / ("w%d.json" % k), tmp_path / "out", "--steps", 4,
-                     "--accum", 2, "--every", 2, env=env) for k in range(2)]
+                     "--accum", 2, "--every", 2, "--save-steps", 2, "--rejoin",
+                     again.control_port, 6, resume, env=dict(env, PLATOON_WORKER_INDEX=str(k)))
+               for k, resume in enumerate(("checkpoint-2", "last"))]
     for w in workers:
         assert w.wait(90) == 0, w.output
-    serving.join()
+    for serving in servings:
+        serving.join()
     runs = [run(tmp_path / ("w%d.json" % k))[0] for k in range(2)]
     for r in runs:
         assert (r["global_step"], r["platoon_steps"], r["syncs"]) == (4, 4, 2), r
-    assert sorted(r["output_dir"] for r in runs) == [str(tmp_path / "out" / "worker0"),
-                                                     str(tmp_path / "out" / "worker1")]
+    assert [r["output_dir"] for r in runs] == [str(tmp_path / "out" / "worker0"),
+                                               str(tmp_path / "out" / "worker1")]
     assert runs[0]["first_batch"] != runs[1]["first_batch"], runs
     results = [r["final_result"] for r in runs if r["final_result"] is not None]
     assert len(results) == 1, runs
     assert ctl.final_result["metrics"] == results[0]
     assert results[0]["eval_loss"] < 4.1  # trained: ln(64) = 4.16 at the start
+    assert sorted(r["evaluations"] for r in runs) == [1, 2], runs
+    by_path, by_last = (run(tmp_path / ("w%d.json" % k))[1] for k in range(2))
+    assert (by_path["first_step"], by_path["global_step"], by_path["platoon_steps"],
+            by_path["syncs"]) == (2, 6, 6, 2), by_path
+    assert (by_last["first_step"], by_last["global_step"], by_last["platoon_steps"],
+            by_last["syncs"]) == (4, 6, 6, 1), by_last
+    assert [by_path["output_dir"], by_last["output_dir"]] == [r["output_dir"] for r in runs]
 
 
 @pytest.mark.slow  # a Trainer process: importing transformers takes ~4 s of CPU
@@ -54,7 +70,9 @@ def test_resume_from_checkpoint_continues_platoons_sync_phase(procs, tmp_path):
     """A script run alone saves a checkpoint at step 3 of 6 and stops there (sync_every 2:
     synced at step 2); a fresh Trainer resumed from it goes on at step 3: it syncs at steps 4
     and 6, as the uninterrupted run would (counting again from 0 it would sync at 2 only, by
-    its step 6), and its training loss at steps 4-6 is the uninterrupted run's."""
+    its step 6), and its training loss at steps 4-6 is the uninterrupted run's. Alone, the
+    Trainer evaluates once, the script's own evaluate(): a job of one worker has no centre
+    to evaluate apart from its model."""
     out = tmp_path / "runs.json"
     proc = procs("hf_worker.py", out, tmp_path / "out", "--steps", 6, "--stop-at", 3,
                  "--save-steps", 3, "--every", 2, "--then-resume", 6, "--uninterrupted")
@@ -65,7 +83,8 @@ def test_resume_from_checkpoint_continues_platoons_sync_phase(procs, tmp_path):
         assert json.load(f)["stateful_callbacks"]["platoon"] == {"platoon_steps": 3}
     assert (resumed["global_step"], resumed["platoon_steps"], resumed["syncs"]) == (6, 6, 2), \
         resumed
-    assert resumed["final_result"]["eval_loss"] < 4.1
+    assert resumed["eval_loss"] < 4.1 and resumed["final_result"] is None
+    assert [r["evaluations"] for r in (first, resumed, whole)] == [1, 1, 1]
     assert resumed["losses"][:3] == first["losses"]  # the checkpoint's history, then its own
     assert [step for step, _ in resumed["losses"]] == [1, 2, 3, 4, 5, 6]
     assert whole["global_step"] == 6 and len({loss for _, loss in whole["losses"]}) == 6
@@ -86,7 +105,7 @@ def test_a_step_the_grad_scaler_skips_is_not_counted(procs, tmp_path):
     assert proc.wait(90) == 0, proc.output
     result = run(out)[0]
     assert (result["global_step"], result["platoon_steps"], result["syncs"]) == (4, 3, 3), result
-    assert result["final_result"]["eval_loss"] < 4.1  # the infinite step was not applied
+    assert result["eval_loss"] < 4.1  # the infinite step was not applied
 
 
 def free_port():

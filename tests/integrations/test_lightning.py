@@ -17,6 +17,9 @@ pytest.importorskip("lightning", reason="the Lightning tests need lightning and 
                                         "pytorch_lightning: pip install -e '.[lightning]'")
 pytest.importorskip("pytorch_lightning", reason="the Lightning tests need lightning and "
                                                 "pytorch_lightning: pip install -e '.[lightning]'")
+pytest.importorskip("jsonargparse", reason="the Lightning tests build LightningCLI trainers, "
+                                           "which need jsonargparse: pip install -e "
+                                           "'.[lightning]'")
 
 
 def report(out):
@@ -35,13 +38,21 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
       weights there, and they are back after it);
     - each worker logs and checkpoints under its own workerK (also in a ModelCheckpoint's
       dirpath), with platoon's state in its checkpoint, and draws its own batches;
+    - every checkpoint holds the worker's own weights, never the centre: also those that a
+      ModelCheckpoint monitoring val_loss defers to the end of a validation (where val_loss
+      is logged), and one saved in the middle of a validation;
     - the job's result is the final centre validated once; after fit the model holds the
       centre (trainer.validate gives that result again on the last worker); a second fit
       with the same strategy is refused;
     - then both join a second job with a fresh Trainer and fit(ckpt_path="last"): each
       resumes from its own last.ckpt (step 4, platoon's 4 steps) and goes on to 8 in 2 syncs.
-    Before the job, the pytorch_lightning worker asks for Lightning's DDP (Trainer(devices=2),
-    then torchrun's WORLD_SIZE=2): PlatoonError, before any worker is made. After it, alone:
+    Before the job, the lightning worker builds LightningCLI trainers whose strategy is chosen
+    by `--trainer.strategy.class_path=platoon.integrations.lightning.PlatoonStrategy` (with
+    its init_args), by a config file (a DiLoCo rule given by its class_path too) and, once
+    that imported the module, by `--trainer.strategy=platoon`: no subclass of LightningCLI,
+    no import of platoon in the script. The pytorch_lightning worker asks for Lightning's DDP
+    (Trainer(devices=2), then torchrun's WORLD_SIZE=2): PlatoonError, before any worker is
+    made. After it, alone:
     - a GradScaler in Lightning's mixed-precision plugin skips step 2 (infinite gradients): 4
       Trainer steps are 3 counted steps; the checkpoint at step 3 holds 2;
     - a fresh Trainer resumed from it (fit(ckpt_path=...)) goes on from 2: 3 more real steps
@@ -52,10 +63,10 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
     ctl, again = Nothing(control_port=0, num_workers=2), Nothing(control_port=0, num_workers=2)
     servings = [serve(ctl, timeout=90), serve(again, timeout=120)]
     env = {"PLATOON_CONTROL_PORT": str(ctl.control_port)}
-    job = ("--steps", 4, "--accum", 2, "--every", 2, "--save-at", 2, "--rejoin",
+    job = ("--steps", 4, "--accum", 2, "--every", 2, "--save-at", 2, "--saves", "--rejoin",
            again.control_port)
     # each worker's index in both jobs, as the launcher gives it (its files are workerK's)
-    workers = [procs("lightning_worker.py", tmp_path / "w0.json", tmp_path, *job,
+    workers = [procs("lightning_worker.py", tmp_path / "w0.json", tmp_path, *job, "--cli",
                      env=dict(env, PLATOON_WORKER_INDEX="0")),
                procs("lightning_worker.py", tmp_path / "w1.json", tmp_path, *job, "--package",
                      "pytorch_lightning", "--ckpt-dir", tmp_path / "ckpts", "--refusals",
@@ -73,6 +84,9 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
         assert r["checkpoint_platoon"] == {"platoon_steps": 2}, r
         assert r["lr"] == pytest.approx(0.05 * 0.5 ** 2), r
         assert "PlatoonError: a PlatoonStrategy serves one trainer.fit()" in r["refit"], r
+    for r in runs + [report["runs"][1] for report in reports]:
+        assert all(own for _, own in r["saves"]), r["saves"]  # never the centre
+        assert sum(during for during, _ in r["saves"]) >= 2, r["saves"]  # deferred, mid-way
     dirs = sorted(os.path.relpath(r["log_dir"], tmp_path) for r in runs)
     assert dirs == [os.path.join("lightning_logs", "worker0"),
                     os.path.join("lightning_logs", "worker1")]
@@ -96,6 +110,12 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
             (8, 8, 2), rejoined
         assert rejoined["log_dir"] == first["log_dir"], rejoined
 
+    cli = reports[0]["cli"]
+    assert not cli["imported_before"], cli
+    assert [s["type"] for s in cli["strategies"]] == \
+        ["platoon.integrations.lightning.PlatoonStrategy"] * 3, cli
+    assert [s["sync_every"] for s in cli["strategies"]] == [3, 5, 4], cli
+    assert cli["strategies"][1]["rule"].startswith("DiLoCo(outer_lr=0.5,"), cli
     devices, torchrun = reports[1]["refusals"]
     assert "Trainer(devices=2, num_nodes=1) asks for Lightning's DDP across 2" in devices
     assert "platoon-launcher -n N" in devices

@@ -3,9 +3,17 @@ PlatoonStrategy; writes what it did to OUT_JSON (tests/integrations/test_lightni
 
 usage: lightning_worker.py OUT_JSON ROOT_DIR [--package pytorch_lightning] [--steps N]
                            [--accum K] [--every K] [--save-at S [--ckpt-dir D]] [--refusals]
-                           [--rejoin PORT] [--then-alone]
+                           [--rejoin PORT] [--then-alone] [--cli] [--saves]
 A checkpoint every S steps and a last.ckpt (by default under the logger's directory, else in
-D); a validation every 2 batches; a StepLR halving the lr every 2 steps.
+D); a validation every 2 batches; a StepLR halving the lr every 2 steps. Every checkpoint
+saved records whether it holds the worker's own weights (those the model had when the
+validation began, for a save during one).
+--cli: first (before this script imports platoon.integrations.lightning) build three
+LightningCLI trainers (run=False) with the strategy selected on the command line by
+class_path, in a config file (with a DiLoCo rule), and by its short name "platoon".
+--saves: also a ModelCheckpoint monitoring val_loss every step (under ROOT_DIR/monitored),
+which defers its first saves to the end of the first validation, where the val_loss is
+logged; and a trainer.save_checkpoint in the middle of the first validation.
 --rejoin PORT: after the job, a fresh model, Trainer and strategy join a second job (the
 controller at PORT) with fit(ckpt_path="last") and train to twice --steps.
 --refusals: first ask for Lightning's DDP (devices=2, then WORLD_SIZE=2 as torchrun sets it)
@@ -23,11 +31,13 @@ import argparse
 import importlib
 import json
 import os
+import sys
 
 import torch
 
 from platoon.errors import WorkerClosed
-from platoon.integrations.lightning import PlatoonStrategy
+
+PlatoonStrategy = None  # imported after --cli's trainers (the CLI imports it for them)
 
 
 def main():
@@ -43,10 +53,15 @@ def main():
     parser.add_argument("--refusals", action="store_true")
     parser.add_argument("--rejoin", type=int, default=0)
     parser.add_argument("--then-alone", action="store_true")
+    parser.add_argument("--cli", action="store_true")
+    parser.add_argument("--saves", action="store_true")
     opts = parser.parse_args()
     pl = importlib.import_module("lightning.pytorch" if opts.package == "lightning"
                                  else opts.package)
-    report = {"refusals": refusals(pl, opts) if opts.refusals else []}
+    report = {"cli": cli_strategies(pl, opts) if opts.cli else None}
+    global PlatoonStrategy
+    from platoon.integrations.lightning import PlatoonStrategy
+    report["refusals"] = refusals(pl, opts) if opts.refusals else []
     report["runs"] = [train(pl, options(opts, scaler=False, inf_at=0, manual=False),
                             opts.steps, None)]
     if opts.rejoin:
@@ -56,7 +71,7 @@ def main():
     if opts.then_alone:
         del os.environ["PLATOON_CONTROL_PORT"]  # from now on a worker is a one-worker job
         alone = dict(root=os.path.join(opts.root, "alone"), accum=1, every=2, manual=False,
-                     ckpt_dir=None)
+                     ckpt_dir=None, saves=False)
         first = train(pl, options(opts, scaler=True, inf_at=2, save_at=3, **alone), 4, None)
         resumed = train(pl, options(opts, scaler=True, inf_at=0, save_at=3, **alone), 6,
                         first["checkpoint"])
@@ -70,6 +85,32 @@ def main():
 
 def options(opts, **changes):
     return argparse.Namespace(**dict(vars(opts), **changes))
+
+
+def cli_strategies(pl, opts):
+    """The strategies of three LightningCLI trainers (not run), and whether the first one
+    imported platoon.integrations.lightning (this script has not)."""
+    cli_module = importlib.import_module(pl.__name__ + ".cli")
+    config = os.path.join(opts.root, "cli.yaml")
+    with open(config, "w") as f:
+        f.write("trainer:\n  strategy:\n"
+                "    class_path: platoon.integrations.lightning.PlatoonStrategy\n"
+                "    init_args:\n      sync_every: 5\n"
+                "      rule: {class_path: platoon.DiLoCo, init_args: {outer_lr: 0.5}}\n")
+    imported = "platoon.integrations.lightning" in sys.modules
+    found = []
+    sys.argv[1:] = []  # LightningCLI parses args=, and warns when it sees both
+    for args in (["--trainer.strategy.class_path=platoon.integrations.lightning.PlatoonStrategy",
+                  "--trainer.strategy.init_args.sync_every=3"],
+                 ["--config", config], ["--trainer.strategy=platoon"]):
+        cli = cli_module.LightningCLI(
+            type(make_module(pl, options(opts, manual=False))), run=False, args=args,
+            seed_everything_default=False, save_config_callback=None,
+            trainer_defaults=dict(accelerator="cpu", logger=False, enable_progress_bar=False))
+        strategy = cli.trainer.strategy
+        found.append({"type": "%s.%s" % (type(strategy).__module__, type(strategy).__name__),
+                      "sync_every": strategy.sync_every, "rule": repr(strategy.rule)})
+    return {"imported_before": imported, "strategies": found}
 
 
 def data(seed):
@@ -89,6 +130,7 @@ def make_module(pl, opts):
             self.own_back = []  # per validation: were its own weights back after it?
             self.first_batch = None
             self.real_steps = 0
+            self.saves = []  # per checkpoint saved: (during a validation, holds own weights)
             self._own = None
 
         def training_step(self, batch, batch_idx):
@@ -116,7 +158,17 @@ def make_module(pl, opts):
             x, y = batch
             self.on_centre.append(any(not torch.equal(p, o) for p, o in
                                       zip(self.net.parameters(), self._own)))
+            if opts.saves and batch_idx == 0 and not self.saves:  # a save mid-validation
+                self.trainer.save_checkpoint(os.path.join(self.trainer.log_dir,
+                                                          "mid-validation.ckpt"))
             self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
+
+        def on_save_checkpoint(self, checkpoint):
+            own = self._own or list(self.net.parameters())  # during a validation: its start's
+            saved = [checkpoint["state_dict"]["net." + name] for name, _ in
+                     self.net.named_parameters()]
+            self.saves.append((self._own is not None,
+                               all(torch.equal(s, o) for s, o in zip(saved, own))))
 
         def configure_optimizers(self):
             first = torch.optim.SGD(self.net[:2].parameters(), lr=0.05)
@@ -191,6 +243,10 @@ def train(pl, opts, steps, ckpt):
                                               every_n_train_steps=opts.save_at,
                                               save_last=True)
                  ] if opts.save_at else []
+    if opts.saves:  # val_loss is logged in validation only: the first saves wait for it
+        callbacks.append(pl.callbacks.ModelCheckpoint(
+            dirpath=os.path.join(opts.root, "monitored"), monitor="val_loss",
+            every_n_train_steps=1, filename="monitored-{step}"))
     trainer = pl.Trainer(accelerator="cpu", max_steps=steps, accumulate_grad_batches=opts.accum,
                          strategy=strategy, plugins=plugins, callbacks=callbacks,
                          default_root_dir=opts.root, val_check_interval=2,
@@ -224,7 +280,8 @@ def train(pl, opts, steps, ckpt):
             "resumed_from": resumed_from,
             "unchanged_by_validate": all(torch.equal(p, q) for p, q in
                                          zip(module.parameters(), centre_after_fit)),
-            "lr": trainer.optimizers[0].param_groups[0]["lr"], "refit": refit}
+            "lr": trainer.optimizers[0].param_groups[0]["lr"], "refit": refit,
+            "saves": module.saves}
 
 
 if __name__ == "__main__":
