@@ -205,6 +205,8 @@ def make_private_dirs(path):
 
 
 SUPERVISION_PERIOD_S = 0.2  # between looks at the processes (and their output) at most
+# A replacement that failed unregistered: how long to wait for a finishing controller to exit
+LATE_REPLACEMENT_WAIT_S = 2.0
 # A line a node runner has attributed to one of its workers (platoon.node.runner.Workers):
 # shown as it is, not led by its node's process too.
 ATTRIBUTED = re.compile(r"\[node-[^\s\]/]+/worker\d+\] ")
@@ -535,6 +537,15 @@ class Launch:
             os.close(wakeup_r)
             os.close(wakeup_w)
 
+    @staticmethod
+    def _await_exit(proc, timeout_s):
+        """Wait at most `timeout_s` for `proc` to exit."""
+        try:
+            proc.popen.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        proc.poll()
+
     def _supervision_pass(self):
         """Act on what changed since the last pass; an exit code once the job has ended."""
         self.echo_output()
@@ -542,6 +553,11 @@ class Launch:
         if self.started_controller.poll() not in (None, 0):
             return self.controller_failed()
         for new, old in self._replacement_of.items():
+            if new.poll() not in (None, 0) and new not in self._failed \
+                    and self._registered(new, final=True) is False:
+                # (once) turned away by a controller that finished its job and is exiting: wait
+                # (bounded) for it to exit, to name what happened rather than the refusal
+                self._await_exit(self.started_controller, LATE_REPLACEMENT_WAIT_S)
             if self.started_controller.poll() == 0 and self._registered(new, final=True) is False:
                 return self.fail(old, "%s failed (%s), and the controller finished (its job "
                                  "done) before %s, its replacement, registered"
