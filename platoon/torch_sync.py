@@ -82,8 +82,9 @@ class PeriodicSync(torch.optim.Optimizer):
             `step()` only counts and syncs, and `zero_grad()` is the model's.
         sync_every: sync after every this many `step()` calls (>= 1).
         rule: the sync rule (EASGD, ASGD, Downpour(...), or your own);
-            default ``EASGD(min(0.9 / worker.global_size, 1))``, the usual
-            elastic force for that many workers (with SGD and with AdamW give
+            default ``EASGD(min(0.9 / worker.global_size, 1))`` (on an elastic
+            node, its own workers), the usual elastic force for that many workers
+            (with SGD and with AdamW give
             the workers about twice the lr one process would use: see
             docs/choosing-a-rule.md), and ``ASGD()`` in a job of one worker (a
             script run alone, or ``-n 1``: the controller's ``num_workers`` is 1),
@@ -183,11 +184,15 @@ class PeriodicSync(torch.optim.Optimizer):
         if evaluate is not None and not callable(evaluate):
             raise TypeError("evaluate must be a function evaluate(model) -> dict of metrics, "
                             "got %r" % (evaluate,))
-        if rule is None and worker.num_workers == 1 and worker.global_size == 1:
+        # the workers the default elastic force is for: the job's; on an elastic node, its
+        # own (its centre's, as before node slots numbered every slot's workers)
+        workers = (worker.num_workers or 1) if worker.elastic_node is not None \
+            else worker.global_size
+        if rule is None and worker.num_workers == 1 and workers == 1:
             # a job of one worker (a script run alone, -n 1): train as the plain script
             rule = ASGD()
         elif rule is None:
-            rule = EASGD(min(0.9 / max(worker.global_size, 1), 1.0))
+            rule = EASGD(min(0.9 / max(workers, 1), 1.0))
         if not isinstance(rule, ParamSyncRule):
             raise TypeError("rule must be a platoon.ParamSyncRule (such as EASGD(0.45)), got %r"
                             % (rule,))
