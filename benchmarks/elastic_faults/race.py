@@ -32,10 +32,12 @@ class Member:
     """`kind`: "elastic" (python -m platoon.elastic.node per node, its lighthouse on the
     switch), "mpi" (one fixed-world python -m platoon.mpi job across the three nodes, restarted
     whole from its nodes' checkpoints after each fault) or "torchft" (one replica group per
-    node, torchft's lighthouse on the switch); `faults`: whether the schedule is applied."""
+    node, torchft's lighthouse on the switch); `faults`: whether the schedule is applied;
+    `outer`: platoon's tie across nodes, "diloco" (its outer step) or "easgd"."""
     kind: str
     faults: bool
     note: str = ""
+    outer: str = "diloco"
 
 
 MEMBERS = {
@@ -44,6 +46,13 @@ MEMBERS = {
     "mpi_faults": Member("mpi", True, "fixed-world python -m platoon.mpi, faults, each time "
                          "restarted whole from its nodes' last checkpoints"),
     "torchft_faults": Member("torchft", True, "torchft DiLoCo (0.2.0), faults"),
+    "elastic_easgd": Member("elastic", False, "platoon elastic, EASGD across nodes, no faults",
+                            "easgd"),
+    "elastic_easgd_faults": Member("elastic", True, "platoon elastic, EASGD across nodes, "
+                                   "faults", "easgd"),
+    "mpi_easgd_faults": Member("mpi", True, "fixed-world python -m platoon.mpi, EASGD across "
+                               "nodes, faults, each time restarted whole from its nodes' last "
+                               "checkpoints", "easgd"),
 }
 
 
@@ -56,16 +65,19 @@ class Settings:
     compress: str = "int8"
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
+    beta: float = 0.5
     sync_every: int = 20
     heartbeat_timeout_s: float = 5.0
     timeout_s: float = 30.0
     min_nodes: int = 2
     checkpoint_every_s: float = 5.0
 
-    def platoon_tie(self):
+    def platoon_tie(self, outer="diloco"):
+        rule = ["--tie-outer-lr", "%g" % self.outer_lr, "--tie-outer-momentum",
+                "%g" % self.outer_momentum] if outer == "diloco" \
+            else ["--tie-beta", "%g" % self.beta]
         return ["--tie-every-s", "%g" % self.tie_every_s, "--tie-compress", self.compress,
-                "--tie-outer-lr", "%g" % self.outer_lr,
-                "--tie-outer-momentum", "%g" % self.outer_momentum]
+                "--tie-outer", outer] + rule
 
 
 def _env(**extra):
@@ -98,16 +110,16 @@ def lighthouse_command(kind, settings, secret_file=None):
 
 
 def node_commands(kind, settings, config_path, events_dir, checkpoint_dir, incarnation,
-                  hosts, mpiexec, secret_file=None, nodes=NODES):
+                  hosts, mpiexec, secret_file=None, nodes=NODES, outer="diloco"):
     """[(node or None for the whole job, argv, extra environment)] that start `nodes` (all
-    three for MPI: its job restarts whole) at `incarnation`."""
+    three for MPI: its job restarts whole) at `incarnation`, platoon's nodes tied by
+    `outer`."""
     controller = ["--controller", CONTROLLER, "--controller-args"]
     if kind == "mpi":
         argv = hosts.mpiexec(mpiexec) + [
             sys.executable, "-m", "platoon.mpi", "--workers", "1"] + controller + [
             "%s %d %s %g" % (events_dir, incarnation, checkpoint_dir,
-                             settings.checkpoint_every_s),
-            "--tie-outer", "diloco"] + settings.platoon_tie() + [
+                             settings.checkpoint_every_s)] + settings.platoon_tie(outer) + [
             "--"] + _worker(config_path, incarnation)
         return [(None, argv, dict(net.MPI_TCP_ENV))]
     out = []
@@ -118,7 +130,7 @@ def node_commands(kind, settings, config_path, events_dir, checkpoint_dir, incar
                 "%s:%d" % (net.SWITCH_IP, LIGHTHOUSE_PORT), "--name", node,
                 "--host", net.ip_of(node), "--secret-file", secret_file,
                 "--tie-timeout-s", "%g" % settings.timeout_s] + controller + [
-                "%s %d" % (events_dir, incarnation)] + settings.platoon_tie() + [
+                "%s %d" % (events_dir, incarnation)] + settings.platoon_tie(outer) + [
                 "--"] + _worker(config_path, incarnation)
             out.append((node, argv, {"GLOO_SOCKET_IFNAME": net.DEVICE}))
         else:
@@ -178,7 +190,7 @@ class Run:
             self.current[node] = index
         commands = node_commands(self.member.kind, self.settings, self.config_path,
                                  self.events_dir, self.checkpoint_dir, index, self.hosts,
-                                 self.mpiexec, self.secret_file, nodes)
+                                 self.mpiexec, self.secret_file, nodes, self.member.outer)
         now = time.time()
         for node in nodes:
             self.incarnations[node, index] = Incarnation(node, now)
