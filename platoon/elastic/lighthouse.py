@@ -185,7 +185,7 @@ class Lighthouse:
         peer = frames[0].bytes
         now = time.monotonic()
         try:
-            source = frames[0].get("Peer-Address")
+            source = str(frames[0].get("Peer-Address"))
         except zmq.ZMQError:  # (not a TCP connection)
             source = "?"
         if not self._admit(peer, source, now):
