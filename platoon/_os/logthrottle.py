@@ -2,20 +2,28 @@
 
 import time
 
+OVERFLOW = "other"  # the kind that counts warnings of kinds past `max_kinds`
+
 
 class ThrottledLog:
     """Logs at most `burst` warnings of one kind per `period_s` seconds and counts the rest;
     `flush` (or the next warning of that kind after the period) logs how many were
-    suppressed."""
+    suppressed. At most `max_kinds` kinds are tracked at once (a kind per source of bad input
+    must not grow without bound): past them, warnings of new kinds count as kind "other"."""
 
-    def __init__(self, logger, period_s=10.0, burst=5):
+    def __init__(self, logger, period_s=10.0, burst=5, max_kinds=1000):
         self._logger = logger
         self.period_s = period_s
         self.burst = burst
+        self.max_kinds = max_kinds
         self._kinds = {}  # kind -> [start of the period, logged, suppressed]
 
     def warning(self, kind, msg, *args):
         now = time.monotonic()
+        if kind not in self._kinds and len(self._kinds) >= self.max_kinds:
+            self.flush(expired_only=True)
+            if len(self._kinds) >= self.max_kinds:
+                kind, msg, args = OVERFLOW, "warnings of more kinds than %d", (self.max_kinds,)
         state = self._kinds.get(kind)
         if state is None or now - state[0] >= self.period_s:
             if state is not None:

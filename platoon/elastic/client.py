@@ -127,6 +127,7 @@ class LighthouseClient:
     def _connect(self):
         sock = self._context.socket(zmq.REQ)
         sock.linger = 0
+        sock.maxmsgsize = wire.MAX_REPLY  # ZeroMQ drops a larger frame unread (and reconnects)
         sock.rcvtimeo = int(self.request_timeout_s * 1000)
         sock.connect("tcp://" + self.lighthouse)
         return sock

@@ -14,6 +14,7 @@ message of m, whatever the quorum's size.
 """
 
 import datetime
+import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -52,21 +53,40 @@ def _split(address: str) -> Tuple[str, int]:
 
 
 class StoreServer:
-    """This node's TCPStore server (`port` 0: a free one); `address` ("HOST:PORT", at `host`)
-    is what the node gives the lighthouse. Closed with the node (a context manager).
+    """This node's TCPStore server (`port` 0: a free one), listening at `host` only (a
+    socket this class binds and hands torch: torch's own listens on every interface, whatever
+    its host); `address` ("HOST:PORT") is what the node gives the lighthouse. Closed with the
+    node (a context manager).
 
-    torch's TCPStore listens on every interface, whatever `host` is, and neither it nor gloo
-    authenticates anyone (the tie signs its round headers): the data plane must run on a
-    trusted network (docs/multi-node.md, "What the secret protects")."""
+    Neither the store nor gloo authenticates anyone (the tie signs its round headers), and
+    the store holds whatever it is given, without a cap (torch offers none): whoever reaches
+    `host`'s port can list its keys and set its own, so the data plane must run on a trusted
+    network (docs/multi-node.md, "What the secret protects")."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0):
         _, dist = _torch()
+        listener = None
         try:
-            self._store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False)
+            family, kind, proto, _, where = socket.getaddrinfo(
+                host, port, type=socket.SOCK_STREAM)[0]
+            listener = socket.socket(family, kind, proto)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(where)
+            listener.listen(512)
+            bound = listener.getsockname()[1]
+            # torch's libuv server takes the descriptor (and closes it with the store): it
+            # gets a duplicate, and this socket is closed at once
+            self._store = dist.TCPStore(host, bound, is_master=True, wait_for_workers=False,
+                                        master_listen_fd=os.dup(listener.fileno()),
+                                        use_libuv=True)
         except (RuntimeError, OSError) as exc:
             raise PlatoonError("cannot host the data plane's store on %s:%d (%s): choose "
-                               "another port" % (host, port, exc)) from None
-        self.address = "%s:%d" % (host, self._store.port)
+                               "another port, or a --host that is an address of this host"
+                               % (host, port, exc)) from None
+        finally:
+            if listener is not None:
+                listener.close()
+        self.address = "%s:%d" % (host, bound)
 
     def close(self) -> None:
         self._store = None  # the server stops with its last reference

@@ -6,16 +6,25 @@ with, and that numbers their quorums. No training runs in it and it needs no tor
 
 It keeps no state on disk: restarted, it learns the nodes again from their heartbeats and
 numbers its next quorum above the highest id any of them reports.
+
+What a process without the secret can make it do is bounded (`Limits`): a frame over
+`wire.MAX_BODY` bytes is dropped by ZeroMQ before it is read (the connection with it); at most
+`connections_per_source` connections from one source address are served (the others' requests
+are dropped unanswered); unsigned requests from one source get at most `refusals_per_source`
+replies per `log_period_s` (then none: a REQ socket so refused sends nothing more), and one
+log line per source per period, with a count.
 """
 
 import argparse
+import json
 import logging
 import os
 import secrets
 import signal
 import sys
 import time
-from typing import Dict, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import zmq
 
@@ -29,21 +38,45 @@ from .secret import generate_secret, load_secret
 
 log = logging.getLogger(__name__)
 
-TICK_S = 0.05
+TICK_S = 0.05  # the membership is ticked this often (not after every message)
 CHALLENGE_TTL_S = 600.0  # a connection silent this long must fetch a new challenge
-MAX_CONNECTIONS = 10000  # challenges kept at most (the oldest are forgotten first)
+MAX_CONNECTIONS = 10000  # connections served at once (new ones wait for idle ones to go)
+IDLE_S = 10.0  # a connection silent this long no longer counts against its source's cap
+DRAIN = 256  # messages read between two ticks at most
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the lighthouse serves one source address (a host: a stranger's, or several
+    nodes'): at most `connections_per_source` connections at once (each node holds one;
+    give more when many nodes share one address, 0 for no cap), and at most
+    `refusals_per_source` replies to requests without the job's secret per `log_period_s`
+    seconds, in which each source's refusals make one log line, with a count."""
+
+    connections_per_source: int = 64
+    refusals_per_source: int = 10
+    log_period_s: float = 10.0
+
+    def __post_init__(self):
+        if self.connections_per_source < 0 or self.refusals_per_source < 0 \
+                or not self.log_period_s > 0:
+            raise ValueError("Limits need counts >= 0 and log_period_s > 0, got %r" % (self,))
 
 
 class Lighthouse:
     """Serves `settings` (MembershipSettings) on `bind` ("HOST:PORT"; port 0 picks one) for
-    holders of `secret`. A context manager; `serve(stop)` runs until `stop()` is true."""
+    holders of `secret`, within `limits` (default `Limits()`). A context manager;
+    `serve(stop)` runs until `stop()` is true."""
 
-    def __init__(self, settings: MembershipSettings, bind: str, secret: bytes):
+    def __init__(self, settings: MembershipSettings, bind: str, secret: bytes,
+                 limits: Optional[Limits] = None):
         self.membership = Membership(settings)
+        self.limits = Limits() if limits is None else limits
         self._secret = secret
         self._context = zmq.Context()
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.linger = 0
+        self._socket.maxmsgsize = wire.MAX_BODY  # ZeroMQ drops a larger frame unread
         host, _, port = bind.rpartition(":")
         try:
             if port == "0":
@@ -56,21 +89,70 @@ class Lighthouse:
                                "with --bind HOST:PORT" % (host, port, exc)) from None
         self.address = "%s:%s" % (host, port)
         self._challenges: Dict[bytes, Tuple[str, float]] = {}
-        self._warnings = ThrottledLog(log)
+        self._peers: Dict[bytes, Tuple[str, float]] = {}  # connection -> (source, last heard)
+        self._sources: Dict[str, int] = {}  # source -> connections in `_peers`
+        self._refusals: Dict[str, int] = {}  # source -> refusals replied to in this period
+        self._period = time.monotonic()  # when `_refusals`' period began
+        self._quorum_json: Tuple[Optional[object], str] = (None, "null")
+        self._warnings = ThrottledLog(log, self.limits.log_period_s)
+        self._refused = ThrottledLog(log, self.limits.log_period_s, burst=1)
 
     def _challenge_for(self, peer: bytes, now: float) -> str:
-        if len(self._challenges) >= MAX_CONNECTIONS:
-            oldest = min(self._challenges, key=lambda p: self._challenges[p][1])
-            del self._challenges[oldest]
         challenge = secrets.token_hex(16)
         self._challenges[peer] = (challenge, now)
         return challenge
 
-    def handle(self, peer: bytes, body: bytes, mac: bytes, now: float) -> Tuple[bytes, bytes]:
-        """The reply frames to one request from connection `peer`."""
+    def _admit(self, peer: bytes, source: str, now: float) -> bool:
+        """Whether a request on connection `peer` from `source` is read (else it is dropped
+        unanswered: its source is at its cap, or the lighthouse at MAX_CONNECTIONS)."""
+        known = self._peers.get(peer)
+        if known is None:
+            cap = self.limits.connections_per_source
+            held = self._sources.get(source, 0)
+            if (cap and held >= cap) or len(self._peers) >= MAX_CONNECTIONS:
+                self._refused.warning(
+                    "capped " + source, "dropped requests of new connections from %s: it holds "
+                    "%d connections (at most %d from one source address, %d in all; give "
+                    "--max-connections-per-source when many nodes share an address)",
+                    source, held, cap, MAX_CONNECTIONS)
+                return False
+            self._sources[source] = held + 1
+        self._peers[peer] = (source, now)
+        return True
+
+    def _forget_idle(self, now: float) -> None:
+        """Connections silent for IDLE_S no longer count (nor their challenges past the
+        TTL); a new period of refusals begins every `log_period_s`."""
+        for peer, (source, heard) in list(self._peers.items()):
+            if now - heard > IDLE_S:
+                del self._peers[peer]
+                left = self._sources[source] - 1
+                if left:
+                    self._sources[source] = left
+                else:
+                    del self._sources[source]
+                if now - heard > CHALLENGE_TTL_S:
+                    self._challenges.pop(peer, None)
+        for peer in [p for p in self._challenges if p not in self._peers]:
+            if now - self._challenges[peer][1] > CHALLENGE_TTL_S:
+                del self._challenges[peer]
+        if now - self._period >= self.limits.log_period_s:
+            self._period, self._refusals = now, {}
+        self._refused.flush(expired_only=True)
+        self._warnings.flush(expired_only=True)
+
+    def handle(self, peer: bytes, body: bytes, mac: bytes, now: float,
+               source: str = "") -> Optional[Tuple[bytes, bytes]]:
+        """The reply frames to one request from connection `peer` at `source` (its address);
+        None when it goes unanswered (a source past its refusals)."""
         data, why = wire.read_request(self._secret, body, mac)
         if data is None:
-            log.warning("refused a request: %s", why)
+            self._refused.warning("refused " + source, "refused a request from %s: %s",
+                                  source or "?", why)
+            count = self._refusals.get(source, 0)
+            if count >= self.limits.refusals_per_source or len(self._refusals) >= MAX_CONNECTIONS:
+                return None
+            self._refusals[source] = count + 1
             return wire.refusal(why)
         expected, issued = self._challenges.get(peer, ("", 0.0))
         done = bool(expected) and data["challenge"] == expected \
@@ -91,20 +173,48 @@ class Lighthouse:
                         data["node"], data["address"])
         quorum = self.membership.quorum
         excluded = self.membership.excluded(now).get(data["node"]) if done else None
-        return wire.reply(self._secret, mac, self._challenge_for(peer, now),
-                          None if quorum is None else quorum.to_wire(), done, taken, excluded)
+        if quorum is None or data["highest_seen"] >= quorum.id:
+            return wire.reply(self._secret, mac, self._challenge_for(peer, now), None, done,
+                              taken, excluded)  # the node has it (or there is none)
+        if self._quorum_json[0] is not quorum:
+            self._quorum_json = (quorum, json.dumps(quorum.to_wire()))
+        return wire.reply(self._secret, mac, self._challenge_for(peer, now), None, done, taken,
+                          excluded, quorum_json=self._quorum_json[1])
+
+    def _serve_one(self, frames: List[zmq.Frame]) -> None:
+        peer = frames[0].bytes
+        now = time.monotonic()
+        try:
+            source = str(frames[0].get("Peer-Address"))
+        except zmq.ZMQError:  # (not a TCP connection)
+            source = "?"
+        if not self._admit(peer, source, now):
+            return
+        if len(frames) != 4 or frames[1].bytes:  # REQ: identity, delimiter, 2 frames
+            return
+        answer = self.handle(peer, frames[2].bytes, frames[3].bytes, now,
+                             self._peers[peer][0])
+        if answer is not None:
+            self._socket.send_multipart([peer, b""] + list(answer))
 
     def serve(self, stop=lambda: False) -> None:
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
+        next_tick = time.monotonic()
         while not stop():
-            if poller.poll(int(TICK_S * 1000)):
-                frames = self._socket.recv_multipart()
-                if len(frames) == 4 and frames[1] == b"":  # REQ: identity, delimiter, 2 frames
-                    self._socket.send_multipart(
-                        [frames[0], b""] + list(self.handle(frames[0], frames[2], frames[3],
-                                                            time.monotonic())))
+            wait_ms = max(0, int((next_tick - time.monotonic()) * 1000))
+            if poller.poll(wait_ms):
+                for _ in range(DRAIN):
+                    try:
+                        frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self._serve_one(frames)
             now = time.monotonic()
+            if now < next_tick:
+                continue
+            next_tick = now + TICK_S
+            self._forget_idle(now)
             quorum = self.membership.tick(now)
             if quorum is not None:
                 for name, why in sorted(self.membership.excluded(now).items()):
@@ -135,6 +245,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="wait this long after a change for more joiners (default 0.3)")
     parser.add_argument("--bind", default="127.0.0.1:29510", metavar="HOST:PORT",
                         help="where nodes reach it (default 127.0.0.1:29510; port 0 picks one)")
+    parser.add_argument("--max-connections-per-source", type=int,
+                        default=Limits.connections_per_source, metavar="N",
+                        help="serve at most N connections from one source address (default "
+                             "%(default)s; each node holds one: raise it when more nodes share "
+                             "an address; 0: no cap)")
     parser.add_argument("--secret-file", metavar="PATH",
                         help="the job's secret (default: $PLATOON_ELASTIC_SECRET_FILE)")
     parser.add_argument("--new-secret", metavar="PATH",
@@ -149,7 +264,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         settings = MembershipSettings(args.min_nodes, args.heartbeat_timeout_s, args.join_grace_s)
         secret = load_secret(args.secret_file)
-        lighthouse = Lighthouse(settings, args.bind, secret)
+        lighthouse = Lighthouse(settings, args.bind, secret,
+                                Limits(connections_per_source=args.max_connections_per_source))
     except (PlatoonError, ValueError, OSError) as exc:
         print("lighthouse: %s" % exc, file=sys.stderr)
         return 2

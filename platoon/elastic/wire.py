@@ -10,9 +10,13 @@ TEXT | null, "taken": bool, "excluded": TEXT | null}`` ("excluded": why the ligh
 this node out of the quorums); "done" is false when the request's challenge was stale (a new
 connection, a restarted lighthouse): the node sends it again with the reply's challenge (that reply
 carries no quorum, nor one whose "taken" is true: another live process holds the node's
-name). A reply refusing a
-bad signature is not signed (its sender cannot know the key the request used) and can only
-refuse.
+name, nor one whose request's "highest_seen" is at or above the quorum's id: the node has it).
+A reply refusing a bad signature is not signed (its sender cannot know the key the request
+used) and can only refuse.
+
+Sizes: a request's frames are at most `MAX_BODY` bytes, a reply's at most `MAX_REPLY`; each
+socket is set so (ZeroMQ's ``maxmsgsize``) and drops the connection of a peer that sends a
+larger frame before reading it.
 """
 
 import json
@@ -21,7 +25,8 @@ from typing import Optional, Sequence, Tuple
 from .secret import sign_reply, sign_request, verify
 
 OPS = ("heartbeat", "leave")
-MAX_BODY = 4096
+MAX_BODY = 4096  # bytes of a request's frame
+MAX_REPLY = 16 << 20  # bytes of a reply's frame (a quorum of 10,000 members is about 0.5 MB)
 
 
 def request(secret: bytes, op: str, node: str, address: str, highest_seen: int,
@@ -58,10 +63,17 @@ def read_request(secret: bytes, body: bytes, mac: bytes) -> Tuple[Optional[dict]
 
 
 def reply(secret: bytes, request_mac: bytes, challenge: str, quorum: Optional[dict],
-          done: bool, taken: bool = False, excluded: Optional[str] = None) -> Tuple[bytes, bytes]:
-    body = json.dumps({"challenge": challenge, "quorum": quorum if done and not taken else None,
-                       "done": done, "error": None, "taken": taken,
-                       "excluded": excluded}).encode()
+          done: bool, taken: bool = False, excluded: Optional[str] = None,
+          quorum_json: Optional[str] = None) -> Tuple[bytes, bytes]:
+    """The frames (body, signature) of a reply; `quorum_json`, when given, is `quorum`
+    already encoded (``json.dumps``: the lighthouse encodes a quorum once, not per reply)."""
+    rest = json.dumps({"challenge": challenge, "done": done, "error": None, "taken": taken,
+                       "excluded": excluded})
+    if not (done and not taken):
+        quorum, quorum_json = None, None
+    if quorum_json is None:
+        quorum_json = json.dumps(quorum)
+    body = ('{"quorum": %s, %s' % (quorum_json, rest[1:])).encode()
     return body, sign_reply(secret, request_mac, body)
 
 

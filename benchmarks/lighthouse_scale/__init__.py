@@ -1,0 +1,7 @@
+"""The lighthouse at scale: one real lighthouse process (python -m platoon.elastic.lighthouse)
+and 100 or 1,000 simulated nodes (`sim`: heartbeat-only clients speaking the lighthouse's
+signed protocol, many per process, each from its own source address 127.1.x.y so that the
+per-source connection cap holds as on a cluster; no training, no data plane). Measured: the
+time from the last node's registration to the first quorum that holds them all (against the
+join grace window), heartbeat reply latency (p50, p99), and the lighthouse process's CPU share
+over the run (from /proc/PID/stat). ``python -m benchmarks.lighthouse_scale``."""

@@ -1,0 +1,134 @@
+"""python -m benchmarks.lighthouse_scale [--nodes 100 1000] [--procs 4] [--seconds 15]
+[--heartbeat-interval-s 0.1] [--join-grace-s 0.3] [--write]
+
+Runs the lighthouse scale benchmark (see the package's doc) once per node count and prints
+its figures as JSON; --write also writes benchmarks/results/lighthouse_scale.{json,md}."""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from .._util import ROOT
+
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+JSON_PATH = os.path.join(RESULTS, "lighthouse_scale.json")
+MD_PATH = os.path.join(RESULTS, "lighthouse_scale.md")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid):
+    """User + system CPU seconds of process `pid` so far."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def percentile(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else None
+
+
+def run(count, procs, seconds, interval, grace, timeout_s=120.0):
+    """One run at `count` simulated nodes: its figures."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=ROOT)
+    with tempfile.TemporaryDirectory() as tmp:
+        secret_file = os.path.join(tmp, "secret")
+        subprocess.run([sys.executable, "-m", "platoon.elastic.lighthouse", "--new-secret",
+                        secret_file], check=True, env=env, stdout=subprocess.DEVNULL)
+        lighthouse = subprocess.Popen(
+            [sys.executable, "-m", "platoon.elastic.lighthouse", "--bind", "127.0.0.1:0",
+             "--secret-file", secret_file, "--min-nodes", str(count), "--join-grace-s",
+             str(grace), "--heartbeat-timeout-s", "5"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        sims = []
+        try:
+            line = lighthouse.stdout.readline()  # "lighthouse: serving on tcp://HOST:PORT (...)"
+            if "serving on tcp://" not in line:
+                raise RuntimeError("the lighthouse did not start: %r" % line)
+            address = line.split("tcp://")[1].split()[0]
+            started, cpu0 = time.monotonic(), cpu_s(lighthouse.pid)
+            per = -(-count // procs)
+            sims = [subprocess.Popen(
+                [sys.executable, "-m", "benchmarks.lighthouse_scale.sim", address, secret_file,
+                 str(first), str(min(per, count - first)), str(count), str(interval),
+                 str(seconds)], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True,
+                start_new_session=True) for first in range(0, count, per)]
+            rows = []
+            deadline = time.monotonic() + timeout_s
+            for sim in sims:
+                out, _ = sim.communicate(timeout=max(1.0, deadline - time.monotonic()))
+                if sim.returncode != 0:
+                    raise RuntimeError("a simulator failed (exit %s)" % sim.returncode)
+                rows.append(json.loads(out.splitlines()[-1]))
+            cpu = cpu_s(lighthouse.pid) - cpu0
+            wall = time.monotonic() - started
+        finally:
+            for proc in sims + [lighthouse]:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, 9)
+                proc.wait(10)
+    joined = [t for r in rows for t in r["joined"]]
+    saw_all = [t for r in rows for t in r["saw_all"] if t is not None]
+    latencies = [x for r in rows for x in r["latencies"]]
+    last_join = max(joined) if None not in joined else None
+    return {"nodes": count, "heartbeat_interval_s": interval, "join_grace_s": grace,
+            "registered": sum(t is not None for t in joined),
+            "last_join_to_quorum_of_all_s": None if last_join is None or not saw_all
+            else min(saw_all) - last_join,
+            "saw_quorum_of_all": len(saw_all),
+            "reply_p50_ms": None if not latencies else 1000 * percentile(latencies, 0.5),
+            "reply_p99_ms": None if not latencies else 1000 * percentile(latencies, 0.99),
+            "replies": len(latencies), "timeouts": sum(r["timeouts"] for r in rows),
+            "refused": sum(r["refused"] for r in rows),
+            "lighthouse_cpu_share": cpu / wall, "seconds": wall}
+
+
+def render(record):
+    lines = ["# The lighthouse at scale", "",
+             "`python -m benchmarks.lighthouse_scale`: one lighthouse process, simulated "
+             "heartbeat-only nodes in %d processes, %s; load average %s at the start. Goals: "
+             "the quorum of all within 1 s of the join grace window after the last "
+             "registration; heartbeat replies under 50 ms at p99."
+             % (record["procs"], record["machine"], record["load"]), "",
+             "| nodes | last join to quorum of all | grace | reply p50 | reply p99 | "
+             "lighthouse CPU | timeouts |", "|---|---|---|---|---|---|---|"]
+    for row in record["rows"]:
+        lines.append("| %d | %s | %g s | %.2f ms | %.2f ms | %.0f%% | %d |" % (
+            row["nodes"], "-" if row["last_join_to_quorum_of_all_s"] is None
+            else "%.3f s" % row["last_join_to_quorum_of_all_s"], row["join_grace_s"],
+            row["reply_p50_ms"] or 0, row["reply_p99_ms"] or 0,
+            100 * row["lighthouse_cpu_share"], row["timeouts"]))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.lighthouse_scale")
+    parser.add_argument("--nodes", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--procs", type=int, default=4, help="simulator processes")
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--heartbeat-interval-s", type=float, default=0.1)
+    parser.add_argument("--join-grace-s", type=float, default=0.3)
+    parser.add_argument("--write", action="store_true",
+                        help="write benchmarks/results/lighthouse_scale.{json,md}")
+    args = parser.parse_args(argv)
+    load = "%.1f" % os.getloadavg()[0]
+    rows = [run(count, args.procs, args.seconds, args.heartbeat_interval_s, args.join_grace_s)
+            for count in args.nodes]
+    record = {"procs": args.procs, "load": load, "machine": "%d cores" % os.cpu_count(),
+              "rows": rows}
+    print(json.dumps(record, indent=1))
+    if args.write:
+        with open(JSON_PATH, "w") as f:
+            json.dump(record, f, indent=1)
+        with open(MD_PATH, "w") as f:
+            f.write(render(record))
+        print(render(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
