@@ -148,7 +148,7 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
             % (name, os.getpid(), job_id, join))
         try:
             # the controller and its workers talk on this machine; the data plane is
-            # reached at `host` (its store listens on every interface: see StoreServer)
+            # reached at `host` (where its store listens: see StoreServer)
             workers = Workers(worker_argv, num_workers, LOCAL_HOST, read_fd, reaper_fd, fail,
                               ready_timeout_s, env, num_workers, "node-%s" % name)
             serve_then_finish(workers, controller, controller_args, link, LOCAL_HOST, None,
@@ -195,11 +195,11 @@ def read_arguments(argv: Optional[Sequence[str]] = None):
                         help="the job's secret (default: $PLATOON_ELASTIC_SECRET_FILE)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="the address at which the other nodes reach this node's data "
-                             "plane, and the interface gloo binds (default 127.0.0.1; the "
-                             "store listens on every interface whatever it says, and the store "
-                             "and gloo accept whoever reaches them: run the data plane on a "
-                             "trusted network or behind a firewall; the controller serves its "
-                             "workers on 127.0.0.1)")
+                             "plane: its store listens there and gloo binds it (default "
+                             "127.0.0.1, which other machines cannot reach: give an address "
+                             "they can; the store and gloo accept whoever reaches them: run "
+                             "the data plane on a trusted network or behind a firewall; the "
+                             "controller serves its workers on 127.0.0.1)")
     parser.add_argument("--controller", default=None,
                         help="controller script file.py, or module:Class or file.py:Class")
     parser.add_argument("--controller-args", default="",
