@@ -1,5 +1,7 @@
 """platoon.elastic.dataplane: a quorum's compressed mean as a reduce-scatter then an all-gather,
-over real gloo groups (one per member, in threads of this process, on 127.0.0.1)."""
+over real gloo groups (one per member, in threads of this process, on 127.0.0.1); a round or a
+group that a member misses broken within its timeout; and real nodes (tests/procs/elastic_node.py)
+averaging over their quorum's group, rebuilt after one is killed."""
 
 import threading
 import time
