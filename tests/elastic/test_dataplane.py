@@ -1,15 +1,20 @@
 """platoon.elastic.dataplane: a quorum's compressed mean as a reduce-scatter then an all-gather,
-over real gloo groups (one per member, in threads of this process, on 127.0.0.1)."""
+over real gloo groups (one per member, in threads of this process, on 127.0.0.1); a round or a
+group that a member misses broken within its timeout; and real nodes (tests/procs/elastic_node.py)
+averaging over their quorum's group, rebuilt after one is killed."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
 
 from platoon.elastic import Quorum, QuorumGroup, StoreServer
 from platoon.elastic.dataplane import chunk_bounds
-from platoon.errors import NonFiniteValues
+from platoon.errors import NonFiniteValues, QuorumBroken
 from platoon.node.compress import ErrorFeedback, RawCodec, make_codec, mean_of_messages
+
+from elastic_helpers import SLACK_S, TIMEOUT_S
 
 
 def _in_parallel(groups, call):
@@ -119,3 +124,62 @@ def test_only_the_members_named_make_the_mean(quorum_of):
         arrays[rank], make_codec("float32"), among=[0, 1]))
     assert all(np.array_equal(mean, np.full(4000, 2.0, np.float32)) for mean, _ in results)
     assert results[2][1] > 0  # it passes the others' chunks on, sending none of its own
+
+
+def test_gloo_data_plane_averages_int8_and_rebuilds_after_a_kill(job):
+    job.lighthouse(min_nodes=2)
+    nodes = {name: job.node(name, "--value", value)
+             for name, value in (("a", 1.0), ("b", 2.0), ("c", 4.0))}
+    found = {name: node.wait_for_match(r"round (\d+) size 3 mean (\S+) digest (\w+)", 30)
+             for name, node in nodes.items()}
+    rounds = {name: match for name, (match, _) in found.items()}
+    assert len({m.group(1) for m in rounds.values()}) == 1  # one quorum
+    assert len({m.group(3) for m in rounds.values()}) == 1  # the same bits on every node
+    assert float(rounds["a"].group(2)) == pytest.approx(7 / 3, rel=1e-2)
+    first = int(rounds["a"].group(1))
+    nodes["a"].kill()  # rank 0, whose store the group met at: the next meets at b's
+    # (a round of two before c came, if any, is not after the kill: looked for after it)
+    after = {name: nodes[name].wait_for_match(r"round (\d+) size 2 mean (\S+) digest (\w+)",
+                                              TIMEOUT_S + 5 + SLACK_S, found[name][1] + 1)[0]
+             for name in ("b", "c")}
+    assert len({m.group(1) for m in after.values()}) == 1
+    assert int(after["b"].group(1)) > first
+    assert len({m.group(3) for m in after.values()}) == 1
+    assert float(after["b"].group(2)) == pytest.approx(3.0, rel=1e-2)
+
+
+def test_a_round_a_member_does_not_join_is_broken_within_its_timeout():
+    import threading
+
+    from platoon.elastic import QuorumGroup, StoreServer
+    from platoon.node.compress import ErrorFeedback, make_codec
+    with StoreServer("127.0.0.1") as store:
+        quorum = Quorum(3, ("a", "b"), (store.address, "127.0.0.1:1"))
+        groups = {}
+        formed = [threading.Thread(target=lambda n=n: groups.__setitem__(
+            n, QuorumGroup(quorum, n, timeout_s=1.0))) for n in ("a", "b")]
+        for thread in formed:
+            thread.start()
+        for thread in formed:
+            thread.join(10)
+        assert sorted(groups) == ["a", "b"]
+        feedback = ErrorFeedback(300)
+        started = time.monotonic()
+        with pytest.raises(QuorumBroken, match=r"node a \(rank 0 of quorum 3: a, b\): the "
+                                               r"all-gather failed within 1 s"):
+            groups["a"].compressed_mean(np.ones(300, np.float32), make_codec("int8"), feedback)
+        assert time.monotonic() - started < 1.0 + SLACK_S
+        assert not feedback.residual.any()  # nothing averaged: nothing dropped
+        for group in groups.values():
+            group.close()
+
+
+def test_a_group_whose_member_never_comes_is_broken_within_its_timeout():
+    from platoon.elastic import QuorumGroup, StoreServer
+    with StoreServer("127.0.0.1") as store:
+        quorum = Quorum(5, ("a", "ghost"), (store.address, "127.0.0.1:1"))
+        started = time.monotonic()
+        with pytest.raises(QuorumBroken, match=r"node a \(rank 0 of quorum 5: a, ghost\): "
+                                               r"forming the group failed within 1 s"):
+            QuorumGroup(quorum, "a", timeout_s=1.0)
+        assert time.monotonic() - started < 1.0 + SLACK_S

@@ -1,0 +1,241 @@
+"""platoon.elastic.lighthouse, client, wire and secret: the lighthouse in-process with real
+clients, then real processes on 127.0.0.1: a lighthouse (python -m platoon.elastic.lighthouse)
+and nodes (tests/procs/elastic_node.py), killed with -9, stopped and continued; a 1 s heartbeat
+timeout."""
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from platoon.elastic import MembershipSettings, Quorum, generate_secret, load_secret, wire
+from platoon.elastic.lighthouse import Lighthouse
+from platoon.elastic.quorum import Membership
+from platoon.errors import PlatoonError
+
+from elastic_helpers import GRACE_S, QUORUM, SLACK_S, TIMEOUT_S, quorum_of
+
+
+def test_a_client_reporting_its_group_broken_gets_both_members_a_new_quorum():
+    import threading
+
+    from platoon.elastic import LighthouseClient
+    secret, stopping = b"s" * 32, threading.Event()
+    settings = MembershipSettings(min_nodes=2, heartbeat_timeout_s=5.0, join_grace_s=0.05)
+    with Lighthouse(settings, "127.0.0.1:0", secret) as lighthouse:
+        serving = threading.Thread(target=lighthouse.serve, args=(stopping.is_set,))
+        serving.start()
+        try:
+            with LighthouseClient(lighthouse.address, "a", "h:1", secret=secret) as a, \
+                    LighthouseClient(lighthouse.address, "b", "h:2", secret=secret) as b:
+                first = a.wait_for_quorum(timeout_s=10)
+                a.report_broken(first.id)
+                second = b.wait_for_quorum(timeout_s=10, newer_than=first.id)
+                assert second.members == first.members == ("a", "b")
+                assert a.wait_for_quorum(timeout_s=10, newer_than=first.id) == second
+        finally:
+            stopping.set()
+            serving.join(10)
+
+
+def test_a_registered_node_outlives_a_false_lighthouse_on_its_port():
+    """Once registered, a node takes a reply that fails its check (here another process bound
+    the lighthouse's port while it is down and answers refusals) for an unreachable
+    lighthouse: it keeps its quorum, and raises ElasticAuthError only once such replies have
+    lasted refused_for_s."""
+    import threading
+
+    import zmq
+
+    from platoon.elastic import LighthouseClient
+    from platoon.errors import ElasticAuthError
+    secret, stopping = b"s" * 32, threading.Event()
+    settings = MembershipSettings(min_nodes=1, heartbeat_timeout_s=5.0, join_grace_s=0.05)
+    with Lighthouse(settings, "127.0.0.1:0", secret) as lighthouse:
+        serving = threading.Thread(target=lighthouse.serve, args=(stopping.is_set,))
+        serving.start()
+        client = LighthouseClient(lighthouse.address, "a", "h:1", secret=secret,
+                                  heartbeat_interval_s=0.05, request_timeout_s=0.2,
+                                  refused_for_s=2.0)
+        try:
+            first = client.wait_for_quorum(timeout_s=10)
+        finally:
+            stopping.set()
+            serving.join(10)
+    context = zmq.Context()
+    false = context.socket(zmq.REP)
+    false.linger = 0
+    try:
+        false.bind("tcp://" + lighthouse.address)
+        answered = 0
+        while answered < 2:  # at least one after a new connection
+            assert false.poll(5000), "the node sent nothing to the false lighthouse"
+            false.recv_multipart()
+            false.send_multipart(list(wire.refusal("x")))
+            answered += 1
+        assert client.current_quorum() == first and not client.reachable
+        with pytest.raises(ElasticAuthError, match="the lighthouse at .* refused it: x"):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                if false.poll(100):
+                    false.recv_multipart()
+                    false.send_multipart(list(wire.refusal("x")))
+                client.current_quorum()
+    finally:
+        client.close()
+        false.close(linger=0)
+        context.term()
+
+
+def test_a_second_process_under_a_live_nodes_name_waits_until_the_first_is_gone():
+    """Two processes heartbeat as node c (two nodes given one --name): the second is refused
+    while the first is live (no quorum flapping between their addresses), and taken in once
+    the first leaves or times out (a node restarted under its name)."""
+    m = Membership(MembershipSettings(min_nodes=1, heartbeat_timeout_s=1.0, join_grace_s=0.0))
+    assert m.heartbeat("c", "h:1", 0, now=0.0, incarnation="first")
+    first = m.tick(0.1)
+    assert not m.heartbeat("c", "h:2", 0, now=0.2, incarnation="second")
+    m.leave("c", incarnation="second")  # not its name to give up
+    assert m.tick(0.3) is None and m.quorum.addresses == ("h:1",)
+    assert m.heartbeat("c", "h:2", 0, now=1.5, incarnation="second")  # the first timed out
+    assert m.tick(1.6) == Quorum(first.id + 1, ("c",), ("h:2",))
+    import threading
+
+    from platoon.elastic import LighthouseClient
+    secret, stopping = b"s" * 32, threading.Event()
+    settings = MembershipSettings(min_nodes=1, heartbeat_timeout_s=5.0, join_grace_s=0.05)
+    with Lighthouse(settings, "127.0.0.1:0", secret) as lighthouse:
+        serving = threading.Thread(target=lighthouse.serve, args=(stopping.is_set,))
+        serving.start()
+        try:
+            with LighthouseClient(lighthouse.address, "c", "h:1", secret=secret) as one:
+                assert one.wait_for_quorum(timeout_s=10).addresses == ("h:1",)
+                with LighthouseClient(lighthouse.address, "c", "h:2", secret=secret) as two:
+                    deadline = time.monotonic() + 10
+                    while not two.name_taken:
+                        assert time.monotonic() < deadline
+                        time.sleep(0.01)
+                    assert two.current_quorum() is None  # it is told of no quorum
+                    one.close()  # leaves: the name is free
+                    assert two.wait_for_quorum(timeout_s=10).addresses == ("h:2",)
+                    assert not two.name_taken
+        finally:
+            stopping.set()
+            serving.join(10)
+
+
+def test_secret_file_must_exist_be_private_and_long(tmp_path, monkeypatch):
+    monkeypatch.delenv("PLATOON_ELASTIC_SECRET_FILE", raising=False)
+    with pytest.raises(PlatoonError, match="needs its secret: give --secret-file"):
+        load_secret()
+    path = generate_secret(str(tmp_path / "secret"))
+    assert len(load_secret(path)) == 64
+    os.chmod(path, 0o644)
+    with pytest.raises(PlatoonError, match="readable by other users; run chmod 600"):
+        load_secret(path)
+    short = tmp_path / "short"
+    short.write_text("abc")
+    os.chmod(short, 0o600)
+    with pytest.raises(PlatoonError, match="holds 3 characters; use at least 16, random"):
+        load_secret(str(short))
+
+
+def test_a_replayed_or_forged_request_changes_nothing():
+    secret, other = b"s" * 32, b"o" * 32
+    with Lighthouse(MembershipSettings(), "127.0.0.1:0", secret) as lighthouse:
+        def send(peer, challenge, key=secret, op="heartbeat", node="a"):
+            body, mac = wire.request(key, op, node, "h:1", 0, challenge)
+            return wire.read_reply(key, mac, *lighthouse.handle(peer, body, mac, 1.0)), body, mac
+
+        first, _, _ = send(b"p1", "")
+        assert not first["done"] and first["challenge"]  # a new connection gets a challenge
+        answer, body, mac = send(b"p1", first["challenge"])
+        assert answer["done"] and answer["error"] is None
+        assert lighthouse.membership.live(1.0) == ["a"]
+        lighthouse.membership.leave("a")
+        for peer in (b"p1", b"p2"):  # replayed on its own connection, or on another
+            replayed = wire.read_reply(secret, mac, *lighthouse.handle(peer, body, mac, 1.0))
+            assert not replayed["done"]
+        forged, _, _ = send(b"p3", "", key=other)
+        assert "signature does not match the lighthouse's secret" in forged["error"]
+        long_body = b"x" * (wire.MAX_BODY + 1)  # said as too long, not as a bad signature
+        assert wire.read_request(secret, long_body, wire.request(secret, "leave", "a", "h:1", 0,
+                                                                  "")[1]) \
+            == (None, "request of 4097 bytes, over the limit of 4096")
+        assert lighthouse.membership.live(1.0) == []
+
+
+def test_the_lighthouse_and_the_client_load_no_torch():
+    import subprocess
+    import sys
+    code = ("import sys, platoon.elastic, platoon.elastic.lighthouse; "
+            "print(sorted(m for m in ('torch', 'mpi4py') if m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=30).stdout.strip() == "[]"
+
+
+def test_first_quorum_holds_all_three(job):
+    lighthouse = job.lighthouse(min_nodes=3)
+    nodes = [job.node(name) for name in ("a", "b", "c")]
+    assert quorum_of(lighthouse, ["a", "b", "c"])[0] == 1
+    for node in nodes:
+        node.wait_for_line("quorum 1: a b c", timeout=5)
+
+
+def test_a_killed_node_is_out_within_the_timeout(job):
+    lighthouse = job.lighthouse(min_nodes=2)
+    nodes = {name: job.node(name) for name in ("a", "b", "c")}
+    first, index = quorum_of(lighthouse, ["a", "b", "c"])
+    killed_at = time.monotonic()
+    nodes["b"].kill()
+    second, _ = quorum_of(lighthouse, ["a", "c"], index + 1, timeout=3 * (TIMEOUT_S + SLACK_S))
+    took = time.monotonic() - killed_at  # waited past the bound: the assertion says by how much
+    assert second > first and took < TIMEOUT_S + GRACE_S + SLACK_S, took
+    nodes["a"].wait_for_line("quorum %d: a c" % second, timeout=5)
+
+
+def test_a_stopped_node_is_dropped_and_rejoins_when_continued(job):
+    lighthouse = job.lighthouse(min_nodes=2)
+    nodes = {name: job.node(name) for name in ("a", "b", "c")}
+    first, index = quorum_of(lighthouse, ["a", "b", "c"])
+    os.killpg(nodes["c"].pid, signal.SIGSTOP)
+    second, index = quorum_of(lighthouse, ["a", "b"], index + 1, timeout=TIMEOUT_S + SLACK_S)
+    os.killpg(nodes["c"].pid, signal.SIGCONT)
+    third, _ = quorum_of(lighthouse, ["a", "b", "c"], index + 1, timeout=SLACK_S)
+    assert first < second < third
+    nodes["c"].wait_for_line("quorum %d: a b c" % third, timeout=5)
+
+
+def test_nodes_rejoin_a_restarted_lighthouse_with_higher_ids(job):
+    lighthouse = job.lighthouse(min_nodes=3)
+    nodes = [job.node(name) for name in ("a", "b", "c")]
+    first, _ = quorum_of(lighthouse, ["a", "b", "c"])
+    for node in nodes:
+        node.wait_for_line("quorum %d: a b c" % first, timeout=5)
+    lighthouse.kill()  # -9: no state kept; the nodes keep their quorum and retry
+    port = int(job.address.rpartition(":")[2])
+    again = job.lighthouse(min_nodes=3, port=port)
+    second, _ = quorum_of(again, ["a", "b", "c"], timeout=5 + SLACK_S)
+    assert second > first  # numbered above the ids the nodes report
+    for node in nodes:
+        node.wait_for_line("quorum %d: a b c" % second, timeout=5)
+
+
+def test_a_node_without_the_secret_is_refused_and_changes_nothing(job, tmp_path):
+    lighthouse = job.lighthouse(min_nodes=2)
+    job.node("a"), job.node("b")
+    first, index = quorum_of(lighthouse, ["a", "b"])
+    intruder = job.node("x", secret_file=generate_secret(str(tmp_path / "wrong")))
+    line = intruder.wait_for_line("refused:", timeout=10)
+    assert "signature does not match the lighthouse's secret" in line
+    assert intruder.wait(timeout=5) == 3
+    lighthouse.wait_for_line("lighthouse: refused a request", timeout=5)
+    job.node("c")  # no quorum holds x (a starved heartbeat may add one of a, b meanwhile)
+    second, last = quorum_of(lighthouse, ["a", "b", "c"], index + 1)
+    assert second > first
+    between = [line for line in lighthouse.lines[index + 1:last + 1]
+               if line and re.search(QUORUM, line)]
+    assert between and not [line for line in between
+                            if "x" in re.search(QUORUM, line).group(2).split(", ")], between

@@ -1,0 +1,98 @@
+"""platoon.elastic.quorum: the membership rule (who is in the next quorum, and when) and its
+settings, as pure logic: no processes, no sockets."""
+
+
+import pytest
+
+from platoon.elastic import MembershipSettings, Quorum
+from platoon.elastic.quorum import Membership
+
+
+def test_membership_issues_after_grace_and_drops_the_silent():
+    m = Membership(MembershipSettings(min_nodes=2, heartbeat_timeout_s=1.0, join_grace_s=0.5))
+    m.heartbeat("b", "h:2", 0, now=0.0)
+    assert m.tick(0.1) is None  # one node: fewer than min_nodes
+    m.heartbeat("a", "h:1", 0, now=0.2)
+    assert m.tick(0.3) is None  # the grace window for joiners
+    q = m.tick(0.8)
+    assert q == Quorum(1, ("a", "b"), ("h:1", "h:2")) and q.rank_of("b") == 1
+    assert m.tick(0.9) is None  # nothing changed
+    m.heartbeat("a", "h:1", 0, now=1.5)
+    assert m.tick(1.6) is None  # b silent 1.6 s, but 1 node < min_nodes: quorum 1 stays
+    m.heartbeat("c", "h:3", 7, now=1.7)  # c saw quorum 7 (a lighthouse before a restart)
+    assert m.tick(1.8) is None
+    assert m.tick(2.4) == Quorum(8, ("a", "c"), ("h:1", "h:3"))
+    m.leave("c")
+    assert m.tick(2.45) is None  # a alone
+    with pytest.raises(ValueError, match="node 'z' is not in quorum 8"):
+        m.quorum.rank_of("z")
+
+
+def test_a_member_whose_group_broke_gets_a_new_id_for_the_same_members():
+    m = Membership(MembershipSettings(min_nodes=2, heartbeat_timeout_s=5.0, join_grace_s=0.1))
+    m.heartbeat("a", "h:1", 0, now=0.0)
+    m.heartbeat("b", "h:2", 0, now=0.0)
+    assert m.tick(0.05) is None
+    first = m.tick(0.2)
+    m.heartbeat("a", "h:1", first.id, now=0.3, broken=first.id - 1)  # an old quorum: ignored
+    assert m.tick(0.5) is None
+    m.heartbeat("a", "h:1", first.id, now=0.6, broken=first.id)
+    assert m.tick(0.65) is None  # the grace window
+    assert m.tick(0.8) == Quorum(first.id + 1, ("a", "b"), ("h:1", "h:2"))
+    m.heartbeat("a", "h:1", first.id, now=0.9, broken=first.id)  # stale: no third id
+    assert m.tick(1.2) is None
+
+
+def test_a_member_the_others_cannot_reach_is_out_of_the_quorums_until_it_moves():
+    """c's data plane is unreachable from a and b (its --host an address only it sees): once
+    either reports it, c is out of the next quorum (and told why); a reporter that names
+    every other member is not counted; c back from another address, or after
+    UNREACHABLE_FOR_S, is in again."""
+    from platoon.elastic.quorum import UNREACHABLE_FOR_S
+    m = Membership(MembershipSettings(min_nodes=2, heartbeat_timeout_s=1e9, join_grace_s=0.1))
+    for name in "abc":
+        m.heartbeat(name, "10.0.0.%s:1" % name, 0, now=0.0, incarnation=name)
+    m.tick(0.0)
+    first = m.tick(0.2)
+    assert first.members == ("a", "b", "c")
+    m.heartbeat("c", "10.0.0.c:1", 1, now=0.3, incarnation="c", unreachable=["a", "b"])
+    assert m.tick(0.4) is None and m.tick(0.6) is None  # c names everyone: not counted
+    m.heartbeat("a", "10.0.0.a:1", 1, now=0.7, incarnation="a", unreachable=["c", "zz"])
+    assert m.tick(0.75) is None  # the grace window
+    second = m.tick(0.9)
+    assert second.members == ("a", "b")
+    assert "data plane at 10.0.0.c:1 was unreachable from a: give its --host an address the " \
+           "other nodes reach" in m.excluded(1.0)["c"]
+    assert m.tick(5.0) is None  # c stays out
+    m.heartbeat("c", "10.0.0.9:1", 1, now=5.1, incarnation="c")  # another address
+    m.tick(5.1)
+    assert m.tick(5.3).members == ("a", "b", "c")
+    m.heartbeat("b", "10.0.0.b:1", 3, now=6.0, incarnation="b", unreachable=["c"])
+    m.tick(6.0)
+    assert m.tick(6.2).members == ("a", "b")
+    m.tick(6.2 + UNREACHABLE_FOR_S)
+    assert m.tick(6.4 + UNREACHABLE_FOR_S).members == ("a", "b", "c")  # tried again
+
+
+def test_membership_settings_refuse_bad_values():
+    with pytest.raises(ValueError, match="min_nodes must be an integer >= 1"):
+        MembershipSettings(min_nodes=0)
+    with pytest.raises(ValueError, match="heartbeat_timeout_s must be > 0"):
+        MembershipSettings(heartbeat_timeout_s=0)
+
+
+def test_each_quorum_meets_under_its_own_random_prefix():
+    """The lighthouse gives each quorum a random nonce (signed in its reply), and its group
+    meets under a store prefix holding it: unguessable without the secret, and two quorums of
+    one id (a lighthouse restarted before any node reported) never share a group."""
+    from platoon.elastic.dataplane import store_prefix
+    quorums = []
+    for _ in range(2):  # a lighthouse, then another started afresh
+        m = Membership(MembershipSettings(min_nodes=1, join_grace_s=0.0))
+        m.heartbeat("a", "h:1", 0, now=0.0)
+        quorums.append(m.tick(0.1))
+    first, again = quorums
+    assert first.id == again.id == 1 and len(first.nonce) == 32
+    assert store_prefix(first) != store_prefix(again)
+    assert store_prefix(first) == "platoon/quorum/1/%s/" % first.nonce
+    assert Quorum.from_wire(first.to_wire()).nonce == first.nonce
