@@ -182,27 +182,8 @@ def test_launcher_elastic_job_over_ssh_to_three_hosts_ends_on_one_centre(ssh_hos
     from platoon import load_centre
     hosts = ssh_hosts
     logs = tmp_path / "logs"
-    # what a user sets when ~/.ssh/config is not theirs to change, and when this machine's
-    # hostname does not resolve to an address the hosts reach (here 127.0.0.1)
-    env = dict(os.environ, HYDRA_LAUNCHER_EXTRA_ARGS="-F %s" % hosts.ssh_config,
-               HYDRA_IFACE="br0")
-    command = ["ip", "netns", "exec", hosts.switch] + launcher_cmd(
-        WORKER, "--hosts", *HOSTS, "--elastic", "-n", "1", "--min-nodes", "3",
-        "--tie-every-s", "0.5", "--lighthouse", SWITCH_IP + ":0", "--log-dir", str(logs),
-        "--", "2")
-    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, env=env, cwd=str(tmp_path))
-    try:
-        out, _ = launcher.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        launcher.send_signal(signal.SIGINT)  # its orderly end: the nodes, the lighthouse
-        out, _ = launcher.communicate(timeout=30)
-        pytest.fail("the job did not end within 60 s:\n%s" % out)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait(10)
-    assert launcher.returncode == 0, out
+    code, out = _launch(hosts, logs, ssh_config=hosts.ssh_config)
+    assert code == 0, out
     assert "job finished: 3 of 3 node(s) finished" in out, out
     assert "lighthouse at %s:" % SWITCH_IP in out, out
     assert re.search(r"lighthouse: quorum \d+: %s$" % re.escape(", ".join(HOSTS)), out, re.M), out
@@ -238,3 +219,60 @@ def _pids(ns):
     """The pids of the processes in namespace `ns`."""
     return [int(pid) for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
                                                text=True, timeout=10).stdout.split()]
+
+
+def test_a_host_ssh_does_not_know_fails_its_node_saying_what_to_set_up(ssh_hosts, tmp_path):
+    """The same job with an ssh config whose known hosts file is empty: ssh refuses every
+    host (BatchMode: no prompt), each node fails at once, and the launcher says for each host
+    what to do (add its key to the known hosts, or give ssh a config) and where the docs say
+    more; it exits 1."""
+    hosts = ssh_hosts
+    (tmp_path / "empty_known_hosts").write_text("")
+    config = tmp_path / "ssh_config_no_known_hosts"
+    config.write_text(hosts.ssh_config.read_text().replace(
+        str(hosts.ssh_config.parent / "known_hosts"), str(tmp_path / "empty_known_hosts")))
+    code, out = _launch(hosts, tmp_path / "logs", ssh_config=config)
+    assert code == 1 and "job failed: every node failed" in out, out
+    for host in HOSTS:
+        assert "node %s failed (exit code 255): ssh does not know host %s's key: add it to " \
+            "your known hosts" % (host, host) in out, out
+    assert 'see docs/multi-node.md, "Across machines (over ssh)"' in out, out
+    for log in hosts.sshd_logs.values():
+        assert "Accepted publickey" not in log.read_text()
+
+
+@pytest.mark.parametrize("said, advice", [
+    ("Host key verification failed.", "ssh does not know host h1's key"),
+    ("root@h1: Permission denied (publickey).", "ssh to host h1 was refused"),
+    ("[proxy:0@h1] main (pmip.c:100): unable to connect to server vm at port 36801 (check for "
+     "firewalls!)", "host h1 could not connect back to this machine's mpiexec"),
+    ("ValueError: Permission to train denied", None)])
+def test_remote_start_advice_names_what_to_set_up(said, advice):
+    from platoon.launch.elastic import remote_start_advice
+    got = remote_start_advice("h1", "[mpiexec@vm] launching\n%s\n" % said)
+    assert (got is None) if advice is None else got.startswith(advice), got
+
+
+def _launch(hosts, logs, ssh_config):
+    """(exit code, output) of the test's platoon-launcher command run on the switch, mpiexec's
+    ssh given `ssh_config`."""
+    # what a user sets when ~/.ssh/config is not theirs to change, and when the hosts cannot
+    # reach this machine at its hostname (here it resolves to 127.0.0.1)
+    env = dict(os.environ, HYDRA_LAUNCHER_EXTRA_ARGS="-F %s" % ssh_config, HYDRA_IFACE="br0")
+    command = ["ip", "netns", "exec", hosts.switch] + launcher_cmd(
+        WORKER, "--hosts", *HOSTS, "--elastic", "-n", "1", "--min-nodes", "3",
+        "--tie-every-s", "0.5", "--lighthouse", SWITCH_IP + ":0", "--log-dir", str(logs),
+        "--", "2")
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=env, cwd=str(logs.parent))
+    try:
+        out, _ = launcher.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        launcher.send_signal(signal.SIGINT)  # its orderly end: the nodes, the lighthouse
+        out, _ = launcher.communicate(timeout=30)
+        pytest.fail("the job did not end within 60 s:\n%s" % out)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait(10)
+    return launcher.returncode, out
