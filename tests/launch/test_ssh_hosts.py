@@ -62,7 +62,7 @@ def _missing():
              "sshd": shutil.which("sshd", path=SBIN)}
     missing = [name for name, path in tools.items() if path is None]
     if missing:
-        return "%s not installed (sshd: apt-get install openssh-server, as .ci/run does)" \
+        return "not installed: %s (sshd: apt-get install openssh-server, as .ci/run does)" \
             % ", ".join(missing)
     if find_mpiexec() is None:
         return "no mpiexec (pip install -e '.[mpi]')"
