@@ -31,6 +31,19 @@ SECRET_FILE = "elastic.secret"  # the job's new secret, in the log directory
 QUORUM_LINE = re.compile(r"lighthouse: quorum (\d+): (.*)$")
 FINAL_LINE = re.compile(r"platoon\.elastic: final result \(.*")
 KEPT_OWN = "it kept its own centre"  # a node that gave the final round up says so
+ACROSS_MACHINES = "docs/multi-node.md, \"Across machines (over ssh)\""
+# What mpiexec (its ssh, its proxy) says in a node's log when it cannot start the node on its
+# host, and what to do: (text in the log, advice for host %s)
+REMOTE_START_TROUBLE = (
+    ("Host key verification failed", "ssh does not know host %s's key: add it to your known "
+     "hosts (ssh to it once by hand), or give ssh a config of the job's own through "
+     "HYDRA_LAUNCHER_EXTRA_ARGS=\"-F PATH\""),
+    ("Permission denied", "ssh to host %s was refused: put your public key in its authorized "
+     "keys (mpiexec's ssh cannot ask for a password or a passphrase)"),
+    ("unable to connect to server", "host %s could not connect back to this machine's mpiexec "
+     "at this machine's hostname: set HYDRA_IFACE to the interface whose address the hosts "
+     "reach (and give --lighthouse ADDRESS:0)"),
+)
 
 
 def node_names(hosts: Sequence[str]) -> List[str]:
@@ -73,6 +86,15 @@ def elastic_node_arguments(host: str, name: str, join: str, secret_file: str,
              "--name", name, "--secret-file", secret_file]
             + ([] if slot is None else ["--slot", str(slot[0]), "--slots", str(slot[1])])
             + node.to_argv(tie_defaults=elastic_tie()) + ["--"] + list(worker_command))
+
+
+def remote_start_advice(host: str, log_text: str) -> Optional[str]:
+    """What to do about node on `host` whose log `log_text` says mpiexec could not start it
+    there (ssh refused, or the host could not connect back); None if it says no such thing."""
+    for said, advice in REMOTE_START_TROUBLE:
+        if said in log_text:
+            return "%s; see %s" % (advice % host, ACROSS_MACHINES)
+    return None
 
 
 class ElasticLaunch(Launch):
@@ -209,6 +231,9 @@ class ElasticLaunch(Launch):
                 continue
             self._ended[proc] = "failed (%s)" % proc.describe_exit()
             reason = "node %s failed (%s)" % (name, proc.describe_exit())
+            advice = remote_start_advice(proc.device, proc.tail(20))
+            if advice:
+                reason += ": " + advice
             if proc.returncode == EXIT_REFUSED:
                 self.say("node %s was refused by the job's other nodes: a tie setting or its "
                          "model differs from theirs (its log says which); it is not started "
@@ -358,4 +383,5 @@ def _lines(path):
         return []
 
 
-__all__ = ["ElasticLaunch", "elastic_node_arguments", "lighthouse_address", "node_names"]
+__all__ = ["ElasticLaunch", "elastic_node_arguments", "lighthouse_address", "node_names",
+           "remote_start_advice"]
