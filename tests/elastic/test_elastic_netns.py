@@ -47,7 +47,7 @@ def test_a_node_whose_data_plane_the_others_cannot_reach_is_left_out_and_told_wh
     for n in ("b", "c"):
         nodes[n].wait_for_match(r".* WARNING: node %s: the data plane of a \(quorum \d+\) is "
                                 r"unreachable from here" % n, 5)
-        nodes[n].wait_for_match(r".* WARNING: node %s: first contributing round" % n, 15)
+        nodes[n].wait_for_match(r".* WARNING: node %s: first contributing round" % n, 30)
     nodes["a"].wait_for_match(r".*node a: the lighthouse \S+ keeps this node out of the "
                               r"quorums: its data plane at 127\.0\.0\.1", 10)
     stop.write_text("")
