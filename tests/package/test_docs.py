@@ -367,10 +367,14 @@ def has_member(cls, attribute):
 
 
 def outside_module(name):
-    """Whether `name` is a top-level module outside this repository (`np`'s numpy, `os`)."""
+    """Whether `name` is a top-level module not of this repository's code (`np`'s numpy, `os`;
+    an installed package counts as outside even in a virtual environment inside the checkout,
+    as README's commands make one)."""
     spec = importlib.util.find_spec(name)
+    ours_at = [os.path.join(ROOT, folder) + os.sep for folder in ("platoon", "benchmarks",
+                                                                  "tests", "examples")]
     return spec is not None and spec.origin is not None and \
-        not os.path.abspath(spec.origin).startswith(ROOT + os.sep)
+        not os.path.abspath(spec.origin).startswith(tuple(ours_at))
 
 
 def resolve_name(token, classes, tails):
