@@ -166,22 +166,14 @@ class QuorumGroup:
         torch, _ = _torch()
         mine = torch.from_numpy(np.array(message, np.uint8).reshape(-1))  # writable, its own
         rows = torch.empty((self.size, mine.numel()), dtype=torch.uint8)
-        try:
-            work = self._group.allgather([list(rows.unbind(0))], [mine])
-            work.wait(datetime.timedelta(seconds=self.timeout_s))
-        except (RuntimeError, OSError) as exc:
-            raise self._broken("the all-gather", exc) from exc
+        self._run("the all-gather", lambda: self._group.allgather([list(rows.unbind(0))], [mine]))
         return rows.numpy()
 
     def broadcast_bytes(self, message: np.ndarray, root: int) -> np.ndarray:
         """`root`'s uint8 `message` on every member (each passes a buffer of its size)."""
         torch, _ = _torch()
         buf = torch.from_numpy(np.array(message, np.uint8).reshape(-1))
-        try:
-            work = self._group.broadcast(buf, root)
-            work.wait(datetime.timedelta(seconds=self.timeout_s))
-        except (RuntimeError, OSError) as exc:
-            raise self._broken("the broadcast from rank %d" % root, exc) from exc
+        self._run("the broadcast from rank %d" % root, lambda: self._group.broadcast(buf, root))
         return buf.numpy()
 
     def compressed_mean(self, array: np.ndarray, codec: Codec,
@@ -242,9 +234,9 @@ class QuorumGroup:
                         bounds[k + 1] - bounds[k])
         mine = self.rank
         incoming = torch.empty(self.size * sizes[mine], dtype=torch.uint8)
-        self._wait(self._group.alltoall_base(
+        self._run("the reduce-scatter", lambda: self._group.alltoall_base(
             incoming, torch.from_numpy(outgoing), [sizes[mine]] * self.size, sizes,
-            dist.AllToAllOptions()), "the reduce-scatter")
+            dist.AllToAllOptions()))
         received = incoming.numpy().reshape(self.size, sizes[mine])
         n_mine = bounds[mine + 1] - bounds[mine]
         acc_dtype = np.result_type(array.dtype, np.float32)
@@ -312,9 +304,11 @@ class QuorumGroup:
                                 array, data, feedback, refused_here if sending else None, out)
         return mean, message.size * (self.size - 1) if sending else 0
 
-    def _wait(self, work, doing: str) -> None:
+    def _run(self, doing: str, start) -> None:
+        """Start a collective (`start()` returns its work) and wait for it, at most
+        `timeout_s`; QuorumBroken, saying what was `doing`, when either fails."""
         try:
-            work.wait(datetime.timedelta(seconds=self.timeout_s))
+            start().wait(datetime.timedelta(seconds=self.timeout_s))
         except (RuntimeError, OSError) as exc:
             raise self._broken(doing, exc) from exc
 

@@ -172,7 +172,8 @@ class Lighthouse:
                         "first is live: it waits until the first leaves or times out",
                         data["node"], data["address"])
         quorum = self.membership.quorum
-        excluded = self.membership.excluded(now).get(data["node"]) if done else None
+        # (as of the last tick: no pass over the live nodes for each request)
+        excluded = self.membership.left_out.get(data["node"]) if done else None
         if quorum is None or data["highest_seen"] >= quorum.id:
             return wire.reply(self._secret, mac, self._challenge_for(peer, now), None, done,
                               taken, excluded)  # the node has it (or there is none)
@@ -217,7 +218,7 @@ class Lighthouse:
             self._forget_idle(now)
             quorum = self.membership.tick(now)
             if quorum is not None:
-                for name, why in sorted(self.membership.excluded(now).items()):
+                for name, why in sorted(self.membership.left_out.items()):
                     log.warning("node %s is out of the quorums: %s", name, why)
                 log.info("quorum %d: %s", quorum.id, ", ".join(quorum.members))
 

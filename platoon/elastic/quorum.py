@@ -93,6 +93,7 @@ class Membership:
         self._change_since: Optional[float] = None  # when the live set first differed
         self._rebuild = False  # a member asked for a new id (`heartbeat`'s `broken`)
         self._unreachable: Dict[str, _Unreachable] = {}  # by the name reported
+        self.left_out: Dict[str, str] = {}  # `excluded` as of the last `tick`
 
     def heartbeat(self, name: str, address: str, highest_seen: int, now: float,
                   broken: int = 0, incarnation: str = "",
@@ -183,7 +184,7 @@ class Membership:
         member's address changed), at least `min_nodes` are live, and the grace window since
         the change began has passed; returns it, else None."""
         live = self.live(now)
-        excluded = self.excluded(now)
+        self.left_out = excluded = self.excluded(now)
         names = [n for n in live if n not in excluded]
         addresses = tuple(self._addresses[n] for n in names)
         current = self.quorum
