@@ -22,7 +22,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import NonFiniteValues, PlatoonError, QuorumBroken
-from ..node.compress import BLOCK, Codec, ErrorFeedback, mean_of_messages, own_message
+from ..node.compress import (
+    BLOCK,
+    Codec,
+    ErrorFeedback,
+    mean_of_messages,
+    own_message,
+    with_residual,
+)
 from .quorum import Quorum
 
 # Below this many elements per member a mean goes as one all-gather of whole messages (the
@@ -210,10 +217,7 @@ class QuorumGroup:
                                        members)
         torch, dist = _torch()
         flat = array.reshape(-1)
-        data = flat
-        if sending and feedback is not None:
-            data = flat.astype(np.result_type(flat.dtype, feedback.residual.dtype))
-            data += feedback.residual
+        data = with_residual(flat, feedback if sending else None)
         bounds = chunk_bounds(flat.size, self.size)
         sizes = [codec.encoded_size(bounds[k + 1] - bounds[k]) for k in range(self.size)]
         # 1. each member's chunk k to member k (a refusal in every chunk for NaN or Inf)

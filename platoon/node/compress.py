@@ -39,7 +39,7 @@ CHUNK = 1 << 20  # elements per finiteness check (a bounded scratch array)
 TINY = 1e-36  # a block whose largest magnitude is smaller is sent as zeros (no subnormal scales)
 
 __all__ = ["make_codec", "CODECS", "Codec", "RawCodec", "ErrorFeedback", "own_message",
-           "mean_of_messages", "BLOCK"]
+           "with_residual", "mean_of_messages", "BLOCK"]
 
 
 class Codec:
@@ -328,15 +328,22 @@ def _accumulator_dtype(dtype: Any) -> np.dtype:
     return np.result_type(dtype, np.float32)
 
 
+def with_residual(flat: np.ndarray, feedback: Optional[ErrorFeedback]) -> np.ndarray:
+    """What one rank sends of `flat`: plus what its earlier messages dropped (`flat` itself
+    without feedback)."""
+    if feedback is None:
+        return flat
+    data = flat.astype(np.result_type(flat.dtype, feedback.residual.dtype))
+    data += feedback.residual
+    return data
+
+
 def own_message(flat: np.ndarray, codec: Codec, feedback: Optional[ErrorFeedback]
                 ) -> Tuple[np.ndarray, np.ndarray, Optional[NonFiniteValues]]:
     """(what is sent: `flat` plus the residual, its message, None) for one rank's part of a
     mean over nodes; (data, the codec's refusal, the NonFiniteValues) when that holds NaN
     or Inf, so that every rank raises and none is left waiting."""
-    data = flat
-    if feedback is not None:
-        data = flat.astype(np.result_type(flat.dtype, feedback.residual.dtype))
-        data += feedback.residual
+    data = with_residual(flat, feedback)
     try:
         return data, codec.encode(data), None
     except NonFiniteValues as exc:
