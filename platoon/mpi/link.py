@@ -9,7 +9,7 @@ from .._centre.stopsignal import OTHER_NODE
 from .._os.environment import JobEnvironment
 from ..errors import PlatoonError
 from ._comm import abort, import_mpi, wait
-from .tie import TieThread
+from .tie import fixed_world_tie
 
 log = logging.getLogger(__name__)
 
@@ -97,14 +97,14 @@ class NodeLink:
 
     def tie_summary(self):
         """One line: what this node sent for the centre tie, the rounds in its codec and the
-        lossless rounds apart (`TieThread.summary`); None without a tie."""
+        lossless rounds apart (`NodeTie.summary`); None without a tie."""
         return None if self._tie_thread is None else self._tie_thread.summary()
 
     def totals(self):
         """What this link adds to the controller's progress totals (and status file):
         ``tie_rounds`` and ``tie_bytes_sent`` when the centres are tied, of which
         ``tie_lossless_rounds`` and ``tie_lossless_bytes_sent`` (whole centres, in their own
-        dtype: DiLoCo's first round and the final one), else nothing."""
+        dtype: the first anchor, heals), else nothing."""
         if self.tie is None:
             return {}
         thread = self._tie_thread
@@ -191,7 +191,8 @@ class NodeLink:
         """Start the centre tie (if any) for `controller`'s centre."""
         with self._start_lock:
             if self.tie is not None and self._tie_thread is None:
-                self._tie_thread = TieThread(self.tie, self._tie_comm, controller, self.abort)
+                self._tie_thread = fixed_world_tie(self.tie, self._tie_comm, controller,
+                                                    self.abort)
 
     def initial_centre(self, centre):
         """False, at once: this node's workers write its centre's first values (each node's
@@ -216,7 +217,7 @@ class NodeLink:
         thread = self._tie_thread
         if thread is None or not thread.final.is_set():
             return None
-        return self.rank == 0 and thread.final_error is None
+        return thread.final_rank == 0 and thread.final_error is None
 
     def end_tie(self):
         """End the centre tie now, without its final round: the controller is closing before

@@ -1,4 +1,4 @@
-"""platoon.elastic.decision: what a quorum does in a round, from the headers alone (a table),
+"""platoon.node.decision: what a quorum does in a round, from the headers alone (a table),
 and the round header's wire form. Pure: no processes, no sockets."""
 
 import hashlib
@@ -6,7 +6,7 @@ import hashlib
 import pytest
 
 from platoon._os.nodesettings import CentreTie, elastic_tie
-from platoon.elastic.decision import (
+from platoon.node.decision import (
     HEADER_BYTES,
     Decision,
     RoundHeader,

@@ -240,8 +240,8 @@ def test_nodes_train_on_while_the_lighthouse_is_down_and_rejoin_it_restarted(job
         assert launcher.wait(30) == 0, launcher.output
         for name in names:
             summary = [line for line in launcher.lines if line and line.startswith(
-                "[node-%s] " % name) and "the elastic tie made" in line]
-            made = [int(q) for q in re.search(r"in quorum\(s\) ([\d,]+),", summary[0])
+                "[node-%s] " % name) and "the centre tie sent" in line]
+            made = [int(q) for q in re.search(r"in quorum\(s\) ([\d,]+);", summary[0])
                     .group(1).split(",")]  # a starved heartbeat may add a quorum between or after
             assert first in made and second in made and made.index(first) < made.index(second), \
                 launcher.output

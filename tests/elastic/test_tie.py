@@ -121,8 +121,8 @@ def test_nan_on_one_member_ends_that_member_and_breaks_the_round_for_the_others(
     refusal = NonFiniteValues("rank(s) [1] of 2 hold NaN or Inf", [1])
     healthy, _, _ = _tie([1.0, 1.0], [0.0, 0.0])
     healthy._feedback[0].residual[...] = 0.25
-    with pytest.raises(QuorumBroken, match=r"the centre of node\(s\) b \(rank\(s\) 1 of "
-                                           r"quorum 7: a, b\) holds NaN or Inf"):
+    with pytest.raises(QuorumBroken, match=r"node\(s\) b's centre holds NaN or Inf \(rank\(s\) "
+                                           r"1 of quorum 7: a, b; training diverged there"):
         healthy._outer_round(_Group(0, 2, raises=refusal), [0, 1])
     assert (healthy._feedback[0].residual == 0.25).all() and healthy.round_no == 3
     diverged, _, _ = _tie([np.nan, 1.0], [0.0, 0.0])
@@ -137,8 +137,8 @@ def test_nan_at_the_first_round_ends_that_member_only():
     refusal = NonFiniteValues("rank(s) [1] of 2 hold NaN or Inf", [1])
     healthy, _, _ = _tie([1.0, 1.0], [0.0, 0.0])
     healthy.anchor, healthy.round_no = None, -1
-    with pytest.raises(QuorumBroken, match=r"the centre of node\(s\) b \(rank\(s\) 1 of "
-                                           r"quorum 7: a, b\) holds NaN or Inf"):
+    with pytest.raises(QuorumBroken, match=r"node\(s\) b's centre holds NaN or Inf \(rank\(s\) "
+                                           r"1 of quorum 7: a, b; training diverged there"):
         healthy._first_anchor(_Group(0, 2, raises=refusal))
     assert healthy.anchor is None and healthy.round_no == -1
     diverged, _, _ = _tie([np.nan, 1.0], [0.0, 0.0])
@@ -151,7 +151,8 @@ def test_an_easgd_round_makes_the_anchor_the_mean_and_moves_each_centre_by_beta(
     """EASGD across nodes: the anchor becomes the members' mean centre (no outer momentum), and
     the centre moves toward it by beta from its snapshot, keeping a sync that lands during the
     round; a done member's centre stays where it is."""
-    tie, centre, _ = _tie([1.0, 3.0], [0.0, 0.0])
+    from platoon.node.tie import EASGDOuter
+    tie, centre, _ = _tie([1.0, 3.0], [0.0, 0.0], outer=EASGDOuter(0.5))
     tie.tie.outer, tie.tie.beta = "easgd", 0.5
 
     def sync():
@@ -162,7 +163,7 @@ def test_an_easgd_round_makes_the_anchor_the_mean_and_moves_each_centre_by_beta(
     np.testing.assert_allclose(tie.anchor[0], [2.0, 4.0])  # the mean move from 0: 1+1, 3+1
     np.testing.assert_allclose(centre.arrays[0], [1.0 + 0.5 + 10.0, 3.0 + 0.5 + 10.0])
     assert (tie.velocity[0] == 0.0).all() and tie.round_no == 4
-    done, centre, _ = _tie([1.0, 3.0], [0.0, 0.0])
+    done, centre, _ = _tie([1.0, 3.0], [0.0, 0.0], outer=EASGDOuter(0.5))
     done.tie.outer = "easgd"
     done._done.set()
     done._outer_round(_Group(0, 2, mean=lambda move, among: move + 1.0), [0, 1])
@@ -175,8 +176,8 @@ def _others_header(settings=None, values=2, round_no=3):
     with the job's settings unless `settings`, a centre of `values` float32 and `round_no`."""
     import hashlib
 
-    from platoon.elastic.decision import RoundHeader, door_settings, layout_summary
     from platoon.mpi import CentreTie
+    from platoon.node.decision import RoundHeader, door_settings, layout_summary
     layout = [{"dtype": "float32", "shape": [values]}]
     header = RoundHeader(2, False, False, round_no, 7, b"\1" * 32,
                          hashlib.sha256(repr(layout).encode()).digest(),
@@ -192,9 +193,9 @@ def test_a_member_whose_codec_differs_is_refused_alone_and_the_others_drop_the_r
     whose settings differ, is refused (NodeRefused naming --tie-compress and both values)
     before any payload travels; seen from a member holding the job's settings, the round is
     dropped (QuorumBroken naming the refused node), its anchor untouched."""
-    from platoon.elastic.decision import door_settings
     from platoon.errors import NodeRefused
     from platoon.mpi import CentreTie
+    from platoon.node.decision import door_settings
     tie, centre, _ = _tie([1.0, 1.0], [0.0, 0.0])
     job = _others_header(round_no=9, settings=door_settings(
         CentreTie(1.0, outer="diloco", compress="int8")))

@@ -502,12 +502,24 @@ def _regression_job(mpi_job, out_dir, compress, *options):
     return distance, [(int(rounds), int(sent)) for _, rounds, sent in counts]
 
 
+def _split_bytes(sent, rounds, message):
+    """(lossless bytes, outer rounds with this node's message) in a node's `sent` bytes over
+    `rounds` outer rounds of `message` bytes each: the first anchor sends nothing when the
+    centres are already equal, else the centre losslessly (1024 bytes)."""
+    for lossless in (0, 1024):
+        coded, rest = divmod(sent - lossless, message)
+        if rest == 0 and 0 < coded <= rounds:
+            return lossless, coded
+    raise AssertionError("%d bytes in %d rounds of %d bytes and a first anchor"
+                         % (sent, rounds, message))
+
+
 def test_an_int8_tie_trains_to_the_true_weights_with_4x_fewer_bytes(mpi_job, tmp_path):
-    """Each round a node sends its centre's difference from the shared reference: 1024 bytes in
-    float32, 256 + one 4-byte scale in int8; the final round sends a 32-byte hash and, unless
-    every node's centre is already equal, the centre losslessly (1024 bytes) from each node
-    that finished last. Counted exactly, in the controller's
-    progress totals (`tie_bytes_sent`)."""
+    """Each outer round a node sends its centre's move from the shared anchor: 1024 bytes in
+    float32, 256 + one 4-byte scale in int8; the first anchor sends nothing when every node's
+    centre is already equal (their sha256s are in the round's headers), else the centre
+    losslessly (1024 bytes); the final agreement sends nothing (every centre becomes the
+    anchor). Counted exactly, in the controller's progress totals (`tie_bytes_sent`)."""
     plain, plain_counts = _regression_job(mpi_job, tmp_path / "float32", "float32")
     packed, packed_counts = _regression_job(mpi_job, tmp_path / "int8", "int8")
     start = float(np.linalg.norm(np.random.default_rng(0).normal(size=256)
@@ -516,19 +528,12 @@ def test_an_int8_tie_trains_to_the_true_weights_with_4x_fewer_bytes(mpi_job, tmp
           "(rounds, bytes) float32 %s int8 %s" % (start, plain, packed, plain_counts,
                                                   packed_counts))
     assert plain < 0.05 and packed < 0.05, (start, plain, packed)
-    per_round, overall = {}, {}
+    overall = {}
     for name, counts, message in [("float32", plain_counts, 1024), ("int8", packed_counts, 260)]:
-        compressed_bytes = compressed_rounds = 0
-        for rounds, sent in counts:  # sent = message * compressed rounds + the final round
-            compressed = rounds - 1
-            final = sent - compressed * message  # the hash, and the centre from a last node
-            assert final in (32, 32 + 1024) and compressed > 0, (name, rounds, sent)
-            compressed_bytes += sent - final
-            compressed_rounds += compressed
-        per_round[name] = compressed_bytes / compressed_rounds
+        for rounds, sent in counts:
+            _split_bytes(sent, rounds, message)
         overall[name] = sum(s for _, s in counts) / sum(r for r, _ in counts)
-    assert per_round["float32"] / per_round["int8"] > 3.9, per_round
-    assert overall["float32"] / overall["int8"] > 2.5, overall  # with the lossless final round
+    assert overall["float32"] / overall["int8"] > 2.5, overall  # with a lossless first anchor
 
 
 def test_diloco_outer_rounds_follow_the_formula_on_every_rank():
@@ -540,54 +545,43 @@ def test_diloco_outer_rounds_follow_the_formula_on_every_rank():
     assert len(re.findall(r"OK rank \d outer rounds 220", out.stdout)) == 2, out.stdout + out.stderr
 
 
-def test_diloco_first_round_sends_only_a_hash_when_the_centres_are_already_equal():
-    """DiLoCo's first round by hand on 2 ranks (a float32 and a float64 array, 1360 bytes):
-    centres from one seed send only their sha256 (32 bytes) and stay as they were; centres of
-    their own still get their exact mean, losslessly (32 + 1360 bytes); equal centres holding
-    a NaN are still refused on both ranks. (Every first round sent 1360 bytes.)"""
+def test_the_first_anchor_sends_no_centre_when_the_centres_are_already_equal():
+    """The first round by hand on 2 ranks (a float32 and a float64 array, 1360 bytes): centres
+    from one seed send nothing (their sha256s travel in the round's headers) and stay as they
+    were; centres of their own still get their exact mean, losslessly (1360 bytes); equal
+    centres holding a NaN are still refused on both ranks. (Every first round sent 1360
+    bytes.)"""
     out = two_ranks("first_round_bytes.py")
     found = re.findall(r"OK rank (\d) (\w+) sent (\d+) lossless (\d+)", out.stdout)
     assert len(found) == 6, out.stdout + out.stderr
     for rank, case, sent, lossless in found:
-        expected = {"equal": (32, 32), "unequal": (32 + 1360, 32 + 1360), "nan": (32, 0)}
+        expected = {"equal": (0, 0), "unequal": (1360, 1360), "nan": (0, 0)}
         assert (int(sent), int(lossless)) == expected[case], (rank, case, out.stdout)
 
 
-def test_the_final_round_sends_only_a_hash_when_the_centres_are_already_equal():
-    """The final round by hand on 2 ranks (a float32 and a float64 array, 1360 bytes): equal
-    centres send only their sha256 (32 bytes) and stay as they were; unequal ones still end
-    as their exact mean (32 + 1360 bytes from each); a node that handed its centre over gets
-    the last node's (1360 from it); equal centres holding a NaN are still refused on both
-    ranks. (Every final round sent each last node's whole centre.)"""
-    out = two_ranks("final_round_bytes.py")
-    found = re.findall(r"OK rank (\d) (\w+) sent (\d+)", out.stdout)
-    assert len(found) == 8, out.stdout + out.stderr
-    expected = {("0", "equal"): 32, ("1", "equal"): 32, ("0", "unequal"): 1392,
-                ("1", "unequal"): 1392, ("0", "handover"): 32, ("1", "handover"): 1392,
-                ("0", "nan"): 32, ("1", "nan"): 32}
-    assert {(rank, case): int(sent) for rank, case, sent in found} == expected, out.stdout
+def test_a_fixed_world_heals_a_member_whose_anchor_differs():
+    """Rounds by hand on 2 ranks (DiLoCo over int8): rank 1's anchor is made to differ after two
+    outer rounds; the next round heals it from rank 0 (its anchor and momentum, 2720 bytes,
+    losslessly, to the one member that differs), rank 1 keeps its workers' work, and the job
+    goes on to outer rounds and one final centre. (A fixed world had no header: the anchors
+    stayed apart, each node stepping its own.)"""
+    out = two_ranks("fixed_world_heal.py")
+    found = sorted(re.findall(r"OK rank (\d) healed, sent (\d+)", out.stdout))
+    assert found == [("0", "2720"), ("1", "0")], out.stdout + out.stderr
 
 
 def test_a_diloco_outer_step_over_int8_trains_to_the_true_weights(mpi_job, tmp_path):
     """DiLoCo's outer step across the node centres (outer lr 0.7, Nesterov 0.9), the
     pseudo-gradients sent as int8: the job ends with one centre at the true weights. Bytes: the
-    first round sends the centres' sha256 (32 bytes) and, unless they are already equal, the
-    centres losslessly (1024 bytes), each later one 260, the final one 1024 from each node that
-    finished last."""
+    first anchor nothing when the centres are already equal (else 1024), each outer round with
+    this node's move 260."""
     distance, counts = _regression_job(mpi_job, tmp_path / "diloco", "int8",
                                        "--tie-outer", "diloco")
     print("distance %.5f, (rounds, bytes) %s" % (distance, counts))
     assert distance < 0.05, (distance, counts)
-    # rounds: the first, rounds - 2 in int8, the final one
     assert all(rounds > 3 for rounds, _ in counts), counts
-    _check_lossless_bytes([sent - 260 * (rounds - 2) for rounds, sent in counts])
-
-
-def _check_lossless_bytes(lossless):
-    """Each node's lossless bytes (DiLoCo's first round and the final one, 256 float32): in
-    each round the hash, 32 bytes, plus the centre, 1024, when the centres differ (the final
-    round: from a node that finished last)."""
-    assert all(sent in (64, 64 + 1024, 64 + 2048) for sent in lossless), lossless
+    for rounds, sent in counts:
+        _split_bytes(sent, rounds, 260)
 
 
 @pytest.mark.parametrize("outer", ["easgd", "diloco"])
@@ -639,45 +633,38 @@ def test_launcher_hosts_passes_tie_compress_to_every_node(tmp_path, capsys):
                                    "--tie-compress", "int8", "--tie-outer", "diloco",
                                    "--tie-outer-lr", "0.5")
     assert code == 0, out + log.read_text()
-    assert "outer diloco (lr 0.5, momentum 0.9)" in log.read_text(), log.read_text()
-    sent = re.findall(r"node \d: the tie sent \d+ bytes from this node in \d+ round\(s\): "
-                      r"\d+ in int8, \d+ bytes \(\d+ a round\), and \d+ lossless[^\n]*",
-                      log.read_text())
+    assert "DiLoCo lr 0.5, momentum 0.9" in log.read_text(), log.read_text()
+    sent = re.findall(r"node \d: the centre tie sent \d+ bytes from this node: \d+ outer "
+                      r"round\(s\), \d+ with its move in int8[^\n]*", log.read_text())
     assert len(sent) == 2, log.read_text()
     assert all(line in out for line in sent), out  # the launcher shows what crossed the link
 
 
-TIE_SENT = re.compile(r"platoon.mpi: node (\d): the tie sent (\d+) bytes from this node in "
-                      r"(\d+) round\(s\): (\d+) in (\w+), (\d+) bytes \((\d+) a round\), and "
-                      r"(\d+) lossless \(([^)]*)\), (\d+) bytes \((\d+) a round\)")
+TIE_SENT = re.compile(r"platoon.mpi: node (\d): the centre tie sent (\d+) bytes from this node: "
+                      r"(\d+) outer round\(s\), (\d+) with its move in (\w+), (\d+) bytes "
+                      r"\((\d+) a round\), and (\d+) lossless \(([^)]*)\), (\d+) bytes; "
+                      r"(DiLoCo|EASGD)")
 
 
 @pytest.mark.parametrize("outer", ["easgd", "diloco"])
 def test_a_job_run_by_hand_says_what_crossed_the_link_rounds_in_the_codec_and_lossless_apart(
         mpi_job, outer):
-    """int8 rounds (256 float32: 260 bytes each) and the lossless ones (whole centres, 1024
-    bytes: DiLoCo's first round and the final round from a node that finished last, each after
-    a 32-byte hash and only if the centres differ) are
-    counted apart, each node printing them on the terminal (they were averaged together, and
-    said only in the log at INFO)."""
+    """int8 rounds (256 float32: 260 bytes each, in each outer round with this node's move) and
+    the lossless ones (whole centres, 1024 bytes: the first anchor, only if the centres differ)
+    are counted apart, each node printing them on the terminal (they were averaged together,
+    and said only in the log at INFO)."""
     job = mpi_job("-", "--tie-every-s", "0.02", "--tie-compress", "int8", "--tie-outer", outer,
                   "--", os.path.join(PROCS, "tie_regression_worker.py"), "600")
     assert job.wait(60) == 0, job.output  # 600 steps: int8 rounds under load too (150: none once)
     found = TIE_SENT.findall(job.output)
     assert sorted(f[0] for f in found) == ["0", "1"], job.output
-    lossless_sent = []
-    for (_, total, rounds, coded, codec, coded_bytes, per_coded, lossless, which,
-         lossless_bytes, _per_lossless) in found:
+    for (_, total, rounds, coded, codec, coded_bytes, per_coded, lossless, _which,
+         lossless_bytes, rule) in found:
         assert codec == "int8" and int(coded_bytes) == 260 * int(coded) and int(coded) > 0
-        assert int(lossless) == (2 if outer == "diloco" else 1), found
-        lossless_sent.append(int(lossless_bytes))
-        assert int(rounds) == int(coded) + int(lossless), found
+        assert int(coded) <= int(rounds) and int(lossless) == 1, found
         assert int(total) == int(coded_bytes) + int(lossless_bytes), found
-        assert int(per_coded) == 260 and ("DiLoCo's first" in which) == (outer == "diloco")
-    if outer == "diloco":  # the first round: a hash, and the centres unless already equal
-        _check_lossless_bytes(lossless_sent)
-    else:  # the node(s) that finished last sent their centre
-        assert all(sent in (32, 32 + 1024) for sent in lossless_sent), found
+        assert int(per_coded) == 260 and int(lossless_bytes) in (0, 1024), found
+        assert rule == {"easgd": "EASGD", "diloco": "DiLoCo"}[outer], found
 
 
 def test_compressed_mean_counts_the_bytes_that_cross_the_network(two_hosts):
@@ -704,8 +691,9 @@ def test_compressed_mean_counts_the_bytes_that_cross_the_network(two_hosts):
 def test_a_compressed_tie_keeps_the_handover_and_ends_with_one_identical_centre(mpi_job,
                                                                                 tmp_path):
     """int4 between nodes that finish at different times (node 0 hands its centre over while
-    node 1 trains on; a float32 and a float64 array): the final round, sent losslessly, still
-    leaves both nodes and their checkpoints with the same centre, bit for bit."""
+    node 1 trains on; a float32 and a float64 array): the final agreement (each centre becomes
+    the anchor) still leaves both nodes and their checkpoints with the same centre, bit for
+    bit."""
     job = mpi_job("uneven", "--controller", os.path.join(PROCS, "centre_controller.py"),
                   "--controller-args", str(tmp_path), "--tie-every-s", "0.05",
                   "--tie-compress", "int4")

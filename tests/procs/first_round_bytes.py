@@ -1,13 +1,13 @@
 """DiLoCo's first round of the centre tie, its bytes (mpiexec -n 2).
 
-Drives `TieThread._round` by hand on stand-ins for the controller's centre (see
+Drives the fixed world's first tie round by hand on stand-ins for the controller's centre (see
 outer_round.py), float32 codec, for three pairs of starting centres (a float32 and a float64
 array, 300 + 20 values: 1360 bytes as they are):
 
-- "equal": both ranks from the same seed. The round must send no centre, only its hash
-  (sha256, 32 bytes to the other rank), and leave both centres as they were.
-- "unequal": seeds of their own. The round must send the hash and the centres losslessly
-  (32 + 1360 bytes) and make both centres their exact mean.
+- "equal": both ranks from the same seed. The round must send no centre (their sha256s in the
+  round's headers are equal) and leave both centres as they were.
+- "unequal": seeds of their own. The round must send the centres losslessly (1360 bytes) and
+  make both centres their exact mean.
 - "nan": equal centres holding a NaN. Both ranks must raise NonFiniteValues naming both.
 
 Prints "OK rank R CASE sent B lossless L" for each case.
@@ -20,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from outer_round import ByHand, Controller, check  # noqa: E402
+from outer_round import by_hand, check  # noqa: E402
 
 from platoon.errors import NonFiniteValues  # noqa: E402
 from platoon.mpi.tie import CentreTie  # noqa: E402
@@ -33,11 +33,9 @@ def first_round(comm, case):
     if case == "nan":
         arrays[0][3] = np.nan
     start = comm.allgather([a.copy() for a in arrays])
-    tie = ByHand(CentreTie(every_s=1.0, compress="float32", outer="diloco"), comm,
-                 Controller(arrays), lambda code: None)
-    both = np.array([True, True])
+    tie = by_hand(comm, CentreTie(every_s=1.0, compress="float32", outer="diloco"), arrays)
     try:
-        tie._round(both, np.array([False, False]))
+        tie._round()
     except NonFiniteValues as exc:
         check(case == "nan" and exc.ranks == [0, 1], "refused: %s %s" % (exc, exc.ranks))
         return "refused", tie

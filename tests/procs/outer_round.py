@@ -1,9 +1,10 @@
 """DiLoCo's outer rounds of the centre tie, checked against the formula (mpiexec -n 2).
 
 Each rank holds a small centre (a float32 and a float64 array) in a stand-in for the
-controller's shared centre, and drives `TieThread._round` by hand (its own thread does
-nothing): the first round must make both centres the exact mean of the two; each later round,
-after each rank moved its centre by a move of its own, must apply the outer Nesterov step
+controller's shared centre, and drives the fixed world's tie rounds by hand
+(`NodeTie._round` over an `MpiGroup`; its own thread does nothing): the first round must make
+both centres the exact mean of the two; each later round, after each rank moved its centre by
+a move of its own, must apply the outer Nesterov step
 ``u = mu*u + d; anchor += lr*(d + mu*u)`` (d: the mean of the two moves) and set both centres
 to the new anchor, the same bits on both ranks. Then with int8 and error feedback: the anchor
 stays within int8's error of the exact one after many rounds (the error does not grow).
@@ -16,7 +17,8 @@ import threading
 import numpy as np
 from mpi4py import MPI
 
-from platoon.mpi.tie import CentreTie, TieThread
+from platoon.mpi.tie import CentreTie, FixedWorld, MpiGroup
+from platoon.node.tie import NodeTie
 
 LR, MU = 0.7, 0.9
 
@@ -38,7 +40,7 @@ class Centre:
     def __init__(self, arrays):
         self.arrays = arrays
         self.lock = Lock()
-        self.layout = [(a.dtype.str, a.shape) for a in arrays]
+        self.layout = [{"dtype": a.dtype.str, "shape": list(a.shape)} for a in arrays]
 
 
 class Controller:
@@ -49,9 +51,18 @@ class Controller:
         self.shared_centre = Centre(arrays)
 
 
-class ByHand(TieThread):
+class ByHand(NodeTie):
     def _run(self):  # rounds are driven by the test
         pass
+
+
+def by_hand(comm, tie, arrays):
+    """A fixed world's tie over `comm` for a centre holding `arrays`, its rounds run by hand
+    (`tie._round()`)."""
+    hand = ByHand(tie, FixedWorld(comm), str(comm.Get_rank()), Controller(arrays),
+                  lambda message: None)
+    hand._group = MpiGroup(comm, hand._halt)
+    return hand
 
 
 def check(condition, what):
@@ -66,11 +77,9 @@ def rounds(comm, codec, count):
     rng = np.random.default_rng(rank)
     arrays = [rng.normal(size=300).astype(np.float32), rng.normal(size=(4, 5))]
     all_start = comm.allgather([a.copy() for a in arrays])
-    tie = ByHand(CentreTie(every_s=1.0, compress=codec, outer="diloco", outer_lr=LR,
-                           outer_momentum=MU), comm, Controller(arrays), lambda code: None)
-    both = np.array([True, True])
-    none = np.array([False, False])
-    tie._round(both, none)
+    tie = by_hand(comm, CentreTie(every_s=1.0, compress=codec, outer="diloco", outer_lr=LR,
+                                  outer_momentum=MU), arrays)
+    tie._round()
     for a, x, y in zip(arrays, *all_start):
         exact = (x.astype(np.float64) + y) / 2
         check(np.array_equal(a, exact.astype(a.dtype)), "the first round is not the mean")
@@ -83,7 +92,7 @@ def rounds(comm, codec, count):
         all_moves = comm.allgather(moves)
         for a, m in zip(arrays, moves):
             a += m
-        tie._round(both, none)
+        tie._round()
         for i, a in enumerate(arrays):
             d = (all_moves[0][i].astype(np.float64) + all_moves[1][i]) / 2
             velocity[i] = MU * velocity[i] + d

@@ -1,5 +1,6 @@
-"""What an elastic quorum does in a round, decided alike on every member from the round
-headers they all-gathered: pure logic, no sockets, no clocks (unit-tested from a table).
+"""What a group of node centres does in a tie round (an elastic job's quorum or a fixed world's
+MPI communicator), decided alike on every member from the round headers they all-gathered: pure
+logic, no sockets, no clocks (unit-tested from a table).
 
 Each member's header (`RoundHeader`, a fixed `HEADER_BYTES`, signed by the tie) says where its
 centre stands (ready, done, handed over, outer rounds applied, the newest quorum it heard of),
@@ -115,6 +116,8 @@ class Decision:
     - "heal": the members in `differing` take the anchor and momentum of `source` (the
       lowest rank among those with the most outer rounds, `best`), losslessly;
     - "final": every member is done and handed over: each centre becomes the anchor;
+    - "end": every member is done but some never had a centre (its workers shared nothing):
+      nothing to agree, each keeps its own;
     - "outer": an outer round, the mean move of the ranks in `members`.
     """
 
@@ -191,6 +194,8 @@ def decide(headers: Sequence[RoundHeader], quorum_id: int,
     if refused:
         return Decision("refuse", refused=refused)
     ready = [h.ready for h in headers]
+    if all(h.done for h in headers) and not all(x == 2 for x in ready):
+        return Decision("end")
     if all(h.round_no < 0 for h in headers):
         return Decision("first_anchor" if all(x == 2 for x in ready) else "wait")
     best = max(h.round_no for h in headers)
