@@ -39,40 +39,34 @@ class CentreTie:
     snapshot of the node centre; the workers sync with their centre
     meanwhile, and what they add during the round is kept.
 
-    `outer` is what a round does:
+    `outer` is what a round does with the nodes' shared anchor (the first
+    round makes it the mean of the centres, losslessly; centres already equal,
+    as from one seed, are not sent):
 
-    - ``"easgd"`` (hierarchical EASGD): the controllers average their centres
-      and move each toward the mean, ``c += beta * (mean - c)``; beta=1 makes
-      the centres equal.
-    - ``"diloco"`` (DiLoCo's outer step): the nodes share one anchor (the
-      first round sets it to the mean of the centres, losslessly; the nodes first
-      compare a sha256 of their centres, and centres already equal, as from one seed, are
-      not sent: each is the mean). Each round,
-      every node's pseudo-gradient is how far its centre moved from the
-      anchor; the nodes average them and every node applies the same outer
-      SGD step with Nesterov momentum to the anchor, ``u = mu*u + d;
-      anchor += outer_lr * (d + mu*u)`` (d: the mean move, -gradient), then
-      sets its centre to the new anchor plus what its workers added since
-      the snapshot. The outer state (anchor, u) is held once per node, in the
-      controller, the same bits on every node. outer_lr=1, momentum 0 is
-      plain averaging.
+    - ``"easgd"`` (hierarchical EASGD): the anchor becomes the nodes' mean
+      centre, and each centre moves toward it, ``c += beta * (anchor - c)``;
+      beta=1 makes the centres equal.
+    - ``"diloco"`` (DiLoCo's outer step): every node's pseudo-gradient is how
+      far its centre moved from the anchor; the nodes average them and every
+      node applies the same outer SGD step with Nesterov momentum to the
+      anchor, ``u = mu*u + d; anchor += outer_lr * (d + mu*u)`` (d: the mean
+      move, -gradient), then sets its centre to the new anchor plus what its
+      workers added since the snapshot. outer_lr=1, momentum 0 is plain
+      averaging.
 
     Rounds go on while any node trains. A node whose workers are done stops
-    moving: its centre enters the next round once (handed over to the nodes
-    still training), then sits the rounds out. Once every node is done, a
-    final round gives every node the mean of the centres not handed over
-    (the nodes that finished last; one such centre is copied as it is), the
-    same bits on every node: what each controller then holds and checkpoints.
+    moving: its centre enters the next round once (handed over), then sits
+    the rounds out. Once every node is done and handed over, every centre
+    becomes the anchor (the final agreement), the same bits on every node:
+    what each controller then holds and checkpoints. `platoon.node.tie` runs
+    the rounds, in a fixed world and in an elastic job alike.
 
-    `compress` ("float32", "int8" or "int4", see `platoon.mpi.compress`) is how
-    a round's moves travel. Not as values (large, hence coarse scales): each
-    node sends how far its centre moved (since the last round; with
-    ``"diloco"``, from the anchor), with error feedback (what compression
-    dropped goes out with its next message), so the error does not grow with
-    the rounds; every node decodes and adds the messages alike, so the result
-    is the same bits on every node. The final round is sent losslessly, in
-    the centres' own dtype, after a sha256 of the centres (no centre is sent when every
-    node's is equal, one when the last nodes' are). Raises ValueError for bad values, at
+    `compress` ("float32", "int8" or "int4", see `platoon.node.compress`) is
+    how a round's moves travel: each node sends how far its centre moved from
+    the anchor, with error feedback (what compression dropped goes out with
+    its next message), so the error does not grow with the rounds; every node
+    decodes and adds the messages alike, so the result is the same bits on
+    every node. Raises ValueError for bad values, at
     construction and when a setting is changed afterwards: every_s a finite number of
     seconds more than 0 and at most 1e9 (or None with every_syncs), every_syncs an integer
     >= 1, beta in (0, 1], outer_lr in (0, 10], outer_momentum in [0, 1).

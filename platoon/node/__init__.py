@@ -9,7 +9,11 @@ none of which needs MPI. Neither of those packages imports the other: both build
   controller is killed (``python -m platoon.node.reaper``).
 - `compress`: the codecs a tie's messages travel in (`make_codec`, `ErrorFeedback`) and the
   mean every member computes alike from the gathered messages (`mean_of_messages`).
-- `tie`: what every centre tie shares: `CentreTie`, the outer step, the centre lock's bound.
+- `tie`: the one centre tie both paths run (`NodeTie`: the signed round header and its door,
+  the first anchor, healing, outer rounds, the final agreement), over a `group.Group` with a
+  `group.Membership` policy (`platoon.mpi.tie`'s fixed world, `platoon.elastic.tie`'s quorums).
+- `decision`: what a round does, decided from the gathered headers alone (pure).
+- `outer`: the outer rule a round applies (`OuterRule`: DiLoCo's step, EASGD, a user's own).
 
 The controller's side of the link is the controller's own (`NodeLinkProtocol` in
 `platoon._controller.services`, the handoff in `platoon._controller.handoff`); the settings a

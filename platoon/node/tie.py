@@ -43,14 +43,13 @@ import hashlib
 import logging
 import threading
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .._os.nodesettings import OUTER_RULES, CentreTie
 from ..errors import NodeRefused, NonFiniteValues, PlatoonError, QuorumBroken
-from ..rules.diloco import DiLoCo
-from .compress import Codec, ErrorFeedback, RawCodec, make_codec
+from .compress import ErrorFeedback, RawCodec, make_codec
 from .decision import (
     DIGEST_BYTES,
     HEADER_BYTES,
@@ -59,6 +58,8 @@ from .decision import (
     door_settings,
     layout_summary,
 )
+from .group import Group, Membership
+from .outer import DiLoCoOuter, EASGDOuter, OuterRule, outer_rule, outer_step
 
 log = logging.getLogger(__name__)
 
@@ -68,154 +69,6 @@ HALT_TIMEOUT_S = 10.0
 
 __all__ = ["CentreTie", "OUTER_RULES", "LOCK_TIMEOUT_S", "outer_step", "OuterRule", "DiLoCoOuter",
            "EASGDOuter", "outer_rule", "Group", "Membership", "NodeTie"]
-
-
-def outer_step(anchor: np.ndarray, velocity: np.ndarray, mean_moved: np.ndarray, lr: float,
-               mu: float) -> None:
-    """DiLoCo's outer SGD step with Nesterov momentum `mu` and learning rate `lr` on
-    `anchor`, in place (`velocity` too): ``u = mu*u + d; anchor += lr * (d + mu*u)``, d the
-    nodes' mean move (-gradient). lr 1, momentum 0: the new anchor is the mean. The rule's
-    own step (`DiLoCo.synchronous_step`), not a copy of it."""
-    DiLoCo(lr, mu).synchronous_step(anchor, velocity, mean_moved)
-
-
-class OuterRule(Protocol):
-    """What a tie does with a round's mean move: `step` makes the new anchor from it, in place
-    (`velocity`: this rule's state, one array per anchor array, the same bits on every member);
-    `moves_centres` says whether each training member's centre then moves toward the anchor by
-    `move_centre` (EASGD) or becomes the anchor plus its workers' later syncs (DiLoCo). A user's
-    own rule may stand here (`NodeTie`'s `outer`), if every member runs it alike: its step
-    must be a pure function of its arguments."""
-
-    @property
-    def moves_centres(self) -> bool: ...
-
-    def step(self, anchor: np.ndarray, velocity: np.ndarray, mean_moved: np.ndarray) -> None: ...
-
-    def move_centre(self, centre: np.ndarray, snapshot: np.ndarray,
-                    anchor: np.ndarray) -> None: ...
-
-    def describe(self) -> str: ...
-
-
-class DiLoCoOuter:
-    """DiLoCo's outer Nesterov step (`outer_step`) on the anchor."""
-
-    moves_centres = False
-
-    def __init__(self, lr: float, momentum: float):
-        self.lr, self.momentum = lr, momentum
-
-    def step(self, anchor: np.ndarray, velocity: np.ndarray, mean_moved: np.ndarray) -> None:
-        outer_step(anchor, velocity, mean_moved, self.lr, self.momentum)
-
-    def move_centre(self, centre: np.ndarray, snapshot: np.ndarray,
-                    anchor: np.ndarray) -> None:
-        raise AssertionError("DiLoCo's centres become the anchor")  # pragma: no cover
-
-    def describe(self) -> str:
-        return "DiLoCo lr %g, momentum %g" % (self.lr, self.momentum)
-
-
-class EASGDOuter:
-    """Hierarchical EASGD: the anchor is the members' mean centre, and each training member's
-    centre moves toward it by `beta` from its snapshot."""
-
-    moves_centres = True
-
-    def __init__(self, beta: float):
-        self.beta = beta
-
-    def step(self, anchor: np.ndarray, velocity: np.ndarray, mean_moved: np.ndarray) -> None:
-        anchor += mean_moved
-
-    def move_centre(self, centre: np.ndarray, snapshot: np.ndarray,
-                    anchor: np.ndarray) -> None:
-        move = anchor - snapshot
-        move *= self.beta
-        centre += move
-
-    def describe(self) -> str:
-        return "EASGD beta %g" % self.beta
-
-
-def outer_rule(tie: CentreTie) -> OuterRule:
-    """The outer rule `tie` names (``--tie-outer``)."""
-    if tie.outer == "diloco":
-        return DiLoCoOuter(tie.outer_lr, tie.outer_momentum)
-    return EASGDOuter(tie.beta)
-
-
-class Quorumlike(Protocol):
-    """What a tie reads of a group's membership: its id and its members' names, in rank order."""
-
-    @property
-    def id(self) -> int: ...
-
-    @property
-    def members(self) -> Sequence[str]: ...
-
-
-class Group(Protocol):
-    """The group a tie round runs over: this node's rank in it, its size, its quorum, and
-    collectives over bytes that each member enters alike. Each is bounded (its group's timeout,
-    or cancelled once the tie halts) and raises QuorumBroken (or the group's Cancelled) rather
-    than hang."""
-
-    @property
-    def rank(self) -> int: ...
-
-    @property
-    def size(self) -> int: ...
-
-    @property
-    def quorum(self) -> Quorumlike: ...
-
-    def all_gather_bytes(self, message: np.ndarray) -> np.ndarray: ...
-
-    def broadcast_bytes(self, message: np.ndarray, root: int) -> np.ndarray: ...
-
-    def compressed_mean(self, array: np.ndarray, codec: Codec,
-                        feedback: Optional[ErrorFeedback] = None,
-                        out: Optional[np.ndarray] = None,
-                        among: Optional[Sequence[int]] = None) -> Tuple[np.ndarray, int]: ...
-
-    def close(self) -> None: ...
-
-
-class Membership(Protocol):
-    """Who a tie's rounds are among, as a policy: a fixed world (one group for the whole job;
-    a loss aborts it) or an elastic job's quorums (a group per quorum; a broken round is
-    dropped and the next quorum's group built).
-
-    `changes`: whether members come and go (then a node enters a group only once its centre
-    exists, so that it can be healed, and its summary names the quorums). `timeout_s`: the
-    bound on each of its groups' collectives (None: none; halting cancels them).
-    `final_timeout_s`: how long a done node waits for a round before it gives the final one up
-    (None: forever)."""
-
-    @property
-    def changes(self) -> bool: ...
-
-    @property
-    def timeout_s(self) -> Optional[float]: ...
-
-    @property
-    def final_timeout_s(self) -> Optional[float]: ...
-
-    def connect(self) -> None: ...
-
-    def next_group(self, cancel: threading.Event) -> Optional[Group]: ...
-
-    def newest_quorum(self) -> int: ...
-
-    def sign(self, group: Group, header: bytes) -> bytes: ...
-
-    def signed(self, group: Group, rank: int, header: bytes, mac: bytes) -> bool: ...
-
-    def broken(self, group: Optional[Group], exc: QuorumBroken) -> None: ...
-
-    def close(self) -> None: ...
 
 
 def _sha256(arrays: Sequence[np.ndarray]) -> bytes:
