@@ -280,7 +280,8 @@ class ElasticTie:
         self.quorums.append(quorum.id)
         self._waiting_since = time.monotonic()  # a group that cannot form: as a broken one
         try:
-            self._group = QuorumGroup(quorum, self.name, self.timeout_s)
+            self._group = QuorumGroup(quorum, self.name, self.timeout_s,
+                                      secret=self.client.secret)
         except QuorumBroken as exc:
             log.warning("%s", exc)
             unreachable = unreachable_members(quorum, self.name)
