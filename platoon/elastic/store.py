@@ -76,10 +76,14 @@ def _split(address: str) -> Tuple[str, int]:
     return host, int(port)
 
 
-def _read_exactly(conn: socket.socket, n: int) -> Optional[bytes]:
-    """`n` bytes from `conn`, or None when it closes first (a timeout raises)."""
+def _read_exactly(conn: socket.socket, n: int, deadline: Optional[float] = None
+                  ) -> Optional[bytes]:
+    """`n` bytes from `conn`, or None when it closes first (a timeout raises: the socket's
+    for each read, or the monotonic `deadline` for all of them)."""
     parts, left = [], n
     while left:
+        if deadline is not None:
+            conn.settimeout(max(deadline - time.monotonic(), 1e-3))
         part = conn.recv(min(left, 1 << 20))
         if not part:
             return None
@@ -129,6 +133,7 @@ class StoreServer:
         self._handshaking: Dict[str, int] = {}  # source host -> connections not yet trusted
         self._closed = False
         self._warnings = ThrottledLog(log)
+        self._warnings_lock = threading.Lock()  # (ThrottledLog is not thread-safe)
         try:
             family, kind, proto, _, where = socket.getaddrinfo(
                 host, port, type=socket.SOCK_STREAM)[0]
@@ -169,52 +174,69 @@ class StoreServer:
                     self._handshaking[source] = self._handshaking.get(source, 0) + 1
             if refused:
                 conn.close()
-                self._warnings.warning(
-                    "busy %s" % source, "data plane store %s: a connection from %s refused "
-                    "(%d connections at most, %d from one source before they show the job's "
-                    "secret)", self.address, source, self.limits.max_connections,
-                    self.limits.handshakes_per_source)
+                self._warn("busy %s" % source, "data plane store %s: a connection from %s "
+                           "refused (%d connections at most, %d from one source before they "
+                           "show the job's secret)", self.address, source,
+                           self.limits.max_connections, self.limits.handshakes_per_source)
                 continue
-            threading.Thread(target=self._serve, args=(conn, source), daemon=True,
-                             name="platoon-store-%s" % source).start()
+            try:
+                threading.Thread(target=self._serve, args=(conn, source), daemon=True,
+                                 name="platoon-store-%s" % source).start()
+            except RuntimeError as exc:  # no thread to be had: this connection goes
+                self._forget(conn, source)
+                self._warn("threads", "data plane store %s: a connection from %s dropped (%s)",
+                           self.address, source, exc)
+
+    def _warn(self, kind: str, msg: str, *args) -> None:
+        with self._warnings_lock:
+            self._warnings.warning(kind, msg, *args)
+
+    def _forget(self, conn: socket.socket, source: Optional[str]) -> None:
+        """`conn` is closed and no longer counted (nor against `source`, given while it has
+        not shown the secret)."""
+        with self._cond:
+            self._connections.discard(conn)
+            if source is not None:
+                self._handshaking[source] -= 1
+                if not self._handshaking[source]:
+                    del self._handshaking[source]
+        conn.close()
 
     def _serve(self, conn: socket.socket, source: str) -> None:
+        trusted = False
         try:
-            try:
-                conn.settimeout(self.limits.handshake_timeout_s)
-                trusted = self._handshake(conn, source)
-            finally:
+            trusted = self._handshake(conn, source)
+            if trusted:
                 with self._cond:
                     self._handshaking[source] -= 1
                     if not self._handshaking[source]:
                         del self._handshaking[source]
-            if trusted:
                 conn.settimeout(self.limits.idle_timeout_s)
                 while self._answer(conn):
                     pass
         except (OSError, ValueError):
             pass  # the client went, was silent too long, or the store closes
         finally:
-            with self._cond:
-                self._connections.discard(conn)
-            conn.close()
+            self._forget(conn, None if trusted else source)
 
     def _handshake(self, conn: socket.socket, source: str) -> bool:
-        """Whether the client at `conn` shows it holds the secret (having shown it ours)."""
+        """Whether the client at `conn` shows it holds the secret (having shown it ours), all
+        within the handshake's timeout."""
+        deadline = time.monotonic() + self.limits.handshake_timeout_s
         hello = b""
         while len(hello) < len(HELLO) + CHALLENGE_BYTES:
+            conn.settimeout(max(deadline - time.monotonic(), 1e-3))
             part = conn.recv(len(HELLO) + CHALLENGE_BYTES - len(hello))
             hello += part
             if not part or not (hello.startswith(HELLO) or HELLO.startswith(hello)):
                 return False  # a port scan, a probe of reachability, another protocol
         theirs, ours = hello[len(HELLO):], os.urandom(CHALLENGE_BYTES)
         conn.sendall(ours + sign_store_hello(self._secret, "server", theirs, ours))
-        proof = _read_exactly(conn, MAC_BYTES)
+        proof = _read_exactly(conn, MAC_BYTES, deadline)
         if proof is None or not verify(sign_store_hello(self._secret, "client", theirs, ours),
                                        proof):
-            self._warnings.warning(
-                "refused %s" % source, "data plane store %s: refused a client at %s that does "
-                "not hold the job's secret", self.address, source)
+            self._warn("refused %s" % source, "data plane store %s: refused a client at %s "
+                       "that does not hold the job's secret", self.address, source)
             return False
         conn.sendall(_OK)
         return True

@@ -5,6 +5,7 @@ amount; real sockets, a real stranger process, real gloo groups on 127.0.0.1."""
 import json
 import os
 import secrets
+import select
 import socket
 import threading
 import time
@@ -139,3 +140,23 @@ def test_the_store_bounds_connections_that_do_not_show_the_secret():
         with StoreClient(store.address, SECRET, 2.0) as client:
             client.set("k", b"v")
             assert client.get("k") == b"v"
+
+
+def test_a_handshake_sent_a_byte_at_a_time_is_closed_within_its_timeout():
+    limits = StoreLimits(handshake_timeout_s=0.3)
+    with StoreServer("127.0.0.1", secret=SECRET, limits=limits) as store:
+        host, port = store.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as conn:
+            started, closed = time.monotonic(), False
+            for byte in HELLO + os.urandom(16):  # a byte every 0.2 s: 6.4 s in all
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    closed = True
+                    break
+                readable, _, _ = select.select([conn], [], [], 0.2)
+                if readable and _closed_by_the_store(conn):
+                    closed = True
+                    break
+            # before: each read had the timeout afresh, and the slot was held past it
+            assert closed and time.monotonic() - started < 0.3 + SLACK_S
