@@ -16,6 +16,7 @@ from platoon.elastic import Quorum, QuorumGroup, StoreServer
 from platoon.node.compress import ErrorFeedback, make_codec
 
 PORT = 29650
+SECRET = b"elastic-scale-benchmark"  # the job's secret (every member is a namespace here)
 DEVICE = "eth0"
 
 
@@ -28,9 +29,9 @@ def main():
     rank, size, n, rounds = (int(x) for x in sys.argv[1:5])
     ips = sys.argv[5:5 + size]
     names = tuple("n%02d" % i for i in range(size))
-    with StoreServer(ips[rank], PORT):
+    with StoreServer(ips[rank], PORT, secret=SECRET):
         quorum = Quorum(1, names, tuple("%s:%d" % (ip, PORT) for ip in ips), "scale")
-        with QuorumGroup(quorum, names[rank], timeout_s=120.0) as group:
+        with QuorumGroup(quorum, names[rank], timeout_s=120.0, secret=SECRET) as group:
             codec = make_codec("int8")
             rng = np.random.default_rng(rank)
             for way in ("reduce-scatter", "all-gather"):

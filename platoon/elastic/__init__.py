@@ -9,8 +9,9 @@
 - `client`: a node's side of it (`LighthouseClient`).
 - `quorum`: what a quorum is and the membership rule (pure logic).
 - `secret`: the job's secret and the signatures on every message.
+- `store`: each node's rendezvous store, served to the job's nodes only (`StoreServer`).
 - `dataplane`: a torch.distributed gloo group per quorum for the outer round's compressed
-  messages (`StoreServer`, `QuorumGroup`); the only module that imports torch, on first use.
+  messages (`QuorumGroup`); the only module that imports torch, on first use.
 """
 
 from typing import TYPE_CHECKING
@@ -18,13 +19,14 @@ from typing import TYPE_CHECKING
 from .client import LighthouseClient
 from .quorum import MembershipSettings, Quorum
 from .secret import generate_secret, load_secret
+from .store import StoreServer
 
 if TYPE_CHECKING:
-    from .dataplane import QuorumGroup, StoreServer
+    from .dataplane import QuorumGroup
 
 
 def __getattr__(name):
-    if name in ("QuorumGroup", "StoreServer"):  # torch only when the data plane is used
+    if name == "QuorumGroup":  # torch only when the data plane is used
         from . import dataplane
         return getattr(dataplane, name)
     raise AttributeError("module 'platoon.elastic' has no attribute %r" % name)

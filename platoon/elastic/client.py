@@ -95,6 +95,11 @@ class LighthouseClient:
                            "none" if q is None else "%d of %s" % (q.id, ", ".join(q.members))))
                 self._cond.wait(left)
 
+    @property
+    def secret(self) -> bytes:
+        """The job's secret (the data plane's store asks for it)."""
+        return self._secret
+
     def sign_header(self, quorum: Quorum, rank: int, header: bytes) -> bytes:
         """Rank `rank`'s signature of its round `header` in `quorum` (the job's secret)."""
         return sign_header(self._secret, quorum.id, quorum.nonce, rank, header)

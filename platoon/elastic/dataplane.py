@@ -1,20 +1,19 @@
 """The outer round's data plane: a torch.distributed gloo group made afresh for each quorum.
 
-Each node hosts a TCPStore server from its start (`StoreServer`) and gives its address to the
-lighthouse; a quorum's group meets at its rank 0's store, under the prefix of the quorum's id
-and nonce (`store_prefix`; torchft prefixes by id), so groups of old quorums never mix with
-the new one's. Every wait is
-finite: a member that dies or stops answering makes the round raise QuorumBroken within
-`timeout_s`, and the caller waits for the next quorum (`LighthouseClient.wait_for_quorum`)
-and builds a new group. Needs torch (``pip install platoon-dp[elastic]``); the messages are
-those of `platoon.node.compress` (float32, int8, int4, error feedback), averaged in rank order
-so that every member gets the same bits. A round's mean is a reduce-scatter then an
-all-gather (`QuorumGroup.compressed_mean`): each member sends about 2 m coded bytes for a
-message of m, whatever the quorum's size.
+Each node hosts a store from its start (`platoon.elastic.store.StoreServer`, which serves the
+job's nodes only) and gives its address to the lighthouse; a quorum's group meets at its rank
+0's store, under the prefix of the quorum's id and nonce (`store_prefix`; torchft prefixes by
+id), so groups of old quorums never mix with the new one's. Every wait is finite: a member
+that dies or stops answering makes the round raise QuorumBroken within `timeout_s`, and the
+caller waits for the next quorum (`LighthouseClient.wait_for_quorum`) and builds a new group.
+Needs torch (``pip install platoon-dp[elastic]``); the messages are those of
+`platoon.node.compress` (float32, int8, int4, error feedback), averaged in rank order so that
+every member gets the same bits. A round's mean is a reduce-scatter then an all-gather
+(`QuorumGroup.compressed_mean`): each member sends about 2 m coded bytes for a message of m,
+whatever the quorum's size.
 """
 
 import datetime
-import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -31,6 +30,7 @@ from ..node.compress import (
     with_residual,
 )
 from .quorum import Quorum
+from .store import StoreClient, StoreServer  # noqa: F401 (StoreServer: the node's, here too)
 
 # Below this many elements per member a mean goes as one all-gather of whole messages (the
 # reduce-scatter's chunks would be smaller than a codec's block).
@@ -59,50 +59,38 @@ def _split(address: str) -> Tuple[str, int]:
     return host, int(port)
 
 
-class StoreServer:
-    """This node's TCPStore server (`port` 0: a free one), listening at `host` only (a
-    socket this class binds and hands torch: torch's own listens on every interface, whatever
-    its host); `address` ("HOST:PORT") is what the node gives the lighthouse. Closed with the
-    node (a context manager).
+def _rendezvous_store(client: StoreClient):
+    """`client` as a torch.distributed store, for gloo's rendezvous (it sets, waits for and
+    gets its members' addresses; nothing else is served)."""
+    _, dist = _torch()
 
-    Neither the store nor gloo authenticates anyone (the tie signs its round headers), and
-    the store holds whatever it is given, without a cap (torch offers none): whoever reaches
-    `host`'s port can list its keys and set its own, so the data plane must run on a trusted
-    network (docs/multi-node.md, "What the secret protects")."""
+    class Rendezvous(dist.Store):  # type: ignore[name-defined]  # (torch is not followed)
+        def __init__(self):
+            super().__init__()
+            self.timeout_s = client.timeout_s
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0):
-        _, dist = _torch()
-        listener = None
-        try:
-            family, kind, proto, _, where = socket.getaddrinfo(
-                host, port, type=socket.SOCK_STREAM)[0]
-            listener = socket.socket(family, kind, proto)
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind(where)
-            listener.listen(512)
-            bound = listener.getsockname()[1]
-            # torch's libuv server takes the descriptor (and closes it with the store): it
-            # gets a duplicate, and this socket is closed at once
-            self._store = dist.TCPStore(host, bound, is_master=True, wait_for_workers=False,
-                                        master_listen_fd=os.dup(listener.fileno()),
-                                        use_libuv=True)
-        except (RuntimeError, OSError) as exc:
-            raise PlatoonError("cannot host the data plane's store on %s:%d (%s): choose "
-                               "another port, or a --host that is an address of this host"
-                               % (host, port, exc)) from None
-        finally:
-            if listener is not None:
-                listener.close()
-        self.address = "%s:%d" % (host, bound)
+        def set_timeout(self, timeout: datetime.timedelta) -> None:
+            self.timeout_s = timeout.total_seconds()
 
-    def close(self) -> None:
-        self._store = None  # the server stops with its last reference
+        def set(self, key: str, value) -> None:
+            client.set(key, value.encode() if isinstance(value, str) else bytes(value))
 
-    def __enter__(self):
-        return self
+        def get(self, key: str) -> bytes:
+            return client.get(key, self.timeout_s)
 
-    def __exit__(self, *exc):
-        self.close()
+        def wait(self, keys, timeout: Optional[datetime.timedelta] = None) -> None:
+            client.wait(keys, self.timeout_s if timeout is None else timeout.total_seconds())
+
+        def check(self, keys) -> bool:
+            return client.check(keys)
+
+        def delete_key(self, key: str) -> bool:
+            return client.delete_key(key)
+
+        def num_keys(self) -> int:
+            return client.num_keys()
+
+    return Rendezvous()
 
 
 def unreachable_members(quorum: Quorum, name: str, timeout_s: float = 1.0) -> List[str]:
@@ -127,17 +115,18 @@ def unreachable_members(quorum: Quorum, name: str, timeout_s: float = 1.0) -> Li
 
 def store_prefix(quorum: Quorum) -> str:
     """Where `quorum`'s group meets in its rank 0's store: under its id and its random nonce
-    (from the lighthouse, signed): unguessable by a process without the job's secret, and
-    distinct for two quorums of one id."""
+    (from the lighthouse, signed): distinct for two quorums of one id (the store serves the
+    job's nodes only: the prefix is no secret)."""
     return "platoon/quorum/%d/%s/" % (quorum.id, quorum.nonce)
 
 
 class QuorumGroup:
     """This node's gloo group for `quorum` (it must hold `name`), reached through the store
-    at the quorum's rank 0; every collective waits at most `timeout_s`. Raises QuorumBroken
-    when the group cannot be formed in time."""
+    at the quorum's rank 0, which must hold the job's `secret` as this node does; every
+    collective waits at most `timeout_s`. Raises QuorumBroken when the group cannot be
+    formed in time (or the store there is not the job's)."""
 
-    def __init__(self, quorum: Quorum, name: str, timeout_s: float = 30.0):
+    def __init__(self, quorum: Quorum, name: str, timeout_s: float = 30.0, *, secret: bytes):
         if not timeout_s > 0:
             raise ValueError("timeout_s must be > 0 seconds, got %r" % (timeout_s,))
         self.quorum, self.name, self.timeout_s = quorum, name, timeout_s
@@ -145,10 +134,10 @@ class QuorumGroup:
         self._residuals: Dict[Tuple[str, int, str], np.ndarray] = {}  # `_owner_residual`
         _, dist = _torch()
         timeout = datetime.timedelta(seconds=timeout_s)
-        store_host, store_port = _split(quorum.store_address)
         own_host, _ = _split(quorum.addresses[self.rank])
+        client = StoreClient(quorum.store_address, secret, timeout_s)
         try:
-            store = dist.TCPStore(store_host, store_port, is_master=False, timeout=timeout)
+            store = _rendezvous_store(client)
             prefixed = dist.PrefixStore(store_prefix(quorum), store)
             # gloo's options are private in torch's Python API (torchft sets them alike): the
             # device binds the interface this node gave the lighthouse, not the hostname's
@@ -157,8 +146,11 @@ class QuorumGroup:
             options._devices = [  # noqa: SLF001
                 dist.ProcessGroupGloo.create_device(hostname=own_host)]
             self._group = dist.ProcessGroupGloo(prefixed, self.rank, self.size, options)
-        except (RuntimeError, OSError, ValueError) as exc:
+        except (RuntimeError, OSError, ValueError, MemoryError) as exc:
+            # (gloo raises std::bad_alloc on an address it cannot parse)
             raise self._broken("forming the group", exc) from exc
+        finally:
+            client.close()  # gloo has its members' addresses (a later use opens it again)
         self._store = store
 
     def _broken(self, doing: str, exc: BaseException) -> QuorumBroken:

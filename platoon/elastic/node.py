@@ -10,6 +10,7 @@ the anchor and outer momentum from a live member at its first round.
 """
 
 import argparse
+import functools
 import logging
 import os
 import secrets
@@ -106,8 +107,8 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
     after `final_timeout_s` without one it keeps its own centre and ends. `slot` (I, N): the
     node's place among N node slots, by which its workers' data is split (`ElasticLink`)."""
     from . import LighthouseClient, load_secret
-    from .dataplane import StoreServer
     from .link import ElasticLink
+    from .store import StoreServer
     started_at = process_start_time()
     secret = load_secret(secret_file)
     job_id = "%s-%s" % (JobEnvironment.read("job_id").job_id or secrets.token_hex(6), name)
@@ -133,9 +134,9 @@ def run_elastic_node(worker_argv: Sequence[str], num_workers: int, *, join: str,
         os._exit(EXIT_REFUSED if thread is not None
                  and isinstance(thread.final_error, NodeRefused) else 1)
 
-    # the data plane's store imports torch (seconds): made while the controller and its
-    # workers start; the tie needs it once the centre exists
-    with _StoreInBackground(StoreServer, host) as store:
+    # the data plane's store (the job's nodes only: it holds the secret), made while the
+    # controller and its workers start; the tie needs it once the centre exists
+    with _StoreInBackground(functools.partial(StoreServer, secret=secret), host) as store:
         def connect():
             address = store.get().address
             say("platoon.elastic: node %s: data plane at %s" % (name, address))

@@ -4,8 +4,9 @@ A quorum is a numbered list of the nodes that make the next outer rounds togethe
 only grows: a node reports the highest id it has seen whenever it heartbeats, and the
 lighthouse numbers its next quorum above every report, so a lighthouse restarted with no
 memory still issues ids above every id its members knew. Each quorum also carries a random
-nonce: its group meets under a store prefix no one outside the job can guess, and two quorums
-that share an id (a lighthouse restarted before any node could report) never share a group.
+nonce: its group meets under a store prefix holding it, so two quorums that share an id (a
+lighthouse restarted before any node could report) never share a group (the nonce is no
+secret: the store serves the job's nodes only).
 The rule's settings (`MembershipSettings`) are declared with the other node settings, in
 `platoon._os.nodesettings` (the launcher reads them, and loads no elastic module), and
 re-exported here.

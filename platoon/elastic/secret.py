@@ -7,7 +7,9 @@ HMAC-SHA256 over its body, and the body carries the challenge the lighthouse sen
 reply on that connection, so a captured request cannot be replayed; each reply is signed
 over its body and the request's signature, so a reply cannot be forged or replayed either.
 On the data plane, each member signs its round header over the quorum's id and nonce and its
-rank (`sign_header`), so a process without the secret cannot pass for a member.
+rank (`sign_header`), so a process without the secret cannot pass for a member, and each
+connection to a node's store starts with a challenge each way (`sign_store_hello`), so only
+the job's nodes reach its keys.
 """
 
 import hashlib
@@ -24,6 +26,7 @@ MIN_SECRET_CHARS = 16  # of the file's text (--new-secret writes 64 hex digits: 
 _REQUEST = b"platoon-elastic/1 request\0"
 _REPLY = b"platoon-elastic/1 reply\0"
 _HEADER = b"platoon-elastic/1 header\0"
+_STORE = b"platoon-elastic/1 store "
 
 
 def load_secret(path: Optional[str] = None) -> bytes:
@@ -56,6 +59,15 @@ def sign_header(secret: bytes, quorum_id: int, nonce: str, rank: int, header: by
     """The signature of rank `rank`'s round `header` in quorum `quorum_id` (nonce `nonce`)."""
     return hmac.new(secret, _HEADER + b"%d\0%s\0%d\0" % (quorum_id, nonce.encode(), rank)
                     + header, hashlib.sha256).digest()
+
+
+def sign_store_hello(secret: bytes, side: str, client_challenge: bytes,
+                     server_challenge: bytes) -> bytes:
+    """The proof that `side` ("server" or "client") of a connection to a node's store holds
+    the job's secret, over both ends' random challenges (a side's proof never passes for the
+    other's)."""
+    return hmac.new(secret, _STORE + side.encode() + b"\0" + client_challenge
+                    + server_challenge, hashlib.sha256).digest()
 
 
 def verify(expected: bytes, mac: bytes) -> bool:

@@ -65,7 +65,7 @@ class ElasticMembership:
         self._last_id = quorum.id
         self._waiting_since = time.monotonic()  # a group that cannot form: as a broken one
         try:
-            group = QuorumGroup(quorum, self.name, self.timeout_s)
+            group = QuorumGroup(quorum, self.name, self.timeout_s, secret=self.client.secret)
         except QuorumBroken as exc:
             log.warning("%s", exc)
             unreachable = unreachable_members(quorum, self.name)

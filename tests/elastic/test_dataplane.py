@@ -16,6 +16,8 @@ from platoon.node.compress import ErrorFeedback, RawCodec, make_codec, mean_of_m
 
 from elastic_helpers import SLACK_S, TIMEOUT_S
 
+SECRET = b"s" * 32  # the job's (every member here holds it)
+
 
 def _in_parallel(groups, call):
     """call(rank, group) on every member at once; the results (or exceptions) by rank."""
@@ -42,11 +44,12 @@ def quorum_of():
     made = []
 
     def make(p):
-        store = StoreServer("127.0.0.1")
+        store = StoreServer("127.0.0.1", secret=SECRET)
         made.append(store)
         names = tuple("m%02d" % i for i in range(p))
         quorum = Quorum(1, names, (store.address,) + ("127.0.0.1:1",) * (p - 1), "n0nce")
-        groups = _in_parallel(range(p), lambda rank, _: QuorumGroup(quorum, names[rank], 10.0))
+        groups = _in_parallel(range(p), lambda rank, _: QuorumGroup(quorum, names[rank], 10.0,
+                                                                      secret=SECRET))
         made.extend(groups)
         return groups
 
@@ -153,11 +156,11 @@ def test_a_round_a_member_does_not_join_is_broken_within_its_timeout():
 
     from platoon.elastic import QuorumGroup, StoreServer
     from platoon.node.compress import ErrorFeedback, make_codec
-    with StoreServer("127.0.0.1") as store:
+    with StoreServer("127.0.0.1", secret=SECRET) as store:
         quorum = Quorum(3, ("a", "b"), (store.address, "127.0.0.1:1"))
         groups = {}
         formed = [threading.Thread(target=lambda n=n: groups.__setitem__(
-            n, QuorumGroup(quorum, n, timeout_s=1.0))) for n in ("a", "b")]
+            n, QuorumGroup(quorum, n, timeout_s=1.0, secret=SECRET))) for n in ("a", "b")]
         for thread in formed:
             thread.start()
         for thread in formed:
@@ -176,10 +179,10 @@ def test_a_round_a_member_does_not_join_is_broken_within_its_timeout():
 
 def test_a_group_whose_member_never_comes_is_broken_within_its_timeout():
     from platoon.elastic import QuorumGroup, StoreServer
-    with StoreServer("127.0.0.1") as store:
+    with StoreServer("127.0.0.1", secret=SECRET) as store:
         quorum = Quorum(5, ("a", "ghost"), (store.address, "127.0.0.1:1"))
         started = time.monotonic()
         with pytest.raises(QuorumBroken, match=r"node a \(rank 0 of quorum 5: a, ghost\): "
                                                r"forming the group failed within 1 s"):
-            QuorumGroup(quorum, "a", timeout_s=1.0)
+            QuorumGroup(quorum, "a", timeout_s=1.0, secret=SECRET)
         assert time.monotonic() - started < 1.0 + SLACK_S

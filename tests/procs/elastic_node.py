@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from platoon.elastic import LighthouseClient
+from platoon.elastic import LighthouseClient, load_secret
 from platoon.errors import ElasticAuthError, QuorumBroken, QuorumTimeout
 
 parser = argparse.ArgumentParser()
@@ -28,7 +28,7 @@ store = None
 if args.value is not None:
     from platoon.elastic import QuorumGroup, StoreServer
     from platoon.node.compress import ErrorFeedback, make_codec
-    store = StoreServer("127.0.0.1")
+    store = StoreServer("127.0.0.1", secret=load_secret())
     codec, feedback = make_codec("int8"), ErrorFeedback(1000)
 address = store.address if store is not None else "127.0.0.1:1"
 end = time.monotonic() + 60
@@ -47,7 +47,7 @@ with LighthouseClient(args.lighthouse, args.name, address) as client:
         if store is None:
             continue
         try:
-            with QuorumGroup(quorum, args.name, timeout_s=5.0) as group:
+            with QuorumGroup(quorum, args.name, timeout_s=5.0, secret=client.secret) as group:
                 mean, _ = group.compressed_mean(np.full(1000, args.value, np.float32), codec,
                                                 feedback)
         except QuorumBroken as exc:
