@@ -46,6 +46,8 @@ def test_two_workers_sync_every_k_real_optimizer_steps_with_buffers_and_evaluate
     for w in workers:
         assert w.wait(90) == 0, w.output
     serving.join()
+    # the launcher's minibatches are the batches trained: 2 workers x 2 epochs x 4 batches
+    assert ctl.progress["minibatches"] == 16, ctl.progress
     runs = [run(tmp_path / ("w%d.json" % k)) for k in range(2)]
     for r in runs:
         assert (r["num_steps"], r["platoon_steps"], r["syncs"]) == (4, 4, 2), r
