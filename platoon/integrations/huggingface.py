@@ -119,7 +119,7 @@ class PlatoonCallback(TrainerCallback):
                       "(the final centre, evaluated once)" % (directory, split), flush=True)
                 return log_metrics(split, metrics, *args, **kwargs)
             labelled.__doc__ = log_metrics.__doc__
-            trainer.log_metrics = labelled  # type: ignore[method-assign]
+            trainer.log_metrics = labelled
         # The one place the Trainer reads a resume's checkpoint before any callback runs:
         # its train() argument, made this worker's own here.
         train = trainer.train

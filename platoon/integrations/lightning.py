@@ -482,9 +482,10 @@ class PlatoonStrategy:
         bound = inspect.signature(function).bind(*args, **kwargs)
         ckpt_path, model = bound.arguments.get("ckpt_path"), bound.arguments.get("model")
         what = getattr(trainer.state.fn, "value", trainer.state.fn)  # "test"
-        if ckpt_path in JOBS_MODEL and model in (None, self.lightning_module):
-            self.lightning_module.load_state_dict(self._centre_after_fit)  # type: ignore
-            bound.arguments["model"], bound.arguments["ckpt_path"] = self.lightning_module, None
+        module = self.lightning_module  # type: ignore[attr-defined]
+        if ckpt_path in JOBS_MODEL and model in (None, module):
+            module.load_state_dict(self._centre_after_fit)
+            bound.arguments["model"], bound.arguments["ckpt_path"] = module, None
             held = ("the job's final centre" if self.final_result is not None else
                     "the centre as it was when this worker finished (the job's final centre "
                     "is on the worker that evaluated it)")

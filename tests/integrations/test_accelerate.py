@@ -166,7 +166,7 @@ def test_the_docs_show_the_examples_diff_and_it_adds_at_most_three_lines():
     diff = "".join(difflib.unified_diff(*files, "local_sgd.py", "train.py"))
     with open(os.path.join(ROOT, "docs", "accelerate.md")) as f:
         shown = re.findall(r"^```diff\n(.*?)^```", f.read(), re.S | re.M)
-    assert shown == [diff]
+    assert diff in shown, shown  # (the upstream examples show theirs too: test_upstream.py)
     lines = diff.splitlines()[2:]
     assert sum(line.startswith("+") for line in lines) <= 3
     assert sum(line.startswith("-") for line in lines) <= 2
