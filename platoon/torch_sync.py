@@ -134,8 +134,10 @@ class PeriodicSync(torch.optim.Optimizer):
         report_every_s: report progress to the controller (the launcher's status
             line) from `step` at most this often, in seconds: ``steps`` and, once
             given to `step(loss=...)` or `report_loss`, ``loss``; each report counts
-            the steps since the last as minibatches. None: never (the script calls
-            ``Worker.report`` itself).
+            the steps since the last as minibatches, or, once the script counts its
+            batches with `count_batches` (gradient accumulation: several batches a
+            step), those batches. None: never (the script calls ``Worker.report``
+            itself).
         evaluate: ``evaluate(model) -> dict`` of metrics, the job's one final
             result: `finish()` (also leaving the ``with`` block) has the last worker
             of the job to finish call it once, with the final centre in the model
@@ -208,11 +210,12 @@ class PeriodicSync(torch.optim.Optimizer):
         self.buffers = buffers
         self.rule = rule
         self.steps = 0  # step() calls so far
+        self.batches: Optional[int] = None  # batches trained, once `count_batches` is called
         self.report_every_s = report_every_s
         self.evaluate = evaluate
         self.final_result: Optional[Dict[str, Any]] = None  # on the worker that evaluated
         self._loss: Any = None  # the latest loss given (a detached tensor or a number)
-        self._reported_steps = 0
+        self._reported_done = 0  # steps, or batches once counted, in the reports so far
         self._reported_at = time.monotonic()
         self._finished = False
         self._handle: Optional[SyncHandle] = None
@@ -276,6 +279,15 @@ class PeriodicSync(torch.optim.Optimizer):
         self._report_progress()
         return result
 
+    def count_batches(self, n: int = 1) -> None:
+        """`n` more batches trained (micro-batches under gradient accumulation, where a step
+        takes several): from the first call on, the progress reports count these as the
+        minibatches trained instead of the steps. A script whose step takes one batch need
+        not call it."""
+        if self.batches is None:  # the steps reported so far were one batch each
+            self.batches = self._reported_done
+        self.batches += n
+
     def report_loss(self, loss: Any) -> None:
         """The loss the next progress report carries (a tensor, read only when reported,
         or a number)."""
@@ -290,8 +302,9 @@ class PeriodicSync(torch.optim.Optimizer):
         metrics: Dict[str, Any] = {"steps": self.steps}
         if self._loss is not None:
             metrics["loss"] = float(self._loss)
-        self.worker.report(max(0, self.steps - self._reported_steps), **metrics)
-        self._reported_steps, self._reported_at = self.steps, now
+        done = self.steps if self.batches is None else self.batches
+        self.worker.report(max(0, done - self._reported_done), **metrics)
+        self._reported_done, self._reported_at = done, now
 
     def finish(self) -> Optional[Dict[str, Any]]:
         """End of training: finish a sync in flight, report the progress, and, with
@@ -344,6 +357,8 @@ class PeriodicSync(torch.optim.Optimizer):
                                  % ", ".join(sorted(map(str, state_dict))))
         else:
             self.optimizer.load_state_dict(state_dict)
+        if self.batches is None:  # the resumed steps were trained by another run: not this
+            self._reported_done += steps - self.steps  # one's minibatches
         self.steps = steps
 
     def __repr__(self) -> str:

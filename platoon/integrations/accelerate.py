@@ -321,10 +321,12 @@ class LocalSGD:
             self._job.leave(self, give=exc_type is None)
 
     def step(self) -> None:
-        """Count this call; sync with the centre when the real optimizer steps since the
-        last call reach a multiple of `local_sgd_steps` (no barrier: the rule's sync)."""
+        """Count this call (a batch: the progress reports' minibatches); sync with the centre
+        when the real optimizer steps since the last call reach a multiple of
+        `local_sgd_steps` (no barrier: the rule's sync)."""
         self.num_steps += 1
-        if self._job is not None and self._job.block is self:
+        if self._job is not None and self._job.block is self and not self._job.finished:
+            self._job.sync.count_batches()  # a batch: the launcher's minibatches
             self._job.give_pending()
 
     def state_dict(self) -> Dict[str, Any]:

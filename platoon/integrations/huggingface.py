@@ -77,7 +77,8 @@ class PlatoonCallback(TrainerCallback):
 
     In a job of several workers each worker writes its checkpoints under
     ``output_dir/workerK`` (K: its global rank) and seeds torch with ``seed + K``, so that
-    workers shuffle the data and draw dropout differently; in an elastic job, under
+    workers shuffle the data and draw dropout differently, and the metrics tables it prints
+    (``trainer.log_metrics``) are headed as its own, not the job's result; in an elastic job, under
     ``output_dir/NODE/workerK`` (its node's name, its local rank) with a seed offset made from
     both (`_core.worker_slot`). A resume finds the worker's own checkpoint
     (`own_checkpoint`): ``trainer.train(resume_from_checkpoint=...)`` (where scripts such as
@@ -109,6 +110,16 @@ class PlatoonCallback(TrainerCallback):
             directory, offset = slot
             trainer.args.output_dir = os.path.join(self._shared_dir, directory)
             torch.manual_seed((trainer.args.seed + offset) % 2 ** 64)
+            log_metrics = trainer.log_metrics
+
+            def labelled(split: str, metrics: Dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+                # Each worker prints its own tables (run_clm.py's after training): say whose.
+                print("platoon %s: the %s metrics below are this worker's own (its model, its "
+                      "training), not the job's result: that is the launcher's final result "
+                      "(the final centre, evaluated once)" % (directory, split), flush=True)
+                return log_metrics(split, metrics, *args, **kwargs)
+            labelled.__doc__ = log_metrics.__doc__
+            trainer.log_metrics = labelled
         # The one place the Trainer reads a resume's checkpoint before any callback runs:
         # its train() argument, made this worker's own here.
         train = trainer.train
@@ -171,6 +182,14 @@ class PlatoonCallback(TrainerCallback):
             if not isinstance(state.stateful_callbacks, dict):
                 state.stateful_callbacks = {}
             state.stateful_callbacks[STATE_KEY] = self.sync.state_dict()
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if self.sync is not None:  # a step's last batch: the launcher counts batches
+            self.sync.count_batches()
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        if self.sync is not None:  # a batch of gradient accumulation before the step's last
+            self.sync.count_batches()
 
     def on_step_end(self, args, state, control, **kwargs):
         self._keep_state(state)

@@ -29,6 +29,7 @@ the rest. Imported only by its users; needs one of the two (the ``lightning`` ex
 import contextlib
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from typing import Any, Dict, List, Optional, Set
@@ -142,10 +143,16 @@ def centre_out_class(package: str) -> type:
     return _CALLBACKS[package]
 
 
+AFTER_FIT = ("validate", "test", "predict")  # what a script may run after fit
+JOBS_MODEL = (None, "best", "last")  # a ckpt_path that means the fit's model, after fit
+
+
 class JoinFirst:
     """The strategy's launcher: the one hook Lightning calls with the Trainer before ``fit``
     looks for its checkpoint, so that the worker has joined its job and logs and checkpoints
-    under its own ``workerK`` when ``fit(ckpt_path="last")`` looks there. Starts no process."""
+    under its own ``workerK`` when ``fit(ckpt_path="last")`` looks there; and before a
+    ``validate``, ``test`` or ``predict`` after ``fit`` picks its checkpoint
+    (`PlatoonStrategy._after_fit`). Starts no process."""
 
     is_interactive_compatible = True
 
@@ -155,6 +162,9 @@ class JoinFirst:
     def launch(self, function: Any, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
         if trainer is not None and trainer.state.fn == "fit":
             self.strategy._join(trainer)  # noqa: SLF001 (its own strategy)
+        elif trainer is not None and trainer.state.fn in AFTER_FIT:
+            args, kwargs = self.strategy._after_fit(  # noqa: SLF001 (its own strategy)
+                function, trainer, args, kwargs)
         return function(*args, **kwargs)
 
     def kill(self, signum: Any) -> None:
@@ -252,6 +262,8 @@ class PlatoonStrategy:
         self._centre_loaded = False  # the centre in the model (inside `_on_centre`)
         self._centre_out_callback: Any = None
         self._redirected: Set[int] = set()
+        self._slot: Optional[str] = None  # this worker's workerK in a job of several
+        self._centre_after_fit: Optional[Dict[str, Any]] = None  # what fit left in the model
 
     # -- the strategy's Lightning parts (super(): the package's SingleDeviceStrategy) --
 
@@ -317,6 +329,7 @@ class PlatoonStrategy:
         if slot is None:
             return
         directory, offset = slot
+        self._slot = directory
         torch.manual_seed((torch.initial_seed() + offset) % 2 ** 64)
         if id(trainer) not in self._redirected:
             self._redirected.add(id(trainer))
@@ -356,8 +369,10 @@ class PlatoonStrategy:
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         out = super().training_step(*args, **kwargs)  # type: ignore[misc]
         loss = out.get("loss") if isinstance(out, dict) else out
-        if self.sync is not None and isinstance(loss, torch.Tensor):
-            self.sync.report_loss(loss)
+        if self.sync is not None:
+            self.sync.count_batches()  # a batch (accumulate_grad_batches: several a step)
+            if isinstance(loss, torch.Tensor):
+                self.sync.report_loss(loss)
         return out
 
     def save_checkpoint(self, checkpoint: Dict[str, Any], filepath: Any,
@@ -429,7 +444,8 @@ class PlatoonStrategy:
                 self.final_result = self.worker.final_evaluation(  # type: ignore[union-attr]
                     self._validate_final_centre)
         # The model holds the centre from now on (after every worker's last sync on the last).
-        self.lightning_module.load_state_dict(self.sync.centre_state_dict())  # type: ignore
+        self._centre_after_fit = self.sync.centre_state_dict()
+        self.lightning_module.load_state_dict(self._centre_after_fit)  # type: ignore
         self._fitted = True
         self._leave()
 
@@ -453,6 +469,34 @@ class PlatoonStrategy:
         for logged in outputs:
             metrics.update(logged)
         return metrics
+
+    def _after_fit(self, function: Any, trainer: Any, args: Any, kwargs: Any) -> Any:
+        """Before a ``validate``, ``test`` or ``predict`` after ``fit``, in a job of several
+        workers: a `ckpt_path` of None, "best" or "last" (the fit's model, as Lightning reads
+        them) runs on the centre the fit left in the model, not on this worker's own
+        checkpoint (its weights are one worker's, not the job's model); a path runs on that
+        checkpoint, as Lightning does. Prints which, above Lightning's table: one worker's
+        run, not the job's result. Returns `function`'s arguments."""
+        if self._slot is None or self._centre_after_fit is None:
+            return args, kwargs  # alone, or no fit: Lightning's own ways
+        bound = inspect.signature(function).bind(*args, **kwargs)
+        ckpt_path, model = bound.arguments.get("ckpt_path"), bound.arguments.get("model")
+        what = getattr(trainer.state.fn, "value", trainer.state.fn)  # "test"
+        module = self.lightning_module  # type: ignore[attr-defined]
+        if ckpt_path in JOBS_MODEL and model in (None, module):
+            module.load_state_dict(self._centre_after_fit)
+            bound.arguments["model"], bound.arguments["ckpt_path"] = module, None
+            held = ("the job's final centre" if self.final_result is not None else
+                    "the centre as it was when this worker finished (the job's final centre "
+                    "is on the worker that evaluated it)")
+            print("platoon %s: this %s runs on %s, not on this worker's own checkpoint "
+                  "(ckpt_path=%r after fit); the job's result is the launcher's final result"
+                  % (self._slot, what, held, ckpt_path), flush=True)
+        elif ckpt_path is not None:
+            print("platoon %s: this %s runs on checkpoint %s, one worker's weights, not the "
+                  "job's model; the job's result is the launcher's final result"
+                  % (self._slot, what, ckpt_path), flush=True)
+        return bound.args, bound.kwargs
 
     def _stop_counting(self) -> None:
         if self._counter is not None:

@@ -666,6 +666,25 @@ def test_steps_and_the_loss_are_reported_at_most_every_report_every_s(one_worker
     assert ctl.progress["metrics"] == {"steps": 7, "loss": 0.25}
 
 
+def test_counted_batches_are_the_minibatches_reported_and_resumed_steps_are_not(one_worker):
+    """Under gradient accumulation a step takes several batches: once the script counts them
+    (count_batches), the reports' minibatches are those batches, not the optimizer's steps;
+    steps resumed from a checkpoint were another run's, not this run's minibatches."""
+    ctl, w = one_worker
+    model = nn.Linear(3, 1)
+    sync = PeriodicSync(w, model, None, sync_every=2, report_every_s=0.0)
+    sync.load_state_dict({"platoon_steps": 10})  # resumed: 10 steps trained before
+    sync.step()  # one step of one batch (no batches counted yet)
+    assert ctl.progress["minibatches"] == 1
+    for _ in range(3):  # three steps of two micro-batches each
+        sync.count_batches()
+        sync.count_batches()
+        sync.step()
+    sync.finish()
+    assert ctl.progress["minibatches"] == 7
+    assert ctl.progress["metrics"]["steps"] == 14
+
+
 def test_the_last_worker_to_finish_evaluates_the_final_centre_once(two_workers):
     calls = []
     first_finished = threading.Event()

@@ -46,6 +46,8 @@ def test_two_workers_sync_every_k_real_optimizer_steps_with_buffers_and_evaluate
     for w in workers:
         assert w.wait(90) == 0, w.output
     serving.join()
+    # the launcher's minibatches are the batches trained: 2 workers x 2 epochs x 4 batches
+    assert ctl.progress["minibatches"] == 16, ctl.progress
     runs = [run(tmp_path / ("w%d.json" % k)) for k in range(2)]
     for r in runs:
         assert (r["num_steps"], r["platoon_steps"], r["syncs"]) == (4, 4, 2), r
@@ -164,7 +166,7 @@ def test_the_docs_show_the_examples_diff_and_it_adds_at_most_three_lines():
     diff = "".join(difflib.unified_diff(*files, "local_sgd.py", "train.py"))
     with open(os.path.join(ROOT, "docs", "accelerate.md")) as f:
         shown = re.findall(r"^```diff\n(.*?)^```", f.read(), re.S | re.M)
-    assert shown == [diff]
+    assert diff in shown, shown  # (the upstream examples show theirs too: test_upstream.py)
     lines = diff.splitlines()[2:]
     assert sum(line.startswith("+") for line in lines) <= 3
     assert sum(line.startswith("-") for line in lines) <= 2

@@ -46,6 +46,8 @@ def test_two_trainer_workers_sync_every_k_real_optimizer_steps_and_evaluate_the_
         assert w.wait(90) == 0, w.output
     for serving in servings:
         serving.join()
+    # the launcher's minibatches are the batches trained: 2 workers x 4 steps x 2 batches
+    assert ctl.progress["minibatches"] == 16, ctl.progress
     runs = [run(tmp_path / ("w%d.json" % k))[0] for k in range(2)]
     for r in runs:
         assert (r["global_step"], r["platoon_steps"], r["syncs"]) == (4, 4, 2), r
@@ -164,7 +166,7 @@ def test_the_docs_show_the_examples_diff_and_it_adds_at_most_three_lines():
     diff = "".join(difflib.unified_diff(*files, "single_process.py", "train.py"))
     with open(os.path.join(ROOT, "docs", "huggingface.md")) as f:
         shown = re.findall(r"^```diff\n(.*?)^```", f.read(), re.S | re.M)
-    assert shown == [diff]
+    assert diff in shown, shown  # (the upstream examples show theirs too: test_upstream.py)
     lines = diff.splitlines()[2:]
     assert sum(line.startswith("+") for line in lines) <= 3
     assert not any(line.startswith("-") for line in lines)

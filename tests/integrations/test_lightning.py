@@ -75,6 +75,8 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
         assert w.wait(90) == 0, w.output
     for serving in servings:
         serving.join()
+    # the launcher's minibatches are the batches trained: 2 workers x 4 steps x 2 batches
+    assert ctl.progress["minibatches"] == 16, ctl.progress
     reports = [report(tmp_path / ("w%d.json" % k)) for k in range(2)]
     runs = [r["runs"][0] for r in reports]
     for r in runs:
@@ -107,6 +109,19 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
     assert ctl.final_result["metrics"] == last["final_result"]
     assert last["validated"] == [last["final_result"]]
     assert all(r["unchanged_by_validate"] for r in runs)
+    # after fit, in a job of several workers: validate(ckpt_path=PATH) runs on that checkpoint
+    # (one worker's weights), "last" on the fit's model, the centre; each says which
+    for k, r in enumerate(runs):
+        assert r["on_fits"] == r["validated"] != r["on_own"], r
+        assert r["fits_model_back"], r
+        assert re.search(r"platoon worker%d: this validate runs on checkpoint \S+last.ckpt, "
+                         r"one worker's weights" % k, workers[k].output), workers[k].output
+        assert ("platoon worker%d: this validate runs on %s, not on this worker's own "
+                "checkpoint (ckpt_path='last' after fit)"
+                % (k, "the job's final centre" if r["final_result"] is not None
+                   else "the centre as it was when this worker finished (the job's final "
+                   "centre is on the worker that evaluated it)")) \
+            in workers[k].output, workers[k].output
     for first, rejoined in (r["runs"] for r in reports):
         assert rejoined["resumed_from"] == os.path.join(os.path.dirname(first["checkpoint"]),
                                                         "last.ckpt"), rejoined

@@ -108,6 +108,27 @@ OTHER_PROGRAMS_FLAGS = {
     "--use-pep517": "pip's",
     "--overlap": "examples/lstm/lstm_worker.py's own option (a user script's)",
 }
+# examples/upstream: the frameworks' example scripts' own options (transformers' run_clm.py
+# and its TrainingArguments, accelerate's local_sgd.py).
+OTHER_PROGRAMS_FLAGS.update((flag, "an examples/upstream script's own option") for flag in (
+    "--mixed_precision",
+    "--gradient_accumulation_steps",
+    "--local_sgd_steps",
+    "--cpu",
+    "--tokenizer_name",
+    "--model_type",
+    "--config_overrides",
+    "--block_size",
+    "--train_file",
+    "--validation_file",
+    "--do_train",
+    "--do_eval",
+    "--bf16",
+    "--use_cpu",
+    "--report_to",
+    "--max_steps",
+    "--resume_from_checkpoint",
+))
 # Where the docs write `python -m MODULE` or a console script: the module whose main() builds
 # the parser (benchmarks.X means benchmarks/X.py or benchmarks/X/__main__.py).
 COMMANDS = {"platoon-launcher": "platoon.launch.cli:parse_args",
@@ -452,3 +473,20 @@ def test_every_backticked_module_and_name_of_ours_exists():
              for token in stale_names(page, classes, tails)]
     assert not stale, "names the code does not have: %s (fix the page, or add the name to " \
         "NOT_IN_THE_CODE with why)" % stale
+
+
+def test_no_example_passes_a_function_named_evaluate():
+    """`evaluate=evaluate` in an example would have users name their evaluation function
+    `evaluate`, which shadows `import evaluate` (Hugging Face's metrics, in transformers' and
+    accelerate's example scripts: an UnboundLocalError at `evaluate.load`). The docs and
+    examples name it otherwise (`evaluate=evaluate_model`)."""
+    paths = [os.path.join(ROOT, "README.md")] + glob.glob(os.path.join(ROOT, "docs", "*.md")) \
+        + glob.glob(os.path.join(ROOT, "examples", "**", "*.py"), recursive=True)
+    found = []
+    for path in paths:
+        with open(path) as f:
+            found += ["%s:%d" % (os.path.relpath(path, ROOT), number)
+                      for number, line in enumerate(f, 1)
+                      if re.search(r"\bevaluate=evaluate\b", line)]
+    assert not found, "evaluate=evaluate shadows 'import evaluate': rename the function " \
+        "(evaluate_model) in %s" % found

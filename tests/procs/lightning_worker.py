@@ -261,6 +261,14 @@ def train(pl, opts, steps, ckpt):
     resumed_from = trainer.ckpt_path  # (trainer.validate sets it again)
     centre_after_fit = [p.detach().clone() for p in module.parameters()]
     validated = trainer.validate(module, val, verbose=False)
+    unchanged = all(torch.equal(p, q) for p, q in zip(module.parameters(), centre_after_fit))
+    on_own = on_fits = None  # after fit: a checkpoint's path, then "last", the fit's model
+    if opts.save_at:
+        own = os.path.join(callbacks[0].dirpath, "last.ckpt")
+        on_own = trainer.validate(dataloaders=val, ckpt_path=own, verbose=False)
+        on_fits = trainer.validate(dataloaders=val, ckpt_path="last", verbose=False)
+    fits_model_back = all(torch.equal(p, q) for p, q in zip(module.parameters(),
+                                                              centre_after_fit))
     try:  # a second fit with the same strategy
         trainer.fit(module, loader)
         refit = None
@@ -278,8 +286,8 @@ def train(pl, opts, steps, ckpt):
             "first_batch": module.first_batch, "log_dir": trainer.log_dir,
             "checkpoint": last, "checkpoint_platoon": state.get("platoon"),
             "resumed_from": resumed_from,
-            "unchanged_by_validate": all(torch.equal(p, q) for p, q in
-                                         zip(module.parameters(), centre_after_fit)),
+            "unchanged_by_validate": unchanged, "on_own": on_own, "on_fits": on_fits,
+            "fits_model_back": fits_model_back,
             "lr": trainer.optimizers[0].param_groups[0]["lr"], "refit": refit,
             "saves": module.saves}
 
