@@ -53,6 +53,13 @@ TABLE = [
      [_h(done=True, handed=True), _h(), _h()], Decision("outer", members=(1, 2))),
     ("every member done and handed over: the final round",
      [_h(done=True, handed=True)] * 3, Decision("final")),
+    ("every member done, one never had a centre (a fixed world's node whose workers shared "
+     "nothing): the end, nothing to agree",
+     [_h(done=True, round_no=-1, anchor=bytes(32)), _h(ready=0, done=True, round_no=-1,
+                                                      anchor=bytes(32))], Decision("end")),
+    ("a fixed world's node without a centre while another trains: wait",
+     [_h(round_no=-1, anchor=bytes(32)), _h(ready=0, done=True, round_no=-1,
+                                            anchor=bytes(32))], Decision("wait")),
     ("a joiner with another codec: refused alone, naming the flag and the job's value",
      [_h(), _h(), _h(round_no=-1, ready=1, settings=dict(JOB, compress="int4"))],
      Decision("refuse", refused={2: "its --tie-compress int4 where a, b have int8: start it "
