@@ -6,8 +6,8 @@ lighthouse numbers its next quorum above every report, so a lighthouse restarted
 memory still issues ids above every id its members knew. Each quorum also carries a random
 nonce: its group meets under a store prefix no one outside the job can guess, and two quorums
 that share an id (a lighthouse restarted before any node could report) never share a group.
-The rule's settings (`MembershipSettings`) are declared with the other node settings, in
-`platoon._os.nodesettings` (the launcher reads them, and loads no elastic module), and
+The rule's settings (`MembershipSettings`) are declared with the lighthouse's other settings,
+in `platoon._os.elasticsettings` (the launcher reads them, and loads no elastic module), and
 re-exported here.
 """
 
@@ -15,7 +15,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from .._os.nodesettings import MembershipSettings  # (declared with the node settings)
+from .._os.elasticsettings import MembershipSettings  # (declared with the lighthouse's)
 
 # A member whose data plane most other members of its quorum reported unreachable is out of
 # the quorums this long (or until it heartbeats from another address or process), then tried

@@ -50,6 +50,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
+from .._os.elasticsettings import FINAL_TIMEOUT_S  # (an elastic node's setting)
 from ..errors import NodeRefused, NonFiniteValues, PlatoonError, QuorumBroken, QuorumTimeout
 from ..node.compress import ErrorFeedback, RawCodec, make_codec
 from ..node.tie import LOCK_TIMEOUT_S, CentreTie, outer_step
@@ -66,7 +67,6 @@ log = logging.getLogger(__name__)
 
 IDLE_POLL_S = 0.05  # between rounds while some member's centre is not ready
 HALT_TIMEOUT_S = 10.0
-FINAL_TIMEOUT_S = 120.0  # a done node's wait for a round of its group (then it gives up)
 
 
 def _sha256(arrays) -> bytes:
