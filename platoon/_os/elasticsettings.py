@@ -18,11 +18,11 @@ re-exports `MembershipSettings`, and `platoon.elastic.lighthouse` `Limits`.
 import argparse
 import dataclasses
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .argv import word
 from .checks import check_count, check_seconds
-from .nodesettings import NodeSettings, elastic_node, flag_message
+from .nodesettings import CentreTie, NodeSettings, elastic_node, flag_message
 
 FINAL_TIMEOUT_S = 120.0  # a done node's wait for a round of its group (then it gives up)
 ELASTIC_HOST_HELP = (
@@ -209,6 +209,12 @@ class ElasticNodeSettings:
                              "tie_timeout_s (%g s), got %r"
                              % (self.tie_timeout_s, self.final_timeout_s))
 
+    @property
+    def tie(self) -> CentreTie:
+        """The node's tie (an elastic node always has one)."""
+        assert self.node.tie is not None  # (checked at construction)
+        return self.node.tie
+
     def to_argv(self) -> List[str]:
         """The elastic node's options for these settings (the worker command goes after them,
         behind ``--``): ``--join``, ``--name``, then each setting that is not its default,
@@ -248,12 +254,12 @@ class ElasticNodeSettings:
         add("--tie-timeout-s", type=float, default=absent, metavar="S",
             help="a round's collectives wait at most this long for a member that stops "
                  "answering (default %g; more than --tie-every-s)"
-                 % _DEFAULTS["tie_timeout_s"])
+                 % ElasticNodeSettings.tie_timeout_s)
         add("--final-timeout-s", type=float, default=absent, metavar="S",
             help="a node whose workers are done waits for the final round as long as its "
                  "quorum makes rounds; after this long without one (its peers gone, too few "
                  "nodes, the lighthouse gone) it keeps its own centre and ends (default %g; "
-                 "more than --tie-timeout-s)" % _DEFAULTS["final_timeout_s"])
+                 "more than --tie-timeout-s)" % ElasticNodeSettings.final_timeout_s)
         add("--status-file", default=absent, metavar="PATH",
             help="write this node's status (its state, quorum and final result, JSON) to "
                  "PATH, atomically, as it changes (platoon-launcher --elastic reads it; the "
@@ -276,7 +282,7 @@ class ElasticNodeSettings:
             raise ValueError(flag_message(exc)) from None
 
 
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ElasticNodeSettings)}
+_DEFAULTS: Dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ElasticNodeSettings)}
 
 
 def _setting(settings: LighthouseSettings, part: Optional[str], name: str):

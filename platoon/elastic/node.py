@@ -135,7 +135,7 @@ def run_elastic_node(worker_argv: Sequence[str], settings: ElasticNodeSettings, 
             return LighthouseClient(settings.join, name, address, secret=secret,
                                     heartbeat_interval_s=heartbeat_interval_s)
 
-        link = ElasticLink(num_workers, connect, name, node.tie, settings.tie_timeout_s, fail,
+        link = ElasticLink(num_workers, connect, name, settings.tie, settings.tie_timeout_s, fail,
                            started_at, settings.final_timeout_s, settings.slot)
         say("platoon.elastic: node %s, controller pid %d, job %s, lighthouse %s"
             % (name, os.getpid(), job_id, settings.join))
