@@ -285,6 +285,17 @@ class TcpProxy:
             t.join(5)
 
 
+def assert_golden(made, path):
+    """`made` is what the golden file at `path` (tests/golden/) holds; WRITE_GOLDEN=1 writes
+    it first (after a deliberate change: then read the diff)."""
+    if os.environ.get("WRITE_GOLDEN"):
+        with open(path, "w") as f:
+            json.dump(made, f, indent=1)
+            f.write("\n")
+    with open(path) as f:
+        assert made == json.load(f)
+
+
 def garbled_minibatch(rng):
     """Frames of one random, usually malformed, minibatch message."""
     values = [0, -1, 3, 2 ** 63, 10 ** 30, 1.5, True, None, "3", [], {}, "\u00e9", "C", "F",

@@ -1,6 +1,11 @@
-"""Command lines: what the launcher and the MPI runner both do to their argv."""
+"""Command lines: what the launcher and the node runners both do to their argv."""
 
 from typing import List, Sequence
+
+
+def word(value) -> str:
+    """A setting's value as a word of an argv (floats as repr: they read back exactly)."""
+    return repr(value) if isinstance(value, float) else str(value)
 
 
 def join_option_values(argv: Sequence[str], options: Sequence[str]) -> List[str]:

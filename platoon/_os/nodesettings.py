@@ -1,24 +1,26 @@
 """The settings of a node of a multi-node job, declared, defaulted and checked once: its tie
-(`CentreTie`), the rest of the node (`NodeSettings`, which holds the tie), and an elastic
-job's membership rule (`MembershipSettings`, the lighthouse's).
+(`CentreTie`) and the rest of the node (`NodeSettings`, which holds the tie); an elastic
+node's defaults (`elastic_tie`, `elastic_node`).
 
 The launcher (``platoon-launcher --hosts``) builds them from its command line and hands them
 whole to each node's runner (``python -m platoon.mpi``) as the one argv that crosses
 ``mpiexec``, made by `NodeSettings.to_argv` (pinned by a golden file in the tests); the runner
 reads it back with `NodeSettings.add_arguments` and `NodeSettings.from_arguments`. A setting
-left at its default is not written: the runner takes the same default, from here.
+left at its default is not written: the runner takes the same default, from here. An elastic
+job's processes' settings (the lighthouse's, an elastic node's, which holds a NodeSettings)
+are `platoon._os.elasticsettings`'.
 
 The standard library only (the launcher loads no numpy): `platoon.node.tie` re-exports
-`CentreTie`, `platoon.elastic` `MembershipSettings`, and `platoon.node.compress.CODECS` holds
-the codecs `TIE_CODECS` names.
+`CentreTie`, and `platoon.node.compress.CODECS` holds the codecs `TIE_CODECS` names.
 """
 
 import argparse
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Dict, List, Optional
 
+from .argv import word
 from .checks import check_count, check_seconds
 
 TIE_CODECS = ("float32", "int8", "int4")  # platoon.node.compress.CODECS (a test holds them equal)
@@ -135,15 +137,23 @@ def elastic_tie(**given) -> CentreTie:
     return CentreTie(**dict(ELASTIC_TIE, **given))
 
 
-def flag_message(exc: ValueError, prefix: str = "--tie-") -> str:
-    """A CentreTie's (or NodeSettings') refusal, naming the command-line flag of the setting
-    (``CentreTie outer_lr must ...`` -> ``--tie-outer-lr must ...``) for a parser's error."""
+def flag_message(exc: ValueError, prefix: str = "--tie-",
+                 flags: Optional[Dict[str, str]] = None) -> str:
+    """A settings object's refusal, naming the command-line flag of the setting for a
+    parser's error: ``CentreTie outer_lr must ...`` -> ``--tie-outer-lr must ...`` (a
+    message that names no class: `prefix` and the setting), ``NodeSettings workers must
+    ...`` -> ``--workers must ...`` (any other class of settings: ``--`` and the setting),
+    or the flag `flags` gives for the setting's name."""
     text = str(exc)
-    match = re.match(r"(?:CentreTie |NodeSettings )?([a-z_]+) (must|needs)", text)
+    match = re.match(r"(?:([A-Z]\w*) )?([a-z_]+) (must|needs)", text)
     if match is None:
         return text
-    flag = ("--" if text.startswith("NodeSettings") else prefix) + match.group(1).replace("_", "-")
-    return flag + text[match.end(1):]
+    owner, name = match.group(1), match.group(2)
+    if flags and name in flags:
+        flag = flags[name]
+    else:
+        flag = (prefix if owner in (None, "CentreTie") else "--") + name.replace("_", "-")
+    return flag + text[match.end(2):]
 
 
 @dataclass(frozen=True)
@@ -177,20 +187,22 @@ class NodeSettings:
         if self.tie is not None and not isinstance(self.tie, CentreTie):
             raise ValueError("NodeSettings tie must be a CentreTie or None, got %r" % (self.tie,))
 
-    def to_argv(self, tie_defaults: Optional[CentreTie] = None) -> List[str]:
+    def to_argv(self, defaults: Optional["NodeSettings"] = None) -> List[str]:
         """The node runner's options for these settings (the worker command goes after them,
-        behind ``--``): ``--workers`` and every setting that is not its default, in the order
-        of the fields; a tie as ``--tie-every-s`` and/or ``--tie-every-syncs`` (whichever it
-        has) and its other settings that are not their defaults: CentreTie's, or those of
-        `tie_defaults`, the tie the runner takes where none is given (an elastic node's,
-        `elastic_tie()`)."""
+        behind ``--``): ``--workers`` and every setting that differs from `defaults` (the
+        node the reader takes where an option is not given: NodeSettings' own defaults, or an
+        elastic node's, `elastic_node()`), in the order of the fields; a tie as
+        ``--tie-every-s`` and/or ``--tie-every-syncs`` (whichever it has) and its other
+        settings that differ from the defaults' tie (or CentreTie's)."""
         argv = ["--workers", str(self.workers)]
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in ("workers", "tie") or value == f.default:
+            default = f.default if defaults is None else getattr(defaults, f.name)
+            if f.name in ("workers", "tie") or value == default:
                 continue
-            argv += ["--" + f.name.replace("_", "-"), _text(value)]
+            argv += ["--" + f.name.replace("_", "-"), word(value)]
         tie = self.tie
+        tie_defaults = None if defaults is None else defaults.tie
         if tie is not None:
             for f in dataclasses.fields(tie):
                 value = getattr(tie, f.name)
@@ -198,16 +210,27 @@ class NodeSettings:
                 default = f.default if tie_defaults is None else getattr(tie_defaults, f.name)
                 if (pace and value is None) or (not pace and value == default):
                     continue
-                argv += ["--tie-" + f.name.replace("_", "-"), _text(value)]
+                argv += ["--tie-" + f.name.replace("_", "-"), word(value)]
         return argv
 
     @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
+    def add_arguments(parser: argparse.ArgumentParser, defaults: Optional["NodeSettings"] = None,
+                      host_help: Optional[str] = None) -> None:
         """The node runner's options (what `to_argv` writes) on `parser`; a setting not given
-        is absent from the parsed namespace, and `from_arguments` takes its default."""
+        is absent from the parsed namespace, and `from_arguments` takes its default. With
+        `defaults` (the reader's node where an option is not given; its help names them),
+        ``--workers`` may be left out; where they hold a tie, the node is always tied, paced
+        in seconds (an elastic node's: no ``--tie-every-syncs``). `host_help`: what
+        ``--host`` means to this reader (default: the interface its controller binds)."""
         absent = argparse.SUPPRESS
         add = parser.add_argument
-        add("--workers", type=int, required=True, help="workers on each node")
+        node = NodeSettings(1) if defaults is None else defaults
+        tie = CentreTie() if node.tie is None else node.tie
+        if defaults is None:
+            add("--workers", type=int, required=True, help="workers on each node")
+        else:
+            add("--workers", type=int, default=absent,
+                help="workers on this node (default %d)" % defaults.workers)
         add("--controller", default=absent,
             help="controller script file.py (run as __main__, like EXPERIMENT_controller.py), "
                  "or module:Class or file.py:Class (created and served); default "
@@ -216,71 +239,62 @@ class NodeSettings:
             help="arguments of a controller script (one shell-quoted string, which may start "
                  'with a dash: --controller-args "--steps=400")')
         add("--host", default=absent,
-            help="interface the controller binds (default %s)" % NodeSettings.host)
-        add("--tie-every-s", type=float, default=absent,
-            help="tie the node centres every so many seconds")
-        add("--tie-every-syncs", type=int, default=absent,
-            help="tie the node centres once every node's workers have made so many syncs")
+            help=host_help or "interface the controller binds (default %s)" % node.host)
+        if node.tie is None:
+            add("--tie-every-s", type=float, default=absent,
+                help="tie the node centres every so many seconds")
+            add("--tie-every-syncs", type=int, default=absent,
+                help="tie the node centres once every node's workers have made so many syncs")
+        else:
+            add("--tie-every-s", type=float, default=absent,
+                help="an outer round every so many seconds (default %s)" % tie.every_s)
         add("--tie-beta", type=float, default=absent,
             help="easgd: how far each centre moves toward the mean at a tie, (0, 1] "
-                 "(default %g)" % CentreTie.beta)
+                 "(default %g)" % tie.beta)
         add("--tie-compress", choices=TIE_CODECS, default=absent,
-            help="how the centres travel at a tie: float32 (default), int8 or int4 (per-block "
-                 "scales, 3.9x or 7.8x fewer bytes)")
+            help="how the centres travel at a tie: float32, int8 or int4 (per-block scales, "
+                 "3.9x or 7.8x fewer bytes; default %s)" % tie.compress)
         add("--tie-outer", choices=OUTER_RULES, default=absent,
-            help="what a tie round does: easgd (each centre moves toward the mean; default) "
-                 "or diloco (an outer Nesterov step on the nodes' mean pseudo-gradient)")
+            help="what a tie round does: easgd (each centre moves toward the mean) or diloco "
+                 "(an outer Nesterov step on the nodes' mean pseudo-gradient); default %s"
+                 % tie.outer)
         add("--tie-outer-lr", type=float, default=absent,
-            help="diloco: the outer learning rate (default %g)" % CentreTie.outer_lr)
+            help="diloco: the outer learning rate (default %g)" % tie.outer_lr)
         add("--tie-outer-momentum", type=float, default=absent,
-            help="diloco: the outer Nesterov momentum (default %g)" % CentreTie.outer_momentum)
-        add("--serve-timeout-s", type=float, default=absent)
+            help="diloco: the outer Nesterov momentum (default %g)" % tie.outer_momentum)
+        add("--serve-timeout-s", type=float, default=absent,
+            help="seconds the controller serves (default: until its workers are done)")
         add("--ready-timeout-s", type=float, default=absent,
             help="seconds for the controller to start serving (default %g)"
-                 % NodeSettings.ready_timeout_s)
+                 % node.ready_timeout_s)
         add("--finish-timeout-s", type=float, default=absent,
             help="seconds workers may run on after the controller finished (default %g); "
-                 "then they are stopped" % NodeSettings.finish_timeout_s)
+                 "then they are stopped" % node.finish_timeout_s)
 
     @classmethod
-    def from_arguments(cls, args: argparse.Namespace) -> "NodeSettings":
-        """The settings a namespace of `add_arguments`' options holds; a tie when
-        ``--tie-every-s`` or ``--tie-every-syncs`` was given. Raises ValueError naming a bad
-        setting (`flag_message` names its flag)."""
+    def from_arguments(cls, args: argparse.Namespace,
+                       defaults: Optional["NodeSettings"] = None) -> "NodeSettings":
+        """The settings a namespace of `add_arguments`' options holds (other options in it
+        are ignored), `defaults` (or the class's) where one is absent; a tie when
+        ``--tie-every-s`` or ``--tie-every-syncs`` was given, or `defaults` hold one (then
+        updated with the tie options given). Raises ValueError naming a bad setting
+        (`flag_message` names its flag)."""
         given = vars(args)
+        tie_given = {f.name: given["tie_" + f.name] for f in dataclasses.fields(CentreTie)
+                     if "tie_" + f.name in given}
         tie = None
-        if "tie_every_s" in given or "tie_every_syncs" in given:
-            tie = CentreTie(given.get("tie_every_s"), every_syncs=given.get("tie_every_syncs"),
-                            **{f.name: given["tie_" + f.name]
-                               for f in dataclasses.fields(CentreTie)
-                               if f.name not in ("every_s", "every_syncs")
-                               and "tie_" + f.name in given})
-        return cls(tie=tie, **{f.name: given[f.name] for f in dataclasses.fields(cls)
-                               if f.name != "tie" and f.name in given})
+        if defaults is not None and defaults.tie is not None:
+            tie = dataclasses.replace(defaults.tie, **tie_given)
+        elif "every_s" in tie_given or "every_syncs" in tie_given:
+            tie = CentreTie(tie_given.pop("every_s", None), **tie_given)
+        node = {f.name: given[f.name] for f in dataclasses.fields(cls)
+                if f.name != "tie" and f.name in given}
+        if defaults is None:
+            return cls(tie=tie, **node)
+        return dataclasses.replace(defaults, tie=tie, **node)
 
 
-@dataclass(frozen=True)
-class MembershipSettings:
-    """The lighthouse's rule. min_nodes: no quorum with fewer live nodes.
-    heartbeat_timeout_s: a node silent this long is out of the next quorum.
-    join_grace_s: once the live nodes differ from the quorum's, wait this long for more
-    joiners (or leavers) before issuing the next quorum."""
-
-    min_nodes: int = 1
-    heartbeat_timeout_s: float = 5.0
-    join_grace_s: float = 0.3
-
-    def __post_init__(self):
-        if not (isinstance(self.min_nodes, int) and self.min_nodes >= 1):
-            raise ValueError("min_nodes must be an integer >= 1, got %r" % (self.min_nodes,))
-        if not self.heartbeat_timeout_s > 0:
-            raise ValueError("heartbeat_timeout_s must be > 0 seconds, got %r"
-                             % (self.heartbeat_timeout_s,))
-        if not self.join_grace_s >= 0:
-            raise ValueError("join_grace_s must be >= 0 seconds, got %r" % (self.join_grace_s,))
-
-
-
-def _text(value) -> str:
-    """A setting's value as a word of the argv (floats as repr: they read back exactly)."""
-    return repr(value) if isinstance(value, float) else str(value)
+def elastic_node() -> NodeSettings:
+    """An elastic node's settings where its command line gives none: one worker, the
+    elastic tie (`elastic_tie()`), NodeSettings' other defaults."""
+    return NodeSettings(1, tie=elastic_tie())

@@ -19,12 +19,26 @@ summary. Its keys are the contract between the two processes:
 - ``failed_worker``: {``worker_id``, ``pid``}, once `serve` ended because
   `handle_worker_death` raised for that worker (that worker leads the report).
 
+An elastic job's lighthouse and nodes each write one too, where their settings'
+``status_file`` says (``--status-file``; `platoon._os.elasticsettings`), with the same
+`write_status`; ``platoon-launcher --elastic`` reads them, not their logs:
+
+- the lighthouse's: ``address`` (where it serves), ``pid``, ``quorum`` (its latest,
+  {``id``, ``members``}, or null before the first), ``left_out`` ({node: why it is out of
+  the quorums}); written as it starts and at each new quorum;
+- an elastic node's: ``name``, ``pid``, ``state`` (``running``, then ``finished``,
+  ``failed`` or ``refused``), ``quorum`` (the newest it has heard of, {``id``, ``members``},
+  or null), ``quorums`` (the ids of those it made outer rounds in), ``rounds``,
+  ``kept_own_centre`` (true once it gave the final round up and kept its own centre),
+  ``final_result`` ({``metrics``, ``worker``}: the agreed centre's evaluation, on the node that
+  made it), ``error`` (once it failed: why); written as they change and when it ends.
+
 Standard library only: the launcher loads neither zmq nor numpy.
 """
 
 import json
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 MAX_METRICS = 32  # metric names kept for the job, and for each worker (the first reported)
 MAX_NAME = 64  # characters in a metric's name, at most
@@ -61,3 +75,23 @@ def read_status(path: Optional[str]) -> Dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return status if isinstance(status, dict) else {}
+
+
+def quorum_entry(quorum_id: int, members: Sequence[str]) -> Dict[str, Any]:
+    """A quorum as a status file holds it."""
+    return {"id": int(quorum_id), "members": list(members)}
+
+
+def quorum_text(entry: Any) -> Optional[str]:
+    """``quorum ID: A, B`` for a status file's quorum entry; None for none (or a damaged one)."""
+    try:
+        return "quorum %d: %s" % (entry["id"], ", ".join(map(str, entry["members"])))
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def final_result_text(node: str, metrics: Dict[str, Any]) -> str:
+    """How an elastic job's final result is said: by the node that evaluated it, in its log,
+    and by the launcher, in its summary."""
+    return "final result (the agreed centre, evaluated once by node %s): %s" % (
+        node, ", ".join("%s %s" % item for item in metrics.items()))

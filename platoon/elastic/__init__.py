@@ -1,6 +1,7 @@
 """Elastic jobs across nodes: nodes that come and go (docs/multi-node.md).
 
-- `node`: one node's controller and workers (``python -m platoon.elastic.node --join``).
+- `node`: one node's controller and workers (``python -m platoon.elastic.node --join``);
+  `nodestatus`: its status file (its state, quorum and final result, for the launcher).
 - `link`, `tie`: the node controller's link (`ElasticLink`) and its centre tie
   (`ElasticTie`: DiLoCo's outer step per quorum, healing, the final agreement).
 

@@ -23,14 +23,15 @@ import secrets
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import zmq
 
+from .._os.elasticsettings import LighthouseSettings, Limits
 from .._os.environment import JobEnvironment
 from .._os.logthrottle import ThrottledLog
 from .._os.process import announce
+from .._os.statusfile import quorum_entry, write_status
 from ..errors import PlatoonError
 from . import wire
 from .quorum import Membership, MembershipSettings
@@ -45,33 +46,18 @@ IDLE_S = 10.0  # a connection silent this long no longer counts against its sour
 DRAIN = 256  # messages read between two ticks at most
 
 
-@dataclass(frozen=True)
-class Limits:
-    """What the lighthouse serves one source address (a host: a stranger's, or several
-    nodes'): at most `connections_per_source` connections at once (each node holds one;
-    give more when many nodes share one address, 0 for no cap), and at most
-    `refusals_per_source` replies to requests without the job's secret per `log_period_s`
-    seconds, in which each source's refusals make one log line, with a count."""
-
-    connections_per_source: int = 64
-    refusals_per_source: int = 10
-    log_period_s: float = 10.0
-
-    def __post_init__(self):
-        if self.connections_per_source < 0 or self.refusals_per_source < 0 \
-                or not self.log_period_s > 0:
-            raise ValueError("Limits need counts >= 0 and log_period_s > 0, got %r" % (self,))
-
-
 class Lighthouse:
     """Serves `settings` (MembershipSettings) on `bind` ("HOST:PORT"; port 0 picks one) for
-    holders of `secret`, within `limits` (default `Limits()`). A context manager;
-    `serve(stop)` runs until `stop()` is true."""
+    holders of `secret`, within `limits` (default `Limits()`), writing its status (its address
+    and latest quorum: `platoon._os.statusfile`) to `status_file` as `serve` starts and at each
+    new quorum (None: nowhere). A context manager; `serve(stop)` runs until `stop()` is
+    true."""
 
     def __init__(self, settings: MembershipSettings, bind: str, secret: bytes,
-                 limits: Optional[Limits] = None):
+                 limits: Optional[Limits] = None, status_file: Optional[str] = None):
         self.membership = Membership(settings)
         self.limits = Limits() if limits is None else limits
+        self.status_file = status_file
         self._secret = secret
         self._context = zmq.Context()
         self._socket = self._context.socket(zmq.ROUTER)
@@ -198,7 +184,23 @@ class Lighthouse:
         if answer is not None:
             self._socket.send_multipart([peer, b""] + list(answer))
 
+    def write_status(self) -> None:
+        """Write the status file (if any): what the launcher shows of this lighthouse. A
+        failure is logged (at most once per period), never raised: nodes are served on."""
+        if self.status_file is None:
+            return
+        quorum = self.membership.quorum
+        try:
+            write_status(self.status_file, {
+                "address": self.address, "pid": os.getpid(),
+                "quorum": None if quorum is None else quorum_entry(quorum.id, quorum.members),
+                "left_out": dict(self.membership.left_out)})
+        except OSError as exc:
+            self._warnings.warning("status", "cannot write the status file %s: %s",
+                                   self.status_file, exc)
+
     def serve(self, stop=lambda: False) -> None:
+        self.write_status()
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
         next_tick = time.monotonic()
@@ -221,6 +223,7 @@ class Lighthouse:
                 for name, why in sorted(self.membership.left_out.items()):
                     log.warning("node %s is out of the quorums: %s", name, why)
                 log.info("quorum %d: %s", quorum.id, ", ".join(quorum.members))
+                self.write_status()
 
     def close(self) -> None:
         self._socket.close(linger=0)
@@ -233,49 +236,48 @@ class Lighthouse:
         self.close()
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def read_arguments(argv: Optional[Sequence[str]] = None
+                   ) -> Tuple[LighthouseSettings, Optional[str]]:
+    """(the settings, --new-secret's path or None) of
+    ``python -m platoon.elastic.lighthouse``'s command line; exits with status 2 (argparse's
+    usage error) naming a bad option."""
     parser = argparse.ArgumentParser(
         prog="python -m platoon.elastic.lighthouse",
         description="Membership of an elastic platoon job: numbered quorums of live nodes.")
-    parser.add_argument("--min-nodes", type=int, default=1,
-                        help="no quorum with fewer live nodes (default 1)")
-    parser.add_argument("--heartbeat-timeout-s", type=float, default=5.0, metavar="S",
-                        help="a node silent this many seconds is out of the next quorum "
-                             "(default 5; 1 for fast recovery on a quiet network)")
-    parser.add_argument("--join-grace-s", type=float, default=0.3, metavar="S",
-                        help="wait this long after a change for more joiners (default 0.3)")
-    parser.add_argument("--bind", default="127.0.0.1:29510", metavar="HOST:PORT",
-                        help="where nodes reach it (default 127.0.0.1:29510; port 0 picks one)")
-    parser.add_argument("--max-connections-per-source", type=int,
-                        default=Limits.connections_per_source, metavar="N",
-                        help="serve at most N connections from one source address (default "
-                             "%(default)s; each node holds one: raise it when more nodes share "
-                             "an address; 0: no cap)")
-    parser.add_argument("--secret-file", metavar="PATH",
-                        help="the job's secret (default: $PLATOON_ELASTIC_SECRET_FILE)")
+    LighthouseSettings.add_arguments(parser)
     parser.add_argument("--new-secret", metavar="PATH",
                         help="write a new secret file (0600) for a job to PATH and exit")
     args = parser.parse_args(argv)
+    try:
+        return LighthouseSettings.from_arguments(args), getattr(args, "new_secret", None)
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise  # (parser.error exits)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m platoon.elastic.lighthouse``: serve until SIGTERM or SIGINT."""
+    settings, new_secret = read_arguments(argv)
     logging.basicConfig(stream=sys.stdout, format="lighthouse: %(message)s",
                         level=os.environ.get("PLATOON_LOG_LEVEL", "INFO").upper())
     try:
-        if args.new_secret:
+        if new_secret:
             print("wrote a new secret to %s: copy it to every node" % generate_secret(
-                args.new_secret))
+                new_secret))
             return 0
-        settings = MembershipSettings(args.min_nodes, args.heartbeat_timeout_s, args.join_grace_s)
-        secret = load_secret(args.secret_file)
-        lighthouse = Lighthouse(settings, args.bind, secret,
-                                Limits(connections_per_source=args.max_connections_per_source))
-    except (PlatoonError, ValueError, OSError) as exc:
+        secret = load_secret(settings.secret_file)
+        lighthouse = Lighthouse(settings.membership, settings.bind, secret, settings.limits,
+                                settings.status_file)
+    except (PlatoonError, OSError) as exc:
         print("lighthouse: %s" % exc, file=sys.stderr)
         return 2
     stopping = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.append(True))
+    membership = settings.membership
     with lighthouse:
         log.info("serving on tcp://%s (min nodes %d, heartbeat timeout %g s)",
-                 lighthouse.address, settings.min_nodes, settings.heartbeat_timeout_s)
+                 lighthouse.address, membership.min_nodes, membership.heartbeat_timeout_s)
         ready_fd = JobEnvironment.read("ready_fd").ready_fd  # platoon-launcher --elastic's
         if ready_fd is not None:
             announce(ready_fd, {"address": lighthouse.address})

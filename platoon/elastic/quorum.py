@@ -7,8 +7,8 @@ memory still issues ids above every id its members knew. Each quorum also carrie
 nonce: its group meets under a store prefix holding it, so two quorums that share an id (a
 lighthouse restarted before any node could report) never share a group (the nonce is no
 secret: the store serves the job's nodes only).
-The rule's settings (`MembershipSettings`) are declared with the other node settings, in
-`platoon._os.nodesettings` (the launcher reads them, and loads no elastic module), and
+The rule's settings (`MembershipSettings`) are declared with the lighthouse's other settings,
+in `platoon._os.elasticsettings` (the launcher reads them, and loads no elastic module), and
 re-exported here.
 """
 
@@ -16,7 +16,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from .._os.nodesettings import MembershipSettings  # (declared with the node settings)
+from .._os.elasticsettings import MembershipSettings  # (declared with the lighthouse's)
 
 # A member whose data plane most other members of its quorum reported unreachable is out of
 # the quorums this long (or until it heartbeats from another address or process), then tried

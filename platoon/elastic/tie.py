@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from .._os.elasticsettings import FINAL_TIMEOUT_S  # (an elastic node's setting)
 from ..errors import PlatoonError, QuorumBroken, QuorumTimeout
 from ..node.tie import (  # noqa: F401 (_sha256, _feedback_for: read by the tests)
     CentreTie,
@@ -24,8 +25,6 @@ from ..node.tie import (  # noqa: F401 (_sha256, _feedback_for: read by the test
 )
 
 log = logging.getLogger(__name__)
-
-FINAL_TIMEOUT_S = 120.0  # a done node's wait for a round of its group (then it gives up)
 
 
 class ElasticMembership:

@@ -17,12 +17,12 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from .. import device
 from .._os.argv import join_option_values
+from .._os.elasticsettings import ElasticNodeSettings, MembershipSettings
 from .._os.environment import JobEnvironment
 from .._os.nodesettings import (
     OUTER_RULES,
     TIE_CODECS,
     CentreTie,
-    MembershipSettings,
     NodeSettings,
     elastic_tie,
     flag_message,
@@ -92,7 +92,6 @@ NOT_WITH_ELASTIC = [
      "seconds: use --tie-every-s"),
 ]
 ELASTIC_FLAGS = ("lighthouse", "join", "secret_file", "min_nodes", "heartbeat_timeout_s")
-TIE_TIMEOUT_S = 30.0  # an elastic node's --tie-timeout-s (platoon.elastic.node's default)
 # Defaults of the options above that are refused with --hosts (None in the parser, so that
 # an option given explicitly can be told from its default).
 DEFAULTS = {"restart": 0, "control_port": 0, "data_port": 0, "status_every_s": 5.0}
@@ -246,10 +245,12 @@ def make_parser() -> "_Parser":
                         "(default: a new one, 0600, in LOG_DIR/%s: on another host the log "
                         "directory must be shared, or give this)" % "elastic.secret")
     parser.add_argument("--min-nodes", type=int, metavar="M",
-                        help="with --elastic: no quorum with fewer live nodes (default 1)")
+                        help="with --elastic: no quorum with fewer live nodes (default %d)"
+                        % MembershipSettings.min_nodes)
     parser.add_argument("--heartbeat-timeout-s", type=_seconds, metavar="S",
                         help="with --elastic: a node silent this long is out of the next "
-                        "quorum (default 5; 1 on a quiet network)")
+                        "quorum (default %g; 1 on a quiet network)"
+                        % MembershipSettings.heartbeat_timeout_s)
     parser.add_argument("--tie-every-s", type=_seconds, metavar="S",
                         help="with --hosts: tie the node centres every S seconds (with "
                         "--elastic: default %s)" % elastic_tie().every_s)
@@ -405,9 +406,10 @@ def check_elastic(args: argparse.Namespace, error: Callable[[str], Any]) -> None
     if args.min_nodes is not None and args.min_nodes > len(args.hosts):
         error("--min-nodes %d is more than the %d host(s): no quorum would ever form"
               % (args.min_nodes, len(args.hosts)))
-    if args.tie_every_s is not None and not args.tie_every_s < TIE_TIMEOUT_S:
+    timeout_s = ElasticNodeSettings.tie_timeout_s  # (the launcher gives the node's default)
+    if args.tie_every_s is not None and not args.tie_every_s < timeout_s:
         error("--tie-every-s must be less than %g s with --elastic (a round's timeout)"
-              % TIE_TIMEOUT_S)
+              % timeout_s)
 
 
 def node_settings(args: argparse.Namespace) -> NodeSettings:

@@ -7,30 +7,30 @@ runner per host (``python -m platoon.elastic.node``), each under an ``mpiexec`` 
 mpiexec, and the other nodes go on. A node that fails is reported and, with ``--restart N``,
 started again under its name: it rejoins and is healed from a live node. The job ends when
 every node has ended; the lighthouse, the nodes and the job's shared memory are stopped and
-removed however it ends.
+removed however it ends. Each process's command line is made from its settings object
+(`LighthouseSettings`, `ElasticNodeSettings`); each tells the launcher how it is doing through
+a status file in the log directory (``LABEL.status.json``: the lighthouse's quorum, each node's
+state and final result), which the status line and the summary are made from.
 """
 
 import dataclasses
 import datetime
 import ipaddress
 import os
-import re
 import socket
 import sys
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .._os.elasticsettings import ElasticNodeSettings, LighthouseSettings
 from .._os.environment import JobEnvironment, without_job_variables
 from .._os.jobsecret import generate_secret
-from .._os.nodesettings import EXIT_REFUSED, NodeSettings, elastic_tie
+from .._os.nodesettings import EXIT_REFUSED
 from .._os.process import find_mpiexec, read_announcement, stop, unlink_job_segments
-from .output import LogFollower
+from .._os.statusfile import final_result_text, quorum_text, read_status
 from .supervision import EXIT_FAILED, EXIT_OK, Launch, Process, UsageError, make_private_dirs
 
 SECRET_FILE = "elastic.secret"  # the job's new secret, in the log directory
-QUORUM_LINE = re.compile(r"lighthouse: quorum (\d+): (.*)$")
-FINAL_LINE = re.compile(r"platoon\.elastic: final result \(.*")
-KEPT_OWN = "it kept its own centre"  # a node that gave the final round up says so
 ACROSS_MACHINES = "docs/multi-node.md, \"Across machines (over ssh)\""
 # What mpiexec (its ssh, its proxy) says in a node's log when it cannot start the node on its
 # host, and what to do: (text in the log, advice for host %s)
@@ -74,18 +74,14 @@ def lighthouse_address(given: Optional[str], hosts: Sequence[str]) -> Tuple[str,
     return bind, given
 
 
-def elastic_node_arguments(host: str, name: str, join: str, secret_file: str,
-                           node: NodeSettings, worker_command: Sequence[str],
-                           python: str = sys.executable,
-                           slot: Optional[Tuple[int, int]] = None) -> List[str]:
-    """mpiexec's arguments for node `name` of an elastic job: one rank on `host` runs
-    ``python -m platoon.elastic.node`` joining the lighthouse at `join`, with `node`'s
-    settings (`NodeSettings.to_argv` against the elastic node's own tie defaults) and its
-    `slot` (I, N) if given, then ``--`` and `worker_command`."""
-    return (["-hosts", host, "-n", "1", python, "-m", "platoon.elastic.node", "--join", join,
-             "--name", name, "--secret-file", secret_file]
-            + ([] if slot is None else ["--slot", str(slot[0]), "--slots", str(slot[1])])
-            + node.to_argv(tie_defaults=elastic_tie()) + ["--"] + list(worker_command))
+def elastic_node_arguments(host: str, settings: ElasticNodeSettings,
+                           worker_command: Sequence[str],
+                           python: str = sys.executable) -> List[str]:
+    """mpiexec's arguments for an elastic job's node: one rank on `host` runs
+    ``python -m platoon.elastic.node`` with `settings` (`ElasticNodeSettings.to_argv`), then
+    ``--`` and `worker_command`."""
+    return (["-hosts", host, "-n", "1", python, "-m", "platoon.elastic.node"]
+            + settings.to_argv() + ["--"] + list(worker_command))
 
 
 def remote_start_advice(host: str, log_text: str) -> Optional[str]:
@@ -108,8 +104,6 @@ class ElasticLaunch(Launch):
         self.nodes: Dict[str, Process] = {}  # each node's latest process
         self.started_nodes: List[Process] = []  # every node process, restarts included
         self._ended: Dict[Process, str] = {}  # node process -> how it ended, as said
-        self._lighthouse_log: Optional[LogFollower] = None
-        self._quorum: Optional[Tuple[int, str]] = None  # the lighthouse's latest
         self._lighthouse_port: Optional[str] = None
         self.join = ""  # the lighthouse's address, as the nodes join it
 
@@ -174,14 +168,10 @@ class ElasticLaunch(Launch):
         try:
             self.lighthouse = Process(
                 label, "-m:platoon.elastic.lighthouse",
-                ["--min-nodes", str(args.membership.min_nodes), "--heartbeat-timeout-s",
-                 repr(args.membership.heartbeat_timeout_s), "--join-grace-s",
-                 repr(args.membership.join_grace_s), "--bind", bind, "--secret-file",
-                 self.secret_file], env, os.path.join(self.log_dir, label + ".log"),
-                pass_fds=(write_fd,))
+                self.lighthouse_settings(bind, label).to_argv(), env,
+                os.path.join(self.log_dir, label + ".log"), pass_fds=(write_fd,))
         finally:
             os.close(write_fd)
-        self._lighthouse_log = LogFollower(self.lighthouse.log_path)
         try:
             ready = read_announcement(read_fd, args.ready_timeout_s)
         finally:
@@ -196,26 +186,46 @@ class ElasticLaunch(Launch):
         env.update(JobEnvironment(
             launcher_pid=os.getpid(), log_level=self.args.log_level, job_id=self.job_id,
             checkpoint_path=os.path.abspath(self.centre_of(name))).to_env())
-        node = dataclasses.replace(self.node, host=host)
-        # its place among the job's hosts, for its workers' data (not when joining a job
-        # another launcher started: its slots are not this launcher's to give)
-        slot = None if self.args.join else (self.names.index(name), len(self.names))
         proc = Process(label, "-x:" + self.mpiexec,
-                       elastic_node_arguments(host, name, self.join, self.secret_file, node,
-                                              self.worker_command, slot=slot),
+                       elastic_node_arguments(host, self.node_settings(name, host, label),
+                                              self.worker_command),
                        env, os.path.join(self.log_dir, label + ".log"), index=name,
                        device=host)
         self.nodes[name] = proc
         self.started_nodes.append(proc)
 
+    def lighthouse_settings(self, bind, label):
+        """The settings of the lighthouse `label` binding `bind`: the job's membership rule,
+        its secret, its status file in the log directory."""
+        return LighthouseSettings(self.args.membership, bind, self.secret_file,
+                                  status_file=self.status_path(label))
+
+    def node_settings(self, name, host, label):
+        """The settings of node `name` on `host` (its process `label`): the lighthouse it
+        joins, the job's secret and node settings (its data plane at `host`), its slot, its
+        status file in the log directory."""
+        # its place among the job's hosts, for its workers' data (not when joining a job
+        # another launcher started: its slots are not this launcher's to give)
+        slot = None if self.args.join else (self.names.index(name), len(self.names))
+        return ElasticNodeSettings(self.join, name, dataclasses.replace(self.node, host=host),
+                                   self.secret_file, slot, status_file=self.status_path(label))
+
     def centre_of(self, name):
         """Where node `name` saves its final centre (on its own machine)."""
         return os.path.join(self.log_dir, "centre-%s.npz" % name)
 
+    def status_path(self, label):
+        """Where the process `label` (the lighthouse, or a node) writes its status file (a
+        node: on its own machine; the launcher sees it where the log directory is shared)."""
+        return os.path.abspath(os.path.join(self.log_dir, label + ".status.json"))
+
+    def status_of(self, proc):
+        """What process `proc`'s status file says ({} before it wrote one)."""
+        return read_status(self.status_path(proc.label))
+
     # -- supervision ---------------------------------------------------------------------
     def _supervision_pass(self):
         self.echo_output()
-        self._follow_lighthouse()
         lighthouse = self.lighthouse
         if lighthouse is not None and lighthouse.poll() is not None:
             code = self._lighthouse_failed(lighthouse)
@@ -291,13 +301,15 @@ class ElasticLaunch(Launch):
             proc.describe_exit() if proc.poll() is not None
             else "no answer within %.3g s" % self.args.ready_timeout_s))
 
-    def _follow_lighthouse(self):
-        if self._lighthouse_log is None:
-            return
-        for line in self._lighthouse_log.new_lines():
-            match = QUORUM_LINE.search(line)
-            if match:
-                self._quorum = (int(match.group(1)), match.group(2))
+    def latest_quorum(self):
+        """``quorum ID: A, B`` of the job's latest quorum, from the status file of the
+        lighthouse this launcher started (joined to another's: the newest any node has
+        heard of); None before there is one."""
+        if self.lighthouse is not None:
+            return quorum_text(self.status_of(self.lighthouse).get("quorum"))
+        heard = [self.status_of(p).get("quorum") for p in self.nodes.values()]
+        heard = [q for q in heard if quorum_text(q) is not None]
+        return quorum_text(max(heard, key=lambda q: q["id"])) if heard else None
 
     def show_status(self, force=False):
         if not self.status.due(force):
@@ -305,8 +317,9 @@ class ElasticLaunch(Launch):
         running = sum(p.poll() is None for p in self.nodes.values())
         elapsed = datetime.timedelta(seconds=int(time.monotonic() - self._started))
         parts = ["nodes running %d/%d" % (running, len(self.nodes)), "elapsed %s" % elapsed]
-        if self._quorum is not None:
-            parts.append("quorum %d: %s" % self._quorum)
+        quorum = self.latest_quorum()
+        if quorum is not None:
+            parts.append(quorum)
         elif self.lighthouse is not None:
             parts.append("no quorum yet")
         restarted = len(self.started_nodes) - len(self.nodes)
@@ -345,14 +358,15 @@ class ElasticLaunch(Launch):
                 proc, "stopped" if proc.returncode is not None else "still running")))
         final, kept_own = None, []
         for proc in self.started_nodes:
-            for line in _lines(proc.log_path):
-                match = FINAL_LINE.search(line)
-                if match:
-                    final = match.group(0)
-                if KEPT_OWN in line:
-                    kept_own.append(proc.index)
+            status = self.status_of(proc)
+            result = status.get("final_result")
+            if isinstance(result, dict) and isinstance(result.get("metrics"), dict):
+                final = final_result_text(str(status.get("name", proc.index)),
+                                          result["metrics"])
+            if status.get("kept_own_centre"):
+                kept_own.append(proc.index)
         if final:
-            lines.append("  " + final[len("platoon.elastic: "):])
+            lines.append("  " + final)
         saved = [self.centre_of(n) for n in self.names
                  if self._saved_during_job(self.centre_of(n))]
         if saved:
@@ -373,14 +387,6 @@ class ElasticLaunch(Launch):
                              " (the job ended before its final round)",
                              self.centre_of("NAME")))
         return lines
-
-
-def _lines(path):
-    try:
-        with open(path, errors="replace") as f:
-            return f.read().splitlines()
-    except OSError:
-        return []
 
 
 __all__ = ["ElasticLaunch", "elastic_node_arguments", "lighthouse_address", "node_names",

@@ -1,6 +1,7 @@
 """platoon-launcher --hosts ... --elastic, real jobs on 127.0.0.1: a node or the lighthouse
 killed -9 and restarted, Ctrl-C, every node failing, nodes joining a lighthouse of their own."""
 
+import json
 import os
 import re
 import signal
@@ -82,13 +83,18 @@ def test_launcher_elastic_job_survives_a_kill_restarts_the_node_healed_ends_on_o
     launcher = Proc(["-m", "platoon.launch.cli", WORKER, "--hosts"] + ["127.0.0.1"] * 3 + [
         "--elastic", "-n", "1", "--min-nodes", "2", "--heartbeat-timeout-s", str(TIMEOUT_S),
         "--tie-every-s", "0.2"] + rule + [
-        "--restart", "1", "--log-dir", str(logs), "--", "60", str(stop)])
+        "--restart", "1", "--log-dir", str(logs), "--", "60", str(stop)],
+        env={"ELASTIC_WORKER_EVALUATE": "1"})
     try:
         match, _ = launcher.wait_for_match(r"\[node-%s\] platoon.elastic: node \S+, controller "
                                            r"pid (\d+), job (\S+)," % n[c], 30)
         pid, c_job = int(match.group(1)), match.group(2)
-        launcher.wait_for_match(r"\[node-%s\] .* WARNING: node %s: first contributing round"
-                                % (n[c], n[c]), 30)
+        # every node has made a round, so all three are in one group when node 3 dies (a node
+        # that starts late, past the first quorum's grace, makes its first round in the
+        # quorum of all three: killed before, node 3 would leave it building that group)
+        for x in names:
+            launcher.wait_for_match(r"\[node-%s\] .* WARNING: node %s: first contributing round"
+                                    % (n[x], n[x]), 30)
         everyone = r"\[lighthouse\] .*lighthouse: quorum (\d+): %s$" % ", ".join(
             n[x] for x in names)
         _, index = launcher.wait_for_match(everyone, 10)
@@ -129,6 +135,19 @@ def test_launcher_elastic_job_survives_a_kill_restarts_the_node_healed_ends_on_o
         # rounds, the workers at 0.006 to 0.17)
         distance = float(np.linalg.norm(centres[0] - true_w))
         assert len(dists) == 3 and distance < min(4.0, 2 * max(dists) + 0.01), (distance, dists)
+        # the final result, the agreed centre evaluated once, as its node's status file says;
+        # the lighthouse's and the nodes' status files, what the launcher showed
+        final = re.search(r"final result \(the agreed centre, evaluated once by node (\S+)\): "
+                          r"dist (\S+)", summary)
+        assert final and final.group(1) in names, summary
+        assert abs(float(final.group(2)) - distance) < 1e-3, (final.group(2), distance)
+        said = {x: json.loads((logs / ("node-%s.status.json" % x)).read_text())
+                for x in (a, b, c + ".restart1")}
+        assert all(s["state"] == "finished" and s["rounds"] > 0 for s in said.values()), said
+        assert [s["name"] for s in said.values() if "final_result" in s] == [final.group(1)], \
+            said
+        lighthouse = json.loads((logs / "lighthouse.status.json").read_text())
+        assert lighthouse["quorum"]["id"] >= max(s["quorums"][-1] for s in said.values())
         # no worker took itself for an MPI rank (mpiexec started each node)
         assert sum(line.endswith("] DISTRIBUTED none") for line in launcher.lines if line) == 4
         # each host's node its own slot, its own part of the data, the same after its restart
@@ -250,3 +269,55 @@ def test_nodes_train_on_while_the_lighthouse_is_down_and_rejoin_it_restarted(job
         assert np.array_equal(*centres) and np.isfinite(centres[0]).all()
     finally:
         _stop(launcher, tmp_path)
+
+
+def test_the_launcher_shows_what_the_status_files_say_not_the_logs(tmp_path):
+    """The status line's quorum comes from the lighthouse's status file, and the summary's
+    final result and kept-own-centre note from the nodes': a log that says otherwise (in the
+    format the launcher once parsed) changes nothing. (Stand-in processes: `true`.)"""
+    import io
+    import shutil
+
+    from platoon._os.statusfile import quorum_entry, write_status
+    from platoon.launch import cli
+    from platoon.launch.elastic import ElasticLaunch
+    from platoon.launch.supervision import Process
+    out = io.StringIO()
+    launch = ElasticLaunch(cli.parse_args([WORKER, "--hosts", "127.0.0.1", "127.0.0.1",
+                                           "--elastic", "--log-dir", str(tmp_path)]), out)
+    a, b = launch.names
+    true, env = "-x:" + shutil.which("true"), dict(os.environ)
+    launch.lighthouse = Process("lighthouse", true, [], env, str(tmp_path / "lighthouse.log"))
+    for name in (a, b):
+        proc = Process("node-" + name, true, [], env, str(tmp_path / ("node-%s.log" % name)),
+                       index=name, device="127.0.0.1")
+        launch.nodes[name] = proc
+        launch.started_nodes.append(proc)
+    for proc in launch.everyone():
+        proc.popen.wait(10)
+        proc.poll()
+    (tmp_path / "lighthouse.log").write_text("lighthouse: quorum 9: x, y\n")
+    (tmp_path / ("node-%s.log" % b)).write_text(
+        "platoon.elastic: final result (the agreed centre, evaluated once by node x): loss 9\n")
+    launch.show_status(force=True)
+    assert "no quorum yet" in out.getvalue() and "quorum 9" not in out.getvalue()
+    write_status(launch.status_path("lighthouse"), {
+        "address": "127.0.0.1:1", "pid": 1, "quorum": quorum_entry(3, [a, b]), "left_out": {}})
+    write_status(launch.status_path("node-" + a), {
+        "name": a, "state": "finished", "quorum": quorum_entry(3, [a, b]), "quorums": [3],
+        "rounds": 4, "kept_own_centre": False,
+        "final_result": {"metrics": {"loss": 0.25}, "worker": 0}})
+    write_status(launch.status_path("node-" + b), {
+        "name": b, "state": "finished", "quorum": None, "quorums": [3], "rounds": 4,
+        "kept_own_centre": True})
+    launch.show_status(force=True)
+    assert "quorum 3: %s, %s" % (a, b) in out.getvalue(), out.getvalue()
+    for name, proc in launch.nodes.items():
+        launch._ended[proc] = "finished"
+        (tmp_path / ("centre-%s.npz" % name)).write_bytes(b"")  # saved during the job
+    launch._finished_ok = True
+    summary = "\n".join(launch.summary())
+    assert "final result (the agreed centre, evaluated once by node %s): loss 0.25" % a \
+        in summary, summary
+    assert "loss 9" not in summary
+    assert "node(s) %s gave the final round up and kept their own centre" % b in summary

@@ -16,6 +16,7 @@ from platoon.elastic.quorum import Membership
 from platoon.errors import PlatoonError
 
 from elastic_helpers import GRACE_S, QUORUM, SLACK_S, TIMEOUT_S, quorum_of
+from helpers import wait_until
 
 
 def test_a_client_reporting_its_group_broken_gets_both_members_a_new_quorum():
@@ -35,6 +36,37 @@ def test_a_client_reporting_its_group_broken_gets_both_members_a_new_quorum():
                 second = b.wait_for_quorum(timeout_s=10, newer_than=first.id)
                 assert second.members == first.members == ("a", "b")
                 assert a.wait_for_quorum(timeout_s=10, newer_than=first.id) == second
+        finally:
+            stopping.set()
+            serving.join(10)
+
+
+def test_the_lighthouse_writes_its_address_and_each_new_quorum_to_its_status_file(tmp_path):
+    """What platoon-launcher --elastic shows of the lighthouse comes from its status file
+    (not its log): its address as it starts serving, then each new quorum and who is out."""
+    import threading
+
+    from platoon._os.statusfile import read_status
+    from platoon.elastic import LighthouseClient
+    secret, stopping, path = b"s" * 32, threading.Event(), str(tmp_path / "lh.status.json")
+    settings = MembershipSettings(min_nodes=2, heartbeat_timeout_s=5.0, join_grace_s=0.05)
+    with Lighthouse(settings, "127.0.0.1:0", secret, status_file=path) as lighthouse:
+        serving = threading.Thread(target=lighthouse.serve, args=(stopping.is_set,))
+        serving.start()
+        try:
+            wait_until(lambda: read_status(path), 10, "the lighthouse's first status")
+            assert read_status(path) == {"address": lighthouse.address, "pid": os.getpid(),
+                                         "quorum": None, "left_out": {}}
+            assert os.stat(path).st_mode & 0o777 == 0o600
+            with LighthouseClient(lighthouse.address, "a", "h:1", secret=secret) as a, \
+                    LighthouseClient(lighthouse.address, "b", "h:2", secret=secret) as b:
+                first = a.wait_for_quorum(timeout_s=10)
+                wait_until(lambda: read_status(path)["quorum"], 10, "its first quorum")
+                assert read_status(path)["quorum"] == {"id": first.id, "members": ["a", "b"]}
+                a.report_broken(first.id)
+                second = b.wait_for_quorum(timeout_s=10, newer_than=first.id)
+                wait_until(lambda: read_status(path)["quorum"]["id"] == second.id, 10,
+                           "its second quorum")
         finally:
             stopping.set()
             serving.join(10)

@@ -9,7 +9,7 @@ import pytest
 from platoon import Controller, PlatoonError
 from platoon.mpi import CentreTie, load_controller_class
 
-from helpers import HERE, PROCS
+from helpers import HERE, PROCS, assert_golden
 
 
 def test_centre_tie_validates_its_settings():
@@ -80,17 +80,6 @@ LAUNCHES = {
 }
 
 
-def assert_golden(made, path):
-    """`made` is what the golden file at `path` holds (WRITE_GOLDEN=1 writes it first)."""
-    import json
-    if os.environ.get("WRITE_GOLDEN"):
-        with open(path, "w") as f:
-            json.dump(made, f, indent=1)
-            f.write("\n")
-    with open(path) as f:
-        assert made == json.load(f)
-
-
 def _mpiexec_arguments(argv, controller):
     import dataclasses
 
@@ -114,45 +103,6 @@ def test_the_node_argv_that_crosses_mpiexec_is_made_from_one_object_and_read_bac
         assert read == node, name  # every setting arrives, defaults from the same class
         assert command == [sys.executable] + cmd[cmd.index("--") + 1:]  # a .py: this Python
     assert_golden(made, GOLDEN)
-
-
-# An elastic job's node settings cross each node's mpiexec the same way (the tie written
-# against the elastic node's own defaults); tests/golden/elastic_node_argv.json pins it.
-ELASTIC_GOLDEN = os.path.join(HERE, "golden", "elastic_node_argv.json")
-ELASTIC_LAUNCHES = {  # name: (the launcher's argv, a controller script, the node's slot)
-    "defaults": (["train.py", "--hosts", "h1", "h2", "--elastic"], None, None),
-    "float32 (CentreTie's default, not the elastic node's), controller script, slot 1 of 3": (
-        ["train.py", "--hosts", "h1", "--elastic", "-n", "2", "--controller", "ctl.py", "-c",
-         "--steps 5", "--tie-every-s", "0.5", "--tie-compress", "float32", "--tie-outer-lr",
-         "0.5", "--tie-outer-momentum", "0.8", "--", "--epochs", "2"], "ctl.py", (1, 3)),
-    "EASGD": (["train.py", "--hosts", "h1", "--elastic", "--tie-outer", "easgd"], None, None),
-}
-
-
-def test_an_elastic_nodes_argv_is_made_from_one_object_and_read_back_whole():
-    import dataclasses
-
-    from platoon.elastic.node import read_arguments
-    from platoon.launch import cli
-    from platoon.launch.elastic import elastic_node_arguments
-    made = {}
-    for name, (argv, controller, slot) in ELASTIC_LAUNCHES.items():
-        args = cli.parse_args(argv)
-        node = dataclasses.replace(args.node, controller=controller, host=args.hosts[0],
-                                   controller_args=args.controller_args if controller else "")
-        cmd = elastic_node_arguments(args.hosts[0], "a", "lh:29510", "/s", node,
-                                     ["worker.py"] + args.worker_argv, python="PYTHON",
-                                     slot=slot)
-        made[name] = cmd
-        read, tie, command = read_arguments(cmd[cmd.index("platoon.elastic.node") + 1:])
-        assert tie == node.tie, name  # every tie setting arrives, float32 included
-        assert (read.workers, read.controller, read.controller_args, read.host, read.join,
-                read.name, read.secret_file, read.finish_timeout_s) == (
-            node.workers, node.controller, node.controller_args, node.host, "lh:29510", "a",
-            "/s", node.finish_timeout_s), name
-        assert (read.slot, read.slots) == (slot or (None, None)), name
-        assert command == [sys.executable] + cmd[cmd.index("--") + 1:]
-    assert_golden(made, ELASTIC_GOLDEN)
 
 
 def test_a_tie_setting_is_defaulted_and_checked_in_one_place(capsys):

@@ -19,7 +19,7 @@ from helpers import loaded_after
                                     "platoon.launch.child", "platoon.launch.cli",
                                     "platoon.launch.supervision", "platoon.node.reaper",
                                     "platoon.launch.elastic", "platoon._os.nodesettings",
-                                    "platoon._os.jobsecret",
+                                    "platoon._os.jobsecret", "platoon._os.elasticsettings",
                                     "platoon._os.environment", "platoon._os.statusfile",
                                     "platoon._os.argv", "platoon._os.logthrottle"])
 def test_supervising_modules_load_neither_zmq_nor_numpy(module):

@@ -5,7 +5,8 @@ node's centre, for SECONDS seconds of training (less if file STOP exists); its d
 by its node's name (PLATOON_ELASTIC_NODE). Prints "DISTRIBUTED none" (or the MPI/torchrun rank
 variables it sees), "SHARD i j ..." (its part of 12 items, `platoon.shard`) or "SHARD refused:
 why", "SYNCS k" after every 50th sync, and "DIST d node NAME" (its distance to
-the true weights)."""
+the true weights). With ELASTIC_WORKER_EVALUATE=1 in its environment it then evaluates the
+job's final centre (`Worker.final_evaluation`: its distance to the true weights, "dist")."""
 
 import os
 import sys
@@ -51,6 +52,9 @@ def main():
             time.sleep(0.01)
         sys.stdout.write("DIST %.6f node %s\n" % (float(np.linalg.norm(weights - true_w)), node))
         sys.stdout.flush()
+        if os.environ.get("ELASTIC_WORKER_EVALUATE"):
+            w.final_evaluation(lambda: {"dist": float(np.linalg.norm(
+                w.snapshot_centre()[0] - true_w))})
 
 
 if __name__ == "__main__":
