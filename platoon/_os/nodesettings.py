@@ -25,6 +25,23 @@ from .checks import check_count, check_seconds
 
 TIE_CODECS = ("float32", "int8", "int4")  # platoon.node.compress.CODECS (a test holds them equal)
 OUTER_RULES = ("easgd", "diloco")
+# a user's own outer rule: ``MODULE:FACTORY``, FACTORY(tie) making a `platoon.node.outer.OuterRule`
+_OWN_RULE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def is_outer_rule(name: str) -> bool:
+    """Whether `name` names an outer rule: one of `OUTER_RULES`, or a user's own as
+    ``MODULE:FACTORY`` (imported on every node when its tie starts)."""
+    return name in OUTER_RULES or bool(_OWN_RULE.match(str(name)))
+
+
+def outer_rule_argument(text: str) -> str:
+    """argparse's type for ``--tie-outer``: `text`, if `is_outer_rule`."""
+    if not is_outer_rule(text):
+        raise argparse.ArgumentTypeError(
+            "%r is no outer rule: give easgd, diloco or MODULE:FACTORY (your own, a callable "
+            "taking the CentreTie and returning a platoon.node.outer.OuterRule)" % text)
+    return text
 
 
 @dataclass
@@ -95,9 +112,9 @@ class CentreTie:
         if self.compress not in TIE_CODECS:
             raise ValueError("CentreTie compress must be one of %s, got %r"
                              % (", ".join(TIE_CODECS), self.compress))
-        if self.outer not in OUTER_RULES:
-            raise ValueError("CentreTie outer must be one of %s, got %r"
-                             % (", ".join(OUTER_RULES), self.outer))
+        if not is_outer_rule(self.outer):
+            raise ValueError("CentreTie outer must be one of %s or MODULE:FACTORY (your own "
+                             "outer rule), got %r" % (", ".join(OUTER_RULES), self.outer))
         if not 0 < self.outer_lr <= 10:
             raise ValueError("CentreTie outer_lr must be in (0, 10], got %r" % self.outer_lr)
         if not 0 <= self.outer_momentum < 1:
@@ -254,10 +271,11 @@ class NodeSettings:
         add("--tie-compress", choices=TIE_CODECS, default=absent,
             help="how the centres travel at a tie: float32, int8 or int4 (per-block scales, "
                  "3.9x or 7.8x fewer bytes; default %s)" % tie.compress)
-        add("--tie-outer", choices=OUTER_RULES, default=absent,
-            help="what a tie round does: easgd (each centre moves toward the mean) or diloco "
-                 "(an outer Nesterov step on the nodes' mean pseudo-gradient); default %s"
-                 % tie.outer)
+        add("--tie-outer", type=outer_rule_argument, default=absent,
+            metavar="{easgd,diloco,MODULE:FACTORY}",
+            help="what a tie round does: easgd (each centre moves toward the mean), diloco "
+                 "(an outer Nesterov step on the nodes' mean pseudo-gradient) or your own "
+                 "(FACTORY(tie) gives a platoon.node.outer.OuterRule); default %s" % tie.outer)
         add("--tie-outer-lr", type=float, default=absent,
             help="diloco: the outer learning rate (default %g)" % tie.outer_lr)
         add("--tie-outer-momentum", type=float, default=absent,

@@ -26,6 +26,7 @@ from .._os.nodesettings import (
     NodeSettings,
     elastic_tie,
     flag_message,
+    outer_rule_argument,
 )
 from .supervision import (  # noqa: F401
     EXIT_FAILED,
@@ -260,10 +261,12 @@ def make_parser() -> "_Parser":
                         help="with --hosts: how the node centres travel at a tie (default "
                         "float32, with --elastic %s; int8 and int4 send 3.9x and 7.8x fewer "
                         "bytes)" % elastic_tie().compress)
-    parser.add_argument("--tie-outer", choices=TIE_OUTER_RULES,
+    parser.add_argument("--tie-outer", type=outer_rule_argument,
+                        metavar="{easgd,diloco,MODULE:FACTORY}",
                         help="with --hosts: what a tie round does: easgd (each centre moves "
-                        "toward the mean; the default without --elastic) or diloco (an outer "
-                        "Nesterov step; the default with --elastic)")
+                        "toward the mean; the default without --elastic), diloco (an outer "
+                        "Nesterov step; the default with --elastic) or your own (FACTORY(tie) "
+                        "gives a platoon.node.outer.OuterRule, importable on every node)")
     parser.add_argument("--tie-outer-lr", type=float, metavar="LR",
                         help="with --hosts and --tie-outer diloco: the outer lr (default %g)"
                         % CentreTie.outer_lr)
@@ -345,10 +348,10 @@ def check_args(args: argparse.Namespace, error: Callable[[str], Any]) -> None:
             error("--%s must be more than 0" % dest.replace("_", "-"))
     outer = args.tie_outer or ("diloco" if args.elastic else "easgd")
     if (args.tie_outer_lr is not None or args.tie_outer_momentum is not None) \
-            and outer != "diloco":
-        error("--tie-outer-lr and --tie-outer-momentum go with --tie-outer diloco")
-    if args.tie_beta is not None and outer != "easgd":
-        error("--tie-beta goes with --tie-outer easgd")
+            and outer == "easgd":
+        error("--tie-outer-lr and --tie-outer-momentum go with --tie-outer diloco (or your own)")
+    if args.tie_beta is not None and outer == "diloco":
+        error("--tie-beta goes with --tie-outer easgd (or your own)")
     if args.restart < 0:
         error("--restart must be at least 0")
     if args.resume and not os.path.exists(args.resume):

@@ -31,12 +31,15 @@ HEADER_BYTES = 8 * _FIELDS + 2 * DIGEST_BYTES + _DOOR_BYTES  # then the signatur
 
 def door_settings(tie: CentreTie) -> Dict[str, Any]:
     """The settings of `tie` every member of a quorum must share: the codec and the outer rule
-    with that rule's own settings (the pace, every_s, is each node's own)."""
+    (a user's own by its ``MODULE:FACTORY`` name) with that rule's own settings (the pace,
+    every_s, is each node's own)."""
     settings: Dict[str, Any] = {"compress": tie.compress, "outer": tie.outer}
     if tie.outer == "diloco":
         settings.update(outer_lr=tie.outer_lr, outer_momentum=tie.outer_momentum)
-    else:
+    elif tie.outer == "easgd":
         settings.update(beta=tie.beta)
+    else:  # a user's own rule may read any of them
+        settings.update(outer_lr=tie.outer_lr, outer_momentum=tie.outer_momentum, beta=tie.beta)
     return settings
 
 

@@ -2,11 +2,13 @@
 DiLoCo's outer Nesterov step on the anchor, or hierarchical EASGD (the anchor is the members'
 mean centre, toward which each centre moves by beta), or a user's own."""
 
+import importlib
 from typing import Protocol
 
 import numpy as np
 
 from .._os.nodesettings import CentreTie
+from ..errors import PlatoonError
 from ..rules.diloco import DiLoCo
 
 
@@ -24,8 +26,9 @@ class OuterRule(Protocol):
     (`velocity`: this rule's state, one array per anchor array, the same bits on every member);
     `moves_centres` says whether each training member's centre then moves toward the anchor by
     `move_centre` (EASGD) or becomes the anchor plus its workers' later syncs (DiLoCo). A user's
-    own rule may stand here (`NodeTie`'s `outer`), if every member runs it alike: its step
-    must be a pure function of its arguments."""
+    own rule may stand here (``--tie-outer MODULE:FACTORY``, ``FACTORY(tie)`` making it on every
+    node; or `NodeTie`'s `outer`), if every member runs it alike: its step must be a pure
+    function of its arguments (the anchors stay the same bits on every member)."""
 
     @property
     def moves_centres(self) -> bool: ...
@@ -80,7 +83,29 @@ class EASGDOuter:
 
 
 def outer_rule(tie: CentreTie) -> OuterRule:
-    """The outer rule `tie` names (``--tie-outer``)."""
+    """The outer rule `tie` names (``--tie-outer``): DiLoCo's, EASGD's, or a user's own,
+    ``MODULE:FACTORY``, made by ``FACTORY(tie)``. Raises PlatoonError when the module cannot be
+    imported or the factory's rule lacks what a tie calls."""
     if tie.outer == "diloco":
         return DiLoCoOuter(tie.outer_lr, tie.outer_momentum)
-    return EASGDOuter(tie.beta)
+    if tie.outer == "easgd":
+        return EASGDOuter(tie.beta)
+    module_name, _, factory_name = tie.outer.partition(":")
+    where = "--tie-outer %s" % tie.outer
+    try:
+        factory = getattr(importlib.import_module(module_name), factory_name)
+    except (ImportError, AttributeError) as exc:
+        raise PlatoonError("%s: %s (%s: %s); the module must be importable on every node (its "
+                           "folder on PYTHONPATH, or installed)" % (
+                               where, "cannot import %s" % module_name
+                               if isinstance(exc, ImportError) else "%s has no %s" % (
+                                   module_name, factory_name), type(exc).__name__, exc)) from exc
+    rule: OuterRule = factory(tie)
+    missing = [name for name in ("moves_centres", "step", "move_centre", "describe")
+               if not hasattr(rule, name)]
+    if missing:
+        raise PlatoonError("%s: %s(tie) gave %r, which has no %s: an outer rule has "
+                           "moves_centres, step, move_centre and describe (see "
+                           "platoon.node.outer.OuterRule)" % (where, factory_name, rule,
+                                                              ", ".join(missing)))
+    return rule
