@@ -53,12 +53,13 @@ def shard(items: Union[int, Sequence[Any]], rank: Union[int, "Worker"],
 
 
 def _place_in_job(worker):
-    """(global rank, global size) of a Worker, for `shard(items, worker)`."""
-    if not hasattr(worker, "global_rank"):
+    """(global rank, global size) of a Worker, for `shard(items, worker)`: its placement's."""
+    placement = getattr(worker, "placement", None)
+    if placement is None:
         raise ValueError("shard(items, rank, size): give the size too, or pass the "
                          "platoon.Worker itself (shard(items, w)), got rank %r and no size"
                          % (worker,))
-    if not getattr(worker, "placed_in_job", True):
+    if not placement.placed_in_job:
         raise ValueError("shard(items, w): worker %s is on elastic node %s, started without "
                          "--slot I --slots N, so its place among the job's workers is unknown "
                          "and every node would read the same part; give each node its slot "
@@ -69,4 +70,4 @@ def _place_in_job(worker):
                          "workers the job has, so its shards are unknown; give the "
                          "Controller num_workers (platoon-launcher and platoon.mpi do)"
                          % worker.worker_id)
-    return worker.global_rank, worker.global_size
+    return placement.global_rank, placement.global_size

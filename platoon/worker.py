@@ -22,6 +22,7 @@ from ._worker.collectives import WorkerCollectives
 from ._worker.exchange import Exchange, SyncHandle, SyncStats, share
 from .device import Device
 from .errors import ControllerGone, ControllerTimeout, PlatoonError, StopRequested, WorkerClosed
+from .placement import Placement
 from .rules import ParamSyncRule
 
 if TYPE_CHECKING:
@@ -63,7 +64,9 @@ class Worker:
     its node's name in an elastic job (``python -m platoon.elastic.node``), else None.
     `global_rank` of `global_size` number it among every worker of the job (on one node,
     its `local_rank` of `local_size`); `placed_in_job` is False where they cannot (an
-    elastic node started without ``--slot``: they are then its node's own).
+    elastic node started without ``--slot``: they are then its node's own). `placement` holds
+    them all, as one `platoon.placement.Placement` (with its `label`, ``NODE/workerK`` or
+    ``workerK``, and its `seed_offset`).
 
     Parameters:
         control_port: the controller's control port or endpoint string (None: the
@@ -342,16 +345,16 @@ class Worker:
         # The controller's num_workers (None when it was not told): the workers sharing
         # this centre, which rules such as DiLoCo scale by.
         self.num_workers: Optional[int] = info.get("num_workers")
-        self.local_rank = self.worker_id
-        self.local_size = info.get("num_workers") or 1
-        self.global_rank = info.get("global_rank", self.local_rank)
-        self.global_size = info.get("global_size", self.local_size)
-        self.node_rank = info.get("node_rank", 0)
-        self.num_nodes = info.get("num_nodes", 1)
-        self.elastic_node: Optional[str] = info.get("elastic_node")
-        # whether global_rank/global_size number this worker among every worker of the job
-        # (not on an elastic node started without --slot: they are then its node's own)
-        self.placed_in_job: bool = info.get("placed_in_job", True)
+        # where this worker stands, as one object; the attributes below are its fields
+        self.placement = placed = Placement.from_registration(self.worker_id or 0, info)
+        self.local_rank = placed.local_rank
+        self.local_size = placed.local_size
+        self.global_rank = placed.global_rank
+        self.global_size = placed.global_size
+        self.node_rank = placed.node_rank
+        self.num_nodes = placed.num_nodes
+        self.elastic_node: Optional[str] = placed.elastic_node
+        self.placed_in_job: bool = placed.placed_in_job
 
     @renamed_keywords(timeout="timeout_s")
     @_while_open

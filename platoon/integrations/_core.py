@@ -9,8 +9,6 @@ hook and reads ``found_inf``, so each integration syncs a ``PeriodicSync`` (with
 of its own) on real steps only.
 """
 
-import os
-import zlib
 from typing import Any, Callable, Optional, Tuple
 
 import torch
@@ -59,19 +57,11 @@ class StepCounter:
 def worker_slot(worker: Any) -> Optional[Tuple[str, int]]:
     """What makes `worker` (a `platoon.Worker`) one of its job's workers for its files and its
     seed: (a directory name under the output directory, an offset to the seed), distinct for
-    each worker of the job; None in a job of one worker (it keeps both as they are).
-
-    In a fixed world (the launcher, ``python -m platoon.mpi``) these are ``workerK`` and K, its
-    global rank. In an elastic job a global rank is its node's own (two nodes' worker 0 share
-    it), so they come from its node's name (`Worker.elastic_node`, a stable slot) and its
-    local rank K: ``NODE/workerK`` and a number made from both."""
-    node = getattr(worker, "elastic_node", None)
-    if node is not None:
-        return (os.path.join(node, "worker%d" % worker.local_rank),
-                zlib.crc32(("%s/%d" % (node, worker.local_rank)).encode()))
-    if worker.global_size > 1:
-        return "worker%d" % worker.global_rank, worker.global_rank
-    return None
+    each worker of the job; None in a job of one worker (it keeps both as they are). Its
+    placement's (`platoon.placement.Placement.files_and_seed`): ``workerK`` and K, its global
+    rank, in a fixed world; ``NODE/workerK`` and a number made from it in an elastic job (a
+    global rank there may be its node's own)."""
+    return worker.placement.files_and_seed()
 
 
 def own_ddp_refused(world: int, who: str, launched_by: str) -> PlatoonError:

@@ -113,10 +113,11 @@ def test_each_worker_of_an_elastic_job_gets_its_own_directory_and_seed():
     elastic job two one-worker nodes both have global rank 0 of 1, yet get different
     directories and seeds (from their node names); a fixed world keeps workerK and K."""
     from platoon.integrations._core import worker_slot
+    from platoon.placement import Placement
 
     def worker(rank, size, node=None):
-        return types.SimpleNamespace(global_rank=rank, global_size=size, local_rank=rank,
-                                     elastic_node=node)
+        return types.SimpleNamespace(placement=Placement(rank, size, rank, size,
+                                                         elastic_node=node))
 
     a, b = worker_slot(worker(0, 1, "a")), worker_slot(worker(0, 1, "b"))
     assert (a[0], b[0]) == (os.path.join("a", "worker0"), os.path.join("b", "worker0"))
