@@ -30,11 +30,14 @@ from ..node.compress import (
     with_residual,
 )
 from .quorum import Quorum
+from .secret import sign_move, verify
 from .store import StoreClient, StoreServer  # noqa: F401 (StoreServer: the node's, here too)
 
 # Below this many elements per member a mean goes as one all-gather of whole messages (the
 # reduce-scatter's chunks would be smaller than a codec's block).
 MIN_CHUNK = BLOCK
+MAC_BYTES = 32  # each message of a mean is signed (`secret.sign_move`)
+ALL = -1  # a message's receiver when it goes to every member
 
 
 def chunk_bounds(n: int, parts: int, align: int = BLOCK) -> List[int]:
@@ -131,6 +134,8 @@ class QuorumGroup:
             raise ValueError("timeout_s must be > 0 seconds, got %r" % (timeout_s,))
         self.quorum, self.name, self.timeout_s = quorum, name, timeout_s
         self.rank, self.size = quorum.rank_of(name), quorum.size
+        self._secret = secret
+        self._seq = 0  # the means this group made (each member counts alike)
         self._residuals: Dict[Tuple[str, int, str], np.ndarray] = {}  # `_owner_residual`
         _, dist = _torch()
         timeout = datetime.timedelta(seconds=timeout_s)
@@ -159,6 +164,28 @@ class QuorumGroup:
             "was averaged: wait for the next quorum and build its group"
             % (self.name, self.rank, self.quorum.id, ", ".join(self.quorum.members), doing,
                self.timeout_s, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""))
+
+    def _signed(self, seq: int, receiver: int, message: np.ndarray) -> np.ndarray:
+        """`message` (uint8) with this member's signature of it for `receiver` appended."""
+        mac = sign_move(self._secret, self.quorum.id, self.quorum.nonce, seq, self.rank,
+                        receiver, np.ascontiguousarray(message).tobytes())
+        return np.concatenate([message, np.frombuffer(mac, np.uint8)])
+
+    def _checked(self, seq: int, sender: int, receiver: int, signed: np.ndarray,
+                 doing: str) -> np.ndarray:
+        """`signed`'s message, once its signature shows `sender` sent it, unaltered, to
+        `receiver` in mean `seq`; QuorumBroken before anything is applied when not."""
+        message = signed[:-MAC_BYTES]
+        expected = sign_move(self._secret, self.quorum.id, self.quorum.nonce, seq, sender,
+                             receiver, np.ascontiguousarray(message).tobytes())
+        if not verify(expected, signed[-MAC_BYTES:].tobytes()):
+            raise QuorumBroken(
+                "node %s (rank %d of quorum %d: %s): the message of rank %d (%s) in %s is not "
+                "signed with the job's secret (altered on its way, or not the job's process?); "
+                "nothing was averaged: the round is dropped"
+                % (self.name, self.rank, self.quorum.id, ", ".join(self.quorum.members), sender,
+                   self.quorum.members[sender], doing))
+        return message
 
     def all_gather_bytes(self, message: np.ndarray) -> np.ndarray:
         """Every member's uint8 `message` (all of one size), one row per rank in rank order."""
@@ -192,7 +219,10 @@ class QuorumGroup:
         (`chunk_bounds`); each member sends every other member its coded chunk of it, each
         adds up the messages of its chunk in rank order and sends the mean chunk, coded again
         (with an error feedback of its own for this quorum), to every member; every member
-        decodes the same messages. About 2 m bytes sent per member for a message of m,
+        decodes the same messages. Every message is signed with the job's secret for its
+        receiver and this mean (`secret.sign_move`): one altered on its way, replayed, or sent
+        by a process without the secret breaks the round (QuorumBroken) before anything is
+        applied. About 2 m bytes sent per member for a message of m,
         whatever the quorum's size (an all-gather of whole messages: (size - 1) m). Arrays
         too small to cut (fewer than `MIN_CHUNK` elements per member) go as one all-gather."""
         array = np.asarray(array)
@@ -204,9 +234,10 @@ class QuorumGroup:
                              % (feedback.residual.size, array.size))
         members = list(range(self.size)) if among is None else sorted(set(among))
         sending = self.rank in members
+        seq, self._seq = self._seq, self._seq + 1  # each member counts its means alike
         if self.size == 1 or array.size < MIN_CHUNK * self.size:
             return self._gathered_mean(array, codec, feedback if sending else None, out,
-                                       members)
+                                       members, seq)
         torch, dist = _torch()
         flat = array.reshape(-1)
         data = with_residual(flat, feedback if sending else None)
@@ -229,11 +260,15 @@ class QuorumGroup:
                     outgoing[offsets[k]:offsets[k + 1]] = codec.refusal(
                         bounds[k + 1] - bounds[k])
         mine = self.rank
-        incoming = torch.empty(self.size * sizes[mine], dtype=torch.uint8)
+        signed_out = np.concatenate([self._signed(seq, k, outgoing[offsets[k]:offsets[k + 1]])
+                                     for k in range(self.size)])
+        incoming = torch.empty(self.size * (sizes[mine] + MAC_BYTES), dtype=torch.uint8)
         self._run("the reduce-scatter", lambda: self._group.alltoall_base(
-            incoming, torch.from_numpy(outgoing), [sizes[mine]] * self.size, sizes,
-            dist.AllToAllOptions()))
-        received = incoming.numpy().reshape(self.size, sizes[mine])
+            incoming, torch.from_numpy(signed_out), [sizes[mine] + MAC_BYTES] * self.size,
+            [size + MAC_BYTES for size in sizes], dist.AllToAllOptions()))
+        signed_in = incoming.numpy().reshape(self.size, sizes[mine] + MAC_BYTES)
+        received = np.stack([self._checked(seq, r, mine, signed_in[r], "the reduce-scatter")
+                             for r in range(self.size)])
         n_mine = bounds[mine + 1] - bounds[mine]
         acc_dtype = np.result_type(array.dtype, np.float32)
         refusing = [r for r in members if codec.refused(received[r])]
@@ -255,7 +290,9 @@ class QuorumGroup:
         if not refusing:
             total += owner_residual
             codec.encode(total, out=message[self.size:self.size + sizes[mine]])
-        rows = self.all_gather_bytes(message)
+        signed_rows = self.all_gather_bytes(self._signed(seq, ALL, message))
+        rows = [self._checked(seq, r, ALL, row, "the all-gather")
+                for r, row in enumerate(signed_rows)]
         everyone_refusing = sorted({int(r) for row in rows
                                     for r in np.flatnonzero(row[:self.size])})
         if everyone_refusing:
@@ -277,8 +314,8 @@ class QuorumGroup:
                 np.subtract(data[bounds[k]:bounds[k + 1]], sent,
                             out=feedback.residual[bounds[k]:bounds[k + 1]], casting="same_kind")
         mean.reshape(-1)[...] = flat_mean
-        spread = sum(sizes) - sizes[mine] if sending else 0
-        return mean, spread + (self.size + widest) * (self.size - 1)
+        spread = sum(sizes) - sizes[mine] + MAC_BYTES * (self.size - 1) if sending else 0
+        return mean, spread + (self.size + widest + MAC_BYTES) * (self.size - 1)
 
     def _owner_residual(self, codec: Codec, n: int, dtype, n_mine: int) -> np.ndarray:
         """What coding this member's mean chunks of arrays of `n` elements lost so far (added
@@ -291,14 +328,16 @@ class QuorumGroup:
 
     def _gathered_mean(self, array: np.ndarray, codec: Codec,
                        feedback: Optional[ErrorFeedback], out: Optional[np.ndarray],
-                       members: Sequence[int]) -> Tuple[np.ndarray, int]:
-        """`compressed_mean` as one all-gather of every member's whole message."""
+                       members: Sequence[int], seq: int) -> Tuple[np.ndarray, int]:
+        """`compressed_mean` as one all-gather of every member's whole message (signed)."""
         sending = self.rank in members
         data, message, refused_here = own_message(array.reshape(-1), codec, feedback)
-        gathered = self.all_gather_bytes(message)[list(members)]
+        signed_rows = self.all_gather_bytes(self._signed(seq, ALL, message))
+        gathered = np.stack([self._checked(seq, r, ALL, signed_rows[r], "the all-gather")
+                             for r in members])
         mean = mean_of_messages(gathered, members, self.rank, self.size, codec,
                                 array, data, feedback, refused_here if sending else None, out)
-        return mean, message.size * (self.size - 1) if sending else 0
+        return mean, (message.size + MAC_BYTES) * (self.size - 1) if sending else 0
 
     def _run(self, doing: str, start) -> None:
         """Start a collective (`start()` returns its work) and wait for it, at most

@@ -27,6 +27,7 @@ _REQUEST = b"platoon-elastic/1 request\0"
 _REPLY = b"platoon-elastic/1 reply\0"
 _HEADER = b"platoon-elastic/1 header\0"
 _STORE = b"platoon-elastic/1 store "
+_MOVE = b"platoon-elastic/1 move\0"
 
 
 def load_secret(path: Optional[str] = None) -> bytes:
@@ -59,6 +60,16 @@ def sign_header(secret: bytes, quorum_id: int, nonce: str, rank: int, header: by
     """The signature of rank `rank`'s round `header` in quorum `quorum_id` (nonce `nonce`)."""
     return hmac.new(secret, _HEADER + b"%d\0%s\0%d\0" % (quorum_id, nonce.encode(), rank)
                     + header, hashlib.sha256).digest()
+
+
+def sign_move(secret: bytes, quorum_id: int, nonce: str, seq: int, sender: int, receiver: int,
+              message: bytes) -> bytes:
+    """The signature of rank `sender`'s `message` to rank `receiver` (-1: to every member) in
+    the `seq`-th mean of quorum `quorum_id`'s group (nonce `nonce`): a message altered on its
+    way, replayed from another mean or another quorum, or sent by a process without the secret
+    fails its check."""
+    return hmac.new(secret, _MOVE + b"%d\0%s\0%d\0%d\0%d\0" % (
+        quorum_id, nonce.encode(), seq, sender, receiver) + message, hashlib.sha256).digest()
 
 
 def sign_store_hello(secret: bytes, side: str, client_challenge: bytes,

@@ -186,3 +186,34 @@ def test_a_group_whose_member_never_comes_is_broken_within_its_timeout():
                                                r"forming the group failed within 1 s"):
             QuorumGroup(quorum, "a", timeout_s=1.0, secret=SECRET)
         assert time.monotonic() - started < 1.0 + SLACK_S
+
+
+@pytest.mark.parametrize("n", [20_000, 10], ids=["reduce-scatter", "one-all-gather"])
+def test_a_move_altered_on_its_way_breaks_the_round_before_anything_is_averaged(quorum_of, n):
+    """Every message of a mean is signed with the job's secret for its receiver and this mean:
+    a byte of rank 1's messages changed on the wire (the path stands in here for a process
+    between the nodes) makes every member refuse the round, naming rank 1, with its error
+    feedback untouched; the next mean, unaltered, is the same bits everywhere again. (Moves
+    were not signed: an altered one was averaged into every anchor.)"""
+    groups = quorum_of(3)
+    honest = groups[1]._signed
+
+    def altered(seq, receiver, message):
+        signed = honest(seq, receiver, message).copy()
+        signed[0] ^= 1
+        return signed
+
+    groups[1]._signed = altered
+    codec = make_codec("int8")
+    feedback = [ErrorFeedback(n) for _ in groups]
+    arrays = [np.random.default_rng(r).normal(size=n).astype(np.float32) for r in range(3)]
+    results = _in_parallel(groups, lambda r, g: g.compressed_mean(arrays[r], codec,
+                                                                  feedback[r]))
+    for result in results:
+        assert isinstance(result, QuorumBroken), results
+        assert "the message of rank 1 (m01)" in str(result) and "not signed with the job's " \
+            "secret" in str(result), result
+    assert all((f.residual == 0).all() for f in feedback)
+    groups[1]._signed = honest
+    means = _in_parallel(groups, lambda r, g: g.compressed_mean(arrays[r], codec, feedback[r]))
+    assert all(m[0].tobytes() == means[0][0].tobytes() for m in means), means
