@@ -186,13 +186,15 @@ def ping_controller(transport):
         ctl.serve()
 
 
-def mb_sender(mode, transport, rows, cols, count, hwm="default"):
+def mb_sender(mode, transport, rows, cols, count, hwm="default", copy="nocopy"):
     """Child: send `count` minibatches for each 'go' line on stdin, until stdin closes
-    (platoon: from a controller whose data socket has that `hwm`, or the default one)."""
+    (platoon: from a controller whose data socket has that `hwm`, or the default one, with
+    send_mb(copy=False), or its default copy=True when `copy` is "copy"; "raw_default":
+    send_multipart with pyzmq's default copy=True)."""
     import sys
     rows, cols, count = int(rows), int(cols), int(count)
     batch = [np.ones((rows, cols), np.float32), np.arange(rows, dtype=np.int64)]
-    if mode in ("raw", "raw_one_frame"):
+    if mode in ("raw", "raw_one_frame", "raw_default"):
         ctx = zmq.Context()
         sock = ctx.socket(zmq.PUSH)
         sock.linger = 0
@@ -202,9 +204,10 @@ def mb_sender(mode, transport, rows, cols, count, hwm="default"):
         frames = [header] + batch
         if mode == "raw_one_frame":
             frames = [b"".join(frames)]
+        zero_copy = mode != "raw_default"
         while sys.stdin.readline():
             for _ in range(count):
-                sock.send_multipart(frames, copy=False)
+                sock.send_multipart(frames, copy=not zero_copy)
         sock.close(0)
         ctx.term()
         return
@@ -221,7 +224,7 @@ def mb_sender(mode, transport, rows, cols, count, hwm="default"):
         def send():
             while sys.stdin.readline():
                 for _ in range(count):
-                    ctl.send_mb(batch, copy=False, timeout_s=60)
+                    ctl.send_mb(batch, copy=copy == "copy", timeout_s=60)
         sender = threading.Thread(target=send, daemon=True)
         sender.start()
         ctl.serve(timeout_s=300)

@@ -3,7 +3,8 @@
 usage: python -m benchmarks [--quick] [--only NAME,...] [--out DIR]
        python -m benchmarks --render FILE       (print the Markdown of a record)
        python -m benchmarks --write-docs [FILE] (latest.md and docs/performance.md from it)
-  NAME: sync, contention, control, minibatch, idle, stop, startup, allreduce, scaling, accuracy
+  NAME: sync, contention, control, minibatch, busy, idle, stop, startup, allreduce, scaling,
+        accuracy
 
 A full run (no --quick, no --only) writes benchmarks/results/latest.json, renders
 it into latest.md and into the marked block of docs/performance.md. Quick and
@@ -22,6 +23,7 @@ for _name, _value in SINGLE_THREAD_ENV.items():  # before numpy loads BLAS
 
 from . import (  # noqa: E402
     bench_allreduce,
+    bench_busy,
     bench_startup,
     bench_stop,
     bench_sync,
@@ -31,8 +33,8 @@ from . import (  # noqa: E402
     record,  # noqa: E402
 )
 
-NAMES = ("sync", "contention", "control", "minibatch", "idle", "stop", "startup", "allreduce",
-         "scaling", "accuracy")
+NAMES = ("sync", "contention", "control", "minibatch", "busy", "idle", "stop", "startup",
+         "allreduce", "scaling", "accuracy")
 
 
 def measure(names, quick, log):
@@ -71,6 +73,8 @@ def measure(names, quick, log):
             key = "minibatch_%s_%dx%d" % (transport, shape[0], shape[1])
             results[key] = bench_transport.minibatch_throughput(
                 transport, shape, count // (2 if quick else 1), rounds=2 if quick else 20)
+    if "busy" in names:
+        results["busy"] = bench_busy.suite(quick, log)
     if "idle" in names:
         log("idle controller")
         results["idle"] = bench_transport.idle_controller_cpu(1.0 if quick else 3.0)
@@ -195,6 +199,9 @@ def table(results):
         _row(rows, "minibatches, %s, %d KiB each%s, vs raw PUSH/PULL" % (
             r["transport"], r["batch_bytes"] // 1024, window), "%.0f MB/s" % r["platoon_mbs"],
             "%.0f MB/s" % r["raw_mbs"], ratio, "≥ 0.9x", ratio >= 0.9)
+    if "busy" in results:
+        for what, value, baseline, ratio, target in bench_busy.rows(results["busy"]):
+            _row(rows, what, value, baseline, ratio, "≥ %.1fx" % target, ratio >= target)
     if "idle" in results:
         cpu = results["idle"]["cpu_percent"]
         _row(rows, "idle controller CPU", "%.2f %%" % cpu, "", None, "< 1 %", cpu < 1.0)

@@ -591,7 +591,7 @@ class Worker:
 
         Minibatches come only when asked for: `recv_mb` asks for the one it waits for and
         more ahead, so the next ones travel while this one is used, within a window:
-        at most `prefetch` minibatches ahead (None: 255; 0: none) and `window_bytes`
+        at most `prefetch` minibatches ahead (None: 999; 0: none) and `window_bytes`
         of minibatches not yet finished (default 16 MiB; None: no byte bound). The
         controller sends one more while the worker holds less than `window_bytes`
         (and one whatever its size), so a worker that fails holds at most

@@ -35,7 +35,10 @@ class MinibatchClient:
 
     ACK_AFTER_MS = 1  # a worker waiting this long for a minibatch acknowledges what it has
     ASK_AGAIN_S = 0.5  # a worker waiting this long for a minibatch repeats its request
-    DEFAULT_PREFETCH = 255  # with prefetch None: the window's cap in messages is 256
+    # With prefetch None the window's cap is 1000 messages, ZeroMQ's default high-water mark,
+    # as deep as raw PUSH/PULL: small minibatches are then bounded by window_bytes (16 MiB:
+    # about 1000 of 16 KiB), so a sender runs that far ahead of a descheduled worker.
+    DEFAULT_PREFETCH = 999
     ACKS_PER_WINDOW = 4  # requests per window's worth of minibatches, while they stream
 
     def __init__(self, sock, worker_id, token, prefetch, controller_alive, set_rcvtimeo,
@@ -104,26 +107,21 @@ class MinibatchClient:
     def _next_message(self, recv_within, deadline, timeout_s):
         """Ask for minibatches (when due) and receive the next message; its frames."""
         sock = self.sock
-        first = None
-        if self.received - self.acked < self.ack_every \
-                and self.bytes_since_ack < self.ack_every_bytes and self.asked:
-            # No request due: take one, if here or within ACK_AFTER_MS (streaming, the next
-            # is microseconds away), in one blocking receive with that timeout: a worker
-            # ahead of its controller waits often, and a receive that raises zmq.Again
-            # followed by a poll cost it several µs each time (see docs/performance.md).
-            if not self._waits_briefly:
-                self._set_rcvtimeo(sock, self.ACK_AFTER_MS)
-                self._waits_briefly = True
-            try:
-                first = sock.recv(0, copy=False)
-            except zmq.Again:
-                pass
-        if first is None:  # about to wait (or a request is due): ask first
-            try:
-                self.ask()
-            except zmq.Again:
-                raise MinibatchTimeout("cannot ask %s for a minibatch: the request queue is "
-                                       "full" % self.address) from None
+        if not self.asked or self.received - self.acked >= self.ack_every \
+                or self.bytes_since_ack >= self.ack_every_bytes:
+            self._ask_or_raise()  # due by count: the next ones are most likely here already
+        # Take one if here or within ACK_AFTER_MS (streaming, the next is microseconds away),
+        # in one blocking receive with that timeout: a worker ahead of its controller waits
+        # often, and a receive that raises zmq.Again followed by a poll costs it several µs
+        # each time (see docs/performance.md). The timeout stays set while minibatches
+        # stream, requests included: it changes only around a longer wait.
+        if not self._waits_briefly:
+            self._set_rcvtimeo(sock, self.ACK_AFTER_MS)
+            self._waits_briefly = True
+        try:
+            first = sock.recv(0, copy=False)
+        except zmq.Again:  # about to wait longer: acknowledge what it finished first
+            self._ask_or_raise()
             self._waits_briefly = False  # recv_within sets its own receive timeouts
             first = self._recv_asking_again(recv_within, deadline)
             if first is None:
@@ -135,6 +133,13 @@ class MinibatchClient:
         while frames[-1].more:
             frames.append(sock.recv(copy=False))
         return frames
+
+    def _ask_or_raise(self):
+        try:
+            self.ask()
+        except zmq.Again:
+            raise MinibatchTimeout("cannot ask %s for a minibatch: the request queue is "
+                                   "full" % self.address) from None
 
     def _recv_asking_again(self, recv_within, deadline):
         """`recv_within` until `deadline`, repeating the request every ASK_AGAIN_S."""

@@ -60,16 +60,16 @@ def test_prefetch_sets_the_window(serve):
 
 
 @pytest.mark.parametrize("shape, held", [
-    ((4096,), 256),  # 16 KiB: the cap of 256 messages, before the 16 MiB (old default: 2)
+    ((4096,), 1000),  # 16 KiB: the cap of 1000 messages, before the 16 MiB (old defaults: 2, 256)
     ((262144,), 16),  # 1 MiB: 16 MiB of them, the last one crossing it
 ])
-def test_the_default_window_holds_16_mib_or_256_minibatches(serve, shape, held):
+def test_the_default_window_holds_16_mib_or_1000_minibatches(serve, shape, held):
     """Before: the default window was 2 minibatches whatever their size."""
     ctl = Controller(control_port=0, data_port=0, num_workers=1)
     serving = serve(ctl)
     batch = [np.zeros(shape, np.float32)]
     size = len(encode_minibatch(batch, pack=True)[0])
-    assert held == min(256, math.ceil((16 << 20) / size))
+    assert held == min(1000, math.ceil((16 << 20) / size))
     got, errors = fill_a_held_window(ctl, [batch] * (held + 1))
     assert not errors and len(got) == held + 1
     serving.join()
@@ -77,7 +77,7 @@ def test_the_default_window_holds_16_mib_or_256_minibatches(serve, shape, held):
 
 def test_the_controllers_hwm_caps_what_a_worker_holds(serve):
     ctl = Controller(control_port=0, num_workers=1)
-    ctl.init_data(0, hwm=3)  # below the default window of 256 small minibatches
+    ctl.init_data(0, hwm=3)  # below the default window of 1000 small minibatches
     serving = serve(ctl)
     # hwm minibatches unacknowledged, and not one more, whatever the window
     got, errors = fill_a_held_window(ctl, [[np.array([i])] for i in range(4)])
@@ -172,7 +172,7 @@ def test_streaming_workers_with_room_take_minibatches_in_turn(serve):
     def work():
         try:
             with Worker(ctl.control_port, timeout_s=10) as w:
-                w.init_mb_sock(ctl.data_port)  # the defaults: room for 256 small ones
+                w.init_mb_sock(ctl.data_port)  # the defaults: room for 1000 small ones
                 while not stop.is_set():
                     try:
                         got[w.worker_id].append(int(w.recv_mb(timeout_s=0.05)[0][0]))
