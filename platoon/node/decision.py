@@ -114,7 +114,9 @@ class Decision:
     - "first_anchor": nobody has an anchor yet and every centre holds values: the anchor is
       the mean of the centres, losslessly;
     - "heal": the members in `differing` take the anchor and momentum of `source` (the
-      lowest rank among those with the most outer rounds, `best`), losslessly;
+      lowest rank among those with the most outer rounds, `best`), losslessly; then, in the
+      same round, an outer round of the ranks in `members` (empty: none), the healed among
+      them (a joiner's move is zero: its centre is the anchor it just took);
     - "final": every member is done and handed over: each centre becomes the anchor;
     - "end": every member is done but some never had a centre (its workers shared nothing):
       nothing to agree, each keeps its own;
@@ -203,11 +205,15 @@ def decide(headers: Sequence[RoundHeader], quorum_id: int,
     digest = headers[source].anchor_digest
     differing = tuple(r for r, h in enumerate(headers)
                       if h.round_no != best or h.anchor_digest != digest)
+    contributors = tuple(r for r, h in enumerate(headers) if not (h.done and h.handed_over))
     if differing and all(ready[r] for r in differing):
-        return Decision("heal", source=source, best=best, differing=differing)
+        # a healed centre holds the anchor: with every other centre ready, the outer round
+        # comes in this round too (a joiner contributes in the round that heals it)
+        outer = all(x == 2 or r in differing for r, x in enumerate(ready))
+        return Decision("heal", source=source, best=best, differing=differing,
+                        members=contributors if outer else ())
     if differing or not all(x == 2 for x in ready):
         return Decision("wait")
-    if all(h.done and h.handed_over for h in headers):
+    if not contributors:
         return Decision("final")
-    return Decision("outer", members=tuple(r for r, h in enumerate(headers)
-                                            if not (h.done and h.handed_over)))
+    return Decision("outer", members=contributors)
