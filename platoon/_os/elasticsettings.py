@@ -37,7 +37,8 @@ class MembershipSettings:
     """The lighthouse's rule. min_nodes: no quorum with fewer live nodes.
     heartbeat_timeout_s: a node silent this long is out of the next quorum.
     join_grace_s: once the live nodes differ from the quorum's, wait this long for more
-    joiners (or leavers) before issuing the next quorum."""
+    joiners (or leavers) before issuing the next quorum; joiners to a running quorum (its
+    members all live) wait only until that quorum is this old (`Membership.tick`)."""
 
     min_nodes: int = 1
     heartbeat_timeout_s: float = 5.0
@@ -81,7 +82,8 @@ _LIGHTHOUSE_OPTIONS = (
      "a node silent this many seconds is out of the next quorum (default {default:g}; 1 for "
      "fast recovery on a quiet network)"),
     ("--join-grace-s", "membership", "join_grace_s", float, "S",
-     "wait this long after a change for more joiners (default {default:g})"),
+     "wait this long after a change for more joiners or leavers (joiners to a running "
+     "quorum: until it is this old) (default {default:g})"),
     ("--bind", None, "bind", str, "HOST:PORT",
      "where nodes reach it (default {default}; port 0 picks one)"),
     ("--secret-file", None, "secret_file", str, "PATH",

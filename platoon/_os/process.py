@@ -80,13 +80,24 @@ def unlink_segments_on_sigterm(job_id: str) -> Callable[[], None]:
     return restore
 
 
+def _find_prctl():
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# found once, at import: `die_with_parent` runs in a child between fork and exec, where a
+# dlopen or dlsym could wait forever on the loader's lock, held at the fork by another thread
+# of the parent (an elastic node imports torch in a thread while it starts its workers)
+_PRCTL = _find_prctl()
+
+
 def die_with_parent(signum: int = signal.SIGTERM) -> bool:
     """Have the kernel send `signum` to this process when its parent dies (Linux only;
-    elsewhere the parent's own cleanup still applies). Returns whether it took effect."""
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
+    elsewhere the parent's own cleanup still applies). Returns whether it took effect. Safe
+    between fork and exec: no library is looked up."""
+    return _PRCTL is not None and _PRCTL(PR_SET_PDEATHSIG, signum, 0, 0, 0) == 0
 
 
 def signal_name(signum: int) -> str:

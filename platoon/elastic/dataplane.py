@@ -47,7 +47,9 @@ def chunk_bounds(n: int, parts: int, align: int = BLOCK) -> List[int]:
     return [min(n, align * (blocks * k // parts)) for k in range(parts)] + [n]
 
 
-def _torch():
+def load_torch():
+    """(torch, torch.distributed), imported (seconds, the first time); PlatoonError without
+    torch."""
     try:
         import torch
         import torch.distributed as dist
@@ -65,7 +67,7 @@ def _split(address: str) -> Tuple[str, int]:
 def _rendezvous_store(client: StoreClient):
     """`client` as a torch.distributed store, for gloo's rendezvous (it sets, waits for and
     gets its members' addresses; nothing else is served)."""
-    _, dist = _torch()
+    _, dist = load_torch()
 
     class Rendezvous(dist.Store):  # type: ignore[name-defined]  # (torch is not followed)
         def __init__(self):
@@ -137,7 +139,7 @@ class QuorumGroup:
         self._secret = secret
         self._seq = 0  # the means this group made (each member counts alike)
         self._residuals: Dict[Tuple[str, int, str], np.ndarray] = {}  # `_owner_residual`
-        _, dist = _torch()
+        _, dist = load_torch()
         timeout = datetime.timedelta(seconds=timeout_s)
         own_host, _ = _split(quorum.addresses[self.rank])
         client = StoreClient(quorum.store_address, secret, timeout_s)
@@ -189,7 +191,7 @@ class QuorumGroup:
 
     def all_gather_bytes(self, message: np.ndarray) -> np.ndarray:
         """Every member's uint8 `message` (all of one size), one row per rank in rank order."""
-        torch, _ = _torch()
+        torch, _ = load_torch()
         mine = torch.from_numpy(np.array(message, np.uint8).reshape(-1))  # writable, its own
         rows = torch.empty((self.size, mine.numel()), dtype=torch.uint8)
         self._run("the all-gather", lambda: self._group.allgather([list(rows.unbind(0))], [mine]))
@@ -197,7 +199,7 @@ class QuorumGroup:
 
     def broadcast_bytes(self, message: np.ndarray, root: int) -> np.ndarray:
         """`root`'s uint8 `message` on every member (each passes a buffer of its size)."""
-        torch, _ = _torch()
+        torch, _ = load_torch()
         buf = torch.from_numpy(np.array(message, np.uint8).reshape(-1))
         self._run("the broadcast from rank %d" % root, lambda: self._group.broadcast(buf, root))
         return buf.numpy()
@@ -238,7 +240,7 @@ class QuorumGroup:
         if self.size == 1 or array.size < MIN_CHUNK * self.size:
             return self._gathered_mean(array, codec, feedback if sending else None, out,
                                        members, seq)
-        torch, dist = _torch()
+        torch, dist = load_torch()
         flat = array.reshape(-1)
         data = with_residual(flat, feedback if sending else None)
         bounds = chunk_bounds(flat.size, self.size)

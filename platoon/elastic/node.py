@@ -53,13 +53,21 @@ def process_start_time() -> float:
         return time.time()
 
 
-class _StoreInBackground:
-    """`make(host)` (the node's StoreServer) run in a thread from construction; `get()` waits
-    for it (raising what it raised); closed with the node (a context manager)."""
+class _DataPlaneInBackground:
+    """The node's data plane made ready in threads while its controller and workers start:
+    from construction, `make(host)` (its StoreServer); once `import_gloo_after` is told its
+    workers started, torch's gloo imported (seconds, which its first group would otherwise
+    wait for, after its quorum, the others waiting in its rendezvous; not before: the import
+    would slow the controller's start, sharing its interpreter). `get()` waits for both and
+    returns the store (raising what `make` raised; torch missing is said as a group is built).
+    Closed with the node (a context manager)."""
 
     def __init__(self, make, host: str):
         self._store = None
         self._error: Optional[BaseException] = None
+        self._gloo: Optional[threading.Thread] = None
+        self._begun = threading.Event()  # the import of gloo began
+        self._closed = threading.Event()
 
         def run():
             try:
@@ -70,16 +78,35 @@ class _StoreInBackground:
         self._thread = threading.Thread(target=run, name="platoon-store", daemon=True)
         self._thread.start()
 
+    def import_gloo_after(self, started: threading.Event, given_up: threading.Event) -> None:
+        """Import torch's gloo once `started` is set (unless `given_up` is first)."""
+        def run():
+            while not started.wait(0.05):
+                if given_up.is_set() or self._closed.is_set():
+                    return
+            self._begun.set()
+            from .dataplane import load_torch
+            try:
+                load_torch()
+            except PlatoonError as exc:  # said again as a group is built
+                log.debug("the data plane: %s", exc)
+
+        self._gloo = threading.Thread(target=run, name="platoon-gloo-import", daemon=True)
+        self._gloo.start()
+
     def get(self):
         self._thread.join()
         if self._error is not None:
             raise self._error
+        if self._gloo is not None and self._begun.is_set():
+            self._gloo.join()
         return self._store
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
+        self._closed.set()
         self._thread.join()
         if self._store is not None:
             self._store.close()
@@ -127,9 +154,11 @@ def run_elastic_node(worker_argv: Sequence[str], settings: ElasticNodeSettings, 
             status.end("refused" if refused else "failed", message)
         os._exit(EXIT_REFUSED if refused else 1)
 
-    # the data plane's store (the job's nodes only: it holds the secret), made while the
-    # controller and its workers start; the tie needs it once the centre exists
-    with _StoreInBackground(functools.partial(StoreServer, secret=secret), node.host) as store:
+    # the data plane's store (the job's nodes only: it holds the secret) and torch's gloo,
+    # made ready while the controller and its workers start; the tie needs them once the
+    # centre exists (the node heartbeats once it can build its group)
+    with _DataPlaneInBackground(functools.partial(StoreServer, secret=secret),
+                                node.host) as store:
         def connect():
             address = store.get().address
             say("platoon.elastic: node %s: data plane at %s" % (name, address))
@@ -146,6 +175,7 @@ def run_elastic_node(worker_argv: Sequence[str], settings: ElasticNodeSettings, 
                 # reached at `host` (where its store listens: see StoreServer)
                 workers = Workers(worker_argv, num_workers, LOCAL_HOST, read_fd, reaper_fd,
                                   fail, node.ready_timeout_s, env, num_workers, "node-%s" % name)
+                store.import_gloo_after(workers.started, workers.finished)
                 serve_then_finish(workers, node.controller, shlex.split(node.controller_args),
                                   link, LOCAL_HOST, node.serve_timeout_s, node.finish_timeout_s)
                 link.close()

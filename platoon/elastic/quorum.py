@@ -92,6 +92,7 @@ class Membership:
         self._highest_reported = 0
         self.quorum: Optional[Quorum] = None
         self._change_since: Optional[float] = None  # when the live set first differed
+        self._issued_at: Optional[float] = None  # when the current quorum was issued
         self._rebuild = False  # a member asked for a new id (`heartbeat`'s `broken`)
         self._unreachable: Dict[str, _Unreachable] = {}  # by the name reported
         self.left_out: Dict[str, str] = {}  # `excluded` as of the last `tick`
@@ -183,7 +184,10 @@ class Membership:
     def tick(self, now: float) -> Optional[Quorum]:
         """Issue the next quorum when the live nodes differ from the current quorum's (or a
         member's address changed), at least `min_nodes` are live, and the grace window since
-        the change began has passed; returns it, else None."""
+        the change began has passed; returns it, else None. A change that only adds joiners
+        to a running quorum (its members all live, at their addresses) does not wait for the
+        grace window, only for the current quorum to be that old (so that a burst of joiners
+        makes a quorum per window at most, not one each)."""
         live = self.live(now)
         self.left_out = excluded = self.excluded(now)
         names = [n for n in live if n not in excluded]
@@ -196,10 +200,15 @@ class Membership:
             return None
         if self._change_since is None:
             self._change_since = now
-        if now - self._change_since < self.settings.join_grace_s:
+        since = self._change_since
+        if current is not None and self._issued_at is not None and not self._rebuild \
+                and set(zip(current.members, current.addresses)) <= set(zip(names, addresses)):
+            since = min(since, self._issued_at)  # joiners only: the running quorum's age
+        if now - since < self.settings.join_grace_s:
             return None
         self._change_since = None
         self._rebuild = False
+        self._issued_at = now
         last = 0 if current is None else current.id
         self.quorum = Quorum(max(last, self._highest_reported) + 1, tuple(names), addresses,
                              secrets.token_hex(16))

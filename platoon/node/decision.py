@@ -117,7 +117,9 @@ class Decision:
     - "first_anchor": nobody has an anchor yet and every centre holds values: the anchor is
       the mean of the centres, losslessly;
     - "heal": the members in `differing` take the anchor and momentum of `source` (the
-      lowest rank among those with the most outer rounds, `best`), losslessly;
+      lowest rank among those with the most outer rounds, `best`), losslessly; then, in the
+      same round, an outer round among the ranks in `members` (empty: none) that every member
+      steps by: a repaired member's move is in it, a joiner's not (it has none yet);
     - "final": every member is done and handed over: each centre becomes the anchor;
     - "end": every member is done but some never had a centre (its workers shared nothing):
       nothing to agree, each keeps its own;
@@ -206,11 +208,18 @@ def decide(headers: Sequence[RoundHeader], quorum_id: int,
     digest = headers[source].anchor_digest
     differing = tuple(r for r, h in enumerate(headers)
                       if h.round_no != best or h.anchor_digest != digest)
+    contributors = tuple(r for r, h in enumerate(headers) if not (h.done and h.handed_over))
     if differing and all(ready[r] for r in differing):
-        return Decision("heal", source=source, best=best, differing=differing)
+        # a healed centre holds the anchor: with every other centre ready, the outer round
+        # comes in this round too, every member taking its step; a joiner's move is nothing
+        # yet, so its message is not in the mean (counted, it would shrink the step by 1/p)
+        outer = all(x == 2 or r in differing for r, x in enumerate(ready))
+        movers = tuple(r for r in contributors if not (r in differing and
+                                                        headers[r].round_no < 0))
+        return Decision("heal", source=source, best=best, differing=differing,
+                        members=movers if outer else ())
     if differing or not all(x == 2 for x in ready):
         return Decision("wait")
-    if all(h.done and h.handed_over for h in headers):
+    if not contributors:
         return Decision("final")
-    return Decision("outer", members=tuple(r for r, h in enumerate(headers)
-                                            if not (h.done and h.handed_over)))
+    return Decision("outer", members=contributors)

@@ -22,7 +22,12 @@ anchor it receives against its source's signed sha256. Then, the same decision o
 - the members' anchors differ (a joiner has none; a member missed a round that broke while
   the others applied it): the lowest-ranked member with the highest round_no broadcasts its
   anchor and momentum, losslessly, and each member that differed takes them (a joiner's centre
-  becomes the anchor; another's keeps what its workers added). Nothing else that round;
+  becomes the anchor; another's keeps what its workers added). Then, in the same round, an
+  outer round as below, every member taking its step: a repaired member's move in the mean,
+  a joiner's not (nothing yet: its centre is the anchor it just took; counted, it would shrink
+  the step by 1/p; its workers' first work goes in the next round), and a round that breaks
+  there keeps the heal (every healed anchor
+  is the source's, checked against its signed sha256);
 - otherwise an outer round: each member's move (centre minus anchor) travels compressed with
   error feedback (`Group.compressed_mean`), its arrays packed into one message per dtype; every
   array's mean is in before any anchor changes, so a round that breaks changes no anchor,
@@ -31,6 +36,11 @@ anchor it receives against its source's signed sha256. Then, the same decision o
   which each training member's centre moves toward it by beta. A mean refused for NaN or Inf
   (in any round, the first included) ends the members that hold it and breaks the round for
   the others.
+
+Rounds come every `every_s` (or `every_syncs`) from the last one's start, but a group's first
+round comes at once, and a node that hears of a newer quorum (a joiner's, the membership says)
+starts its next round at once, in which every member leaves for it: a joiner waits for no
+member's pace.
 
 A node whose workers are done hands its centre over once (its last move is in the next mean),
 then takes every anchor without contributing; when every member is done and handed over, each
@@ -129,6 +139,7 @@ class NodeTie:
         # of which the lossless rounds this node took part in (the first anchor, heals)
         self.lossless_rounds = self.lossless_bytes = 0
         self.quorums: List[int] = []  # the ids of the quorums this node made rounds in
+        self._group_rounds = 0  # the rounds begun in the current group
         self.healed_from: Optional[str] = None
         self.healed_after_s: Optional[float] = None  # from the node's start
         self.first_contribution_s: Optional[float] = None  # from the node's start
@@ -289,15 +300,21 @@ class NodeTie:
 
     def _leave_group(self) -> None:
         group, self._group = self._group, None
+        self._group_rounds = 0
         if group is not None:
             group.close()
 
     def _wait_for_round(self) -> None:
         """Return when this node is due for a round: `every_s` after the last round began, or
         once its workers made `every_syncs` syncs since; at once when done and not handed over
-        (or done, paced in syncs: they no longer come)."""
+        (or done, paced in syncs: they no longer come), in a new group (its first round
+        repairs what differs: a joiner's heal), or when a quorum newer than its group's is
+        heard of (every member then leaves for it: a joiner waits for no pace)."""
+        if self._group_rounds == 0:
+            return
         tie, start = self.tie, self._last_start
         syncs = self.ctl.progress["syncs"] if tie.every_syncs is not None else 0
+        group = self._group
         while not self._halt.is_set():
             if self._done.is_set() and (not self._handed_over or tie.every_s is None):
                 return
@@ -308,6 +325,12 @@ class NodeTie:
                 if self.ctl.progress["syncs"] - syncs >= tie.every_syncs:
                     return
                 left = 0.01 if left is None else min(left, 0.01)  # syncs: a poll
+            if self.membership.changes and group is not None:
+                if self.membership.newest_quorum() > group.quorum.id:
+                    log.debug("node %s: quorum %d heard of: leaving quorum %d before its pace",
+                              self.name, self.membership.newest_quorum(), group.quorum.id)
+                    return
+                left = IDLE_POLL_S if left is None else min(left, IDLE_POLL_S)  # a poll
             (self._halt if self._done.is_set() else self._done).wait(left)
 
     def _header(self) -> RoundHeader:
@@ -352,6 +375,7 @@ class NodeTie:
     def _round(self) -> bool:
         """One round in the current group (see the module's doc); True after the final one."""
         group = self._group
+        self._group_rounds += 1
         headers = self._gather_headers(group)
         decision = decide(headers, group.quorum.id, group.quorum.members)
         if group.quorum.id not in self.quorums:
@@ -368,6 +392,8 @@ class NodeTie:
         elif decision.action == "heal":
             self._heal(group, decision.source, decision.best, list(decision.differing),
                        headers[decision.source].anchor_digest)
+            if decision.members:  # the outer round comes with the heal
+                self._outer_round(group, list(decision.members))
         elif decision.action in ("final", "end"):
             self._final(group, agreed=decision.action == "final")
             return True
@@ -453,7 +479,7 @@ class NodeTie:
             self._set_centre(centre, self.anchor, keep_since=snaps if training else None)
         elif training:  # EASGD: toward the mean by beta, as in every round
             self._move_centre(centre, snaps)
-        self._note_contribution()
+        self._note_contribution(group)
 
     def _heal(self, group: Group, source: int, best: int, differing: List[int],
               digest: bytes) -> None:
@@ -554,7 +580,7 @@ class NodeTie:
                         self.recoveries_s[-1])
         if contributes:
             self.sent_rounds += 1
-            self._note_contribution()
+            self._note_contribution(group)
             self._handed_over = done
         log.debug("node %s: centre tie round %d, %d bytes sent so far", self.name, self.rounds,
                   self.bytes_sent)
@@ -586,12 +612,14 @@ class NodeTie:
         finally:
             centre.lock.release()
 
-    def _note_contribution(self) -> None:
+    def _note_contribution(self, group: Group) -> None:
         if self.first_contribution_s is None:
             self.first_contribution_s = time.time() - self.started_at
             if self.membership.changes:
-                log.warning("node %s: first contributing round %.2f s after its start",
-                            self.name, self.first_contribution_s)
+                log.warning("node %s: first contributing round %.2f s after its start (outer "
+                            "round %d; round %d of its group in quorum %d)", self.name,
+                            self.first_contribution_s, self.round_no, self._group_rounds,
+                            group.quorum.id)
 
     def _final(self, group: Group, agreed: bool = True) -> None:
         """Every member is done and handed over: each centre is the anchor, the same bits.

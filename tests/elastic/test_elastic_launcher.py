@@ -74,8 +74,9 @@ def test_launcher_elastic_job_survives_a_kill_restarts_the_node_healed_ends_on_o
     after its first round (its worker dies with it, the reaper frees its shared memory): its
     mpiexec alone ends, nodes 1 and 2 go on in the next quorum, and the launcher (--restart 1)
     starts node 3 again under its name: it is healed from a peer (it takes their anchor) and
-    contributes. Then every node ends, all three save the same finite centre, as good as
-    their workers, and the launcher exits 0 leaving no process and no shared memory."""
+    contributes in the same round, the first of its group. Then every node ends, all three
+    save the same finite centre, as good as their workers, and the launcher exits 0 leaving
+    no process and no shared memory."""
     from platoon import load_centre
     stop, logs = tmp_path / "stop", tmp_path / "logs"
     a, b, c = names = ["127.0.0.1-%d" % i for i in (1, 2, 3)]
@@ -110,12 +111,18 @@ def test_launcher_elastic_job_survives_a_kill_restarts_the_node_healed_ends_on_o
                    for x in (a, b)]
         assert int(went_on[0].group(1)) > int(re.search(everyone, launcher.lines[index]).group(1))
         healed, _ = launcher.wait_for_match(
-            r"\[node-%s.restart1\] .* WARNING: node %s: healed from (\S+) in quorum \d+ \(outer "
-            r"round (\d+)\), (\S+) s after its start" % (n[c], n[c]), 30, index)
+            r"\[node-%s.restart1\] .* WARNING: node %s: healed from (\S+) in quorum (\d+) "
+            r"\(outer round (\d+)\), (\S+) s after its start" % (n[c], n[c]), 30, index)
         assert healed.group(1) in (a, b)
         first, _ = launcher.wait_for_match(r"\[node-%s.restart1\] .* WARNING: node %s: first "
-                                           r"contributing round (\S+) s" % (n[c], n[c]), 10,
-                                           index)
+                                           r"contributing round (\S+) s after its start \(outer "
+                                           r"round (\d+); round (\d+) of its group in quorum "
+                                           r"(\d+)\)" % (n[c], n[c]), 10, index)
+        # healed and stepped in its group's first round; its first move goes in the next
+        # (round 2 of that group, unless a newer quorum came between)
+        assert int(first.group(2)) >= int(healed.group(3)) + 2, (healed.group(0), first.group(0))
+        assert first.group(3) == "2" or first.group(4) != healed.group(2), (
+            healed.group(0), first.group(0))
         stop.write_text("")
         assert launcher.wait(30) == 0, launcher.output
         summary = launcher.output[launcher.output.index("job summary"):]
@@ -167,7 +174,7 @@ def test_launcher_elastic_job_survives_a_kill_restarts_the_node_healed_ends_on_o
     print("nodes 1 and 2 back to outer rounds %s s after theirs broke; node 3 started again by "
           "the launcher healed %s s and first contributing %s s after its start; the centre "
           "%.4f from the true weights, the workers %s"
-          % ("/".join(m.group(3) for m in went_on), healed.group(3), first.group(1), distance,
+          % ("/".join(m.group(3) for m in went_on), healed.group(4), first.group(1), distance,
              dists))
 
 

@@ -65,13 +65,35 @@ def test_a_member_the_others_cannot_reach_is_out_of_the_quorums_until_it_moves()
            "other nodes reach" in m.excluded(1.0)["c"]
     assert m.tick(5.0) is None  # c stays out
     m.heartbeat("c", "10.0.0.9:1", 1, now=5.1, incarnation="c")  # another address
-    m.tick(5.1)
-    assert m.tick(5.3).members == ("a", "b", "c")
+    assert m.tick(5.1).members == ("a", "b", "c")  # a joiner to a running quorum: at once
     m.heartbeat("b", "10.0.0.b:1", 3, now=6.0, incarnation="b", unreachable=["c"])
     m.tick(6.0)
     assert m.tick(6.2).members == ("a", "b")
-    m.tick(6.2 + UNREACHABLE_FOR_S)
-    assert m.tick(6.4 + UNREACHABLE_FOR_S).members == ("a", "b", "c")  # tried again
+    assert m.tick(6.2 + UNREACHABLE_FOR_S).members == ("a", "b", "c")  # tried again
+
+
+def test_a_joiner_to_a_running_quorum_waits_for_no_grace_window_but_joiners_in_a_burst_do():
+    """Joiners alone (every member of the running quorum live, at its address): the next
+    quorum comes at the next tick once the running one is a grace window old, so that a burst
+    of joiners makes one quorum per window, not one each; a leaver still waits the window."""
+    m = Membership(MembershipSettings(min_nodes=2, heartbeat_timeout_s=1e9, join_grace_s=0.5))
+    for name in "ab":
+        m.heartbeat(name, "h:" + name, 0, now=0.0)
+    assert m.tick(0.0) is None and m.tick(0.4) is None  # the job's start: the grace window
+    assert m.tick(0.5).members == ("a", "b")
+    m.heartbeat("c", "h:c", 0, now=3.0)  # the quorum is 2.5 s old: c is taken at once
+    assert m.tick(3.0).members == ("a", "b", "c")
+    m.heartbeat("d", "h:d", 0, now=3.1)  # a burst: the quorum is 0.1 s old
+    m.heartbeat("e", "h:e", 0, now=3.3)
+    assert m.tick(3.1) is None and m.tick(3.4) is None
+    assert m.tick(3.5).members == ("a", "b", "c", "d", "e")
+    m.leave("e")
+    m.heartbeat("f", "h:f", 0, now=9.0)  # a leaver and a joiner: the grace window
+    assert m.tick(9.0) is None
+    assert m.tick(9.5).members == ("a", "b", "c", "d", "f")
+    m.heartbeat("a", "h:a2", 0, now=20.0)  # a member at another address: the window too
+    assert m.tick(20.0) is None
+    assert m.tick(20.5).addresses[0] == "h:a2"
 
 
 def test_membership_settings_refuse_bad_values():

@@ -171,21 +171,22 @@ def test_an_easgd_round_makes_the_anchor_the_mean_and_moves_each_centre_by_beta(
     assert done._handed_over
 
 
-def _others_header(settings=None, values=2, round_no=3):
-    """The packed, signed header (with _NoLighthouse's secret) of rank 1 of _Group's quorum,
-    with the job's settings unless `settings`, a centre of `values` float32 and `round_no`."""
+def _others_header(settings=None, values=2, round_no=3, rank=1, anchor_digest=b"\1" * 32):
+    """The packed, signed header (with _NoLighthouse's secret) of `rank` of _Group's quorum,
+    with the job's settings unless `settings`, a centre of `values` float32, `round_no` and
+    the sha256 of its anchor and momentum `anchor_digest`."""
     import hashlib
 
     from platoon.mpi import CentreTie
     from platoon.node.decision import RoundHeader, door_settings, layout_summary
     layout = [{"dtype": "float32", "shape": [values]}]
-    header = RoundHeader(2, False, False, round_no, 7, b"\1" * 32,
+    header = RoundHeader(2, False, False, round_no, 7, anchor_digest,
                          hashlib.sha256(repr(layout).encode()).digest(),
                          settings or door_settings(CentreTie(0.05, outer="diloco",
                                                              compress="float32")),
                          layout_summary(layout)).pack()
-    quorum = _Group(1, 2).quorum
-    return np.frombuffer(header + _NoLighthouse().sign_header(quorum, 1, header), np.uint8)
+    quorum = _Group(rank, 2).quorum
+    return np.frombuffer(header + _NoLighthouse().sign_header(quorum, rank, header), np.uint8)
 
 
 def test_a_member_whose_codec_differs_is_refused_alone_and_the_others_drop_the_round():
@@ -213,3 +214,60 @@ def test_a_member_whose_codec_differs_is_refused_alone_and_the_others_drop_the_r
                                            r"holds 1 array\(s\): 2 float32"):
         tie._round()
     assert tie.round_no == 3 and (tie.anchor[0] == 0.0).all()
+
+
+def test_a_joiner_is_healed_and_takes_the_outer_step_in_the_same_round():
+    """Rank 1 joins a quorum of two: its centre created (its workers await its values), no
+    anchor. In its group's first round it takes rank 0's anchor and momentum (round 5) and,
+    in the same round, the outer step from rank 0's move alone (its own is nothing yet: in
+    the mean it would shrink the step by a half), so it trains from the new anchor at once;
+    its first move goes in the next round's mean."""
+    tie, centre, _ = _tie([9.0, 9.0], [0.0, 0.0])
+    tie.anchor = tie.velocity = tie._feedback = None
+    tie.round_no, tie.ctl.centre_ready = -1, False
+    tie._awaiting.set()  # (`initial_centre` asked: its workers wait for the decision)
+    anchor, velocity = np.array([5.0, 5.0], np.float32), np.zeros(2, np.float32)
+    source = _others_header(round_no=5, rank=0, anchor_digest=_sha256([anchor, velocity]))
+    payload = np.frombuffer(anchor.tobytes() + velocity.tobytes(), np.uint8)
+    means = []
+
+    def mean(move, among):
+        means.append((move.copy(), list(among)))
+        return np.ones_like(move)  # rank 0's move: 1.0 each
+
+    tie._group = _Group(1, 2, rows=lambda own: np.stack([source, own]), payload=payload,
+                        mean=mean)
+    assert not tie._round()
+    assert tie.heals == 1 and tie.healed_from == "a" and tie._decided.is_set()
+    assert len(means) == 1 and means[0][1] == [0]  # rank 0's move alone
+    assert tie.round_no == 6 and tie.sent_rounds == 0 and tie.first_contribution_s is None
+    expected = _stepped(anchor, [1.0, 1.0])
+    np.testing.assert_allclose(tie.anchor[0], expected)
+    np.testing.assert_allclose(centre.arrays[0], expected)
+
+
+def test_a_member_waiting_for_its_pace_leaves_at_once_when_it_hears_of_a_newer_quorum():
+    """A member whose next round is 1000 s away (its pace) hears of a quorum newer than its
+    group's (a joiner's): its wait for the round ends at once (in that round every member
+    leaves for the newer quorum), not at its pace."""
+    import threading
+    import time
+
+    from platoon.elastic import Quorum
+    from platoon.node.tie import CentreTie
+
+    class Heard(_NoLighthouse):
+        newest = None
+
+        def current_quorum(self):
+            return self.newest
+
+    tie, _, _ = _tie([1.0, 1.0], [0.0, 0.0])
+    tie.tie = CentreTie(1000.0, outer="diloco", compress="float32")
+    tie.client = client = Heard()
+    tie._group, tie._group_rounds, tie._last_start = _Group(0, 2), 1, time.monotonic()
+    waiting = threading.Thread(target=tie._wait_for_round, daemon=True)
+    waiting.start()
+    client.newest = Quorum(8, ("a", "b", "c"), ("h:0", "h:1", "h:2"))
+    waiting.join(10)
+    assert not waiting.is_alive()

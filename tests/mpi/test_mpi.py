@@ -562,8 +562,9 @@ def test_the_first_anchor_sends_no_centre_when_the_centres_are_already_equal():
 def test_a_fixed_world_heals_a_member_whose_anchor_differs():
     """Rounds by hand on 2 ranks (DiLoCo over int8): rank 1's anchor is made to differ after two
     outer rounds; the next round heals it from rank 0 (its anchor and momentum, 2720 bytes,
-    losslessly, to the one member that differs), rank 1 keeps its workers' work, and the job
-    goes on to outer rounds and one final centre. (A fixed world had no header: the anchors
+    losslessly, to the one member that differs), rank 1 keeps its workers' work (its move in
+    the outer round the heal's round makes), and the job goes on to outer rounds and one final
+    centre. (A fixed world had no header: the anchors
     stayed apart, each node stepping its own.)"""
     out = two_ranks("fixed_world_heal.py")
     found = sorted(re.findall(r"OK rank (\d) healed, sent (\d+)", out.stdout))
