@@ -21,8 +21,7 @@ import sysconfig
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-
-from platoon.integrations.lightning import PlatoonStrategy
+import platoon.integrations.lightning_auto  # noqa: F401 (every Trainer from here: a worker)
 
 TRAIN_FILES = ["argparse.py", "ast.py", "base64.py", "bisect.py", "calendar.py",
                "configparser.py", "contextlib.py", "copy.py", "csv.py", "dataclasses.py",
@@ -107,7 +106,6 @@ def main():
         log_every_n_steps=50, enable_progress_bar=False,
         callbacks=[ModelCheckpoint(every_n_train_steps=200, save_last=True)],
         default_root_dir=args.output_dir,
-        strategy=PlatoonStrategy(),  # a platoon worker: syncs every 4 optimizer steps
     )
     trainer.fit(model, train, val, ckpt_path=args.resume)
     print("final validation:", trainer.validate(model, val, verbose=False))

@@ -192,10 +192,10 @@ def test_the_module_names_the_extra_without_lightning():
     assert "pip install 'platoon-dp[lightning]'" in out.stdout, out.stdout
 
 
-def test_the_docs_show_the_examples_diff_and_it_adds_two_lines_of_code():
+def test_the_docs_show_the_examples_diff_and_it_adds_one_line():
     """docs/lightning.md shows examples/lightning's diff (single_process.py to train.py) as it
-    is: two added lines of code, the strategy and its import (and a blank line before the
-    import, as isort has it), none removed."""
+    is: one added line, ``import platoon.integrations.lightning_auto``, none removed (it took
+    the strategy, its import and a blank line)."""
     example = os.path.join(ROOT, "examples", "lightning")
     files = []
     for name in ("single_process.py", "train.py"):
@@ -206,8 +206,28 @@ def test_the_docs_show_the_examples_diff_and_it_adds_two_lines_of_code():
         shown = re.findall(r"^```diff\n(.*?)^```", f.read(), re.S | re.M)
     assert shown[0] == diff
     lines = diff.splitlines()[2:]
-    code = [line for line in lines if line.startswith("+") and line[1:].strip()]
+    added = [line for line in lines if line.startswith("+")]
     assert not any(line.startswith("-") for line in lines)
-    assert len([line for line in lines if line.startswith("+")]) == 3, diff
-    assert len(code) == 2, diff
-    assert "import PlatoonStrategy" in code[0] and "strategy=PlatoonStrategy(" in code[1]
+    assert len(added) == 1 and "import platoon.integrations.lightning_auto" in added[0], diff
+
+def test_one_import_gives_every_trainer_the_strategy_unless_it_has_one():
+    """``import platoon.integrations.lightning_auto``: a Trainer given no strategy (or "auto")
+    gets PlatoonStrategy, of the package it comes from; one given a strategy keeps it. In a
+    process of its own (the import patches the Trainer for the process)."""
+    code = """
+import lightning as L
+import pytorch_lightning as pl
+import platoon.integrations.lightning_auto
+from platoon.integrations.lightning import PlatoonStrategy
+for trainer in (L.Trainer(logger=False), L.Trainer(strategy="auto", logger=False),
+                pl.Trainer(logger=False)):
+    assert isinstance(trainer.strategy, PlatoonStrategy), trainer.strategy
+    assert type(trainer.strategy).package == trainer.__module__.split(".")[0], trainer.strategy
+kept = L.Trainer(strategy=PlatoonStrategy(sync_every=8), logger=False)
+assert kept.strategy.sync_every == 8
+print("OK", type(L.Trainer(strategy="single_device", logger=False).strategy).__name__)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "OK SingleDeviceStrategy" in out.stdout, out.stdout
