@@ -26,8 +26,8 @@ anchor it receives against its source's signed sha256. Then, the same decision o
   outer round as below, every member taking its step: a repaired member's move in the mean,
   a joiner's not (nothing yet: its centre is the anchor it just took; counted, it would shrink
   the step by 1/p; its workers' first work goes in the next round), and a round that breaks
-  there keeps the heal (every healed anchor
-  is the source's, checked against its signed sha256);
+  there keeps the heal (every healed anchor is the source's, checked against its signed
+  sha256);
 - otherwise an outer round: each member's move (centre minus anchor) travels compressed with
   error feedback (`Group.compressed_mean`), its arrays packed into one message per dtype; every
   array's mean is in before any anchor changes, so a round that breaks changes no anchor,
