@@ -40,7 +40,8 @@ def generate_keys(path):
     return path
 
 
-def read_private_file(path, what="keys", source="the keys your launcher made"):
+def read_private_file(path: str, what: str = "keys",
+                      source: str = "the keys your launcher made") -> bytes:
     """The bytes of `path`, a file of secrets (`what` names it in errors, `source` where a
     good one comes from); raises PlatoonError if it is unreadable, a link, another user's, or
     others can read it."""

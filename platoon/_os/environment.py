@@ -103,7 +103,9 @@ def without_distributed_variables(env):
             if not k.startswith(DISTRIBUTED_PREFIXES) and k not in DISTRIBUTED_VARIABLES}
 
 
-def worker_environment(environ, drop=(), extra=None):
+def worker_environment(environ: typing.Mapping[str, str], drop: typing.Sequence[str] = (),
+                       extra: Optional[typing.Mapping[str, str]] = None
+                       ) -> typing.Dict[str, str]:
     """The environment of the workers a runner starts (the launcher's, ``python -m
     platoon.mpi``'s, an elastic node's): `environ` plus `extra`, without MPI's and torchrun's
     rank variables (`without_distributed_variables`: a worker is no rank, even where its

@@ -1,6 +1,8 @@
 """Repeated warnings, throttled: a flood of bad input must not flood the log."""
 
+import logging
 import time
+from typing import Dict, List
 
 OVERFLOW = "other"  # the kind that counts warnings of kinds past `max_kinds`
 
@@ -11,14 +13,16 @@ class ThrottledLog:
     suppressed. At most `max_kinds` kinds are tracked at once (a kind per source of bad input
     must not grow without bound): past them, warnings of new kinds count as kind "other"."""
 
-    def __init__(self, logger, period_s=10.0, burst=5, max_kinds=1000):
+    def __init__(self, logger: logging.Logger, period_s: float = 10.0, burst: int = 5,
+                 max_kinds: int = 1000) -> None:
         self._logger = logger
         self.period_s = period_s
         self.burst = burst
         self.max_kinds = max_kinds
-        self._kinds = {}  # kind -> [start of the period, logged, suppressed]
+        # kind -> [start of the period, logged, suppressed]
+        self._kinds: Dict[str, List[float]] = {}
 
-    def warning(self, kind, msg, *args):
+    def warning(self, kind: str, msg: str, *args: object) -> None:
         now = time.monotonic()
         if kind not in self._kinds and len(self._kinds) >= self.max_kinds:
             self.flush(expired_only=True)
@@ -35,7 +39,7 @@ class ThrottledLog:
         else:
             state[2] += 1
 
-    def flush(self, expired_only=False):
+    def flush(self, expired_only: bool = False) -> None:
         """Log the suppressed counts (of periods that are over, with `expired_only`)."""
         now = time.monotonic()
         for kind, state in list(self._kinds.items()):
@@ -43,7 +47,7 @@ class ThrottledLog:
                 self._summarise(kind, state)
                 del self._kinds[kind]
 
-    def _summarise(self, kind, state):
+    def _summarise(self, kind: str, state: List[float]) -> None:
         if state[2]:
             self._logger.warning("%d more %s warning(s) in %.3g s were not logged",
                                  state[2], kind, time.monotonic() - state[0])

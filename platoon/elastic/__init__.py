@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .dataplane import QuorumGroup
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> object:
     if name == "QuorumGroup":  # torch only when the data plane is used
         from . import dataplane
         return getattr(dataplane, name)

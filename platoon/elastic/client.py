@@ -37,7 +37,7 @@ class LighthouseClient:
 
     def __init__(self, lighthouse: str, name: str, address: str, *,
                  secret: Optional[bytes] = None, heartbeat_interval_s: float = 0.1,
-                 request_timeout_s: float = 1.0, refused_for_s: float = 60.0):
+                 request_timeout_s: float = 1.0, refused_for_s: float = 60.0) -> None:
         if not name:
             raise ValueError("a node needs a name (its stable slot), got %r" % (name,))
         if not (heartbeat_interval_s > 0 and request_timeout_s > 0):
@@ -123,13 +123,13 @@ class LighthouseClient:
         with self._cond:
             self._unreachable = sorted(names)
 
-    def _raise_refused(self):
+    def _raise_refused(self) -> None:
         if self._refused is not None:
             raise ElasticAuthError("node %s: the lighthouse at %s refused it: %s"
                                    % (self.name, self.lighthouse, self._refused))
 
     # --- the heartbeat thread -----------------------------------------------------------
-    def _connect(self):
+    def _connect(self) -> "zmq.Socket[bytes]":
         sock = self._context.socket(zmq.REQ)
         sock.linger = 0
         sock.maxmsgsize = wire.MAX_REPLY  # ZeroMQ drops a larger frame unread (and reconnects)
@@ -137,7 +137,8 @@ class LighthouseClient:
         sock.connect("tcp://" + self.lighthouse)
         return sock
 
-    def _exchange(self, sock, op: str, challenge: str) -> Optional[dict]:
+    def _exchange(self, sock: "zmq.Socket[bytes]", op: str, challenge: str
+                  ) -> Optional[wire.Message]:
         """One request and its reply; None when unanswered in time."""
         with self._cond:
             highest = 0 if self._quorum is None else self._quorum.id
@@ -154,7 +155,7 @@ class LighthouseClient:
             return {"challenge": "", "quorum": None, "done": False, "error": "malformed reply"}
         return wire.read_reply(self._secret, mac, frames[0], frames[1])
 
-    def _heard(self, answer: dict) -> bool:
+    def _heard(self, answer: wire.Message) -> bool:
         """Take in a reply; False when it is a refusal not taken as the lighthouse's (see the
         class's doc): the caller then reconnects."""
         with self._cond:
@@ -192,7 +193,7 @@ class LighthouseClient:
             self._cond.notify_all()
             return True
 
-    def _run(self):
+    def _run(self) -> None:
         sock, challenge = self._connect(), ""
         try:
             while not self._stop.is_set():
@@ -228,8 +229,8 @@ class LighthouseClient:
         self._thread.join(self.request_timeout_s + 5.0)
         self._context.term()
 
-    def __enter__(self):
+    def __enter__(self) -> "LighthouseClient":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()

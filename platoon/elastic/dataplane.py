@@ -16,9 +16,11 @@ whatever the quorum's size.
 import datetime
 import socket
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List, Optional, Sequence, Tuple
+from types import ModuleType
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from ..errors import NonFiniteValues, PlatoonError, QuorumBroken
 from ..node.compress import (
@@ -47,7 +49,7 @@ def chunk_bounds(n: int, parts: int, align: int = BLOCK) -> List[int]:
     return [min(n, align * (blocks * k // parts)) for k in range(parts)] + [n]
 
 
-def load_torch():
+def load_torch() -> Tuple[ModuleType, ModuleType]:
     """(torch, torch.distributed), imported (seconds, the first time); PlatoonError without
     torch."""
     try:
@@ -64,29 +66,29 @@ def _split(address: str) -> Tuple[str, int]:
     return host, int(port)
 
 
-def _rendezvous_store(client: StoreClient):
+def _rendezvous_store(client: StoreClient) -> Any:  # (Any: torch is not followed, setup.cfg)
     """`client` as a torch.distributed store, for gloo's rendezvous (it sets, waits for and
     gets its members' addresses; nothing else is served)."""
     _, dist = load_torch()
 
     class Rendezvous(dist.Store):  # type: ignore[name-defined]  # (torch is not followed)
-        def __init__(self):
+        def __init__(self) -> None:
             super().__init__()
             self.timeout_s = client.timeout_s
 
         def set_timeout(self, timeout: datetime.timedelta) -> None:
             self.timeout_s = timeout.total_seconds()
 
-        def set(self, key: str, value) -> None:
+        def set(self, key: str, value: Union[str, bytes]) -> None:
             client.set(key, value.encode() if isinstance(value, str) else bytes(value))
 
         def get(self, key: str) -> bytes:
             return client.get(key, self.timeout_s)
 
-        def wait(self, keys, timeout: Optional[datetime.timedelta] = None) -> None:
+        def wait(self, keys: List[str], timeout: Optional[datetime.timedelta] = None) -> None:
             client.wait(keys, self.timeout_s if timeout is None else timeout.total_seconds())
 
-        def check(self, keys) -> bool:
+        def check(self, keys: List[str]) -> bool:
             return client.check(keys)
 
         def delete_key(self, key: str) -> bool:
@@ -152,13 +154,14 @@ class QuorumGroup:
             options._timeout = timeout  # noqa: SLF001
             options._devices = [  # noqa: SLF001
                 dist.ProcessGroupGloo.create_device(hostname=own_host)]
-            self._group = dist.ProcessGroupGloo(prefixed, self.rank, self.size, options)
+            # (Any: torch.distributed's gloo objects, torch is not followed)
+            self._group: Any = dist.ProcessGroupGloo(prefixed, self.rank, self.size, options)
         except (RuntimeError, OSError, ValueError, MemoryError) as exc:
             # (gloo raises std::bad_alloc on an address it cannot parse)
             raise self._broken("forming the group", exc) from exc
         finally:
             client.close()  # gloo has its members' addresses (a later use opens it again)
-        self._store = store
+        self._store: Any = store  # the Rendezvous (a torch.distributed.Store)
 
     def _broken(self, doing: str, exc: BaseException) -> QuorumBroken:
         return QuorumBroken(
@@ -195,14 +198,16 @@ class QuorumGroup:
         mine = torch.from_numpy(np.array(message, np.uint8).reshape(-1))  # writable, its own
         rows = torch.empty((self.size, mine.numel()), dtype=torch.uint8)
         self._run("the all-gather", lambda: self._group.allgather([list(rows.unbind(0))], [mine]))
-        return rows.numpy()
+        gathered: np.ndarray = rows.numpy()
+        return gathered
 
     def broadcast_bytes(self, message: np.ndarray, root: int) -> np.ndarray:
         """`root`'s uint8 `message` on every member (each passes a buffer of its size)."""
         torch, _ = load_torch()
         buf = torch.from_numpy(np.array(message, np.uint8).reshape(-1))
         self._run("the broadcast from rank %d" % root, lambda: self._group.broadcast(buf, root))
-        return buf.numpy()
+        received: np.ndarray = buf.numpy()
+        return received
 
     def compressed_mean(self, array: np.ndarray, codec: Codec,
                         feedback: Optional[ErrorFeedback] = None,
@@ -319,7 +324,8 @@ class QuorumGroup:
         spread = sum(sizes) - sizes[mine] + MAC_BYTES * (self.size - 1) if sending else 0
         return mean, spread + (self.size + widest + MAC_BYTES) * (self.size - 1)
 
-    def _owner_residual(self, codec: Codec, n: int, dtype, n_mine: int) -> np.ndarray:
+    def _owner_residual(self, codec: Codec, n: int, dtype: DTypeLike, n_mine: int
+                        ) -> np.ndarray:
         """What coding this member's mean chunks of arrays of `n` elements lost so far (added
         to the next one): this quorum's own, as its chunks are (zeros for a lossless codec's,
         which never change)."""
@@ -341,7 +347,7 @@ class QuorumGroup:
                                 array, data, feedback, refused_here if sending else None, out)
         return mean, (message.size + MAC_BYTES) * (self.size - 1) if sending else 0
 
-    def _run(self, doing: str, start) -> None:
+    def _run(self, doing: str, start: Callable[[], Any]) -> None:  # (Any: gloo's Work)
         """Start a collective (`start()` returns its work) and wait for it, at most
         `timeout_s`; QuorumBroken, saying what was `doing`, when either fails."""
         try:
@@ -358,8 +364,8 @@ class QuorumGroup:
                 pass  # a group whose peers are gone may refuse an orderly shutdown
         self._store = None
 
-    def __enter__(self):
+    def __enter__(self) -> "QuorumGroup":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -23,7 +23,7 @@ import secrets
 import signal
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import zmq
 
@@ -54,7 +54,7 @@ class Lighthouse:
     true."""
 
     def __init__(self, settings: MembershipSettings, bind: str, secret: bytes,
-                 limits: Optional[Limits] = None, status_file: Optional[str] = None):
+                 limits: Optional[Limits] = None, status_file: Optional[str] = None) -> None:
         self.membership = Membership(settings)
         self.limits = Limits() if limits is None else limits
         self.status_file = status_file
@@ -199,7 +199,7 @@ class Lighthouse:
             self._warnings.warning("status", "cannot write the status file %s: %s",
                                    self.status_file, exc)
 
-    def serve(self, stop=lambda: False) -> None:
+    def serve(self, stop: Callable[[], bool] = lambda: False) -> None:
         self.write_status()
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
@@ -229,10 +229,10 @@ class Lighthouse:
         self._socket.close(linger=0)
         self._context.term()
 
-    def __enter__(self):
+    def __enter__(self) -> "Lighthouse":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

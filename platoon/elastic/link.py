@@ -2,11 +2,19 @@
 refusals of what cannot hold when nodes come and go (the controller's NodeLink interface)."""
 
 import logging
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, NoReturn, Optional, Tuple
+
+import numpy as np
 
 from ..errors import PlatoonError
 from ..node.tie import CentreTie
+from .client import LighthouseClient
 from .tie import FINAL_TIMEOUT_S, ElasticTie
+
+if TYPE_CHECKING:
+    from .._centre.shmem import SharedCentre
+    from .._centre.stopsignal import JobStop
+    from .._controller.services import ControllerServices
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +35,11 @@ class ElasticLink:
     round without a deadline of its own (the node bounds it). The cross-node `all_reduce` and
     `barrier` refuse with PlatoonError."""
 
-    def __init__(self, num_workers: int, connect: Callable, name: str, tie: CentreTie,
-                 timeout_s: float,
+    def __init__(self, num_workers: int, connect: Callable[[], LighthouseClient], name: str,
+                 tie: CentreTie, timeout_s: float,
                  on_failure: Callable[[str], None], started_at: Optional[float] = None,
                  final_timeout_s: float = FINAL_TIMEOUT_S,
-                 slot: Optional[Tuple[int, int]] = None):
+                 slot: Optional[Tuple[int, int]] = None) -> None:
         if slot is not None and not (isinstance(slot[0], int) and isinstance(slot[1], int)
                                      and 0 <= slot[0] < slot[1]):
             raise ValueError("an elastic node's slot is I of N, 0 <= I < N, got %r" % (slot,))
@@ -49,13 +57,13 @@ class ElasticLink:
     def tie_thread(self) -> Optional[ElasticTie]:
         return self._tie_thread
 
-    def totals(self):
+    def totals(self) -> Dict[str, int]:
         thread = self._tie_thread
         return {} if thread is None else {"tie_rounds": thread.rounds,
                                           "tie_bytes_sent": thread.bytes_sent,
                                           "tie_broken_rounds": thread.broken_rounds}
 
-    def topology(self, worker_id):
+    def topology(self, worker_id: int) -> Dict[str, Any]:
         if self.slot is None:
             return {"global_rank": worker_id, "global_size": self.num_workers,
                     "elastic_node": self.name, "placed_in_job": False}
@@ -64,25 +72,25 @@ class ElasticLink:
                 "global_size": slots * self.num_workers, "node_rank": index,
                 "num_nodes": slots, "elastic_node": self.name}
 
-    def all_reduce(self, array, op):
+    def all_reduce(self, array: np.ndarray, op: str) -> NoReturn:
         raise PlatoonError(_NOT_ELASTIC % "all_reduce")
 
-    def barrier(self):
+    def barrier(self) -> NoReturn:
         raise PlatoonError(_NOT_ELASTIC % "a barrier")
 
-    def fail_round(self, reason):
+    def fail_round(self, reason: str) -> None:
         """Nothing to tell the other nodes: a node's all_reduce never leaves it."""
 
-    def share_stop(self, job_stop):
+    def share_stop(self, job_stop: "JobStop") -> None:
         """A stop ends this node only (the others go on, as when it dies)."""
 
-    def start(self, controller):
+    def start(self, controller: "ControllerServices") -> None:
         if self._tie_thread is None:
             self._tie_thread = ElasticTie(self.tie, self.connect, self.name, controller,
                                           self.timeout_s, self.on_failure, self.started_at,
                                           self.final_timeout_s)
 
-    def initial_centre(self, centre):
+    def initial_centre(self, centre: "SharedCentre") -> Optional[bool]:
         """Asked as the centre is created, then again until decided: None while undecided
         (at most twice the tie's timeout), True once the centre holds a live member's anchor
         (the workers copy it), False when they write the first values (see `ElasticTie`).
@@ -90,14 +98,14 @@ class ElasticLink:
         thread = self._tie_thread
         return False if thread is None else thread.initial_centre(2 * self.timeout_s)
 
-    def trained(self):
+    def trained(self) -> bool:
         thread = self._tie_thread
         if thread is None:
             return False
         thread.node_done()
         return True
 
-    def final_centre(self):
+    def final_centre(self) -> Optional[bool]:
         """None until the final round; then whether this node evaluates the agreed centre
         (the lowest-ranked member of the final quorum does)."""
         thread = self._tie_thread
@@ -105,14 +113,14 @@ class ElasticLink:
             return None
         return thread.final_error is None and thread.final_rank == 0
 
-    def end_tie(self):
+    def end_tie(self) -> None:
         thread = self._tie_thread
         if thread is None or self._finished or thread.halted:
             return
         if not thread.halt():
             log.warning("node %s: the elastic tie thread did not end in time", self.name)
 
-    def finish(self):
+    def finish(self) -> None:
         """This node's workers are done: wait for the final round among the nodes alive (or
         `final_timeout_s` without any round: then this node keeps its own centre)."""
         if self._finished:
@@ -121,8 +129,8 @@ class ElasticLink:
         if self._tie_thread is not None:
             self._tie_thread.stop()
 
-    def close(self):
+    def close(self) -> None:
         self.finish()
 
-    def tie_summary(self):
+    def tie_summary(self) -> Optional[str]:
         return None if self._tie_thread is None else self._tie_thread.summary()

@@ -18,7 +18,7 @@ import shlex
 import sys
 import threading
 import time
-from typing import List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, List, NoReturn, Optional, Sequence, Tuple
 
 from .._os.elasticsettings import ElasticNodeSettings
 from .._os.environment import JobEnvironment, worker_environment
@@ -35,6 +35,10 @@ from ..node.runner import (
     serve_then_finish,
 )
 from .nodestatus import NodeStatus
+
+if TYPE_CHECKING:
+    from .client import LighthouseClient
+    from .store import StoreServer
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +66,14 @@ class _DataPlaneInBackground:
     returns the store (raising what `make` raised; torch missing is said as a group is built).
     Closed with the node (a context manager)."""
 
-    def __init__(self, make, host: str):
-        self._store = None
+    def __init__(self, make: Callable[[str], "StoreServer"], host: str) -> None:
+        self._store: Optional[StoreServer] = None
         self._error: Optional[BaseException] = None
         self._gloo: Optional[threading.Thread] = None
         self._begun = threading.Event()  # the import of gloo began
         self._closed = threading.Event()
 
-        def run():
+        def run() -> None:
             try:
                 self._store = make(host)
             except BaseException as exc:  # raised again by get()
@@ -80,7 +84,7 @@ class _DataPlaneInBackground:
 
     def import_gloo_after(self, started: threading.Event, given_up: threading.Event) -> None:
         """Import torch's gloo once `started` is set (unless `given_up` is first)."""
-        def run():
+        def run() -> None:
             while not started.wait(0.05):
                 if given_up.is_set() or self._closed.is_set():
                     return
@@ -94,18 +98,19 @@ class _DataPlaneInBackground:
         self._gloo = threading.Thread(target=run, name="platoon-gloo-import", daemon=True)
         self._gloo.start()
 
-    def get(self):
+    def get(self) -> "StoreServer":
         self._thread.join()
         if self._error is not None:
             raise self._error
         if self._gloo is not None and self._begun.is_set():
             self._gloo.join()
+        assert self._store is not None  # (`make` returned it, or raised)
         return self._store
 
-    def __enter__(self):
+    def __enter__(self) -> "_DataPlaneInBackground":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self._closed.set()
         self._thread.join()
         if self._store is not None:
@@ -140,11 +145,11 @@ def run_elastic_node(worker_argv: Sequence[str], settings: ElasticNodeSettings, 
     # its runner offers (`platoon._controller.handoff`): here the ElasticLink
     os.environ.update(JobEnvironment(mpi_node=1, job_id=job_id, control_port=0,
                                      num_workers=num_workers, ready_fd=write_fd).to_env())
-    workers = None
-    link = None
-    status = None
+    workers: Optional[Workers] = None
+    link: Optional[ElasticLink] = None
+    status: Optional[NodeStatus] = None
 
-    def fail(message):
+    def fail(message: str) -> NoReturn:
         say("platoon.elastic: node %s: %s; this node ends (the others go on)" % (name, message))
         if workers is not None:
             stop(workers.procs, WORKER_STOP_TIMEOUT_S, group=False)
@@ -159,7 +164,7 @@ def run_elastic_node(worker_argv: Sequence[str], settings: ElasticNodeSettings, 
     # centre exists (the node heartbeats once it can build its group)
     with _DataPlaneInBackground(functools.partial(StoreServer, secret=secret),
                                 node.host) as store:
-        def connect():
+        def connect() -> "LighthouseClient":
             address = store.get().address
             say("platoon.elastic: node %s: data plane at %s" % (name, address))
             return LighthouseClient(settings.join, name, address, secret=secret,

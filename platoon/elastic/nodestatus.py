@@ -4,10 +4,13 @@ final result; the keys: `platoon._os.statusfile`), rewritten by a thread as it c
 import logging
 import os
 import threading
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from .._os.statusfile import quorum_entry, write_status
 from ..errors import PlatoonError
+
+if TYPE_CHECKING:
+    from .link import ElasticLink
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +25,7 @@ class NodeStatus:
     missing; a file that cannot be written is logged once, never raised (the node trains on).
     A context manager: leaving it without `end` ends it ``failed``."""
 
-    def __init__(self, path: Optional[str], name: str, link: Any):
+    def __init__(self, path: Optional[str], name: str, link: "ElasticLink") -> None:
         self.path, self.name, self.link = path, name, link
         self._lock = threading.Lock()
         self._written: Optional[Dict[str, Any]] = None
@@ -96,10 +99,10 @@ class NodeStatus:
             log.warning("node %s: cannot write its status file %s (%s): the launcher will not "
                         "show its quorum or final result", self.name, self.path, exc)
 
-    def __enter__(self):
+    def __enter__(self) -> "NodeStatus":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.end("failed", "ended without saying how")
         if self._thread is not None:
             self._thread.join(2 * STATUS_EVERY_S)

@@ -14,7 +14,7 @@ re-exported here.
 
 import secrets
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from .._os.elasticsettings import MembershipSettings  # (declared with the lighthouse's)
 
@@ -53,12 +53,12 @@ class Quorum:
         """Where this quorum's data plane meets: the address of its rank 0."""
         return self.addresses[0]
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> Dict[str, Any]:
         return {"id": self.id, "members": list(self.members), "addresses": list(self.addresses),
                 "nonce": self.nonce}
 
     @classmethod
-    def from_wire(cls, data: dict) -> "Quorum":
+    def from_wire(cls, data: Dict[str, Any]) -> "Quorum":
         members, addresses = data["members"], data["addresses"]
         nonce = data.get("nonce", "")
         if not (isinstance(data["id"], int) and isinstance(members, list)

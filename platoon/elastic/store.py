@@ -64,7 +64,7 @@ class StoreLimits:
     handshake_timeout_s: float = 5.0
     idle_timeout_s: float = 600.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if min(self.max_keys, self.max_bytes, self.max_value_bytes, self.max_connections,
                self.handshakes_per_source) < 1 or not (self.handshake_timeout_s > 0
                                                        and self.idle_timeout_s > 0):
@@ -121,7 +121,7 @@ class StoreServer:
     manager). Raises PlatoonError when it cannot listen there."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, secret: bytes,
-                 limits: Optional[StoreLimits] = None):
+                 limits: Optional[StoreLimits] = None) -> None:
         if not isinstance(secret, bytes) or not secret:
             raise ValueError("StoreServer needs the job's secret (bytes, load_secret())")
         self._secret = secret
@@ -187,7 +187,7 @@ class StoreServer:
                 self._warn("threads", "data plane store %s: a connection from %s dropped (%s)",
                            self.address, source, exc)
 
-    def _warn(self, kind: str, msg: str, *args) -> None:
+    def _warn(self, kind: str, msg: str, *args: object) -> None:
         with self._warnings_lock:
             self._warnings.warning(kind, msg, *args)
 
@@ -352,10 +352,10 @@ class StoreServer:
                 pass
         self._acceptor.join(5.0)
 
-    def __enter__(self):
+    def __enter__(self) -> "StoreServer":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -366,7 +366,7 @@ class StoreClient:
     the secret, refuses this client or a request. Opened on the first request, again after
     `close()`."""
 
-    def __init__(self, address: str, secret: bytes, timeout_s: float):
+    def __init__(self, address: str, secret: bytes, timeout_s: float) -> None:
         if not timeout_s > 0:
             raise ValueError("timeout_s must be > 0 seconds, got %r" % (timeout_s,))
         self.address, self.timeout_s = address, timeout_s
@@ -467,8 +467,8 @@ class StoreClient:
         with self._lock:
             self._drop()
 
-    def __enter__(self):
+    def __enter__(self) -> "StoreClient":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -12,10 +12,11 @@ up and keeping its own centre (the last anchor, once handed over).
 import logging
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, cast
 
 from .._os.elasticsettings import FINAL_TIMEOUT_S  # (an elastic node's setting)
 from ..errors import PlatoonError, QuorumBroken, QuorumTimeout
+from ..node.group import Group
 from ..node.tie import (  # noqa: F401 (_sha256, _feedback_for: read by the tests)
     CentreTie,
     NodeTie,
@@ -23,8 +24,20 @@ from ..node.tie import (  # noqa: F401 (_sha256, _feedback_for: read by the test
     _feedback_for,
     _sha256,
 )
+from .client import LighthouseClient
+from .quorum import Quorum
+
+if TYPE_CHECKING:
+    from .._controller.services import ControllerServices
+    from .dataplane import QuorumGroup
 
 log = logging.getLogger(__name__)
+
+
+def _quorum_of(group: Group) -> Quorum:
+    """The quorum of `group`, one of those `ElasticMembership.next_group` gives (QuorumGroups:
+    the tie hands back only those), whose nonce the signatures cover."""
+    return cast(Quorum, group.quorum)
 
 
 class ElasticMembership:
@@ -33,11 +46,11 @@ class ElasticMembership:
 
     changes = True
 
-    def __init__(self, connect: Callable, name: str, timeout_s: float,
-                 final_timeout_s: Optional[float] = FINAL_TIMEOUT_S):
+    def __init__(self, connect: Callable[[], LighthouseClient], name: str, timeout_s: float,
+                 final_timeout_s: Optional[float] = FINAL_TIMEOUT_S) -> None:
         self._connect, self.name, self.timeout_s = connect, name, timeout_s
         self.final_timeout_s = final_timeout_s
-        self.client: Any = None  # the LighthouseClient, once connected
+        self.client: Optional[LighthouseClient] = None  # once connected
         self._last_id = 0  # the quorum of the last group built (or tried)
         self._waiting_since = 0.0  # for a quorum newer than the last group's
 
@@ -45,12 +58,18 @@ class ElasticMembership:
         if self.client is None:
             self.client = self._connect()
 
-    def next_group(self, cancel: threading.Event):
+    @property
+    def _lighthouse(self) -> LighthouseClient:
+        """The client (`connect()` made it before any group)."""
+        assert self.client is not None, "ElasticMembership.connect() comes first"
+        return self.client
+
+    def next_group(self, cancel: threading.Event) -> "Optional[QuorumGroup]":
         """The group of the next quorum holding this node (newer than the last one's), or None
         (none yet; a group that cannot form, its unreachable members told to the lighthouse)."""
         from .dataplane import QuorumGroup, unreachable_members
         try:
-            quorum = self.client.wait_for_quorum(timeout_s=0.5, newer_than=self._last_id)
+            quorum = self._lighthouse.wait_for_quorum(timeout_s=0.5, newer_than=self._last_id)
         except QuorumTimeout:
             if self._last_id and time.monotonic() - self._waiting_since > self.timeout_s:
                 # every member heartbeats, yet the group broke (one stalled a round past
@@ -58,13 +77,14 @@ class ElasticMembership:
                 log.warning("node %s: no quorum after %d within %.3g s of its group's end; "
                             "asking the lighthouse for a new one", self.name, self._last_id,
                             self.timeout_s)
-                self.client.report_broken(self._last_id)
+                self._lighthouse.report_broken(self._last_id)
                 self._waiting_since = time.monotonic()
             return None
         self._last_id = quorum.id
         self._waiting_since = time.monotonic()  # a group that cannot form: as a broken one
         try:
-            group = QuorumGroup(quorum, self.name, self.timeout_s, secret=self.client.secret)
+            group = QuorumGroup(quorum, self.name, self.timeout_s,
+                                secret=self._lighthouse.secret)
         except QuorumBroken as exc:
             log.warning("%s", exc)
             unreachable = unreachable_members(quorum, self.name)
@@ -72,24 +92,24 @@ class ElasticMembership:
                 log.warning("node %s: the data plane of %s (quorum %d) is unreachable from "
                             "here: told the lighthouse", self.name, ", ".join(unreachable),
                             quorum.id)
-            self.client.report_unreachable(unreachable)
+            self._lighthouse.report_unreachable(unreachable)
             return None
-        self.client.report_unreachable([])
+        self._lighthouse.report_unreachable([])
         log.info("node %s: rank %d of quorum %d (%s)", self.name, group.rank, quorum.id,
                  ", ".join(quorum.members))
         return group
 
     def newest_quorum(self) -> int:
-        newest = self.client.current_quorum()
+        newest = self._lighthouse.current_quorum()
         return 0 if newest is None else newest.id
 
-    def sign(self, group, header: bytes) -> bytes:
-        return self.client.sign_header(group.quorum, group.rank, header)
+    def sign(self, group: Group, header: bytes) -> bytes:
+        return self._lighthouse.sign_header(_quorum_of(group), group.rank, header)
 
-    def signed(self, group, rank: int, header: bytes, mac: bytes) -> bool:
-        return self.client.header_signed(group.quorum, rank, header, mac)
+    def signed(self, group: Group, rank: int, header: bytes, mac: bytes) -> bool:
+        return self._lighthouse.header_signed(_quorum_of(group), rank, header, mac)
 
-    def broken(self, group, exc: QuorumBroken) -> None:
+    def broken(self, group: Optional[Group], exc: QuorumBroken) -> None:
         """A round broke: wait for a newer quorum (its id asked for after `timeout_s`)."""
         self._waiting_since = time.monotonic()
 
@@ -104,10 +124,11 @@ class ElasticTie(NodeTie):
     enters a quorum only when it can be healed; it leaves when the tie ends. `timeout_s` bounds
     each collective; `final_timeout_s`, the wait of a done node for a round."""
 
-    def __init__(self, tie: CentreTie, connect: Callable, name: str, controller,
-                 timeout_s: float, on_failure: Callable[[str], None],
-                 started_at: Optional[float] = None,
-                 final_timeout_s: float = FINAL_TIMEOUT_S, outer: Optional[OuterRule] = None):
+    def __init__(self, tie: CentreTie, connect: Callable[[], LighthouseClient], name: str,
+                 controller: "ControllerServices", timeout_s: float,
+                 on_failure: Callable[[str], None], started_at: Optional[float] = None,
+                 final_timeout_s: float = FINAL_TIMEOUT_S,
+                 outer: Optional[OuterRule] = None) -> None:
         self.check(tie)
         self.timeout_s = timeout_s
         self.elastic_membership = ElasticMembership(connect, name, timeout_s, final_timeout_s)
@@ -122,10 +143,10 @@ class ElasticTie(NodeTie):
                                "--tie-every-s")
 
     @property
-    def client(self):
+    def client(self) -> Optional[LighthouseClient]:
         """The LighthouseClient, once the centre exists."""
         return self.elastic_membership.client
 
     @client.setter
-    def client(self, client) -> None:
+    def client(self, client: Optional[LighthouseClient]) -> None:
         self.elastic_membership.client = client

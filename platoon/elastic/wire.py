@@ -20,13 +20,15 @@ larger frame before reading it.
 """
 
 import json
-from typing import Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple, cast
 
 from .secret import sign_reply, sign_request, verify
 
 OPS = ("heartbeat", "leave")
 MAX_BODY = 4096  # bytes of a request's frame
 MAX_REPLY = 16 << 20  # bytes of a reply's frame (a quorum of 10,000 members is about 0.5 MB)
+
+Message = Dict[str, Any]  # a request or reply, as JSON decodes it
 
 
 def request(secret: bytes, op: str, node: str, address: str, highest_seen: int,
@@ -40,7 +42,7 @@ def request(secret: bytes, op: str, node: str, address: str, highest_seen: int,
     return body, sign_request(secret, body)
 
 
-def read_request(secret: bytes, body: bytes, mac: bytes) -> Tuple[Optional[dict], str]:
+def read_request(secret: bytes, body: bytes, mac: bytes) -> Tuple[Optional[Message], str]:
     """(the request, "") when `body` is well formed and signed with `secret`, else
     (None, why it is refused)."""
     if len(body) > MAX_BODY:
@@ -62,7 +64,7 @@ def read_request(secret: bytes, body: bytes, mac: bytes) -> Tuple[Optional[dict]
     return (data, "") if ok else (None, "malformed request")
 
 
-def reply(secret: bytes, request_mac: bytes, challenge: str, quorum: Optional[dict],
+def reply(secret: bytes, request_mac: bytes, challenge: str, quorum: Optional[Message],
           done: bool, taken: bool = False, excluded: Optional[str] = None,
           quorum_json: Optional[str] = None) -> Tuple[bytes, bytes]:
     """The frames (body, signature) of a reply; `quorum_json`, when given, is `quorum`
@@ -82,7 +84,7 @@ def refusal(why: str) -> Tuple[bytes, bytes]:
                        "error": why}).encode(), b""
 
 
-def read_reply(secret: bytes, request_mac: bytes, body: bytes, mac: bytes) -> dict:
+def read_reply(secret: bytes, request_mac: bytes, body: bytes, mac: bytes) -> Message:
     """The reply; a refusal when unsigned or when its signature fails (then "error" says
     which)."""
     try:
@@ -93,4 +95,4 @@ def read_reply(secret: bytes, request_mac: bytes, body: bytes, mac: bytes) -> di
         why = data.get("error") if isinstance(data, dict) else None
         return {"challenge": "", "quorum": None, "done": False,
                 "error": why or "its reply's signature does not match this node's secret"}
-    return data
+    return cast(Message, data)  # (signed: the lighthouse's, a JSON object)
