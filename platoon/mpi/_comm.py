@@ -1,7 +1,9 @@
 """MPI plumbing shared by the node link and the centre tie: import, patient waits, abort."""
 
 import sys
+import threading
 import time
+from typing import Any, Optional
 
 from ..errors import PlatoonError
 
@@ -15,7 +17,7 @@ class Cancelled(PlatoonError):
 ABORT_GRACE_S = 0.5
 
 
-def import_mpi():
+def import_mpi() -> Any:
     """mpi4py's MPI module; raises PlatoonError saying how to install it."""
     try:
         from mpi4py import MPI
@@ -26,7 +28,8 @@ def import_mpi():
     return MPI
 
 
-def wait(request, timeout_s=None, spin_s=100e-6, cancel=None):
+def wait(request: Any, timeout_s: Optional[float] = None, spin_s: float = 100e-6,
+         cancel: Optional[threading.Event] = None) -> bool:
     """Complete a non-blocking MPI request without spinning a core while a peer is late or
     a slow link carries the data.
 

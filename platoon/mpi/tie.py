@@ -12,12 +12,13 @@ The tie reads its controller only through `Controller.centre_ready`,
 
 import threading
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..errors import PlatoonError, QuorumBroken
 from ..node.compress import Codec, ErrorFeedback
+from ..node.group import Group
 from ..node.tie import (  # noqa: F401 (CentreTie, OUTER_RULES: names of this module too)
     LOCK_TIMEOUT_S,
     OUTER_RULES,
@@ -29,6 +30,7 @@ from ._comm import Cancelled, import_mpi, wait
 from .compress import compressed_mean
 
 FIXED_QUORUM_ID = 1  # a fixed world's only group
+# mpi4py's communicators and requests are typed Any: mpi4py is imported lazily (`import_mpi`)
 
 
 @dataclass(frozen=True)
@@ -44,12 +46,12 @@ class MpiGroup:
     collectives non-blocking and completed without spinning a core (`_comm.wait`), left
     unfinished with Cancelled once `cancel` is set (the job is going down)."""
 
-    def __init__(self, comm, cancel: threading.Event):
+    def __init__(self, comm: Any, cancel: threading.Event) -> None:
         self.comm, self._cancel = comm, cancel
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.quorum = FixedQuorum(tuple(str(r) for r in range(self.size)))
 
-    def _wait(self, request, doing: str) -> None:
+    def _wait(self, request: Any, doing: str) -> None:
         if not wait(request, cancel=self._cancel):
             raise Cancelled("%s: cancelled (the centre tie was halted)" % doing)
 
@@ -91,7 +93,7 @@ class FixedWorld:
     timeout_s = None  # MPI's collectives: unbounded, cancelled when the tie halts
     final_timeout_s = None
 
-    def __init__(self, comm):
+    def __init__(self, comm: Any) -> None:
         self.comm = comm
 
     def connect(self) -> None:
@@ -103,13 +105,13 @@ class FixedWorld:
     def newest_quorum(self) -> int:
         return FIXED_QUORUM_ID
 
-    def sign(self, group, header: bytes) -> bytes:
+    def sign(self, group: Group, header: bytes) -> bytes:
         return b""
 
-    def signed(self, group, rank: int, header: bytes, mac: bytes) -> bool:
+    def signed(self, group: Group, rank: int, header: bytes, mac: bytes) -> bool:
         return mac == b""
 
-    def broken(self, group, exc: QuorumBroken) -> None:
+    def broken(self, group: Optional[Group], exc: QuorumBroken) -> None:
         raise PlatoonError("%s; a fixed world (platoon.mpi) cannot go on without a member: the "
                            "job is aborted" % exc) from exc
 
@@ -117,7 +119,8 @@ class FixedWorld:
         """Nothing: the communicator is the node link's."""
 
 
-def fixed_world_tie(tie: CentreTie, comm, controller, on_failure: Callable[[int], None],
+def fixed_world_tie(tie: CentreTie, comm: Any, controller: Any,
+                    on_failure: Callable[[int], None],
                     outer: Optional[OuterRule] = None) -> NodeTie:
     """The tie thread of this rank's node over `comm` (its own communicator, one rank per
     node); `on_failure(code)` aborts the job if the tie fails."""
