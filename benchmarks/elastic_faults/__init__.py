@@ -11,11 +11,15 @@ platoon.elastic.node per host, its lighthouse on the switch); the fixed-world MP
 -m platoon.mpi, one rank per host) with the same faults, restarted whole after each from its
 nodes' last checkpoints, restart time included; torchft's DiLoCo (one replica group per host,
 its lighthouse, gloo) with the same faults (skipped, and said so, where torchft is not
-installed). Reported per run (`report`: benchmarks/results/elastic_faults.{json,md};
-`--quick`: elastic_faults_quick.*): time to target, steps made / useful / possible, goodput,
-bytes across the links, each restarted node's time from its start command to its first
-contributing round, and the load average as it started. `--schedule` prints the fault
-schedule and exits.
+installed). Unequal nodes, without faults: `elastic_slow` and `mpi_slow` throttle node c's
+worker 2x (it sleeps after each step as long as the step took), against the all-equal
+`elastic` and `mpi` (`--members elastic,elastic_slow,mpi,mpi_slow`); the report gives each
+node's steps a second (its steps by the target over the seconds its worker trained) and the
+others' steps a second and time to target against the all-equal member. Reported per run
+(`report`: benchmarks/results/elastic_faults.{json,md}; `--quick`: elastic_faults_quick.*):
+time to target, steps made / useful / possible, goodput, bytes across the links, each
+restarted node's time from its start command to its first contributing round, and the load
+average as it started. `--schedule` prints the fault schedule and exits.
 
 Needs root, `ip`, `tc` and `unshare` (skipped with the reason otherwise: exit 0); every
 namespace, process and /dev/shm entry it makes is removed at the end, also on failure.

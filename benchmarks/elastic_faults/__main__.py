@@ -79,13 +79,14 @@ def main(argv=None):
     from platoon._os.process import find_mpiexec
     mpiexec = find_mpiexec()
     skipped = []
-    if "torchft_faults" in members and importlib.util.find_spec("torchft") is None:
-        members.remove("torchft_faults")
-        skipped.append("torchft_faults (torchft is not installed: pip install torchft==0.2.0)")
-    if "mpi_faults" in members:
-        if mpiexec is None or importlib.util.find_spec("mpi4py") is None:
-            members.remove("mpi_faults")
-            skipped.append("mpi_faults (no mpiexec or mpi4py: pip install -e '.[mpi]')")
+    for name in list(members):
+        kind = MEMBERS[name].kind
+        if kind == "torchft" and importlib.util.find_spec("torchft") is None:
+            members.remove(name)
+            skipped.append("%s (torchft is not installed: pip install torchft==0.2.0)" % name)
+        if kind == "mpi" and (mpiexec is None or importlib.util.find_spec("mpi4py") is None):
+            members.remove(name)
+            skipped.append("%s (no mpiexec or mpi4py: pip install -e '.[mpi]')" % name)
     for line in skipped:
         log("skipped: " + line)
     for name in slow_link.remove_stale():
@@ -142,13 +143,17 @@ def main(argv=None):
             row = run_member(name, problem, member_cfg, settings, schedule, rep + 1, cap_s,
                              slow_link.rate_bits(args.link), mpiexec, log, "r%d%d" % (rep, i))
             if "error" not in row:
-                log("%s: %s, steps %s (useful %s, goodput %s), %.1f MB, joiners %s" % (
-                    name, "%.1f s" % row["time_s"] if row["reached"] else
-                    "not reached (best %s)" % row["best_metric"], row["steps"],
-                    row["useful_steps"], "%.2f" % row["goodput"] if row["goodput"] else "-",
-                    row["bytes_total"] / 1e6,
-                    [(j["first_contribution_s"], j["worker_started_s"], j["worker_loaded_s"])
-                     for j in row["joiners"]]))
+                log("%s: %s, steps %s (useful %s, goodput %s), %.1f MB, joiners %s, "
+                    "steps/s %s" % (
+                        name, "%.1f s" % row["time_s"] if row["reached"] else
+                        "not reached (best %s)" % row["best_metric"], row["steps"],
+                        row["useful_steps"], "%.2f" % row["goodput"] if row["goodput"] else "-",
+                        row["bytes_total"] / 1e6,
+                        [(j["first_contribution_s"], j["worker_started_s"],
+                          j["worker_loaded_s"]) for j in row["joiners"]],
+                        ", ".join("%s %s" % (n, "-" if r["steps_per_s"] is None
+                                             else "%.1f" % r["steps_per_s"])
+                                  for n, r in row["nodes"].items())))
             runs.append(row)
             record()
     report, base = record()

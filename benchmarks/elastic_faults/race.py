@@ -27,22 +27,40 @@ FIRST_CONTRIBUTION = re.compile(r"node \w+: first contributing round ([\d.]+) s 
 HEALED = re.compile(r"node \w+: healed from \w+ in quorum \d+ \(outer round \d+\), ([\d.]+) s")
 
 
+SLOWDOWN = 2.0  # a throttled node's worker: its steps take this many times as long
+
+
 @dataclass(frozen=True)
 class Member:
     """`kind`: "elastic" (python -m platoon.elastic.node per node, its lighthouse on the
     switch), "mpi" (one fixed-world python -m platoon.mpi job across the three nodes, restarted
     whole from its nodes' checkpoints after each fault) or "torchft" (one replica group per
     node, torchft's lighthouse on the switch); `faults`: whether the schedule is applied;
-    `outer`: platoon's tie across nodes, "diloco" (its outer step) or "easgd"."""
+    `outer`: platoon's tie across nodes, "diloco" (its outer step) or "easgd"; `slow`: the
+    node whose worker is throttled `SLOWDOWN`x (it sleeps after each step (SLOWDOWN - 1)x as
+    long as the step took: a slower machine, whatever the load), "" for equal nodes;
+    `equal`: the all-equal member its report compares it against."""
     kind: str
     faults: bool
     note: str = ""
     outer: str = "diloco"
+    slow: str = ""
+    equal: str = ""
+
+    def slowdown(self):
+        """{node: factor} for the workers' config (empty for equal nodes)."""
+        return {self.slow: SLOWDOWN} if self.slow else {}
+
 
 
 MEMBERS = {
     "elastic": Member("elastic", False, "platoon elastic, no faults"),
     "elastic_faults": Member("elastic", True, "platoon elastic, faults"),
+    "elastic_slow": Member("elastic", False, "platoon elastic, no faults, node c's worker "
+                           "%gx slower" % SLOWDOWN, slow="c", equal="elastic"),
+    "mpi": Member("mpi", False, "fixed-world python -m platoon.mpi, no faults"),
+    "mpi_slow": Member("mpi", False, "fixed-world python -m platoon.mpi, no faults, node c's "
+                       "worker %gx slower" % SLOWDOWN, slow="c", equal="mpi"),
     "mpi_faults": Member("mpi", True, "fixed-world python -m platoon.mpi, faults, each time "
                          "restarted whole from its nodes' last checkpoints"),
     "torchft_faults": Member("torchft", True, "torchft DiLoCo (0.2.0), faults"),
@@ -242,6 +260,7 @@ class Run:
             inc.steps = [(e["t"], e["n"]) for e in worker if e["ev"] == "steps"]
             loaded = next((e for e in worker if e["ev"] == "loaded"), {})
             inc.loaded, inc.worker_started = loaded.get("t"), loaded.get("process_started")
+            inc.trained_from = next((e["t"] for e in worker if e["ev"] == "start"), None)
             progress = [e for e in worker if e["ev"] == "steps" and e["n"]]
             inc.step_s = progress[-1]["cpu"] / progress[-1]["n"] if progress else None
             if self.member.kind == "torchft":
@@ -284,7 +303,8 @@ def run_member(name, problem, cfg, settings, schedule, seed, cap_s, rate_bits_s,
     faults = list(schedule) if member.faults else []
     workdir = tempfile.mkdtemp(prefix="slk%d-efr-" % os.getpid())
     row = {"member": name, "kind": member.kind, "faults_on": member.faults, "seed": seed,
-           "cap_s": cap_s, "load_before": os.getloadavg()[0]}
+           "cap_s": cap_s, "slowdown": member.slowdown(), "equal": member.equal,
+           "load_before": os.getloadavg()[0]}
     shm_before = set(glob.glob("/dev/shm/*"))
     hosts = run = lighthouse = lighthouse_log = None
     started = time.monotonic()
@@ -296,6 +316,7 @@ def run_member(name, problem, cfg, settings, schedule, seed, cap_s, rate_bits_s,
                   "node_ips": {n: net.ip_of(n) for n in NODES},
                   "lighthouse": "http://%s:%d" % (net.SWITCH_IP, LIGHTHOUSE_PORT),
                   "min_nodes": settings.min_nodes, "timeout_s": settings.timeout_s,
+                  "slowdown": member.slowdown(),
                   "deadline": time.time() + cap_s + 120}
         config_path = os.path.join(workdir, "config.json")
         with open(config_path, "w") as f:
@@ -334,6 +355,7 @@ def run_member(name, problem, cfg, settings, schedule, seed, cap_s, rate_bits_s,
         row.update({
             "reached": reached is not None,
             "time_s": reached[0] - t0 if reached else None,
+            "run_s": round(end - t0, 3),
             "reached_by": reached[1] if reached else None,
             "best_metric": run.best_metric(), "target": problem["target"],
             "faults": done,

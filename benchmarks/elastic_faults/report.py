@@ -8,7 +8,8 @@ import statistics
 from ..slow_link.report import RESULTS
 
 COMMAND = "python -m benchmarks.elastic_faults"
-ORDER = ("elastic", "elastic_faults", "mpi_faults", "torchft_faults")
+ORDER = ("elastic", "elastic_faults", "mpi_faults", "torchft_faults", "elastic_slow", "mpi",
+         "mpi_slow")
 
 
 def stem(quick, every_s=60.0):
@@ -36,6 +37,13 @@ def _slowest(group):
     """The joiner of `group` that contributed last (one that never did, if any)."""
     return max(group, key=lambda j: float("inf") if j["first_contribution_s"] is None
                else j["first_contribution_s"])
+
+
+def _node_rates(rows):
+    """{node: the median over `rows` of its steps a second} (runs that recorded them)."""
+    nodes = sorted({n for r in rows for n in r.get("nodes", ())})
+    return {n: _median([r["nodes"][n]["steps_per_s"] for r in rows if n in r.get("nodes", ())])
+            for n in nodes}
 
 
 def summarise(runs):
@@ -75,6 +83,9 @@ def summarise(runs):
             "joiners_never": sum(1 for j in joins if j is None),
             "survivors_s": [x for r in ok for x in r.get("survivors_go_on_s", ())
                             if x is not None],
+            "steps_per_s": _node_rates(ok),
+            "slowdown": next((r["slowdown"] for r in ok if r.get("slowdown")), {}),
+            "equal": next((r["equal"] for r in ok if r.get("equal")), ""),
             "load": [r["load_before"] for r in rows],
             "errors": [r["error"] for r in rows if "error" in r]}
     return {m: out[m] for m in sorted(out, key=lambda m: (m not in ORDER, ORDER.index(m)
@@ -119,6 +130,40 @@ def goals(summary):
             shown += ", %d never contributed" % faults["joiners_never"]
         out.append(("a joiner contributes within %g s of its start command" % JOIN_GOAL_S,
                     shown, not faults["joiners_never"] and worst <= JOIN_GOAL_S))
+    return out
+
+
+UNEQUAL_GOAL = 0.95  # the others' steps/s with one node throttled, of their all-equal rate
+
+
+def unequal(summary):
+    """[(goal, what was measured, met: True, False, None when not measured, or "" for a
+    measure without a goal)] for each member with a throttled node: the others' steps a
+    second against the same nodes' in its all-equal member, and its time to target
+    against that member's."""
+    out = []
+    for member, s in summary.items():
+        slow, equal = s.get("slowdown"), s.get("equal")
+        if not slow or not equal:
+            continue
+        which = "%s against %s, node %s %gx slower" % (
+            member, equal, "/".join(slow), max(slow.values()))
+        base = summary.get(equal)
+        others = [n for n in s["steps_per_s"] if n not in slow]
+        rates = [s["steps_per_s"][n] for n in others]
+        before = [(base or {}).get("steps_per_s", {}).get(n) for n in others]
+        if not rates or None in rates + before or not sum(before):
+            ratio, met = "-", None
+        else:
+            r = sum(rates) / sum(before)
+            ratio, met = "%.2fx (%s)" % (r, ", ".join(
+                "%s %.1f against %.1f" % (n, a, b) for n, a, b in zip(others, rates, before))), \
+                r >= UNEQUAL_GOAL
+        out.append(("the others' steps/s with one node %gx slower vs all-equal >= %gx (%s)"
+                    % (max(slow.values()), UNEQUAL_GOAL, which), ratio, met))
+        t = _ratio(summary, member, equal)
+        out.append(("time to target vs all-equal (%s)" % which, _fmt_ratio(t),
+                    None if t is None or t[1] == "?" else ""))
     return out
 
 
@@ -195,23 +240,33 @@ def markdown(report):
                 meta.get("seconds", 0.0)), "",
              "| member | time to target | faults | steps made / useful / possible | goodput "
              "| MB across the links | survivors go on (s) | joiners: first contributing round "
-             "[worker started/loaded/healed] (s) | load at start |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "[worker started/loaded/healed] (s) | steps/s per node | load at start |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for member, s in summary.items():
         joins = ", ".join("%.1f [%s]" % (j, "/".join(_fmt(x, "%.1f") for x in more))
                           for j, *more in s["joiners_detail"]) or "-"
         if s["joiners_never"]:
             joins += " (%d never)" % s["joiners_never"]
-        lines.append("| %s | %s | %s | %s / %s / %s | %s | %s | %s | %s | %s |" % (
+        rates = ", ".join("%s %s%s" % (n, _fmt(r, "%.1f"), " (%gx slower)"
+                                       % s["slowdown"][n] if n in s.get("slowdown", {}) else "")
+                          for n, r in s.get("steps_per_s", {}).items()) or "-"
+        lines.append("| %s | %s | %s | %s / %s / %s | %s | %s | %s | %s | %s | %s |" % (
             member, _fmt_time(s), _fmt(s["faults"], "%d"), _fmt(s["steps"], "%d"),
             _fmt(s["useful_steps"], "%d"), _fmt(s["steps_possible"], "%.0f"),
             _fmt(s["goodput"], "%.2f"), _fmt(s["mb_total"], "%.1f"),
             ", ".join("%.1f" % x for x in sorted(s.get("survivors_s", ()))) or "-", joins,
-            ", ".join("%.1f" % x for x in s["load"])))
+            rates, ", ".join("%.1f" % x for x in s["load"])))
+    verdict = {True: "met", False: "MISSED", None: "not measured", "": "no goal set"}
     lines += ["", "Goals (platoon elastic under faults):"]
     for text, shown, met in goals(summary):
-        lines.append("- %s: %s, %s" % (text, shown, {True: "met", False: "MISSED",
-                                                      None: "not measured"}[met]))
+        lines.append("- %s: %s, %s" % (text, shown, verdict[met]))
+    slow = unequal(summary)
+    if slow:
+        lines += ["", "Unequal nodes (a throttled node's worker sleeps after each step so "
+                  "that its steps take that many times as long, whatever the load; steps/s "
+                  "per node: the steps it made by the target over the seconds its worker "
+                  "trained, from its first step; medians over the repetitions):"]
+        lines += ["- %s: %s, %s" % (text, shown, verdict[met]) for text, shown, met in slow]
     lines += ["", "Members: " + "; ".join("`%s`: %s" % (m, n) for m, n in
                                            report["members"].items()) + "."]
     failed = [(m, e) for m, s in summary.items() for e in s["errors"]]

@@ -60,6 +60,7 @@ class Incarnation:
     loaded: Optional[float] = None  # when its worker had imported, read its data, built its model
     worker_started: Optional[float] = None  # when its worker's process started
     healed_s: Optional[float] = None  # its own report of its heal (elastic), from its start
+    trained_from: Optional[float] = None  # when its worker began its steps
 
 
 def _steps_at(steps, t):
@@ -109,13 +110,30 @@ def survivors_go_on_s(incarnations: Sequence[Incarnation], kill_at: float, node:
     return None if None in after else round(max(after) - kill_at, 3)
 
 
+def node_rates(incarnations: Sequence[Incarnation], end: float) -> Dict:
+    """{node: {"steps", "train_s", "steps_per_s"}}: each node's steps made by `end` (all its
+    incarnations), the seconds its workers trained (from their first step, after start-up, to
+    their kill or `end`) and the steps a second over them (None when it never trained)."""
+    out: Dict = {}
+    for i in incarnations:
+        until = min(end, i.ended or end)
+        node = out.setdefault(i.node, {"steps": 0, "train_s": 0.0})
+        node["steps"] += _steps_at(i.steps, until)
+        if i.trained_from is not None and i.trained_from < until:
+            node["train_s"] += until - i.trained_from
+    for node in out.values():
+        node["train_s"] = round(node["train_s"], 3)
+        node["steps_per_s"] = node["steps"] / node["train_s"] if node["train_s"] else None
+    return {n: out[n] for n in sorted(out)}
+
+
 def account(incarnations: Sequence[Incarnation], start: float, end: float,
             workers: int = len(NODES), kills: Sequence = ()) -> Dict:
     """A run's steps, useful steps and goodput (useful steps over the steps `workers` workers
     could have made from `start` to `end` at the median CPU time a step took them: a core
     each, no faults, no start-up), and each restarted node's time to its first contributing
-    round, and for each kill (time, node) before `end` how long the survivors took to make a
-    round again."""
+    round, for each kill (time, node) before `end` how long the survivors took to make a
+    round again, and each node's steps a second (`node_rates`)."""
     made = sum(_steps_at(i.steps, min(end, i.ended or end)) for i in incarnations)
     useful = sum(useful_steps(i, end) for i in incarnations)
     step_times = sorted(i.step_s for i in incarnations if i.step_s)
@@ -135,5 +153,6 @@ def account(incarnations: Sequence[Incarnation], start: float, end: float,
             "step_s": step_times[len(step_times) // 2] if step_times else None,
             "steps_possible": possible,
             "goodput": useful / possible if possible else None, "joiners": joiners,
+            "nodes": node_rates(incarnations, end),
             "survivors_go_on_s": [survivors_go_on_s(incarnations, t, node, end)
                                   for t, node in kills if t < end]}

@@ -6,7 +6,9 @@ usage: python -m benchmarks.elastic_faults.worker CONFIG INCARNATION
 The node is the host's name ("nodea" -> "a"). Trains the slow-link language model (its LSTM,
 SGD with momentum) until the config's deadline or until the race kills it, and appends its
 events to EVENTS_DIR/NODE-INCARNATION-worker.jsonl as it goes (one write a line, so a kill -9
-loses none it wrote): "loaded" (imports, corpus and model done), "start" (its centre or
+loses none it wrote). A node named in the config's "slowdown" ({node: factor}) is throttled:
+its worker sleeps after each step (factor - 1)x as long as the step took (a slower machine,
+whatever the load). Events: "loaded" (imports, corpus and model done), "start" (its centre or
 torchft's state in place), "steps" (every sync, with the CPU seconds this thread spent in
 steps and syncs so far), "eval" (the metric
 of the node's centre, or of torchft's model, every `eval_every` steps; its time is when the
@@ -141,10 +143,14 @@ def main(argv):
     # each node its own stream of minibatches; a restarted node a fresh one
     step, evaluate = problem.trainer(data, 1000 * config["seed"] + 10 * incarnation
                                      + "abc".index(node))
-    events("start", pid=os.getpid())
+    throttle = config.get("slowdown", {}).get(node, 1.0) - 1.0
+    events("start", pid=os.getpid(), slowdown=throttle + 1.0)
     steps, eval_cpu, cpu0 = 0, 0.0, time.thread_time()
     while time.time() < config["deadline"] and not member.stopped():
+        began = time.perf_counter()
         step(model, opt, steps)
+        if throttle > 0:  # a slower machine (a sleep: not in thread_time, not in "cpu")
+            time.sleep(throttle * (time.perf_counter() - began))
         steps += 1
         if member.after_step(steps):  # cpu: this thread's CPU seconds in steps and syncs
             events("steps", n=steps, cpu=time.thread_time() - cpu0 - eval_cpu)

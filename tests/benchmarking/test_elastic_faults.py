@@ -1,11 +1,22 @@
 """benchmarks.elastic_faults as pure logic: the fault schedule every member shares, the
-accounting of a run (useful steps, goodput, a joiner's time to its first contributing round)
-and the goals the report checks."""
+accounting of a run (useful steps, goodput, a joiner's time to its first contributing round,
+each node's steps a second) and the goals the report checks; and one quick race of the member
+with a throttled node across three network namespaces (root only)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
 from benchmarks.elastic_faults import report
+from benchmarks.elastic_faults.race import MEMBERS
 from benchmarks.elastic_faults.schedule import Incarnation, account, fault_schedule
+from benchmarks.slow_link import jobs, link
+
+from helpers import ROOT
 
 
 def test_the_fault_schedule_is_the_seeds_alone_and_never_kills_a_node_that_is_down():
@@ -50,6 +61,11 @@ def test_a_killed_node_keeps_only_its_steps_before_its_last_contribution():
     assert out["joiners"] == [{"node": "c", "started_s": 60.0, "first_contribution_s": 3.5,
                                "worker_started_s": None, "worker_loaded_s": 2.0,
                                "healed_s": None, "window_s": 40.0}]
+    assert out["nodes"]["a"] == {"steps": 1000, "train_s": 0.0, "steps_per_s": None}
+    a.trained_from, c0.trained_from, c1.trained_from = 0.0, 0.0, 62.0
+    nodes = account([a, b, c0, c1], start=0.0, end=100.0)["nodes"]
+    assert nodes["a"] == {"steps": 1000, "train_s": 100.0, "steps_per_s": 10.0}
+    assert nodes["c"] == {"steps": 900, "train_s": 88.0, "steps_per_s": 900 / 88.0}  # 50 + 38 s
 
 
 def test_a_fixed_world_job_goes_back_to_its_checkpoints_and_its_joiners_to_their_first_round():
@@ -69,8 +85,11 @@ def test_a_fixed_world_job_goes_back_to_its_checkpoints_and_its_joiners_to_their
         is None
 
 
-def _row(member, time_s, joiners=(), cap_s=300.0):
+def _row(member, time_s, joiners=(), cap_s=300.0, rates=None):
     return {"member": member, "cap_s": cap_s, "reached": time_s is not None, "time_s": time_s,
+            "nodes": {n: {"steps_per_s": r} for n, r in (rates or {}).items()},
+            "slowdown": {"c": 2.0} if member.endswith("_slow") else {},
+            "equal": member[:-len("_slow")] if member.endswith("_slow") else "",
             "steps": 4000, "useful_steps": 3900, "steps_possible": 9000, "goodput": 3900 / 9000,
             "bytes_total": 5e7, "faults": [[61.0, "kill", "c"], [71.0, "restart", "c"]],
             "joiners": [{"node": n, "started_s": at, "first_contribution_s": j,
@@ -85,7 +104,7 @@ def test_the_report_states_each_goal_met_or_missed():
             _row("mpi_faults", 200.0, joiners=[(n, 71.0, j) for n, j in zip("abc", [7, 9, 8])]),
             _row("torchft_faults", None)]
     summary = report.summarise(runs)
-    assert list(summary) == list(report.ORDER)
+    assert list(summary) == list(report.ORDER)[:4]
     assert summary["torchft_faults"]["not_reached"] and summary["torchft_faults"]["time_s"] \
         == 300.0
     goals = {text.split(" <=")[0].split(" within")[0]: (shown, met)
@@ -124,3 +143,76 @@ def test_the_report_states_each_goal_met_or_missed():
     assert "vs its own fault-free time <= 1.15x: 1.20x, MISSED" in text
     assert report.stem(False) == "elastic_faults" and report.stem(True, 30.0) \
         == "elastic_faults_every30_quick"  # a record per fault period
+
+
+def test_the_report_gives_the_others_steps_per_second_against_all_equal():
+    equal = {"a": 100.0, "b": 110.0, "c": 105.0}
+    runs = [_row("elastic", 100.0, rates=equal), _row("elastic", 104.0, rates=equal),
+            _row("elastic_slow", 105.0, rates={"a": 97.0, "b": 106.0, "c": 52.0}),
+            _row("mpi", 100.0, rates=equal),
+            _row("mpi_slow", 130.0, rates={"a": 90.0, "b": 100.0, "c": 50.0})]
+    summary = report.summarise(runs)
+    assert summary["elastic_slow"]["slowdown"] == {"c": 2.0}
+    assert summary["elastic"]["steps_per_s"] == equal  # medians over the repetitions
+    lines = report.unequal(summary)
+    assert [(shown.split(" (")[0], met) for _, shown, met in lines] == [
+        ("0.97x", True), ("1.05x", ""), ("0.90x", False), ("1.30x", "")]
+    assert lines[0][0] == ("the others' steps/s with one node 2x slower vs all-equal >= 0.95x "
+                           "(elastic_slow against elastic, node c 2x slower)")
+    assert lines[0][1] == "0.97x (a 97.0 against 100.0, b 106.0 against 110.0)"
+    assert report.unequal(report.summarise(runs[2:3]))[0][1:] == ("-", None)  # no all-equal
+    assert report.unequal(report.summarise(runs[:2])) == []
+
+
+def _quick_race(out, members, cap_s):
+    """Run the race's CLI (--quick: to the small problem's target, or `cap_s`); its record,
+    or a failure with its output."""
+    cmd = [sys.executable, "-m", "benchmarks.elastic_faults", "--quick", "--members", members,
+           "--cap-s", str(cap_s), "--out", str(out)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        text, _ = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)  # the race cleans up on SIGTERM
+        try:
+            text, _ = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            text, _ = proc.communicate()
+        pytest.fail("the quick race did not finish in 90 s:\n" + text[-4000:])
+    finally:
+        link.remove_stale()  # its namespaces, if it died before removing them
+        for pid in jobs._session_pids(proc.pid):  # noqa: SLF001
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 0, text[-4000:]
+    with open(out / "elastic_faults_quick.json") as f:
+        return json.load(f), (out / "elastic_faults_quick.md").read_text(), proc.pid
+
+
+@pytest.mark.slow  # about 15 s idle: three nodes start and train to the small target
+@pytest.mark.timeout(150)
+def test_a_throttled_node_makes_about_half_the_others_steps(tmp_path):
+    why = link.missing()
+    if why:
+        pytest.skip("network namespaces: " + why)
+    pytest.importorskip("torch")
+    assert MEMBERS["elastic_slow"].slowdown() == {"c": 2.0}
+    rep, text, pid = _quick_race(tmp_path, "elastic_slow", 40)
+    (run,) = rep["runs"]
+    assert "error" not in run, run
+    steps = {n: r["steps"] for n, r in run["nodes"].items()}
+    assert set(steps) == {"a", "b", "c"} and min(steps.values()) > 0, run["nodes"]
+    # its steps take twice as long: by count, about half the others' (fewer where the
+    # others take the core it leaves)
+    assert steps["c"] < 0.75 * min(steps["a"], steps["b"]), steps
+    assert all(0 < r["train_s"] <= run["run_s"] for r in run["nodes"].values()), run
+    assert run["slowdown"] == {"c": 2.0} and run["equal"] == "elastic"
+    assert "| steps/s per node |" in text and "(2x slower) |" in text
+    assert ("the others' steps/s with one node 2x slower vs all-equal >= 0.95x "
+            "(elastic_slow against elastic, node c 2x slower): -, not measured") in text
+    assert run["left_in_shm"] == []
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                           timeout=10).stdout
+    assert "%s%d" % (link.PREFIX, pid) not in names
