@@ -24,9 +24,10 @@ setup(
     entry_points={"console_scripts": ["platoon-launcher=platoon.launch.cli:main"]},
     extras_require={
         # torch is pinned: that release has a CPU build; an unpinned one pulls a CUDA build.
-        # pytest-xdist: the suite runs its test files on 2 processes (pytest.ini)
-        "test": ["pytest>=7", "pytest-timeout>=2", "pytest-xdist>=3", "scikit-learn", "matplotlib",
-                 "torch==2.13.0", "ruff==0.17.6", "mypy==2.4.1"],
+        # pytest-xdist: the suite runs its test files on 2 processes, longest first (pytest.ini;
+        # --no-loadscope-reorder is new in 3.8)
+        "test": ["pytest>=7", "pytest-timeout>=2", "pytest-xdist>=3.8", "scikit-learn",
+                 "matplotlib", "torch==2.13.0", "ruff==0.17.6", "mypy==2.4.1"],
         "examples": ["scikit-learn", "matplotlib"],
         "torch": ["torch==2.13.0"],
         # benchmarks.time_to_accuracy: MNIST-1D (generated offline) and the torch peers

@@ -12,6 +12,7 @@ from platoon import Worker
 from platoon._centre.shmem import segment_owner
 
 from helpers import (
+    LONGEST_FIRST,
     PROCS,
     SHM,
     SPAWNED,
@@ -28,6 +29,13 @@ from helpers import (
 # the machine's GPUs.
 os.environ.setdefault("PLATOON_ASSUME_GPUS", "-1")
 SUITE_STARTED = time.time()  # MPICH segments older than the suite are not the suite's
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The files of helpers.LONGEST_FIRST first, in its order (pytest.ini has xdist keep it);
+    the others after them, as collected (each file's tests keep their order)."""
+    rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 
 @pytest.fixture(autouse=True)

@@ -403,3 +403,35 @@ def job_id_of(output):
 def assert_job_gone(job_id):
     wait_until(lambda: not job_processes(job_id), 15, "the job's processes to exit")
     assert not job_segments(job_id)
+
+
+# The suite's longest files, longest first (their share of a full run on 2 cores). pytest.ini
+# has xdist hand the files out in collection order (--dist loadfile --no-loadscope-reorder),
+# and conftest.py starts these first, so that the short files fill both workers' ends evenly
+# (xdist's own order, the files with most tests first, left files of a few long tests, mypy's
+# or a launcher job's, to the end of one worker while the other was done). A file not listed
+# keeps its place after them; tests/package/test_suite_order.py checks that each listed file
+# exists.
+LONGEST_FIRST = [
+    "tests/mpi/test_mpi.py",
+    "tests/frameworks/test_torch_sync.py",
+    "tests/integrations/test_upstream.py",
+    "tests/launch/test_launcher.py",
+    "tests/benchmarking/test_language_model.py",
+    "tests/integrations/test_huggingface.py",
+    "tests/elastic/test_elastic_launcher.py",
+    "tests/benchmarking/test_transformer_benchmark.py",
+    "tests/integrations/test_accelerate.py",
+    "tests/elastic/test_elastic_netns.py",
+    "tests/elastic/test_node.py",
+    "tests/integrations/test_lightning.py",
+    "tests/benchmarking/test_benchmarks.py",
+    "tests/controller/test_checkpoint.py",
+    "tests/worker/test_exchange.py",
+    "tests/benchmarking/test_porting_a_script.py",
+    "tests/package/test_imports.py",
+    "tests/package/test_static_checks.py",
+    "tests/benchmarking/test_slow_link.py",
+    "tests/controller/test_faults.py",
+    "tests/launch/test_ssh_hosts.py",
+]

@@ -25,7 +25,7 @@ from platoon import (
 )
 from platoon.device import Device
 
-from helpers import PROCS, Nothing
+from helpers import PROCS, Nothing, Proc
 
 torch = pytest.importorskip("torch", reason="the PyTorch tests need PyTorch")
 from torch import nn  # noqa: E402
@@ -803,17 +803,36 @@ def run_alone(procs, tmp_path, name, *args):
         return json.load(f), proc.output
 
 
-def test_a_script_run_by_itself_is_a_one_worker_job(procs, tmp_path):
-    report, output = run_alone(procs, tmp_path, "alone", 6)
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory):
+    """resume_trainer.py run by itself for 30 steps, saving a checkpoint at step 16 and going
+    on: (its JSON output, its output, the checkpoint's path). Run once for the two tests below
+    (a torch process fewer in the suite)."""
+    tmp_path, started = tmp_path_factory.mktemp("whole"), []
+
+    def start(script, *args, env=None):
+        started.append(Proc([os.path.join(PROCS, script)] + [str(a) for a in args], env=env))
+        return started[-1]
+
+    ckpt = str(tmp_path / "ckpt.pt")
+    try:
+        whole, output = run_alone(start, tmp_path, "whole", 30, "--save-at", 16, ckpt)
+    finally:
+        for proc in started:
+            proc.kill()
+    return whole, output, ckpt
+
+
+def test_a_script_run_by_itself_is_a_one_worker_job(whole_run):
+    report, output, _ = whole_run
     assert (report["worker"], report["num_workers"]) == (0, 1)
-    assert len(report["losses"]) == 6
+    assert len(report["losses"]) == 30
     assert report["final"]["loss"] > 0  # the final evaluation ran on its one worker
     assert output.count("running as a one-worker job") == 1, output
 
 
-def test_a_resumed_job_continues_the_curve(procs, tmp_path):
-    ckpt = str(tmp_path / "ckpt.pt")
-    whole, _ = run_alone(procs, tmp_path, "whole", 30, "--save-at", 16, ckpt)  # and goes on
+def test_a_resumed_job_continues_the_curve(procs, tmp_path, whole_run):
+    whole, _, ckpt = whole_run  # saved at step 16, and went on to 30
     resumed, _ = run_alone(procs, tmp_path, "resumed", 30, "--resume", ckpt)
     centre_only, _ = run_alone(procs, tmp_path, "centre", 30, "--resume", ckpt, "--centre-only")
     later = {k: v for k, v in whole["losses"].items() if int(k) >= 16}

@@ -33,7 +33,8 @@ def test_ruff_toml_names_what_the_suite_lints():
     assert first.startswith("# ruff check %s " % " ".join(LINTED)), first
 
 
-@pytest.mark.slow  # about 5-10 s without mypy's cache (torch is not followed: setup.cfg)
+@pytest.mark.slow  # about 5-10 s without mypy's cache (torch and transformers' models are
+# not followed: setup.cfg)
 def test_mypy_finds_nothing_in_the_package():
     pytest.importorskip("mypy", reason="mypy is in the test extra: pip install -e '.[test]'")
     done = run_tool("mypy", "platoon")
