@@ -31,7 +31,7 @@ def main() -> None:
     env = JobEnvironment.read("launcher_pid", "log_level")
     if die_with_parent() and env.launcher_pid and os.getppid() != env.launcher_pid:
         sys.exit("platoon: the launcher is gone; exiting")  # it died before prctl took effect
-    signal.signal(signal.SIGTERM, raise_system_exit)
+    signal.signal(signal.SIGTERM, _on_sigterm)
     sys.excepthook = _from_the_scripts_frames
     logging.basicConfig(
         level=(env.log_level or "INFO").upper(),
@@ -49,6 +49,21 @@ def main() -> None:
     except SystemExit as exc:
         _note_failed_exit(exc.code)
         raise
+    except BaseException:
+        if _terminated:  # SIGTERM's SystemExit, turned into another error on its way out (an
+            # extension module's import cut short raises ImportError): the stop, not a failure
+            sys.exit(128 + signal.SIGTERM)
+        raise
+
+
+_terminated = False  # SIGTERM came (the launcher stops the job)
+
+
+def _on_sigterm(signum, frame) -> None:
+    """SIGTERM's handler: remember it, then exit through SystemExit (`raise_system_exit`)."""
+    global _terminated
+    _terminated = True
+    raise_system_exit(signum, frame)
 
 
 def _from_the_scripts_frames(exc_type, exc, tb) -> None:

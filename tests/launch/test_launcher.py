@@ -820,6 +820,18 @@ def catches(pid, signum):
 
 
 @pytest.mark.slow
+def test_a_stop_that_cuts_a_workers_import_short_prints_no_traceback():
+    """SIGTERM (the launcher stopping its job) arriving while a worker imports an extension
+    module: the handler's SystemExit comes out as ImportError (numpy's "PyCapsule_Import could
+    not import module"), and the worker printed its traceback as if it had failed (seen under
+    load in test_two_signals_at_once_during_start_up). It exits quietly with 143, as stopped."""
+    out = subprocess.run([sys.executable, "-m", "platoon.launch.child", "worker0",
+                          os.path.join(EXPERIMENTS, "cut_short_worker.py")],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 128 + signal.SIGTERM, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and "NOT STOPPED" not in out.stdout, out.stderr
+
+
 def test_two_signals_at_once_during_start_up(tmp_path):
     """SIGINT and SIGTERM back to back, at moments from the launcher's first line (its
     handlers set) through the controller's and workers' start: one message naming the first
