@@ -55,6 +55,18 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
+def _interleaved(rounds, busy, modes, measure):
+    """`rounds` rounds, each measuring idle then beside the busy neighbour (`busy(on)`), the
+    two `modes` in one order in even rounds and the other in odd ones; `measure(mode)` returns
+    its seconds. Yields (condition, {mode: seconds}) for each condition of each round."""
+    for r in range(rounds):
+        for condition in ("idle", "busy"):
+            busy(condition == "busy")
+            seconds = {mode: measure(mode) for mode in (modes if r % 2 == 0 else modes[::-1])}
+            busy(False)
+            yield condition, seconds
+
+
 def minibatches(shape, count, rounds, busy):
     """Rounds of `count` minibatches [float32 `shape`, int64 labels] over tcp, raw then
     platoon or the reverse, idle and busy (`busy(on)`, from `neighbour`) in turn.
@@ -77,23 +89,21 @@ def minibatches(shape, count, rounds, busy):
             with Worker(ctl_addr, timeout_s=60) as w:
                 w.init_mb_sock(data_addr)  # the defaults
                 receive = {"raw": lambda: pull.recv_multipart(copy=False), "platoon": w.recv_mb}
-                for r in range(rounds):
-                    for condition in ("idle", "busy"):
-                        busy(condition == "busy")
-                        seconds = {}
-                        for mode in (("raw", "platoon") if r % 2 == 0 else ("platoon", "raw")):
-                            recv = receive[mode]
-                            senders[mode].send("go")
-                            recv()  # timed from the first arrival: not the go line's trip
-                            start = time.perf_counter()
-                            for _ in range(count - 1):
-                                recv()
-                            seconds[mode] = time.perf_counter() - start
-                        busy(False)
-                        entry = got[condition]
-                        entry["ratios"].append(seconds["raw"] / seconds["platoon"])
-                        for mode in seconds:
-                            entry[mode].append((count - 1) * nbytes / seconds[mode] / 1e6)
+
+                def measure(mode):
+                    recv = receive[mode]
+                    senders[mode].send("go")
+                    recv()  # timed from the first arrival: not the go line's trip
+                    start = time.perf_counter()
+                    for _ in range(count - 1):
+                        recv()
+                    return time.perf_counter() - start
+                for condition, seconds in _interleaved(rounds, busy, ("raw", "platoon"),
+                                                       measure):
+                    entry = got[condition]
+                    entry["ratios"].append(seconds["raw"] / seconds["platoon"])
+                    for mode in seconds:
+                        entry[mode].append((count - 1) * nbytes / seconds[mode] / 1e6)
             pull.close(0)
         finally:
             ctx.destroy(0)
@@ -122,22 +132,19 @@ def start_sync_vs_sync(n, count, rounds, busy):
             for fn in modes.values():  # warm: the default start_sync measures both ways first
                 for _ in range(count):
                     fn()
-            for r in range(rounds):
-                for condition in ("idle", "busy"):
-                    busy(condition == "busy")
-                    seconds = {}
-                    for mode in (("sync", "start_wait") if r % 2 == 0
-                                 else ("start_wait", "sync")):
-                        fn = modes[mode]
-                        start = time.perf_counter()
-                        for _ in range(count):
-                            fn()
-                        seconds[mode] = time.perf_counter() - start
-                    busy(False)
-                    entry = got[condition]
-                    entry["ratios"].append(seconds["sync"] / seconds["start_wait"])
-                    for mode in seconds:
-                        entry[mode].append(seconds[mode] / count * 1e3)
+
+            def measure(mode):
+                fn = modes[mode]
+                start = time.perf_counter()
+                for _ in range(count):
+                    fn()
+                return time.perf_counter() - start
+            for condition, seconds in _interleaved(rounds, busy, ("sync", "start_wait"),
+                                                   measure):
+                entry = got[condition]
+                entry["ratios"].append(seconds["sync"] / seconds["start_wait"])
+                for mode in seconds:
+                    entry[mode].append(seconds[mode] / count * 1e3)
         ctl.wait(30)
     return {c: {"ratio": _median(e["ratios"]), "sync_ms": _median(e["sync"]),
                 "start_wait_ms": _median(e["start_wait"]), "ratios": e["ratios"]}

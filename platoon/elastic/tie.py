@@ -130,7 +130,6 @@ class ElasticTie(NodeTie):
                  final_timeout_s: float = FINAL_TIMEOUT_S,
                  outer: Optional[OuterRule] = None) -> None:
         self.check(tie)
-        self.timeout_s = timeout_s
         self.elastic_membership = ElasticMembership(connect, name, timeout_s, final_timeout_s)
         super().__init__(tie, self.elastic_membership, name, controller, on_failure, started_at,
                          outer)

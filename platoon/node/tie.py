@@ -448,9 +448,8 @@ class NodeTie:
         one sha256 (`digests`: their centres are the same bits), it is this node's centre as
         its header hashed it, and nothing is sent."""
         training = not self._done.is_set()  # read once, before the snapshot (as _outer_round)
-        snaps = self._first_snaps
-        if digests is not None and snaps is not None and len(set(digests)) == 1 \
-                and digests[0] == _sha256(snaps):
+        snaps = self._first_snaps  # what this round's header hashed: its own digest is in
+        if digests is not None and snaps is not None and len(set(digests)) == 1:
             centre, sent_total = self.ctl.shared_centre, 0
             if not all(np.isfinite(s).all() for s in snaps):  # the same answer on every member
                 raise self._diverged(group, NonFiniteValues(

@@ -3,9 +3,11 @@ clients, then real processes on 127.0.0.1: a lighthouse (python -m platoon.elast
 and nodes (tests/procs/elastic_node.py), killed with -9, stopped and continued; a 1 s heartbeat
 timeout."""
 
+import contextlib
 import os
 import re
 import signal
+import threading
 import time
 
 import pytest
@@ -18,58 +20,58 @@ from platoon.errors import PlatoonError
 from elastic_helpers import GRACE_S, QUORUM, SLACK_S, TIMEOUT_S, quorum_of
 from helpers import wait_until
 
+SECRET = b"s" * 32
 
-def test_a_client_reporting_its_group_broken_gets_both_members_a_new_quorum():
-    import threading
 
-    from platoon.elastic import LighthouseClient
-    secret, stopping = b"s" * 32, threading.Event()
-    settings = MembershipSettings(min_nodes=2, heartbeat_timeout_s=5.0, join_grace_s=0.05)
-    with Lighthouse(settings, "127.0.0.1:0", secret) as lighthouse:
+@contextlib.contextmanager
+def _serving(min_nodes, **options):
+    """A Lighthouse on 127.0.0.1 (heartbeat timeout 5 s, grace 0.05 s, the secret `SECRET`)
+    serving in a thread, stopped and joined as the block ends."""
+    settings = MembershipSettings(min_nodes=min_nodes, heartbeat_timeout_s=5.0,
+                                  join_grace_s=0.05)
+    stopping = threading.Event()
+    with Lighthouse(settings, "127.0.0.1:0", SECRET, **options) as lighthouse:
         serving = threading.Thread(target=lighthouse.serve, args=(stopping.is_set,))
         serving.start()
         try:
-            with LighthouseClient(lighthouse.address, "a", "h:1", secret=secret) as a, \
-                    LighthouseClient(lighthouse.address, "b", "h:2", secret=secret) as b:
-                first = a.wait_for_quorum(timeout_s=10)
-                a.report_broken(first.id)
-                second = b.wait_for_quorum(timeout_s=10, newer_than=first.id)
-                assert second.members == first.members == ("a", "b")
-                assert a.wait_for_quorum(timeout_s=10, newer_than=first.id) == second
+            yield lighthouse
         finally:
             stopping.set()
             serving.join(10)
+
+
+def test_a_client_reporting_its_group_broken_gets_both_members_a_new_quorum():
+    from platoon.elastic import LighthouseClient
+    with _serving(2) as lighthouse:
+        with LighthouseClient(lighthouse.address, "a", "h:1", secret=SECRET) as a, \
+                LighthouseClient(lighthouse.address, "b", "h:2", secret=SECRET) as b:
+            first = a.wait_for_quorum(timeout_s=10)
+            a.report_broken(first.id)
+            second = b.wait_for_quorum(timeout_s=10, newer_than=first.id)
+            assert second.members == first.members == ("a", "b")
+            assert a.wait_for_quorum(timeout_s=10, newer_than=first.id) == second
 
 
 def test_the_lighthouse_writes_its_address_and_each_new_quorum_to_its_status_file(tmp_path):
     """What platoon-launcher --elastic shows of the lighthouse comes from its status file
     (not its log): its address as it starts serving, then each new quorum and who is out."""
-    import threading
-
     from platoon._os.statusfile import read_status
     from platoon.elastic import LighthouseClient
-    secret, stopping, path = b"s" * 32, threading.Event(), str(tmp_path / "lh.status.json")
-    settings = MembershipSettings(min_nodes=2, heartbeat_timeout_s=5.0, join_grace_s=0.05)
-    with Lighthouse(settings, "127.0.0.1:0", secret, status_file=path) as lighthouse:
-        serving = threading.Thread(target=lighthouse.serve, args=(stopping.is_set,))
-        serving.start()
-        try:
-            wait_until(lambda: read_status(path), 10, "the lighthouse's first status")
-            assert read_status(path) == {"address": lighthouse.address, "pid": os.getpid(),
-                                         "quorum": None, "left_out": {}}
-            assert os.stat(path).st_mode & 0o777 == 0o600
-            with LighthouseClient(lighthouse.address, "a", "h:1", secret=secret) as a, \
-                    LighthouseClient(lighthouse.address, "b", "h:2", secret=secret) as b:
-                first = a.wait_for_quorum(timeout_s=10)
-                wait_until(lambda: read_status(path)["quorum"], 10, "its first quorum")
-                assert read_status(path)["quorum"] == {"id": first.id, "members": ["a", "b"]}
-                a.report_broken(first.id)
-                second = b.wait_for_quorum(timeout_s=10, newer_than=first.id)
-                wait_until(lambda: read_status(path)["quorum"]["id"] == second.id, 10,
-                           "its second quorum")
-        finally:
-            stopping.set()
-            serving.join(10)
+    path = str(tmp_path / "lh.status.json")
+    with _serving(2, status_file=path) as lighthouse:
+        wait_until(lambda: read_status(path), 10, "the lighthouse's first status")
+        assert read_status(path) == {"address": lighthouse.address, "pid": os.getpid(),
+                                     "quorum": None, "left_out": {}}
+        assert os.stat(path).st_mode & 0o777 == 0o600
+        with LighthouseClient(lighthouse.address, "a", "h:1", secret=SECRET) as a, \
+                LighthouseClient(lighthouse.address, "b", "h:2", secret=SECRET) as b:
+            first = a.wait_for_quorum(timeout_s=10)
+            wait_until(lambda: read_status(path)["quorum"], 10, "its first quorum")
+            assert read_status(path)["quorum"] == {"id": first.id, "members": ["a", "b"]}
+            a.report_broken(first.id)
+            second = b.wait_for_quorum(timeout_s=10, newer_than=first.id)
+            wait_until(lambda: read_status(path)["quorum"]["id"] == second.id, 10,
+                       "its second quorum")
 
 
 def test_a_registered_node_outlives_a_false_lighthouse_on_its_port():
@@ -77,25 +79,15 @@ def test_a_registered_node_outlives_a_false_lighthouse_on_its_port():
     the lighthouse's port while it is down and answers refusals) for an unreachable
     lighthouse: it keeps its quorum, and raises ElasticAuthError only once such replies have
     lasted refused_for_s."""
-    import threading
-
     import zmq
 
     from platoon.elastic import LighthouseClient
     from platoon.errors import ElasticAuthError
-    secret, stopping = b"s" * 32, threading.Event()
-    settings = MembershipSettings(min_nodes=1, heartbeat_timeout_s=5.0, join_grace_s=0.05)
-    with Lighthouse(settings, "127.0.0.1:0", secret) as lighthouse:
-        serving = threading.Thread(target=lighthouse.serve, args=(stopping.is_set,))
-        serving.start()
-        client = LighthouseClient(lighthouse.address, "a", "h:1", secret=secret,
+    with _serving(1) as lighthouse:
+        client = LighthouseClient(lighthouse.address, "a", "h:1", secret=SECRET,
                                   heartbeat_interval_s=0.05, request_timeout_s=0.2,
                                   refused_for_s=2.0)
-        try:
-            first = client.wait_for_quorum(timeout_s=10)
-        finally:
-            stopping.set()
-            serving.join(10)
+        first = client.wait_for_quorum(timeout_s=10)
     context = zmq.Context()
     false = context.socket(zmq.REP)
     false.linger = 0
@@ -133,29 +125,19 @@ def test_a_second_process_under_a_live_nodes_name_waits_until_the_first_is_gone(
     assert m.tick(0.3) is None and m.quorum.addresses == ("h:1",)
     assert m.heartbeat("c", "h:2", 0, now=1.5, incarnation="second")  # the first timed out
     assert m.tick(1.6) == Quorum(first.id + 1, ("c",), ("h:2",))
-    import threading
-
     from platoon.elastic import LighthouseClient
-    secret, stopping = b"s" * 32, threading.Event()
-    settings = MembershipSettings(min_nodes=1, heartbeat_timeout_s=5.0, join_grace_s=0.05)
-    with Lighthouse(settings, "127.0.0.1:0", secret) as lighthouse:
-        serving = threading.Thread(target=lighthouse.serve, args=(stopping.is_set,))
-        serving.start()
-        try:
-            with LighthouseClient(lighthouse.address, "c", "h:1", secret=secret) as one:
-                assert one.wait_for_quorum(timeout_s=10).addresses == ("h:1",)
-                with LighthouseClient(lighthouse.address, "c", "h:2", secret=secret) as two:
-                    deadline = time.monotonic() + 10
-                    while not two.name_taken:
-                        assert time.monotonic() < deadline
-                        time.sleep(0.01)
-                    assert two.current_quorum() is None  # it is told of no quorum
-                    one.close()  # leaves: the name is free
-                    assert two.wait_for_quorum(timeout_s=10).addresses == ("h:2",)
-                    assert not two.name_taken
-        finally:
-            stopping.set()
-            serving.join(10)
+    with _serving(1) as lighthouse:
+        with LighthouseClient(lighthouse.address, "c", "h:1", secret=SECRET) as one:
+            assert one.wait_for_quorum(timeout_s=10).addresses == ("h:1",)
+            with LighthouseClient(lighthouse.address, "c", "h:2", secret=SECRET) as two:
+                deadline = time.monotonic() + 10
+                while not two.name_taken:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
+                assert two.current_quorum() is None  # it is told of no quorum
+                one.close()  # leaves: the name is free
+                assert two.wait_for_quorum(timeout_s=10).addresses == ("h:2",)
+                assert not two.name_taken
 
 
 def test_secret_file_must_exist_be_private_and_long(tmp_path, monkeypatch):
