@@ -25,6 +25,16 @@ PROCS = os.path.join(HERE, "procs")
 EXPERIMENTS = os.path.join(HERE, "experiments")
 SHM = "/dev/shm"
 
+# Runs that measure more than they check (a learning race, a second variant of a whole job
+# already run in the suite): kept out of the default run so that the suite stays within its
+# five minutes; `PLATOON_LONG_TESTS=1 python -m pytest` runs them too.
+LONG_TESTS = os.environ.get("PLATOON_LONG_TESTS") == "1"
+
+
+def long_run(why):
+    """Marks a test that runs only with PLATOON_LONG_TESTS=1; `why`: what it costs."""
+    return pytest.mark.skipif(not LONG_TESTS, reason="%s: set PLATOON_LONG_TESTS=1" % why)
+
 
 def platoon_segments():
     try:

@@ -65,6 +65,10 @@ class Checkpointer:
         centre = self._ctl.shared_centre
         if centre is None:
             raise PlatoonError("no centre yet: no worker has called init_shared_params()")
+        if not self._ctl.centre_ready:
+            raise PlatoonError("no worker has written the centre's first values yet (its "
+                               "first worker is inside init_shared_params()); checkpoint "
+                               "once it has returned")
         arrays, states = self._copy(centre)
         meta = {"job_id": self._ctl.job_id, "time": time.time(), "layout": centre.layout}
         if self._ctl.param_names is not None:
@@ -93,7 +97,7 @@ class Checkpointer:
 
     def tick(self, now: float) -> None:
         """Start a periodic checkpoint on its own thread if one is due."""
-        if not (self.every_s and self.path and self._ctl.shared_centre is not None
+        if not (self.every_s and self.path and self._ctl.centre_ready
                 and now - self._written >= self.every_s):
             return
         self._written = now  # the next attempt is a period later, whatever happens
@@ -141,7 +145,7 @@ class Checkpointer:
         """The checkpoint when `serve` ends. A failure is logged, not raised, so it never
         hides how `serve` ended; the last periodic checkpoint stays."""
         self.join()
-        if self._ctl.shared_centre is None or not self.path:
+        if not self._ctl.centre_ready or not self.path:  # nothing of the job's to save
             return
         try:
             self.write()

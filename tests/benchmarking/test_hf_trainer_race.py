@@ -1,5 +1,5 @@
 """benchmarks.hf_trainer_race: the command line of each method, the report, and (with
-PLATOON_RACE_E2E=1) a platoon job of the race end to end with a straggler."""
+PLATOON_LONG_TESTS=1) a platoon job of the race end to end with a straggler."""
 
 import json
 import os
@@ -20,7 +20,7 @@ from benchmarks.hf_trainer_race.__main__ import (
     tuning_table,
 )
 
-from helpers import ROOT
+from helpers import ROOT, long_run
 
 
 def test_each_method_runs_as_its_own_kind_of_job():
@@ -92,9 +92,7 @@ def test_tuning_picks_the_fewest_steps_by_the_interpolated_crossing():
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.skipif(os.environ.get("PLATOON_RACE_E2E") != "1",
-                    reason="the race end to end runs two Trainer processes (~20 s on 2 cores; "
-                           "the suite is at its budget): set PLATOON_RACE_E2E=1")
+@long_run("the race end to end runs two Trainer processes (~20 s on 2 cores)")
 def test_a_platoon_job_of_the_race_runs_with_a_straggler(tmp_path):
     """--quick: a platoon job (EASGD) with rank 1 slowed 2x reaches the (easy) target, both
     workers evaluate the centre, and the report records it with its load."""

@@ -24,9 +24,11 @@ from platoon import (
     Controller,
     DiLoCo,
     LayoutMismatch,
+    PlatoonError,
     Worker,
     WorkerDied,
     load_centre,
+    protocol,
 )
 from platoon._centre import checkpoint
 from platoon._os.process import unlink_job_segments
@@ -259,6 +261,24 @@ def test_a_failed_final_checkpoint_is_logged_not_raised_over_how_serve_ended(ser
                        logging.ERROR)
     assert len(failed) == 1, caplog.text
     assert not os.path.exists(path)
+
+
+def test_a_centre_whose_first_values_are_not_written_yet_is_never_saved(serve, tmp_path):
+    """Between the centre's creation and its first worker's values (an interrupt then, or a
+    worker that dies before writing) the centre holds nothing of the job's: a checkpoint of
+    it would resume a job from zeros. It is refused, saying why, and serve's end writes none."""
+    path = tmp_path / "centre.npz"
+    ctl = Answering(control_port=0, checkpoint_path=str(path))
+    serving = serve(ctl, timeout=30)
+    with Worker(ctl.control_port, timeout_s=10) as w:
+        reply = w.send_req(protocol.INIT_PARAMS, {  # the first worker's request, no values
+            "layout": protocol.layout_of([np.ones(8, np.float32)]), "rule": "EASGD(0.5)"})
+        assert reply["initialise"] and ctl.shared_centre is not None
+        with pytest.raises(PlatoonError, match="no worker has written the centre's first "
+                                               "values yet"):
+            ctl.checkpoint()
+    serving.join(10)
+    assert not path.exists()
 
 
 def test_periodic_checkpoints_do_not_stall_control_replies(serve, tmp_path):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from elastic_helpers import GRACE_S, SLACK_S, TIMEOUT_S, WORKER, quorum_of
-from helpers import Proc, platoon_segments, wait_until
+from helpers import Proc, long_run, platoon_segments, wait_until
 
 
 def _alive(pid):
@@ -64,7 +64,9 @@ def _stop(launcher, tmp_path):
 
 @pytest.mark.parametrize("rule", [
     ["--tie-outer-lr", "1", "--tie-outer-momentum", "0"],
-    ["--tie-outer", "easgd", "--tie-beta", "0.5"]], ids=["diloco", "easgd"])
+    pytest.param(["--tie-outer", "easgd", "--tie-beta", "0.5"], marks=long_run(
+        "the same job with the EASGD tie, about 10 s; tests/elastic/test_tie.py checks its "
+        "round"))], ids=["diloco", "easgd"])
 def test_launcher_elastic_job_survives_a_kill_restarts_the_node_healed_ends_on_one_centre(
         tmp_path, rule):
     """platoon-launcher --hosts (three nodes on this machine, one worker each) --elastic: a

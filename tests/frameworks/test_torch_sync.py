@@ -25,7 +25,7 @@ from platoon import (
 )
 from platoon.device import Device
 
-from helpers import PROCS, Nothing, Proc
+from helpers import PROCS, Nothing, Proc, long_run
 
 torch = pytest.importorskip("torch", reason="the PyTorch tests need PyTorch")
 from torch import nn  # noqa: E402
@@ -873,6 +873,8 @@ def test_distributed_sampler_and_shard_feed_each_worker_its_part_every_epoch(two
 
 # -- AdamW on a transformer, and a worker alone --
 
+@long_run("a learning comparison (two jobs of 200 AdamW steps, about 12 s): "
+          "benchmarks/transformer measures it at length")
 def test_two_adamw_workers_train_a_transformer_further_than_one_in_as_many_steps(
         serve, procs, tmp_path):
     """PeriodicSync's default (EASGD(0.9/p) every 4 steps) with AdamW at one worker's lr."""

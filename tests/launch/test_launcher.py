@@ -19,7 +19,7 @@ import pytest
 
 from platoon import load_centre
 from platoon._os.environment import THREAD_VARIABLES, XLA_MEMORY_VARIABLES, device_variables
-from platoon._os.process import job_segments, signal_name
+from platoon._os.process import signal_name
 from platoon._os.statusfile import write_status
 from platoon.device import Device
 from platoon.errors import ControllerGone
@@ -324,7 +324,8 @@ def sharing_forever(launched):
     (the launch, its job id)."""
     launch = launched(os.path.join(EXPERIMENTS, "forever"), "-n", "2")
     job_id = launch.job_id()
-    wait_until(lambda: job_segments(job_id, kind="centre"), 20,
+    # (the centre's segment comes first, its values once a worker's init_shared_params returns)
+    wait_until(lambda: launch.output().count("SHARED") == 2, 20,
                "the workers to share their parameters")
     return launch, job_id
 
