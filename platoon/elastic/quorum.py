@@ -165,6 +165,11 @@ class Membership:
                              % (entry.address, ", ".join(voters), UNREACHABLE_FOR_S))
         return out
 
+    def holder(self, name: str) -> Optional[str]:
+        """The incarnation (process id) that holds `name` as of its last heartbeat, or None
+        (not heard of, left or timed out)."""
+        return self._incarnations.get(name)
+
     def leave(self, name: str, incarnation: Optional[str] = None) -> None:
         """`name` leaves (if `incarnation` holds it, when given): out of the next quorum,
         without waiting for its timeout."""
