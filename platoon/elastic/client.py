@@ -158,6 +158,8 @@ class LighthouseClient:
                 if answer is None or answer["error"] is not None:
                     return False
                 if answer["done"]:
+                    with self._cond:
+                        self._status_told = told  # (no heartbeat need carry it again)
                     return True
                 challenge = answer["challenge"]
             return False
