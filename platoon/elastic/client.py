@@ -215,11 +215,12 @@ class LighthouseClient:
 
     def _took(self, answer: wire.Message, status: Optional[wire.Message]) -> None:
         """Note what the lighthouse took of the status sent: all of it when the request was
-        done, none on a new connection (a stale challenge: perhaps a restarted lighthouse)."""
+        done (and the name not taken by another process), none on a new connection (a stale
+        challenge: perhaps a restarted lighthouse)."""
         with self._cond:
             if answer["error"] is None and not answer["done"]:
                 self._status_told = None
-            elif answer["error"] is None and status is not None:
+            elif answer["error"] is None and status is not None and not answer.get("taken"):
                 self._status_told = status
 
     def _heard(self, answer: wire.Message) -> bool:

@@ -25,13 +25,13 @@ LAST_WORD = os.path.join(PROCS, "elastic_last_word.py")
 
 
 @contextlib.contextmanager
-def _serving(min_nodes, **options):
-    """A Lighthouse on 127.0.0.1 (heartbeat timeout 5 s, grace 0.05 s, the secret `SECRET`)
+def _serving(min_nodes, bind="127.0.0.1:0", **options):
+    """A Lighthouse on `bind` (heartbeat timeout 5 s, grace 0.05 s, the secret `SECRET`)
     serving in a thread, stopped and joined as the block ends."""
     settings = MembershipSettings(min_nodes=min_nodes, heartbeat_timeout_s=5.0,
                                   join_grace_s=0.05)
     stopping = threading.Event()
-    with Lighthouse(settings, "127.0.0.1:0", SECRET, **options) as lighthouse:
+    with Lighthouse(settings, bind, SECRET, **options) as lighthouse:
         serving = threading.Thread(target=lighthouse.serve, args=(stopping.is_set,))
         serving.start()
         try:
@@ -100,6 +100,25 @@ def test_heartbeats_carry_a_nodes_status_once_and_the_lighthouse_publishes_it(tm
             heard = len(carried)
             wait_until(lambda: len(carried) > heard + 10, 10, "ten more heartbeats")
         assert sum(carried) == 1, carried  # sent once, not with every heartbeat
+
+
+def test_a_restarted_lighthouse_hears_each_nodes_status_again():
+    """A lighthouse keeps nothing on disk: restarted, it hears a node's status again with the
+    node's first heartbeat on its new connection (not only once the status changes)."""
+    from platoon.elastic import LighthouseClient
+    said = {"state": "running", "rounds": 3}
+    with _serving(1) as first:
+        client = LighthouseClient(first.address, "a", "h:1", secret=SECRET,
+                                  heartbeat_interval_s=0.02, request_timeout_s=0.3)
+        try:
+            client.set_status(said)
+            wait_until(lambda: first.nodes.get("a") == said, 10, "node a's status")
+        except BaseException:
+            client.close()
+            raise
+    with client, _serving(1, bind=first.address) as second:
+        wait_until(lambda: second.nodes.get("a") == said, 10,
+                   "node a's status at the restarted lighthouse")
 
 
 def test_a_nodes_status_is_kept_from_its_own_fresh_signed_requests_only():
