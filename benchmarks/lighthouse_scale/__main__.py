@@ -8,8 +8,8 @@ The reply latencies are the probe's: --probe of the nodes simulated by a process
 own, idle between heartbeats, so that they hold little of a simulator's own delays (the
 other simulators, 250 nodes each, send and check most heartbeats on the same cores: their
 latencies, reported as "load_reply_p99_ms", hold their own scheduling too). The lighthouse's
-CPU per request is its process's CPU time (every thread: ZeroMQ's I/O thread too) over the
-requests sent to it."""
+CPU per request is its process's CPU time (every thread: ZeroMQ's I/O thread too; its ticks,
+which weigh in at low rates) over the requests sent to it."""
 
 import argparse
 import json
@@ -115,8 +115,8 @@ def render(record):
              "grace window after the last registration; heartbeat replies under 50 ms at p99. "
              "Reply latencies are the probe's (a process idle between heartbeats: little of "
              "its own delay); the load generators' p99 holds their own scheduling too. CPU "
-             "per request: the lighthouse process's (its ZeroMQ I/O thread too) over the "
-             "requests sent to it."
+             "per request: the lighthouse process's CPU time (its ZeroMQ I/O thread and its "
+             "membership ticks too) over the requests sent to it."
              % (record["procs"], record["probe"], record["machine"], record["load"]), "",
              "| nodes | last join to quorum of all | grace | reply p50 | reply p99 | "
              "load generators' p99 | lighthouse CPU | CPU per request | timeouts |",
