@@ -121,8 +121,8 @@ class Membership:
         self._addresses[name] = address
         self._incarnations[name] = incarnation
         self._highest_reported = max(self._highest_reported, int(highest_seen))
-        members = () if self.quorum is None or name not in self.quorum.members \
-            else self.quorum.members
+        members = () if not unreachable or self.quorum is None \
+            or name not in self.quorum.members else self.quorum.members  # (a pass over them)
         for other in unreachable:
             if other == name or other not in members or other not in self._addresses:
                 continue
