@@ -4,8 +4,16 @@ INTERVAL_S SECONDS
 Simulates nodes FIRST..FIRST+COUNT-1 of TOTAL, each heartbeating every INTERVAL_S on its own
 REQ socket from source address 127.1.(i // 250).(i % 250 + 1), for SECONDS; prints one JSON
 line: each node's registration time and the time it first saw a quorum of TOTAL members
-(time.time()), and every heartbeat's reply latency (s) once registered."""
+(time.time()), every heartbeat's reply latency (s) once registered, the requests sent and this
+process's CPU seconds.
 
+A latency is from just before a request is sent to the return of the poll (over every socket)
+that saw its reply: not the checks of the replies read with it, but this process's own delays
+in sending and in waking (when it waits for a core, or sends other nodes' heartbeats first).
+Run with few nodes (the benchmark's probe: a process idle between heartbeats), its latencies
+are nearly the lighthouse's and the network's."""
+
+import heapq
 import json
 import sys
 import time
@@ -13,6 +21,7 @@ import time
 import zmq
 
 from platoon.elastic import load_secret, wire
+from platoon.elastic.secret import Signer
 
 REQUEST_TIMEOUT_S = 1.0
 
@@ -25,74 +34,86 @@ def main(argv):
     lighthouse, secret_file = argv[0], argv[1]
     first, count, total = int(argv[2]), int(argv[3]), int(argv[4])
     interval, seconds = float(argv[5]), float(argv[6])
-    secret = load_secret(secret_file)
+    signer = Signer(load_secret(secret_file))
     context = zmq.Context()
     poller = zmq.Poller()
-    nodes = {}
 
-    def connect(i):
+    def connect(node):
         sock = context.socket(zmq.REQ)
         sock.linger = 0
         sock.maxmsgsize = wire.MAX_REPLY
-        sock.connect("tcp://%s:0;%s" % (source(i), lighthouse))
+        sock.connect("tcp://%s:0;%s" % (source(node["i"]), lighthouse))
         poller.register(sock, zmq.POLLIN)
-        return sock
-
-    def send(node, now):
-        body, mac = wire.request(secret, "heartbeat", "n%05d" % node["i"], source(node["i"]) +
-                                 ":1", node["highest"], node["challenge"])
-        node["sock"].send_multipart([body, mac])
-        node["mac"], node["sent"] = mac, now
+        node["sock"], node["challenge"], node["sent"] = sock, "", None
+        by_sock[sock] = node
 
     by_sock = {}
+    nodes = []
     for i in range(first, first + count):
-        node = {"i": i, "challenge": "", "highest": 0, "joined": None, "saw_all": None,
-                "due": 0.0, "sent": None}
-        node["sock"] = connect(i)
-        nodes[i] = node
-        by_sock[node["sock"]] = node
-    latencies, timeouts, refused = [], 0, 0
+        node = {"i": i, "name": "n%05d" % i, "address": source(i) + ":1", "highest": 0,
+                "joined": None, "saw_all": None}
+        connect(node)
+        nodes.append(node)
+    due = [(0.0, i) for i in range(len(nodes))]  # (when, index in `nodes`): the next sends
+    waiting = []  # (when sent, index): requests in flight, oldest first
+    latencies, timeouts, refused, sent = [], 0, 0, 0
+    cpu0 = time.process_time()
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    while True:
         now = time.monotonic()
-        for node in nodes.values():
-            if node["sent"] is None and now >= node["due"]:
-                send(node, now)
-            elif node["sent"] is not None and now - node["sent"] > REQUEST_TIMEOUT_S:
-                timeouts += 1  # a new connection, as LighthouseClient does
-                poller.unregister(node["sock"])
-                del by_sock[node["sock"]]
-                node["sock"].close(linger=0)
-                node["sock"], node["challenge"], node["sent"] = connect(node["i"]), "", None
-                by_sock[node["sock"]] = node
-        for sock, _ in poller.poll(5):
+        if now >= end:
+            break
+        while due and due[0][0] <= now:
+            node = nodes[heapq.heappop(due)[1]]
+            body, mac = wire.request(signer, "heartbeat", node["name"], node["address"],
+                                     node["highest"], node["challenge"])
+            node["mac"], node["sent"] = mac, time.monotonic()
+            node["sock"].send_multipart([body, mac])
+            heapq.heappush(waiting, (node["sent"], node["i"] - first))
+            sent += 1
+        while waiting and now - waiting[0][0] > REQUEST_TIMEOUT_S:
+            when, index = heapq.heappop(waiting)
+            node = nodes[index]
+            if node["sent"] != when:
+                continue  # answered
+            timeouts += 1  # a new connection, as LighthouseClient does
+            poller.unregister(node["sock"])
+            del by_sock[node["sock"]]
+            node["sock"].close(linger=0)
+            connect(node)
+            heapq.heappush(due, (now, index))
+        wait_ms = max(0, min(5.0, 1000 * ((due[0][0] if due else end) - time.monotonic())))
+        ready = poller.poll(wait_ms)
+        arrived = time.monotonic()  # (every reply of this poll was there by now)
+        for sock, _ in ready:
             node = by_sock[sock]
             frames = sock.recv_multipart()
-            now = time.monotonic()
-            answer = wire.read_reply(secret, node["mac"], frames[0], frames[-1]) \
+            answer = wire.read_reply(signer, node["mac"], frames[0], frames[-1]) \
                 if len(frames) == 2 else {"error": "malformed"}
-            sent, node["sent"] = node["sent"], None
+            when, node["sent"] = node["sent"], None
+            index = node["i"] - first
             if answer.get("error"):
                 refused += 1
-                node["due"] = now + 1.0
+                heapq.heappush(due, (arrived + 1.0, index))
                 continue
             node["challenge"] = answer["challenge"]
             if not answer["done"]:
-                node["due"] = now  # a fresh challenge: send again at once
+                heapq.heappush(due, (arrived, index))  # a fresh challenge: again at once
                 continue
             if node["joined"] is None:
                 node["joined"] = time.time()
             else:
-                latencies.append(now - sent)
+                latencies.append(arrived - when)
             quorum = answer["quorum"]
             if quorum is not None and quorum["id"] > node["highest"]:
                 node["highest"] = quorum["id"]
                 if len(quorum["members"]) == total and node["saw_all"] is None:
                     node["saw_all"] = time.time()
-            node["due"] = now + interval
-    print(json.dumps({"joined": [n["joined"] for n in nodes.values()],
-                      "saw_all": [n["saw_all"] for n in nodes.values()],
-                      "latencies": latencies, "timeouts": timeouts, "refused": refused}))
+            heapq.heappush(due, (arrived + interval, index))
+    print(json.dumps({"joined": [n["joined"] for n in nodes],
+                      "saw_all": [n["saw_all"] for n in nodes],
+                      "latencies": latencies, "timeouts": timeouts, "refused": refused,
+                      "sent": sent, "cpu_s": time.process_time() - cpu0}))
     context.destroy(linger=0)
     return 0
 

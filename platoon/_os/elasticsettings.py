@@ -97,8 +97,9 @@ _LIGHTHOUSE_OPTIONS = (
     ("--log-period-s", "limits", "log_period_s", float, "S",
      "each source's refusals make one log line per S seconds (default {default:g})"),
     ("--status-file", None, "status_file", str, "PATH",
-     "write the lighthouse's status (its address and latest quorum, JSON) to PATH, "
-     "atomically, as it starts and at each new quorum (platoon-launcher --elastic reads it)"),
+     "write the lighthouse's status (its address, latest quorum and what each node last "
+     "told it, JSON) to PATH, atomically, as it starts, at each new quorum, as the nodes' "
+     "statuses change and as it ends (platoon-launcher --elastic reads it)"),
 )
 
 

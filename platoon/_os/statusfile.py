@@ -25,7 +25,10 @@ An elastic job's lighthouse and nodes each write one too, where their settings'
 
 - the lighthouse's: ``address`` (where it serves), ``pid``, ``quorum`` (its latest,
   {``id``, ``members``}, or null before the first), ``left_out`` ({node: why it is out of
-  the quorums}); written as it starts and at each new quorum;
+  the quorums}), ``nodes`` ({node: what it last told the lighthouse, in its heartbeats and
+  its last message: ``state``, ``rounds``, ``kept_own_centre``, ``final_result``, ``error``,
+  as in its own file}); written as it starts, at each new quorum, at most twice a second as
+  the nodes' statuses change, and as it ends;
 - an elastic node's: ``name``, ``pid``, ``state`` (``running``, then ``finished``,
   ``failed`` or ``refused``), ``quorum`` (the newest it has heard of, {``id``, ``members``},
   or null), ``quorums`` (the ids of those it made outer rounds in), ``rounds``,

@@ -4,7 +4,7 @@ import logging
 import secrets
 import threading
 import time
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import zmq
 
@@ -12,7 +12,7 @@ from .._os.logthrottle import ThrottledLog
 from ..errors import ElasticAuthError, QuorumTimeout
 from . import wire
 from .quorum import Quorum
-from .secret import load_secret, sign_header, verify
+from .secret import Signer, load_secret, sign_header, verify
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,9 @@ class LighthouseClient:
     client is open: while the lighthouse is down the node keeps its last quorum, and it
     registers again (reporting the highest quorum id it has seen) once the lighthouse is
     back. `secret`: the job's secret (default: `load_secret()`). A context manager; `close()`
-    tells the lighthouse the node leaves.
+    tells the lighthouse the node leaves. What the node says of itself (`set_status`) rides on
+    its heartbeats when it changed; `tell` sends it in a message of its own (a node's last
+    word, also after `close`).
 
     A refusal (an unsigned reply, or one whose signature fails) before the first signed reply
     means the secrets differ: `wait_for_quorum` and `current_quorum` raise ElasticAuthError.
@@ -44,6 +46,7 @@ class LighthouseClient:
             raise ValueError("heartbeat_interval_s and request_timeout_s must be > 0 seconds")
         self.lighthouse, self.name, self.address = lighthouse, name, address
         self._secret = load_secret() if secret is None else secret
+        self._signer = Signer(self._secret)
         self.heartbeat_interval_s = heartbeat_interval_s
         self.request_timeout_s = request_timeout_s
         self.refused_for_s = refused_for_s
@@ -58,6 +61,8 @@ class LighthouseClient:
         self._refused: Optional[str] = None  # the lighthouse's last refusal, until a good reply
         self._broken = 0  # `report_broken`'s quorum id, sent with every heartbeat
         self._unreachable: List[str] = []  # `report_unreachable`'s
+        self._status: Optional[wire.Message] = None  # `set_status`'s, as sent
+        self._status_told: Optional[wire.Message] = None  # what the lighthouse took of it
         self.excluded: Optional[str] = None  # why the lighthouse keeps this node out, if it does
         self.reachable = False  # whether the last request was answered
         self._stop = threading.Event()
@@ -123,37 +128,100 @@ class LighthouseClient:
         with self._cond:
             self._unreachable = sorted(names)
 
+    def set_status(self, status: Dict[str, Any]) -> None:
+        """What this node says of itself (its status file's: `NodeStatus`), sent to the
+        lighthouse with the next heartbeat when it changed (bounded: `wire.node_status`); the
+        lighthouse publishes each node's latest in its status file."""
+        told = wire.node_status(status)
+        with self._cond:
+            self._status = told
+
+    def tell(self, status: Dict[str, Any], timeout_s: float = 2.0) -> bool:
+        """Send `status` (as `set_status`) to the lighthouse now, in a message of its own on a
+        connection of its own (op "status": the membership is not touched), after `close` too:
+        a node's last word, its final result. Waits at most `timeout_s` seconds; returns
+        whether the lighthouse took it (False: unanswered, or refused)."""
+        self.set_status(status)
+        deadline = time.monotonic() + timeout_s
+        context = zmq.Context()
+        sock = self._connect(context)
+        try:
+            challenge = ""
+            for _ in range(2):  # (a new connection: the first reply only gives a challenge)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                sock.rcvtimeo = max(1, int(left * 1000))
+                with self._cond:
+                    told = self._status
+                answer, _ = self._exchange(sock, "status", challenge, told)
+                if answer is None or answer["error"] is not None:
+                    return False
+                if answer["done"]:
+                    with self._cond:
+                        self._status_told = told  # (no heartbeat need carry it again)
+                    return True
+                challenge = answer["challenge"]
+            return False
+        finally:
+            sock.close(linger=0)
+            context.term()
+
     def _raise_refused(self) -> None:
         if self._refused is not None:
             raise ElasticAuthError("node %s: the lighthouse at %s refused it: %s"
                                    % (self.name, self.lighthouse, self._refused))
 
     # --- the heartbeat thread -----------------------------------------------------------
-    def _connect(self) -> "zmq.Socket[bytes]":
-        sock = self._context.socket(zmq.REQ)
+    def _connect(self, context: Optional[zmq.Context] = None  # type: ignore[type-arg]
+                 ) -> "zmq.Socket[bytes]":
+        sock = (self._context if context is None else context).socket(zmq.REQ)
         sock.linger = 0
         sock.maxmsgsize = wire.MAX_REPLY  # ZeroMQ drops a larger frame unread (and reconnects)
         sock.rcvtimeo = int(self.request_timeout_s * 1000)
         sock.connect("tcp://" + self.lighthouse)
         return sock
 
-    def _exchange(self, sock: "zmq.Socket[bytes]", op: str, challenge: str
-                  ) -> Optional[wire.Message]:
-        """One request and its reply; None when unanswered in time."""
+    def _exchange(self, sock: "zmq.Socket[bytes]", op: str, challenge: str,
+                  status: Optional[wire.Message] = None
+                  ) -> Tuple[Optional[wire.Message], Optional[wire.Message]]:
+        """One request (with `status`, unless it would make the request too long) and (its
+        reply, None when unanswered in time; the status it carried, or None)."""
         with self._cond:
             highest = 0 if self._quorum is None else self._quorum.id
             broken = self._broken
-            unreachable = self._unreachable
-        body, mac = wire.request(self._secret, op, self.name, self.address, highest, challenge,
-                                 broken, self.incarnation, unreachable)
+            unreachable = [] if op == "status" else self._unreachable
+        body, mac = wire.request(self._signer, op, self.name, self.address, highest, challenge,
+                                 broken, self.incarnation, unreachable, status)
+        if len(body) > wire.MAX_BODY and status is not None and op != "status":
+            status = None  # (a long list of unreachable members: the status waits)
+            body, mac = wire.request(self._signer, op, self.name, self.address, highest,
+                                     challenge, broken, self.incarnation, unreachable)
         sock.send_multipart([body, mac])
         try:
             frames = sock.recv_multipart()
         except zmq.Again:
-            return None
+            return None, status
         if len(frames) != 2:
-            return {"challenge": "", "quorum": None, "done": False, "error": "malformed reply"}
-        return wire.read_reply(self._secret, mac, frames[0], frames[1])
+            return {"challenge": "", "quorum": None, "done": False,
+                    "error": "malformed reply"}, status
+        return wire.read_reply(self._signer, mac, frames[0], frames[1]), status
+
+    def _untold_status(self) -> Optional[wire.Message]:
+        """The status to send with the next heartbeat: the latest, unless the lighthouse has
+        it."""
+        with self._cond:
+            return None if self._status == self._status_told else self._status
+
+    def _took(self, answer: wire.Message, status: Optional[wire.Message]) -> None:
+        """Note what the lighthouse took of the status sent: all of it when the request was
+        done (and the name not taken by another process), none on a new connection (a stale
+        challenge: perhaps a restarted lighthouse)."""
+        with self._cond:
+            if answer["error"] is None and not answer["done"]:
+                self._status_told = None
+            elif answer["error"] is None and status is not None and not answer.get("taken"):
+                self._status_told = status
 
     def _heard(self, answer: wire.Message) -> bool:
         """Take in a reply; False when it is a refusal not taken as the lighthouse's (see the
@@ -197,7 +265,8 @@ class LighthouseClient:
         sock, challenge = self._connect(), ""
         try:
             while not self._stop.is_set():
-                answer = self._exchange(sock, "heartbeat", challenge)
+                answer, status = self._exchange(sock, "heartbeat", challenge,
+                                                self._untold_status())
                 if answer is None:  # the lighthouse is gone or slow: a new connection
                     with self._cond:
                         self.reachable = False
@@ -210,12 +279,13 @@ class LighthouseClient:
                     sock, challenge = self._connect(), ""
                     continue
                 challenge = answer["challenge"]
+                self._took(answer, status)
                 if answer["error"] is None and not answer["done"]:
                     continue  # the challenge was stale: send again with the new one
                 self._stop.wait(self.heartbeat_interval_s if answer["error"] is None
                                 else max(1.0, self.heartbeat_interval_s))
             if challenge and self.reachable:  # leave at once rather than after the timeout
-                self._exchange(sock, "leave", challenge)
+                self._exchange(sock, "leave", challenge, self._untold_status())
         except zmq.ZMQError as exc:  # the context is gone: close() from another thread
             log.debug("node %s: heartbeat thread ends: %s", self.name, exc)
         finally:

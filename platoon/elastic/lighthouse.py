@@ -12,7 +12,13 @@ What a process without the secret can make it do is bounded (`Limits`): a frame 
 `connections_per_source` connections from one source address are served (the others' requests
 are dropped unanswered); unsigned requests from one source get at most `refusals_per_source`
 replies per `log_period_s` (then none: a REQ socket so refused sends nothing more), and one
-log line per source per period, with a count.
+log line per source per period, with a count. What a node says of itself (its state, its final
+result) is kept only from signed requests, at most `wire.MAX_STATUS` bytes a node and
+`MAX_CONNECTIONS` nodes.
+
+Per heartbeat it reads, checks and answers one signed request; replies to the requests read
+together are sent together, its HMAC keys are set up once, a reply is formatted rather than
+encoded, and the membership is ticked every TICK_S, not per message.
 """
 
 import argparse
@@ -23,7 +29,7 @@ import secrets
 import signal
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import zmq
 
@@ -35,22 +41,27 @@ from .._os.statusfile import quorum_entry, write_status
 from ..errors import PlatoonError
 from . import wire
 from .quorum import Membership, MembershipSettings
-from .secret import generate_secret, load_secret
+from .secret import Signer, generate_secret, load_secret
 
 log = logging.getLogger(__name__)
 
 TICK_S = 0.05  # the membership is ticked this often (not after every message)
+SWEEP_S = 1.0  # idle connections and stale challenges are looked for this often
+STATUS_EVERY_S = 0.5  # the status file is rewritten at most this often for nodes' statuses
 CHALLENGE_TTL_S = 600.0  # a connection silent this long must fetch a new challenge
+CHALLENGES_PER_READ = 64  # challenges made of one read of the system's randomness
 MAX_CONNECTIONS = 10000  # connections served at once (new ones wait for idle ones to go)
 IDLE_S = 10.0  # a connection silent this long no longer counts against its source's cap
-DRAIN = 256  # messages read between two ticks at most
+DRAIN = 64  # requests read, then answered together, between two polls at most
+_NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)  # (ints: no enum arithmetic a frame)
 
 
 class Lighthouse:
     """Serves `settings` (MembershipSettings) on `bind` ("HOST:PORT"; port 0 picks one) for
-    holders of `secret`, within `limits` (default `Limits()`), writing its status (its address
-    and latest quorum: `platoon._os.statusfile`) to `status_file` as `serve` starts and at each
-    new quorum (None: nowhere). A context manager; `serve(stop)` runs until `stop()` is
+    holders of `secret`, within `limits` (default `Limits()`), writing its status (its address,
+    latest quorum and each node's latest word: `platoon._os.statusfile`) to `status_file` as
+    `serve` starts, at each new quorum, at most every STATUS_EVERY_S as nodes' statuses change,
+    and as it ends (None: nowhere). A context manager; `serve(stop)` runs until `stop()` is
     true."""
 
     def __init__(self, settings: MembershipSettings, bind: str, secret: bytes,
@@ -58,7 +69,7 @@ class Lighthouse:
         self.membership = Membership(settings)
         self.limits = Limits() if limits is None else limits
         self.status_file = status_file
-        self._secret = secret
+        self._signer = Signer(secret)
         self._context = zmq.Context()
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.linger = 0
@@ -75,24 +86,36 @@ class Lighthouse:
                                "with --bind HOST:PORT" % (host, port, exc)) from None
         self.address = "%s:%s" % (host, port)
         self._challenges: Dict[bytes, Tuple[str, float]] = {}
+        self._random = ""  # hex digits not yet given out as challenges
         self._peers: Dict[bytes, Tuple[str, float]] = {}  # connection -> (source, last heard)
         self._sources: Dict[str, int] = {}  # source -> connections in `_peers`
         self._refusals: Dict[str, int] = {}  # source -> refusals replied to in this period
         self._period = time.monotonic()  # when `_refusals`' period began
         self._quorum_json: Tuple[Optional[object], str] = (None, "null")
+        self.nodes: Dict[str, wire.Message] = {}  # each node's latest status (`wire.node_status`)
+        self._nodes_changed = False  # since the status file was last written
         self._warnings = ThrottledLog(log, self.limits.log_period_s)
         self._refused = ThrottledLog(log, self.limits.log_period_s, burst=1)
 
     def _challenge_for(self, peer: bytes, now: float) -> str:
-        challenge = secrets.token_hex(16)
+        if not self._random:  # (one read of the system's randomness for many challenges)
+            self._random = secrets.token_hex(16 * CHALLENGES_PER_READ)
+        challenge, self._random = self._random[:32], self._random[32:]
         self._challenges[peer] = (challenge, now)
         return challenge
 
-    def _admit(self, peer: bytes, source: str, now: float) -> bool:
-        """Whether a request on connection `peer` from `source` is read (else it is dropped
-        unanswered: its source is at its cap, or the lighthouse at MAX_CONNECTIONS)."""
+    def _admit(self, peer: bytes, frame: zmq.Frame, now: float) -> Optional[str]:
+        """The source address of a request on connection `peer` (`frame`: its first), or None
+        when it is dropped unanswered: its source is at its cap, or the lighthouse at
+        MAX_CONNECTIONS."""
         known = self._peers.get(peer)
-        if known is None:
+        if known is not None:
+            source = known[0]
+        else:
+            try:
+                source = str(frame.get("Peer-Address"))
+            except zmq.ZMQError:  # (not a TCP connection)
+                source = "?"
             cap = self.limits.connections_per_source
             held = self._sources.get(source, 0)
             if (cap and held >= cap) or len(self._peers) >= MAX_CONNECTIONS:
@@ -101,10 +124,10 @@ class Lighthouse:
                     "%d connections (at most %d from one source address, %d in all; give "
                     "--max-connections-per-source when many nodes share an address)",
                     source, held, cap, MAX_CONNECTIONS)
-                return False
+                return None
             self._sources[source] = held + 1
         self._peers[peer] = (source, now)
-        return True
+        return source
 
     def _forget_idle(self, now: float) -> None:
         """Connections silent for IDLE_S no longer count (nor their challenges past the
@@ -131,7 +154,7 @@ class Lighthouse:
                source: str = "") -> Optional[Tuple[bytes, bytes]]:
         """The reply frames to one request from connection `peer` at `source` (its address);
         None when it goes unanswered (a source past its refusals)."""
-        data, why = wire.read_request(self._secret, body, mac)
+        data, why = wire.read_request(self._signer, body, mac)
         if data is None:
             self._refused.warning("refused " + source, "refused a request from %s: %s",
                                   source or "?", why)
@@ -145,10 +168,11 @@ class Lighthouse:
             and now - issued < CHALLENGE_TTL_S
         taken = False
         if done:
-            if data["op"] == "leave":
+            op = data["op"]
+            if op == "leave":
                 log.info("node %s leaves", data["node"])
                 self.membership.leave(data["node"], data["incarnation"])
-            else:
+            elif op == "heartbeat":
                 taken = not self.membership.heartbeat(
                     data["node"], data["address"], data["highest_seen"], now, data["broken"],
                     data["incarnation"], data["unreachable"])
@@ -157,36 +181,63 @@ class Lighthouse:
                         "name", "a second process heartbeats as node %s (from %s) while the "
                         "first is live: it waits until the first leaves or times out",
                         data["node"], data["address"])
+            if "status" in data and not taken:
+                self._keep_status(data["node"], data["incarnation"], data["status"])
         quorum = self.membership.quorum
         # (as of the last tick: no pass over the live nodes for each request)
         excluded = self.membership.left_out.get(data["node"]) if done else None
         if quorum is None or data["highest_seen"] >= quorum.id:
-            return wire.reply(self._secret, mac, self._challenge_for(peer, now), None, done,
+            return wire.reply(self._signer, mac, self._challenge_for(peer, now), None, done,
                               taken, excluded)  # the node has it (or there is none)
         if self._quorum_json[0] is not quorum:
             self._quorum_json = (quorum, json.dumps(quorum.to_wire()))
-        return wire.reply(self._secret, mac, self._challenge_for(peer, now), None, done, taken,
+        return wire.reply(self._signer, mac, self._challenge_for(peer, now), None, done, taken,
                           excluded, quorum_json=self._quorum_json[1])
 
-    def _serve_one(self, frames: List[zmq.Frame]) -> None:
-        peer = frames[0].bytes
-        now = time.monotonic()
-        try:
-            source = str(frames[0].get("Peer-Address"))
-        except zmq.ZMQError:  # (not a TCP connection)
-            source = "?"
-        if not self._admit(peer, source, now):
+    def _keep_status(self, name: str, incarnation: str, status: wire.Message) -> None:
+        """Keep node `name`'s latest status (not from a process whose name another live
+        process holds; at most MAX_CONNECTIONS names, the oldest forgotten first)."""
+        if self.membership.holder(name) not in (None, incarnation):
             return
-        if len(frames) != 4 or frames[1].bytes:  # REQ: identity, delimiter, 2 frames
+        if self.nodes.get(name) == status:
             return
-        answer = self.handle(peer, frames[2].bytes, frames[3].bytes, now,
-                             self._peers[peer][0])
-        if answer is not None:
-            self._socket.send_multipart([peer, b""] + list(answer))
+        if name not in self.nodes and len(self.nodes) >= MAX_CONNECTIONS:
+            del self.nodes[next(iter(self.nodes))]
+        self.nodes.pop(name, None)  # (re-inserted: the newest last)
+        self.nodes[name] = status
+        self._nodes_changed = True
+
+    def _drain(self) -> None:
+        """Read and answer the requests waiting (at most DRAIN), the replies sent together
+        once all are read."""
+        sock, replies = self._socket, []
+        for _ in range(DRAIN):
+            try:
+                frame = sock.recv(_NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            frames = [frame]
+            while frame.more:  # (all of a message's frames are there once its first is)
+                frame = sock.recv(0, copy=False)
+                if len(frames) < 5:
+                    frames.append(frame)
+            peer, now = frames[0].bytes, time.monotonic()
+            source = self._admit(peer, frames[0], now)
+            if source is None or len(frames) != 4 or frames[1].bytes:  # REQ: identity,
+                continue  # delimiter, body, signature
+            answer = self.handle(peer, frames[2].bytes, frames[3].bytes, now, source)
+            if answer is not None:
+                replies.append((peer, answer[0], answer[1]))
+        for peer, body, mac in replies:
+            sock.send(peer, _SNDMORE)
+            sock.send(b"", _SNDMORE)
+            sock.send(body, _SNDMORE)
+            sock.send(mac)
 
     def write_status(self) -> None:
         """Write the status file (if any): what the launcher shows of this lighthouse. A
         failure is logged (at most once per period), never raised: nodes are served on."""
+        self._nodes_changed = False
         if self.status_file is None:
             return
         quorum = self.membership.quorum
@@ -194,7 +245,7 @@ class Lighthouse:
             write_status(self.status_file, {
                 "address": self.address, "pid": os.getpid(),
                 "quorum": None if quorum is None else quorum_entry(quorum.id, quorum.members),
-                "left_out": dict(self.membership.left_out)})
+                "left_out": dict(self.membership.left_out), "nodes": dict(self.nodes)})
         except OSError as exc:
             self._warnings.warning("status", "cannot write the status file %s: %s",
                                    self.status_file, exc)
@@ -203,26 +254,29 @@ class Lighthouse:
         self.write_status()
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
-        next_tick = time.monotonic()
-        while not stop():
-            wait_ms = max(0, int((next_tick - time.monotonic()) * 1000))
-            if poller.poll(wait_ms):
-                for _ in range(DRAIN):
-                    try:
-                        frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
-                    self._serve_one(frames)
-            now = time.monotonic()
-            if now < next_tick:
-                continue
-            next_tick = now + TICK_S
-            self._forget_idle(now)
-            quorum = self.membership.tick(now)
-            if quorum is not None:
-                for name, why in sorted(self.membership.left_out.items()):
-                    log.warning("node %s is out of the quorums: %s", name, why)
-                log.info("quorum %d: %s", quorum.id, ", ".join(quorum.members))
+        next_tick = next_sweep = next_status = time.monotonic()
+        try:
+            while not stop():
+                wait_ms = max(0, int((next_tick - time.monotonic()) * 1000))
+                if poller.poll(wait_ms):
+                    self._drain()
+                now = time.monotonic()
+                if now < next_tick:
+                    continue
+                next_tick = now + TICK_S
+                if now >= next_sweep:
+                    next_sweep = now + SWEEP_S
+                    self._forget_idle(now)
+                quorum = self.membership.tick(now)
+                if quorum is not None:
+                    for name, why in sorted(self.membership.left_out.items()):
+                        log.warning("node %s is out of the quorums: %s", name, why)
+                    log.info("quorum %d: %s", quorum.id, ", ".join(quorum.members))
+                if quorum is not None or (self._nodes_changed and now >= next_status):
+                    next_status = now + STATUS_EVERY_S
+                    self.write_status()
+        finally:
+            if self._nodes_changed:  # (the nodes' last words, as the job ends)
                 self.write_status()
 
     def close(self) -> None:

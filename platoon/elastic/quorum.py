@@ -121,8 +121,8 @@ class Membership:
         self._addresses[name] = address
         self._incarnations[name] = incarnation
         self._highest_reported = max(self._highest_reported, int(highest_seen))
-        members = () if self.quorum is None or name not in self.quorum.members \
-            else self.quorum.members
+        members = () if not unreachable or self.quorum is None \
+            or name not in self.quorum.members else self.quorum.members  # (a pass over them)
         for other in unreachable:
             if other == name or other not in members or other not in self._addresses:
                 continue
@@ -164,6 +164,11 @@ class Membership:
                              "or until it heartbeats from another address)"
                              % (entry.address, ", ".join(voters), UNREACHABLE_FOR_S))
         return out
+
+    def holder(self, name: str) -> Optional[str]:
+        """The incarnation (process id) that holds `name` as of its last heartbeat, or None
+        (not heard of, left or timed out)."""
+        return self._incarnations.get(name)
 
     def leave(self, name: str, incarnation: Optional[str] = None) -> None:
         """`name` leaves (if `incarnation` holds it, when given): out of the next quorum,

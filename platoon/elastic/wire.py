@@ -2,11 +2,14 @@
 
 Requests (node to lighthouse): ``{"op": "heartbeat" | "leave", "node": NAME,
 "address": "HOST:PORT", "highest_seen": ID, "challenge": HEX, "broken": ID,
-"incarnation": HEX, "unreachable": [NAME, ...]}`` ("broken": a quorum whose group broke
-with no newer quorum coming, 0 for none; "incarnation": the node process's random id;
-"unreachable": members of the current quorum whose data plane the node could not reach; all
-three optional). Replies: ``{"challenge": HEX, "quorum": QUORUM | null, "done": bool, "error":
-TEXT | null, "taken": bool, "excluded": TEXT | null}`` ("excluded": why the lighthouse keeps
+"incarnation": HEX, "unreachable": [NAME, ...], "status": STATUS}`` ("broken": a quorum whose
+group broke with no newer quorum coming, 0 for none; "incarnation": the node process's random
+id; "unreachable": members of the current quorum whose data plane the node could not reach;
+"status": what the node says of itself (`node_status`: its state, at the end its final
+result), at most `MAX_STATUS` bytes as JSON, sent when it changed; all four optional); op
+"status" carries a status only (a node's last word, after it left). Replies: ``{"challenge":
+HEX, "quorum": QUORUM | null, "done": bool, "error": TEXT | null, "taken": bool, "excluded":
+TEXT | null}`` ("excluded": why the lighthouse keeps
 this node out of the quorums); "done" is false when the request's challenge was stale (a new
 connection, a restarted lighthouse): the node sends it again with the reply's challenge (that reply
 carries no quorum, nor one whose "taken" is true: another live process holds the node's
@@ -20,38 +23,54 @@ larger frame before reading it.
 """
 
 import json
-from typing import Any, Dict, Optional, Sequence, Tuple, cast
+from typing import Any, Dict, Optional, Sequence, Tuple, Union, cast
 
-from .secret import sign_reply, sign_request, verify
+from .._os.statusfile import shortened
+from .secret import Signer, verify
 
-OPS = ("heartbeat", "leave")
+OPS = ("heartbeat", "leave", "status")
 MAX_BODY = 4096  # bytes of a request's frame
 MAX_REPLY = 16 << 20  # bytes of a reply's frame (a quorum of 10,000 members is about 0.5 MB)
+MAX_STATUS = 2048  # bytes of a node's status as JSON (what the lighthouse keeps of a node)
+STATUS_KEYS = ("state", "rounds", "kept_own_centre", "final_result", "error")
 
 Message = Dict[str, Any]  # a request or reply, as JSON decodes it
+Key = Union[bytes, Signer]  # the job's secret, or a Signer made of it (keys set up once)
+_decode = json.JSONDecoder().decode
+# A reply's body: its quorum (JSON), challenge (hex), done, taken (JSON booleans), excluded
+_REPLY = '{"quorum": %s, "challenge": "%s", "done": %s, "error": null, "taken": %s, ' \
+    '"excluded": %s}'
 
 
-def request(secret: bytes, op: str, node: str, address: str, highest_seen: int,
+def _signer(key: Key) -> Signer:
+    return key if isinstance(key, Signer) else Signer(key)
+
+
+def request(key: Key, op: str, node: str, address: str, highest_seen: int,
             challenge: str, broken: int = 0, incarnation: str = "",
-            unreachable: Sequence[str] = ()) -> Tuple[bytes, bytes]:
-    """The frames (body, signature) of a request."""
-    body = json.dumps({"op": op, "node": node, "address": address,
-                       "highest_seen": highest_seen, "challenge": challenge,
-                       "broken": broken, "incarnation": incarnation,
-                       "unreachable": list(unreachable)}).encode()
-    return body, sign_request(secret, body)
+            unreachable: Sequence[str] = (), status: Optional[Message] = None
+            ) -> Tuple[bytes, bytes]:
+    """The frames (body, signature) of a request; `status` (`node_status`'s) is left out
+    when None."""
+    fields = {"op": op, "node": node, "address": address, "highest_seen": highest_seen,
+              "challenge": challenge, "broken": broken, "incarnation": incarnation,
+              "unreachable": list(unreachable)}
+    if status is not None:
+        fields["status"] = status
+    body = json.dumps(fields).encode()
+    return body, _signer(key).request(body)
 
 
-def read_request(secret: bytes, body: bytes, mac: bytes) -> Tuple[Optional[Message], str]:
-    """(the request, "") when `body` is well formed and signed with `secret`, else
-    (None, why it is refused)."""
+def read_request(key: Key, body: bytes, mac: bytes) -> Tuple[Optional[Message], str]:
+    """(the request, "") when `body` is well formed and signed with `key`, else
+    (None, why it is refused). A status over MAX_STATUS bytes is malformed."""
     if len(body) > MAX_BODY:
         return None, "request of %d bytes, over the limit of %d" % (len(body), MAX_BODY)
-    if not verify(sign_request(secret, body), mac):
+    if not verify(_signer(key).request(body), mac):
         return None, ("signature does not match the lighthouse's secret: give this node the "
                       "job's secret file (--secret-file or PLATOON_ELASTIC_SECRET_FILE)")
     try:
-        data = json.loads(body)
+        data = _decode(body.decode())
         ok = (data["op"] in OPS and isinstance(data["node"], str) and data["node"]
               and isinstance(data["address"], str) and isinstance(data["highest_seen"], int)
               and isinstance(data["challenge"], str)
@@ -59,24 +78,47 @@ def read_request(secret: bytes, body: bytes, mac: bytes) -> Tuple[Optional[Messa
               and isinstance(data.setdefault("incarnation", ""), str)
               and isinstance(data.setdefault("unreachable", []), list)
               and all(isinstance(n, str) for n in data["unreachable"]))
-    except (ValueError, KeyError, TypeError):
+        status = data.get("status")
+        if ok and (status is not None or data["op"] == "status"):
+            ok = isinstance(status, dict) and len(json.dumps(status)) <= MAX_STATUS
+    except (ValueError, KeyError, TypeError, AttributeError):
         ok = False
     return (data, "") if ok else (None, "malformed request")
 
 
-def reply(secret: bytes, request_mac: bytes, challenge: str, quorum: Optional[Message],
+def node_status(status: Message) -> Message:
+    """What a node tells the lighthouse of its `status` (its status file's, `NodeStatus`):
+    its state, rounds, whether it kept its own centre, its error (cut) and final result,
+    within MAX_STATUS bytes as JSON (the final result's last metrics left out as needed,
+    counted in its "metrics_dropped"; past that, its state only)."""
+    told = {key: status[key] for key in STATUS_KEYS if key in status}
+    if isinstance(told.get("error"), str):
+        told["error"] = shortened(told["error"])
+    final = told.get("final_result")
+    if isinstance(final, dict) and isinstance(final.get("metrics"), dict):
+        final = told["final_result"] = dict(final, metrics=dict(final["metrics"]))
+        while final["metrics"] and len(json.dumps(told)) > MAX_STATUS:
+            final["metrics"].popitem()
+            final["metrics_dropped"] = final.get("metrics_dropped", 0) + 1
+    if len(json.dumps(told)) > MAX_STATUS:
+        told = {"state": shortened(str(told.get("state")))}
+    return told
+
+
+def reply(key: Key, request_mac: bytes, challenge: str, quorum: Optional[Message],
           done: bool, taken: bool = False, excluded: Optional[str] = None,
           quorum_json: Optional[str] = None) -> Tuple[bytes, bytes]:
     """The frames (body, signature) of a reply; `quorum_json`, when given, is `quorum`
-    already encoded (``json.dumps``: the lighthouse encodes a quorum once, not per reply)."""
-    rest = json.dumps({"challenge": challenge, "done": done, "error": None, "taken": taken,
-                       "excluded": excluded})
+    already encoded (``json.dumps``: the lighthouse encodes a quorum once, not per reply).
+    `challenge`: hex digits."""
     if not (done and not taken):
         quorum, quorum_json = None, None
     if quorum_json is None:
-        quorum_json = json.dumps(quorum)
-    body = ('{"quorum": %s, %s' % (quorum_json, rest[1:])).encode()
-    return body, sign_reply(secret, request_mac, body)
+        quorum_json = "null" if quorum is None else json.dumps(quorum)
+    body = (_REPLY % (quorum_json, challenge, "true" if done else "false",
+                      "true" if taken else "false",
+                      "null" if excluded is None else json.dumps(excluded))).encode()
+    return body, _signer(key).reply(request_mac, body)
 
 
 def refusal(why: str) -> Tuple[bytes, bytes]:
@@ -84,14 +126,14 @@ def refusal(why: str) -> Tuple[bytes, bytes]:
                        "error": why}).encode(), b""
 
 
-def read_reply(secret: bytes, request_mac: bytes, body: bytes, mac: bytes) -> Message:
+def read_reply(key: Key, request_mac: bytes, body: bytes, mac: bytes) -> Message:
     """The reply; a refusal when unsigned or when its signature fails (then "error" says
     which)."""
     try:
         data = json.loads(body)
     except ValueError:
         return {"challenge": "", "quorum": None, "done": False, "error": "malformed reply"}
-    if not verify(sign_reply(secret, request_mac, body), mac):
+    if not verify(_signer(key).reply(request_mac, body), mac):
         why = data.get("error") if isinstance(data, dict) else None
         return {"challenge": "", "quorum": None, "done": False,
                 "error": why or "its reply's signature does not match this node's secret"}

@@ -10,7 +10,9 @@ every node has ended; the lighthouse, the nodes and the job's shared memory are 
 removed however it ends. Each process's command line is made from its settings object
 (`LighthouseSettings`, `ElasticNodeSettings`); each tells the launcher how it is doing through
 a status file in the log directory (``LABEL.status.json``: the lighthouse's quorum, each node's
-state and final result), which the status line and the summary are made from.
+state and final result), which the status line and the summary are made from. A node on another
+machine writes its file there; the lighthouse's file also holds what each node last told it
+(its state, its final result), which the summary takes for a node whose own file is not here.
 """
 
 import dataclasses
@@ -99,7 +101,8 @@ class ElasticLaunch(Launch):
 
     def __init__(self, args, out=sys.stdout):
         super().__init__(args, out)
-        self.lighthouse: Optional[Process] = None
+        self.lighthouse: Optional[Process] = None  # the latest of `lighthouses`
+        self.lighthouses: List[Process] = []  # every lighthouse process, restarts included
         self.names = node_names(args.hosts)
         self.nodes: Dict[str, Process] = {}  # each node's latest process
         self.started_nodes: List[Process] = []  # every node process, restarts included
@@ -163,13 +166,14 @@ class ElasticLaunch(Launch):
         args = self.args
         read_fd, write_fd = os.pipe()
         env = self.child_env(ready_fd=write_fd)
-        restarts = sum(1 for p in [self.lighthouse] if p is not None)
+        restarts = len(self.lighthouses)
         label = "lighthouse" + (".restart%d" % restarts if restarts else "")
         try:
             self.lighthouse = Process(
                 label, "-m:platoon.elastic.lighthouse",
                 self.lighthouse_settings(bind, label).to_argv(), env,
                 os.path.join(self.log_dir, label + ".log"), pass_fds=(write_fd,))
+            self.lighthouses.append(self.lighthouse)
         finally:
             os.close(write_fd)
         try:
@@ -222,6 +226,21 @@ class ElasticLaunch(Launch):
     def status_of(self, proc):
         """What process `proc`'s status file says ({} before it wrote one)."""
         return read_status(self.status_path(proc.label))
+
+    def node_status(self, proc):
+        """What node process `proc` says of itself: its status file, or where that is not here
+        (its machine's log directory is not this one), what it last told the lighthouses this
+        launcher started (the latest that heard of it; for a node's latest process only)."""
+        status, name = self.status_of(proc), proc.index
+        if status or self.nodes.get(name) is not proc:
+            return status
+        started = self.lighthouses or [p for p in [self.lighthouse] if p is not None]
+        for lighthouse in reversed(started):
+            told = self.status_of(lighthouse).get("nodes")
+            told = told.get(name) if isinstance(told, dict) else None
+            if isinstance(told, dict):
+                return dict(told, name=name)
+        return {}
 
     # -- supervision ---------------------------------------------------------------------
     def _supervision_pass(self):
@@ -358,7 +377,7 @@ class ElasticLaunch(Launch):
                 proc, "stopped" if proc.returncode is not None else "still running")))
         final, kept_own = None, []
         for proc in self.started_nodes:
-            status = self.status_of(proc)
+            status = self.node_status(proc)
             result = status.get("final_result")
             if isinstance(result, dict) and isinstance(result.get("metrics"), dict):
                 final = final_result_text(str(status.get("name", proc.index)),

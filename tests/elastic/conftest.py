@@ -32,20 +32,22 @@ def job(tmp_path):
     class Job:
         address = None
 
-        def lighthouse(self, min_nodes, port=0, host="127.0.0.1", netns=None):
+        def lighthouse(self, min_nodes, port=0, host="127.0.0.1", netns=None,
+                       status_file=None):
             proc = Proc(_in_netns(netns) + [
                 "-m", "platoon.elastic.lighthouse", "--min-nodes", str(min_nodes),
                 "--heartbeat-timeout-s", str(TIMEOUT_S), "--join-grace-s", str(GRACE_S),
-                "--bind", "%s:%d" % (host, port)], env=env)
+                "--bind", "%s:%d" % (host, port)]
+                + (["--status-file", str(status_file)] if status_file else []), env=env)
             started.append(proc)
             match, _ = proc.wait_for_match(r"lighthouse: serving on tcp://(\S+) ")
             self.address = match.group(1)
             return proc
 
-        def node(self, name, *args, secret_file=None):
+        def node(self, name, *args, secret_file=None, script=NODE):
             node_env = dict(env, PLATOON_ELASTIC_SECRET_FILE=secret_file) if secret_file \
                 else env
-            proc = Proc([NODE, self.address, name] + [str(a) for a in args], env=node_env)
+            proc = Proc([script, self.address, name] + [str(a) for a in args], env=node_env)
             started.append(proc)
             return proc
 

@@ -17,20 +17,21 @@ from platoon.elastic.lighthouse import Lighthouse
 from platoon.elastic.quorum import Membership
 from platoon.errors import PlatoonError
 
-from elastic_helpers import GRACE_S, QUORUM, SLACK_S, TIMEOUT_S, quorum_of
-from helpers import wait_until
+from elastic_helpers import GRACE_S, QUORUM, SLACK_S, TIMEOUT_S, WORKER, quorum_of
+from helpers import PROCS, wait_until
 
 SECRET = b"s" * 32
+LAST_WORD = os.path.join(PROCS, "elastic_last_word.py")
 
 
 @contextlib.contextmanager
-def _serving(min_nodes, **options):
-    """A Lighthouse on 127.0.0.1 (heartbeat timeout 5 s, grace 0.05 s, the secret `SECRET`)
+def _serving(min_nodes, bind="127.0.0.1:0", **options):
+    """A Lighthouse on `bind` (heartbeat timeout 5 s, grace 0.05 s, the secret `SECRET`)
     serving in a thread, stopped and joined as the block ends."""
     settings = MembershipSettings(min_nodes=min_nodes, heartbeat_timeout_s=5.0,
                                   join_grace_s=0.05)
     stopping = threading.Event()
-    with Lighthouse(settings, "127.0.0.1:0", SECRET, **options) as lighthouse:
+    with Lighthouse(settings, bind, SECRET, **options) as lighthouse:
         serving = threading.Thread(target=lighthouse.serve, args=(stopping.is_set,))
         serving.start()
         try:
@@ -61,7 +62,7 @@ def test_the_lighthouse_writes_its_address_and_each_new_quorum_to_its_status_fil
     with _serving(2, status_file=path) as lighthouse:
         wait_until(lambda: read_status(path), 10, "the lighthouse's first status")
         assert read_status(path) == {"address": lighthouse.address, "pid": os.getpid(),
-                                     "quorum": None, "left_out": {}}
+                                     "quorum": None, "left_out": {}, "nodes": {}}
         assert os.stat(path).st_mode & 0o777 == 0o600
         with LighthouseClient(lighthouse.address, "a", "h:1", secret=SECRET) as a, \
                 LighthouseClient(lighthouse.address, "b", "h:2", secret=SECRET) as b:
@@ -72,6 +73,121 @@ def test_the_lighthouse_writes_its_address_and_each_new_quorum_to_its_status_fil
             second = b.wait_for_quorum(timeout_s=10, newer_than=first.id)
             wait_until(lambda: read_status(path)["quorum"]["id"] == second.id, 10,
                        "its second quorum")
+
+
+def test_heartbeats_carry_a_nodes_status_once_and_the_lighthouse_publishes_it(tmp_path):
+    """What a node says of itself rides on its next heartbeat (its state, rounds; not its
+    quorum list), once: the lighthouse keeps the latest per node and writes it to its status
+    file, where platoon-launcher --elastic reads it."""
+    from platoon._os.statusfile import read_status
+    from platoon.elastic import LighthouseClient
+    path = str(tmp_path / "lh.status.json")
+    with _serving(1, status_file=path) as lighthouse:
+        carried = []
+        handle = lighthouse.handle
+
+        def counting(peer, body, mac, now, source=""):
+            carried.append(b'"status"' in body)
+            return handle(peer, body, mac, now, source)
+
+        lighthouse.handle = counting
+        with LighthouseClient(lighthouse.address, "a", "h:1", secret=SECRET,
+                              heartbeat_interval_s=0.02) as a:
+            a.wait_for_quorum(timeout_s=10)
+            a.set_status({"name": "a", "state": "running", "rounds": 2, "quorums": [1, 2]})
+            wait_until(lambda: read_status(path).get("nodes") == {
+                "a": {"state": "running", "rounds": 2}}, 10, "node a's status in the file")
+            heard = len(carried)
+            wait_until(lambda: len(carried) > heard + 10, 10, "ten more heartbeats")
+        assert sum(carried) == 1, carried  # sent once, not with every heartbeat
+
+
+def test_a_restarted_lighthouse_hears_each_nodes_status_again():
+    """A lighthouse keeps nothing on disk: restarted, it hears a node's status again with the
+    node's first heartbeat on its new connection (not only once the status changes)."""
+    from platoon.elastic import LighthouseClient
+    said = {"state": "running", "rounds": 3}
+    with _serving(1) as first:
+        client = LighthouseClient(first.address, "a", "h:1", secret=SECRET,
+                                  heartbeat_interval_s=0.02, request_timeout_s=0.3)
+        try:
+            client.set_status(said)
+            wait_until(lambda: first.nodes.get("a") == said, 10, "node a's status")
+        except BaseException:
+            client.close()
+            raise
+    with client, _serving(1, bind=first.address) as second:
+        wait_until(lambda: second.nodes.get("a") == said, 10,
+                   "node a's status at the restarted lighthouse")
+
+
+def test_a_nodes_status_is_kept_from_its_own_fresh_signed_requests_only():
+    """A status in a replayed request (a stale challenge) or from a second process under a
+    live node's name is not kept; after its node left, a message of its own (op "status")
+    is: its last word."""
+    with Lighthouse(MembershipSettings(), "127.0.0.1:0", SECRET) as lighthouse:
+        def send(peer, challenge, op="heartbeat", incarnation="one", **state):
+            body, mac = wire.request(SECRET, op, "a", "h:1", 0, challenge,
+                                     incarnation=incarnation, status=state or None)
+            return wire.read_reply(SECRET, mac, *lighthouse.handle(peer, body, mac, 1.0))
+
+        fresh = send(b"p1", "", state="running")
+        assert not fresh["done"] and lighthouse.nodes == {}
+        answer = send(b"p1", fresh["challenge"], state="running", rounds=1)
+        assert answer["done"] and lighthouse.nodes == {"a": {"state": "running", "rounds": 1}}
+        other = send(b"p2", "", incarnation="two")
+        assert send(b"p2", other["challenge"], incarnation="two", state="failed")["taken"]
+        answer = send(b"p1", answer["challenge"], op="leave")
+        assert lighthouse.nodes == {"a": {"state": "running", "rounds": 1}}
+        last = send(b"p3", "", op="status", state="finished")
+        assert send(b"p3", last["challenge"], op="status", state="finished",
+                    final_result={"metrics": {"loss": 0.5}, "worker": 0})["done"]
+        assert lighthouse.nodes == {"a": {"state": "finished", "final_result": {
+            "metrics": {"loss": 0.5}, "worker": 0}}}
+        assert lighthouse.membership.live(1.0) == []  # (a status is no heartbeat)
+
+
+def test_a_nodes_last_word_reaches_the_launchers_summary_through_the_lighthouse(job, tmp_path):
+    """A node on another machine writes its status file there, where the launcher does not
+    read it: its final result still reaches the launcher's summary, told to the lighthouse in
+    a last message and published in the lighthouse's status file. Real lighthouse and node
+    processes (the node: NodeStatus and LighthouseClient over a stand-in tie)."""
+    import io
+    import shutil
+
+    from platoon._os.statusfile import read_status
+    from platoon.launch import cli
+    from platoon.launch.elastic import ElasticLaunch
+    from platoon.launch.supervision import Process
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    launch = ElasticLaunch(cli.parse_args([WORKER, "--hosts", "127.0.0.1", "--elastic",
+                                           "--log-dir", str(logs)]), io.StringIO())
+    name, path = launch.names[0], launch.status_path("lighthouse")
+    job.lighthouse(min_nodes=1, status_file=path)
+    elsewhere = tmp_path / "elsewhere" / ("node-%s.status.json" % name)
+    node = job.node(name, elsewhere, 0.25, script=LAST_WORD)
+    node.wait_for_line("ended", timeout=30)
+    assert node.wait(timeout=10) == 0
+    final = {"metrics": {"loss": 0.25}, "worker": 0}
+    assert read_status(str(elsewhere))["final_result"] == final  # (its own file, not read)
+    wait_until(lambda: read_status(path).get("nodes", {}).get(name, {}).get("state")
+               == "finished", 10, "node %s's last word in the lighthouse's status file" % name)
+    assert read_status(path)["nodes"][name] == {"state": "finished", "rounds": 1,
+                                                "kept_own_centre": False, "final_result": final}
+    true, env = "-x:" + shutil.which("true"), dict(os.environ)
+    launch.lighthouse = Process("lighthouse", true, [], env, str(logs / "lighthouse.log"))
+    proc = Process("node-" + name, true, [], env, str(logs / ("node-%s.log" % name)),
+                   index=name, device="127.0.0.1")
+    launch.nodes[name] = proc
+    launch.started_nodes.append(proc)
+    for stand_in in launch.everyone():
+        stand_in.popen.wait(10)
+        stand_in.poll()
+    launch._ended[proc] = "finished"
+    summary = "\n".join(launch.summary())
+    assert "final result (the agreed centre, evaluated once by node %s): loss 0.25" % name \
+        in summary, summary
 
 
 def test_a_registered_node_outlives_a_false_lighthouse_on_its_port():

@@ -200,3 +200,28 @@ def test_a_throttled_log_tracks_a_bounded_number_of_kinds():
     throttled.flush()
     counts = sorted(re.match(r"(\d+) more (.*) warning", line).group(1, 2) for line in lines[4:])
     assert counts == [("34", "other"), ("4", "refused 0"), ("4", "refused 1"), ("4", "refused 2")]
+
+
+def test_what_a_node_says_of_itself_is_bounded():
+    """A node's status is cut to MAX_STATUS bytes before it is sent (its final result's last
+    metrics left out, and counted); the lighthouse takes a longer one for malformed, and keeps
+    none of it."""
+    import json
+    metrics = {"metric_%02d_%s" % (i, "m" * 50): "v" * 100 for i in range(32)}
+    status = {"name": "a", "state": "finished", "quorums": list(range(1000)), "rounds": 9,
+              "error": "e" * 1000, "final_result": {"metrics": metrics, "worker": 0}}
+    told = wire.node_status(status)
+    assert len(json.dumps(told)) <= wire.MAX_STATUS
+    assert "quorums" not in told and "name" not in told and len(told["error"]) == 100
+    kept = told["final_result"]["metrics"]
+    assert kept and list(kept) == list(metrics)[:len(kept)]
+    assert told["final_result"]["metrics_dropped"] == 32 - len(kept)
+    with Lighthouse(MembershipSettings(), "127.0.0.1:0", SECRET) as lighthouse:
+        body, mac = wire.request(SECRET, "heartbeat", "a", "h:1", 0, "")
+        fresh = wire.read_reply(SECRET, mac, *lighthouse.handle(b"p", body, mac, 1.0))
+        assert fresh["challenge"] and not fresh["done"]
+        body, mac = wire.request(SECRET, "status", "a", "h:1", 0, fresh["challenge"],
+                                 status={"state": "x" * wire.MAX_STATUS})
+        assert wire.read_reply(SECRET, mac, *lighthouse.handle(b"p", body, mac, 1.0))["error"] \
+            == "malformed request"
+        assert lighthouse.nodes == {}
