@@ -22,6 +22,14 @@ an ended epoch are re-sent), so a count made before a reset, or one including
 minibatches still arriving from the old connection, never acknowledges a minibatch
 the worker has not received. (ZeroMQ keeps one receive queue per connected endpoint:
 whatever the old connection brought comes before the new epoch's first message.)
+What a minibatch costs the sender: one up to `protocol.PACK_MAX_BYTES` is packed into one
+frame, the copy that lets the caller reuse its arrays (ZeroMQ copies a frame that small
+again as it queues it, which costs less than a frame per array). A larger one is a header
+and a frame per array; by default (copy=True) each array is copied once, into a ZeroMQ
+message (`zmq.Frame`) that is kept and re-sent by reference, as pyzmq's own copying send
+copies each frame once. Python-owned memory is handed to ZeroMQ without a copy only with
+copy=False: pyzmq's garbage-collector thread then wakes for every such frame to release
+it, and takes the GIL from the sending thread to do so.
 Everything here runs in the thread calling `send_mb` / `flush_mb`, in the process that
 made the channel; the serve thread only reports workers that left, through a deque and
 a wake-up pipe.
@@ -128,10 +136,10 @@ class MinibatchChannel:
 
     def send_mb(self, arrays, timeout_s, copy):
         """Encode `arrays` and deliver them (see `Controller.send_mb`); the taker's id."""
-        # With copy, one packed frame (a single copy); without, packed only when small
-        # (ZeroMQ copies small frames anyway), else views of the arrays.
         self._check_process("send_mb")
-        frames = protocol.encode_minibatch(arrays, pack=True if copy else None)
+        frames = protocol.encode_minibatch(arrays)
+        if copy and len(frames) > 1:  # past PACK_MAX_BYTES: a header, then each array's view
+            frames[1:] = [zmq.Frame(view, copy=True) for view in frames[1:]]
         # bytes, or memoryviews cast to "B"
         nbytes = len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
