@@ -507,6 +507,22 @@ def decode_minibatch(frames: Sequence[Frame]) -> List[np.ndarray]:
                                 for shape, dtype, offset, strides, order in known[2]]
                     except (ValueError, TypeError, OverflowError):
                         pass  # numpy refuses the layout: the long way says why
+    elif frames:  # a header, then a frame per array, with a header seen before: the short way
+        first = frames[0]
+        specs = _parsed_headers.get(first.bytes if hasattr(first, "bytes") else bytes(first))
+        if specs is not None and len(specs) == len(frames) - 1:
+            arrays = []
+            ndarray = np.ndarray
+            for (dtype, shape, order, nbytes), frame in zip(specs, frames[1:]):
+                buf = memoryview(frame).toreadonly()
+                if not nbytes or buf.nbytes != nbytes or buf.itemsize != 1:
+                    break  # empty, or not what the header says: the long way
+                try:
+                    arrays.append(ndarray(shape, dtype, buf, 0, None, order))
+                except (ValueError, TypeError, OverflowError):
+                    break  # numpy refuses the layout: the long way says why
+            else:
+                return arrays
     return _decode_minibatch_checked(frames)
 
 
