@@ -85,3 +85,38 @@ def test_small_minibatches_travel_packed_in_one_frame(serve):
         np.testing.assert_array_equal(x, batch[0])
         np.testing.assert_array_equal(y, batch[1])
     serving.join()
+
+
+def test_a_packed_copy_is_reused_once_acknowledged_and_never_before(serve):
+    """send_mb's packed copies are kept until acknowledged: each new one used to be written
+    into fresh memory, mapped in again after the allocator had returned the acknowledged ones
+    to the system (page faults). Now the frame of an acknowledged minibatch of the same
+    layout is reused: 60 minibatches through a window of 4 need a few frames, and each
+    arrives as it was sent (none was overwritten while the worker could still need it)."""
+    ctl = Controller(control_port=0, data_port=0, num_workers=1)
+    serving = serve(ctl)
+    batch = [np.zeros((64, 64), np.float32), np.zeros(64, np.int64)]  # 16 KiB: packed
+    got, errors = [], []
+
+    def work():
+        try:
+            with Worker(ctl.control_port, timeout_s=10) as w:
+                w.init_mb_sock(ctl.data_port, prefetch=3)
+                for _ in range(60):
+                    x, y = w.recv_mb()
+                    got.append((float(x.min()), float(x.max()), int(y.min()), int(y.max())))
+        except Exception as exc:  # reported by the assertions below
+            errors.append(exc)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    frames = []  # held: every frame's identity stays its own
+    for i in range(60):
+        batch[0][:], batch[1][:] = i, -i
+        ctl.send_mb(batch, timeout_s=10)
+        frames.append(ctl._mb.peers[0].unacked[-1][1][0])
+    ctl.flush_mb(timeout_s=10)
+    worker.join(15)
+    assert not errors and got == [(i, i, -i, -i) for i in range(60)]
+    assert len({id(f) for f in frames}) <= 8  # the first (encoded), then at most a window's
+    serving.join()
