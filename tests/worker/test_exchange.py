@@ -442,10 +442,10 @@ def test_a_failed_async_push_is_not_counted_and_both_counters_agree(serve):
         assert w.syncs == 0 and w.sync_stats is None
         w.init_shared_params(make_params(11), failing_push(EASGD, 2, "second stripe failed")(0.5))
         w.sync_params()
-        with pytest.raises(RuntimeError, match="second stripe failed"):
-            w.start_sync().wait(timeout_s=20)
+        with pytest.raises(RuntimeError, match="second stripe failed"):  # pushed: overlapped
+            w.start_sync(snapshot=True).wait(timeout_s=20)
         assert w.syncs == w.sync_stats.syncs == 1
-        w.start_sync().wait(timeout_s=20)
+        w.start_sync(snapshot=True).wait(timeout_s=20)
         assert w.syncs == w.sync_stats.syncs == 2
     serving.join()
 
