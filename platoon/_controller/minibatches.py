@@ -43,7 +43,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Deque, Dict, List, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple, cast
 
 import zmq
 
@@ -80,6 +80,7 @@ class _Packed(bytearray):
     layout)."""
 
     __slots__ = ("key",)
+    key: bytes
 
 
 class PackedBuffers:
@@ -190,12 +191,13 @@ class MinibatchChannel:
     def send_mb(self, arrays, timeout_s, copy):
         """Encode `arrays` and deliver them (see `Controller.send_mb`); the taker's id."""
         self._check_process("send_mb")
-        frames = self.packed.pack(arrays) if copy else None
+        # a _Packed frame; or bytes (packed), or a header then memoryviews (cast to "B") or,
+        # with copy, zmq.Frames
+        frames: Optional[List[Any]] = self.packed.pack(arrays) if copy else None
         if frames is None:
-            frames = protocol.encode_minibatch(arrays)
+            frames = cast(List[Any], protocol.encode_minibatch(arrays))
             if copy and len(frames) > 1:  # past PACK_MAX_BYTES: a header, then array views
                 frames[1:] = [zmq.Frame(view, copy=True) for view in frames[1:]]
-        # bytes, or memoryviews cast to "B"
         nbytes = len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:
