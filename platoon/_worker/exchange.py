@@ -244,6 +244,10 @@ class OverlapChoice:
         self.cost[path] = statistics.median(kept)
 
 
+_NO_BACKGROUND = threading.Event()  # the background part of every sync done at once (none)
+_NO_BACKGROUND.set()  # never cleared: a handle's event is only ever set
+
+
 class SyncHandle:
     """An asynchronous sync started by `Worker.start_sync`; call `wait` to finish it.
 
@@ -253,25 +257,22 @@ class SyncHandle:
     """
 
     def __init__(self, exchange: "Exchange", snapshot: bool = True, generation: int = 0,
-                 choice: Optional["OverlapChoice"] = None) -> None:
+                 choice: Optional["OverlapChoice"] = None, at_once: bool = False) -> None:
         self._exchange = exchange
         self._generation = generation  # which of the exchange's syncs this is
         self.snapshot = snapshot  # True: the parameters were copied; False: synced in place
-        self.at_once = False  # True: synced before start_sync returned (see `finished`)
+        self.at_once = at_once  # True: synced before start_sync returned (see `finished`)
         self._choice = choice  # told what the sync cost the caller, when it chose the path
         self._caller_s = 0.0  # the calling thread's seconds on this sync so far
         self._errors: list = []
-        self._finished = False
-        self._background_done = threading.Event()  # set when the push in the thread ends
+        self._finished = at_once
+        # set when the push in the thread ends (a sync done at once has none: set already)
+        self._background_done = _NO_BACKGROUND if at_once else threading.Event()
 
     @classmethod
     def finished(cls, exchange: "Exchange") -> "SyncHandle":
         """The handle of a sync that `start_sync` did at once: done, `wait` does nothing."""
-        handle = cls(exchange, snapshot=False)
-        handle.at_once = True
-        handle._finished = True
-        handle._background_done.set()
-        return handle
+        return cls(exchange, snapshot=False, at_once=True)
 
     def add_caller_time(self, seconds: float) -> None:
         """The calling thread spent `seconds` more on this sync (in `start_sync`)."""
