@@ -116,7 +116,8 @@ class PackedBuffers:
             frame.key = prefix
         view = memoryview(frame)
         for a, (start, stop) in zip(arrays, spans):
-            view[start:stop] = memoryview(a).cast("B")
+            if stop > start:  # (an empty array's view cannot be cast)
+                view[start:stop] = memoryview(a).cast("B")
         return [frame]
 
     def give_back(self, frame):
@@ -191,16 +192,16 @@ class MinibatchChannel:
     def send_mb(self, arrays, timeout_s, copy):
         """Encode `arrays` and deliver them (see `Controller.send_mb`); the taker's id."""
         self._check_process("send_mb")
-        # a _Packed frame; or bytes (packed), or a header then memoryviews (cast to "B") or,
-        # with copy, zmq.Frames
-        frames: Optional[List[Any]] = self.packed.pack(arrays) if copy else None
-        if frames is None:
-            frames = cast(List[Any], protocol.encode_minibatch(arrays))
-            if copy and len(frames) > 1:  # past PACK_MAX_BYTES: a header, then array views
-                frames[1:] = [zmq.Frame(view, copy=True) for view in frames[1:]]
-        nbytes = len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._lock:
+        with self._lock:  # (acknowledgements give packed frames back under it too)
+            # a _Packed frame; or bytes (packed), or a header then memoryviews (cast to "B")
+            # or, with copy, zmq.Frames
+            frames: Optional[List[Any]] = self.packed.pack(arrays) if copy else None
+            if frames is None:
+                frames = cast(List[Any], protocol.encode_minibatch(arrays))
+                if copy and len(frames) > 1:  # past PACK_MAX_BYTES: a header, then views
+                    frames[1:] = [zmq.Frame(view, copy=True) for view in frames[1:]]
+            nbytes = len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
             taker = self.deliver(frames, nbytes, deadline)
         if taker is None:
             raise MinibatchTimeout("no worker asked for a minibatch at %s within %.3g s; "

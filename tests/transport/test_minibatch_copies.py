@@ -120,3 +120,23 @@ def test_a_packed_copy_is_reused_once_acknowledged_and_never_before(serve):
     assert not errors and got == [(i, i, -i, -i) for i in range(60)]
     assert len({id(f) for f in frames}) <= 8  # the first (encoded), then at most a window's
     serving.join()
+
+
+def test_packed_buffers_pack_every_plain_layout_as_encode_minibatch_does():
+    """Pure logic of PackedBuffers: the frame it fills, new or given back, holds the bytes
+    encode_minibatch packs, for every plain dtype and shape (empty and 0-d arrays too, whose
+    views cannot be cast to bytes), and nothing before encode_minibatch has seen the layout."""
+    from platoon import protocol
+    from platoon._controller.minibatches import PackedBuffers
+    buffers = PackedBuffers()
+    layouts = [[np.arange(5, dtype=">i4")], [np.ones(3, np.complex64), np.array([True, False])],
+               [np.float16([1, 2])], [np.array(3.5)], [np.zeros((0, 4), np.float32), np.arange(3)],
+               [np.zeros((2, 0))], [np.arange(24.0).reshape(2, 3, 4), np.arange(6, dtype=np.uint8)]]
+    assert buffers.pack([np.arange(7, dtype=np.int8).reshape(7, 1)]) is None  # not encoded yet
+    for arrays in layouts:
+        for _ in range(3):
+            arrays = [np.roll(a, 1) for a in arrays]  # new values in the frame given back
+            (expected,) = protocol.encode_minibatch(arrays)
+            (frame,) = buffers.pack(arrays)
+            assert bytes(frame) == expected
+            buffers.give_back(frame)
