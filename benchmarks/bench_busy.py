@@ -10,7 +10,9 @@ views as `recv_mb` gives); and `start_sync()` + `wait()` with nothing to overlap
 this process may run on; it is paused (SIGSTOP) for the idle rounds, so idle and busy
 rounds alternate too. Each round times every mode once, in an order that alternates, and
 gives one ratio; a row reports the median ratio of its rounds: load from elsewhere hits
-both sides of a ratio alike, and the median drops the rounds it hit hardest.
+both sides of a ratio alike, and the median drops the rounds it hit hardest. Beside the
+ratios, the minibatch rows record counts that load barely moves: the CPU each side spent
+per minibatch (all its threads, from /proc/PID/task/*/schedstat), medians of the rounds.
 """
 
 import contextlib
@@ -51,6 +53,19 @@ def neighbour():
         spin.wait(10)
 
 
+def cpu_ns(pid):
+    """CPU nanoseconds process `pid` has run, all its threads together (those that ended
+    are not counted: the benchmark's threads live through its rounds)."""
+    total = 0
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/schedstat" % (pid, tid)) as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
+            pass
+    return total
+
+
 def _median(values):
     return statistics.median(values) if values else None
 
@@ -71,9 +86,13 @@ def minibatches(shape, count, rounds, busy):
     """Rounds of `count` minibatches [float32 `shape`, int64 labels] over tcp, raw then
     platoon or the reverse, idle and busy (`busy(on)`, from `neighbour`) in turn.
     Returns {"idle": {...}, "busy": {...}}: the median ratio platoon/raw of throughput,
-    each side's median MB/s and the rounds' ratios."""
+    each side's median MB/s, the rounds' ratios, and "cpu_us": the median CPU microseconds
+    per minibatch of the sender and of the receiver, raw and platoon."""
     nbytes = shape[0] * shape[1] * 4 + shape[0] * 8
-    got = {c: {"ratios": [], "raw": [], "platoon": []} for c in ("idle", "busy")}
+    got = {c: {"ratios": [], "raw": [], "platoon": [],
+               "cpu_us": {(mode, side): [] for mode in ("raw", "platoon")
+                          for side in ("sender", "receiver")}} for c in ("idle", "busy")}
+    spent = {}  # mode -> (sender, receiver) CPU us per minibatch in the last measure
     with Children() as children:
         senders = {"raw": children.start("mb_sender", "raw_default", "tcp", shape[0], shape[1],
                                          count),
@@ -92,25 +111,36 @@ def minibatches(shape, count, rounds, busy):
 
                 def measure(mode):
                     recv = receive[mode]
+                    pid = senders[mode].popen.pid
+                    cpu = (cpu_ns(pid), cpu_ns(os.getpid()))
                     senders[mode].send("go")
                     recv()  # timed from the first arrival: not the go line's trip
                     start = time.perf_counter()
                     for _ in range(count - 1):
                         recv()
-                    return time.perf_counter() - start
+                    seconds = time.perf_counter() - start
+                    # the sender is done: it sent them all (the last one is here)
+                    spent[mode] = ((cpu_ns(pid) - cpu[0]) / count / 1e3,
+                                   (cpu_ns(os.getpid()) - cpu[1]) / count / 1e3)
+                    return seconds
                 for condition, seconds in _interleaved(rounds, busy, ("raw", "platoon"),
                                                        measure):
                     entry = got[condition]
                     entry["ratios"].append(seconds["raw"] / seconds["platoon"])
                     for mode in seconds:
                         entry[mode].append((count - 1) * nbytes / seconds[mode] / 1e6)
+                        entry["cpu_us"][mode, "sender"].append(spent[mode][0])
+                        entry["cpu_us"][mode, "receiver"].append(spent[mode][1])
             pull.close(0)
         finally:
             ctx.destroy(0)
         for sender in senders.values():
             sender.wait(30)
     return {c: {"ratio": _median(e["ratios"]), "raw_mbs": _median(e["raw"]),
-                "platoon_mbs": _median(e["platoon"]), "ratios": e["ratios"]}
+                "platoon_mbs": _median(e["platoon"]), "ratios": e["ratios"],
+                "cpu_us": {mode: {side: _median(e["cpu_us"][mode, side])
+                                  for side in ("sender", "receiver")}
+                           for mode in ("raw", "platoon")}}
             for c, e in got.items()} | {"batch_bytes": nbytes, "count": count}
 
 
@@ -178,9 +208,15 @@ def rows(results):
             continue
         for condition in ("idle", "busy"):
             e = r[condition]
+            cpu = e.get("cpu_us")  # (records before it have none)
+            counts = "" if cpu is None else (
+                "; CPU us per minibatch, sender/receiver: platoon %.0f/%.0f, raw %.0f/%.0f"
+                % (cpu["platoon"]["sender"], cpu["platoon"]["receiver"],
+                   cpu["raw"]["sender"], cpu["raw"]["receiver"]))
             out.append(("minibatches, tcp, %s each, default path, vs raw PUSH/PULL, %s "
-                        "(median of %d rounds)" % (label, "idle" if condition == "idle" else
-                                                   "beside a busy neighbour", len(e["ratios"])),
+                        "(median of %d rounds%s)" % (label, "idle" if condition == "idle" else
+                                                     "beside a busy neighbour",
+                                                     len(e["ratios"]), counts),
                         "%.0f MB/s" % e["platoon_mbs"], "%.0f MB/s" % e["raw_mbs"], e["ratio"],
                         0.9))
     r = results.get("sync")

@@ -322,6 +322,8 @@ _parsed_packed: Dict[bytes, Any] = {}
 # (type, dtype, shape, strides) of each array of a C-contiguous minibatch -> its header,
 # packed prefix, paddings and size: what encode_minibatch checked once for that layout
 _contiguous_layouts: Dict[Any, Tuple[bytes, bytes, List[bytes], int]] = {}
+# the same key -> packed_slots' answer
+_packed_slots: Dict[Any, Tuple[bytes, int, List[Tuple[int, int]]]] = {}
 
 
 def _cached(cache: Dict[Any, _T], key: Any, make: Callable[[], _T]) -> _T:
@@ -375,6 +377,29 @@ def encode_minibatch(arrays: Sequence[Any], pack: Optional[bool] = None
         return _encode_minibatch_checked(arrays, pack)
     header, prefix, pads, total = layout
     return _frames(arrays, header, prefix, pads, total, pack)
+
+
+def packed_slots(arrays: Sequence[Any]) -> Optional[Tuple[bytes, int, List[Tuple[int, int]]]]:
+    """Where `encode_minibatch` would pack `arrays`: (its frame's prefix, the frame's size,
+    the (start, stop) of each array's bytes in it), when they are C-contiguous arrays of a
+    layout it has encoded before and small enough to pack; else None. The prefix at 0 and
+    each array's bytes at its slot, zeros elsewhere, make the frame it makes."""
+    try:
+        key = tuple([(type(a), a.dtype, a.shape, a.strides) for a in arrays])
+    except AttributeError:  # not arrays
+        return None
+    slots = _packed_slots.get(key)
+    if slots is None:
+        layout = _contiguous_layouts.get(key)
+        if layout is None or layout[3] > PACK_MAX_BYTES:
+            return None
+        _, prefix, pads, _ = layout
+        spans, start = [], len(prefix)
+        for a, pad in zip(arrays, pads):
+            spans.append((start, start + a.nbytes))
+            start += a.nbytes + len(pad)
+        slots = _cached(_packed_slots, key, lambda: (prefix, start, spans))
+    return slots
 
 
 def _frames(arrays: Sequence[np.ndarray], header: bytes, prefix: bytes, pads: List[bytes],
@@ -507,6 +532,22 @@ def decode_minibatch(frames: Sequence[Frame]) -> List[np.ndarray]:
                                 for shape, dtype, offset, strides, order in known[2]]
                     except (ValueError, TypeError, OverflowError):
                         pass  # numpy refuses the layout: the long way says why
+    elif frames:  # a header, then a frame per array, with a header seen before: the short way
+        first = frames[0]
+        specs = _parsed_headers.get(first.bytes if hasattr(first, "bytes") else bytes(first))
+        if specs is not None and len(specs) == len(frames) - 1:
+            arrays = []
+            ndarray = np.ndarray
+            for (dtype, shape, order, nbytes), frame in zip(specs, frames[1:]):
+                buf = memoryview(frame).toreadonly()
+                if not nbytes or buf.nbytes != nbytes or buf.itemsize != 1:
+                    break  # empty, or not what the header says: the long way
+                try:
+                    arrays.append(ndarray(shape, dtype, buf, 0, None, order))
+                except (ValueError, TypeError, OverflowError):
+                    break  # numpy refuses the layout: the long way says why
+            else:
+                return arrays
     return _decode_minibatch_checked(frames)
 
 

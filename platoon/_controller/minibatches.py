@@ -22,6 +22,16 @@ an ended epoch are re-sent), so a count made before a reset, or one including
 minibatches still arriving from the old connection, never acknowledges a minibatch
 the worker has not received. (ZeroMQ keeps one receive queue per connected endpoint:
 whatever the old connection brought comes before the new epoch's first message.)
+What a minibatch costs the sender: one up to `protocol.PACK_MAX_BYTES` is packed into one
+frame, the copy that lets the caller reuse its arrays (ZeroMQ copies a frame that small
+again as it queues it, which costs less than a frame per array); by default it is packed
+into a buffer of an acknowledged one of its layout (`PackedBuffers`), memory already
+mapped. A larger one is a header
+and a frame per array; by default (copy=True) each array is copied once, into a ZeroMQ
+message (`zmq.Frame`) that is kept and re-sent by reference, as pyzmq's own copying send
+copies each frame once. Python-owned memory is handed to ZeroMQ without a copy only with
+copy=False: pyzmq's garbage-collector thread then wakes for every such frame to release
+it, and takes the GIL from the sending thread to do so.
 Everything here runs in the thread calling `send_mb` / `flush_mb`, in the process that
 made the channel; the serve thread only reports workers that left, through a deque and
 a wake-up pipe.
@@ -33,7 +43,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Deque, Dict, List, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple, cast
 
 import zmq
 
@@ -65,6 +75,58 @@ class _Peer:
         self.gone = False
 
 
+class _Packed(bytearray):
+    """A packed minibatch's frame from `PackedBuffers` (`key`: its prefix, which names its
+    layout)."""
+
+    __slots__ = ("key",)
+    key: bytes
+
+
+class PackedBuffers:
+    """Frames of packed minibatches, each reused once its minibatch was acknowledged.
+
+    The channel keeps every minibatch until acknowledged, and workers acknowledge many at
+    once: new frames for each were allocated in memory that the allocator had just returned
+    to the system with the last acknowledged batch of them, and mapped in again page by page
+    (counted: about 0.8 page faults per 16 KiB minibatch in the sending thread). Frames given
+    back are kept by layout, up to KEEP_BYTES in all.
+    """
+
+    KEEP_BYTES = 32 << 20  # a 16 MiB window of a worker or two, to be refilled
+
+    def __init__(self):
+        self._free: Dict[bytes, List[_Packed]] = {}  # by prefix (which names the layout)
+        self._kept = 0  # bytes in _free
+
+    def pack(self, arrays):
+        """[a frame] holding `arrays` packed as `protocol.encode_minibatch` packs them, or
+        None where it would not pack them or has not seen their layout yet."""
+        slots = protocol.packed_slots(arrays)
+        if slots is None:
+            return None
+        prefix, size, spans = slots
+        free = self._free.get(prefix)
+        if free:
+            frame = free.pop()
+            self._kept -= size
+        else:
+            frame = _Packed(size)
+            frame[:len(prefix)] = prefix
+            frame.key = prefix
+        view = memoryview(frame)
+        for a, (start, stop) in zip(arrays, spans):
+            if stop > start:  # (an empty array's view cannot be cast)
+                view[start:stop] = memoryview(a).cast("B")
+        return [frame]
+
+    def give_back(self, frame):
+        """`frame` (from `pack`) is no longer needed: its minibatch was acknowledged."""
+        if self._kept + len(frame) <= self.KEEP_BYTES:
+            self._free.setdefault(frame.key, []).append(frame)
+            self._kept += len(frame)
+
+
 class MinibatchChannel:
     """Delivery state of the data socket `sock` (a bound ROUTER); see the module docstring.
 
@@ -88,6 +150,7 @@ class MinibatchChannel:
         self.workers = workers
         self.address = address
         self.peers: Dict[int, _Peer] = {}  # worker id -> _Peer
+        self.packed = PackedBuffers()  # send_mb's packed copies, reused once acknowledged
         self.refused = {}  # identities of connections refused once (insertion-ordered)
         self.retired = {}  # identities of workers' connections replaced or dropped (same)
         self.epochs = 0  # epochs opened so far: the last one's number
@@ -128,14 +191,17 @@ class MinibatchChannel:
 
     def send_mb(self, arrays, timeout_s, copy):
         """Encode `arrays` and deliver them (see `Controller.send_mb`); the taker's id."""
-        # With copy, one packed frame (a single copy); without, packed only when small
-        # (ZeroMQ copies small frames anyway), else views of the arrays.
         self._check_process("send_mb")
-        frames = protocol.encode_minibatch(arrays, pack=True if copy else None)
-        # bytes, or memoryviews cast to "B"
-        nbytes = len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._lock:
+        with self._lock:  # (acknowledgements give packed frames back under it too)
+            # a _Packed frame; or bytes (packed), or a header then memoryviews (cast to "B")
+            # or, with copy, zmq.Frames
+            frames: Optional[List[Any]] = self.packed.pack(arrays) if copy else None
+            if frames is None:
+                frames = cast(List[Any], protocol.encode_minibatch(arrays))
+                if copy and len(frames) > 1:  # past PACK_MAX_BYTES: a header, then views
+                    frames[1:] = [zmq.Frame(view, copy=True) for view in frames[1:]]
+            nbytes = len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
             taker = self.deliver(frames, nbytes, deadline)
         if taker is None:
             raise MinibatchTimeout("no worker asked for a minibatch at %s within %.3g s; "
@@ -354,7 +420,10 @@ class MinibatchChannel:
         if epoch == peer.epoch:
             unacked = peer.unacked
             while unacked and unacked[0][0] <= done:
-                peer.unacked_bytes -= unacked.popleft()[2]
+                _, frames, nbytes = unacked.popleft()
+                peer.unacked_bytes -= nbytes
+                if type(frames[0]) is _Packed:
+                    self.packed.give_back(frames[0])
         self._queue(peer)
 
     def _has_room(self, peer):
@@ -405,7 +474,10 @@ class MinibatchChannel:
         if last:
             for frame in frames[:last]:
                 sock.send(frame, _SNDMORE, copy=False)  # small frames are copied, large not
-        sock.send(frames[last], 0, copy=False)
+            sock.send(frames[last], 0, copy=False)
+        else:  # a _Packed frame is reused once acknowledged: ZeroMQ copies it, whatever its size
+            frame = frames[0]
+            sock.send(frame, 0, copy=type(frame) is _Packed)
         peer.sent += 1
         peer.credit -= 1
         peer.unacked.append((peer.sent, frames, nbytes))

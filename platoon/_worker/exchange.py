@@ -23,11 +23,12 @@ import collections
 import contextlib
 import logging
 import os
+import statistics
 import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, cast
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, cast
 
 import numpy as np
 
@@ -206,35 +207,45 @@ class _StripePool:
 
 
 class OverlapChoice:
-    """Chooses the path of a default `start_sync()`: overlap (a snapshot pushed by the sync
-    thread) or sync at once, whichever cost the calling thread less in the syncs measured
-    (a running mean of each), trying the other every `probe_every` syncs. Overlapping costs
-    the caller a copy and a pull; it pays only when the compute beside it hides more."""
+    """Chooses the path of a default `start_sync()`: the sync at once, or overlap (a snapshot
+    pushed by the sync thread), whichever cost the calling thread less by the median of each
+    path's last KEPT syncs (a time slice lost to another process in one sync barely moves a
+    median), trying the other every `probe_every` syncs. It starts at once, and stays there
+    while the median sync at once takes under `at_once_below_s`: an overlap saves the caller
+    at most the sync's own time, and costs it a copy, a pull (together more memory traffic
+    than the sync) and a hand-off to the sync thread, so a short sync only loses by it."""
 
     OVERLAP, AT_ONCE = "overlap", "at once"
-    WEIGHT = 0.25  # of the newest measurement in the running mean
+    KEPT = 9  # measurements per path the median is taken over
 
-    def __init__(self, probe_every: int = 16):
+    def __init__(self, probe_every: int = 16, at_once_below_s: float = 1e-3):
         self.probe_every = probe_every
+        self.at_once_below_s = at_once_below_s
         self.cost: Dict[str, Optional[float]] = {self.OVERLAP: None, self.AT_ONCE: None}
+        self._kept: Dict[str, Deque[float]] = {path: collections.deque(maxlen=self.KEPT)
+                                               for path in self.cost}
         self._count = 0
 
     def choose(self) -> str:
         self._count += 1
         overlap, at_once = self.cost[self.OVERLAP], self.cost[self.AT_ONCE]
+        if at_once is None or at_once < self.at_once_below_s:
+            return self.AT_ONCE
         if overlap is None:
             return self.OVERLAP
-        if at_once is None:
-            return self.AT_ONCE
         best, other = (self.OVERLAP, self.AT_ONCE) if overlap <= at_once \
             else (self.AT_ONCE, self.OVERLAP)
         return other if self._count % self.probe_every == 0 else best
 
     def record(self, path: str, seconds: float) -> None:
         """The calling thread spent `seconds` on a sync that took `path`."""
-        before = self.cost[path]
-        self.cost[path] = seconds if before is None \
-            else before + self.WEIGHT * (seconds - before)
+        kept = self._kept[path]
+        kept.append(seconds)
+        self.cost[path] = statistics.median(kept)
+
+
+_NO_BACKGROUND = threading.Event()  # the background part of every sync done at once (none)
+_NO_BACKGROUND.set()  # never cleared: a handle's event is only ever set
 
 
 class SyncHandle:
@@ -246,25 +257,22 @@ class SyncHandle:
     """
 
     def __init__(self, exchange: "Exchange", snapshot: bool = True, generation: int = 0,
-                 choice: Optional["OverlapChoice"] = None) -> None:
+                 choice: Optional["OverlapChoice"] = None, at_once: bool = False) -> None:
         self._exchange = exchange
         self._generation = generation  # which of the exchange's syncs this is
         self.snapshot = snapshot  # True: the parameters were copied; False: synced in place
-        self.at_once = False  # True: synced before start_sync returned (see `finished`)
+        self.at_once = at_once  # True: synced before start_sync returned (see `finished`)
         self._choice = choice  # told what the sync cost the caller, when it chose the path
         self._caller_s = 0.0  # the calling thread's seconds on this sync so far
         self._errors: list = []
-        self._finished = False
-        self._background_done = threading.Event()  # set when the push in the thread ends
+        self._finished = at_once
+        # set when the push in the thread ends (a sync done at once has none: set already)
+        self._background_done = _NO_BACKGROUND if at_once else threading.Event()
 
     @classmethod
     def finished(cls, exchange: "Exchange") -> "SyncHandle":
         """The handle of a sync that `start_sync` did at once: done, `wait` does nothing."""
-        handle = cls(exchange, snapshot=False)
-        handle.at_once = True
-        handle._finished = True
-        handle._background_done.set()
-        return handle
+        return cls(exchange, snapshot=False, at_once=True)
 
     def add_caller_time(self, seconds: float) -> None:
         """The calling thread spent `seconds` more on this sync (in `start_sync`)."""

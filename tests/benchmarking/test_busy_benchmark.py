@@ -15,9 +15,13 @@ def test_the_busy_rows_run_and_render():
         assert len(minibatches[condition]["ratios"]) == 2
         assert minibatches[condition]["ratio"] > 0
         assert syncs[condition]["ratio"] > 0
+        cpu = minibatches[condition]["cpu_us"]  # each side's CPU per minibatch, counted
+        assert all(cpu[mode][side] > 0 for mode in ("raw", "platoon")
+                   for side in ("sender", "receiver"))
     results = {"busy": {"16 KiB": minibatches, "sync": syncs, "rounds": 2}}
     rows = [r for r in run.table(results) if "busy neighbour" in r[0] or "idle (" in r[0]]
     assert len(rows) == 4 and all(r[3].endswith("x") for r in rows)
+    assert all("CPU us per minibatch" in r[0] for r in rows if "minibatches" in r[0])
 
 
 def test_the_neighbour_spins_on_this_process_s_cores_and_dies_with_the_block():

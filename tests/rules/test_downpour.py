@@ -241,7 +241,7 @@ def test_start_sync_keeps_the_movement_made_while_it_runs(serve):
         for p, d in zip(params, big_delta(0, 0, dtype)):
             p += d
         snap = [p.copy() for p in params]
-        handle = w.start_sync()
+        handle = w.start_sync(snapshot=True)  # overlapped: x = c_new + (x - x_snap)
         moves = big_delta(1, 1, dtype)
         for p, m in zip(params, moves):
             p += m  # the worker keeps training while the sync runs

@@ -251,6 +251,43 @@ def test_packed_header_seen_before_still_checks_each_frame():
         np.testing.assert_array_equal(got, sent)
 
 
+def test_split_header_seen_before_still_checks_each_frame():
+    """A header then a frame per array (past PACK_MAX_BYTES), its header known: the short way
+    still refuses a frame of the wrong size or count, as the checked way does."""
+    arrays = [np.arange(protocol.PACK_MAX_BYTES // 8 + 1.0), np.arange(4)]
+    header, big, small = [bytes(f) for f in protocol.encode_minibatch(arrays)]
+    protocol.decode_minibatch([header, big, small])  # its header is now known
+    with pytest.raises(ProtocolError, match="minibatch array 0: %d bytes" % (len(big) - 8)):
+        protocol.decode_minibatch([header, big[:-8], small])
+    with pytest.raises(ProtocolError, match="minibatch array 1: %d bytes" % (len(small) + 8)):
+        protocol.decode_minibatch([header, big, small + bytes(8)])
+    with pytest.raises(ProtocolError, match="describes 2 arrays but 1 data frames"):
+        protocol.decode_minibatch([header, big])
+    for got, sent in zip(protocol.decode_minibatch([header, bytearray(big), small]), arrays):
+        assert not got.flags.writeable
+        np.testing.assert_array_equal(got, sent)
+
+
+def test_packed_slots_say_where_encode_minibatch_packs_each_array():
+    """The controller packs into reused frames where packed_slots says: the prefix, then each
+    array's bytes at its slot, zeros between, is the frame encode_minibatch makes."""
+    arrays = [np.arange(12, dtype=np.int16).reshape(3, 4), np.arange(5.0), np.array(7, np.int8)]
+    assert protocol.packed_slots([np.arange(13, dtype=np.int16), np.arange(3.0)]) is None  # unseen
+    (expected,) = protocol.encode_minibatch(arrays)
+    prefix, size, spans = protocol.packed_slots(arrays)
+    frame = bytearray(size)
+    frame[:len(prefix)] = prefix
+    for a, (start, stop) in zip(arrays, spans):
+        frame[start:stop] = a.tobytes()
+    assert bytes(frame) == expected
+    big = [np.arange(protocol.PACK_MAX_BYTES // 8 + 1.0)]
+    protocol.encode_minibatch(big)
+    fortran = [np.asfortranarray(np.ones((3, 4)))]
+    protocol.encode_minibatch(fortran)
+    assert protocol.packed_slots(big) is None and protocol.packed_slots(fortran) is None
+    assert protocol.packed_slots([[1, 2]]) is None  # not arrays
+
+
 def test_minibatch_requests_round_trip_and_garbage_is_refused():
     frame = protocol.encode_mb_request(7, "ab" * 16, 12, 9, window_bytes=5 << 30, epoch=3)
     assert protocol.decode_mb_request(frame) == (7, "ab" * 16, 12, 9, False, 5 << 30, 3)
