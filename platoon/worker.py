@@ -237,13 +237,16 @@ class Worker:
         """Wait until every worker of the job is here (a `barrier`), so that all begin
         training together; returns True. Once training is underway (the centre has
         counted a sync: a replacement, or a worker registering late) it returns False at
-        once. Call it after `init_shared_params`.
+        once, as it does on an elastic node (`elastic_node`): its nodes come and go, so no
+        barrier holds the job's workers, and `init_shared_params` already waited for the
+        values they all start from (a live node's anchor, for a joiner). Call it after
+        `init_shared_params`.
 
         Raises ControllerTimeout after `timeout_s` seconds (default: the worker's), saying
         how many workers the job expects.
         """
         centre = self._res.centre
-        if centre is not None and centre.sync_counts.any():
+        if self.elastic_node is not None or (centre is not None and centre.sync_counts.any()):
             return False
         timeout_s = self._timeout_s(timeout_s)
         try:
