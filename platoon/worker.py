@@ -20,6 +20,7 @@ from ._resources import Resources
 from ._worker.client import ControlClient, endpoint, uncaught_error
 from ._worker.collectives import WorkerCollectives
 from ._worker.exchange import Exchange, SyncHandle, SyncStats, share
+from ._worker.ports import await_ports
 from .device import Device
 from .errors import ControllerGone, ControllerTimeout, PlatoonError, StopRequested, WorkerClosed
 from .placement import Placement
@@ -93,7 +94,8 @@ class Worker:
     def __init__(self, control_port: Port = None, data_port: Port = None, *,
                  host: str = "127.0.0.1", timeout_s: Optional[float] = 60.0,
                  keys_file: Optional[str] = None) -> None:
-        env = JobEnvironment.read()
+        # a node runner's worker may start before its controller serves: its ports come then
+        env = JobEnvironment.read() if control_port is not None else await_ports(timeout_s)
         alone = None
         if control_port is None:
             control_port = env.control_port
