@@ -18,16 +18,30 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import (
+    IO,
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Union,
+)
 
-from .._controller.handoff import offered
-from .._controller.services import NodeLinkProtocol
 from .._os.argv import join_option_values
 from .._os.environment import JobEnvironment, device_variables, without_job_variables
 from .._os.process import die_with_parent, read_announcement, stop
 from ..device import find_gpus, in_turn
 from ..errors import PlatoonError
 from . import reaper
+
+if TYPE_CHECKING:  # the controller's parts (numpy, pyzmq) load once the workers started
+    from .._controller.services import NodeLinkProtocol
 
 log = logging.getLogger(__name__)
 
@@ -117,11 +131,12 @@ def load_controller_class(spec: Optional[str]) -> type:
 
 
 def run_controller(controller: ControllerSpec, controller_args: Sequence[str],
-                   link: NodeLinkProtocol, host: str, serve_timeout: Optional[float]) -> None:
+                   link: "NodeLinkProtocol", host: str, serve_timeout: Optional[float]) -> None:
     """Run this node's controller with `link` as its node link, until it has served: a
     controller script (``file.py``, run as ``__main__`` with `controller_args`; its Controller
     takes the link, `offered`) or a class (or ``module:Class`` / ``file.py:Class``,
     default platoon.Controller), created and served."""
+    from .._controller.handoff import offered
     if isinstance(controller, str) and controller.endswith(".py"):
         sys.argv = [controller] + list(controller_args)
         sys.path.insert(0, os.path.dirname(os.path.abspath(controller)))
@@ -300,7 +315,7 @@ class Workers:
 
 
 def serve_then_finish(workers: Workers, controller: ControllerSpec,
-                      controller_args: Sequence[str], link: NodeLinkProtocol, host: str,
+                      controller_args: Sequence[str], link: "NodeLinkProtocol", host: str,
                       serve_timeout: Optional[float], finish_timeout_s: float) -> None:
     """A node runner's middle (platoon.mpi's and an elastic node's): run its controller with
     `link` until the job ends, then stop `workers` still running `finish_timeout_s` later;
