@@ -316,6 +316,7 @@ class NodeTie:
     def _leave_group(self) -> None:
         group, self._group = self._group, None
         self._group_rounds = 0
+        self._after_joiner = None  # a new group's rounds keep their own pace
         if group is not None:
             group.close()
 
