@@ -11,8 +11,6 @@ import json
 import os
 import stat
 
-import zmq
-
 from .errors import PlatoonError
 
 KEY_NAMES = ("server_public", "server_secret", "client_public", "client_secret")
@@ -30,6 +28,7 @@ def is_loopback(host):
 
 def generate_keys(path):
     """Write a new key set to `path` (created 0600, never overwritten); returns the path."""
+    import zmq  # (its users only: an elastic node reads its secret before it loads pyzmq)
     server_public, server_secret = zmq.curve_keypair()
     client_public, client_secret = zmq.curve_keypair()
     keys = dict(zip(KEY_NAMES, (k.decode() for k in (server_public, server_secret,

@@ -20,6 +20,7 @@ from ._resources import Resources
 from ._worker.client import ControlClient, endpoint, uncaught_error
 from ._worker.collectives import WorkerCollectives
 from ._worker.exchange import Exchange, SyncHandle, SyncStats, share
+from ._worker.ports import await_ports
 from .device import Device
 from .errors import ControllerGone, ControllerTimeout, PlatoonError, StopRequested, WorkerClosed
 from .placement import Placement
@@ -93,7 +94,8 @@ class Worker:
     def __init__(self, control_port: Port = None, data_port: Port = None, *,
                  host: str = "127.0.0.1", timeout_s: Optional[float] = 60.0,
                  keys_file: Optional[str] = None) -> None:
-        env = JobEnvironment.read()
+        # a node runner's worker may start before its controller serves: its ports come then
+        env = JobEnvironment.read() if control_port is not None else await_ports(timeout_s)
         alone = None
         if control_port is None:
             control_port = env.control_port
@@ -237,13 +239,16 @@ class Worker:
         """Wait until every worker of the job is here (a `barrier`), so that all begin
         training together; returns True. Once training is underway (the centre has
         counted a sync: a replacement, or a worker registering late) it returns False at
-        once. Call it after `init_shared_params`.
+        once, as it does on an elastic node (`elastic_node`): its nodes come and go, so no
+        barrier holds the job's workers, and `init_shared_params` already waited for the
+        values they all start from (a live node's anchor, for a joiner). Call it after
+        `init_shared_params`.
 
         Raises ControllerTimeout after `timeout_s` seconds (default: the worker's), saying
         how many workers the job expects.
         """
         centre = self._res.centre
-        if centre is not None and centre.sync_counts.any():
+        if self.elastic_node is not None or (centre is not None and centre.sync_counts.any()):
             return False
         timeout_s = self._timeout_s(timeout_s)
         try:

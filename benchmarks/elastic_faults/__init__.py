@@ -5,6 +5,10 @@ later, for the whole run; the same fault schedule (from a fixed seed) for every 
 
 usage: python -m benchmarks.elastic_faults [--quick] [--members a,b] [--reps N]
                                            [--cap-s S] [--link 100mbit] [--schedule]
+       python -m benchmarks.elastic_faults --script [--quick] [--reps N] [--kill-at-s 40]
+
+`--script`: the joiner's chain on an ordinary script instead (examples/lm/train.py under
+python -m platoon.elastic.node, node c killed -9 and started again: `script`).
 
 Members (`race.MEMBERS`): platoon elastic without and with faults (python -m
 platoon.elastic.node per host, its lighthouse on the switch); the fixed-world MPI job (python

@@ -42,9 +42,15 @@ def main(argv=None):
     parser.add_argument("--link", default="100mbit", choices=sorted(slow_link.RATES))
     parser.add_argument("--every-s", type=float, default=EVERY_S,
                         help="a fault about this often (default %g)" % EVERY_S)
-    parser.add_argument("--down-s", type=float, default=DOWN_S,
-                        help="a killed node starts again this much later (default %g)"
-                        % DOWN_S)
+    parser.add_argument("--down-s", type=float, default=None,
+                        help="a killed node starts again this much later (default %g; "
+                        "--script --quick: 3)" % DOWN_S)
+    parser.add_argument("--script", action="store_true",
+                        help="the joiner's start-up on an ordinary script instead: "
+                        "examples/lm/train.py under platoon.elastic.node, node c killed "
+                        "--kill-at-s in (see benchmarks/elastic_faults/script.py)")
+    parser.add_argument("--kill-at-s", type=float, default=None,
+                        help="--script: node c is killed this long in (default 40; --quick 15)")
     parser.add_argument("--schedule", action="store_true",
                         help="only print the fault schedule")
     parser.add_argument("--out", default=RESULTS, help="directory for the .json and .md")
@@ -63,6 +69,9 @@ def main(argv=None):
     if unknown:
         parser.error("unknown member(s) %s: choose from %s" % (", ".join(unknown),
                                                               ", ".join(MEMBERS)))
+    if args.script:
+        return _script(args, log, argv)
+    args.down_s = DOWN_S if args.down_s is None else args.down_s
     cap_s = args.cap_s if args.cap_s is not None else (60.0 if args.quick else 300.0)
     try:
         schedule = fault_schedule(FAULT_SEED, cap_s, args.every_s, args.down_s,
@@ -166,6 +175,29 @@ def main(argv=None):
             "%s: %s" % (r["member"], r["error"]) for r in failed)), file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def _script(args, log, argv):
+    """`--script`: the joiner's chain on examples/lm/train.py (`script`)."""
+    why = slow_link.missing()
+    if why:
+        print("elastic_faults: skipped: %s" % why, flush=True)
+        return 0
+    for name in slow_link.remove_stale():
+        log("removed the namespace %s of an earlier run" % name)
+    from . import script
+
+    def _terminate(signum, frame):
+        raise SystemExit(128 + signum)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _terminate)
+    meta = {"commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "cpu": cpu_model(), "cores": os.cpu_count(), "load_start": os.getloadavg()[0],
+            "quick": args.quick, "reps": args.reps,
+            "link": args.link.replace("mbit", " Mbit/s").replace("gbit", " Gbit/s"),
+            "command": " ".join([COMMAND] + [shlex.quote(a) for a in (
+                sys.argv[1:] if argv is None else argv)])}
+    return script.main(args, log, meta)
 
 
 if __name__ == "__main__":

@@ -128,10 +128,11 @@ def lighthouse_command(kind, settings, secret_file=None):
 
 
 def node_commands(kind, settings, config_path, events_dir, checkpoint_dir, incarnation,
-                  hosts, mpiexec, secret_file=None, nodes=NODES, outer="diloco"):
+                  hosts, mpiexec, secret_file=None, nodes=NODES, outer="diloco", worker=None):
     """[(node or None for the whole job, argv, extra environment)] that start `nodes` (all
     three for MPI: its job restarts whole) at `incarnation`, platoon's nodes tied by
-    `outer`."""
+    `outer`; `worker(node, incarnation)`: an elastic node's worker command (default: the
+    race's own worker), each node then given its slot."""
     controller = ["--controller", CONTROLLER, "--controller-args"]
     if kind == "mpi":
         argv = hosts.mpiexec(mpiexec) + [
@@ -147,9 +148,13 @@ def node_commands(kind, settings, config_path, events_dir, checkpoint_dir, incar
                 sys.executable, "-m", "platoon.elastic.node", "--join",
                 "%s:%d" % (net.SWITCH_IP, LIGHTHOUSE_PORT), "--name", node,
                 "--host", net.ip_of(node), "--secret-file", secret_file,
-                "--tie-timeout-s", "%g" % settings.timeout_s] + controller + [
+                "--tie-timeout-s", "%g" % settings.timeout_s] + (
+                # a script's data split by its node's slot (`platoon.shard`)
+                ["--slot", str(NODES.index(node)), "--slots", str(len(NODES))] if worker
+                else []) + controller + [
                 "%s %d" % (events_dir, incarnation)] + settings.platoon_tie(outer) + [
-                "--"] + _worker(config_path, incarnation)
+                "--"] + (worker(node, incarnation) if worker else
+                         _worker(config_path, incarnation))
             out.append((node, argv, {"GLOO_SOCKET_IFNAME": net.DEVICE}))
         else:
             out.append((node, hosts.prefix(node) + _worker(config_path, incarnation),
@@ -187,8 +192,10 @@ def _wait_listening(hosts, deadline_s, proc):
 class Run:
     """The processes of one run and what is known about them."""
 
-    def __init__(self, member, settings, hosts, workdir, config_path, mpiexec, secret_file):
+    def __init__(self, member, settings, hosts, workdir, config_path, mpiexec, secret_file,
+                 worker=None):
         self.member, self.settings, self.hosts = member, settings, hosts
+        self.worker = worker  # an elastic node's worker command (`node_commands`)
         self.workdir, self.config_path = workdir, config_path
         self.events_dir = os.path.join(workdir, "events")
         self.checkpoint_dir = os.path.join(workdir, "checkpoints")
@@ -208,7 +215,8 @@ class Run:
             self.current[node] = index
         commands = node_commands(self.member.kind, self.settings, self.config_path,
                                  self.events_dir, self.checkpoint_dir, index, self.hosts,
-                                 self.mpiexec, self.secret_file, nodes, self.member.outer)
+                                 self.mpiexec, self.secret_file, nodes, self.member.outer,
+                                 self.worker)
         now = time.time()
         for node in nodes:
             self.incarnations[node, index] = Incarnation(node, now)

@@ -52,6 +52,9 @@ class JobEnvironment:
     assume_gpus: Optional[str] = None  # the launcher takes these GPUs ("0,3") as present
     elastic_secret_file: Optional[str] = None  # platoon.elastic: the job's secret
     elastic_node: Optional[str] = None  # platoon.elastic: the node's name (its data slot)
+    # a node runner's worker, started before its controller serves: the controller's ports
+    # come on this pipe (`platoon._worker.ports.await_ports`)
+    ports_fd: Optional[int] = None
 
     @classmethod
     def read(cls, *names: str) -> "JobEnvironment":
@@ -73,7 +76,7 @@ class JobEnvironment:
                 for field in dataclasses.fields(self) if getattr(self, field.name) is not None}
 
 
-def without_job_variables(env, *names):
+def without_job_variables(env: typing.Mapping[str, str], *names: str) -> typing.Dict[str, str]:
     """A copy of the environment mapping `env` without the variables of settings `names`
     (every ``PLATOON_*`` variable if none are given)."""
     if names:

@@ -15,22 +15,28 @@
   messages (`QuorumGroup`); the only module that imports torch, on first use.
 """
 
+import importlib
 from typing import TYPE_CHECKING
 
-from .client import LighthouseClient
-from .quorum import MembershipSettings, Quorum
-from .secret import generate_secret, load_secret
-from .store import StoreServer
-
 if TYPE_CHECKING:
+    from .client import LighthouseClient
     from .dataplane import QuorumGroup
+    from .quorum import MembershipSettings, Quorum
+    from .secret import generate_secret, load_secret
+    from .store import StoreServer
+
+# each name from its module when first used: a node starts its workers before it loads pyzmq
+# and numpy (the client, the tie), torch only when the data plane is used
+_HOMES = {"LighthouseClient": "client", "MembershipSettings": "quorum", "Quorum": "quorum",
+          "QuorumGroup": "dataplane", "StoreServer": "store", "generate_secret": "secret",
+          "load_secret": "secret"}
 
 
 def __getattr__(name: str) -> object:
-    if name == "QuorumGroup":  # torch only when the data plane is used
-        from . import dataplane
-        return getattr(dataplane, name)
-    raise AttributeError("module 'platoon.elastic' has no attribute %r" % name)
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError("module 'platoon.elastic' has no attribute %r" % name)
+    return getattr(importlib.import_module("." + home, __name__), name)
 
 
 __all__ = ["LighthouseClient", "MembershipSettings", "Quorum", "QuorumGroup", "StoreServer",

@@ -38,6 +38,7 @@ from .nodestatus import NodeStatus
 
 if TYPE_CHECKING:
     from .client import LighthouseClient
+    from .link import ElasticLink
     from .store import StoreServer
 
 log = logging.getLogger(__name__)
@@ -126,8 +127,7 @@ def run_elastic_node(worker_argv: Sequence[str], settings: ElasticNodeSettings, 
     rounds; after `settings.final_timeout_s` without one it keeps its own centre and ends.
     Its slot (I, N): its place among N node slots, by which its workers' data is split
     (`ElasticLink`)."""
-    from . import LighthouseClient, load_secret
-    from .link import ElasticLink
+    from .secret import load_secret
     from .store import StoreServer
     node, name = settings.node, settings.name
     num_workers = node.workers
@@ -164,22 +164,32 @@ def run_elastic_node(worker_argv: Sequence[str], settings: ElasticNodeSettings, 
     # centre exists (the node heartbeats once it can build its group)
     with _DataPlaneInBackground(functools.partial(StoreServer, secret=secret),
                                 node.host) as store:
-        def connect() -> "LighthouseClient":
-            address = store.get().address
-            say("platoon.elastic: node %s: data plane at %s" % (name, address))
-            return LighthouseClient(settings.join, name, address, secret=secret,
-                                    heartbeat_interval_s=heartbeat_interval_s)
+        # the workers first (the controller and its workers talk on this machine; the data
+        # plane is reached at `host`, where its store listens: see StoreServer): their
+        # start-up (python, the script's imports, data and model) overlaps the node's own
+        # from here on (its link's imports: numpy, pyzmq; its controller)
+        workers = Workers(worker_argv, num_workers, LOCAL_HOST, read_fd, reaper_fd, fail,
+                          node.ready_timeout_s, env, num_workers, "node-%s" % name)
+        try:
+            from . import link as elastic_link
+            from .client import LighthouseClient
 
-        link = ElasticLink(num_workers, connect, name, settings.tie, settings.tie_timeout_s, fail,
-                           started_at, settings.final_timeout_s, settings.slot)
+            def connect() -> "LighthouseClient":
+                address = store.get().address
+                say("platoon.elastic: node %s: data plane at %s" % (name, address))
+                return LighthouseClient(settings.join, name, address, secret=secret,
+                                        heartbeat_interval_s=heartbeat_interval_s)
+
+            link = elastic_link.ElasticLink(num_workers, connect, name, settings.tie,
+                                            settings.tie_timeout_s, fail, started_at,
+                                            settings.final_timeout_s, settings.slot)
+        except BaseException:
+            stop(workers.procs, WORKER_STOP_TIMEOUT_S, group=False)
+            raise
         say("platoon.elastic: node %s, controller pid %d, job %s, lighthouse %s"
             % (name, os.getpid(), job_id, settings.join))
         with NodeStatus(settings.status_file, name, link) as status:
             try:
-                # the controller and its workers talk on this machine; the data plane is
-                # reached at `host` (where its store listens: see StoreServer)
-                workers = Workers(worker_argv, num_workers, LOCAL_HOST, read_fd, reaper_fd,
-                                  fail, node.ready_timeout_s, env, num_workers, "node-%s" % name)
                 store.import_gloo_after(workers.started, workers.finished)
                 serve_then_finish(workers, node.controller, shlex.split(node.controller_args),
                                   link, LOCAL_HOST, node.serve_timeout_s, node.finish_timeout_s)

@@ -1,31 +1,47 @@
 """A node runner's parts, whichever way its node is linked to the others (``python -m
 platoon.mpi``: a rank of a fixed world; ``python -m platoon.elastic.node``: a node that comes
 and goes): its controller, run until it has served (`run_controller`, `serve_then_finish`),
-its workers, started once the controller serves and watched (`Workers`), their output relayed
+its workers, started as the controller starts and watched (`Workers`), their output relayed
 in whole lines, each attributed (`relay_lines`: ``[node-NAME/workerK] ...``), its command
 line's worker command (`parse_node_arguments`) and its one-line messages (`say`)."""
 
 import argparse
 import importlib
 import importlib.util
+import json
 import logging
 import os
 import runpy
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from typing import IO, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (
+    IO,
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Union,
+)
 
-from .._controller.handoff import offered
-from .._controller.services import NodeLinkProtocol
 from .._os.argv import join_option_values
-from .._os.environment import JobEnvironment, device_variables
+from .._os.environment import JobEnvironment, device_variables, without_job_variables
 from .._os.process import die_with_parent, read_announcement, stop
 from ..device import find_gpus, in_turn
 from ..errors import PlatoonError
 from . import reaper
+
+if TYPE_CHECKING:  # the controller's parts (numpy, pyzmq) load once the workers started
+    from .._controller.services import NodeLinkProtocol
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +88,19 @@ def relay_lines(source: IO[bytes], sink_fd: int, prefix: bytes, lock: threading.
                     writable = False
 
 
+def _hold_port(host: str) -> socket.socket:
+    """A TCP socket bound (SO_REUSEADDR, not listening) to a free port of `host`: no other
+    process gets that port, yet a listener with SO_REUSEADDR (zmq's) can bind it."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host if host not in ("*", "") else "0.0.0.0", 0))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def _kill_with_parent() -> None:
     """Child side of Popen: SIGKILL this process when the thread that started it dies."""
     die_with_parent(signal.SIGKILL)
@@ -102,11 +131,12 @@ def load_controller_class(spec: Optional[str]) -> type:
 
 
 def run_controller(controller: ControllerSpec, controller_args: Sequence[str],
-                   link: NodeLinkProtocol, host: str, serve_timeout: Optional[float]) -> None:
+                   link: "NodeLinkProtocol", host: str, serve_timeout: Optional[float]) -> None:
     """Run this node's controller with `link` as its node link, until it has served: a
     controller script (``file.py``, run as ``__main__`` with `controller_args`; its Controller
     takes the link, `offered`) or a class (or ``module:Class`` / ``file.py:Class``,
     default platoon.Controller), created and served."""
+    from .._controller.handoff import offered
     if isinstance(controller, str) and controller.endswith(".py"):
         sys.argv = [controller] + list(controller_args)
         sys.path.insert(0, os.path.dirname(os.path.abspath(controller)))
@@ -119,8 +149,9 @@ def run_controller(controller: ControllerSpec, controller_args: Sequence[str],
 
 
 class Workers:
-    """Starts this node's `count` workers running `argv` once the controller announces its
-    ports on `ready_fd` (within `ready_timeout_s`), each with `env` plus its own
+    """Starts this node's `count` workers running `argv` at once, while its controller starts,
+    and hands them the controller's ports once it announces them on `ready_fd` (within
+    `ready_timeout_s`; each worker waits for them in `Worker()`), each with `env` plus its own
     ``PLATOON_*`` settings and thread caps (`host_workers`: the workers of every node on
     this machine, among whom its cores are divided), registered with the node's reaper
     (`reaper_fd`); calls `fail(message)` as soon as one fails (the node's end; platoon.mpi's:
@@ -137,51 +168,122 @@ class Workers:
         self.ready_fd, self.reaper_fd = ready_fd, reaper_fd
         self._fail = fail
         self.ready_timeout_s, self.env = ready_timeout_s, dict(env)
+        # the controller's ports, held (bound, not listening) until it announces them: its
+        # workers start with them before it serves, and no other process takes them meanwhile
+        self._held = [_hold_port(host) for _ in ("control", "data")]
+        self.ports = {"control_port": self._held[0].getsockname()[1],
+                      "data_port": self._held[1].getsockname()[1]}
+        os.environ.update(JobEnvironment(**self.ports).to_env())  # for this node's controller
         self.procs: List["subprocess.Popen[bytes]"] = []
         self.started = threading.Event()
         self.finished = threading.Event()
         self.error: Optional[BaseException] = None
         self._relays: Dict[int, List[threading.Thread]] = {}  # by worker pid
+        self._restarting: Set[int] = set()  # pids of workers stopped to start them again
         self._write_lock = threading.Lock()  # one line at a time on the node's stdout/stderr
         self.thread = threading.Thread(target=self._run, name="platoon-workers", daemon=True)
         self.thread.start()
 
-    def _run(self) -> None:
-        try:
+    def _spawn(self, ports: Optional[List[int]], given: Mapping[str, Any]) -> None:
+        """Start the workers with the controller's ports `given`; with `ports` (a list), each
+        also gets a pipe on which the ports it announces come (`await_ports`), its write end
+        added to `ports`."""
+        devices = node_devices(self.count)
+        for index, device in enumerate(devices):
+            env = without_job_variables(self.env, "control_port", "data_port")
+            env.update(JobEnvironment(worker_index=index, host=self.host, device=device,
+                                      **given).to_env())
+            env.update(device_variables(device, devices, os.cpu_count() or 1, self.env,
+                                        host_workers=self.host_workers))
+            env.setdefault("PYTHONUNBUFFERED", "1")  # its lines as they come (a pipe)
+            pass_fds: Tuple[int, ...] = ()
+            if ports is not None:
+                read_end, write_end = os.pipe()
+                ports.append(write_end)
+                env.update(JobEnvironment(ports_fd=read_end).to_env())
+                pass_fds = (read_end,)
             try:
-                ready = read_announcement(self.ready_fd, self.ready_timeout_s)
-            finally:
-                os.close(self.ready_fd)
-            if ready is None:
-                return self._fail("the controller did not start serving within %.3g s (does "
-                                  "the controller script call serve()?)" % self.ready_timeout_s)
-            devices = node_devices(self.count)
-            for index, device in enumerate(devices):
-                env = dict(self.env)
-                env.update(JobEnvironment(control_port=ready["control_port"],
-                                          data_port=ready.get("data_port") or None,
-                                          worker_index=index, host=self.host,
-                                          device=device).to_env())
-                env.update(device_variables(device, devices, os.cpu_count() or 1, self.env,
-                                            host_workers=self.host_workers))
-                env.setdefault("PYTHONUNBUFFERED", "1")  # its lines as they come (a pipe)
                 proc = subprocess.Popen(self.argv, env=env, preexec_fn=_kill_with_parent,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                reaper.watch(self.reaper_fd, proc.pid)
-                self.procs.append(proc)
-                self._relay(proc, index)
-            self.started.set()
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        pass_fds=pass_fds)
+            finally:
+                for fd in pass_fds:
+                    os.close(fd)
+            reaper.watch(self.reaper_fd, proc.pid)
+            self.procs.append(proc)
+            self._relay(proc, index)
+
+    def _run(self) -> None:
+        ports: List[int] = []  # the write ends of the workers' pipes, until the ports go
+        early: List["subprocess.Popen[bytes]"] = []
+        try:
+            # the workers start at once, while the controller starts (their imports, data and
+            # model overlap its start-up), with the ports held for it
+            self._spawn(ports, self.ports)
+            early = list(self.procs)
             watchers = [threading.Thread(target=self._watch, args=(p,), daemon=True)
                         for p in self.procs]
             for w in watchers:
                 w.start()
+            try:
+                ready = read_announcement(self.ready_fd, self.ready_timeout_s)
+            finally:
+                os.close(self.ready_fd)
+                self._release()
+            if ready is None:
+                return self._fail("the controller did not start serving within %.3g s (does "
+                                  "the controller script call serve()?)" % self.ready_timeout_s)
+            given = {"control_port": ready["control_port"],
+                     "data_port": ready.get("data_port") or None}
+            if given["control_port"] != self.ports["control_port"] or given["data_port"] \
+                    not in (None, self.ports["data_port"]):
+                # the controller listens elsewhere (its script chose its own ports): the
+                # workers start again with those, as they see them in their environment
+                log.info("%s: the controller listens on %s, not on the ports held for it: "
+                         "its workers start again", self.label, given)
+                self._restart(early, ports)
+                self._spawn(None, given)
+                watchers = [threading.Thread(target=self._watch, args=(p,), daemon=True)
+                            for p in self.procs]
+                for w in watchers:
+                    w.start()
+            line = json.dumps(given).encode() + b"\n"
+            while ports:
+                fd = ports.pop()
+                try:
+                    os.write(fd, line)
+                except OSError:  # that worker is gone already: its watcher says so
+                    pass
+                finally:
+                    os.close(fd)
+            self.started.set()
             for w in watchers:
                 w.join()
         except BaseException as exc:
             self.error = exc
             self._fail("could not start the workers: %s" % exc)
         finally:
+            for fd in ports:  # never served: the workers waiting for ports see the pipe close
+                os.close(fd)
+            self._release()
             self.finished.set()
+
+    def _release(self) -> None:
+        """Let the held ports go (the controller has bound them, or never will)."""
+        while self._held:
+            self._held.pop().close()
+
+    def _restart(self, early: List["subprocess.Popen[bytes]"], ports: List[int]) -> None:
+        """Stop the workers started `early` (SIGKILL: none has registered: no controller
+        served them yet) and close their pipes."""
+        self._restarting.update(p.pid for p in early)
+        for proc in early:
+            proc.kill()
+        for proc in early:
+            proc.wait()
+            self.procs.remove(proc)
+        while ports:
+            os.close(ports.pop())
 
     def _relay(self, proc: "subprocess.Popen[bytes]", index: int) -> None:
         """Relay worker `index`'s stdout and stderr to the node's (file descriptors 1 and 2,
@@ -207,13 +309,13 @@ class Workers:
 
     def _watch(self, proc: "subprocess.Popen[bytes]") -> None:
         code = proc.wait()
-        if code != 0:
+        if code != 0 and proc.pid not in self._restarting:
             self.drain(pids=[proc.pid])  # its last words (a traceback) before the node's
             self._fail("worker pid %d exited with code %d" % (proc.pid, code))
 
 
 def serve_then_finish(workers: Workers, controller: ControllerSpec,
-                      controller_args: Sequence[str], link: NodeLinkProtocol, host: str,
+                      controller_args: Sequence[str], link: "NodeLinkProtocol", host: str,
                       serve_timeout: Optional[float], finish_timeout_s: float) -> None:
     """A node runner's middle (platoon.mpi's and an elastic node's): run its controller with
     `link` until the job ends, then stop `workers` still running `finish_timeout_s` later;

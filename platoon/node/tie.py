@@ -40,7 +40,9 @@ anchor it receives against its source's signed sha256. Then, the same decision o
 Rounds come every `every_s` (or `every_syncs`) from the last one's start, but a group's first
 round comes at once, and a node that hears of a newer quorum (a joiner's, the membership says)
 starts its next round at once, in which every member leaves for it: a joiner waits for no
-member's pace.
+member's pace. After a round that healed a joiner, the next one comes as soon as the joiner's
+workers have synced once from the anchor (at most its pace later): the other members start it
+at once and wait there for the joiner, whose first move is in it.
 
 A node whose workers are done hands its centre over once (its last move is in the next mean),
 then takes every anchor without contributing; when every member is done and handed over, each
@@ -75,6 +77,7 @@ log = logging.getLogger(__name__)
 
 LOCK_TIMEOUT_S = 60.0  # a worker stopped while holding the centre fails the tie
 IDLE_POLL_S = 0.05  # between rounds while some member's centre is not ready
+SYNC_POLL_S = 0.01  # a wait for the workers' syncs
 HALT_TIMEOUT_S = 10.0
 
 __all__ = ["CentreTie", "OUTER_RULES", "LOCK_TIMEOUT_S", "outer_step", "OuterRule", "DiLoCoOuter",
@@ -143,6 +146,11 @@ class NodeTie:
         self.healed_from: Optional[str] = None
         self.healed_after_s: Optional[float] = None  # from the node's start
         self.first_contribution_s: Optional[float] = None  # from the node's start
+        # on the way to it (seconds from the node's start): its centre, heartbeating, its group
+        self.milestones: Dict[str, float] = {}
+        # after a round that healed a joiner: -1 on the others (their next round at once), the
+        # joiner's sync count at its heal (its next round once its workers synced since)
+        self._after_joiner: Optional[int] = None
         self.final_rank: Optional[int] = None  # this node's rank in the final group
         self._handed_over = False
         self._done = threading.Event()
@@ -243,7 +251,9 @@ class NodeTie:
             while self.membership.changes and self.ctl.shared_centre is None:
                 if self._halt.wait(IDLE_POLL_S):
                     return
+            self._milestone("centre")
             self.membership.connect()
+            self._milestone("heartbeating")
             while not self._halt.is_set():
                 if self._final_overdue():
                     self._give_up()
@@ -252,6 +262,7 @@ class NodeTie:
                     self._group = self.membership.next_group(self._halt)
                     if self._group is None:
                         continue
+                    self._milestone("group")
                 self._wait_for_round()
                 if self._halt.is_set():
                     return
@@ -298,9 +309,14 @@ class NodeTie:
                     "the anchor of outer round %d, its last move in it" % self.round_no
                     if self._handed_over else "its last move in no anchor")
 
+    def _milestone(self, name: str) -> None:
+        """Note the first time this node reached `name` (seconds from its start)."""
+        self.milestones.setdefault(name, time.time() - self.started_at)
+
     def _leave_group(self) -> None:
         group, self._group = self._group, None
         self._group_rounds = 0
+        self._after_joiner = None  # a new group's rounds keep their own pace
         if group is not None:
             group.close()
 
@@ -312,19 +328,26 @@ class NodeTie:
         heard of (every member then leaves for it: a joiner waits for no pace)."""
         if self._group_rounds == 0:
             return
+        after_joiner, self._after_joiner = self._after_joiner, None
+        if after_joiner is not None and after_joiner < 0:
+            return  # a joiner was healed: this round waits for its first move, not for a pace
         tie, start = self.tie, self._last_start
         syncs = self.ctl.progress["syncs"] if tie.every_syncs is not None else 0
         group = self._group
         while not self._halt.is_set():
             if self._done.is_set() and (not self._handed_over or tie.every_s is None):
                 return
+            if after_joiner is not None:  # healed as a joiner: once its workers synced
+                if self.ctl.progress["syncs"] > after_joiner:
+                    return
             left = None if tie.every_s is None else start + tie.every_s - time.monotonic()
             if left is not None and left <= 0:
                 return
             if tie.every_syncs is not None:
                 if self.ctl.progress["syncs"] - syncs >= tie.every_syncs:
                     return
-                left = 0.01 if left is None else min(left, 0.01)  # syncs: a poll
+            if tie.every_syncs is not None or after_joiner is not None:
+                left = SYNC_POLL_S if left is None else min(left, SYNC_POLL_S)  # syncs: a poll
             if self.membership.changes and group is not None:
                 if self.membership.newest_quorum() > group.quorum.id:
                     log.debug("node %s: quorum %d heard of: leaving quorum %d before its pace",
@@ -390,10 +413,14 @@ class NodeTie:
         if decision.action == "first_anchor":
             self._first_anchor(group, [h.anchor_digest for h in headers])
         elif decision.action == "heal":
+            joiner = self.anchor is None
             self._heal(group, decision.source, decision.best, list(decision.differing),
                        headers[decision.source].anchor_digest)
             if decision.members:  # the outer round comes with the heal
                 self._outer_round(group, list(decision.members))
+                if any(headers[r].round_no < 0 for r in decision.differing):
+                    # the next round: once the joiner's workers synced from the anchor
+                    self._after_joiner = self.ctl.progress["syncs"] if joiner else -1
         elif decision.action in ("final", "end"):
             self._final(group, agreed=decision.action == "final")
             return True
@@ -522,6 +549,7 @@ class NodeTie:
             self._decided.set()
             self.healed_from = group.quorum.members[source]
             self.healed_after_s = time.time() - self.started_at
+            self.milestones.setdefault("healed", self.healed_after_s)
             log.warning("node %s: healed from %s in quorum %d (outer round %d), %.2f s after "
                         "its start", self.name, self.healed_from, group.quorum.id, best,
                         self.healed_after_s)
@@ -616,9 +644,10 @@ class NodeTie:
             self.first_contribution_s = time.time() - self.started_at
             if self.membership.changes:
                 log.warning("node %s: first contributing round %.2f s after its start (outer "
-                            "round %d; round %d of its group in quorum %d)", self.name,
-                            self.first_contribution_s, self.round_no, self._group_rounds,
-                            group.quorum.id)
+                            "round %d; round %d of its group in quorum %d; on the way: %s)",
+                            self.name, self.first_contribution_s, self.round_no,
+                            self._group_rounds, group.quorum.id, ", ".join(
+                                "%s %.2f s" % item for item in self.milestones.items()))
 
     def _final(self, group: Group, agreed: bool = True) -> None:
         """Every member is done and handed over: each centre is the anchor, the same bits.

@@ -218,3 +218,76 @@ def test_a_throttled_node_makes_about_half_the_others_steps(tmp_path):
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                            timeout=10).stdout
     assert "%s%d" % (link.PREFIX, pid) not in names
+
+
+def test_a_joiners_chain_on_a_script_comes_from_its_probe_and_its_nodes_line():
+    """The breakdown of `--script`: the probe's events (python's start, the script's first
+    line, its imports, the calls of its `main`) and the node's first-contribution line (its
+    milestones on the way), in seconds from the start command, in time order."""
+    from benchmarks.elastic_faults.script import breakdown
+    t = 1000.0
+    events = [{"ev": "probe", "t": t + 0.5, "process_started": t + 0.4, "first_line": t + 0.5},
+              {"ev": "imported", "name": "torch", "t": t + 2.0},
+              {"ev": "imported", "name": "platoon", "t": t + 2.1}] + [
+        {"ev": "returned", "name": name, "t": t + at} for name, at in [
+            ("ArgumentParser.parse_args", 2.2), ("__getattr__", 2.3),
+            ("renamed_keywords.<locals>.decorate.<locals>.accept_old_names", 2.4),
+            ("shard", 2.41), ("read_bytes", 2.6), ("batchify", 2.7), ("CharLM.__init__", 2.8),
+            ("Module.to", 2.9), ("PeriodicSync.__init__", 3.6)]]
+    log = ("2026-11-29 WARNING: node c: first contributing round 3.90 s after its start "
+           "(outer round 7; round 2 of its group in quorum 4; on the way: centre 3.00 s, "
+           "heartbeating 3.01 s, group 3.30 s, healed 3.50 s)\n")
+    steps, first = breakdown(t, events, log)
+    assert first == 3.9
+    assert steps == [("python started", 0.4), ("the script's first line", 0.5),
+                     ("torch imported", 2.0), ("platoon imported", 2.1),
+                     ("platoon's Worker class imported", 2.3), ("Worker() registered", 2.4),
+                     ("data read", 2.7), ("model built", 2.9),
+                     ("node: centre created (init_shared_params)", 3.0),
+                     ("node: heartbeating", 3.01), ("node: in its group", 3.3),
+                     ("node: healed", 3.5),
+                     ("sync set up (its first step from the anchor)", 3.6),
+                     ("first contributing round", 3.9)]
+    assert breakdown(t, events[:1], "")[1] is None  # killed before: what it reached
+
+
+@pytest.mark.slow  # about 35 s: three nodes start, one is killed and started again
+@pytest.mark.timeout(180)
+def test_the_script_race_gives_a_joiners_chain_on_examples_lm(tmp_path):
+    why = link.missing()
+    if why:
+        pytest.skip("network namespaces: " + why)
+    pytest.importorskip("torch")
+    cmd = [sys.executable, "-m", "benchmarks.elastic_faults", "--script", "--quick",
+           "--out", str(tmp_path)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        text, _ = proc.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)  # the race cleans up on SIGTERM
+        try:
+            text, _ = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            text, _ = proc.communicate()
+        pytest.fail("the script race did not finish in 150 s:\n" + text[-4000:])
+    finally:
+        link.remove_stale()
+        for pid in jobs._session_pids(proc.pid):  # noqa: SLF001
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 0, text[-4000:]
+    with open(tmp_path / "elastic_faults_script_quick.json") as f:
+        (run,) = json.load(f)["runs"]
+    steps = dict(run["steps"])
+    assert run["first_contribution_s"] == steps["first contributing round"] > 0
+    for name in ("python started", "torch imported", "Worker() registered", "model built",
+                 "node: centre created (init_shared_params)", "node: healed"):
+        assert 0 <= steps[name] <= run["first_contribution_s"], (name, run["steps"])
+    assert "| first contributing round |" in (tmp_path / "elastic_faults_script_quick.md"
+                                             ).read_text()
+    assert run["left_in_shm"] == []
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                           timeout=10).stdout
+    assert "%s%d" % (link.PREFIX, proc.pid) not in names

@@ -53,6 +53,7 @@ class _Centre:
 class _Controller:
     def __init__(self, values):
         self.shared_centre, self.centre_ready = _Centre(values), True
+        self.progress = {"minibatches": 0, "syncs": 0, "metrics": {}}  # its workers' syncs
 
 
 class _Group:

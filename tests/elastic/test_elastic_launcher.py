@@ -119,12 +119,15 @@ def test_launcher_elastic_job_survives_a_kill_restarts_the_node_healed_ends_on_o
         first, _ = launcher.wait_for_match(r"\[node-%s.restart1\] .* WARNING: node %s: first "
                                            r"contributing round (\S+) s after its start \(outer "
                                            r"round (\d+); round (\d+) of its group in quorum "
-                                           r"(\d+)\)" % (n[c], n[c]), 10, index)
+                                           r"(\d+); on the way: ([^)]*)\)" % (n[c], n[c]), 10,
+                                           index)
         # healed and stepped in its group's first round; its first move goes in the next
         # (round 2 of that group, unless a newer quorum came between)
         assert int(first.group(2)) >= int(healed.group(3)) + 2, (healed.group(0), first.group(0))
         assert first.group(3) == "2" or first.group(4) != healed.group(2), (
             healed.group(0), first.group(0))
+        assert [m.split(" ")[0] for m in first.group(5).split(", ")] == [
+            "centre", "heartbeating", "group", "healed"], first.group(0)
         stop.write_text("")
         assert launcher.wait(30) == 0, launcher.output
         summary = launcher.output[launcher.output.index("job summary"):]

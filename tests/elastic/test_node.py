@@ -62,3 +62,119 @@ def test_joiners_with_another_codec_or_model_are_refused_alone_and_the_others_en
         assert node.wait(30) == 0, node.output
     centres = [load_centre(str(tmp_path / (n + ".npz")))["param_0"] for n in "ab"]
     assert np.array_equal(centres[0], centres[1]) and np.isfinite(centres[0]).all()
+
+
+_PORTS_WORKER = (
+    "import os, sys; open(sys.argv[1], 'a').close()\n"
+    "print('ENV', os.environ.get('PLATOON_CONTROL_PORT'), 'PLATOON_PORTS_FD' in os.environ,\n"
+    "      flush=True)\n"
+    "from platoon._worker.ports import await_ports\n"
+    "env = await_ports(30)\n"
+    "print('PORTS', env.control_port, env.data_port, 'PLATOON_PORTS_FD' in os.environ,\n"
+    "      os.environ.get('PLATOON_DATA_PORT'), flush=True)\n")
+
+
+def _node_workers(tmp_path, failures):
+    """A node runner's Workers (one worker running `_PORTS_WORKER`), its controller's
+    announcement pipe's write end and the file the worker makes as it starts."""
+    import sys
+
+    from platoon.node.runner import Workers
+
+    from helpers import ROOT
+    started = tmp_path / "started"
+    ready_fd, announce_fd = os.pipe()
+    reaper_r, reaper_w = os.pipe()  # what the reaper would read: pids, unread here
+    workers = Workers([sys.executable, "-c", _PORTS_WORKER, str(started)], 1, "127.0.0.1",
+                      ready_fd, reaper_w, failures.append, 30.0,
+                      dict(os.environ, PYTHONPATH=ROOT, PLATOON_CONTROL_PORT="9"), 1, "node-t")
+    return workers, announce_fd, started, (reaper_r, reaper_w)
+
+
+def _announce(fd, control_port, data_port=None):
+    import json
+    os.write(fd, json.dumps({"control_port": control_port, "data_port": data_port}).encode()
+             + b"\n")
+
+
+def test_a_nodes_workers_start_while_its_controller_starts_and_get_its_ports_once_it_serves(
+        tmp_path, capfd, monkeypatch):
+    """A node runner starts its workers at once, not once its controller serves (their
+    imports, data and model overlap its start-up), with the ports it holds for the controller
+    in their environment (PLATOON_CONTROL_PORT, for a script that reads it itself) and in its
+    own (the controller binds them); `Worker()` waits (`await_ports`) for the ports the
+    controller announces, which the runner hands over when it serves. A controller that
+    listens elsewhere has its workers started again with its ports; one that never serves
+    fails the node."""
+    from helpers import wait_until
+    monkeypatch.setenv("PLATOON_CONTROL_PORT", "0")  # as a node runner sets it
+    failures = []
+    workers, announce_fd, started, fds = _node_workers(tmp_path, failures)
+    held = workers.ports["control_port"]
+    try:
+        assert os.environ["PLATOON_CONTROL_PORT"] == str(held) != "9"  # for its controller
+        wait_until(started.exists, 20, "the worker to start before its controller serves")
+        assert not workers.started.is_set()
+        _announce(announce_fd, held)  # (no data port opened)
+        assert workers.finished.wait(30)
+        assert workers.procs[0].wait(10) == 0 and failures == []
+        out = capfd.readouterr().out
+        assert "ENV %d True" % held in out
+        assert "PORTS %d None False None" % held in out  # the held data port dropped
+    finally:
+        os.close(announce_fd)
+        for fd in fds:
+            os.close(fd)
+
+    failures = []
+    started.unlink()
+    workers, announce_fd, started, fds = _node_workers(tmp_path, failures)
+    try:
+        wait_until(started.exists, 20, "the worker to start before its controller serves")
+        _announce(announce_fd, 4321, 4322)  # its script chose its own ports
+        assert workers.finished.wait(30)
+        assert [p.returncode for p in workers.procs] == [0] and failures == []
+        out = capfd.readouterr().out
+        # the first worker stopped as it waited; started again with the controller's ports
+        assert "ENV 4321 False" in out and out.count("PORTS") == 1, out
+        assert "PORTS 4321 4322 False 4322" in out
+    finally:
+        os.close(announce_fd)
+        for fd in fds:
+            os.close(fd)
+
+    failures = []
+    started.unlink()
+    workers, announce_fd, started, fds = _node_workers(tmp_path, failures)
+    try:
+        wait_until(started.exists, 20, "the worker to start before its controller serves")
+        os.close(announce_fd)  # the controller died before it served
+        assert workers.finished.wait(30)
+        assert workers.procs[0].wait(10) != 0  # ended with its runner's thread
+        assert "did not start serving" in failures[0]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def test_a_worker_waiting_for_its_ports_is_told_when_its_controller_never_serves(monkeypatch):
+    """`await_ports`: the runner's pipe closed before any ports came is ControllerGone, no
+    ports within the timeout ControllerTimeout, each saying what to do."""
+    import pytest
+
+    from platoon._worker.ports import await_ports
+    from platoon.errors import ControllerGone, ControllerTimeout
+    monkeypatch.delenv("PLATOON_CONTROL_PORT", raising=False)
+    read_fd, write_fd = os.pipe()
+    os.close(write_fd)
+    monkeypatch.setenv("PLATOON_PORTS_FD", str(read_fd))
+    with pytest.raises(ControllerGone, match="controller failed to start: see the node's log"):
+        await_ports(10)
+    read_fd, write_fd = os.pipe()
+    monkeypatch.setenv("PLATOON_PORTS_FD", str(read_fd))
+    try:
+        with pytest.raises(ControllerTimeout, match="give the worker a longer timeout_s"):
+            await_ports(0.1)
+    finally:
+        os.close(write_fd)
+    assert "PLATOON_PORTS_FD" not in os.environ

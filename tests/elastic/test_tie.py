@@ -171,16 +171,18 @@ def test_an_easgd_round_makes_the_anchor_the_mean_and_moves_each_centre_by_beta(
     assert done._handed_over
 
 
-def _others_header(settings=None, values=2, round_no=3, rank=1, anchor_digest=b"\1" * 32):
+def _others_header(settings=None, values=2, round_no=3, rank=1, anchor_digest=b"\1" * 32,
+                   ready=2):
     """The packed, signed header (with _NoLighthouse's secret) of `rank` of _Group's quorum,
-    with the job's settings unless `settings`, a centre of `values` float32, `round_no` and
-    the sha256 of its anchor and momentum `anchor_digest`."""
+    with the job's settings unless `settings`, a centre of `values` float32 (`ready`: 2 it
+    holds values, 1 awaits them), `round_no` and the sha256 of its anchor and momentum
+    `anchor_digest`."""
     import hashlib
 
     from platoon.mpi import CentreTie
     from platoon.node.decision import RoundHeader, door_settings, layout_summary
     layout = [{"dtype": "float32", "shape": [values]}]
-    header = RoundHeader(2, False, False, round_no, 7, anchor_digest,
+    header = RoundHeader(ready, False, False, round_no, 7, anchor_digest,
                          hashlib.sha256(repr(layout).encode()).digest(),
                          settings or door_settings(CentreTie(0.05, outer="diloco",
                                                              compress="float32")),
@@ -244,6 +246,62 @@ def test_a_joiner_is_healed_and_takes_the_outer_step_in_the_same_round():
     expected = _stepped(anchor, [1.0, 1.0])
     np.testing.assert_allclose(tie.anchor[0], expected)
     np.testing.assert_allclose(centre.arrays[0], expected)
+
+
+def _healed_a_joiner(tie, rank, source, payload):
+    """`tie`, rank `rank` of a quorum of two with rank 1 a joiner (no anchor), makes the round
+    that heals it from `source` (rank 0's header) with rank 0's move in its outer round; its
+    pace is then 1000 s."""
+    import time
+
+    from platoon.node.tie import CentreTie
+    tie._group = _Group(rank, 2, payload=payload, mean=lambda move, among: np.ones_like(move),
+                        rows=lambda own: np.stack([source, own] if rank else [own, joiner]))
+    joiner = _others_header(round_no=-1, rank=1, ready=1, anchor_digest=bytes(32))
+    assert not tie._round()
+    tie.tie = CentreTie(1000.0, outer="diloco", compress="float32")
+    tie._last_start = time.monotonic()
+
+
+def test_after_a_joiners_heal_the_next_round_comes_once_its_workers_synced_not_at_the_pace():
+    """The round that heals a joiner is followed by the joiner's first contributing round as
+    soon as its workers synced once from the anchor: the joiner waits for that sync (not its
+    1000 s pace), the other members start that round at once (and wait in it for the
+    joiner)."""
+    import threading
+
+    anchor, velocity = np.array([5.0, 5.0], np.float32), np.zeros(2, np.float32)
+    source = _others_header(round_no=5, rank=0, anchor_digest=_sha256([anchor, velocity]))
+    payload = np.frombuffer(anchor.tobytes() + velocity.tobytes(), np.uint8)
+    joiner, centre, _ = _tie([9.0, 9.0], [0.0, 0.0])
+    joiner.anchor = joiner.velocity = joiner._feedback = None
+    joiner.round_no, joiner.ctl.centre_ready = -1, False
+    joiner._awaiting.set()
+    _healed_a_joiner(joiner, 1, source, payload)
+    assert joiner.heals == 1 and joiner.first_contribution_s is None
+    waiting = threading.Thread(target=joiner._wait_for_round, daemon=True)
+    waiting.start()
+    waiting.join(0.3)
+    assert waiting.is_alive()  # no sync yet: it waits
+    joiner.ctl.progress["syncs"] += 1  # its workers' first sync from the anchor
+    waiting.join(10)
+    assert not waiting.is_alive()
+
+    member, _, _ = _tie([1.0, 1.0], [0.0, 0.0])
+    member.round_no = 5
+    member.anchor, member.velocity = [anchor.copy()], [velocity.copy()]
+    _healed_a_joiner(member, 0, None, payload)
+    assert member.round_no == 6
+    waiting = threading.Thread(target=member._wait_for_round, daemon=True)
+    waiting.start()
+    waiting.join(10)
+    assert not waiting.is_alive()  # at once
+    waiting = threading.Thread(target=member._wait_for_round, daemon=True)
+    waiting.start()
+    waiting.join(0.3)
+    assert waiting.is_alive()  # the round after: its pace again
+    member.halt(5)
+    waiting.join(10)
 
 
 def test_a_member_waiting_for_its_pace_leaves_at_once_when_it_hears_of_a_newer_quorum():

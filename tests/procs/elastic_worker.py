@@ -36,6 +36,7 @@ def main():
             print("SHARD refused: %s" % exc, flush=True)
         weights = np.random.default_rng(0).normal(size=features).astype(np.float32)
         w.init_shared_params([weights], EASGD(0.5))
+        assert w.start_together() is False  # as PeriodicSync does: no barrier across nodes
         data = np.random.default_rng(zlib.crc32(node.encode()) + w.local_rank)
         end = time.monotonic() + seconds
         stop = sys.argv[2] if len(sys.argv) > 2 else None
