@@ -251,8 +251,10 @@ def test_a_joiners_chain_on_a_script_comes_from_its_probe_and_its_nodes_line():
     assert breakdown(t, events[:1], "")[1] is None  # killed before: what it reached
 
 
-@pytest.mark.slow  # about 35 s: three nodes start, one is killed and started again
+@pytest.mark.slow
 @pytest.mark.timeout(180)
+@long_run("three nodes start, one is killed and started again, about 35 s; its breakdown is "
+          "checked above from a probe's and a node's lines")
 def test_the_script_race_gives_a_joiners_chain_on_examples_lm(tmp_path):
     why = link.missing()
     if why:
