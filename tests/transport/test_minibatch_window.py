@@ -185,11 +185,12 @@ def test_streaming_workers_with_room_take_minibatches_in_turn(serve):
     for t in workers:
         t.start()
     try:
-        # until each has taken one: both are in line, with room to spare
-        for i in range(2000):
+        # until each has taken one: both are in line, with room to spare (bounded in time,
+        # not in count: under load one worker may take thousands before the other registers)
+        deadline, i = time.monotonic() + 30, 0
+        while not (got[0] and got[1]) and time.monotonic() < deadline:
             ctl.send_mb([np.array([i])], timeout_s=10)
-            if got[0] and got[1]:
-                break
+            i += 1
         assert got[0] and got[1], "one worker took every minibatch: %s" % errors
         # until both have worked through what they hold (a worker slow to start can hold a
         # full window): each is in line again with all its room
