@@ -101,10 +101,10 @@ def patch_accelerator() -> None:
         return result
 
     prepare_.platoon_worker = True  # type: ignore[attr-defined]
-    Accelerator.prepare = prepare_  # type: ignore[method-assign]
-    Accelerator.backward = backward_  # type: ignore[method-assign]
-    Accelerator.save_state = save_state_  # type: ignore[method-assign]
-    Accelerator.load_state = load_state_  # type: ignore[method-assign]
+    Accelerator.prepare = prepare_
+    Accelerator.backward = backward_
+    Accelerator.save_state = save_state_
+    Accelerator.load_state = load_state_
 
 
 patch_accelerator()

@@ -138,7 +138,7 @@ class PlatoonCallback(TrainerCallback):
         # get_last_checkpoint(output_dir) before the Trainer is made) finds none in the shared
         # output_dir, where the workers' are not, and trains from scratch: say so.
         own_dir = self.trainer.args.output_dir
-        if own_dir == self._shared_dir or not os.path.isdir(own_dir):
+        if own_dir is None or own_dir == self._shared_dir or not os.path.isdir(own_dir):
             return
         last = get_last_checkpoint(own_dir)
         if last is not None:

@@ -163,7 +163,7 @@ def training_function(config, args):
 
         model.eval()
         predictions, references = [], []
-        for step, batch in enumerate(eval_dataloader):
+        for batch in eval_dataloader:
             batch.to(accelerator.device)
             with torch.no_grad():
                 outputs = model(**batch)

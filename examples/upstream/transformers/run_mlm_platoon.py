@@ -14,8 +14,8 @@ grouped here, and accuracy is computed with numpy. As transformers 5 has no
 none is trained into. Its diff to run_mlm_platoon.py is docs/huggingface.md's. Example (a
 tokenizer from make_tokenizer.py):
 
-    python run_mlm.py --model_type bert --config_overrides \
-        vocab_size=500,hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64 \
+    python run_mlm.py --model_type bert --config_overrides vocab_size=500,hidden_size=32,\
+num_hidden_layers=1,num_attention_heads=2,intermediate_size=64 \
         --tokenizer_name tok --train_file train.txt --validation_file valid.txt \
         --max_seq_length 32 --do_train --do_eval --output_dir out --max_steps 20
 """
