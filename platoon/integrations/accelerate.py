@@ -350,12 +350,15 @@ class LocalSGD:
             self._job.give_pending()
 
     def state_dict(self) -> Dict[str, Any]:
-        """The sync phase and whose it is (``{"platoon_steps": n, "num_steps": m, "worker":
-        "workerK"}``, worker None alone): ``accelerator.register_for_checkpointing(local_sgd)``
-        saves it with ``save_state`` and ``load_state`` restores it."""
-        return {"platoon_steps": 0 if self.sync is None else self.sync.steps,
-                "num_steps": self.num_steps,
-                "worker": None if self._job is None else self._job.directory}
+        """The sync phase (``{"platoon_steps": n, "num_steps": m}``) and, in a job of several
+        workers, whose it is (``"worker": "workerK"``):
+        ``accelerator.register_for_checkpointing(local_sgd)`` saves it with ``save_state``
+        and ``load_state`` restores it."""
+        state: Dict[str, Any] = {"platoon_steps": 0 if self.sync is None else self.sync.steps,
+                                 "num_steps": self.num_steps}
+        if self._job is not None and self._job.directory is not None:
+            state["worker"] = self._job.directory
+        return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restore the sync phase; a checkpoint another worker (or a run alone) saved
