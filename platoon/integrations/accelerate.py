@@ -109,6 +109,7 @@ class _Job:
         self.pending = 0  # real optimizer steps counted, not yet given to the sync
         self.directory: Optional[str] = None  # workerK in a job of several workers
         self.seed_offset = 0
+        self.auto = False  # accelerate_auto's worker: syncs in the step hook, no step() calls
         slot = worker_slot(self.worker)
         if slot is not None:  # each worker shuffles and draws dropout its own way
             self.directory, self.seed_offset = slot
@@ -128,6 +129,24 @@ class _Job:
     def _stepped(self):
         if self.block is not None and not self.finished:
             self.pending += 1
+            if self.auto:  # no step() to wait for: sync right after the optimizer's step
+                self.give_pending()
+
+    def own_path(self, path: str) -> str:
+        """`path/workerK` in a job of several workers (`path` if it is already that), else
+        `path`."""
+        if self.directory is None or os.path.normpath(path).endswith(
+                os.sep + os.path.normpath(self.directory)):
+            return path
+        return os.path.join(path, self.directory)
+
+    def resumed_from(self, saved_by: Optional[str]) -> None:
+        """A checkpoint's states were loaded; `saved_by`: the ``workerK`` that saved it (None:
+        a run alone, or no platoon state). Another's (a run alone's, say, loaded by every
+        worker) restored its RNG states in each worker alike: reseed torch as at the start, so
+        that each worker draws its own batches and dropout again."""
+        if self.directory is not None and saved_by != self.directory:
+            torch.manual_seed((torch.initial_seed() + self.seed_offset) % 2 ** 64)
 
     def give_pending(self) -> None:
         """Give the sync the real steps counted (it syncs on its multiples)."""
@@ -149,6 +168,7 @@ class _Job:
             raise ValueError("this accelerator's worker was made by its first LocalSGD; a "
                              "later one continues it and takes no other worker")
         self.sync.sync_every = local_sgd_steps
+        self.auto = False  # the script counts with step() from here
         if evaluate is not None:
             self.sync.evaluate = evaluate
 
@@ -330,16 +350,24 @@ class LocalSGD:
             self._job.give_pending()
 
     def state_dict(self) -> Dict[str, Any]:
-        """The sync phase (``{"platoon_steps": n, "num_steps": m}``):
+        """The sync phase (``{"platoon_steps": n, "num_steps": m}``) and, in a job of several
+        workers, whose it is (``"worker": "workerK"``):
         ``accelerator.register_for_checkpointing(local_sgd)`` saves it with ``save_state``
         and ``load_state`` restores it."""
-        return {"platoon_steps": 0 if self.sync is None else self.sync.steps,
-                "num_steps": self.num_steps}
+        state: Dict[str, Any] = {"platoon_steps": 0 if self.sync is None else self.sync.steps,
+                                 "num_steps": self.num_steps}
+        if self._job is not None and self._job.directory is not None:
+            state["worker"] = self._job.directory
+        return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore the sync phase; a checkpoint another worker (or a run alone) saved
+        reseeds torch after ``load_state`` restored its RNG states (`_Job.resumed_from`)."""
         self.num_steps = int(state.get("num_steps", self.num_steps))
         if self.sync is not None:
             self.sync.load_state_dict({"platoon_steps": state["platoon_steps"]})
+        if self._job is not None:
+            self._job.resumed_from(state.get("worker"))
 
     def finish(self) -> Optional[Dict[str, Any]]:
         """End this worker's training in the job now rather than at the script's end: give
@@ -359,4 +387,20 @@ class LocalSGD:
             self._job.close()
 
 
-__all__ = ["LocalSGD"]
+def start_worker(accelerator: Accelerator, sync_every: int) -> Optional[LocalSGD]:
+    """`accelerator`'s worker, syncing every `sync_every` real optimizer steps right after
+    the step (no ``step()`` to call), made once the accelerator has prepared one model and
+    one optimizer (`accelerate_auto`); None before that, or when a LocalSGD already made
+    it. A script's own LocalSGD continues it (and counts with its ``step()`` from then)."""
+    if getattr(accelerator, "_platoon_job", None) is not None \
+            or len(getattr(accelerator, "_models", [])) != 1 \
+            or len(getattr(accelerator, "_optimizers", [])) != 1:
+        return None
+    block = LocalSGD(accelerator=accelerator, model=accelerator._models[0],  # noqa: SLF001
+                     local_sgd_steps=sync_every)
+    assert block._job is not None  # noqa: SLF001
+    block._job.auto = True  # noqa: SLF001
+    return block
+
+
+__all__ = ["LocalSGD", "start_worker"]

@@ -24,6 +24,7 @@ from typing import Any, Dict, Optional, Union
 
 try:
     from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers.trainer_utils import get_last_checkpoint
 except ImportError as exc:
     raise ImportError("platoon.integrations.huggingface needs Hugging Face Transformers: "
                       "pip install 'platoon-dp[huggingface]' (in platoon's clone: "
@@ -126,9 +127,27 @@ class PlatoonCallback(TrainerCallback):
 
         def own_train(resume_from_checkpoint: Union[str, bool, None] = None, *args: Any,
                       **kwargs: Any) -> Any:
+            if not resume_from_checkpoint:
+                self._say_if_not_resumed()
             return train(self.own_checkpoint(resume_from_checkpoint), *args, **kwargs)
         own_train.__doc__ = train.__doc__
         trainer.train = own_train  # type: ignore[method-assign]
+
+    def _say_if_not_resumed(self) -> None:
+        # A script that looks for its last checkpoint itself (transformers' run_mlm.py:
+        # get_last_checkpoint(output_dir) before the Trainer is made) finds none in the shared
+        # output_dir, where the workers' are not, and trains from scratch: say so.
+        own_dir = self.trainer.args.output_dir
+        if own_dir is None or own_dir == self._shared_dir or not os.path.isdir(own_dir):
+            return
+        last = get_last_checkpoint(own_dir)
+        if last is not None:
+            print("platoon %s: training starts from scratch although this worker's %s holds "
+                  "%s; a script that looks for its last checkpoint in %s finds none there "
+                  "(each worker's are under its own workerK): pass resume_from_checkpoint="
+                  "\"last\" (--resume_from_checkpoint last) to resume each worker from its own"
+                  % (os.path.relpath(own_dir, self._shared_dir), own_dir, os.path.basename(last),
+                     self._shared_dir), flush=True)
 
     def own_checkpoint(self, checkpoint: Union[str, bool, None]) -> Union[str, bool, None]:
         """A ``resume_from_checkpoint`` made this worker's: True or "last" (any case; "true"

@@ -9,12 +9,13 @@ import difflib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
 import pytest
 
-from helpers import ROOT, launcher_cmd, run_launcher
+from helpers import ROOT, launcher_cmd, long_run, run_launcher
 
 UPSTREAM = os.path.join(ROOT, "examples", "upstream")
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -147,11 +148,130 @@ def test_lightnings_autoencoder_example_with_the_strategy_chosen_by_a_flag(tmp_p
                              r"\(ckpt_path='best' after fit\)" % (k, k, what), out), out
 
 
+def stdlib_text(tmp_path):
+    """train.txt and valid.txt: standard-library modules, read offline."""
+    stdlib = os.path.dirname(os.__file__)
+    for name, files in (("train.txt", ("argparse.py", "ast.py")), ("valid.txt", ("bisect.py",))):
+        with open(tmp_path / name, "w") as out:
+            for source in files:
+                with open(os.path.join(stdlib, source)) as f:
+                    out.write(f.read())
+
+
+@long_run("four Trainer jobs importing transformers, about 80 s")
+def test_run_mlm_alone_then_two_workers_resumed_from_their_own_last_checkpoint(tmp_path):
+    """transformers' run_mlm.py (random masking by DataCollatorForLanguageModeling, the last
+    checkpoint detected in --output_dir by the script) plus the one import: alone, bf16 and
+    accumulation 2, to step 4; two workers to step 4 under `both`; run again to step 8 with
+    no resume option, the script finds no checkpoint in `both` (each worker's is under its
+    own workerK) and trains from scratch, and each worker says so and how to resume; with
+    --resume_from_checkpoint last each resumes from its own checkpoint-8 to step 12: 2 x 4
+    steps x 2 batches = 16 minibatches."""
+    pytest.importorskip("transformers", reason="run_mlm.py needs transformers")
+    stdlib_text(tmp_path)
+    code, out = alone("transformers/make_tokenizer.py", ["train.txt", "tok"], tmp_path)
+    assert code == 0, out
+    common = ["--model_type", "bert", "--config_overrides",
+              "vocab_size=500,hidden_size=32,num_hidden_layers=1,num_attention_heads=2,"
+              "intermediate_size=64,max_position_embeddings=64",
+              "--tokenizer_name", "tok", "--train_file", "train.txt", "--validation_file",
+              "valid.txt", "--max_seq_length", "32", "--do_train", "--do_eval",
+              "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2",
+              "--bf16", "--use_cpu", "--report_to", "none", "--max_eval_samples", "16",
+              "--disable_tqdm", "true", "--save_steps", "4"]
+    code, out = alone("transformers/run_mlm_platoon.py",
+                      common + ["--output_dir", "out", "--max_steps", "4"], tmp_path)
+    assert code == 0, out
+    assert "eval_accuracy" in out and "platoon worker" not in out, out
+    assert (tmp_path / "out" / "checkpoint-4").is_dir()
+    runs = ((["--max_steps", "4"], "16"), (["--max_steps", "8"], "32"),
+            (["--max_steps", "12", "--resume_from_checkpoint", "last"], "16"))
+    for k, (extra, batches) in enumerate(runs):
+        shutil.rmtree(tmp_path / "logs", ignore_errors=True)  # the launcher's, one job's
+        code, out = launched("transformers/run_mlm_platoon.py",
+                             common + ["--output_dir", "both"] + extra, tmp_path)
+        assert code == 0, out
+        assert re.search(SUMMARY, out).group(1) == batches, out
+        assert ("training starts from scratch although this worker's" in out) == (k == 1), out
+    for k in range(2):
+        saved = state(tmp_path / "both" / ("worker%d" % k) / "checkpoint-12" /
+                      "trainer_state.json")
+        assert saved["stateful_callbacks"]["platoon"] == {"platoon_steps": 12}, saved
+
+
+def torch_rng(folder):
+    import torch  # accelerate's extra brings it
+    return torch.load(os.path.join(folder, "random_states_0.pkl"),
+                      weights_only=False)["torch_manual_seed"]
+
+
+@long_run("two Accelerate jobs importing transformers, about 30 s")
+def test_accelerates_checkpointing_example_alone_then_two_workers_from_its_checkpoint(tmp_path):
+    """accelerate's by_feature/checkpointing.py plus `import
+    platoon.integrations.accelerate_auto` (no LocalSGD in it to replace): alone, bf16,
+    accumulation 2 (batch 16 over MAX_GPU_BATCH_SIZE 8), save_state every 12 batches; two
+    workers resumed from its step_12 (load_state of a path no worker has under its own
+    workerK: taken as it is by both) train epochs 1 (its last 4 batches) and 2: 2 x 12 =
+    24 minibatches, 6 optimizer steps each from platoon step 6, a sync at 8 and 12: 4 syncs;
+    each saves under its own step_12/workerK with its sync phase, and its RNG state there is
+    its own (reseeded after loading the run alone's: not the same batches twice)."""
+    pytest.importorskip("accelerate", reason="checkpointing.py needs accelerate")
+    args = ["--cpu", "--mixed_precision", "bf16", "--checkpointing_steps", "12"]
+    code, out = alone("accelerate/checkpointing_platoon.py", args + ["--output_dir", "out"],
+                      tmp_path)
+    assert code == 0, out
+    assert "epoch 2: {'accuracy'" in out, out
+    with open(tmp_path / "out" / "step_12" / "platoon_state.json") as f:
+        assert json.load(f) == {"platoon_steps": 6, "worker": None}
+    code, out = launched("accelerate/checkpointing_platoon.py", args + [
+        "--output_dir", "both", "--resume_from_checkpoint", "out/step_12"], tmp_path)
+    assert code == 0, out
+    assert re.search(SUMMARY, out).groups() == ("24", "4"), out
+    for k in range(2):
+        assert "[worker%d] epoch 2: {'accuracy'" % k in out, out
+        with open(tmp_path / "both" / "step_12" / ("worker%d" % k) / "platoon_state.json") as f:
+            assert json.load(f) == {"platoon_steps": 10, "worker": "worker%d" % k}
+    rngs = [torch_rng(tmp_path / "both" / "step_12" / ("worker%d" % k)) for k in range(2)]
+    assert not bool((rngs[0] == rngs[1]).all())
+
+
+@long_run("two Lightning jobs, about 60 s")
+def test_lightnings_transformer_example_alone_then_two_workers_from_its_checkpoint(tmp_path):
+    """Lightning's basics/transformer.py, a plain Trainer(...) script (gradient clipping, SGD),
+    plus `import platoon.integrations.lightning_auto`: alone, bf16-mixed and accumulation 2,
+    to step 4 and its checkpoint; two workers resumed from it with fit(ckpt_path=...) to
+    step 8: 2 x 4 steps x 2 batches = 16 minibatches, one sync each at platoon step 8;
+    checkpoints under lightning_logs/workerK; test(model, ...) after fit runs on the centre
+    and each worker says so; one final result."""
+    pytest.importorskip("lightning", reason="transformer.py needs lightning")
+    args = ["--accumulate_grad_batches", "2", "--precision", "bf16-mixed"]
+    code, out = alone("lightning/transformer_platoon.py", args + ["--max_steps", "4"],
+                      tmp_path)
+    assert code == 0, out
+    assert "test_loss" in out and "platoon worker" not in out, out
+    ckpt = os.path.join("lightning_logs", "version_0", "checkpoints", "epoch=0-step=4.ckpt")
+    assert (tmp_path / ckpt).exists(), out
+    code, out = launched("lightning/transformer_platoon.py",
+                         args + ["--max_steps", "8", "--ckpt_path", ckpt], tmp_path)
+    assert code == 0, out
+    assert re.search(SUMMARY, out).groups() == ("16", "2"), out
+    assert re.search(r"final result \(the final centre, evaluated once by worker \d\): val_loss",
+                     out), out
+    for k in range(2):
+        assert (tmp_path / "lightning_logs" / ("worker%d" % k) / "checkpoints" /
+                "epoch=0-step=8.ckpt").exists()
+        assert re.search(r"\[worker%d\] platoon worker%d: this test runs on the" % (k, k), out)
+
+
 # -- the diffs the docs show --
 
 DIFFS = [  # (doc, original, platoon's, lines added, lines removed)
     ("huggingface.md", "transformers/run_clm.py", "transformers/run_clm_platoon.py", 1, 0),
     ("accelerate.md", "accelerate/local_sgd.py", "accelerate/local_sgd_platoon.py", 1, 1),
+    ("huggingface.md", "transformers/run_mlm.py", "transformers/run_mlm_platoon.py", 1, 0),
+    ("accelerate.md", "accelerate/checkpointing.py", "accelerate/checkpointing_platoon.py",
+     1, 0),
+    ("lightning.md", "lightning/transformer.py", "lightning/transformer_platoon.py", 1, 0),
 ]
 
 
@@ -176,10 +296,11 @@ def test_the_docs_show_each_upstream_examples_diff_and_it_is_one_line(doc, origi
 
 
 def test_lightnings_autoencoder_needs_no_line_and_the_docs_give_its_flag():
-    """There is no platoon copy of autoencoder.py (the flag is all), and docs/lightning.md
-    shows the command with the flag that the test above runs."""
+    """There is no platoon copy of autoencoder.py (the flag is all: the only platoon copy is
+    the Trainer(...) script's), and docs/lightning.md shows the command with the flag that the
+    test above runs."""
     scripts = [n for n in os.listdir(os.path.join(UPSTREAM, "lightning")) if n.endswith(".py")]
-    assert scripts == ["autoencoder.py"]
+    assert sorted(scripts) == ["autoencoder.py", "transformer.py", "transformer_platoon.py"]
     with open(os.path.join(ROOT, "docs", "lightning.md")) as f:
         doc = f.read()
     assert ("platoon-launcher -n 2 examples/upstream/lightning/autoencoder.py -- "

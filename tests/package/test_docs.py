@@ -100,6 +100,7 @@ NOT_IN_THE_REPO = {
     "my_worker.py": "a user's script in an example command line",
     "train.py": "a user's script in an example command line",
     "trainer_state.json": "the Hugging Face Trainer writes it into each checkpoint",
+    "platoon_state.json": "accelerate_auto writes it into each save_state's directory",
     "benchmarks/results/language_model_quick.*": "written by `--quick` runs, not kept",
     "benchmarks/results/time_to_accuracy_quick.*": "written by `--quick` runs, not kept",
 }
@@ -109,7 +110,8 @@ OTHER_PROGRAMS_FLAGS = {
     "--overlap": "examples/lstm/lstm_worker.py's own option (a user script's)",
 }
 # examples/upstream: the frameworks' example scripts' own options (transformers' run_clm.py
-# and its TrainingArguments, accelerate's local_sgd.py).
+# run_mlm.py and their TrainingArguments, accelerate's local_sgd.py and checkpointing.py,
+# Lightning's transformer.py).
 OTHER_PROGRAMS_FLAGS.update((flag, "an examples/upstream script's own option") for flag in (
     "--mixed_precision",
     "--gradient_accumulation_steps",
@@ -128,6 +130,15 @@ OTHER_PROGRAMS_FLAGS.update((flag, "an examples/upstream script's own option") f
     "--report_to",
     "--max_steps",
     "--resume_from_checkpoint",
+    "--output_dir",
+    "--save_steps",
+    "--line_by_line",
+    "--max_seq_length",
+    "--mlm_probability",
+    "--checkpointing_steps",
+    "--accumulate_grad_batches",
+    "--precision",
+    "--ckpt_path",
 ))
 # Where the docs write `python -m MODULE` or a console script: the module whose main() builds
 # the parser (benchmarks.X means benchmarks/X.py or benchmarks/X/__main__.py).

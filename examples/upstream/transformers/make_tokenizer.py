@@ -1,5 +1,6 @@
 """A small word-level tokenizer trained on a text file and saved for
-``AutoTokenizer.from_pretrained(DIR)`` (run_clm.py's --tokenizer_name): nothing downloaded.
+``AutoTokenizer.from_pretrained(DIR)`` (run_clm.py's and run_mlm.py's --tokenizer_name), with
+the padding and mask tokens run_mlm.py's masking needs: nothing downloaded.
 
 usage: python make_tokenizer.py TEXT_FILE DIR [--vocab 500]
 """
@@ -18,9 +19,11 @@ def main():
     args = parser.parse_args()
     tokenizer = Tokenizer(models.WordLevel(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    special = ["<unk>", "<eos>", "<pad>", "<mask>"]
     tokenizer.train([args.text], trainers.WordLevelTrainer(vocab_size=args.vocab,
-                                                           special_tokens=["<unk>", "<eos>"]))
+                                                           special_tokens=special))
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", eos_token="<eos>",
+                            pad_token="<pad>", mask_token="<mask>",
                             model_max_length=1024).save_pretrained(args.dir)
 
 
