@@ -66,6 +66,27 @@ def test_two_workers_sync_every_k_real_optimizer_steps_with_buffers_and_evaluate
     assert ctl.final_result["metrics"] == results[0]
 
 
+@pytest.mark.slow  # two worker processes importing accelerate
+def test_one_import_makes_a_plain_accelerate_loop_two_workers_each_saving_its_own_state(
+        serve, procs, tmp_path):
+    """accelerate_auto: two plain Accelerate loops (no LocalSGD, no step() of platoon's) of 8
+    optimizer steps each are one job of two workers, synced right after every 4th step (2
+    syncs each), each backward a batch for the launcher's count; save_state(DIR) writes
+    worker K's DIR/workerK with its sync phase in platoon_state.json."""
+    ctl = Nothing(control_port=0, num_workers=2)
+    serving = serve(ctl, timeout=90)
+    workers = [procs("accel_auto_worker.py", tmp_path / "state", 8,
+                     env={"PLATOON_CONTROL_PORT": str(ctl.control_port),
+                          "PLATOON_WORKER_INDEX": str(k)}) for k in range(2)]
+    for w in workers:
+        assert w.wait(90) == 0, w.output
+    serving.join()
+    assert (ctl.progress["minibatches"], ctl.progress["syncs"]) == (16, 4), ctl.progress
+    for k in range(2):
+        with open(tmp_path / "state" / ("worker%d" % k) / "platoon_state.json") as f:
+            assert json.load(f) == {"platoon_steps": 8, "worker": "worker%d" % k}
+
+
 @pytest.mark.slow  # two worker processes in turn, each importing accelerate
 def test_a_step_the_scaler_skips_is_not_counted_and_a_checkpoint_keeps_the_sync_phase(
         procs, tmp_path):
