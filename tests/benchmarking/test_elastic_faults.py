@@ -164,16 +164,15 @@ def test_the_report_gives_the_others_steps_per_second_against_all_equal():
     assert report.unequal(report.summarise(runs[:2])) == []
 
 
-def _quick_race(out, members, cap_s):
-    """Run the race's CLI (--quick: to the small problem's target, or `cap_s`); its record,
-    or a failure with its output."""
-    cmd = [sys.executable, "-m", "benchmarks.elastic_faults", "--quick", "--members", members,
-           "--cap-s", str(cap_s), "--out", str(out)]
+def _race(args, timeout):
+    """Run the race's CLI with `args` (a failure, with its output, past `timeout` s or on a
+    non-zero exit): its pid."""
+    cmd = [sys.executable, "-m", "benchmarks.elastic_faults"] + args
     proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
-        text, _ = proc.communicate(timeout=90)
+        text, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGTERM)  # the race cleans up on SIGTERM
         try:
@@ -181,14 +180,22 @@ def _quick_race(out, members, cap_s):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             text, _ = proc.communicate()
-        pytest.fail("the quick race did not finish in 90 s:\n" + text[-4000:])
+        pytest.fail("the race did not finish in %d s:\n%s" % (timeout, text[-4000:]))
     finally:
         link.remove_stale()  # its namespaces, if it died before removing them
         for pid in jobs._session_pids(proc.pid):  # noqa: SLF001
             os.kill(pid, signal.SIGKILL)
     assert proc.returncode == 0, text[-4000:]
+    return proc.pid
+
+
+def _quick_race(out, members, cap_s):
+    """Run the race's CLI (--quick: to the small problem's target, or `cap_s`); its record,
+    or a failure with its output."""
+    pid = _race(["--quick", "--members", members, "--cap-s", str(cap_s), "--out", str(out)],
+                   90)
     with open(out / "elastic_faults_quick.json") as f:
-        return json.load(f), (out / "elastic_faults_quick.md").read_text(), proc.pid
+        return json.load(f), (out / "elastic_faults_quick.md").read_text(), pid
 
 
 @pytest.mark.slow
@@ -260,26 +267,7 @@ def test_the_script_race_gives_a_joiners_chain_on_examples_lm(tmp_path):
     if why:
         pytest.skip("network namespaces: " + why)
     pytest.importorskip("torch")
-    cmd = [sys.executable, "-m", "benchmarks.elastic_faults", "--script", "--quick",
-           "--out", str(tmp_path)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        text, _ = proc.communicate(timeout=150)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)  # the race cleans up on SIGTERM
-        try:
-            text, _ = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            text, _ = proc.communicate()
-        pytest.fail("the script race did not finish in 150 s:\n" + text[-4000:])
-    finally:
-        link.remove_stale()
-        for pid in jobs._session_pids(proc.pid):  # noqa: SLF001
-            os.kill(pid, signal.SIGKILL)
-    assert proc.returncode == 0, text[-4000:]
+    pid = _race(["--script", "--quick", "--out", str(tmp_path)], 150)
     with open(tmp_path / "elastic_faults_script_quick.json") as f:
         (run,) = json.load(f)["runs"]
     steps = dict(run["steps"])
@@ -292,4 +280,4 @@ def test_the_script_race_gives_a_joiners_chain_on_examples_lm(tmp_path):
     assert run["left_in_shm"] == []
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                            timeout=10).stdout
-    assert "%s%d" % (link.PREFIX, proc.pid) not in names
+    assert "%s%d" % (link.PREFIX, pid) not in names
