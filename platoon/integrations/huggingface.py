@@ -35,7 +35,7 @@ from ..errors import PlatoonError
 from ..rules import ParamSyncRule
 from ..torch_sync import PeriodicSync
 from ..worker import Worker
-from ._core import StepCounter, own_ddp_refused, worker_slot
+from ._core import StepCounter, job_workers, own_ddp_refused, worker_slot
 
 STATE_KEY = "platoon"  # platoon's state in the checkpoint's trainer_state.json
 LAST = ("last", "true")  # resume_from_checkpoint strings that mean the worker's last checkpoint
@@ -173,7 +173,8 @@ class PlatoonCallback(TrainerCallback):
         saved = (state.stateful_callbacks or {}).get(STATE_KEY)
         if saved:  # resume_from_checkpoint: the sync phase goes on
             self.sync.load_state_dict(saved)
-        self._counter = StepCounter(optimizer, self.sync.step)  # real optimizer steps
+        self._counter = StepCounter(optimizer, self.sync.step,  # real optimizer steps
+                                    job_workers(self.worker))
         self._keep_state(state)
 
     def _keep_state(self, state):
