@@ -33,6 +33,10 @@ PLANS = {
     "lr_platoon": EASGD_CELLS,
     "edge": [("platoon_easgd", {"lr": lr, "warmup": 0.0}) for lr in (ONE / 4, ONE / 2)]
     + [("single", {"lr": ONE / 2, "warmup": 0.0})],
+    "references": [(m, {"lr": ONE, "warmup": 0.05}) for m in ("single", "ddp")],
+    "edge_platoon": [("platoon_easgd", {"lr": ONE / 2, "warmup": 0.0})],
+    "diloco_average": [("platoon_diloco", {"outer_lr": 1.0, "outer_momentum": 0.0, "lr": ONE,
+                                           "sync_every": 100, "warmup": 0.05})],
     "diloco": [("platoon_diloco", dict(PAPER, lr=ONE, sync_every=100, warmup=0.05)),
                ("platoon_diloco", dict(PAPER, lr=ONE * 0.1 / 0.7, sync_every=20, warmup=0.05)),
                ("platoon_diloco", dict(PAPER, lr=ONE, sync_every=20, warmup=0.05))],

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 NO_WARMUP = (
     "platoon: %s takes its first step at its full lr (%g): no warm-up, in a job of %d workers. "
     "Without one, the Trainer race's GPT-2 under AdamW (2 workers) took 2.3x the steps to "
-    "its target at lr 1.2e-2, and twice a lr that trained well crossed the edge (2x the "
+    "its target at lr 1.2e-2, and twice a lr that trained well crossed the edge (1.7x the "
     "steps). Warm up over about 5%% of the steps (TrainingArguments(warmup_ratio=0.05); "
     "transformers.get_linear_schedule_with_warmup), or at least do not double one "
     "process's lr (docs/choosing-a-rule.md)")

@@ -46,8 +46,9 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
       with the same strategy is refused;
     - then both join a second job with a fresh Trainer and fit(ckpt_path="last"): each
       resumes from its own last.ckpt (step 4, platoon's 4 steps) and goes on to 8 in 2 syncs;
-    - the worker with AdamW and no warm-up (a StepLR from the full lr) is warned once a job
-      that the lr advice assumes a warm-up; the one with SGD is not.
+    - the worker with AdamW and no warm-up (a StepLR from the full lr) is warned once, in
+      the first job (the second resumes below the peak lr), that the lr advice assumes a
+      warm-up; the one with SGD is not.
     Before the job, the lightning worker builds LightningCLI trainers whose strategy is chosen
     by `--trainer.strategy.class_path=platoon.integrations.lightning.PlatoonStrategy` (with
     its init_args), by a config file (a DiLoCo rule given by its class_path too) and, once
@@ -77,8 +78,9 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
         assert w.wait(90) == 0, w.output
     for serving in servings:
         serving.join()
-    # the AdamW worker's schedule has no warm-up: told so once a job (both jobs), the SGD one not
-    assert workers[0].output.count("no warm-up, in a job of 2 workers") == 2, workers[0].output
+    # the AdamW worker's schedule has no warm-up: told so once (the resumed job starts below
+    # the peak lr: a resume is no start); the SGD worker not
+    assert workers[0].output.count("no warm-up, in a job of 2 workers") == 1, workers[0].output
     assert "no warm-up" not in workers[1].output, workers[1].output
     # the launcher's minibatches are the batches trained: 2 workers x 4 steps x 2 batches
     assert ctl.progress["minibatches"] == 16, ctl.progress
