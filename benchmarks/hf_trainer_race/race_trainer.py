@@ -3,18 +3,18 @@ from a config on Python's own source) with a clock, as one process, a rank of th
 DDP (torchrun) or a platoon worker (platoon-launcher; PlatoonCallback).
 
 usage: race_trainer.py OUT_DIR --method M --lr LR [--seed S] [--target LOSS] [--eval-every K]
-                       [--horizon N] [--cap-s S] [--sync-every K] [--outer-lr X]
+                       [--horizon N] [--warmup F] [--cap-s S] [--sync-every K] [--outer-lr X]
                        [--outer-momentum B] [--delayed-nesterov 0|1] [--slow-rank R] [--quick]
 
 Every `eval_every` optimizer steps the clock stops and the model is evaluated on the held-out
 files (platoon: the centre, `PeriodicSync.on_centre`; DDP: every rank evaluates its share):
 training stops at `target` eval loss, at `cap_s` seconds of training or at `horizon` steps
-(the schedule's end: 5% warm-up, then linear decay to 0). The clock counts training only,
-from the start of train() (after the workers met: PeriodicSync waits for all, DDP's first
-all-reduce too). `--slow-rank R`: the process of rank R (DDP's rank, platoon's global rank)
-sleeps as long as each of its steps took, so it runs at half speed. Each process writes
-OUT_DIR/rankK.json: its trace (step, training seconds, eval loss), when it reached the target,
-its steps and seconds.
+(the schedule's end: a warm-up over the `--warmup` fraction of them, 5% unless said, then a
+linear decay to 0). The clock counts training only, from the start of train() (after the
+workers met: PeriodicSync waits for all, DDP's first all-reduce too). `--slow-rank R`: the
+process of rank R (DDP's rank, platoon's global rank) sleeps as long as each of its steps
+took, so it runs at half speed. Each process writes OUT_DIR/rankK.json: its trace (step,
+training seconds, eval loss), when it reached the target, its steps and seconds.
 """
 
 import argparse
@@ -86,6 +86,8 @@ def main(argv=None):
     parser.add_argument("--target", type=float, default=2.0, help="eval loss (nats per byte)")
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--horizon", type=int, default=3200, help="the schedule's steps")
+    parser.add_argument("--warmup", type=float, default=0.05,
+                        help="the schedule's warm-up, a fraction of the horizon (0: none)")
     parser.add_argument("--cap-s", type=float, default=300.0)
     parser.add_argument("--sync-every", type=int, default=4)
     parser.add_argument("--outer-lr", type=float, default=0.7)
@@ -105,7 +107,7 @@ def main(argv=None):
                                        eos_token_id=0))
     training = TrainingArguments(
         os.path.join(opts.out_dir, "trainer"), max_steps=opts.horizon, learning_rate=opts.lr,
-        weight_decay=0.01, max_grad_norm=1.0, warmup_steps=opts.horizon // 20,
+        weight_decay=0.01, max_grad_norm=1.0, warmup_steps=int(round(opts.horizon * opts.warmup)),
         lr_scheduler_type="linear", per_device_train_batch_size=16,
         per_device_eval_batch_size=64, logging_steps=50, save_strategy="no", report_to="none",
         disable_tqdm=True, seed=opts.seed, use_cpu=True, dataloader_num_workers=0)

@@ -45,7 +45,7 @@ from ..errors import PlatoonError
 from ..rules import ParamSyncRule
 from ..torch_sync import PeriodicSync
 from ..worker import Worker
-from ._core import StepCounter, own_ddp_refused, worker_slot
+from ._core import StepCounter, job_workers, own_ddp_refused, worker_slot
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class _Job:
             self.sync = PeriodicSync(self.worker, model, None, sync_every=local_sgd_steps,
                                      rule=rule, buffers=buffers,
                                      report_every_s=report_every_s, evaluate=evaluate)
-            self.counter = StepCounter(optimizer, self._stepped)
+            self.counter = StepCounter(optimizer, self._stepped, job_workers(self.worker))
         except BaseException:
             if self.own_worker:
                 self.worker.close()

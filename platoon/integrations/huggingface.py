@@ -36,7 +36,7 @@ from ..errors import PlatoonError
 from ..rules import ParamSyncRule
 from ..torch_sync import PeriodicSync
 from ..worker import Worker
-from ._core import StepCounter, own_ddp_refused, worker_slot
+from ._core import StepCounter, job_workers, own_ddp_refused, worker_slot
 
 STATE_KEY = "platoon"  # platoon's state in the checkpoint's trainer_state.json
 LAST = ("last", "true")  # resume_from_checkpoint strings that mean the worker's last checkpoint
@@ -62,8 +62,9 @@ class PlatoonCallback(TrainerCallback):
         trainer: the ``transformers.Trainer``, before ``train()``.
         sync_every: sync with the centre after every this many real optimizer steps (>= 1).
         rule: the sync rule; default as ``PeriodicSync``'s: ``EASGD(0.9 / workers)`` (with
-            AdamW give each worker about twice the lr one process would use), ``ASGD()``
-            in a job of one worker (the script run alone trains as without platoon).
+            AdamW: a warm-up and one process's lr, twice it only for a long schedule;
+            docs/choosing-a-rule.md), ``ASGD()`` in a job of one worker (the script run
+            alone trains as without platoon).
         worker: this process's `platoon.Worker`; default one made here (under the launcher
             or ``python -m platoon.mpi`` a worker of the job, alone a one-worker job),
             closed at the end of training.
@@ -192,7 +193,8 @@ class PlatoonCallback(TrainerCallback):
         saved = (state.stateful_callbacks or {}).get(STATE_KEY)
         if saved:  # resume_from_checkpoint: the sync phase goes on
             self.sync.load_state_dict(saved)
-        self._counter = StepCounter(optimizer, self.sync.step)  # real optimizer steps
+        self._counter = StepCounter(optimizer, self.sync.step,  # real optimizer steps
+                                    job_workers(self.worker))
         self._keep_state(state)
 
     def _keep_state(self, state):

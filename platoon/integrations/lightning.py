@@ -40,7 +40,7 @@ from ..errors import PlatoonError
 from ..rules import ParamSyncRule
 from ..torch_sync import BUFFERS, PeriodicSync
 from ..worker import Worker
-from ._core import StepCounter, own_ddp_refused, worker_slot
+from ._core import StepCounter, job_workers, own_ddp_refused, worker_slot
 
 PACKAGES = ("lightning", "pytorch_lightning")  # Lightning's two names for one Trainer
 
@@ -364,7 +364,8 @@ class PlatoonStrategy:
         if self._resumed:
             self.sync.load_state_dict(self._resumed)
             self._resumed = None
-        self._counter = StepCounter(optimizers[self.counted_optimizer], self.sync.step)
+        self._counter = StepCounter(optimizers[self.counted_optimizer], self.sync.step,
+                                    job_workers(self.worker))
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         out = super().training_step(*args, **kwargs)  # type: ignore[misc]

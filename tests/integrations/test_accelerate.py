@@ -35,7 +35,8 @@ def test_two_workers_sync_every_k_real_optimizer_steps_with_buffers_and_evaluate
     accelerate's prepare() made with the script's seed (use_seedable_sampler=True) and from a
     plain shuffled loader; the final centre is evaluated once, when the scripts end; worker
     K's save_state() (automatic checkpoint naming) goes under workerK of the project
-    directory they share, and worker_path("ckpt") is ckpt/workerK."""
+    directory they share, and worker_path("ckpt") is ckpt/workerK. Their AdamW runs at its
+    full lr from the first step: each is warned once that the lr advice assumes a warm-up."""
     ctl = Nothing(control_port=0, num_workers=2)
     serving = serve(ctl, timeout=90)
     env = {"PLATOON_CONTROL_PORT": str(ctl.control_port)}
@@ -46,6 +47,8 @@ def test_two_workers_sync_every_k_real_optimizer_steps_with_buffers_and_evaluate
     for w in workers:
         assert w.wait(90) == 0, w.output
     serving.join()
+    for w in workers:  # AdamW at its full lr from the first step: warned once, in both blocks
+        assert w.output.count("no warm-up, in a job of 2 workers") == 1, w.output
     # the launcher's minibatches are the batches trained: 2 workers x 2 epochs x 4 batches
     assert ctl.progress["minibatches"] == 16, ctl.progress
     runs = [run(tmp_path / ("w%d.json" % k)) for k in range(2)]

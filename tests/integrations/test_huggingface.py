@@ -33,7 +33,9 @@ def test_two_trainer_workers_sync_every_k_real_optimizer_steps_and_evaluate_the_
     knows nothing of platoon says it, each finding its own checkpoint: one with
     resume_from_checkpoint=OUT/checkpoint-2 in its TrainingArguments, passed on to train() (as
     transformers' run_clm.py does), resumes from OUT/workerK/checkpoint-2; the other with
-    train(resume_from_checkpoint="last") from its last, workerK/checkpoint-4."""
+    train(resume_from_checkpoint="last") from its last, workerK/checkpoint-4. The Trainer's
+    AdamW runs without a warm-up: each worker is warned so once, in the first job (the
+    second resumes below the peak lr)."""
     ctl, again = Nothing(control_port=0, num_workers=2), Nothing(control_port=0, num_workers=2)
     servings = [serve(ctl, timeout=90), serve(again, timeout=120)]
     env = {"PLATOON_CONTROL_PORT": str(ctl.control_port)}
@@ -46,6 +48,9 @@ def test_two_trainer_workers_sync_every_k_real_optimizer_steps_and_evaluate_the_
         assert w.wait(90) == 0, w.output
     for serving in servings:
         serving.join()
+    for w in workers:  # the Trainer's AdamW, no warm-up: each told once (the resumed job
+        # starts below the peak lr: a resume is no start)
+        assert w.output.count("no warm-up, in a job of 2 workers") == 1, w.output
     # the launcher's minibatches are the batches trained: 2 workers x 4 steps x 2 batches
     assert ctl.progress["minibatches"] == 16, ctl.progress
     runs = [run(tmp_path / ("w%d.json" % k))[0] for k in range(2)]

@@ -45,7 +45,10 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
       centre (trainer.validate gives that result again on the last worker); a second fit
       with the same strategy is refused;
     - then both join a second job with a fresh Trainer and fit(ckpt_path="last"): each
-      resumes from its own last.ckpt (step 4, platoon's 4 steps) and goes on to 8 in 2 syncs.
+      resumes from its own last.ckpt (step 4, platoon's 4 steps) and goes on to 8 in 2 syncs;
+    - the worker with AdamW and no warm-up (a StepLR from the full lr) is warned once, in
+      the first job (the second resumes below the peak lr), that the lr advice assumes a
+      warm-up; the one with SGD is not.
     Before the job, the lightning worker builds LightningCLI trainers whose strategy is chosen
     by `--trainer.strategy.class_path=platoon.integrations.lightning.PlatoonStrategy` (with
     its init_args), by a config file (a DiLoCo rule given by its class_path too) and, once
@@ -67,7 +70,7 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
            again.control_port)
     # each worker's index in both jobs, as the launcher gives it (its files are workerK's)
     workers = [procs("lightning_worker.py", tmp_path / "w0.json", tmp_path, *job, "--cli",
-                     env=dict(env, PLATOON_WORKER_INDEX="0")),
+                     "--adam", env=dict(env, PLATOON_WORKER_INDEX="0")),
                procs("lightning_worker.py", tmp_path / "w1.json", tmp_path, *job, "--package",
                      "pytorch_lightning", "--ckpt-dir", tmp_path / "ckpts", "--refusals",
                      "--then-alone", env=dict(env, PLATOON_WORKER_INDEX="1"))]
@@ -75,6 +78,10 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
         assert w.wait(90) == 0, w.output
     for serving in servings:
         serving.join()
+    # the AdamW worker's schedule has no warm-up: told so once (the resumed job starts below
+    # the peak lr: a resume is no start); the SGD worker not
+    assert workers[0].output.count("no warm-up, in a job of 2 workers") == 1, workers[0].output
+    assert "no warm-up" not in workers[1].output, workers[1].output
     # the launcher's minibatches are the batches trained: 2 workers x 4 steps x 2 batches
     assert ctl.progress["minibatches"] == 16, ctl.progress
     reports = [report(tmp_path / ("w%d.json" % k)) for k in range(2)]

@@ -3,7 +3,7 @@ PlatoonStrategy; writes what it did to OUT_JSON (tests/integrations/test_lightni
 
 usage: lightning_worker.py OUT_JSON ROOT_DIR [--package pytorch_lightning] [--steps N]
                            [--accum K] [--every K] [--save-at S [--ckpt-dir D]] [--refusals]
-                           [--rejoin PORT] [--then-alone] [--cli] [--saves]
+                           [--rejoin PORT] [--then-alone] [--cli] [--saves] [--adam]
 A checkpoint every S steps and a last.ckpt (by default under the logger's directory, else in
 D); a validation every 2 batches; a StepLR halving the lr every 2 steps. Every checkpoint
 saved records whether it holds the worker's own weights (those the model had when the
@@ -14,6 +14,7 @@ class_path, in a config file (with a DiLoCo rule), and by its short name "platoo
 --saves: also a ModelCheckpoint monitoring val_loss every step (under ROOT_DIR/monitored),
 which defers its first saves to the end of the first validation, where the val_loss is
 logged; and a trainer.save_checkpoint in the middle of the first validation.
+--adam: AdamW (lr 0.05, no warm-up: the halving schedule) in place of SGD with momentum.
 --rejoin PORT: after the job, a fresh model, Trainer and strategy join a second job (the
 controller at PORT) with fit(ckpt_path="last") and train to twice --steps.
 --refusals: first ask for Lightning's DDP (devices=2, then WORLD_SIZE=2 as torchrun sets it)
@@ -55,6 +56,8 @@ def main():
     parser.add_argument("--then-alone", action="store_true")
     parser.add_argument("--cli", action="store_true")
     parser.add_argument("--saves", action="store_true")
+    parser.add_argument("--adam", action="store_true",
+                        help="AdamW, not SGD with momentum, under the halving schedule")
     opts = parser.parse_args()
     pl = importlib.import_module("lightning.pytorch" if opts.package == "lightning"
                                  else opts.package)
@@ -174,7 +177,8 @@ def make_module(pl, opts):
             first = torch.optim.SGD(self.net[:2].parameters(), lr=0.05)
             if not self.automatic_optimization:
                 return [first, torch.optim.SGD(self.net[2:].parameters(), lr=0.05)]
-            sgd = torch.optim.SGD(self.net.parameters(), lr=0.05, momentum=0.9)
+            sgd = torch.optim.AdamW(self.net.parameters(), lr=0.05) if opts.adam else \
+                torch.optim.SGD(self.net.parameters(), lr=0.05, momentum=0.9)
             halving = torch.optim.lr_scheduler.StepLR(sgd, 2, gamma=0.5)
             return {"optimizer": sgd,
                     "lr_scheduler": {"scheduler": halving, "interval": "step"}}

@@ -1,0 +1,126 @@
+"""Why the lr advice transfers or not (issue 47): the Trainer race's GPT-2 for a short horizon,
+every run to the schedule's end, one after another, each with the load as it started.
+
+usage: python -m benchmarks.hf_trainer_race.advice [--plan NAME] [--seeds 1,2] [--out PATH]
+                                                   [--report]
+
+Plans: `lr` (item 1: platoon's EASGD with AdamW at 1x and 2x the lr, without and with a 5%
+warm-up, one process and DDP at 1x as references), `diloco` (item 3: DiLoCo's outer
+SGD(0.7, Nesterov 0.9) at several sync intervals and inner lrs). Each run goes to the end of
+its horizon (no target stops it), so steps to any target and the final eval loss come from its
+trace; runs already in OUT (same method, settings, seed) are not run again. Steps, not
+seconds: the machine is shared, so seconds are recorded but claim nothing.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+from .__main__ import RESULTS, crossing_step, run_once
+
+HORIZON = 1200  # the outside workload's: 1,200 steps per process
+PROBLEM = {"target": 0.0, "eval_every": 50, "horizon": HORIZON, "cap_s": 900.0}
+ONE = 1.2e-2  # one process's best lr on the race (hf_trainer_race_tuning.json)
+PAPER = {"outer_lr": 0.7, "outer_momentum": 0.9}
+TARGETS = (2.3, 2.05, 1.95)  # eval loss, nats per byte: early, the outside workload's, late
+EASGD_CELLS = [("platoon_easgd", {"lr": lr, "warmup": w}) for w in (0.0, 0.05)
+               for lr in (ONE, 2 * ONE)]
+PLANS = {
+    "lr": EASGD_CELLS
+    + [("single", {"lr": ONE, "warmup": 0.0}), ("ddp", {"lr": ONE, "warmup": 0.0})],
+    "lr_platoon": EASGD_CELLS,
+    "edge": [("platoon_easgd", {"lr": lr, "warmup": 0.0}) for lr in (ONE / 4, ONE / 2)]
+    + [("single", {"lr": ONE / 2, "warmup": 0.0})],
+    "references": [(m, {"lr": ONE, "warmup": 0.05}) for m in ("single", "ddp")],
+    "edge_platoon": [("platoon_easgd", {"lr": ONE / 2, "warmup": 0.0})],
+    "diloco_average": [("platoon_diloco", {"outer_lr": 1.0, "outer_momentum": 0.0, "lr": ONE,
+                                           "sync_every": 100, "warmup": 0.05})],
+    "diloco": [("platoon_diloco", dict(PAPER, lr=ONE, sync_every=100, warmup=0.05)),
+               ("platoon_diloco", dict(PAPER, lr=ONE * 0.1 / 0.7, sync_every=20, warmup=0.05)),
+               ("platoon_diloco", dict(PAPER, lr=ONE, sync_every=20, warmup=0.05))],
+}
+
+
+def _trace(run):
+    """The job's trace: of its ranks' (each evaluated the centre at its own steps), the one
+    that ended lowest."""
+    traces = [rank["trace"] for rank in run["ranks"] if rank["trace"]]
+    return min(traces, key=lambda t: t[-1][2]) if traces else []
+
+
+def _cell(run):
+    return "%s %s" % (run["method"], ", ".join(
+        "%s %g" % (k.replace("_", " "), v) for k, v in sorted(run["settings"].items())))
+
+
+def _steps(value):
+    return "%.0f" % value if value is not None else "-"
+
+
+def markdown(runs):
+    """Per cell (method and settings) the medians over its seeds: steps per process to each
+    target (interpolated between evaluations; "-": a seed did not reach it), the eval loss
+    at step 600 and at the end; then every run with its load."""
+    cells = {}
+    for run in runs:
+        cells.setdefault(_cell(run), []).append(run)
+    head = " | ".join("steps to %g" % t for t in TARGETS)
+    lines = ["| method, settings | seeds | %s | eval loss at 600 | final eval loss |" % head,
+             "|---|---|%s---|---|" % ("---|" * len(TARGETS))]
+    for cell, group in cells.items():
+        crossings = [[crossing_step(r, t) for r in group] for t in TARGETS]
+        at600 = [dict((step, loss) for step, _, loss in _trace(r)).get(600) for r in group]
+        lines.append("| %s | %s | %s | %s | %s |" % (
+            cell, ",".join(str(r["seed"]) for r in group), " | ".join(
+                _steps(statistics.median(c)) if None not in c else "-" for c in crossings),
+            "%.3f" % statistics.median(a for a in at600 if a is not None)
+            if any(a is not None for a in at600) else "-",
+            "%.3f" % statistics.median(_trace(r)[-1][2] for r in group)))
+    lines += ["", "Every run (load: the 1-minute load average as it started, 2 cores shared "
+              "with other work; wall: the whole job, evaluations included):", "",
+              "| method, settings | seed | load | wall | %s | final eval loss |" % head,
+              "|---|---|---|---|%s---|" % ("---|" * len(TARGETS))]
+    for run in runs:
+        lines.append("| %s | %d | %.1f | %.0f s | %s | %.3f |" % (
+            _cell(run), run["seed"], run["load_before"], run["wall_s"],
+            " | ".join(_steps(crossing_step(run, t)) for t in TARGETS), _trace(run)[-1][2]))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.hf_trainer_race.advice",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--plan", default="lr", choices=sorted(PLANS))
+    parser.add_argument("--seeds", default="1,2")
+    parser.add_argument("--out", default=os.path.join(RESULTS, "advice_2026-11-29.json"))
+    parser.add_argument("--report", action="store_true",
+                        help="only print the markdown tables of the runs recorded in OUT")
+    args = parser.parse_args(argv)
+    runs = []
+    if os.path.exists(args.out):
+        with open(args.out) as f:
+            runs = json.load(f)
+    if args.report:
+        print(markdown(runs))
+        return 0
+    done = {json.dumps([r["method"], r["settings"], r["seed"]], sort_keys=True) for r in runs}
+    log = lambda text: print("..", text, flush=True)  # noqa: E731
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        for method, settings in PLANS[args.plan]:
+            settings = {k: round(v, 6) if isinstance(v, float) else v
+                        for k, v in settings.items()}
+            if json.dumps([method, settings, seed], sort_keys=True) in done:
+                continue
+            run = run_once(method, settings, seed, -1, PROBLEM, log)
+            run["plan"] = args.plan
+            losses = [t[2] for rank in run["ranks"] for t in rank["trace"]]
+            log("   final eval loss %s" % (losses[-1] if losses else "-"))
+            runs.append(run)
+            with open(args.out, "w") as f:
+                json.dump(runs, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
