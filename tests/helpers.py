@@ -417,7 +417,7 @@ def assert_job_gone(job_id):
 
 # The suite's longest files, longest first (their share of a full run on 2 cores). pytest.ini
 # has xdist hand the files out in collection order (--dist loadfile --no-loadscope-reorder),
-# and conftest.py starts these first, so that the short files fill both workers' ends evenly
+# and conftest.py starts these first, so that the short files fill the workers' ends evenly
 # (xdist's own order, the files with most tests first, left files of a few long tests, mypy's
 # or a launcher job's, to the end of one worker while the other was done). A file not listed
 # keeps its place after them; tests/package/test_suite_order.py checks that each listed file
