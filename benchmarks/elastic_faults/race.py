@@ -303,6 +303,26 @@ class Run:
         return "\n".join(out)
 
 
+def tear_down(run, lighthouse, lighthouse_log, hosts, shm_before, workdir, log):
+    """Stop what a run started (its nodes, its lighthouse and log, its namespaces; each None
+    where it was not started), remove its work directory (kept with ELASTIC_FAULTS_KEEP set);
+    the /dev/shm entries it left (removed)."""
+    if run is not None:
+        run.stop_all()
+    if lighthouse is not None:
+        stop_session(lighthouse, grace_s=2.0)
+    if lighthouse_log is not None:
+        lighthouse_log.close()
+    if hosts is not None:
+        hosts.close()
+    left = clean_shm(shm_before, "efr%d" % os.getpid())
+    if os.environ.get("ELASTIC_FAULTS_KEEP"):
+        log("kept %s" % workdir)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return left
+
+
 def run_member(name, problem, cfg, settings, schedule, seed, cap_s, rate_bits_s, mpiexec,
                log, tag=""):
     """Race member `name` once; returns its row (with "error" when it failed)."""
@@ -383,18 +403,7 @@ def run_member(name, problem, cfg, settings, schedule, seed, cap_s, rate_bits_s,
         row["output_tail"] = run.tail() if run is not None else ""
         log("FAILED %s: %s\n%s" % (name, row["error"], row["output_tail"][-6000:]))
     finally:
-        if run is not None:
-            run.stop_all()
-        if lighthouse is not None:
-            stop_session(lighthouse, grace_s=2.0)
-        if lighthouse_log is not None:
-            lighthouse_log.close()
-        if hosts is not None:
-            hosts.close()
-        row["left_in_shm"] = clean_shm(shm_before, "efr%d" % os.getpid())
+        row["left_in_shm"] = tear_down(run, lighthouse, lighthouse_log, hosts, shm_before,
+                                       workdir, log)
         row["wall_s"] = time.monotonic() - started
-        if os.environ.get("ELASTIC_FAULTS_KEEP"):
-            log("kept %s" % workdir)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
     return row

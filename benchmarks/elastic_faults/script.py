@@ -21,16 +21,23 @@ import glob
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
 from .._util import ROOT
-from ..slow_link.jobs import clean_shm, stop_session
 from . import hosts as net
-from .race import MEMBERS, Run, Settings, _env, _read_events, _wait_listening, lighthouse_command
+from .race import (
+    MEMBERS,
+    Run,
+    Settings,
+    _env,
+    _read_events,
+    _wait_listening,
+    lighthouse_command,
+    tear_down,
+)
 from .schedule import NODES
 
 SCRIPT = os.path.join(ROOT, "examples", "lm", "train.py")
@@ -164,19 +171,8 @@ def run_script(settings, kill_at_s, down_s, cap_s, rate_bits_s, quick, log, tag=
         row["output_tail"] = run.tail() if run is not None else ""
         log("FAILED: %s\n%s" % (row["error"], row["output_tail"][-6000:]))
     finally:
-        if run is not None:
-            run.stop_all()
-        if lighthouse is not None:
-            stop_session(lighthouse, grace_s=2.0)
-        if lighthouse_log is not None:
-            lighthouse_log.close()
-        if hosts is not None:
-            hosts.close()
-        row["left_in_shm"] = clean_shm(shm_before, "efr%d" % os.getpid())
-        if os.environ.get("ELASTIC_FAULTS_KEEP"):
-            log("kept %s" % workdir)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+        row["left_in_shm"] = tear_down(run, lighthouse, lighthouse_log, hosts, shm_before,
+                                       workdir, log)
     return row
 
 

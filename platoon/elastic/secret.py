@@ -48,18 +48,11 @@ def load_secret(path: Optional[str] = None) -> bytes:
     return secret
 
 
-def sign_request(secret: bytes, body: bytes) -> bytes:
-    return Signer(secret).request(body)
-
-
-def sign_reply(secret: bytes, request_mac: bytes, body: bytes) -> bytes:
-    return Signer(secret).reply(request_mac, body)
-
-
 class Signer:
-    """The lighthouse's request and reply signatures (`sign_request`, `sign_reply`) under one
-    secret, its HMAC keys set up once rather than per message (the lighthouse signs and checks
-    two a heartbeat)."""
+    """The signatures of a lighthouse request (`request`: HMAC-SHA256 of the secret over a
+    request tag and its body) and of its reply (`reply`: over a reply tag, the request's
+    signature and the reply's body), under one secret, its HMAC keys set up once rather than
+    per message (the lighthouse signs and checks two a heartbeat)."""
 
     def __init__(self, secret: bytes) -> None:
         self._request = hmac.new(secret, _REQUEST, hashlib.sha256)

@@ -184,10 +184,12 @@ class Workers:
         self.thread = threading.Thread(target=self._run, name="platoon-workers", daemon=True)
         self.thread.start()
 
-    def _spawn(self, ports: Optional[List[int]], given: Mapping[str, Any]) -> None:
-        """Start the workers with the controller's ports `given`; with `ports` (a list), each
-        also gets a pipe on which the ports it announces come (`await_ports`), its write end
-        added to `ports`."""
+    def _spawn(self, ports: Optional[List[int]], given: Mapping[str, Any]
+               ) -> List[threading.Thread]:
+        """Start the workers with the controller's ports `given`, each watched by a thread
+        (returned); with `ports` (a list), each also gets a pipe on which the ports it
+        announces come (`await_ports`), its write end added to `ports`."""
+        watchers = []
         devices = node_devices(self.count)
         for index, device in enumerate(devices):
             env = without_job_variables(self.env, "control_port", "data_port")
@@ -212,6 +214,9 @@ class Workers:
             reaper.watch(self.reaper_fd, proc.pid)
             self.procs.append(proc)
             self._relay(proc, index)
+            watchers.append(threading.Thread(target=self._watch, args=(proc,), daemon=True))
+            watchers[-1].start()
+        return watchers
 
     def _run(self) -> None:
         ports: List[int] = []  # the write ends of the workers' pipes, until the ports go
@@ -219,12 +224,8 @@ class Workers:
         try:
             # the workers start at once, while the controller starts (their imports, data and
             # model overlap its start-up), with the ports held for it
-            self._spawn(ports, self.ports)
+            watchers = self._spawn(ports, self.ports)
             early = list(self.procs)
-            watchers = [threading.Thread(target=self._watch, args=(p,), daemon=True)
-                        for p in self.procs]
-            for w in watchers:
-                w.start()
             try:
                 ready = read_announcement(self.ready_fd, self.ready_timeout_s)
             finally:
@@ -242,11 +243,7 @@ class Workers:
                 log.info("%s: the controller listens on %s, not on the ports held for it: "
                          "its workers start again", self.label, given)
                 self._restart(early, ports)
-                self._spawn(None, given)
-                watchers = [threading.Thread(target=self._watch, args=(p,), daemon=True)
-                            for p in self.procs]
-                for w in watchers:
-                    w.start()
+                watchers = self._spawn(None, given)
             line = json.dumps(given).encode() + b"\n"
             while ports:
                 fd = ports.pop()
