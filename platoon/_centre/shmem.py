@@ -260,10 +260,19 @@ class CentreLock:
                     time.sleep(min(pause, left))
                     pause = min(pause * 2, 1e-3)
         except BaseException:
-            self._thread_lock.release()
+            self._abandon()
             raise
         self._owner = me
         self._depth = 1
+
+    def _abandon(self):
+        """Leave an acquire that an exception cut short, the range released too: a signal's
+        handler (SIGTERM's SystemExit) runs as the lock call returns, so the range may be
+        taken by then, and a worker leaving while it holds the range blocks everyone."""
+        try:
+            self._release_range()  # unlocking a range this descriptor does not hold does nothing
+        finally:
+            self._thread_lock.release()
 
     def try_acquire(self):
         """Take the lock if nobody holds it; True if taken. Never waits."""
@@ -276,7 +285,7 @@ class CentreLock:
         try:
             taken = self._try_range(blocking=False)
         except BaseException:
-            self._thread_lock.release()
+            self._abandon()
             raise
         if not taken:
             self._thread_lock.release()
@@ -291,11 +300,16 @@ class CentreLock:
                                "call lock() and unlock() from the same thread")
         self._depth -= 1
         if self._depth == 0:
-            self._owner = None
+            released = False
             try:
                 self._release_range()
+                released = True
             finally:
-                self._thread_lock.release()
+                self._owner = None
+                if released:
+                    self._thread_lock.release()
+                else:  # an exception (a signal's) came before the range was released
+                    self._abandon()
 
     @property
     def held(self):

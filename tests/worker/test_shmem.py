@@ -96,6 +96,61 @@ def test_lock_is_reentrant_in_a_thread_and_exclusive_between_threads(centre):
         lock.release()
 
 
+class _Signalled(BaseException):
+    """What a signal's handler raises (SIGTERM's SystemExit, Ctrl-C's KeyboardInterrupt)."""
+
+
+def _signalled_after(call):
+    """`call`, then the exception a signal's handler raises as the call returns (Python runs
+    handlers between bytecodes, so right after the lock's system call is one place)."""
+    def cut_short(*args, **kwargs):
+        call(*args, **kwargs)
+        raise _Signalled()
+    return cut_short
+
+
+def _signalled_before(call):
+    """The exception a signal's handler raises just before `call` would run (once: a second
+    call runs)."""
+    raised = []
+
+    def cut_short(*args, **kwargs):
+        if not raised:
+            raised.append(True)
+            raise _Signalled()
+        return call(*args, **kwargs)
+    return cut_short
+
+
+@pytest.mark.parametrize("step, timeout", [("acquire", None), ("acquire", 1.0),
+                                           ("try_acquire", None), ("release", None)])
+def test_a_signal_in_the_lock_calls_leaves_the_lock_free(centre, step, timeout):
+    """A worker stopped by SIGTERM tells the controller it is done before it exits; a range
+    left locked by the signal would stall every other process meanwhile (the controller's
+    final checkpoint among them)."""
+    other = SharedCentre.attach(centre.name, LAYOUT)
+    lock = centre.lock
+    try:
+        if step == "release":
+            lock.acquire()
+            lock._release_range = _signalled_before(lock._release_range)
+            with pytest.raises(_Signalled):
+                lock.release()
+        else:
+            lock._try_range = _signalled_after(lock._try_range)
+            with pytest.raises(_Signalled):
+                if step == "acquire":
+                    lock.acquire(timeout)
+                else:
+                    lock.try_acquire()
+        for name in ("_try_range", "_release_range"):
+            vars(lock).pop(name, None)
+        assert _try(other.lock, 0.5), "another process cannot take the lock"
+        assert not lock.held and _try(lock, 0.5), "this process cannot take the lock again"
+    finally:
+        other.close()
+
+
 def _try(lock, timeout):
     try:
         lock.acquire(timeout)
