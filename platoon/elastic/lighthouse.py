@@ -16,6 +16,10 @@ log line per source per period, with a count. What a node says of itself (its st
 result) is kept only from signed requests, at most `wire.MAX_STATUS` bytes a node and
 `MAX_CONNECTIONS` nodes.
 
+A burst of connections (a job's nodes started together) waits in the kernel until it is
+accepted (a listen backlog of BACKLOG, which net.core.somaxconn caps), rather than losing
+its SYNs (a node's first heartbeat then waits for their retransmission, 1 s or more).
+
 Per heartbeat it reads, checks and answers one signed request; replies to the requests read
 together are sent together, its HMAC keys are set up once, a reply is formatted rather than
 encoded, and the membership is ticked every TICK_S, not per message.
@@ -52,6 +56,7 @@ CHALLENGE_TTL_S = 600.0  # a connection silent this long must fetch a new challe
 CHALLENGES_PER_READ = 64  # challenges made of one read of the system's randomness
 MAX_CONNECTIONS = 10000  # connections served at once (new ones wait for idle ones to go)
 IDLE_S = 10.0  # a connection silent this long no longer counts against its source's cap
+BACKLOG = 4096  # connections the kernel holds before they are accepted (net.core.somaxconn caps)
 DRAIN = 64  # requests read, then answered together, between two polls at most
 _NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)  # (ints: no enum arithmetic a frame)
 
@@ -74,6 +79,7 @@ class Lighthouse:
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.linger = 0
         self._socket.maxmsgsize = wire.MAX_BODY  # ZeroMQ drops a larger frame unread
+        self._socket.backlog = BACKLOG
         host, _, port = bind.rpartition(":")
         try:
             if port == "0":

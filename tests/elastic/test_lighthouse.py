@@ -6,7 +6,9 @@ timeout."""
 import contextlib
 import os
 import re
+import select
 import signal
+import socket
 import threading
 import time
 
@@ -18,7 +20,7 @@ from platoon.elastic.quorum import Membership
 from platoon.errors import PlatoonError
 
 from elastic_helpers import GRACE_S, QUORUM, SLACK_S, TIMEOUT_S, WORKER, quorum_of
-from helpers import PROCS, wait_until
+from helpers import PROCS, Proc, wait_until
 
 SECRET = b"s" * 32
 LAST_WORD = os.path.join(PROCS, "elastic_last_word.py")
@@ -369,3 +371,38 @@ def test_a_node_without_the_secret_is_refused_and_changes_nothing(job, tmp_path)
                if line and re.search(QUORUM, line)]
     assert between and not [line for line in between
                             if "x" in re.search(QUORUM, line).group(2).split(", ")], between
+
+
+def test_a_burst_of_connections_waits_in_the_kernel_for_a_busy_lighthouse(tmp_path):
+    # 1,000 nodes started at once: while the lighthouse is busy (here: stopped), the kernel
+    # holds their connections until it accepts them. ZeroMQ's default backlog (100) had the
+    # kernel drop the others' SYNs: each of those nodes waited a SYN retransmission (1 s,
+    # then 3 s), so its first heartbeat timed out.
+    with open("/proc/sys/net/core/somaxconn") as f:
+        if int(f.read()) < 300:
+            pytest.skip("net.core.somaxconn caps every listen backlog below 300 here")
+    secret_file = str(tmp_path / "secret")
+    generate_secret(secret_file)
+    lighthouse = Proc(["-m", "platoon.elastic.lighthouse", "--bind", "127.0.0.1:0",
+                       "--secret-file", secret_file])
+    socks = []
+    try:
+        port = int(lighthouse.wait_for_line("lighthouse: serving on tcp://").split(
+            "tcp://")[1].split()[0].rsplit(":", 1)[1])
+        os.kill(lighthouse.pid, signal.SIGSTOP)
+        for _ in range(300):
+            sock = socket.socket()
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", port))
+            socks.append(sock)
+        pending, deadline = set(socks), time.monotonic() + 3.0
+        while pending and time.monotonic() < deadline:  # (a handshake on lo: at once)
+            _, writable, _ = select.select([], list(pending), [], 0.1)
+            pending -= {s for s in writable
+                        if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0}
+        assert not pending, "%d of 300 connections left unaccepted by the kernel" % len(pending)
+    finally:
+        for sock in socks:
+            sock.close()
+        os.kill(lighthouse.pid, signal.SIGCONT)
+        lighthouse.kill()
