@@ -102,6 +102,10 @@ class Lighthouse:
         self._nodes_changed = False  # since the status file was last written
         self._warnings = ThrottledLog(log, self.limits.log_period_s)
         self._refused = ThrottledLog(log, self.limits.log_period_s, burst=1)
+        # what `serve` did: requests read, reads that found some (a read takes at most DRAIN),
+        # requests dropped unanswered (a capped source, not a REQ envelope, a source past its
+        # refusals), refused (unsigned, malformed: some answered, see `handle`)
+        self.counts = {"requests": 0, "reads": 0, "dropped": 0, "refused": 0}
 
     def _challenge_for(self, peer: bytes, now: float) -> str:
         if not self._random:  # (one read of the system's randomness for many challenges)
@@ -162,6 +166,7 @@ class Lighthouse:
         None when it goes unanswered (a source past its refusals)."""
         data, why = wire.read_request(self._signer, body, mac)
         if data is None:
+            self.counts["refused"] += 1
             self._refused.warning("refused " + source, "refused a request from %s: %s",
                                   source or "?", why)
             count = self._refusals.get(source, 0)
@@ -216,12 +221,13 @@ class Lighthouse:
     def _drain(self) -> None:
         """Read and answer the requests waiting (at most DRAIN), the replies sent together
         once all are read."""
-        sock, replies = self._socket, []
-        for _ in range(DRAIN):
+        sock, replies, read, dropped = self._socket, [], 0, 0
+        while read < DRAIN:
             try:
                 frame = sock.recv(_NOBLOCK, copy=False)
             except zmq.Again:
                 break
+            read += 1
             frames = [frame]
             while frame.more:  # (all of a message's frames are there once its first is)
                 frame = sock.recv(0, copy=False)
@@ -230,10 +236,18 @@ class Lighthouse:
             peer, now = frames[0].bytes, time.monotonic()
             source = self._admit(peer, frames[0], now)
             if source is None or len(frames) != 4 or frames[1].bytes:  # REQ: identity,
-                continue  # delimiter, body, signature
+                dropped += 1  # delimiter, body, signature
+                continue
             answer = self.handle(peer, frames[2].bytes, frames[3].bytes, now, source)
-            if answer is not None:
+            if answer is None:
+                dropped += 1
+            else:
                 replies.append((peer, answer[0], answer[1]))
+        counts = self.counts
+        counts["requests"] += read
+        if read:
+            counts["reads"] += 1
+        counts["dropped"] += dropped
         for peer, body, mac in replies:
             sock.send(peer, _SNDMORE)
             sock.send(b"", _SNDMORE)
@@ -257,6 +271,9 @@ class Lighthouse:
                                    self.status_file, exc)
 
     def serve(self, stop: Callable[[], bool] = lambda: False) -> None:
+        """Serve until `stop()` is true; then log what it served (`counts`) and the CPU
+        time its thread spent."""
+        cpu = time.thread_time()
         self.write_status()
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
@@ -284,6 +301,12 @@ class Lighthouse:
         finally:
             if self._nodes_changed:  # (the nodes' last words, as the job ends)
                 self.write_status()
+            counts, cpu = self.counts, time.thread_time() - cpu
+            log.info("served %d requests in %d reads (%.3g a read); dropped %d, refused %d; "
+                     "its thread's CPU %.3f s (%.3g us a request)", counts["requests"],
+                     counts["reads"], counts["requests"] / max(1, counts["reads"]),
+                     counts["dropped"], counts["refused"], cpu,
+                     1e6 * cpu / max(1, counts["requests"]))
 
     def close(self) -> None:
         self._socket.close(linger=0)

@@ -4,6 +4,7 @@ and nodes (tests/procs/elastic_node.py), killed with -9, stopped and continued; 
 timeout."""
 
 import contextlib
+import logging
 import os
 import re
 import select
@@ -13,6 +14,7 @@ import threading
 import time
 
 import pytest
+import zmq
 
 from platoon.elastic import MembershipSettings, Quorum, generate_secret, load_secret, wire
 from platoon.elastic.lighthouse import Lighthouse
@@ -272,6 +274,32 @@ def test_secret_file_must_exist_be_private_and_long(tmp_path, monkeypatch):
     os.chmod(short, 0o600)
     with pytest.raises(PlatoonError, match="holds 3 characters; use at least 16, random"):
         load_secret(str(short))
+
+
+def test_the_lighthouse_counts_what_it_served_and_logs_it_as_it_stops(caplog):
+    # (what lighthouse_scale reads: how many requests waited per read, what was dropped)
+    from platoon.elastic import LighthouseClient
+    caplog.set_level(logging.INFO, logger="platoon.elastic.lighthouse")
+    context = zmq.Context()
+    try:
+        with _serving(1) as lighthouse:
+            with LighthouseClient(lighthouse.address, "a", "h:1", secret=SECRET,
+                                  heartbeat_interval_s=0.02) as client:
+                client.wait_for_quorum(timeout_s=10)
+            stranger = context.socket(zmq.REQ)
+            stranger.linger = 0
+            stranger.connect("tcp://" + lighthouse.address)
+            stranger.send_multipart(list(wire.request(b"w" * 32, "heartbeat", "x", "h:9", 0, "")))
+            assert stranger.poll(10000), "the lighthouse did not refuse the stranger"
+    finally:
+        context.destroy(linger=0)
+    counts = lighthouse.counts
+    assert counts["refused"] == 1 and counts["dropped"] == 0
+    assert counts["requests"] >= 3 and 1 <= counts["reads"] <= counts["requests"]
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("served ")]
+    assert line.startswith("served %d requests in %d reads" % (counts["requests"],
+                                                               counts["reads"])), line
+    assert "dropped 0, refused 1; its thread's CPU" in line, line
 
 
 def test_a_replayed_or_forged_request_changes_nothing():
