@@ -36,6 +36,7 @@ import time
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import zmq
+from zmq.backend import Socket as _RawSocket
 
 from .._os.elasticsettings import LighthouseSettings, Limits
 from .._os.environment import JobEnvironment
@@ -59,6 +60,7 @@ IDLE_S = 10.0  # a connection silent this long no longer counts against its sour
 BACKLOG = 4096  # connections the kernel holds before they are accepted (net.core.somaxconn caps)
 DRAIN = 64  # requests read, then answered together, between two polls at most
 _NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)  # (ints: no enum arithmetic a frame)
+_send = _RawSocket.send  # (pyzmq's own send under its wrapper: half the CPU of a reply's frames)
 
 
 class Lighthouse:
@@ -249,10 +251,10 @@ class Lighthouse:
             counts["reads"] += 1
         counts["dropped"] += dropped
         for peer, body, mac in replies:
-            sock.send(peer, _SNDMORE)
-            sock.send(b"", _SNDMORE)
-            sock.send(body, _SNDMORE)
-            sock.send(mac)
+            _send(sock, peer, _SNDMORE)
+            _send(sock, b"", _SNDMORE)
+            _send(sock, body, _SNDMORE)
+            _send(sock, mac)
 
     def write_status(self) -> None:
         """Write the status file (if any): what the launcher shows of this lighthouse. A
