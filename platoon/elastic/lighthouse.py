@@ -16,6 +16,10 @@ log line per source per period, with a count. What a node says of itself (its st
 result) is kept only from signed requests, at most `wire.MAX_STATUS` bytes a node and
 `MAX_CONNECTIONS` nodes.
 
+A burst of connections (a job's nodes started together) waits in the kernel until it is
+accepted (a listen backlog of BACKLOG, which net.core.somaxconn caps), rather than losing
+its SYNs (a node's first heartbeat then waits for their retransmission, 1 s or more).
+
 Per heartbeat it reads, checks and answers one signed request; replies to the requests read
 together are sent together, its HMAC keys are set up once, a reply is formatted rather than
 encoded, and the membership is ticked every TICK_S, not per message.
@@ -32,6 +36,7 @@ import time
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import zmq
+from zmq.backend import Socket as _RawSocket
 
 from .._os.elasticsettings import LighthouseSettings, Limits
 from .._os.environment import JobEnvironment
@@ -52,8 +57,10 @@ CHALLENGE_TTL_S = 600.0  # a connection silent this long must fetch a new challe
 CHALLENGES_PER_READ = 64  # challenges made of one read of the system's randomness
 MAX_CONNECTIONS = 10000  # connections served at once (new ones wait for idle ones to go)
 IDLE_S = 10.0  # a connection silent this long no longer counts against its source's cap
+BACKLOG = 4096  # connections the kernel holds before they are accepted (net.core.somaxconn caps)
 DRAIN = 64  # requests read, then answered together, between two polls at most
 _NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)  # (ints: no enum arithmetic a frame)
+_send = _RawSocket.send  # (pyzmq's own send under its wrapper: half the CPU of a reply's frames)
 
 
 class Lighthouse:
@@ -74,6 +81,7 @@ class Lighthouse:
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.linger = 0
         self._socket.maxmsgsize = wire.MAX_BODY  # ZeroMQ drops a larger frame unread
+        self._socket.backlog = BACKLOG
         host, _, port = bind.rpartition(":")
         try:
             if port == "0":
@@ -96,6 +104,10 @@ class Lighthouse:
         self._nodes_changed = False  # since the status file was last written
         self._warnings = ThrottledLog(log, self.limits.log_period_s)
         self._refused = ThrottledLog(log, self.limits.log_period_s, burst=1)
+        # what `serve` did: requests read, reads that found some (a read takes at most DRAIN),
+        # requests dropped unanswered (a capped source, not a REQ envelope, a source past its
+        # refusals), refused (unsigned, malformed: some answered, see `handle`)
+        self.counts = {"requests": 0, "reads": 0, "dropped": 0, "refused": 0}
 
     def _challenge_for(self, peer: bytes, now: float) -> str:
         if not self._random:  # (one read of the system's randomness for many challenges)
@@ -156,6 +168,7 @@ class Lighthouse:
         None when it goes unanswered (a source past its refusals)."""
         data, why = wire.read_request(self._signer, body, mac)
         if data is None:
+            self.counts["refused"] += 1
             self._refused.warning("refused " + source, "refused a request from %s: %s",
                                   source or "?", why)
             count = self._refusals.get(source, 0)
@@ -210,12 +223,13 @@ class Lighthouse:
     def _drain(self) -> None:
         """Read and answer the requests waiting (at most DRAIN), the replies sent together
         once all are read."""
-        sock, replies = self._socket, []
-        for _ in range(DRAIN):
+        sock, replies, read, dropped = self._socket, [], 0, 0
+        while read < DRAIN:
             try:
                 frame = sock.recv(_NOBLOCK, copy=False)
             except zmq.Again:
                 break
+            read += 1
             frames = [frame]
             while frame.more:  # (all of a message's frames are there once its first is)
                 frame = sock.recv(0, copy=False)
@@ -224,15 +238,23 @@ class Lighthouse:
             peer, now = frames[0].bytes, time.monotonic()
             source = self._admit(peer, frames[0], now)
             if source is None or len(frames) != 4 or frames[1].bytes:  # REQ: identity,
-                continue  # delimiter, body, signature
+                dropped += 1  # delimiter, body, signature
+                continue
             answer = self.handle(peer, frames[2].bytes, frames[3].bytes, now, source)
-            if answer is not None:
+            if answer is None:
+                dropped += 1
+            else:
                 replies.append((peer, answer[0], answer[1]))
+        counts = self.counts
+        counts["requests"] += read
+        if read:
+            counts["reads"] += 1
+        counts["dropped"] += dropped
         for peer, body, mac in replies:
-            sock.send(peer, _SNDMORE)
-            sock.send(b"", _SNDMORE)
-            sock.send(body, _SNDMORE)
-            sock.send(mac)
+            _send(sock, peer, _SNDMORE)
+            _send(sock, b"", _SNDMORE)
+            _send(sock, body, _SNDMORE)
+            _send(sock, mac)
 
     def write_status(self) -> None:
         """Write the status file (if any): what the launcher shows of this lighthouse. A
@@ -251,6 +273,9 @@ class Lighthouse:
                                    self.status_file, exc)
 
     def serve(self, stop: Callable[[], bool] = lambda: False) -> None:
+        """Serve until `stop()` is true; then log what it served (`counts`) and the CPU
+        time its thread spent."""
+        cpu = time.thread_time()
         self.write_status()
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
@@ -278,6 +303,12 @@ class Lighthouse:
         finally:
             if self._nodes_changed:  # (the nodes' last words, as the job ends)
                 self.write_status()
+            counts, cpu = self.counts, time.thread_time() - cpu
+            log.info("served %d requests in %d reads (%.3g a read); dropped %d, refused %d; "
+                     "its thread's CPU %.3f s (%.3g us a request)", counts["requests"],
+                     counts["reads"], counts["requests"] / max(1, counts["reads"]),
+                     counts["dropped"], counts["refused"], cpu,
+                     1e6 * cpu / max(1, counts["requests"]))
 
     def close(self) -> None:
         self._socket.close(linger=0)

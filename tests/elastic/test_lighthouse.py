@@ -4,13 +4,17 @@ and nodes (tests/procs/elastic_node.py), killed with -9, stopped and continued; 
 timeout."""
 
 import contextlib
+import logging
 import os
 import re
+import select
 import signal
+import socket
 import threading
 import time
 
 import pytest
+import zmq
 
 from platoon.elastic import MembershipSettings, Quorum, generate_secret, load_secret, wire
 from platoon.elastic.lighthouse import Lighthouse
@@ -18,7 +22,7 @@ from platoon.elastic.quorum import Membership
 from platoon.errors import PlatoonError
 
 from elastic_helpers import GRACE_S, QUORUM, SLACK_S, TIMEOUT_S, WORKER, quorum_of
-from helpers import PROCS, wait_until
+from helpers import PROCS, Proc, wait_until
 
 SECRET = b"s" * 32
 LAST_WORD = os.path.join(PROCS, "elastic_last_word.py")
@@ -272,6 +276,32 @@ def test_secret_file_must_exist_be_private_and_long(tmp_path, monkeypatch):
         load_secret(str(short))
 
 
+def test_the_lighthouse_counts_what_it_served_and_logs_it_as_it_stops(caplog):
+    # (what lighthouse_scale reads: how many requests waited per read, what was dropped)
+    from platoon.elastic import LighthouseClient
+    caplog.set_level(logging.INFO, logger="platoon.elastic.lighthouse")
+    context = zmq.Context()
+    try:
+        with _serving(1) as lighthouse:
+            with LighthouseClient(lighthouse.address, "a", "h:1", secret=SECRET,
+                                  heartbeat_interval_s=0.02) as client:
+                client.wait_for_quorum(timeout_s=10)
+            stranger = context.socket(zmq.REQ)
+            stranger.linger = 0
+            stranger.connect("tcp://" + lighthouse.address)
+            stranger.send_multipart(list(wire.request(b"w" * 32, "heartbeat", "x", "h:9", 0, "")))
+            assert stranger.poll(10000), "the lighthouse did not refuse the stranger"
+    finally:
+        context.destroy(linger=0)
+    counts = lighthouse.counts
+    assert counts["refused"] == 1 and counts["dropped"] == 0
+    assert counts["requests"] >= 3 and 1 <= counts["reads"] <= counts["requests"]
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("served ")]
+    assert line.startswith("served %d requests in %d reads" % (counts["requests"],
+                                                               counts["reads"])), line
+    assert "dropped 0, refused 1; its thread's CPU" in line, line
+
+
 def test_a_replayed_or_forged_request_changes_nothing():
     secret, other = b"s" * 32, b"o" * 32
     with Lighthouse(MembershipSettings(), "127.0.0.1:0", secret) as lighthouse:
@@ -369,3 +399,38 @@ def test_a_node_without_the_secret_is_refused_and_changes_nothing(job, tmp_path)
                if line and re.search(QUORUM, line)]
     assert between and not [line for line in between
                             if "x" in re.search(QUORUM, line).group(2).split(", ")], between
+
+
+def test_a_burst_of_connections_waits_in_the_kernel_for_a_busy_lighthouse(tmp_path):
+    # 1,000 nodes started at once: while the lighthouse is busy (here: stopped), the kernel
+    # holds their connections until it accepts them. ZeroMQ's default backlog (100) had the
+    # kernel drop the others' SYNs: each of those nodes waited a SYN retransmission (1 s,
+    # then 3 s), so its first heartbeat timed out.
+    with open("/proc/sys/net/core/somaxconn") as f:
+        if int(f.read()) < 300:
+            pytest.skip("net.core.somaxconn caps every listen backlog below 300 here")
+    secret_file = str(tmp_path / "secret")
+    generate_secret(secret_file)
+    lighthouse = Proc(["-m", "platoon.elastic.lighthouse", "--bind", "127.0.0.1:0",
+                       "--secret-file", secret_file])
+    socks = []
+    try:
+        port = int(lighthouse.wait_for_line("lighthouse: serving on tcp://").split(
+            "tcp://")[1].split()[0].rsplit(":", 1)[1])
+        os.kill(lighthouse.pid, signal.SIGSTOP)
+        for _ in range(300):
+            sock = socket.socket()
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", port))
+            socks.append(sock)
+        pending, deadline = set(socks), time.monotonic() + 3.0
+        while pending and time.monotonic() < deadline:  # (a handshake on lo: at once)
+            _, writable, _ = select.select([], list(pending), [], 0.1)
+            pending -= {s for s in writable
+                        if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0}
+        assert not pending, "%d of 300 connections left unaccepted by the kernel" % len(pending)
+    finally:
+        for sock in socks:
+            sock.close()
+        os.kill(lighthouse.pid, signal.SIGCONT)
+        lighthouse.kill()
