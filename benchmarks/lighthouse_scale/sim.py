@@ -8,8 +8,9 @@ line: each node's registration time and the time it first saw a quorum of TOTAL 
 timeouts by cause and this process's CPU seconds. NICE (default 0): its niceness, added with
 os.nice (a node on another machine does not compete for the lighthouse's cores).
 
-A request unanswered REQUEST_TIMEOUT_S after it was sent is a timeout (the node then sends
-again on a new connection, as LighthouseClient does), counted as "connecting" when it was the
+A request unanswered REQUEST_TIMEOUT_S after it was sent (the first of a connection:
+FIRST_REPLY_TIMEOUTS times that) is a timeout (the node then sends again on a new connection,
+as LighthouseClient does), counted as "connecting" when it was the
 first request of its connection (not answered before: the connection, or the lighthouse
 reading it, was late) or "registered" (a connection answered before: a heartbeat the
 lighthouse dropped or was slow to answer). Replies are read before timeouts are looked for,
@@ -31,6 +32,7 @@ import time
 import zmq
 
 from platoon.elastic import load_secret, wire
+from platoon.elastic.client import FIRST_REPLY_TIMEOUTS
 from platoon.elastic.secret import Signer
 
 REQUEST_TIMEOUT_S = 1.0
@@ -73,7 +75,7 @@ def main(argv):
     due = [(start + interval * index / count, index) for index in range(count)]
     for when, index in due:
         nodes[index]["due"] = when
-    waiting = []  # (when sent, index): requests in flight, oldest first
+    waiting = []  # (when timed out, when sent, index): requests in flight, soonest first
     latencies, refused, sent = [], 0, 0
     timeouts = {"connecting": 0, "registered": 0}
     cpu0 = time.process_time()
@@ -114,13 +116,13 @@ def main(argv):
             node["due"] = max(arrived, node["due"] + interval)
             heapq.heappush(due, (node["due"], index))
         now = time.monotonic()
-        while waiting and now - waiting[0][0] > REQUEST_TIMEOUT_S:
-            when, index = heapq.heappop(waiting)
+        while waiting and now > waiting[0][0]:
+            late, when, index = heapq.heappop(waiting)
             node = nodes[index]
             if node["sent"] != when:
                 continue  # answered
             if node["sock"].poll(0):  # its reply is here: read by the next poll, not late
-                heapq.heappush(waiting, (when, index))
+                heapq.heappush(waiting, (late, when, index))
                 break
             timeouts["registered" if node["answered"] else "connecting"] += 1
             poller.unregister(node["sock"])  # a new connection, as LighthouseClient does
@@ -137,7 +139,8 @@ def main(argv):
                                      node["highest"], node["challenge"])
             node["mac"], node["sent"] = mac, time.monotonic()
             node["sock"].send_multipart([body, mac])
-            heapq.heappush(waiting, (node["sent"], node["i"] - first))
+            patience = REQUEST_TIMEOUT_S * (1 if node["answered"] else FIRST_REPLY_TIMEOUTS)
+            heapq.heappush(waiting, (node["sent"] + patience, node["sent"], node["i"] - first))
             sent += 1
     print(json.dumps({"joined": [n["joined"] for n in nodes],
                       "saw_all": [n["saw_all"] for n in nodes],

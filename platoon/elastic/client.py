@@ -16,13 +16,17 @@ from .secret import Signer, load_secret, sign_header, verify
 
 log = logging.getLogger(__name__)
 
+FIRST_REPLY_TIMEOUTS = 5  # request timeouts a connection's first request waits for its reply
+
 
 class LighthouseClient:
     """Node `name` (its stable slot) of an elastic job, registered with the lighthouse at
     `lighthouse` ("HOST:PORT") and reachable for the data plane at `address` ("HOST:PORT").
 
     A thread heartbeats every `heartbeat_interval_s`; a request unanswered within
-    `request_timeout_s` is dropped and sent again on a new connection, for as long as the
+    `request_timeout_s` is dropped and sent again on a new connection (the first request of a
+    connection is given FIRST_REPLY_TIMEOUTS such timeouts: a lighthouse that a burst of
+    nodes starting together keeps busy is not sent each request again), for as long as the
     client is open: while the lighthouse is down the node keeps its last quorum, and it
     registers again (reporting the highest quorum id it has seen) once the lighthouse is
     back. `secret`: the job's secret (default: `load_secret()`). A context manager; `close()`
@@ -183,10 +187,11 @@ class LighthouseClient:
         return sock
 
     def _exchange(self, sock: "zmq.Socket[bytes]", op: str, challenge: str,
-                  status: Optional[wire.Message] = None
+                  status: Optional[wire.Message] = None, timeouts: int = 1
                   ) -> Tuple[Optional[wire.Message], Optional[wire.Message]]:
         """One request (with `status`, unless it would make the request too long) and (its
-        reply, None when unanswered in time; the status it carried, or None)."""
+        reply, None when unanswered within `timeouts` request timeouts; the status it
+        carried, or None)."""
         with self._cond:
             highest = 0 if self._quorum is None else self._quorum.id
             broken = self._broken
@@ -198,9 +203,15 @@ class LighthouseClient:
             body, mac = wire.request(self._signer, op, self.name, self.address, highest,
                                      challenge, broken, self.incarnation, unreachable)
         sock.send_multipart([body, mac])
-        try:
-            frames = sock.recv_multipart()
-        except zmq.Again:
+        frames: Optional[List[bytes]] = None
+        for _ in range(timeouts):
+            try:
+                frames = sock.recv_multipart()
+                break
+            except zmq.Again:
+                if self._stop.is_set():  # (closing: no more waiting)
+                    break
+        if frames is None:
             return None, status
         if len(frames) != 2:
             return {"challenge": "", "quorum": None, "done": False,
@@ -262,21 +273,23 @@ class LighthouseClient:
             return True
 
     def _run(self) -> None:
-        sock, challenge = self._connect(), ""
+        sock, challenge, answered = self._connect(), "", False
         try:
             while not self._stop.is_set():
-                answer, status = self._exchange(sock, "heartbeat", challenge,
-                                                self._untold_status())
+                answer, status = self._exchange(
+                    sock, "heartbeat", challenge, self._untold_status(),
+                    1 if answered else FIRST_REPLY_TIMEOUTS)
                 if answer is None:  # the lighthouse is gone or slow: a new connection
                     with self._cond:
                         self.reachable = False
                     sock.close(linger=0)
-                    sock, challenge = self._connect(), ""
+                    sock, challenge, answered = self._connect(), "", False
                     continue
+                answered = True
                 if not self._heard(answer):  # not the lighthouse: a new connection, later
                     sock.close(linger=0)
                     self._stop.wait(max(1.0, self.heartbeat_interval_s))
-                    sock, challenge = self._connect(), ""
+                    sock, challenge, answered = self._connect(), "", False
                     continue
                 challenge = answer["challenge"]
                 self._took(answer, status)

@@ -434,3 +434,30 @@ def test_a_burst_of_connections_waits_in_the_kernel_for_a_busy_lighthouse(tmp_pa
             sock.close()
         os.kill(lighthouse.pid, signal.SIGCONT)
         lighthouse.kill()
+
+
+def test_a_nodes_first_request_waits_longer_before_it_connects_again():
+    # A lighthouse that a burst of starting nodes keeps busy answers a new connection late:
+    # a node that gave up after one request timeout and connected again sent the lighthouse
+    # its handshake and request twice, and so on (1,000 simulated nodes snowballed into
+    # thousands of timeouts). Here the kernel completes the connections of a "lighthouse"
+    # that never answers, and the test counts them.
+    from platoon.elastic import LighthouseClient
+    from platoon.elastic.client import FIRST_REPLY_TIMEOUTS
+
+    timeout_s = 0.2
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        listener.settimeout(0.05)
+        accepted = []
+        with LighthouseClient("127.0.0.1:%d" % listener.getsockname()[1], "a", "h:1",
+                              secret=SECRET, request_timeout_s=timeout_s):
+            deadline = time.monotonic() + (FIRST_REPLY_TIMEOUTS - 1) * timeout_s
+            while time.monotonic() < deadline:
+                with contextlib.suppress(socket.timeout):
+                    accepted.append(listener.accept()[0])
+        for conn in accepted:
+            conn.close()
+    assert len(accepted) == 1, "%d connections in %.2g s" % (
+        len(accepted), (FIRST_REPLY_TIMEOUTS - 1) * timeout_s)
