@@ -23,10 +23,10 @@ minibatches still arriving from the old connection, never acknowledges a minibat
 the worker has not received. (ZeroMQ keeps one receive queue per connected endpoint:
 whatever the old connection brought comes before the new epoch's first message.)
 What a minibatch costs the sender: one up to `protocol.PACK_MAX_BYTES` is packed into one
-frame, the copy that lets the caller reuse its arrays (ZeroMQ copies a frame that small
-again as it queues it, which costs less than a frame per array); by default it is packed
-into a buffer of an acknowledged one of its layout (`PackedBuffers`), memory already
-mapped. A larger one is a header
+frame, the copy that lets the caller reuse its arrays (one frame costs less than a frame
+per array); by default it is packed straight into a ZeroMQ message (`PackedBuffers`),
+which ZeroMQ sends by reference, so that copy is the only one, and which is refilled once
+its minibatch is acknowledged, memory already mapped. A larger one is a header
 and a frame per array; by default (copy=True) each array is copied once, into a ZeroMQ
 message (`zmq.Frame`) that is kept and re-sent by reference, as pyzmq's own copying send
 copies each frame once. Python-owned memory is handed to ZeroMQ without a copy only with
@@ -75,22 +75,30 @@ class _Peer:
         self.gone = False
 
 
-class _Packed(bytearray):
-    """A packed minibatch's frame from `PackedBuffers` (`key`: its prefix, which names its
-    layout)."""
+class _Packed(zmq.Frame):
+    """A packed minibatch's frame from `PackedBuffers`: a ZeroMQ message of ZeroMQ's own
+    memory, filled in place and sent by reference (`key`: its prefix, which names its
+    layout; `reusable`: sent once, on one connection, so its acknowledgement means ZeroMQ
+    has written all its bytes and will read none again)."""
 
-    __slots__ = ("key",)
+    __slots__ = ("key", "reusable")
     key: bytes
+    reusable: bool
+    __setattr__ = object.__setattr__  # not pyzmq's, which looks for a socket option (3 us)
 
 
 class PackedBuffers:
     """Frames of packed minibatches, each reused once its minibatch was acknowledged.
 
-    The channel keeps every minibatch until acknowledged, and workers acknowledge many at
-    once: new frames for each were allocated in memory that the allocator had just returned
-    to the system with the last acknowledged batch of them, and mapped in again page by page
-    (counted: about 0.8 page faults per 16 KiB minibatch in the sending thread). Frames given
-    back are kept by layout, up to KEEP_BYTES in all.
+    A frame is a ZeroMQ message (`_Packed`) that send_mb fills and ZeroMQ sends by
+    reference: the packing is the only copy (pyzmq's copying send would allocate a message
+    and copy the frame again, about a third of the sending thread's CPU per 16 KiB
+    minibatch, and ZeroMQ's I/O thread would free it). The channel keeps every minibatch
+    until acknowledged, and workers acknowledge many at once: new frames for each were
+    allocated in memory that the allocator had just returned to the system with the last
+    acknowledged batch of them, and mapped in again page by page (counted: about 0.8 page
+    faults per 16 KiB minibatch in the sending thread). Frames given back are kept by
+    layout, up to KEEP_BYTES in all.
     """
 
     KEEP_BYTES = 32 << 20  # a 16 MiB window of a worker or two, to be refilled
@@ -110,10 +118,11 @@ class PackedBuffers:
         if free:
             frame = free.pop()
             self._kept -= size
-        else:
-            frame = _Packed(size)
-            frame[:len(prefix)] = prefix
+        else:  # zeros (the padding), in a message of ZeroMQ's: copy=True whatever the size
+            frame = _Packed(bytes(size), copy=True)
             frame.key = prefix
+            memoryview(frame)[:len(prefix)] = prefix
+        frame.reusable = True
         view = memoryview(frame)
         for a, (start, stop) in zip(arrays, spans):
             if stop > start:  # (an empty array's view cannot be cast)
@@ -121,8 +130,9 @@ class PackedBuffers:
         return [frame]
 
     def give_back(self, frame):
-        """`frame` (from `pack`) is no longer needed: its minibatch was acknowledged."""
-        if self._kept + len(frame) <= self.KEEP_BYTES:
+        """`frame` (from `pack`) is no longer needed: its minibatch was acknowledged. Kept
+        for a refill only if it was sent once (see `_Packed`)."""
+        if frame.reusable and self._kept + len(frame) <= self.KEEP_BYTES:
             self._free.setdefault(frame.key, []).append(frame)
             self._kept += len(frame)
 
@@ -475,9 +485,9 @@ class MinibatchChannel:
             for frame in frames[:last]:
                 sock.send(frame, _SNDMORE, copy=False)  # small frames are copied, large not
             sock.send(frames[last], 0, copy=False)
-        else:  # a _Packed frame is reused once acknowledged: ZeroMQ copies it, whatever its size
+        else:  # a _Packed frame goes by reference; bytes (a layout's first) are copied
             frame = frames[0]
-            sock.send(frame, 0, copy=type(frame) is _Packed)
+            sock.send(frame, 0, copy=type(frame) is not _Packed)
         peer.sent += 1
         peer.credit -= 1
         peer.unacked.append((peer.sent, frames, nbytes))
@@ -499,7 +509,12 @@ class MinibatchChannel:
             self._take_back(peer)
 
     def _take_back(self, peer):
-        """Queue `peer`'s unacknowledged minibatches to be re-sent first, in their order."""
+        """Queue `peer`'s unacknowledged minibatches to be re-sent first, in their order.
+        Their packed frames are never refilled: ZeroMQ may still be writing them to the
+        connection they were first sent on."""
+        for _, frames, _ in peer.unacked:
+            if type(frames[0]) is _Packed:
+                frames[0].reusable = False
         self.resend.extendleft(reversed([(frames, nbytes) for _, frames, nbytes
                                          in peer.unacked]))
         peer.unacked.clear()
