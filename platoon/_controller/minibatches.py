@@ -132,9 +132,10 @@ class PackedBuffers:
     def give_back(self, frame):
         """`frame` (from `pack`) is no longer needed: its minibatch was acknowledged. Kept
         for a refill only if it was sent once (see `_Packed`)."""
-        if frame.reusable and self._kept + len(frame) <= self.KEEP_BYTES:
+        size = len(frame)
+        if frame.reusable and self._kept + size <= self.KEEP_BYTES:
             self._free.setdefault(frame.key, []).append(frame)
-            self._kept += len(frame)
+            self._kept += size
 
 
 class MinibatchChannel:
@@ -201,7 +202,8 @@ class MinibatchChannel:
 
     def send_mb(self, arrays, timeout_s, copy):
         """Encode `arrays` and deliver them (see `Controller.send_mb`); the taker's id."""
-        self._check_process("send_mb")
+        if _process_id[0] != self._pid:
+            self._check_process("send_mb")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:  # (acknowledgements give packed frames back under it too)
             # a _Packed frame; or bytes (packed), or a header then memoryviews (cast to "B")
@@ -237,7 +239,8 @@ class MinibatchChannel:
         ready = self.ready
         if ready and not self.resend and not self.left \
                 and self._sends_undrained < self.DRAIN_EVERY - 1:
-            self._check_stopped()
+            if self.stopped() is not None:
+                self._check_stopped()
             peer = ready[0]
             if self._has_room(peer) and self._send(peer, frames, nbytes):
                 self._sends_undrained += 1
@@ -474,20 +477,20 @@ class MinibatchChannel:
 
     def _send(self, peer, frames, nbytes):
         """Send to `peer`; False (and the peer dropped) if its connection is gone."""
-        sock = self.sock
+        sock, send = self.sock, _socket_send
         try:
-            sock.send(peer.identity, _SNDMORE)
+            send(sock, peer.identity, _SNDMORE, True)
         except zmq.ZMQError:  # EHOSTUNREACH: disconnected
             self._drop(peer, "disconnected")
             return False
         last = len(frames) - 1
         if last:
             for frame in frames[:last]:
-                sock.send(frame, _SNDMORE, copy=False)  # small frames are copied, large not
-            sock.send(frames[last], 0, copy=False)
+                send(sock, frame, _SNDMORE, False)  # small frames are copied, large not
+            send(sock, frames[last], 0, False)
         else:  # a _Packed frame goes by reference; bytes (a layout's first) are copied
             frame = frames[0]
-            sock.send(frame, 0, copy=type(frame) is not _Packed)
+            send(sock, frame, 0, type(frame) is not _Packed)
         peer.sent += 1
         peer.credit -= 1
         peer.unacked.append((peer.sent, frames, nbytes))
@@ -523,6 +526,10 @@ class MinibatchChannel:
 
 # Plain ints: flags are combined and passed on every send (enum arithmetic costs a microsecond)
 _SNDMORE = int(zmq.SNDMORE)
+# pyzmq's send itself (sock, data, flags, copy), without zmq.Socket's Python wrapper, which
+# adds only the draft sockets' routing_id= and group= and passes the rest on by keyword:
+# a few microseconds of a minibatch's two or three sends on this machine
+_socket_send = zmq.backend.Socket.send
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 
