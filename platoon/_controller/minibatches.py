@@ -23,10 +23,10 @@ minibatches still arriving from the old connection, never acknowledges a minibat
 the worker has not received. (ZeroMQ keeps one receive queue per connected endpoint:
 whatever the old connection brought comes before the new epoch's first message.)
 What a minibatch costs the sender: one up to `protocol.PACK_MAX_BYTES` is packed into one
-frame, the copy that lets the caller reuse its arrays (ZeroMQ copies a frame that small
-again as it queues it, which costs less than a frame per array); by default it is packed
-into a buffer of an acknowledged one of its layout (`PackedBuffers`), memory already
-mapped. A larger one is a header
+frame, the copy that lets the caller reuse its arrays (one frame costs less than a frame
+per array); by default it is packed straight into a ZeroMQ message (`PackedBuffers`),
+which ZeroMQ sends by reference, so that copy is the only one, and which is refilled once
+its minibatch is acknowledged, memory already mapped. A larger one is a header
 and a frame per array; by default (copy=True) each array is copied once, into a ZeroMQ
 message (`zmq.Frame`) that is kept and re-sent by reference, as pyzmq's own copying send
 copies each frame once. Python-owned memory is handed to ZeroMQ without a copy only with
@@ -75,22 +75,31 @@ class _Peer:
         self.gone = False
 
 
-class _Packed(bytearray):
-    """A packed minibatch's frame from `PackedBuffers` (`key`: its prefix, which names its
-    layout)."""
+class _Packed(zmq.Frame):
+    """A packed minibatch's frame from `PackedBuffers`: a ZeroMQ message of ZeroMQ's own
+    memory, filled in place and sent by reference (`key`: its prefix, which names its
+    layout; `reusable`: sent once, on one connection, so its acknowledgement means ZeroMQ
+    has written all its bytes and will read none again)."""
 
-    __slots__ = ("key",)
+    __slots__ = ("key", "reusable")
     key: bytes
+    reusable: bool
+    # object's, not pyzmq's, which looks for a socket option first (3 us an assignment)
+    __setattr__ = object.__setattr__  # type: ignore[assignment]
 
 
 class PackedBuffers:
     """Frames of packed minibatches, each reused once its minibatch was acknowledged.
 
-    The channel keeps every minibatch until acknowledged, and workers acknowledge many at
-    once: new frames for each were allocated in memory that the allocator had just returned
-    to the system with the last acknowledged batch of them, and mapped in again page by page
-    (counted: about 0.8 page faults per 16 KiB minibatch in the sending thread). Frames given
-    back are kept by layout, up to KEEP_BYTES in all.
+    A frame is a ZeroMQ message (`_Packed`) that send_mb fills and ZeroMQ sends by
+    reference: the packing is the only copy (pyzmq's copying send would allocate a message
+    and copy the frame again, and ZeroMQ's I/O thread would free it: counted, 1.5 us of the
+    sending thread's 11.5 per 16 KiB minibatch). The channel keeps every minibatch
+    until acknowledged, and workers acknowledge many at once: new frames for each were
+    allocated in memory that the allocator had just returned to the system with the last
+    acknowledged batch of them, and mapped in again page by page (counted: about 0.8 page
+    faults per 16 KiB minibatch in the sending thread). Frames given back are kept by
+    layout, up to KEEP_BYTES in all.
     """
 
     KEEP_BYTES = 32 << 20  # a 16 MiB window of a worker or two, to be refilled
@@ -110,21 +119,25 @@ class PackedBuffers:
         if free:
             frame = free.pop()
             self._kept -= size
-        else:
-            frame = _Packed(size)
-            frame[:len(prefix)] = prefix
+        else:  # zeros (the padding), in a message of ZeroMQ's: copy=True whatever the size
+            frame = _Packed(bytes(size), copy=True)
             frame.key = prefix
-        view = memoryview(frame)
+            memoryview(frame)[:len(prefix)] = prefix  # type: ignore[arg-type]
+        frame.reusable = True
+        # (pyzmq's stubs do not say that a Frame is a buffer)
+        view = memoryview(frame)  # type: ignore[arg-type]
         for a, (start, stop) in zip(arrays, spans):
             if stop > start:  # (an empty array's view cannot be cast)
                 view[start:stop] = memoryview(a).cast("B")
         return [frame]
 
     def give_back(self, frame):
-        """`frame` (from `pack`) is no longer needed: its minibatch was acknowledged."""
-        if self._kept + len(frame) <= self.KEEP_BYTES:
+        """`frame` (from `pack`) is no longer needed: its minibatch was acknowledged. Kept
+        for a refill only if it was sent once (see `_Packed`)."""
+        size = len(frame)
+        if frame.reusable and self._kept + size <= self.KEEP_BYTES:
             self._free.setdefault(frame.key, []).append(frame)
-            self._kept += len(frame)
+            self._kept += size
 
 
 class MinibatchChannel:
@@ -191,7 +204,8 @@ class MinibatchChannel:
 
     def send_mb(self, arrays, timeout_s, copy):
         """Encode `arrays` and deliver them (see `Controller.send_mb`); the taker's id."""
-        self._check_process("send_mb")
+        if _process_id[0] != self._pid:
+            self._check_process("send_mb")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:  # (acknowledgements give packed frames back under it too)
             # a _Packed frame; or bytes (packed), or a header then memoryviews (cast to "B")
@@ -227,7 +241,8 @@ class MinibatchChannel:
         ready = self.ready
         if ready and not self.resend and not self.left \
                 and self._sends_undrained < self.DRAIN_EVERY - 1:
-            self._check_stopped()
+            if self.stopped() is not None:
+                self._check_stopped()
             peer = ready[0]
             if self._has_room(peer) and self._send(peer, frames, nbytes):
                 self._sends_undrained += 1
@@ -464,20 +479,20 @@ class MinibatchChannel:
 
     def _send(self, peer, frames, nbytes):
         """Send to `peer`; False (and the peer dropped) if its connection is gone."""
-        sock = self.sock
+        sock, send = self.sock, _socket_send
         try:
-            sock.send(peer.identity, _SNDMORE)
+            send(sock, peer.identity, _SNDMORE, True)
         except zmq.ZMQError:  # EHOSTUNREACH: disconnected
             self._drop(peer, "disconnected")
             return False
         last = len(frames) - 1
         if last:
             for frame in frames[:last]:
-                sock.send(frame, _SNDMORE, copy=False)  # small frames are copied, large not
-            sock.send(frames[last], 0, copy=False)
-        else:  # a _Packed frame is reused once acknowledged: ZeroMQ copies it, whatever its size
+                send(sock, frame, _SNDMORE, False)  # small frames are copied, large not
+            send(sock, frames[last], 0, False)
+        else:  # a _Packed frame goes by reference; bytes (a layout's first) are copied
             frame = frames[0]
-            sock.send(frame, 0, copy=type(frame) is _Packed)
+            send(sock, frame, 0, type(frame) is not _Packed)
         peer.sent += 1
         peer.credit -= 1
         peer.unacked.append((peer.sent, frames, nbytes))
@@ -499,7 +514,12 @@ class MinibatchChannel:
             self._take_back(peer)
 
     def _take_back(self, peer):
-        """Queue `peer`'s unacknowledged minibatches to be re-sent first, in their order."""
+        """Queue `peer`'s unacknowledged minibatches to be re-sent first, in their order.
+        Their packed frames are never refilled: ZeroMQ may still be writing them to the
+        connection they were first sent on."""
+        for _, frames, _ in peer.unacked:
+            if type(frames[0]) is _Packed:
+                frames[0].reusable = False
         self.resend.extendleft(reversed([(frames, nbytes) for _, frames, nbytes
                                          in peer.unacked]))
         peer.unacked.clear()
@@ -508,6 +528,10 @@ class MinibatchChannel:
 
 # Plain ints: flags are combined and passed on every send (enum arithmetic costs a microsecond)
 _SNDMORE = int(zmq.SNDMORE)
+# pyzmq's send itself (sock, data, flags, copy), without zmq.Socket's Python wrapper, which
+# adds only the draft sockets' routing_id= and group= and passes the rest on by keyword:
+# a few microseconds of a minibatch's two or three sends on this machine
+_socket_send = zmq.backend.Socket.send
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 
