@@ -427,12 +427,24 @@ def _launch_hosts(tmp_path, experiment, *args):
     return out.returncode, out.stdout + out.stderr, (tmp_path / "logs" / "mpiexec.log")
 
 
-def test_launcher_hosts_runs_one_controller_per_host(tmp_path):
-    code, out, log = _launch_hosts(tmp_path, os.path.join(ROOT, "examples", "linear", "linear"),
-                                   "-n", "2", "-c", "--steps 1000", "--tie-every-s", "0.1")
-    assert code == 0, out + log.read_text()
+@pytest.fixture(scope="module")
+def linear_over_hosts(tmp_path_factory):
+    """The linear example under `platoon-launcher --hosts localhost localhost`, its centres
+    tied over int8 by DiLoCo's outer step: (exit code, output, mpiexec.log's text). Run once
+    for the two tests that read it (a launcher job of 2 nodes x 2 workers fewer)."""
+    code, out, log = _launch_hosts(tmp_path_factory.mktemp("linear_over_hosts"),
+                                   os.path.join(ROOT, "examples", "linear", "linear"),
+                                   "-n", "2", "-c", "--steps 1000", "--tie-every-s", "0.05",
+                                   "--tie-compress", "int8", "--tie-outer", "diloco",
+                                   "--tie-outer-lr", "0.5")
+    return code, out, log.read_text() if log.exists() else "(no %s)" % log
+
+
+def test_launcher_hosts_runs_one_controller_per_host(linear_over_hosts):
+    code, out, log = linear_over_hosts
+    assert code == 0, out + log
     assert "job finished on 2 node(s)" in out
-    assert log.read_text().count("trained ") == 2  # each node's controller reports
+    assert log.count("trained ") == 2  # each node's controller reports
 
 
 def test_launcher_hosts_shows_each_workers_lines_whole_attributed_once(tmp_path):
@@ -638,7 +650,7 @@ def test_a_node_dying_mid_round_ends_the_job_with_its_last_good_centre_saved(mpi
     assert weights.shape == (256,) and np.isfinite(weights).all(), weights
 
 
-def test_launcher_hosts_passes_tie_compress_to_every_node(tmp_path, capsys):
+def test_launcher_hosts_passes_tie_compress_to_every_node(linear_over_hosts, capsys):
     from platoon.launch import cli as launcher
     with pytest.raises(SystemExit) as exc:
         launcher.parse_args(["x", "--tie-compress", "int8"])
@@ -653,15 +665,12 @@ def test_launcher_hosts_passes_tie_compress_to_every_node(tmp_path, capsys):
         launcher.parse_args(["x", "--hosts", "h1", "--tie-outer", "diloco",
                              "--tie-outer-momentum", "1"])
     assert "--tie-outer-momentum must be in [0, 1)" in capsys.readouterr().err
-    code, out, log = _launch_hosts(tmp_path, os.path.join(ROOT, "examples", "linear", "linear"),
-                                   "-n", "2", "-c", "--steps 1000", "--tie-every-s", "0.05",
-                                   "--tie-compress", "int8", "--tie-outer", "diloco",
-                                   "--tie-outer-lr", "0.5")
-    assert code == 0, out + log.read_text()
-    assert "DiLoCo lr 0.5, momentum 0.9" in log.read_text(), log.read_text()
+    code, out, log = linear_over_hosts
+    assert code == 0, out + log
+    assert "DiLoCo lr 0.5, momentum 0.9" in log, log
     sent = re.findall(r"node \d: the centre tie sent \d+ bytes from this node: \d+ outer "
-                      r"round\(s\), \d+ with its move in int8[^\n]*", log.read_text())
-    assert len(sent) == 2, log.read_text()
+                      r"round\(s\), \d+ with its move in int8[^\n]*", log)
+    assert len(sent) == 2, log
     assert all(line in out for line in sent), out  # the launcher shows what crossed the link
 
 
