@@ -55,22 +55,50 @@ def train_step(model, opt, x, y=None):
 
 # -- a real job --
 
-def test_two_worker_processes_train_and_the_centre_moves_and_loads_into_a_fresh_model(
-        serve, procs, tmp_path):
+@pytest.fixture(scope="module")
+def two_worker_processes(tmp_path_factory):
+    """A job of two torch_sync_worker.py processes (24 steps, a sync every 4) with a
+    controller serving in this process, the second worker started once the first, alone,
+    has waited 1.5 s in PeriodicSync for it: {"first_alone": the first's output after
+    those 1.5 s, "workers": their Procs, all exited, "reports": their JSON reports, "centre":
+    the controller's centre once both were done, "out": the reports' path pattern, "steps",
+    "every"}. Run once for the two tests below (a pair of torch processes fewer)."""
     steps, every = 24, 4
+    out = str(tmp_path_factory.mktemp("torch_sync") / "worker%d.json")
     ctl = Nothing(control_port=0, num_workers=2)
-    serving = serve(ctl, timeout=60)
-    out = str(tmp_path / "worker%d.json")
-    workers = [procs("torch_sync_worker.py", ctl.control_port, steps, every, out)
-               for _ in range(2)]
-    for w in workers:
-        assert w.wait(60) == 0, w.output
-    final = [a.copy() for a in ctl.centre]
-    serving.join()
+    serving = threading.Thread(target=ctl.serve, kwargs={"timeout_s": 120}, daemon=True)
+    serving.start()
+    workers = []
+    try:
+        args = [os.path.join(PROCS, "torch_sync_worker.py"), ctl.control_port, steps, every, out]
+        workers.append(Proc([str(a) for a in args]))
+        workers[0].wait_for_line("REGISTERED", timeout=90)  # (torch's import)
+        time.sleep(1.5)  # alone, it waits in PeriodicSync (before, it trained alone)
+        first_alone = workers[0].output
+        workers.append(Proc([str(a) for a in args]))
+        for w in workers:
+            assert w.wait(90) == 0, w.output
+        serving.join(30)
+        assert not serving.is_alive(), "the controller still serves"
+        final = [a.copy() for a in ctl.centre]
+    finally:
+        for w in workers:
+            w.kill()
+        serving.join(30)
+        ctl.close()
     reports = []
     for k in range(2):
         with open(out % k) as f:
             reports.append(json.load(f))
+    return {"first_alone": first_alone, "workers": workers, "reports": reports,
+            "centre": final, "out": out, "steps": steps, "every": every}
+
+
+def test_two_worker_processes_train_and_the_centre_moves_and_loads_into_a_fresh_model(
+        two_worker_processes):
+    job = two_worker_processes
+    steps, every, reports, final, out = (job[k] for k in ("steps", "every", "reports",
+                                                          "centre", "out"))
     # Worker 0 syncs in place at steps 4, 8, ...; worker 1 (overlap) finishes each sync at
     # the next sync point, and the last one when its `with` block ends.
     assert reports[0]["syncs"] == [s // every for s in range(1, steps + 1)]
@@ -90,6 +118,16 @@ def test_two_worker_processes_train_and_the_centre_moves_and_loads_into_a_fresh_
             np.testing.assert_array_equal(centre[name].numpy(), array)
             assert not torch.equal(centre[name], initial[name]), name  # the centre moved
         assert centre["1.num_batches_tracked"].item() == steps  # this worker's own count
+
+
+def test_workers_begin_training_together(two_worker_processes):
+    job = two_worker_processes
+    # Alone, the first worker waited in PeriodicSync (before, it trained 801 steps alone).
+    assert "REGISTERED" in job["first_alone"] and "TRAINING" not in job["first_alone"], \
+        job["first_alone"]
+    for proc in job["workers"]:
+        assert proc.wait_for_line("TRAINING").split()[2] == "1"  # nothing moved
+        assert proc.wait_for_line("DONE").split()[2] == str(job["steps"] // job["every"])
 
 
 # -- the wrapper in this process --
@@ -773,22 +811,6 @@ def test_the_centre_in_a_call_and_in_a_state_dict(one_worker, tmp_path):
     fresh = nn.Linear(3, 1)
     fresh.load_state_dict(torch.load(tmp_path / "centre.pt"))
     np.testing.assert_array_equal(fresh.weight.detach().numpy(), w.shared_params[0])
-
-
-def test_workers_begin_training_together(serve, procs):
-    ctl = Nothing(control_port=0, num_workers=2)
-    serving = serve(ctl, timeout=120)
-    first = procs("together_worker.py", ctl.control_port)
-    first.wait_for_line("REGISTERED", timeout=90)  # (torch's import)
-    # Alone, the first worker waits in PeriodicSync (before, it trained 801 steps alone).
-    with pytest.raises(pytest.fail.Exception, match="no line 'TRAINING'"):
-        first.wait_for_line("TRAINING", timeout=1.5)
-    second = procs("together_worker.py", ctl.control_port)
-    for proc in (first, second):
-        assert proc.wait_for_line("TRAINING", timeout=90).split()[2] == "1"  # nothing moved
-        assert proc.wait(60) == 0, proc.output
-        assert proc.wait_for_line("DONE").split()[2] == "20"
-    serving.join()
 
 
 # -- one script, alone or in a job; a full resume --

@@ -97,7 +97,7 @@ def launched(tmp_path):
 def test_digits_example_trains_through_the_console_script(tmp_path):
     script = os.path.join(os.path.dirname(sys.executable), "platoon-launcher")
     code, out = run_launcher([script, os.path.join(ROOT, "examples", "digits", "digits"),
-                              "-n", "2", "-c", "--max-minibatches 1500"], tmp_path,
+                              "-n", "2", "-c", "--max-minibatches 500"], tmp_path,
                              env={"CUDA_VISIBLE_DEVICES": ""})
     assert code == 0, out
     assert "no CUDA GPU visible: starting 2 CPU worker(s)" in out

@@ -427,12 +427,32 @@ def _launch_hosts(tmp_path, experiment, *args):
     return out.returncode, out.stdout + out.stderr, (tmp_path / "logs" / "mpiexec.log")
 
 
-def test_launcher_hosts_runs_one_controller_per_host(tmp_path):
-    code, out, log = _launch_hosts(tmp_path, os.path.join(ROOT, "examples", "linear", "linear"),
-                                   "-n", "2", "-c", "--steps 1000", "--tie-every-s", "0.1")
-    assert code == 0, out + log.read_text()
+@pytest.fixture(scope="module")
+def linear_over_hosts(tmp_path_factory):
+    """linear_over_hosts(): the linear example under `platoon-launcher --hosts localhost
+    localhost`, its centres tied over int8 by DiLoCo's outer step: (exit code, output,
+    mpiexec.log's text). Run once, in the first test that asks (so that its `no_leaks` sweeps
+    what MPICH leaves), for the two tests that read it (a launcher job of 2 nodes fewer)."""
+    done = []
+
+    def run():
+        if not done:
+            code, out, log = _launch_hosts(tmp_path_factory.mktemp("linear_over_hosts"),
+                                           os.path.join(ROOT, "examples", "linear", "linear"),
+                                           "-n", "2", "-c", "--steps 1000", "--tie-every-s",
+                                           "0.05", "--tie-compress", "int8", "--tie-outer",
+                                           "diloco", "--tie-outer-lr", "0.5")
+            done.append((code, out, log.read_text() if log.exists() else "(no %s)" % log))
+        return done[0]
+
+    return run
+
+
+def test_launcher_hosts_runs_one_controller_per_host(linear_over_hosts):
+    code, out, log = linear_over_hosts()
+    assert code == 0, out + log
     assert "job finished on 2 node(s)" in out
-    assert log.read_text().count("trained ") == 2  # each node's controller reports
+    assert log.count("trained ") == 2  # each node's controller reports
 
 
 def test_launcher_hosts_shows_each_workers_lines_whole_attributed_once(tmp_path):
@@ -480,12 +500,37 @@ def test_compressed_mean_gives_every_rank_the_same_bits_and_counts_its_bytes():
     assert len(re.findall(r"OK rank \d checks 509", out.stdout)) == 2, out.stdout + out.stderr
 
 
+@pytest.fixture(scope="module")
+def regression(tmp_path_factory):
+    """regression(compress, *options): `_regression_job`'s result, the job run once in this
+    file for every test that reads it (an mpiexec job of 2 nodes x 2 workers fewer each)."""
+    jobs, results = [], {}
+
+    def start(scenario, *options, **kwargs):
+        jobs.append(MpiJob(scenario, *options, **kwargs))
+        return jobs[-1]
+
+    def run(compress, *options):
+        key = (compress,) + options
+        if key not in results:
+            try:
+                results[key] = _regression_job(start, tmp_path_factory.mktemp("regression")
+                                               / "job", *key)
+            finally:
+                for job in jobs:  # done, or failed: nothing of it outlives the test
+                    job.kill()
+                jobs.clear()
+        return results[key]
+
+    return run
+
+
 def _regression_job(mpi_job, out_dir, compress, *options):
     """The linear regression (256 float32 weights) on 2 nodes x 2 workers, the centres tied
     every 0.02 s with `compress` (and the tie `options`), training on until each node's tie
     has run 4 rounds (a loaded machine once ran only the first and the final one): returns
     (the final centre's distance to the true weights, [(tie rounds, tie bytes) of node 0, of
-    node 1]) once both nodes hold the same centre."""
+    node 1], the job's output) once both nodes hold the same centre."""
     os.makedirs(str(out_dir))
     job = mpi_job("-", "--controller", os.path.join(PROCS, "centre_controller.py"),
                   "--controller-args", str(out_dir), "--tie-every-s", "0.02",
@@ -499,7 +544,7 @@ def _regression_job(mpi_job, out_dir, compress, *options):
     assert returned[0][0].tobytes() == returned[1][0].tobytes(), job.output
     (weights,) = returned[0]
     distance = float(np.linalg.norm(weights - np.arange(256, dtype=np.float32) / 256))
-    return distance, [(int(rounds), int(sent)) for _, rounds, sent in counts]
+    return distance, [(int(rounds), int(sent)) for _, rounds, sent in counts], job.output
 
 
 def _split_bytes(sent, rounds, message):
@@ -514,14 +559,14 @@ def _split_bytes(sent, rounds, message):
                          % (sent, rounds, message))
 
 
-def test_an_int8_tie_trains_to_the_true_weights_with_4x_fewer_bytes(mpi_job, tmp_path):
+def test_an_int8_tie_trains_to_the_true_weights_with_4x_fewer_bytes(regression):
     """Each outer round a node sends its centre's move from the shared anchor: 1024 bytes in
     float32, 256 + one 4-byte scale in int8; the first anchor sends nothing when every node's
     centre is already equal (their sha256s are in the round's headers), else the centre
     losslessly (1024 bytes); the final agreement sends nothing (every centre becomes the
     anchor). Counted exactly, in the controller's progress totals (`tie_bytes_sent`)."""
-    plain, plain_counts = _regression_job(mpi_job, tmp_path / "float32", "float32")
-    packed, packed_counts = _regression_job(mpi_job, tmp_path / "int8", "int8")
+    plain, plain_counts, _ = regression("float32")
+    packed, packed_counts, _ = regression("int8")
     start = float(np.linalg.norm(np.random.default_rng(0).normal(size=256)
                                  - np.arange(256) / 256))
     print("distance to the true weights: start %.3f, float32 tie %.5f, int8 tie %.5f; "
@@ -571,13 +616,12 @@ def test_a_fixed_world_heals_a_member_whose_anchor_differs():
     assert found == [("0", "2720"), ("1", "0")], out.stdout + out.stderr
 
 
-def test_a_diloco_outer_step_over_int8_trains_to_the_true_weights(mpi_job, tmp_path):
+def test_a_diloco_outer_step_over_int8_trains_to_the_true_weights(regression):
     """DiLoCo's outer step across the node centres (outer lr 0.7, Nesterov 0.9), the
     pseudo-gradients sent as int8: the job ends with one centre at the true weights. Bytes: the
     first anchor nothing when the centres are already equal (else 1024), each outer round with
     this node's move 260."""
-    distance, counts = _regression_job(mpi_job, tmp_path / "diloco", "int8",
-                                       "--tie-outer", "diloco")
+    distance, counts, _ = regression("int8", "--tie-outer", "diloco")
     print("distance %.5f, (rounds, bytes) %s" % (distance, counts))
     assert distance < 0.05, (distance, counts)
     assert all(rounds > 3 for rounds, _ in counts), counts
@@ -614,7 +658,7 @@ def test_a_node_dying_mid_round_ends_the_job_with_its_last_good_centre_saved(mpi
     assert weights.shape == (256,) and np.isfinite(weights).all(), weights
 
 
-def test_launcher_hosts_passes_tie_compress_to_every_node(tmp_path, capsys):
+def test_launcher_hosts_passes_tie_compress_to_every_node(linear_over_hosts, capsys):
     from platoon.launch import cli as launcher
     with pytest.raises(SystemExit) as exc:
         launcher.parse_args(["x", "--tie-compress", "int8"])
@@ -629,15 +673,12 @@ def test_launcher_hosts_passes_tie_compress_to_every_node(tmp_path, capsys):
         launcher.parse_args(["x", "--hosts", "h1", "--tie-outer", "diloco",
                              "--tie-outer-momentum", "1"])
     assert "--tie-outer-momentum must be in [0, 1)" in capsys.readouterr().err
-    code, out, log = _launch_hosts(tmp_path, os.path.join(ROOT, "examples", "linear", "linear"),
-                                   "-n", "2", "-c", "--steps 1000", "--tie-every-s", "0.05",
-                                   "--tie-compress", "int8", "--tie-outer", "diloco",
-                                   "--tie-outer-lr", "0.5")
-    assert code == 0, out + log.read_text()
-    assert "DiLoCo lr 0.5, momentum 0.9" in log.read_text(), log.read_text()
+    code, out, log = linear_over_hosts()
+    assert code == 0, out + log
+    assert "DiLoCo lr 0.5, momentum 0.9" in log, log
     sent = re.findall(r"node \d: the centre tie sent \d+ bytes from this node: \d+ outer "
-                      r"round\(s\), \d+ with its move in int8[^\n]*", log.read_text())
-    assert len(sent) == 2, log.read_text()
+                      r"round\(s\), \d+ with its move in int8[^\n]*", log)
+    assert len(sent) == 2, log
     assert all(line in out for line in sent), out  # the launcher shows what crossed the link
 
 
@@ -649,16 +690,17 @@ TIE_SENT = re.compile(r"platoon.mpi: node (\d): the centre tie sent (\d+) bytes 
 
 @pytest.mark.parametrize("outer", ["easgd", "diloco"])
 def test_a_job_run_by_hand_says_what_crossed_the_link_rounds_in_the_codec_and_lossless_apart(
-        mpi_job, outer):
+        regression, outer):
     """int8 rounds (256 float32: 260 bytes each, in each outer round with this node's move) and
     the lossless ones (whole centres, 1024 bytes: the first anchor, only if the centres differ)
     are counted apart, each node printing them on the terminal (they were averaged together,
-    and said only in the log at INFO)."""
-    job = mpi_job("-", "--tie-every-s", "0.02", "--tie-compress", "int8", "--tie-outer", outer,
-                  "--", os.path.join(PROCS, "tie_regression_worker.py"), "600")
-    assert job.wait(60) == 0, job.output  # 600 steps: int8 rounds under load too (150: none once)
-    found = TIE_SENT.findall(job.output)
-    assert sorted(f[0] for f in found) == ["0", "1"], job.output
+    and said only in the log at INFO). The int8 regression jobs run by hand (`python -m
+    platoon.mpi`) of the two tests above, each node's tie having run 4 rounds or more, so that
+    int8 rounds happen under load too."""
+    options = ("--tie-outer", "diloco") if outer == "diloco" else ()
+    *_, output = regression("int8", *options)
+    found = TIE_SENT.findall(output)
+    assert sorted(f[0] for f in found) == ["0", "1"], output
     for (_, total, rounds, coded, codec, coded_bytes, per_coded, lossless, _which,
          lossless_bytes, rule) in found:
         assert codec == "int8" and int(coded_bytes) == 260 * int(coded) and int(coded) > 0

@@ -5,6 +5,9 @@ Worker 0 syncs in place, worker 1 with overlap=True. The model (Linear, BatchNor
 ReLU, Linear) learns a fixed linear map. OUT % worker_id gets a JSON report (w.syncs
 after each step, losses on a fixed set before, after and of the centre); OUT % worker_id
 + ".pt" the centre's state dict, taken after every worker has finished training.
+Prints "REGISTERED ID" once registered, "TRAINING ID SAME" once PeriodicSync (which starts
+the job's workers together) lets it train (SAME: 1 if its model is then still the initial
+one, which no sync has moved), "DONE ID SYNCS" at the end.
 """
 
 import json
@@ -42,9 +45,14 @@ def main():
     model = make_model()
     x_eval, y_eval = data(torch.Generator().manual_seed(7), 256)
     report = {"loss_before": loss_of(model, x_eval, y_eval), "syncs": []}
-    with Worker(control_port=port, timeout_s=20) as w:
-        opt = PeriodicSync(w, model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                           sync_every=sync_every, rule=EASGD(0.45), overlap=w.worker_id == 1)
+    initial = [p.detach().clone() for p in model.parameters()]
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)  # (seconds of imports)
+    with Worker(control_port=port, timeout_s=90) as w:
+        print("REGISTERED %d" % w.worker_id, flush=True)
+        opt = PeriodicSync(w, model, sgd, sync_every=sync_every, rule=EASGD(0.45),
+                           overlap=w.worker_id == 1)
+        same = all(torch.equal(a, b) for a, b in zip(initial, model.parameters()))
+        print("TRAINING %d %d" % (w.worker_id, same), flush=True)
         generator = torch.Generator().manual_seed(100 + w.worker_id)
         with opt:
             for _ in range(steps):
@@ -63,7 +71,7 @@ def main():
         torch.save(centre, (out % w.worker_id) + ".pt")
         with open(out % w.worker_id, "w") as f:
             json.dump(report, f)
-        print("DONE %d" % w.worker_id, flush=True)
+        print("DONE %d %d" % (w.worker_id, w.syncs), flush=True)
 
 
 if __name__ == "__main__":
