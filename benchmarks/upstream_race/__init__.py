@@ -1,0 +1,34 @@
+"""The upstream race (issue 45 item 4): each framework's own example script, as the
+frameworks ship it (examples/upstream, adapted to run offline), raced with its 1-line platoon
+port under ``platoon-launcher -n 2`` against the framework's own DDP on 2 processes, the
+same optimizer and lr on both sides, to a target eval loss: steps per process and seconds
+from the command's start to the evaluation that first shows the target.
+
+usage: python -m benchmarks.upstream_race [--framework NAME] [--seeds 1,2,3] [--only METHOD]
+                                          [--lrs A,B] [--again] [--report] [--out PATH]
+
+Frameworks (``--framework``, default all, one after another):
+
+- ``transformers``: run_clm.py (a tiny GPT-2 from a config, AdamW, a linear decay to
+  ``--max_steps``) under ``torchrun --standalone --nproc-per-node 2`` (the Trainer's own DDP
+  over gloo) against run_clm_platoon.py (EASGD every 4 steps, the callback's defaults).
+- ``lightning``: transformer.py (SGD at the script's own lr 20, gradient clipping 0.25) with
+  ``Trainer(devices=2, accelerator="cpu", strategy="ddp")`` (given through Lightning's own
+  ``PL_TRAINER_*`` environment defaults: the script has no flag for them) against
+  transformer_platoon.py; both validate every ``val_check_interval`` batches (the same
+  environment defaults). The script seeds itself (42): a seed there is a repetition.
+
+Each run is one real job, started by `probe.py` (the script unchanged, plus one hook that
+prints each evaluation during training with its step and time). The job reaches the target
+at the first evaluation step where its eval loss is at or under it: DDP's one model; for
+platoon the mean of the two workers' own models' eval losses at that step (the script sees
+its worker's model, not the centre: the mean is the conservative choice, the centre is
+usually lower). The harness then stops the job. Seconds count from the command's start
+(imports, data preparation and evaluations included, the same on both sides except that
+each platoon worker evaluates the whole, small, eval set where DDP's ranks split it).
+
+Steps are the claim; seconds are not: the machine is shared, so each run records the
+1-minute load average as it started and ended, and prints its command line so that the
+seconds can be measured again on a quiet machine (``--only ddp --seeds 2``). Runs already in
+the record (same framework, method, lr, seed) are skipped unless ``--again``.
+"""
