@@ -12,11 +12,16 @@ Frameworks (``--framework``, default all, one after another):
 - ``transformers``: run_clm.py (a tiny GPT-2 from a config, AdamW, a linear decay to
   ``--max_steps``) under ``torchrun --standalone --nproc-per-node 2`` (the Trainer's own DDP
   over gloo) against run_clm_platoon.py (EASGD every 4 steps, the callback's defaults).
-- ``lightning``: transformer.py (SGD at the script's own lr 20, gradient clipping 0.25) with
-  ``Trainer(devices=2, accelerator="cpu", strategy="ddp")`` (given through Lightning's own
-  ``PL_TRAINER_*`` environment defaults: the script has no flag for them) against
-  transformer_platoon.py; both validate every ``val_check_interval`` batches (the same
-  environment defaults). The script seeds itself (42): a seed there is a repetition.
+- ``lightning``: autoencoder.py, a LightningCLI script (Adam at its own lr 1e-2), with
+  ``--trainer.strategy=ddp --trainer.devices=2 --trainer.accelerator=cpu`` against the same
+  script with ``--trainer.strategy.class_path=...PlatoonStrategy`` (0 lines changed), both
+  validating every ``--trainer.val_check_interval`` steps, seeded by ``--seed_everything``.
+- ``lightning_transformer``: transformer.py (SGD at the script's own lr 20, no flag; seed 42,
+  its own: a seed there is a repetition) with ``Trainer(devices=2, accelerator="cpu",
+  strategy="ddp")`` given through Lightning's ``PL_TRAINER_*`` environment defaults (the
+  script has no flag for them) against transformer_platoon.py. Its validation loss swings by
+  nats between evaluations at that lr: it has no target (0: run to the horizon, for the
+  traces).
 
 Each run is one real job, started by `probe.py` (the script unchanged, plus one hook that
 prints each evaluation during training with its step and time). The job reaches the target
