@@ -23,6 +23,11 @@ Frameworks (``--framework``, default all, one after another):
   nats between evaluations at that lr: it has no target (0: run to the horizon, for the
   traces).
 
+Accelerate is not raced: its ported local_sgd.py (and checkpointing.py) train on 64 made-up
+sentence pairs and evaluate 32 once an epoch; alone its accuracy stayed at or under 0.5 over
+40 epochs (2026-11-29), with 1,024 pairs at its batch 8 at 0.5 over 12, and only with 2,048
+pairs at batch 16 did it leave 0.5, after 5 epochs: no target to race to without a new port.
+
 Each run is one real job, started by `probe.py` (the script unchanged, plus one hook that
 prints each evaluation during training with its step and time). The job reaches the target
 at the first evaluation step where its eval loss is at or under it: DDP's one model; for

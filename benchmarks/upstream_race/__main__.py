@@ -25,7 +25,7 @@ PROBE = os.path.join(HERE, "probe.py")
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 RECORD = os.path.join(RESULTS, "upstream_race.json")
 PROCESSES = 2
-METHODS = ("ddp", "platoon")
+METHODS = ("ddp", "platoon", "single")  # single: the original script alone, the reference
 LINE = re.compile(r"^(?:\[(worker\d+)\] )?upstream_race: (\{.*\})\s*$")
 
 # The stdlib modules the Trainer's language model reads (train, validation): 630 KB, 23 KB.
@@ -46,7 +46,7 @@ FRAMEWORKS = {
     "transformers": {"ddp": "transformers/run_clm.py",
                      "platoon": "transformers/run_clm_platoon.py",
                      "horizon": 600, "eval_every": 25, "target": 3.45,
-                     "lrs": [2e-3, 4e-3]},
+                     "lrs": [2e-3]},  # tuned, seed 1, --lrs 1e-3,2e-3,4e-3: both sides' best
     "lightning": {"ddp": "lightning/autoencoder.py", "platoon": "lightning/autoencoder.py",
                   "horizon": 3000, "eval_every": 50, "target": 0.002, "lrs": [1e-2]},
     # transformer.py: the script's own SGD lr 20 (no flag) swings its validation loss by
@@ -81,7 +81,8 @@ def command(framework, method, lr, seed):
     `PROCESSES` processes, or the platoon port under the launcher."""
     spec = FRAMEWORKS[framework]
     env = {"UPSTREAM_RACE_FRAMEWORK": framework,
-           "UPSTREAM_RACE_SCRIPT": os.path.join(UPSTREAM, spec[method])}
+           "UPSTREAM_RACE_SCRIPT": os.path.join(UPSTREAM, spec["platoon" if method == "platoon"
+                                                               else "ddp"])}
     if framework == "transformers":
         args = CLM_ARGS + ["--max_steps", str(spec["horizon"]), "--eval_steps",
                            str(spec["eval_every"]), "--learning_rate", "%g" % lr,
@@ -92,7 +93,7 @@ def command(framework, method, lr, seed):
                 "--trainer.val_check_interval=%d" % spec["eval_every"],
                 "--trainer.check_val_every_n_epoch=null", "--trainer.enable_progress_bar=false",
                 "--trainer.logger=false"]
-        args += LIGHTNING_DDP if method == "ddp" else [PLATOON_STRATEGY]
+        args += {"ddp": LIGHTNING_DDP, "platoon": [PLATOON_STRATEGY]}.get(method, [])
     else:  # lightning_transformer: lr 20 and seed 42 are the script's own
         if lr != 20.0:
             raise ValueError("transformer.py's SGD lr is its own 20 (no flag)")
@@ -100,12 +101,15 @@ def command(framework, method, lr, seed):
         env.update(PL_TRAINER_VAL_CHECK_INTERVAL=str(spec["eval_every"]),
                    PL_TRAINER_CHECK_VAL_EVERY_N_EPOCH="None",
                    PL_TRAINER_ENABLE_CHECKPOINTING="False", PL_TRAINER_LOGGER="False")
-        if method == "ddp":
-            env.update(PL_TRAINER_DEVICES=str(PROCESSES), PL_TRAINER_ACCELERATOR="cpu",
-                       PL_TRAINER_STRATEGY="ddp")
+        if method != "platoon":
+            env.update(PL_TRAINER_DEVICES=str(PROCESSES if method == "ddp" else 1),
+                       PL_TRAINER_ACCELERATOR="cpu",
+                       PL_TRAINER_STRATEGY="ddp" if method == "ddp" else "auto")
     if method == "platoon":
         argv = [sys.executable, "-m", "platoon.launch.cli", "-n", str(PROCESSES), "--log-dir",
                 "platoon-logs", PROBE, "--"] + args
+    elif method == "single":
+        argv = [sys.executable, PROBE] + args
     elif framework == "transformers":
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", str(PROCESSES), PROBE] + args
@@ -181,7 +185,7 @@ def run_once(framework, method, lr, seed, log, target=None, cap_s=900.0):
            "command": shown(argv, extra), "load_before": round(load, 2),
            "load_after": round(os.getloadavg()[0], 2),
            "wall_s": round(time.monotonic() - wall, 1), "target": target,
-           "reached": reached, "trace": [[s, round(trace[s], 4)] for s in trace],
+           "reached": reached, "trace": [[s, float("%.5g" % trace[s])] for s in trace],
            "evals": {who: sorted(e.items()) for who, e in evals.items()}}
     if reached is None and not trace:
         run["error"] = "".join(tail)[-3000:]
@@ -225,7 +229,8 @@ def markdown(runs):
         medians[key] = (_median([r["reached"][1] for r in done]),
                         _median([crossing(r) for r in done]),
                         _median([r["reached"][0] for r in done]), len(done), len(group))
-    for (framework, method, lr), (steps, inter, secs, done, total) in medians.items():
+    for (framework, lr, method) in sorted((f, lr, m) for f, m, lr in medians):
+        steps, inter, secs, done, total = medians[(framework, method, lr)]
         ddp = medians.get((framework, "ddp", lr))
         ratio = lambda i: "%.2fx" % ((steps if i == 0 else secs) / ddp[i * 2]) \
             if method == "platoon" and ddp and ddp[i * 2] and (steps, secs)[i] else ""  # noqa
@@ -242,7 +247,7 @@ def markdown(runs):
             r["framework"], r["method"], r["lr"], r["seed"], r["target"],
             r["reached"][1] if r["reached"] else "not reached",
             "%.1f s" % r["reached"][0] if r["reached"] else "-", r["load_before"],
-            r["load_after"], "%.3f at %d" % (r["trace"][-1][1], r["trace"][-1][0])
+            r["load_after"], "%.4g at %d" % (r["trace"][-1][1], r["trace"][-1][0])
             if r["trace"] else "-"))
     lines += ["", "Commands (REPO: the clone; each run in a fresh directory holding what "
               "`prepare` writes, as `python -m benchmarks.upstream_race --framework F --only M "
@@ -257,9 +262,14 @@ def markdown(runs):
 
 
 def write(path, runs):
+    """The record `path` (json) and its report beside it (.md)."""
     with open(path, "w") as f:
         json.dump({"meta": {"commit": git_commit(), "cpu": cpu_model(),
                             "cores": os.cpu_count()}, "runs": runs}, f, indent=1)
+    write_markdown(path, runs)
+
+
+def write_markdown(path, runs):
     with open(os.path.splitext(path)[0] + ".md", "w") as f:
         f.write("# The upstream race: each framework's own example, its DDP against its "
                 "platoon port\n\nWritten by `python -m benchmarks.upstream_race` (see "
@@ -274,7 +284,8 @@ def main(argv=None):
                         help="comma-separated, of: %s" % ", ".join(FRAMEWORKS))
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--only", choices=METHODS, default=None,
-                        help="run only this side (default: both, alternating)")
+                        help="run only this side (default: each in turn: DDP, platoon and "
+                             "one process alone, the reference)")
     parser.add_argument("--lrs", default=None,
                         help="comma-separated lrs (default: the framework's grid)")
     parser.add_argument("--target", type=float, default=None,
@@ -282,7 +293,7 @@ def main(argv=None):
     parser.add_argument("--again", action="store_true",
                         help="run again what the record holds already (a new record entry)")
     parser.add_argument("--report", action="store_true",
-                        help="only print the markdown report of the record")
+                        help="only print the markdown report of the record (and write it)")
     parser.add_argument("--out", default=RECORD, help="the json record (the .md beside it)")
     args = parser.parse_args(argv)
     runs = []
@@ -291,6 +302,7 @@ def main(argv=None):
             runs = json.load(f)["runs"]
     if args.report:
         print(markdown(runs))
+        write_markdown(args.out, runs)
         return 0
     frameworks = [f for f in args.framework.split(",") if f]
     unknown = set(frameworks) - set(FRAMEWORKS)

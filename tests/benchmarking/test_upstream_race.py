@@ -65,7 +65,7 @@ def test_the_report_gives_medians_ratios_and_every_runs_load(tmp_path):
     assert "| transformers | ddp | 0.002 | 1/1 | 250 (240) | 50.0 s |  |  |" in text
     assert "| transformers | platoon | 0.002 | 1/2 | 300 (300) | 40.0 s | 1.20x | 0.80x |" in text
     assert "| transformers | platoon | 0.002 | 2 | 3.45 | not reached | - | 1.0 -> 1.5 | " \
-        "3.500 at 600 |" in text
+        "3.5 at 600 |" in text
     assert text.count("`python probe.py`") == 2
     path = tmp_path / "race.json"
     path.write_text(json.dumps({"meta": {}, "runs": runs}))
