@@ -2,9 +2,12 @@
 frameworks ship it (examples/upstream, adapted to run offline), raced with its 1-line platoon
 port under ``platoon-launcher -n 2`` against the framework's own DDP on 2 processes, the
 same optimizer and lr on both sides, to a target eval loss: steps per process and seconds
-from the command's start to the evaluation that first shows the target.
+from the command's start to the evaluation that first shows the target. The original script
+alone, one process (``single``), is the reference: at the targets chosen, DDP's steps per
+process are fewer than its.
 
-usage: python -m benchmarks.upstream_race [--framework NAME] [--seeds 1,2,3] [--only METHOD]
+usage: python -m benchmarks.upstream_race [--framework NAME] [--seeds 1,2,3]
+                                          [--only ddp|platoon|single] [--target LOSS]
                                           [--lrs A,B] [--again] [--report] [--out PATH]
 
 Frameworks (``--framework``, default all, one after another):
@@ -39,6 +42,6 @@ each platoon worker evaluates the whole, small, eval set where DDP's ranks split
 
 Steps are the claim; seconds are not: the machine is shared, so each run records the
 1-minute load average as it started and ended, and prints its command line so that the
-seconds can be measured again on a quiet machine (``--only ddp --seeds 2``). Runs already in
+seconds can be measured again on a quiet machine (``--only ddp --seeds 2 --again``). Runs already in
 the record (same framework, method, lr, seed) are skipped unless ``--again``.
 """
