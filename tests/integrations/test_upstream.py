@@ -167,6 +167,7 @@ MLM = ["--model_type", "bert", "--config_overrides",
 
 
 @pytest.mark.slow  # two Trainer jobs of two workers, each importing transformers
+@pytest.mark.timeout(240)  # 78 s at load 10 on the 2 cores
 def test_run_mlm_run_again_resumes_each_worker_from_its_own_last_checkpoint(tmp_path):
     """transformers' run_mlm.py plus the one import, under platoon-launcher -n 2 twice with
     the same --output_dir and no resume option: the script's own
@@ -195,6 +196,7 @@ def test_run_mlm_run_again_resumes_each_worker_from_its_own_last_checkpoint(tmp_
 
 
 @long_run("four Trainer jobs importing transformers, about 80 s")
+@pytest.mark.timeout(400)  # 153 s at load 10 on the 2 cores
 def test_run_mlm_alone_then_two_workers_resumed_from_their_own_last_checkpoint(tmp_path):
     """transformers' run_mlm.py (random masking by DataCollatorForLanguageModeling, the last
     checkpoint detected in --output_dir by the script) plus the one import: alone, bf16 and
