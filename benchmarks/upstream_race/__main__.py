@@ -56,6 +56,10 @@ FRAMEWORKS = {
                               "horizon": 600, "eval_every": 25, "target": 0.0,
                               "lrs": [20.0]},
 }
+FRAMEWORKS["accelerate"] = {  # horizon: epochs; an evaluation per epoch (the script's)
+    "ddp": "accelerate/local_sgd.py", "platoon": "accelerate/local_sgd_platoon.py",
+    "horizon": 30, "eval_every": None, "target": 0.2, "lrs": [2e-3]}
+ACCELERATE_DATA = {"UPSTREAM_RACE_PAIRS": "2048", "UPSTREAM_RACE_BATCH": "16"}
 LIGHTNING_DDP = ["--trainer.strategy=ddp", "--trainer.devices=%d" % PROCESSES,
                  "--trainer.accelerator=cpu"]
 PLATOON_STRATEGY = "--trainer.strategy.class_path=platoon.integrations.lightning.PlatoonStrategy"
@@ -87,6 +91,12 @@ def command(framework, method, lr, seed):
         args = CLM_ARGS + ["--max_steps", str(spec["horizon"]), "--eval_steps",
                            str(spec["eval_every"]), "--learning_rate", "%g" % lr,
                            "--seed", str(seed)]
+    elif framework == "accelerate":  # lr 2e-3 is the script's own (no flag)
+        if lr != 2e-3:
+            raise ValueError("local_sgd.py's AdamW lr is its own 2e-3 (no flag)")
+        args = ["--cpu"]  # its LocalSGD every --local_sgd_steps 8, its default, both sides
+        env.update(ACCELERATE_DATA, UPSTREAM_RACE_EPOCHS=str(spec["horizon"]),
+                   UPSTREAM_RACE_SEED=str(seed))
     elif framework == "lightning":  # LightningCLI: the strategy, lr and seed are flags
         args = ["--seed_everything=%d" % seed, "--model.learning_rate=%g" % lr,
                 "--trainer.max_epochs=-1", "--trainer.max_steps=%d" % spec["horizon"],
@@ -110,7 +120,7 @@ def command(framework, method, lr, seed):
                 "platoon-logs", PROBE, "--"] + args
     elif method == "single":
         argv = [sys.executable, PROBE] + args
-    elif framework == "transformers":
+    elif framework in ("transformers", "accelerate"):  # accelerate launch --cpu: 1 process
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", str(PROCESSES), PROBE] + args
     else:  # Lightning starts its DDP ranks itself (sys.argv again: the probe)

@@ -70,10 +70,55 @@ def hook_lightning():
     pl.Trainer.fit = probed_fit
 
 
+def run_accelerate():
+    """Accelerate's script with upstream's MRPC-sized data instead of the port's 64 pairs:
+    UPSTREAM_RACE_PAIRS made-up training pairs (256 evaluated), batch
+    UPSTREAM_RACE_BATCH, UPSTREAM_RACE_EPOCHS epochs, seed UPSTREAM_RACE_SEED; the rest of
+    its config (lr) and flow its own. Each epoch's evaluation (its own `epoch N: {...}`
+    print) is reported with 1 - accuracy as the loss, at the steps this process has made."""
+    import math
+
+    import accelerate
+    from torch.utils.data import DataLoader
+
+    pairs, batch = int(os.environ["UPSTREAM_RACE_PAIRS"]), int(os.environ["UPSTREAM_RACE_BATCH"])
+    script = runpy.run_path(SCRIPT, run_name="upstream_race_script")
+    made = script["training_function"].__globals__  # the functions' own globals
+
+    def get_dataloaders(accelerator, batch_size=16):
+        return (DataLoader(made["sentence_pairs"](pairs, 0), shuffle=True,
+                           batch_size=batch_size),
+                DataLoader(made["sentence_pairs"](256, 1), shuffle=False,
+                           batch_size=made["EVAL_BATCH_SIZE"]))
+    made["get_dataloaders"] = get_dataloaders
+    training_function = made["training_function"]
+
+    def sized(config, args):
+        return training_function(dict(config, batch_size=batch,
+                                      num_epochs=int(os.environ["UPSTREAM_RACE_EPOCHS"]),
+                                      seed=int(os.environ["UPSTREAM_RACE_SEED"])), args)
+    made["training_function"] = sized
+    printed = accelerate.Accelerator.print
+
+    def print_(self, *args, **kwargs):
+        printed(self, *args, **kwargs)
+        if self.is_main_process and len(args) == 2 and str(args[0]).startswith("epoch ") \
+                and "accuracy" in args[1]:
+            epoch = int(str(args[0]).split()[1].rstrip(":"))
+            steps = math.ceil(math.ceil(pairs / batch) / self.num_processes)
+            say((epoch + 1) * steps, 1.0 - args[1]["accuracy"], self.process_index)
+    accelerate.Accelerator.print = print_
+    sys.argv = [SCRIPT] + sys.argv[1:]
+    made["main"]()
+
+
 def main():
     if not SCRIPT or FRAMEWORK not in ("transformers", "lightning", "accelerate"):
         raise SystemExit("probe.py needs UPSTREAM_RACE_SCRIPT (the script) and "
                          "UPSTREAM_RACE_FRAMEWORK (transformers, lightning or accelerate)")
+    if FRAMEWORK == "accelerate":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(SCRIPT)))
+        return run_accelerate()
     if FRAMEWORK == "transformers":
         hook_transformers()
     elif FRAMEWORK == "lightning":
