@@ -25,14 +25,21 @@ Frameworks (``--framework``, default all, one after another):
   script has no flag for them) against transformer_platoon.py. Its validation loss swings by
   nats between evaluations at that lr: it has no target (0: run to the horizon, for the
   traces).
-
-Accelerate is not raced: its ported local_sgd.py (and checkpointing.py) train on 64 made-up
-sentence pairs and evaluate 32 once an epoch; alone its accuracy stayed at or under 0.5 over
-40 epochs (2026-11-29), with 1,024 pairs at its batch 8 at 0.5 over 12, and only with 2,048
-pairs at batch 16 did it leave 0.5, after 5 epochs: no target to race to without a new port.
+- ``accelerate``: local_sgd.py (AdamW at the script's own lr 2e-3 with its linear schedule,
+  its LocalSGD every ``--local_sgd_steps`` 8, the default, on both sides: on the DDP side
+  Accelerate's own, which averages the parameters every 8 steps without DDP's gradient
+  all-reduce in between, as upstream ships the script) under ``torchrun --standalone
+  --nproc-per-node 2`` (``accelerate launch --cpu --num_processes 2`` starts one process:
+  --cpu takes its simple launcher) against local_sgd_platoon.py. The port's own data, 64
+  made-up pairs and 32 evaluated, is not learned (alone its accuracy stayed at or under 0.5
+  for 40 epochs), so the probe gives the script MRPC-sized data of the same made-up task
+  (2,048 pairs, upstream's batch 16, 256 evaluated) and 30 epochs; its evaluation is once an
+  epoch, its loss here 1 - accuracy. No side reached accuracy 0.8 reliably (2026-11-29: DDP
+  and platoon 0 of 3 seeds, one process 1 of 3): the task leaves 0.5 at a random epoch.
 
 Each run is one real job, started by `probe.py` (the script unchanged, plus one hook that
-prints each evaluation during training with its step and time). The job reaches the target
+prints each evaluation during training with its step and time; for Accelerate also the
+data above). The job reaches the target
 at the first evaluation step where its eval loss is at or under it: DDP's one model; for
 platoon the mean of the two workers' own models' eval losses at that step (the script sees
 its worker's model, not the centre: the mean is the conservative choice, the centre is

@@ -21,6 +21,8 @@ from helpers import ROOT
 
 
 def test_each_side_is_the_frameworks_own_ddp_or_the_platoon_port_under_the_launcher():
+    """DDP: the original script under torchrun (or Lightning's own flags); platoon: the port
+    under the launcher with the same arguments; single: the original script alone."""
     ddp, env = command("transformers", "ddp", 2e-3, 3)
     assert ddp[1:3] == ["-m", "torch.distributed.run"] and PROBE in ddp
     assert env["UPSTREAM_RACE_SCRIPT"] == os.path.join(UPSTREAM, "transformers", "run_clm.py")
@@ -36,6 +38,13 @@ def test_each_side_is_the_frameworks_own_ddp_or_the_platoon_port_under_the_launc
         "platoon" in a for a in lightning_ddp)
     assert ("--trainer.strategy.class_path=platoon.integrations.lightning.PlatoonStrategy"
             in lightning_ours)
+    accelerate_ddp, env = command("accelerate", "ddp", 2e-3, 2)
+    assert accelerate_ddp[1:3] == ["-m", "torch.distributed.run"]  # launch --cpu: 1 process
+    assert env["UPSTREAM_RACE_SCRIPT"].endswith("local_sgd.py") and env["UPSTREAM_RACE_SEED"] \
+        == "2"
+    single, env = command("transformers", "single", 2e-3, 3)
+    assert single[1:] == ddp[ddp.index(PROBE):] and env["UPSTREAM_RACE_SCRIPT"].endswith(
+        os.path.join("transformers", "run_clm.py"))
     text = shown(ddp, env)
     assert ROOT not in text and text.startswith("PYTHONPATH=$REPO ")
 
