@@ -39,6 +39,7 @@ from ..worker import Worker
 from ._core import StepCounter, job_workers, own_ddp_refused, worker_slot
 
 STATE_KEY = "platoon"  # platoon's state in the checkpoint's trainer_state.json
+OWN_DIR_ATTR = "_platoon_output_dirs"  # on TrainingArguments: (the script's, the worker's)
 LAST = ("last", "true")  # resume_from_checkpoint strings that mean the worker's last checkpoint
 
 
@@ -54,6 +55,22 @@ def refuse_ddp(args: TrainingArguments) -> None:
                               "RANK/WORLD_SIZE/LOCAL_RANK in the environment")
 
 
+def own_output_dir(args: TrainingArguments, worker: Worker) -> str:
+    """Make `args.output_dir` `worker`'s own, ``output_dir/workerK`` (``output_dir/NODE/workerK``
+    in an elastic job; unchanged in a job of one worker), once: arguments already made so
+    (by `platoon.integrations.huggingface_auto` as they were made) are left as they are.
+    Returns the script's output directory, the one the workers' are under."""
+    made = getattr(args, OWN_DIR_ATTR, None)
+    if made is not None and args.output_dir == made[1]:
+        return str(made[0])
+    shared = args.output_dir or "trainer_output"
+    slot = worker_slot(worker)
+    if slot is not None:
+        args.output_dir = os.path.join(shared, slot[0])
+        setattr(args, OWN_DIR_ATTR, (shared, args.output_dir))
+    return shared
+
+
 class PlatoonCallback(TrainerCallback):
     """Makes `trainer`'s process a worker of a platoon job; ``PlatoonCallback.attach(trainer)``
     adds one to the Trainer (or pass one to ``trainer.add_callback``).
@@ -66,8 +83,9 @@ class PlatoonCallback(TrainerCallback):
             docs/choosing-a-rule.md), ``ASGD()`` in a job of one worker (the script run
             alone trains as without platoon).
         worker: this process's `platoon.Worker`; default one made here (under the launcher
-            or ``python -m platoon.mpi`` a worker of the job, alone a one-worker job),
-            closed at the end of training.
+            or ``python -m platoon.mpi`` a worker of the job, alone a one-worker job).
+        close_worker: whether to close the worker at the end of training; default (None):
+            only one made here.
         evaluate_centre: True: at the end of training, the job's last worker evaluates the
             final centre once with ``trainer.evaluate()`` (when the Trainer has an
             eval_dataset); the launcher's summary shows it as the job's result, and
@@ -94,23 +112,23 @@ class PlatoonCallback(TrainerCallback):
 
     def __init__(self, trainer: Trainer, *, sync_every: int = 4,
                  rule: Optional[ParamSyncRule] = None, worker: Optional[Worker] = None,
-                 evaluate_centre: bool = True, report_every_s: Optional[float] = 1.0):
+                 close_worker: Optional[bool] = None, evaluate_centre: bool = True,
+                 report_every_s: Optional[float] = 1.0):
         if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
             raise ValueError("sync_every must be an integer >= 1, got %r" % (sync_every,))
         refuse_ddp(trainer.args)
         self.trainer = trainer
         self.sync_every, self.rule = sync_every, rule
         self.evaluate_centre, self.report_every_s = evaluate_centre, report_every_s
-        self._own_worker = worker is None
+        self._own_worker = worker is None if close_worker is None else close_worker
         self.worker = Worker() if worker is None else worker
         self.sync: Optional[PeriodicSync] = None  # made at the start of training
         self.final_result: Optional[Dict[str, Any]] = None
         self._counter: Optional[StepCounter] = None
-        self._shared_dir = trainer.args.output_dir or "trainer_output"  # the script's
+        self._shared_dir = own_output_dir(trainer.args, self.worker)  # the script's
         slot = worker_slot(self.worker)
         if slot is not None:
             directory, offset = slot
-            trainer.args.output_dir = os.path.join(self._shared_dir, directory)
             torch.manual_seed((trainer.args.seed + offset) % 2 ** 64)
             log_metrics = trainer.log_metrics
 
@@ -236,4 +254,4 @@ class PlatoonCallback(TrainerCallback):
         return self.trainer.evaluate()  # the model holds the centre (PeriodicSync.finish)
 
 
-__all__ = ["PlatoonCallback", "refuse_ddp", "STATE_KEY"]
+__all__ = ["PlatoonCallback", "own_output_dir", "refuse_ddp", "STATE_KEY"]

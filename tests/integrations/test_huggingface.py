@@ -175,3 +175,29 @@ def test_the_docs_show_the_examples_diff_and_it_adds_at_most_three_lines():
     lines = diff.splitlines()[2:]
     assert sum(line.startswith("+") for line in lines) <= 3
     assert not any(line.startswith("-") for line in lines)
+
+
+def test_a_workers_output_dir_is_given_once_and_kept_through_a_replace():
+    """own_output_dir makes TrainingArguments' output_dir the worker's own once (arguments
+    already made so, by huggingface_auto as they were made, are left as they are, and the
+    script's directory is still known); a job of one worker keeps its output_dir."""
+    import dataclasses
+    import types
+
+    from transformers import TrainingArguments
+
+    from platoon.integrations.huggingface import own_output_dir
+    from platoon.placement import Placement
+
+    second = types.SimpleNamespace(placement=Placement(1, 2, 1, 2))
+    args = TrainingArguments(output_dir="out", report_to="none")
+    assert own_output_dir(args, second) == "out" and args.output_dir == os.path.join(
+        "out", "worker1")
+    assert own_output_dir(args, second) == "out" and args.output_dir == os.path.join(
+        "out", "worker1")
+    moved = dataclasses.replace(args, output_dir="elsewhere")  # the script's own change
+    assert own_output_dir(moved, second) == "elsewhere" and moved.output_dir == os.path.join(
+        "elsewhere", "worker1")
+    alone = TrainingArguments(output_dir="out", report_to="none")
+    assert own_output_dir(alone, types.SimpleNamespace(placement=Placement(0, 1, 0, 1))) \
+        == "out" and alone.output_dir == "out"
