@@ -37,6 +37,8 @@ PLANS = {
     "edge_platoon": [("platoon_easgd", {"lr": ONE / 2, "warmup": 0.0})],
     "diloco_average": [("platoon_diloco", {"outer_lr": 1.0, "outer_momentum": 0.0, "lr": ONE,
                                            "sync_every": 100, "warmup": 0.05})],
+    # 2026-11-30: the cells the advice rests on at 3 seeds (item 1 of the follow-up)
+    "three_seeds": [(m, {"lr": ONE, "warmup": 0.05}) for m in ("single", "ddp", "platoon_easgd")],
     "diloco": [("platoon_diloco", dict(PAPER, lr=ONE, sync_every=100, warmup=0.05)),
                ("platoon_diloco", dict(PAPER, lr=ONE * 0.1 / 0.7, sync_every=20, warmup=0.05)),
                ("platoon_diloco", dict(PAPER, lr=ONE, sync_every=20, warmup=0.05))],
@@ -94,18 +96,26 @@ def main(argv=None):
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--plan", default="lr", choices=sorted(PLANS))
     parser.add_argument("--seeds", default="1,2")
-    parser.add_argument("--out", default=os.path.join(RESULTS, "advice_2026-11-29.json"))
+    parser.add_argument("--out", default=os.path.join(RESULTS, "advice_2026-11-30.json"),
+                        help="the record new runs are added to")
+    parser.add_argument("--prior", default=os.path.join(RESULTS, "advice_2026-11-29.json"),
+                        help="an earlier record: its runs are not run again and are reported "
+                             "with OUT's ('' for none)")
     parser.add_argument("--report", action="store_true",
                         help="only print the markdown tables of the runs recorded in OUT")
     args = parser.parse_args(argv)
-    runs = []
+    prior, runs = [], []
+    if args.prior and os.path.exists(args.prior) and args.prior != args.out:
+        with open(args.prior) as f:
+            prior = json.load(f)
     if os.path.exists(args.out):
         with open(args.out) as f:
             runs = json.load(f)
     if args.report:
-        print(markdown(runs))
+        print(markdown(prior + runs))
         return 0
-    done = {json.dumps([r["method"], r["settings"], r["seed"]], sort_keys=True) for r in runs}
+    done = {json.dumps([r["method"], r["settings"], r["seed"]], sort_keys=True)
+            for r in prior + runs}
     log = lambda text: print("..", text, flush=True)  # noqa: E731
     for seed in [int(s) for s in args.seeds.split(",")]:
         for method, settings in PLANS[args.plan]:
