@@ -24,7 +24,8 @@ def test_report_reads_both_records_and_keeps_only_the_plans_cells(tmp_path, caps
     advice.main(["--report", "--prior", str(prior), "--out", str(out), "--only", "prose",
                  "--targets", "2.1,2.0"])
     text = capsys.readouterr().out
-    cell = "single corpus docstrings, lr %g, model wide, warmup 0.05" % advice.PROSE_LR
+    cell = ("single corpus docstrings, horizon 600, lr %g, model wide, warmup 0.05"
+            % advice.PROSE_LR)
     # to 2.1 (interpolated): seed 1 at 87.5, seed 2 at 116.7, seed 3 at 150: median 117;
     # to 2.0: seed 3 never: "-"
     assert "| %s | 1,2,3 | 117 | - |" % cell in text
