@@ -105,13 +105,16 @@ def markdown(runs, targets=TARGETS):
             "%.3f" % statistics.median(a for a in at600 if a is not None)
             if any(a is not None for a in at600) else "-",
             "%.3f" % statistics.median(_trace(r)[-1][2] for r in group)))
-    lines += ["", "Every run (load: the 1-minute load average as it started, 2 cores shared "
-              "with other work; wall: the whole job, evaluations included):", "",
+    lines += ["", "Every run (load: the 1-minute load average as it started, and as it ended "
+              "where recorded (runs from 2026-11-30 on), 2 cores shared with other work; wall: "
+              "the whole job, evaluations included):", "",
               "| method, settings | seed | load | wall | %s | final eval loss |" % head,
               "|---|---|---|---|%s---|" % ("---|" * len(targets))]
     for run in runs:
-        lines.append("| %s | %d | %.1f | %.0f s | %s | %.3f |" % (
-            _cell(run), run["seed"], run["load_before"], run["wall_s"],
+        load = "%.1f" % run["load_before"] + (
+            " / %.1f" % run["load_after"] if "load_after" in run else "")
+        lines.append("| %s | %d | %s | %.0f s | %s | %.3f |" % (
+            _cell(run), run["seed"], load, run["wall_s"],
             " | ".join(_steps(crossing_step(run, t)) for t in targets), _trace(run)[-1][2]))
     return "\n".join(lines)
 
@@ -159,6 +162,7 @@ def main(argv=None):
             problem = dict(PROBLEM, horizon=settings.get("horizon", HORIZON))
             run = run_once(method, inner, seed, -1, problem, log)
             run["settings"] = settings
+            run["load_after"] = round(os.getloadavg()[0], 2)
             run["plan"] = args.plan
             losses = [t[2] for rank in run["ranks"] for t in rank["trace"]]
             log("   final eval loss %s" % (losses[-1] if losses else "-"))

@@ -16,7 +16,8 @@ def test_report_reads_both_records_and_keeps_only_the_plans_cells(tmp_path, caps
     prose = dict(advice.PROSE, lr=advice.PROSE_LR, warmup=0.05)
     earlier = [_run("single", prose, 1, [(50, 2.4), (100, 2.0), (150, 1.9)]),
                _run("single", {"lr": advice.ONE, "warmup": 0.05}, 1, [(50, 2.0)])]
-    newer = [_run("single", prose, 2, [(50, 2.4), (100, 2.2), (150, 1.9)], load=7.5),
+    newer = [dict(_run("single", prose, 2, [(50, 2.4), (100, 2.2), (150, 1.9)], load=7.5),
+                  load_after=12.25),
              _run("single", prose, 3, [(50, 2.5), (100, 2.3), (150, 2.1)])]
     prior, out = tmp_path / "prior.json", tmp_path / "out.json"
     prior.write_text(json.dumps(earlier))
@@ -29,7 +30,8 @@ def test_report_reads_both_records_and_keeps_only_the_plans_cells(tmp_path, caps
     # to 2.1 (interpolated): seed 1 at 87.5, seed 2 at 116.7, seed 3 at 150: median 117;
     # to 2.0: seed 3 never: "-"
     assert "| %s | 1,2,3 | 117 | - |" % cell in text
-    assert "| %s | 2 | 7.5 | 100 s | 117 | 133 | 1.900 |" % cell in text
+    assert "| %s | 2 | 7.5 / 12.2 | 100 s | 117 | 133 | 1.900 |" % cell in text
+    assert "| %s | 1 | 2.0 | 100 s |" % cell in text  # recorded before load_after was
     assert "single lr 0.012" not in text  # not a cell of the plan
 
 
