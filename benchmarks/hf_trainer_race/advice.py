@@ -57,6 +57,7 @@ PLANS = {
     "gain": [("platoon_asgd", {"lr": ONE, "warmup": 0.05}),
              ("platoon_easgd", {"lr": ONE, "warmup": 0.05, "sync_every": 2}),
              ("platoon_easgd", {"lr": ONE * 1.5, "warmup": 0.05})],
+    "gain_winner": [("platoon_easgd", {"lr": ONE, "warmup": 0.05, "sync_every": 2})],
     # the same on the second workload, and twice one process's lr (the advice before 11-29)
     "prose_gain": [("platoon_asgd", dict(PROSE, lr=PROSE_LR, warmup=0.05)),
                    ("platoon_easgd", dict(PROSE, lr=PROSE_LR, warmup=0.05, sync_every=2)),
