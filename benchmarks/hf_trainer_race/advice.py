@@ -63,6 +63,7 @@ PLANS = {
                    ("platoon_easgd", dict(PROSE, lr=PROSE_LR, warmup=0.05, sync_every=2)),
                    ("platoon_easgd", dict(PROSE, lr=PROSE_LR * 1.5, warmup=0.05)),
                    ("platoon_easgd", dict(PROSE, lr=PROSE_LR * 2, warmup=0.05))],
+    "prose_gain_winner": [("platoon_easgd", dict(PROSE, lr=PROSE_LR * 1.5, warmup=0.05))],
     "diloco": [("platoon_diloco", dict(PAPER, lr=ONE, sync_every=100, warmup=0.05)),
                ("platoon_diloco", dict(PAPER, lr=ONE * 0.1 / 0.7, sync_every=20, warmup=0.05)),
                ("platoon_diloco", dict(PAPER, lr=ONE, sync_every=20, warmup=0.05))],
