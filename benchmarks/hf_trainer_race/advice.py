@@ -2,11 +2,15 @@
 every run to the schedule's end, one after another, each with the load as it started.
 
 usage: python -m benchmarks.hf_trainer_race.advice [--plan NAME] [--seeds 1,2] [--out PATH]
-                                                   [--report]
+                                                   [--prior PATH] [--report [--only PLANS]
+                                                   [--targets LOSSES]]
 
 Plans: `lr` (item 1: platoon's EASGD with AdamW at 1x and 2x the lr, without and with a 5%
 warm-up, one process and DDP at 1x as references), `diloco` (item 3: DiLoCo's outer
-SGD(0.7, Nesterov 0.9) at several sync intervals and inner lrs). Each run goes to the end of
+SGD(0.7, Nesterov 0.9) at several sync intervals and inner lrs); from 2026-11-30 (the record
+advice_2026-11-30.json, read with PRIOR) `three_seeds`, `prose_lr` and `prose` (a second
+workload, prose.py), `gain`, `prose_gain` and their winners (what raises platoon's per-step
+gain). Each run goes to the end of
 its horizon (no target stops it), so steps to any target and the final eval loss come from its
 trace; runs already in OUT (same method, settings, seed) are not run again. Steps, not
 seconds: the machine is shared, so seconds are recorded but claim nothing.
