@@ -2,13 +2,17 @@
 every run to the schedule's end, one after another, each with the load as it started.
 
 usage: python -m benchmarks.hf_trainer_race.advice [--plan NAME] [--seeds 1,2] [--out PATH]
-                                                   [--report]
+                                                   [--prior PATH] [--report [--only PLANS]
+                                                   [--targets LOSSES]]
 
 Plans: `lr` (item 1: platoon's EASGD with AdamW at 1x and 2x the lr, without and with a 5%
 warm-up, one process and DDP at 1x as references), `diloco` (item 3: DiLoCo's outer
-SGD(0.7, Nesterov 0.9) at several sync intervals and inner lrs). Each run goes to the end of
-its horizon (no target stops it), so steps to any target and the final eval loss come from its
-trace; runs already in OUT (same method, settings, seed) are not run again. Steps, not
+SGD(0.7, Nesterov 0.9) at several sync intervals and inner lrs); from 2026-11-30 (the record
+advice_2026-11-30.json, read with PRIOR) `three_seeds`, `prose_lr` and `prose` (a second
+workload, prose.py), `gain`, `prose_gain` and their winners (what raises platoon's per-step
+gain). Each run goes to the end of its horizon (no target stops it), so steps to any target
+and the final eval loss come from its trace; runs already in OUT or PRIOR (same method,
+settings, seed) are not run again. Steps, not
 seconds: the machine is shared, so seconds are recorded but claim nothing.
 """
 
@@ -24,6 +28,11 @@ HORIZON = 1200  # the outside workload's: 1,200 steps per process
 PROBLEM = {"target": 0.0, "eval_every": 50, "horizon": HORIZON, "cap_s": 900.0}
 ONE = 1.2e-2  # one process's best lr on the race (hf_trainer_race_tuning.json)
 PAPER = {"outer_lr": 0.7, "outer_momentum": 0.9}
+# prose.py: the second workload, on a schedule of half the steps (600 a process: the
+# machine was loaded 8-16 when it ran, so each run took 2x-4x its unloaded time)
+PROSE = {"corpus": "docstrings", "model": "wide", "horizon": 600}
+PROSE_LR = 1.5e-3  # one process's best on it (plan prose_lr, seed 1: final eval loss)
+PROSE_TARGETS = (2.6, 2.5, 2.4)  # fixed before DDP and platoon ran: one process, 2.38 at 600
 TARGETS = (2.3, 2.05, 1.95)  # eval loss, nats per byte: early, the outside workload's, late
 EASGD_CELLS = [("platoon_easgd", {"lr": lr, "warmup": w}) for w in (0.0, 0.05)
                for lr in (ONE, 2 * ONE)]
@@ -37,10 +46,41 @@ PLANS = {
     "edge_platoon": [("platoon_easgd", {"lr": ONE / 2, "warmup": 0.0})],
     "diloco_average": [("platoon_diloco", {"outer_lr": 1.0, "outer_momentum": 0.0, "lr": ONE,
                                            "sync_every": 100, "warmup": 0.05})],
+    # 2026-11-30: the cells the advice rests on at 3 seeds (item 1 of the follow-up)
+    "three_seeds": [(m, {"lr": ONE, "warmup": 0.05}) for m in ("single", "ddp", "platoon_easgd")],
+    # a workload the tuning never saw: one process's lr tuned on it (as a user would), then
+    # the three methods at that lr, the advice as written (5% warm-up, one process's lr)
+    # (1.5e-3, then 7.5e-4, added while the grid's lowest was its best)
+    "prose_lr": [("single", dict(PROSE, lr=lr, warmup=0.05))
+                 for lr in (3e-3, 6e-3, ONE, 1.5e-3, 7.5e-4)],
+    "prose": [(m, dict(PROSE, lr=PROSE_LR, warmup=0.05))
+              for m in ("single", "ddp", "platoon_easgd")],
+    # what could raise platoon's per-step gain (item 2 of the issue) at one process's lr
+    # (ASGD: each push adds the worker's whole change, no centre to drag; every 2: half the
+    # drift between syncs; 1.5x the lr: (p+1)/p, the speed EASGD's centre loses, restored)
+    "gain": [("platoon_asgd", {"lr": ONE, "warmup": 0.05}),
+             ("platoon_easgd", {"lr": ONE, "warmup": 0.05, "sync_every": 2}),
+             ("platoon_easgd", {"lr": ONE * 1.5, "warmup": 0.05})],
+    "gain_winner": [("platoon_easgd", {"lr": ONE, "warmup": 0.05, "sync_every": 2})],
+    # the same on the second workload, and twice one process's lr (the advice before 11-29)
+    "prose_gain": [("platoon_asgd", dict(PROSE, lr=PROSE_LR, warmup=0.05)),
+                   ("platoon_easgd", dict(PROSE, lr=PROSE_LR, warmup=0.05, sync_every=2)),
+                   ("platoon_easgd", dict(PROSE, lr=PROSE_LR * 1.5, warmup=0.05)),
+                   ("platoon_easgd", dict(PROSE, lr=PROSE_LR * 2, warmup=0.05))],
+    "prose_gain_winner": [("platoon_easgd", dict(PROSE, lr=PROSE_LR * 1.5, warmup=0.05))],
     "diloco": [("platoon_diloco", dict(PAPER, lr=ONE, sync_every=100, warmup=0.05)),
                ("platoon_diloco", dict(PAPER, lr=ONE * 0.1 / 0.7, sync_every=20, warmup=0.05)),
                ("platoon_diloco", dict(PAPER, lr=ONE, sync_every=20, warmup=0.05))],
 }
+
+
+def _rounded(settings):
+    return {k: round(v, 6) if isinstance(v, float) else v for k, v in settings.items()}
+
+
+def _key(method, settings, *seed):
+    """A run's identity in a record: method, settings (floats rounded as recorded), seed."""
+    return json.dumps([method, _rounded(settings)] + list(seed), sort_keys=True)
 
 
 def _trace(run):
@@ -52,25 +92,26 @@ def _trace(run):
 
 def _cell(run):
     return "%s %s" % (run["method"], ", ".join(
-        "%s %g" % (k.replace("_", " "), v) for k, v in sorted(run["settings"].items())))
+        ("%s %g" if isinstance(v, (int, float)) else "%s %s") % (k.replace("_", " "), v)
+        for k, v in sorted(run["settings"].items())))
 
 
 def _steps(value):
     return "%.0f" % value if value is not None else "-"
 
 
-def markdown(runs):
+def markdown(runs, targets=TARGETS):
     """Per cell (method and settings) the medians over its seeds: steps per process to each
     target (interpolated between evaluations; "-": a seed did not reach it), the eval loss
     at step 600 and at the end; then every run with its load."""
     cells = {}
     for run in runs:
         cells.setdefault(_cell(run), []).append(run)
-    head = " | ".join("steps to %g" % t for t in TARGETS)
+    head = " | ".join("steps to %g" % t for t in targets)
     lines = ["| method, settings | seeds | %s | eval loss at 600 | final eval loss |" % head,
-             "|---|---|%s---|---|" % ("---|" * len(TARGETS))]
+             "|---|---|%s---|---|" % ("---|" * len(targets))]
     for cell, group in cells.items():
-        crossings = [[crossing_step(r, t) for r in group] for t in TARGETS]
+        crossings = [[crossing_step(r, t) for r in group] for t in targets]
         at600 = [dict((step, loss) for step, _, loss in _trace(r)).get(600) for r in group]
         lines.append("| %s | %s | %s | %s | %s |" % (
             cell, ",".join(str(r["seed"]) for r in group), " | ".join(
@@ -78,14 +119,17 @@ def markdown(runs):
             "%.3f" % statistics.median(a for a in at600 if a is not None)
             if any(a is not None for a in at600) else "-",
             "%.3f" % statistics.median(_trace(r)[-1][2] for r in group)))
-    lines += ["", "Every run (load: the 1-minute load average as it started, 2 cores shared "
-              "with other work; wall: the whole job, evaluations included):", "",
+    lines += ["", "Every run (load: the 1-minute load average as it started, and as it ended "
+              "where recorded (runs from 2026-11-30 on), 2 cores shared with other work; wall: "
+              "the whole job, evaluations included):", "",
               "| method, settings | seed | load | wall | %s | final eval loss |" % head,
-              "|---|---|---|---|%s---|" % ("---|" * len(TARGETS))]
+              "|---|---|---|---|%s---|" % ("---|" * len(targets))]
     for run in runs:
-        lines.append("| %s | %d | %.1f | %.0f s | %s | %.3f |" % (
-            _cell(run), run["seed"], run["load_before"], run["wall_s"],
-            " | ".join(_steps(crossing_step(run, t)) for t in TARGETS), _trace(run)[-1][2]))
+        load = "%.1f" % run["load_before"] + (
+            " / %.1f" % run["load_after"] if "load_after" in run else "")
+        lines.append("| %s | %d | %s | %.0f s | %s | %.3f |" % (
+            _cell(run), run["seed"], load, run["wall_s"],
+            " | ".join(_steps(crossing_step(run, t)) for t in targets), _trace(run)[-1][2]))
     return "\n".join(lines)
 
 
@@ -94,26 +138,45 @@ def main(argv=None):
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--plan", default="lr", choices=sorted(PLANS))
     parser.add_argument("--seeds", default="1,2")
-    parser.add_argument("--out", default=os.path.join(RESULTS, "advice_2026-11-29.json"))
+    parser.add_argument("--out", default=os.path.join(RESULTS, "advice_2026-11-30.json"),
+                        help="the record new runs are added to")
+    parser.add_argument("--prior", default=os.path.join(RESULTS, "advice_2026-11-29.json"),
+                        help="an earlier record: its runs are not run again and are reported "
+                             "with OUT's ('' for none)")
     parser.add_argument("--report", action="store_true",
-                        help="only print the markdown tables of the runs recorded in OUT")
+                        help="only print the markdown tables of the runs recorded in PRIOR "
+                             "and OUT")
+    parser.add_argument("--targets", default=",".join("%g" % t for t in TARGETS),
+                        help="--report's eval losses (comma-separated)")
+    parser.add_argument("--only", default="",
+                        help="--report only the cells of these plans (comma-separated)")
     args = parser.parse_args(argv)
-    runs = []
+    prior, runs = [], []
+    if args.prior and os.path.exists(args.prior) and args.prior != args.out:
+        with open(args.prior) as f:
+            prior = json.load(f)
     if os.path.exists(args.out):
         with open(args.out) as f:
             runs = json.load(f)
     if args.report:
-        print(markdown(runs))
+        runs = prior + runs
+        if args.only:
+            wanted = {_key(m, s) for plan in args.only.split(",") for m, s in PLANS[plan]}
+            runs = [r for r in runs if _key(r["method"], r["settings"]) in wanted]
+        print(markdown(runs, [float(t) for t in args.targets.split(",")]))
         return 0
-    done = {json.dumps([r["method"], r["settings"], r["seed"]], sort_keys=True) for r in runs}
+    done = {_key(r["method"], r["settings"], r["seed"]) for r in prior + runs}
     log = lambda text: print("..", text, flush=True)  # noqa: E731
     for seed in [int(s) for s in args.seeds.split(",")]:
         for method, settings in PLANS[args.plan]:
-            settings = {k: round(v, 6) if isinstance(v, float) else v
-                        for k, v in settings.items()}
-            if json.dumps([method, settings, seed], sort_keys=True) in done:
+            if _key(method, settings, seed) in done:
                 continue
-            run = run_once(method, settings, seed, -1, PROBLEM, log)
+            settings = _rounded(settings)
+            inner = {k: v for k, v in settings.items() if k != "horizon"}
+            problem = dict(PROBLEM, horizon=settings.get("horizon", HORIZON))
+            run = run_once(method, inner, seed, -1, problem, log)
+            run["settings"] = settings
+            run["load_after"] = round(os.getloadavg()[0], 2)
             run["plan"] = args.plan
             losses = [t[2] for rank in run["ranks"] for t in rank["trace"]]
             log("   final eval loss %s" % (losses[-1] if losses else "-"))

@@ -5,6 +5,7 @@ DDP (torchrun) or a platoon worker (platoon-launcher; PlatoonCallback).
 usage: race_trainer.py OUT_DIR --method M --lr LR [--seed S] [--target LOSS] [--eval-every K]
                        [--horizon N] [--warmup F] [--cap-s S] [--sync-every K] [--outer-lr X]
                        [--outer-momentum B] [--delayed-nesterov 0|1] [--slow-rank R] [--quick]
+                       [--corpus stdlib|docstrings] [--model race|wide] [--alpha A]
 
 Every `eval_every` optimizer steps the clock stops and the model is evaluated on the held-out
 files (platoon: the centre, `PeriodicSync.on_centre`; DDP: every rank evaluates its share):
@@ -15,6 +16,8 @@ workers met: PeriodicSync waits for all, DDP's first all-reduce too). `--slow-ra
 process of rank R (DDP's rank, platoon's global rank) sleeps as long as each of its steps
 took, so it runs at half speed. Each process writes OUT_DIR/rankK.json: its trace (step,
 training seconds, eval loss), when it reached the target, its steps and seconds.
+`--corpus docstrings --model wide`: the second workload (prose.py: the standard library's
+docstrings, a wider, shallower GPT-2 with half the context).
 """
 
 import argparse
@@ -28,9 +31,10 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "examples", "huggingface"))
+from prose import EVAL_BYTES, MODELS, ByteWindows, split  # noqa: E402 (this folder's)
 from single_process import TRAIN_FILES, VALID_FILES, Chunks  # noqa: E402 (the example's)
 
-METHODS = ("single", "ddp", "platoon_easgd", "platoon_diloco")
+METHODS = ("single", "ddp", "platoon_easgd", "platoon_diloco", "platoon_asgd")
 
 
 class Clock(TrainerCallback):
@@ -90,6 +94,9 @@ def main(argv=None):
                         help="the schedule's warm-up, a fraction of the horizon (0: none)")
     parser.add_argument("--cap-s", type=float, default=300.0)
     parser.add_argument("--sync-every", type=int, default=4)
+    parser.add_argument("--alpha", type=float, default=None,
+                        help="platoon_easgd's EASGD alpha (default: PlatoonCallback's rule, "
+                             "EASGD(0.9 / p))")
     parser.add_argument("--outer-lr", type=float, default=0.7)
     parser.add_argument("--outer-momentum", type=float, default=0.9)
     parser.add_argument("--delayed-nesterov", type=int, default=0,
@@ -97,10 +104,16 @@ def main(argv=None):
                              "pushes), not DiLoCo")
     parser.add_argument("--slow-rank", type=int, default=-1)
     parser.add_argument("--quick", action="store_true", help="a tiny model and data")
+    parser.add_argument("--corpus", choices=("stdlib", "docstrings"), default="stdlib",
+                        help="the race's source files, or the standard library's docstrings")
+    parser.add_argument("--model", choices=sorted(MODELS), default="race",
+                        help="GPT-2's shape (prose.MODELS)")
     opts = parser.parse_args(argv)
     torch.set_num_threads(1)
-    context, width, layers, heads, windows = (32, 16, 1, 2, 32) if opts.quick else \
-        (128, 64, 2, 4, 256)
+    width, layers, heads, context = MODELS[opts.model]
+    windows = EVAL_BYTES // context
+    if opts.quick:
+        context, width, layers, heads, windows = 32, 16, 1, 2, 32
     torch.manual_seed(opts.seed)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=context, n_embd=width,
                                        n_layer=layers, n_head=heads, bos_token_id=0,
@@ -111,9 +124,14 @@ def main(argv=None):
         lr_scheduler_type="linear", per_device_train_batch_size=16,
         per_device_eval_batch_size=64, logging_steps=50, save_strategy="no", report_to="none",
         disable_tqdm=True, seed=opts.seed, use_cpu=True, dataloader_num_workers=0)
-    train = Chunks(TRAIN_FILES[:3] if opts.quick else TRAIN_FILES, context)
-    trainer = Trainer(model=model, args=training, train_dataset=train,
-                      eval_dataset=Chunks(VALID_FILES, context, limit=windows))
+    if opts.corpus == "docstrings":
+        text, held_out = split(skip=TRAIN_FILES + VALID_FILES)
+        train = ByteWindows(text[:100000] if opts.quick else text, context)
+        valid = ByteWindows(held_out, context, limit=windows)
+    else:
+        train = Chunks(TRAIN_FILES[:3] if opts.quick else TRAIN_FILES, context)
+        valid = Chunks(VALID_FILES, context, limit=windows)
+    trainer = Trainer(model=model, args=training, train_dataset=train, eval_dataset=valid)
     rank, evaluate, agree = 0, trainer.evaluate, (lambda stop: stop)
     if opts.method == "ddp":
         import torch.distributed as dist
@@ -124,11 +142,12 @@ def main(argv=None):
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             return bool(flag.item())
     elif opts.method.startswith("platoon"):
-        from platoon import DelayedNesterov, DiLoCo
+        from platoon import ASGD, EASGD, DelayedNesterov, DiLoCo
         from platoon.integrations.huggingface import PlatoonCallback
         outer = DelayedNesterov if opts.delayed_nesterov else DiLoCo
         rule = outer(outer_lr=opts.outer_lr, momentum=opts.outer_momentum) \
-            if opts.method == "platoon_diloco" else None
+            if opts.method == "platoon_diloco" else ASGD() if opts.method == "platoon_asgd" \
+            else EASGD(opts.alpha) if opts.alpha is not None else None
         sync = PlatoonCallback.attach(trainer, sync_every=opts.sync_every, rule=rule,
                                       evaluate_centre=False)
         rank = sync.worker.global_rank

@@ -1,0 +1,44 @@
+"""benchmarks.hf_trainer_race.advice's report, from a record: medians of steps to each target
+per cell, the second workload's cells named by corpus and model, an earlier record read with
+the new one, and --only keeping one plan's cells."""
+
+import json
+
+from benchmarks.hf_trainer_race import advice
+
+
+def _run(method, settings, seed, trace, load=2.0):
+    return {"method": method, "settings": settings, "seed": seed, "load_before": load,
+            "wall_s": 100.0, "ranks": [{"trace": [[s, s / 10.0, loss] for s, loss in trace]}]}
+
+
+def test_report_reads_both_records_and_keeps_only_the_plans_cells(tmp_path, capsys):
+    prose = dict(advice.PROSE, lr=advice.PROSE_LR, warmup=0.05)
+    earlier = [_run("single", prose, 1, [(50, 2.4), (100, 2.0), (150, 1.9)]),
+               _run("single", {"lr": advice.ONE, "warmup": 0.05}, 1, [(50, 2.0)])]
+    newer = [dict(_run("single", prose, 2, [(50, 2.4), (100, 2.2), (150, 1.9)], load=7.5),
+                  load_after=12.25),
+             _run("single", prose, 3, [(50, 2.5), (100, 2.3), (150, 2.1)])]
+    prior, out = tmp_path / "prior.json", tmp_path / "out.json"
+    prior.write_text(json.dumps(earlier))
+    out.write_text(json.dumps(newer))
+    advice.main(["--report", "--prior", str(prior), "--out", str(out), "--only", "prose",
+                 "--targets", "2.1,2.0"])
+    text = capsys.readouterr().out
+    cell = ("single corpus docstrings, horizon 600, lr %g, model wide, warmup 0.05"
+            % advice.PROSE_LR)
+    # to 2.1 (interpolated): seed 1 at 87.5, seed 2 at 116.7, seed 3 at 150: median 117;
+    # to 2.0: seed 3 never: "-"
+    assert "| %s | 1,2,3 | 117 | - |" % cell in text
+    assert "| %s | 2 | 7.5 / 12.2 | 100 s | 117 | 133 | 1.900 |" % cell in text
+    assert "| %s | 1 | 2.0 | 100 s |" % cell in text  # recorded before load_after was
+    assert "single lr 0.012" not in text  # not a cell of the plan
+
+
+def test_a_run_recorded_in_either_record_is_not_run_again():
+    """The identity of a run rounds its floats as they are recorded."""
+    settings = {"lr": advice.ONE * 1.5, "warmup": 0.05}
+    recorded = json.loads(json.dumps(advice._rounded(settings)))
+    assert advice._key("platoon_easgd", settings, 3) == \
+        advice._key("platoon_easgd", recorded, 3)
+    assert advice._key("platoon_easgd", settings, 3) != advice._key("platoon_easgd", settings, 2)
