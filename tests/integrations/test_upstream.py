@@ -53,12 +53,7 @@ def test_run_clm_alone_then_two_workers_resumed_from_its_checkpoint(tmp_path):
     one final result, the final centre's."""
     pytest.importorskip("transformers", reason="run_clm.py needs transformers: pip install "
                                                "-e '.[huggingface]'")
-    stdlib = os.path.dirname(os.__file__)
-    for name, files in (("train.txt", ("argparse.py", "ast.py")), ("valid.txt", ("bisect.py",))):
-        with open(tmp_path / name, "w") as out:
-            for source in files:
-                with open(os.path.join(stdlib, source)) as f:
-                    out.write(f.read())
+    stdlib_text(tmp_path)
     code, out = alone("transformers/make_tokenizer.py", ["train.txt", "tok"], tmp_path)
     assert code == 0, out
     common = ["--model_type", "gpt2", "--config_overrides",
