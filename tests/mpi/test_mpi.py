@@ -573,12 +573,13 @@ def test_an_int8_tie_trains_to_the_true_weights_with_4x_fewer_bytes(regression):
           "(rounds, bytes) float32 %s int8 %s" % (start, plain, packed, plain_counts,
                                                   packed_counts))
     assert plain < 0.05 and packed < 0.05, (start, plain, packed)
-    overall = {}
-    for name, counts, message in [("float32", plain_counts, 1024), ("int8", packed_counts, 260)]:
+    # Every node's bytes are exactly its first anchor (0 or 1024) and one message per round it
+    # sent its move in (1024 or 260: 3.9x fewer). (Not the jobs' bytes per round: a node whose
+    # workers were done sends nothing in a round, and how many such rounds come depends on the
+    # machine's load: one run's float32 node sent its move in 14 of its 46 rounds.)
+    for counts, message in [(plain_counts, 1024), (packed_counts, 260)]:
         for rounds, sent in counts:
             _split_bytes(sent, rounds, message)
-        overall[name] = sum(s for _, s in counts) / sum(r for r, _ in counts)
-    assert overall["float32"] / overall["int8"] > 2.5, overall  # with a lossless first anchor
 
 
 def test_diloco_outer_rounds_follow_the_formula_on_every_rank():
