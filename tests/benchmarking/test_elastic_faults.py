@@ -198,15 +198,20 @@ def _quick_race(out, members, cap_s):
         return json.load(f), (out / "elastic_faults_quick.md").read_text(), pid
 
 
+def _needs_namespaces_and_torch():
+    """Skip, saying why, where network namespaces or torch are missing (a race's nodes)."""
+    why = link.missing()
+    if why:
+        pytest.skip("network namespaces: " + why)
+    pytest.importorskip("torch")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 @long_run("three nodes start and train to the small target, about 15 s; the report's "
           "unequal-nodes figures are checked above from a record")
 def test_a_throttled_node_makes_about_half_the_others_steps(tmp_path):
-    why = link.missing()
-    if why:
-        pytest.skip("network namespaces: " + why)
-    pytest.importorskip("torch")
+    _needs_namespaces_and_torch()
     assert MEMBERS["elastic_slow"].slowdown() == {"c": 2.0}
     rep, text, pid = _quick_race(tmp_path, "elastic_slow", 40)
     (run,) = rep["runs"]
@@ -263,10 +268,7 @@ def test_a_joiners_chain_on_a_script_comes_from_its_probe_and_its_nodes_line():
 @long_run("three nodes start, one is killed and started again, about 35 s; its breakdown is "
           "checked above from a probe's and a node's lines")
 def test_the_script_race_gives_a_joiners_chain_on_examples_lm(tmp_path):
-    why = link.missing()
-    if why:
-        pytest.skip("network namespaces: " + why)
-    pytest.importorskip("torch")
+    _needs_namespaces_and_torch()
     pid = _race(["--script", "--quick", "--out", str(tmp_path)], 150)
     with open(tmp_path / "elastic_faults_script_quick.json") as f:
         (run,) = json.load(f)["runs"]

@@ -1,6 +1,7 @@
 """python -m platoon.elastic.node, real processes on 127.0.0.1: nodes (controller and worker)
 stopped and continued, and joiners refused at the door."""
 
+import contextlib
 import os
 import re
 import signal
@@ -74,27 +75,37 @@ _PORTS_WORKER = (
     "      os.environ.get('PLATOON_DATA_PORT'), flush=True)\n")
 
 
+@contextlib.contextmanager
 def _node_workers(tmp_path, failures):
     """A node runner's Workers (one worker running `_PORTS_WORKER`), its controller's
-    announcement pipe's write end and the file the worker makes as it starts."""
+    announcement pipe's write end (a file: closing it is the controller dying) and the file
+    the worker makes as it starts; the pipes are closed as the block ends."""
     import sys
 
     from platoon.node.runner import Workers
 
     from helpers import ROOT
     started = tmp_path / "started"
+    started.unlink(missing_ok=True)
     ready_fd, announce_fd = os.pipe()
     reaper_r, reaper_w = os.pipe()  # what the reaper would read: pids, unread here
-    workers = Workers([sys.executable, "-c", _PORTS_WORKER, str(started)], 1, "127.0.0.1",
-                      ready_fd, reaper_w, failures.append, 30.0,
-                      dict(os.environ, PYTHONPATH=ROOT, PLATOON_CONTROL_PORT="9"), 1, "node-t")
-    return workers, announce_fd, started, (reaper_r, reaper_w)
+    announce = os.fdopen(announce_fd, "wb", buffering=0)
+    try:
+        workers = Workers([sys.executable, "-c", _PORTS_WORKER, str(started)], 1, "127.0.0.1",
+                          ready_fd, reaper_w, failures.append, 30.0,
+                          dict(os.environ, PYTHONPATH=ROOT, PLATOON_CONTROL_PORT="9"), 1,
+                          "node-t")
+        yield workers, announce, started
+    finally:
+        announce.close()
+        os.close(reaper_r)
+        os.close(reaper_w)
 
 
-def _announce(fd, control_port, data_port=None):
+def _announce(announce, control_port, data_port=None):
     import json
-    os.write(fd, json.dumps({"control_port": control_port, "data_port": data_port}).encode()
-             + b"\n")
+    announce.write(json.dumps({"control_port": control_port, "data_port": data_port}).encode()
+                   + b"\n")
 
 
 def test_a_nodes_workers_start_while_its_controller_starts_and_get_its_ports_once_it_serves(
@@ -109,52 +120,36 @@ def test_a_nodes_workers_start_while_its_controller_starts_and_get_its_ports_onc
     from helpers import wait_until
     monkeypatch.setenv("PLATOON_CONTROL_PORT", "0")  # as a node runner sets it
     failures = []
-    workers, announce_fd, started, fds = _node_workers(tmp_path, failures)
-    held = workers.ports["control_port"]
-    try:
+    with _node_workers(tmp_path, failures) as (workers, announce, started):
+        held = workers.ports["control_port"]
         assert os.environ["PLATOON_CONTROL_PORT"] == str(held) != "9"  # for its controller
         wait_until(started.exists, 20, "the worker to start before its controller serves")
         assert not workers.started.is_set()
-        _announce(announce_fd, held)  # (no data port opened)
+        _announce(announce, held)  # (no data port opened)
         assert workers.finished.wait(30)
         assert workers.procs[0].wait(10) == 0 and failures == []
         out = capfd.readouterr().out
         assert "ENV %d True" % held in out
         assert "PORTS %d None False None" % held in out  # the held data port dropped
-    finally:
-        os.close(announce_fd)
-        for fd in fds:
-            os.close(fd)
 
     failures = []
-    started.unlink()
-    workers, announce_fd, started, fds = _node_workers(tmp_path, failures)
-    try:
+    with _node_workers(tmp_path, failures) as (workers, announce, started):
         wait_until(started.exists, 20, "the worker to start before its controller serves")
-        _announce(announce_fd, 4321, 4322)  # its script chose its own ports
+        _announce(announce, 4321, 4322)  # its script chose its own ports
         assert workers.finished.wait(30)
         assert [p.returncode for p in workers.procs] == [0] and failures == []
         out = capfd.readouterr().out
         # the first worker stopped as it waited; started again with the controller's ports
         assert "ENV 4321 False" in out and out.count("PORTS") == 1, out
         assert "PORTS 4321 4322 False 4322" in out
-    finally:
-        os.close(announce_fd)
-        for fd in fds:
-            os.close(fd)
 
     failures = []
-    started.unlink()
-    workers, announce_fd, started, fds = _node_workers(tmp_path, failures)
-    try:
+    with _node_workers(tmp_path, failures) as (workers, announce, started):
         wait_until(started.exists, 20, "the worker to start before its controller serves")
-        os.close(announce_fd)  # the controller died before it served
+        announce.close()  # the controller died before it served
         assert workers.finished.wait(30)
         assert workers.procs[0].wait(10) != 0  # ended with its runner's thread
         assert "did not start serving" in failures[0]
-    finally:
-        for fd in fds:
-            os.close(fd)
 
 
 def test_a_worker_waiting_for_its_ports_is_told_when_its_controller_never_serves(monkeypatch):
