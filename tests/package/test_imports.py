@@ -3,6 +3,7 @@ original Platoon's module paths still import; the package's imports make no circ
 keeps to its side of the process line, and docs/architecture.md's import table says what the
 code imports."""
 
+import functools
 import importlib
 import subprocess
 import sys
@@ -203,9 +204,11 @@ def test_the_import_graph_has_no_cycle():
         visit(module)
 
 
+@functools.lru_cache(maxsize=None)
 def every_import():
     """{module: (platoon modules, other top-level packages) it imports anywhere, at load
-    time or inside functions} (not under `if TYPE_CHECKING:`)."""
+    time or inside functions} (not under `if TYPE_CHECKING:`). Parsed once for the file's
+    tests (each home's test read every source again: 1-3 s each); not to be changed."""
     import ast
 
     files = platoon_sources()
