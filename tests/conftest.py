@@ -1,8 +1,11 @@
 """Fixtures for tests with real processes, sockets and shared memory, all bounded and cleaned."""
 
 import compileall
+import importlib.util
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -32,17 +35,44 @@ os.environ.setdefault("PLATOON_ASSUME_GPUS", "-1")
 SUITE_STARTED = time.time()  # MPICH segments older than the suite are not the suite's
 
 
+# What the suite's processes import, compiled once before they start (see pytest_sessionstart)
+FRAMEWORKS = ("numpy", "zmq", "mpi4py", "torch", "torch.distributed", "torch._dynamo",
+              "transformers.trainer", "lightning", "pytorch_lightning", "accelerate")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session):
-    """Compile the repository's modules once, in the main process before xdist starts its
-    workers, as pip compiles an installed package: where PYTHONDONTWRITEBYTECODE is set, each
-    of the thousands of Python processes the suite starts compiled platoon's modules again
-    (0.07 s of CPU each, a quarter of a worker's start-up)."""
+    """In the main process, before xdist starts its workers: let the suite's processes write
+    bytecode, and write it for the repository's modules and for what they import.
+
+    The README's command installs with ``pip --no-compile``: pip would compile all of
+    torch, transformers and Lightning (14,000 files, some 30 s of the install on 2 cores)
+    where the suite imports about 4,000 of them. Here one process imports those once, so
+    their bytecode is written before the suite's processes race to compile them, and each
+    process writes what else it compiles. Where PYTHONDONTWRITEBYTECODE is set, as on this
+    project's machines, every one of the suite's thousands of processes would otherwise
+    compile what it imports again (platoon's modules alone: 0.07 s of CPU each)."""
     if hasattr(session.config, "workerinput"):
         return
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for folder in ("platoon", "tests", "benchmarks", "examples"):
         compileall.compile_dir(os.path.join(root, folder), quiet=2, workers=1)
+    if not _compiled("torch"):  # (once: a later run finds torch's bytecode)
+        imports = "".join("try:\n    import %s\nexcept ImportError:\n    pass\n" % name
+                          for name in FRAMEWORKS)
+        subprocess.run([sys.executable, "-c", imports], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300,
+                       check=False)
+
+
+def _compiled(package):
+    """Whether `package` is missing or its __init__ has bytecode for this interpreter."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.origin:
+        return True
+    return os.path.exists(importlib.util.cache_from_source(spec.origin))
 
 
 def pytest_collection_modifyitems(session, config, items):
