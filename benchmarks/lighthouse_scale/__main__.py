@@ -1,5 +1,6 @@
 """python -m benchmarks.lighthouse_scale [--nodes 100 1000] [--nice 10 0] [--procs 4]
-[--probe 10] [--seconds 15] [--heartbeat-interval-s 0.1] [--join-grace-s 0.3] [--write]
+[--probe 10] [--seconds 15] [--heartbeat-interval-s 0.1] [--join-grace-s 0.3]
+[--max-heartbeats-per-s N] [--write]
 
 Runs the lighthouse scale benchmark (see the package's doc) once per node count and niceness
 of the simulators and prints its figures as JSON; --write also writes
@@ -13,6 +14,12 @@ the lighthouse looked: about 1 when it keeps up) and its thread's CPU per reques
 log's last line: `Lighthouse.serve`'s counts). Timeouts are counted by cause (`sim`), beside
 the kernel's listen queue overflows during the run (TcpExtListenOverflows: the whole network
 namespace's) and the requests the lighthouse dropped or refused.
+
+The lighthouse paces its nodes (`--max-heartbeats-per-s`, its default unless given): past
+that rate's tenth of nodes its replies ask for heartbeats every live nodes / rate seconds
+rather than the nodes' own --heartbeat-interval-s, and the simulated nodes heartbeat at that
+pace, as LighthouseClient does; each row says the pace asked ("pace_s": the longest any node
+last heard; None: none asked) beside the requests per second it got.
 
 The reply latencies are the probe's: --probe of the nodes simulated by a process of their
 own, idle between heartbeats, so that they hold little of a simulator's own delays (the
@@ -91,9 +98,12 @@ def percentile(values, q):
     return values[min(len(values) - 1, int(q * len(values)))] if values else None
 
 
-def run(count, procs, probe, seconds, interval, grace, nice=0, timeout_s=120.0):
+def run(count, procs, probe, seconds, interval, grace, nice=0, timeout_s=120.0,
+        heartbeats_per_s=None):
     """One run at `count` simulated nodes, the simulators (not the probe) at niceness
-    `nice`: its figures."""
+    `nice`, the lighthouse at `heartbeats_per_s` (its --max-heartbeats-per-s; None: its
+    default): its figures."""
+    rate = [] if heartbeats_per_s is None else ["--max-heartbeats-per-s", str(heartbeats_per_s)]
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=ROOT)
     log_text = ""
     with tempfile.TemporaryDirectory() as tmp:
@@ -105,7 +115,7 @@ def run(count, procs, probe, seconds, interval, grace, nice=0, timeout_s=120.0):
             lighthouse = subprocess.Popen(
                 [sys.executable, "-m", "platoon.elastic.lighthouse", "--bind", "127.0.0.1:0",
                  "--secret-file", secret_file, "--min-nodes", str(count), "--join-grace-s",
-                 str(grace), "--heartbeat-timeout-s", "5"],
+                 str(grace), "--heartbeat-timeout-s", "5"] + rate,
                 cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT,
                 start_new_session=True)
         sims = []
@@ -158,7 +168,9 @@ def run(count, procs, probe, seconds, interval, grace, nice=0, timeout_s=120.0):
     timeouts = {cause: sum(r["timeouts"][cause] for r in rows) for cause in rows[0]["timeouts"]}
 
     return {"nodes": count, "simulators_nice": nice, "probe_nodes": probe,
-            "heartbeat_interval_s": interval,
+            "heartbeat_interval_s": interval, "max_heartbeats_per_s": heartbeats_per_s,
+            "pace_s": max((r["pace_s"] for r in rows if r.get("pace_s") is not None),
+                          default=None),
             "join_grace_s": grace, "registered": sum(t is not None for t in joined),
             "last_join_to_quorum_of_all_s": None if last_join is None or not saw_all
             else min(saw_all) - last_join,
@@ -198,22 +210,28 @@ def render(record):
              "thread's alone. Requests per read: how many waited each time the lighthouse "
              "looked (about 1: it keeps up; near 64: it falls behind). Timeouts (no reply within "
              "1 s) by cause: on a connection's first request / on a connection answered before; "
-             "listen overflows: the kernel's, during the run."
-             % (record["procs"], record["probe"], record["machine"], record["load"]), "",
-             "| nodes | simulators' nice | requests/s | last join to quorum of all | grace | "
-             "reply p50 | reply p99 | load generators' p99 | lighthouse CPU | CPU per request | "
-             "its thread's CPU per request | requests per read | timeouts (connecting / "
-             "registered) | listen overflows |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "listen overflows: the kernel's, during the run. Pace: how often the lighthouse "
+             "asks each node to heartbeat at most (live nodes / its --max-heartbeats-per-s; a "
+             "node's own interval when longer, here %s s)."
+             % (record["procs"], record["probe"], record["machine"], record["load"],
+                "/".join(sorted({"%g" % row["heartbeat_interval_s"]
+                                 for row in record["rows"]}))),
+             "",
+             "| nodes | simulators' nice | pace | requests/s | last join to quorum of all | "
+             "grace | reply p50 | reply p99 | load generators' p99 | lighthouse CPU | "
+             "CPU per request | its thread's CPU per request | requests per read | timeouts "
+             "(connecting / registered) | listen overflows |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def num(value, form):
         return "-" if value is None else form % value
 
     for row in record["rows"]:
         causes = row["timeouts_by_cause"]
-        lines.append("| %d | %d | %.0f | %s | %g s | %s | %s | %s | %.0f%% | %s | %s | %s | "
+        lines.append("| %d | %d | %s | %.0f | %s | %g s | %s | %s | %s | %.0f%% | %s | %s | %s | "
                      "%d (%d / %d) | %d |"
-                     % (row["nodes"], row["simulators_nice"], row["requests_per_s"],
+                     % (row["nodes"], row["simulators_nice"],
+                        num(row.get("pace_s"), "%.3g s"), row["requests_per_s"],
                         num(row["last_join_to_quorum_of_all_s"], "%.3f s"),
                         row["join_grace_s"], num(row["reply_p50_ms"], "%.2f ms"),
                         num(row["reply_p99_ms"], "%.2f ms"),
@@ -237,12 +255,15 @@ def main(argv=None):
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--heartbeat-interval-s", type=float, default=0.1)
     parser.add_argument("--join-grace-s", type=float, default=0.3)
+    parser.add_argument("--max-heartbeats-per-s", type=int, default=None,
+                        help="the lighthouse's (default: its own default)")
     parser.add_argument("--write", action="store_true",
                         help="write benchmarks/results/lighthouse_scale.{json,md}")
     args = parser.parse_args(argv)
     load = "%.1f" % os.getloadavg()[0]
     rows = [run(count, args.procs, args.probe, args.seconds, args.heartbeat_interval_s,
-                args.join_grace_s, nice) for count in args.nodes for nice in args.nice]
+                args.join_grace_s, nice, heartbeats_per_s=args.max_heartbeats_per_s)
+            for count in args.nodes for nice in args.nice]
     record = {"procs": args.procs, "probe": args.probe, "load": load,
               "machine": "%d cores" % os.cpu_count(), "rows": rows}
     print(json.dumps(record, indent=1))

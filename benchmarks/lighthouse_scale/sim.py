@@ -1,11 +1,13 @@
 """python -m benchmarks.lighthouse_scale.sim LIGHTHOUSE SECRET_FILE FIRST COUNT TOTAL
 INTERVAL_S SECONDS [NICE]
 
-Simulates nodes FIRST..FIRST+COUNT-1 of TOTAL, each heartbeating every INTERVAL_S on its own
-REQ socket from source address 127.1.(i // 250).(i % 250 + 1), for SECONDS; prints one JSON
-line: each node's registration time and the time it first saw a quorum of TOTAL members
-(time.time()), every heartbeat's reply latency (s) once registered, the requests sent, its
-timeouts by cause and this process's CPU seconds. NICE (default 0): its niceness, added with
+Simulates nodes FIRST..FIRST+COUNT-1 of TOTAL, each heartbeating every INTERVAL_S, or at the
+lighthouse's pace when its replies ask for a longer one (`client.paced`, as LighthouseClient
+does), on its own REQ socket from source address 127.1.(i // 250).(i % 250 + 1), for SECONDS;
+prints one JSON line: each node's registration time and the time it first saw a quorum of
+TOTAL members (time.time()), every heartbeat's reply latency (s) once registered, the requests
+sent, its timeouts by cause, the longest pace the lighthouse last asked any of its nodes for
+(None: none asked) and this process's CPU seconds. NICE (default 0): its niceness, added with
 os.nice (a node on another machine does not compete for the lighthouse's cores).
 
 A request unanswered REQUEST_TIMEOUT_S after it was sent (the first of a connection:
@@ -32,7 +34,7 @@ import time
 import zmq
 
 from platoon.elastic import load_secret, wire
-from platoon.elastic.client import FIRST_REPLY_TIMEOUTS
+from platoon.elastic.client import FIRST_REPLY_TIMEOUTS, paced
 from platoon.elastic.secret import Signer
 
 REQUEST_TIMEOUT_S = 1.0
@@ -65,7 +67,7 @@ def main(argv):
     nodes = []
     for i in range(first, first + count):
         node = {"i": i, "name": "n%05d" % i, "address": source(i) + ":1", "highest": 0,
-                "joined": None, "saw_all": None, "sock": None}
+                "joined": None, "saw_all": None, "sock": None, "pace": None}
         nodes.append(node)
     # (when, index in `nodes`): the next sends. Each node has its phase in the interval (its
     # first send), and keeps it (a heartbeat an interval after the last one was due, as a
@@ -113,7 +115,8 @@ def main(argv):
                 node["highest"] = quorum["id"]
                 if len(quorum["members"]) == total and node["saw_all"] is None:
                     node["saw_all"] = time.time()
-            node["due"] = max(arrived, node["due"] + interval)
+            node["pace"] = wire.pace_of(answer)
+            node["due"] = max(arrived, node["due"] + paced(interval, answer))
             heapq.heappush(due, (node["due"], index))
         now = time.monotonic()
         while waiting and now > waiting[0][0]:
@@ -145,7 +148,9 @@ def main(argv):
     print(json.dumps({"joined": [n["joined"] for n in nodes],
                       "saw_all": [n["saw_all"] for n in nodes],
                       "latencies": latencies, "timeouts": timeouts, "refused": refused,
-                      "sent": sent, "cpu_s": time.process_time() - cpu0}))
+                      "sent": sent, "pace_s": max((n["pace"] for n in nodes
+                                                   if n["pace"] is not None), default=None),
+                      "cpu_s": time.process_time() - cpu0}))
     context.destroy(linger=0)
     return 0
 

@@ -60,17 +60,22 @@ class Limits:
     nodes'): at most `connections_per_source` connections at once (each node holds one;
     give more when many nodes share one address, 0 for no cap), and at most
     `refusals_per_source` replies to requests without the job's secret per `log_period_s`
-    seconds, in which each source's refusals make one log line, with a count. Raises
-    ValueError naming a bad setting."""
+    seconds, in which each source's refusals make one log line, with a count. And what all
+    its nodes send it: about `heartbeats_per_s` heartbeats a second (its replies ask the nodes
+    to heartbeat no more often than every live nodes / `heartbeats_per_s` seconds, within a
+    fifth of the heartbeat timeout: `platoon.elastic.lighthouse.pace_s`; the default keeps up
+    to 200 nodes at their own 0.1 s). Raises ValueError naming a bad setting."""
 
     connections_per_source: int = 64
     refusals_per_source: int = 10
     log_period_s: float = 10.0
+    heartbeats_per_s: int = 2000
 
     def __post_init__(self):
         check_count("Limits connections_per_source", self.connections_per_source)
         check_count("Limits refusals_per_source", self.refusals_per_source)
         check_seconds("Limits log_period_s", self.log_period_s)
+        check_count("Limits heartbeats_per_s", self.heartbeats_per_s, 1)
 
 
 # The lighthouse's options: (flag, the part of LighthouseSettings that holds the setting
@@ -96,6 +101,11 @@ _LIGHTHOUSE_OPTIONS = (
      "--log-period-s (default {default})"),
     ("--log-period-s", "limits", "log_period_s", float, "S",
      "each source's refusals make one log line per S seconds (default {default:g})"),
+    ("--max-heartbeats-per-s", "limits", "heartbeats_per_s", int, "N",
+     "ask the nodes to heartbeat no more often than every live nodes / N seconds (never "
+     "more than a fifth of --heartbeat-timeout-s; a node's own interval when longer): about "
+     "N heartbeats a second in all (default {default}: up to 200 nodes keep their 0.1 s; "
+     "with more, a quorum change reaches the members up to one such pace later)"),
     ("--status-file", None, "status_file", str, "PATH",
      "write the lighthouse's status (its address, latest quorum and what each node last "
      "told it, JSON) to PATH, atomically, as it starts, at each new quorum, as the nodes' "

@@ -19,11 +19,22 @@ log = logging.getLogger(__name__)
 FIRST_REPLY_TIMEOUTS = 5  # request timeouts a connection's first request waits for its reply
 
 
+def paced(interval_s: float, answer: wire.Message) -> float:
+    """The wait (seconds) before a node's next heartbeat after the signed reply `answer`:
+    its own `interval_s`, or the pace the lighthouse asks for when longer (`wire.pace_of`;
+    none in an older lighthouse's reply: its own)."""
+    pace = wire.pace_of(answer)
+    return interval_s if pace is None else max(interval_s, pace)
+
+
 class LighthouseClient:
     """Node `name` (its stable slot) of an elastic job, registered with the lighthouse at
     `lighthouse` ("HOST:PORT") and reachable for the data plane at `address` ("HOST:PORT").
 
-    A thread heartbeats every `heartbeat_interval_s`; a request unanswered within
+    A thread heartbeats every `heartbeat_interval_s`, or at the lighthouse's pace when its
+    replies ask for a longer one (`paced`: a lighthouse with many nodes asks for one, so that
+    what they all send it stays within its rate; the node then hears of a new quorum up to
+    that pace later; `pace_s`: the pace last asked, None when none); a request unanswered within
     `request_timeout_s` is dropped and sent again on a new connection (the first request of a
     connection is given FIRST_REPLY_TIMEOUTS such timeouts: a lighthouse that a burst of
     nodes starting together keeps busy is not sent each request again), for as long as the
@@ -69,6 +80,7 @@ class LighthouseClient:
         self._status_told: Optional[wire.Message] = None  # what the lighthouse took of it
         self.excluded: Optional[str] = None  # why the lighthouse keeps this node out, if it does
         self.reachable = False  # whether the last request was answered
+        self.pace_s: Optional[float] = None  # the lighthouse's pace, as its last reply asked
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="platoon-heartbeat", daemon=True)
         self._thread.start()
@@ -254,6 +266,7 @@ class LighthouseClient:
             self._refused = error
             if error is None:
                 self._signed_at, self._refused_since = now, None
+                self.pace_s = wire.pace_of(answer)
                 self.name_taken = bool(answer.get("taken"))
                 self.excluded = answer.get("excluded")
                 if self.excluded:
@@ -295,7 +308,8 @@ class LighthouseClient:
                 self._took(answer, status)
                 if answer["error"] is None and not answer["done"]:
                     continue  # the challenge was stale: send again with the new one
-                self._stop.wait(self.heartbeat_interval_s if answer["error"] is None
+                self._stop.wait(paced(self.heartbeat_interval_s, answer)
+                                if answer["error"] is None
                                 else max(1.0, self.heartbeat_interval_s))
             if challenge and self.reachable:  # leave at once rather than after the timeout
                 self._exchange(sock, "leave", challenge, self._untold_status())

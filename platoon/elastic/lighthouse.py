@@ -16,6 +16,14 @@ log line per source per period, with a count. What a node says of itself (its st
 result) is kept only from signed requests, at most `wire.MAX_STATUS` bytes a node and
 `MAX_CONNECTIONS` nodes.
 
+It paces its nodes' heartbeats (as large membership services do), so that what they send it
+stays near `Limits.heartbeats_per_s` whatever their number: each reply asks for a heartbeat
+no more often than every `pace_s` (live nodes / that rate, within a fifth of the heartbeat
+timeout); a node heartbeats at that pace or its own interval, whichever is longer. The cost:
+the members of a quorum hear of the next one at their next heartbeat, so with more nodes than
+the rate's tenth (200 by default) a joiner's group may wait up to one pace longer to form
+(0.5 s at 1,000 nodes); with fewer, the pace is under a node's own 0.1 s and nothing changes.
+
 A burst of connections (a job's nodes started together) waits in the kernel until it is
 accepted (a listen backlog of BACKLOG, which net.core.somaxconn caps), rather than losing
 its SYNs (a node's first heartbeat then waits for their retransmission, 1 s or more).
@@ -59,8 +67,20 @@ MAX_CONNECTIONS = 10000  # connections served at once (new ones wait for idle on
 IDLE_S = 10.0  # a connection silent this long no longer counts against its source's cap
 BACKLOG = 4096  # connections the kernel holds before they are accepted (net.core.somaxconn caps)
 DRAIN = 64  # requests read, then answered together, between two polls at most
+# The pace asked is at most the heartbeat timeout over this: a node then heartbeats at least
+# 5 times a timeout, so that a request lost (its 1 s request timeout, then a new connection
+# and its challenge) or answered late leaves it several more before it is counted out, and a
+# quorum change reaches every member within a fifth of the timeout (1 s at the default 5 s).
+PACE_OF_TIMEOUT = 5
 _NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)  # (ints: no enum arithmetic a frame)
 _send = _RawSocket.send  # (pyzmq's own send under its wrapper: half the CPU of a reply's frames)
+
+
+def pace_s(live: int, limits: Limits, heartbeat_timeout_s: float) -> float:
+    """How often, at most, the lighthouse asks each of `live` nodes to heartbeat (seconds):
+    so that they send about `limits.heartbeats_per_s` in all, and never less often than
+    PACE_OF_TIMEOUT times per `heartbeat_timeout_s`."""
+    return min(live / limits.heartbeats_per_s, heartbeat_timeout_s / PACE_OF_TIMEOUT)
 
 
 class Lighthouse:
@@ -68,8 +88,9 @@ class Lighthouse:
     holders of `secret`, within `limits` (default `Limits()`), writing its status (its address,
     latest quorum and each node's latest word: `platoon._os.statusfile`) to `status_file` as
     `serve` starts, at each new quorum, at most every STATUS_EVERY_S as nodes' statuses change,
-    and as it ends (None: nowhere). A context manager; `serve(stop)` runs until `stop()` is
-    true."""
+    and as it ends (None: nowhere). Its replies ask for heartbeats no more often than
+    `pace_s` (`pace_s()` of the live nodes as of the last tick). A context manager;
+    `serve(stop)` runs until `stop()` is true."""
 
     def __init__(self, settings: MembershipSettings, bind: str, secret: bytes,
                  limits: Optional[Limits] = None, status_file: Optional[str] = None) -> None:
@@ -100,6 +121,7 @@ class Lighthouse:
         self._refusals: Dict[str, int] = {}  # source -> refusals replied to in this period
         self._period = time.monotonic()  # when `_refusals`' period began
         self._quorum_json: Tuple[Optional[object], str] = (None, "null")
+        self.pace_s = 0.0  # the pace its replies ask for (`pace_s()`; set at each tick)
         self.nodes: Dict[str, wire.Message] = {}  # each node's latest status (`wire.node_status`)
         self._nodes_changed = False  # since the status file was last written
         self._warnings = ThrottledLog(log, self.limits.log_period_s)
@@ -201,11 +223,11 @@ class Lighthouse:
         excluded = self.membership.left_out.get(data["node"]) if done else None
         if quorum is None or data["highest_seen"] >= quorum.id:
             return wire.reply(self._signer, mac, self._challenge_for(peer, now), None, done,
-                              taken, excluded)  # the node has it (or there is none)
+                              taken, excluded, pace_s=self.pace_s)  # the node has it (or none)
         if self._quorum_json[0] is not quorum:
             self._quorum_json = (quorum, json.dumps(quorum.to_wire()))
         return wire.reply(self._signer, mac, self._challenge_for(peer, now), None, done, taken,
-                          excluded, quorum_json=self._quorum_json[1])
+                          excluded, quorum_json=self._quorum_json[1], pace_s=self.pace_s)
 
     def _keep_status(self, name: str, incarnation: str, status: wire.Message) -> None:
         """Keep node `name`'s latest status (not from a process whose name another live
@@ -293,6 +315,8 @@ class Lighthouse:
                     next_sweep = now + SWEEP_S
                     self._forget_idle(now)
                 quorum = self.membership.tick(now)
+                self.pace_s = pace_s(self.membership.live_count, self.limits,
+                                     self.membership.settings.heartbeat_timeout_s)
                 if quorum is not None:
                     for name, why in sorted(self.membership.left_out.items()):
                         log.warning("node %s is out of the quorums: %s", name, why)
@@ -361,8 +385,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         signal.signal(sig, lambda *_: stopping.append(True))
     membership = settings.membership
     with lighthouse:
-        log.info("serving on tcp://%s (min nodes %d, heartbeat timeout %g s)",
-                 lighthouse.address, membership.min_nodes, membership.heartbeat_timeout_s)
+        log.info("serving on tcp://%s (min nodes %d, heartbeat timeout %g s, at most %d "
+                 "heartbeats a second)", lighthouse.address, membership.min_nodes,
+                 membership.heartbeat_timeout_s, lighthouse.limits.heartbeats_per_s)
         ready_fd = JobEnvironment.read("ready_fd").ready_fd  # platoon-launcher --elastic's
         if ready_fd is not None:
             announce(ready_fd, {"address": lighthouse.address})

@@ -186,6 +186,12 @@ class Membership:
                 self.leave(name)
         return sorted(self._last_seen)
 
+    @property
+    def live_count(self) -> int:
+        """How many nodes are live as of the last `tick` (and any heard of since), without a
+        pass over them."""
+        return len(self._last_seen)
+
     def tick(self, now: float) -> Optional[Quorum]:
         """Issue the next quorum when the live nodes differ from the current quorum's (or a
         member's address changed), at least `min_nodes` are live, and the grace window since

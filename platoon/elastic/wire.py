@@ -1,21 +1,25 @@
 """The lighthouse's messages: signed JSON bodies, two frames each (body, signature).
 
-Requests (node to lighthouse): ``{"op": "heartbeat" | "leave", "node": NAME,
-"address": "HOST:PORT", "highest_seen": ID, "challenge": HEX, "broken": ID,
-"incarnation": HEX, "unreachable": [NAME, ...], "status": STATUS}`` ("broken": a quorum whose
-group broke with no newer quorum coming, 0 for none; "incarnation": the node process's random
-id; "unreachable": members of the current quorum whose data plane the node could not reach;
-"status": what the node says of itself (`node_status`: its state, at the end its final
-result), at most `MAX_STATUS` bytes as JSON, sent when it changed; all four optional); op
-"status" carries a status only (a node's last word, after it left). Replies: ``{"challenge":
-HEX, "quorum": QUORUM | null, "done": bool, "error": TEXT | null, "taken": bool, "excluded":
-TEXT | null}`` ("excluded": why the lighthouse keeps
-this node out of the quorums); "done" is false when the request's challenge was stale (a new
-connection, a restarted lighthouse): the node sends it again with the reply's challenge (that reply
-carries no quorum, nor one whose "taken" is true: another live process holds the node's
-name, nor one whose request's "highest_seen" is at or above the quorum's id: the node has it).
-A reply refusing a bad signature is not signed (its sender cannot know the key the request
-used) and can only refuse.
+Requests (node to lighthouse): ``{"op": "heartbeat" | "leave", "node": NAME, "address":
+"HOST:PORT", "highest_seen": ID, "challenge": HEX, "broken": ID, "incarnation": HEX,
+"unreachable": [NAME, ...], "status": STATUS}`` ("broken": a quorum whose group broke with no
+newer quorum coming, 0 for none; "incarnation": the node process's random id; "unreachable":
+members of the current quorum whose data plane the node could not reach; "status": what the
+node says of itself (`node_status`: its state, at the end its final result), at most
+`MAX_STATUS` bytes as JSON, sent when it changed; all four optional); op "status" carries a
+status only (a node's last word, after it left).
+
+Replies: ``{"challenge": HEX, "quorum": QUORUM | null, "done": bool, "error": TEXT | null,
+"taken": bool, "excluded": TEXT | null, "pace_s": S | null}`` ("excluded": why the lighthouse
+keeps this node out of the quorums; "pace_s": the lighthouse's pace, `pace_of`: heartbeat no
+more often than every S seconds, or at the node's own interval when longer; null or missing,
+as in an older lighthouse's replies: at the node's own interval; a node older than the field
+ignores it); "done" is false when the request's challenge was stale (a new connection, a
+restarted lighthouse): the node sends it again with the reply's challenge (that reply carries
+no quorum, nor one whose "taken" is true: another live process holds the node's name, nor one
+whose request's "highest_seen" is at or above the quorum's id: the node has it). A reply
+refusing a bad signature is not signed (its sender cannot know the key the request used) and
+can only refuse.
 
 Sizes: a request's frames are at most `MAX_BODY` bytes, a reply's at most `MAX_REPLY`; each
 socket is set so (ZeroMQ's ``maxmsgsize``) and drops the connection of a peer that sends a
@@ -23,6 +27,7 @@ larger frame before reading it.
 """
 
 import json
+import math
 from typing import Any, Dict, Optional, Sequence, Tuple, Union, cast
 
 from .._os.statusfile import shortened
@@ -37,9 +42,10 @@ STATUS_KEYS = ("state", "rounds", "kept_own_centre", "final_result", "error")
 Message = Dict[str, Any]  # a request or reply, as JSON decodes it
 Key = Union[bytes, Signer]  # the job's secret, or a Signer made of it (keys set up once)
 _decode = json.JSONDecoder().decode
-# A reply's body: its quorum (JSON), challenge (hex), done, taken (JSON booleans), excluded
+# A reply's body: its quorum (JSON), challenge (hex), done, taken (JSON booleans), excluded,
+# pace (JSON)
 _REPLY = '{"quorum": %s, "challenge": "%s", "done": %s, "error": null, "taken": %s, ' \
-    '"excluded": %s}'
+    '"excluded": %s, "pace_s": %s}'
 
 
 def _signer(key: Key) -> Signer:
@@ -107,18 +113,30 @@ def node_status(status: Message) -> Message:
 
 def reply(key: Key, request_mac: bytes, challenge: str, quorum: Optional[Message],
           done: bool, taken: bool = False, excluded: Optional[str] = None,
-          quorum_json: Optional[str] = None) -> Tuple[bytes, bytes]:
+          quorum_json: Optional[str] = None, pace_s: Optional[float] = None
+          ) -> Tuple[bytes, bytes]:
     """The frames (body, signature) of a reply; `quorum_json`, when given, is `quorum`
     already encoded (``json.dumps``: the lighthouse encodes a quorum once, not per reply).
-    `challenge`: hex digits."""
+    `challenge`: hex digits. `pace_s`: the lighthouse's pace (None: none asked)."""
     if not (done and not taken):
         quorum, quorum_json = None, None
     if quorum_json is None:
         quorum_json = "null" if quorum is None else json.dumps(quorum)
     body = (_REPLY % (quorum_json, challenge, "true" if done else "false",
                       "true" if taken else "false",
-                      "null" if excluded is None else json.dumps(excluded))).encode()
+                      "null" if excluded is None else json.dumps(excluded),
+                      "null" if pace_s is None else "%.6g" % pace_s)).encode()
     return body, _signer(key).reply(request_mac, body)
+
+
+def pace_of(answer: Message) -> Optional[float]:
+    """The pace a signed reply asks for ("pace_s", seconds), or None when it asks none (an
+    older lighthouse's reply, a refusal) or its value is not a finite number >= 0."""
+    pace = answer.get("pace_s")
+    if isinstance(pace, (int, float)) and not isinstance(pace, bool) and math.isfinite(pace) \
+            and pace >= 0:
+        return float(pace)
+    return None
 
 
 def refusal(why: str) -> Tuple[bytes, bytes]:

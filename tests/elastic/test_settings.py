@@ -93,7 +93,7 @@ def test_every_setting_that_is_not_its_default_crosses_the_command_line():
     from platoon.elastic.lighthouse import read_arguments as read_lighthouse
     from platoon.elastic.node import read_arguments as read_node
     lighthouse = LighthouseSettings(MembershipSettings(3, 1.5, 0.0), "10.0.0.1:29511", "/s",
-                                    Limits(5, 2, 0.5), "/st.json")
+                                    Limits(5, 2, 0.5, 100), "/st.json")
     assert read_lighthouse(lighthouse.to_argv()) == (lighthouse, None)
     assert read_lighthouse([]) == (LighthouseSettings(), None)  # its defaults, declared once
     tie = CentreTie(0.5, beta=0.2, compress="int4", outer="easgd", outer_lr=0.3,
@@ -148,6 +148,8 @@ def test_a_bad_elastic_node_setting_is_refused_naming_its_flag(argv, said, capsy
     (["--max-connections-per-source", "-1"],
      "--max-connections-per-source must be an integer, at least 0; got -1"),
     (["--log-period-s", "0"], "--log-period-s must be a number of seconds"),
+    (["--max-heartbeats-per-s", "0"],
+     "--max-heartbeats-per-s must be an integer, at least 1; got 0"),
     (["--bind", "0.0.0.0"], "--bind must be HOST:PORT (port 0 picks a free one)"),
 ])
 def test_a_bad_lighthouse_setting_is_refused_naming_its_flag(argv, said, capsys):
