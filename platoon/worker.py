@@ -605,6 +605,10 @@ class Worker:
         (and one whatever its size), so a worker that fails holds at most
         `window_bytes` plus one minibatch, re-sent to others. A worker that never
         calls `recv_mb` gets none. See docs/api.md, "The minibatch window".
+
+        The process's heap is kept from then on, not given back after each burst of
+        minibatches (`platoon._os.heap.keep_heap`: glibc's malloc thresholds, unless the
+        user set them): each one received would otherwise touch fresh pages.
         """
         if port is None:
             port = JobEnvironment.read().data_port
@@ -619,7 +623,9 @@ class Worker:
         if window_bytes is not None and (not isinstance(window_bytes, int) or window_bytes < 1):
             raise ValueError("window_bytes must be None or an integer >= 1, got %r"
                              % (window_bytes,))
+        from ._os.heap import keep_heap
         from ._worker.minibatches import MinibatchClient  # loaded by the workers that use it only
+        keep_heap()
         sock = self._client.socket(zmq.DEALER)
         address = endpoint(self.host, port)
         sock.connect(address)
