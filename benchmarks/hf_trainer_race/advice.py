@@ -2,7 +2,7 @@
 every run to the schedule's end, one after another, each with the load as it started.
 
 usage: python -m benchmarks.hf_trainer_race.advice [--plan NAME] [--seeds 1,2] [--out PATH]
-                                                   [--prior PATH] [--report [--only PLANS]
+                                                   [--prior PATHS] [--report [--only PLANS]
                                                    [--targets LOSSES]]
 
 Plans: `lr` (item 1: platoon's EASGD with AdamW at 1x and 2x the lr, without and with a 5%
@@ -68,6 +68,15 @@ PLANS = {
                    ("platoon_easgd", dict(PROSE, lr=PROSE_LR * 1.5, warmup=0.05)),
                    ("platoon_easgd", dict(PROSE, lr=PROSE_LR * 2, warmup=0.05))],
     "prose_gain_winner": [("platoon_easgd", dict(PROSE, lr=PROSE_LR * 1.5, warmup=0.05))],
+    # 2026-12-01 (record advice_2026-12-01.json): DDP's lr tuned too (it has twice one
+    # process's batch: it may gain from 1.5x as platoon does), on both workloads
+    "fair_ddp": [("ddp", {"lr": ONE * 1.5, "warmup": 0.05}),
+                 ("ddp", dict(PROSE, lr=PROSE_LR * 1.5, warmup=0.05))],
+    # the two halves of the 11-30 candidates together: a sync every 2 steps at 1.5x the lr
+    "combo": [("platoon_easgd", {"lr": ONE * 1.5, "warmup": 0.05, "sync_every": 2}),
+              ("platoon_easgd", dict(PROSE, lr=PROSE_LR * 1.5, warmup=0.05, sync_every=2))],
+    # every 2 at one process's lr on prose (seed 1 on 11-30, in prose_gain)
+    "prose_every2": [("platoon_easgd", dict(PROSE, lr=PROSE_LR, warmup=0.05, sync_every=2))],
     "diloco": [("platoon_diloco", dict(PAPER, lr=ONE, sync_every=100, warmup=0.05)),
                ("platoon_diloco", dict(PAPER, lr=ONE * 0.1 / 0.7, sync_every=20, warmup=0.05)),
                ("platoon_diloco", dict(PAPER, lr=ONE, sync_every=20, warmup=0.05))],
@@ -138,11 +147,12 @@ def main(argv=None):
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--plan", default="lr", choices=sorted(PLANS))
     parser.add_argument("--seeds", default="1,2")
-    parser.add_argument("--out", default=os.path.join(RESULTS, "advice_2026-11-30.json"),
+    parser.add_argument("--out", default=os.path.join(RESULTS, "advice_2026-12-01.json"),
                         help="the record new runs are added to")
-    parser.add_argument("--prior", default=os.path.join(RESULTS, "advice_2026-11-29.json"),
-                        help="an earlier record: its runs are not run again and are reported "
-                             "with OUT's ('' for none)")
+    parser.add_argument("--prior", default=",".join(
+        os.path.join(RESULTS, "advice_2026-11-%d.json" % day) for day in (29, 30)),
+                        help="earlier records (comma-separated): their runs are not run "
+                             "again and are reported with OUT's ('' for none)")
     parser.add_argument("--report", action="store_true",
                         help="only print the markdown tables of the runs recorded in PRIOR "
                              "and OUT")
@@ -152,9 +162,10 @@ def main(argv=None):
                         help="--report only the cells of these plans (comma-separated)")
     args = parser.parse_args(argv)
     prior, runs = [], []
-    if args.prior and os.path.exists(args.prior) and args.prior != args.out:
-        with open(args.prior) as f:
-            prior = json.load(f)
+    for path in args.prior.split(",") if args.prior else []:
+        if os.path.exists(path) and path != args.out:
+            with open(path) as f:
+                prior += json.load(f)
     if os.path.exists(args.out):
         with open(args.out) as f:
             runs = json.load(f)
