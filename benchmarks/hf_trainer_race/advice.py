@@ -3,7 +3,7 @@ every run to the schedule's end, one after another, each with the load as it sta
 
 usage: python -m benchmarks.hf_trainer_race.advice [--plan NAME] [--seeds 1,2] [--out PATH]
                                                    [--prior PATHS] [--report [--only PLANS]
-                                                   [--targets LOSSES]]
+                                                   [--targets LOSSES] [--versus PLAN]]
 
 Plans: `lr` (item 1: platoon's EASGD with AdamW at 1x and 2x the lr, without and with a 5%
 warm-up, one process and DDP at 1x as references), `diloco` (item 3: DiLoCo's outer
@@ -109,22 +109,42 @@ def _steps(value):
     return "%.0f" % value if value is not None else "-"
 
 
-def markdown(runs, targets=TARGETS):
+def _workload(settings):
+    """What a run trained on (corpus, model, horizon): the cells a reference compares with."""
+    return tuple(settings.get(k) for k in ("corpus", "model", "horizon"))
+
+
+def _median_steps(group, target):
+    """The median over a cell's seeds of steps to `target`; None if a seed did not reach it."""
+    crossings = [crossing_step(r, target) for r in group]
+    return statistics.median(crossings) if None not in crossings else None
+
+
+def markdown(runs, targets=TARGETS, reference=()):
     """Per cell (method and settings) the medians over its seeds: steps per process to each
-    target (interpolated between evaluations; "-": a seed did not reach it), the eval loss
-    at step 600 and at the end; then every run with its load."""
-    cells = {}
+    target (interpolated between evaluations; "-": a seed did not reach it), each as a
+    multiple of the median of the `reference` runs on the same workload where given, the
+    eval loss at step 600 and at the end; then every run with its load."""
+    cells, references = {}, {}
     for run in runs:
         cells.setdefault(_cell(run), []).append(run)
+    for run in reference:
+        references.setdefault(_workload(run["settings"]), []).append(run)
+
+    def steps(group, target):
+        median = _median_steps(group, target)
+        versus = references.get(_workload(group[0]["settings"]))
+        base = _median_steps(versus, target) if versus else None
+        return _steps(median) + (" (%.2fx)" % (median / base) if median and base else "")
+
     head = " | ".join("steps to %g" % t for t in targets)
     lines = ["| method, settings | seeds | %s | eval loss at 600 | final eval loss |" % head,
              "|---|---|%s---|---|" % ("---|" * len(targets))]
     for cell, group in cells.items():
-        crossings = [[crossing_step(r, t) for r in group] for t in targets]
         at600 = [dict((step, loss) for step, _, loss in _trace(r)).get(600) for r in group]
         lines.append("| %s | %s | %s | %s | %s |" % (
             cell, ",".join(str(r["seed"]) for r in group), " | ".join(
-                _steps(statistics.median(c)) if None not in c else "-" for c in crossings),
+                steps(group, t) for t in targets),
             "%.3f" % statistics.median(a for a in at600 if a is not None)
             if any(a is not None for a in at600) else "-",
             "%.3f" % statistics.median(_trace(r)[-1][2] for r in group)))
@@ -160,6 +180,9 @@ def main(argv=None):
                         help="--report's eval losses (comma-separated)")
     parser.add_argument("--only", default="",
                         help="--report only the cells of these plans (comma-separated)")
+    parser.add_argument("--versus", default="",
+                        help="--report each cell's steps also as a multiple of those of the "
+                             "DDP cell of this plan on the same workload (e.g. fair_ddp)")
     args = parser.parse_args(argv)
     prior, runs = [], []
     for path in args.prior.split(",") if args.prior else []:
@@ -171,10 +194,15 @@ def main(argv=None):
             runs = json.load(f)
     if args.report:
         runs = prior + runs
-        if args.only:
-            wanted = {_key(m, s) for plan in args.only.split(",") for m, s in PLANS[plan]}
-            runs = [r for r in runs if _key(r["method"], r["settings"]) in wanted]
-        print(markdown(runs, [float(t) for t in args.targets.split(",")]))
+
+        def of(plans, method=None):
+            wanted = {_key(m, s) for plan in plans.split(",") for m, s in PLANS[plan]
+                      if method in (None, m)}
+            return [r for r in runs if _key(r["method"], r["settings"]) in wanted]
+
+        reference = of(args.versus, "ddp") if args.versus else []
+        print(markdown(of(args.only) if args.only else runs,
+                       [float(t) for t in args.targets.split(",")], reference))
         return 0
     done = {_key(r["method"], r["settings"], r["seed"]) for r in prior + runs}
     log = lambda text: print("..", text, flush=True)  # noqa: E731

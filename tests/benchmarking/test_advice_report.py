@@ -42,3 +42,30 @@ def test_a_run_recorded_in_either_record_is_not_run_again():
     assert advice._key("platoon_easgd", settings, 3) == \
         advice._key("platoon_easgd", recorded, 3)
     assert advice._key("platoon_easgd", settings, 3) != advice._key("platoon_easgd", settings, 2)
+
+
+def test_versus_gives_each_cell_steps_as_a_multiple_of_ddp_s_on_its_own_workload(
+        tmp_path, capsys):
+    """--versus PLAN: the reference is that plan's DDP cell with the same corpus, model and
+    horizon (one per workload), medians over its seeds; the plan's other methods are not."""
+    stand_in = {"lr": advice.ONE, "warmup": 0.05}
+    prose = dict(advice.PROSE, lr=advice.PROSE_LR, warmup=0.05)
+    runs = [_run("ddp", stand_in, 1, [(50, 2.5), (100, 2.0)]),
+            _run("ddp", stand_in, 2, [(50, 2.5), (100, 2.1), (150, 2.0)]),
+            _run("single", stand_in, 1, [(50, 2.5), (200, 2.0)]),
+            _run("ddp", prose, 1, [(50, 2.0)]),
+            _run("platoon_easgd", dict(stand_in, sync_every=2), 1, [(50, 2.5), (150, 2.0)]),
+            _run("platoon_easgd", dict(prose, sync_every=2), 1, [(50, 2.5), (100, 2.0)])]
+    out = tmp_path / "out.json"
+    out.write_text(json.dumps(runs))
+    advice.main(["--report", "--prior", "", "--out", str(out), "--only",
+                 "three_seeds,prose,gain_winner,prose_every2", "--targets", "2.0",
+                 "--versus", "three_seeds"])
+    text = capsys.readouterr().out
+    # stand-in DDP: 100 and 150 steps, median 125; prose has no DDP cell in three_seeds
+    assert "| platoon_easgd lr 0.012, sync every 2, warmup 0.05 | 1 | 150 (1.20x) |" in text
+    assert "| single lr 0.012, warmup 0.05 | 1 | 200 (1.60x) |" in text
+    assert "model wide, sync every 2, warmup 0.05 | 1 | 100 |" in text
+    advice.main(["--report", "--prior", "", "--out", str(out), "--only", "prose_every2",
+                 "--targets", "2.0", "--versus", "prose"])
+    assert "model wide, sync every 2, warmup 0.05 | 1 | 100 (2.00x) |" in capsys.readouterr().out
