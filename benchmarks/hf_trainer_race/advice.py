@@ -28,6 +28,7 @@ HORIZON = 1200  # the outside workload's: 1,200 steps per process
 PROBLEM = {"target": 0.0, "eval_every": 50, "horizon": HORIZON, "cap_s": 900.0}
 ONE = 1.2e-2  # one process's best lr on the race (hf_trainer_race_tuning.json)
 PAPER = {"outer_lr": 0.7, "outer_momentum": 0.9}
+AVERAGE = {"outer_lr": 1.0, "outer_momentum": 0.0}
 # prose.py: the second workload, on a schedule of half the steps (600 a process: the
 # machine was loaded 8-16 when it ran, so each run took 2x-4x its unloaded time)
 PROSE = {"corpus": "docstrings", "model": "wide", "horizon": 600}
@@ -77,6 +78,11 @@ PLANS = {
               ("platoon_easgd", dict(PROSE, lr=PROSE_LR * 1.5, warmup=0.05, sync_every=2))],
     # every 2 at one process's lr on prose (seed 1 on 11-30, in prose_gain)
     "prose_every2": [("platoon_easgd", dict(PROSE, lr=PROSE_LR, warmup=0.05, sync_every=2))],
+    # no centre to drag: a plain asynchronous average (DiLoCo at outer lr 1, no momentum: each
+    # push moves the centre by the worker's change / p, the worker takes the centre), every 2
+    "average_every2": [("platoon_diloco", dict(PROSE, **AVERAGE, lr=PROSE_LR,
+                                               warmup=0.05, sync_every=2)),
+                       ("platoon_diloco", dict(AVERAGE, lr=ONE, warmup=0.05, sync_every=2))],
     "diloco": [("platoon_diloco", dict(PAPER, lr=ONE, sync_every=100, warmup=0.05)),
                ("platoon_diloco", dict(PAPER, lr=ONE * 0.1 / 0.7, sync_every=20, warmup=0.05)),
                ("platoon_diloco", dict(PAPER, lr=ONE, sync_every=20, warmup=0.05))],
