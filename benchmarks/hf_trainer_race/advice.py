@@ -3,7 +3,8 @@ every run to the schedule's end, one after another, each with the load as it sta
 
 usage: python -m benchmarks.hf_trainer_race.advice [--plan NAME] [--seeds 1,2] [--out PATH]
                                                    [--prior PATHS] [--report [--only PLANS]
-                                                   [--targets LOSSES] [--versus PLAN]]
+                                                   [--targets LOSSES] [--versus PLAN]
+                                                   [--workload stand-in|prose]]
 
 Plans: `lr` (item 1: platoon's EASGD with AdamW at 1x and 2x the lr, without and with a 5%
 warm-up, one process and DDP at 1x as references), `diloco` (item 3: DiLoCo's outer
@@ -121,14 +122,17 @@ def _workload(settings):
 
 
 def _median_steps(group, target):
-    """The median over a cell's seeds of steps to `target`; None if a seed did not reach it."""
+    """The median over a cell's seeds of steps to `target`, a seed that did not reach it
+    counted as never; None where the median is never (half the seeds or more did not)."""
     crossings = [crossing_step(r, target) for r in group]
-    return statistics.median(crossings) if None not in crossings else None
+    median = statistics.median(float("inf") if c is None else c for c in crossings)
+    return median if median != float("inf") else None
 
 
 def markdown(runs, targets=TARGETS, reference=()):
     """Per cell (method and settings) the medians over its seeds: steps per process to each
-    target (interpolated between evaluations; "-": a seed did not reach it), each as a
+    target (interpolated between evaluations; a seed that did not reach it counts as never,
+    "-": the median is never), each as a
     multiple of the median of the `reference` runs on the same workload where given, the
     eval loss at step 600 and at the end; then every run with its load."""
     cells, references = {}, {}
@@ -186,6 +190,8 @@ def main(argv=None):
                         help="--report's eval losses (comma-separated)")
     parser.add_argument("--only", default="",
                         help="--report only the cells of these plans (comma-separated)")
+    parser.add_argument("--workload", choices=("stand-in", "prose"), default=None,
+                        help="--report only the runs on this workload")
     parser.add_argument("--versus", default="",
                         help="--report each cell's steps also as a multiple of those of the "
                              "DDP cell of this plan on the same workload (e.g. fair_ddp)")
@@ -206,6 +212,9 @@ def main(argv=None):
                       if method in (None, m)}
             return [r for r in runs if _key(r["method"], r["settings"]) in wanted]
 
+        if args.workload:
+            corpus = "docstrings" if args.workload == "prose" else None
+            runs = [r for r in runs if r["settings"].get("corpus") == corpus]
         reference = of(args.versus, "ddp") if args.versus else []
         print(markdown(of(args.only) if args.only else runs,
                        [float(t) for t in args.targets.split(",")], reference))
