@@ -84,6 +84,15 @@ PLANS = {
     "average_every2": [("platoon_diloco", dict(PROSE, **AVERAGE, lr=PROSE_LR,
                                                warmup=0.05, sync_every=2)),
                        ("platoon_diloco", dict(AVERAGE, lr=ONE, warmup=0.05, sync_every=2))],
+    # the same at 1.5x (does the average, which has no centre to drag, need the higher lr
+    # as well?), prose first; and the combination's borderline cell, prose, at more seeds
+    "prose_average_lr": [("platoon_diloco", dict(PROSE, **AVERAGE, lr=PROSE_LR * 1.5,
+                                                 warmup=0.05, sync_every=2))],
+    "average_lr": [("platoon_diloco", dict(AVERAGE, lr=ONE * 1.5, warmup=0.05,
+                                           sync_every=2))],
+    "prose_combo_seeds": [("ddp", dict(PROSE, lr=PROSE_LR, warmup=0.05)),
+                          ("platoon_easgd", dict(PROSE, lr=PROSE_LR * 1.5, warmup=0.05,
+                                                 sync_every=2))],
     "diloco": [("platoon_diloco", dict(PAPER, lr=ONE, sync_every=100, warmup=0.05)),
                ("platoon_diloco", dict(PAPER, lr=ONE * 0.1 / 0.7, sync_every=20, warmup=0.05)),
                ("platoon_diloco", dict(PAPER, lr=ONE, sync_every=20, warmup=0.05))],
