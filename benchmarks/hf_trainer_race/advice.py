@@ -93,6 +93,8 @@ PLANS = {
     "prose_combo_seeds": [("ddp", dict(PROSE, lr=PROSE_LR, warmup=0.05)),
                           ("platoon_easgd", dict(PROSE, lr=PROSE_LR * 1.5, warmup=0.05,
                                                  sync_every=2))],
+    "combo_seeds": [("ddp", {"lr": ONE, "warmup": 0.05}),
+                    ("platoon_easgd", {"lr": ONE * 1.5, "warmup": 0.05, "sync_every": 2})],
     # the combination with a weaker pull, alpha 0.6 / p (the default 0.9 / p): a centre that
     # averages the workers over a longer window, prose first
     "alpha": [("platoon_easgd", dict(PROSE, lr=PROSE_LR * 1.5, warmup=0.05, sync_every=2,
