@@ -4,7 +4,7 @@ every run to the schedule's end, one after another, each with the load as it sta
 usage: python -m benchmarks.hf_trainer_race.advice [--plan NAME] [--seeds 1,2] [--out PATH]
                                                    [--prior PATHS] [--report [--only PLANS]
                                                    [--targets LOSSES] [--versus PLAN]
-                                                   [--workload stand-in|prose]]
+                                                   [--workload stand-in|prose] [--seeds S]]
 
 Plans: `lr` (item 1: platoon's EASGD with AdamW at 1x and 2x the lr, without and with a 5%
 warm-up, one process and DDP at 1x as references), `diloco` (item 3: DiLoCo's outer
@@ -193,7 +193,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.hf_trainer_race.advice",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--plan", default="lr", choices=sorted(PLANS))
-    parser.add_argument("--seeds", default="1,2")
+    parser.add_argument("--seeds", default=None,
+                        help="the seeds to run (default 1,2); with --report, the seeds to "
+                             "report (default all recorded)")
     parser.add_argument("--out", default=os.path.join(RESULTS, "advice_2026-12-01.json"),
                         help="the record new runs are added to")
     parser.add_argument("--prior", default=",".join(
@@ -229,6 +231,8 @@ def main(argv=None):
                       if method in (None, m)}
             return [r for r in runs if _key(r["method"], r["settings"]) in wanted]
 
+        if args.seeds:
+            runs = [r for r in runs if r["seed"] in {int(s) for s in args.seeds.split(",")}]
         if args.workload:
             corpus = "docstrings" if args.workload == "prose" else None
             runs = [r for r in runs if r["settings"].get("corpus") == corpus]
@@ -238,7 +242,7 @@ def main(argv=None):
         return 0
     done = {_key(r["method"], r["settings"], r["seed"]) for r in prior + runs}
     log = lambda text: print("..", text, flush=True)  # noqa: E731
-    for seed in [int(s) for s in args.seeds.split(",")]:
+    for seed in [int(s) for s in (args.seeds or "1,2").split(",")]:
         for method, settings in PLANS[args.plan]:
             if _key(method, settings, seed) in done:
                 continue

@@ -81,3 +81,6 @@ def test_a_median_that_did_not_reach_a_target_is_a_dash(tmp_path, capsys):
     out.write_text(json.dumps(runs))
     advice.main(["--report", "--prior", "", "--out", str(out), "--targets", "2.1,2.0"])
     assert "| ddp lr 0.012, warmup 0.05 | 1,2 | 95 | - |" in capsys.readouterr().out
+    advice.main(["--report", "--prior", "", "--out", str(out), "--targets", "2.1,2.0",
+                 "--seeds", "1"])  # --seeds keeps those seeds' runs
+    assert "| ddp lr 0.012, warmup 0.05 | 1 | 90 | 100 |" in capsys.readouterr().out
