@@ -11,7 +11,10 @@ warm-up, one process and DDP at 1x as references), `diloco` (item 3: DiLoCo's ou
 SGD(0.7, Nesterov 0.9) at several sync intervals and inner lrs); from 2026-11-30 (the record
 advice_2026-11-30.json, read with PRIOR) `three_seeds`, `prose_lr` and `prose` (a second
 workload, prose.py), `gain`, `prose_gain` and their winners (what raises platoon's per-step
-gain). Each run goes to the end of its horizon (no target stops it), so steps to any target
+gain); from 2026-12-01 (advice_2026-12-01.json, the earlier two read as PRIOR) `fair_ddp`
+(DDP at 1.5x), `combo` (EASGD every 2 at 1.5x), `prose_every2`, `average_every2`,
+`prose_average_lr`, `alpha` and the seeds 4-5 plans `combo_seeds`, `prose_combo_seeds`. Each
+run goes to the end of its horizon (no target stops it), so steps to any target
 and the final eval loss come from its trace; runs already in OUT or PRIOR (same method,
 settings, seed) are not run again. Steps, not
 seconds: the machine is shared, so seconds are recorded but claim nothing.
