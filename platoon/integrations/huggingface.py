@@ -80,8 +80,8 @@ class PlatoonCallback(TrainerCallback):
         sync_every: sync with the centre after every this many real optimizer steps (>= 1).
         rule: the sync rule; default as ``PeriodicSync``'s: ``EASGD(0.9 / workers)`` (with
             AdamW: a warm-up, ``sync_every=2`` and 1.5x one process's lr, twice it only
-            for a long schedule; docs/choosing-a-rule.md), ``ASGD()`` in a job of one worker (the script run
-            alone trains as without platoon).
+            for a long schedule; docs/choosing-a-rule.md), ``ASGD()`` in a job of one
+            worker (the script run alone trains as without platoon).
         worker: this process's `platoon.Worker`; default one made here (under the launcher
             or ``python -m platoon.mpi`` a worker of the job, alone a one-worker job).
         close_worker: whether to close the worker at the end of training; default (None):
