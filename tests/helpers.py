@@ -2,6 +2,7 @@
 output is read line by line, the shared memory and processes a test may leave, a controller
 that answers None, a bounded wait. (Fixtures are in conftest.py.)"""
 
+import importlib.util
 import json
 import os
 import re
@@ -34,6 +35,16 @@ LONG_TESTS = os.environ.get("PLATOON_LONG_TESTS") == "1"
 def long_run(why):
     """Marks a test that runs only with PLATOON_LONG_TESTS=1; `why`: what it costs."""
     return pytest.mark.skipif(not LONG_TESTS, reason="%s: set PLATOON_LONG_TESTS=1" % why)
+
+
+def needs(*packages, reason):
+    """Marks a test (or, as `pytestmark`, a file) that runs only where `packages` are
+    installed; `reason` says how to install them. Unlike `pytest.importorskip` at a file's
+    top, it imports nothing: every xdist worker collects every file, and importing Lightning
+    there cost about 5 s of CPU in each."""
+    missing = [name for name in packages if importlib.util.find_spec(name) is None]
+    return pytest.mark.skipif(bool(missing), reason="%s (%s not installed)"
+                              % (reason, ", ".join(missing)))
 
 
 def platoon_segments():

@@ -11,10 +11,10 @@ import types
 
 import pytest
 
-from helpers import ROOT, Nothing
+from helpers import ROOT, Nothing, needs
 
-pytest.importorskip("accelerate", reason="the Accelerate tests need accelerate: pip install "
-                                         "-e '.[accelerate]'")
+pytestmark = needs("accelerate", reason="the Accelerate tests need accelerate: pip install "
+                                        "-e '.[accelerate]'")
 
 
 

@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from helpers import ROOT, Nothing, Proc
+from helpers import ROOT, Nothing, Proc, needs
 
-pytest.importorskip("transformers", reason="the Trainer tests need transformers: pip install "
-                                           "-e '.[huggingface]'")
+pytestmark = needs("transformers", reason="the Trainer tests need transformers: pip install "
+                                          "-e '.[huggingface]'")
 
 
 def run(out):

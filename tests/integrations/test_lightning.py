@@ -11,15 +11,12 @@ import sys
 
 import pytest
 
-from helpers import ROOT, Nothing
+from helpers import ROOT, Nothing, needs
 
-pytest.importorskip("lightning", reason="the Lightning tests need lightning and "
-                                        "pytorch_lightning: pip install -e '.[lightning]'")
-pytest.importorskip("pytorch_lightning", reason="the Lightning tests need lightning and "
-                                                "pytorch_lightning: pip install -e '.[lightning]'")
-pytest.importorskip("jsonargparse", reason="the Lightning tests build LightningCLI trainers, "
-                                           "which need jsonargparse: pip install -e "
-                                           "'.[lightning]'")
+pytestmark = needs("lightning", "pytorch_lightning", "jsonargparse",
+                   reason="the Lightning tests need lightning and pytorch_lightning, and build "
+                          "LightningCLI trainers with jsonargparse: pip install -e "
+                          "'.[lightning]'")
 
 
 def report(out):
