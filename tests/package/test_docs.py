@@ -107,6 +107,7 @@ NOT_IN_THE_REPO = {
 # Backticked flags that belong to another program, each with whose.
 OTHER_PROGRAMS_FLAGS = {
     "--use-pep517": "pip's",
+    "--no-compile": "pip's",
     "--overlap": "examples/lstm/lstm_worker.py's own option (a user script's)",
 }
 # examples/upstream: the frameworks' example scripts' own options (transformers' run_clm.py
