@@ -4,13 +4,16 @@ its lock, a quorum's group, a lighthouse client that never hears of a quorum) an
 the real-process tests. Test files import it (`from elastic_helpers import ...`), never
 conftest.py."""
 
+import contextlib
 import os
 import re
+import threading
 import time
 
 import numpy as np
 
-from platoon.elastic import Quorum
+from platoon.elastic import MembershipSettings, Quorum
+from platoon.elastic.lighthouse import Lighthouse
 from platoon.errors import QuorumTimeout
 
 from helpers import PROCS, wait_until
@@ -106,6 +109,25 @@ class _NoLighthouse:
 
     def close(self):
         pass
+
+
+@contextlib.contextmanager
+def serving_lighthouse(secret, min_nodes, bind="127.0.0.1:0", heartbeat_timeout_s=5.0,
+                       **options):
+    """A Lighthouse on `bind` (join grace 0.05 s) for holders of `secret`, serving in a
+    thread, stopped and joined as the block ends; `options`: Lighthouse's (limits,
+    status_file)."""
+    settings = MembershipSettings(min_nodes=min_nodes, heartbeat_timeout_s=heartbeat_timeout_s,
+                                  join_grace_s=0.05)
+    stopping = threading.Event()
+    with Lighthouse(settings, bind, secret, **options) as lighthouse:
+        serving = threading.Thread(target=lighthouse.serve, args=(stopping.is_set,))
+        serving.start()
+        try:
+            yield lighthouse
+        finally:
+            stopping.set()
+            serving.join(10)
 
 
 def _tie(values, anchor, *, running=False, **settings):

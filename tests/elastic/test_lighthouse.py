@@ -10,7 +10,6 @@ import re
 import select
 import signal
 import socket
-import threading
 import time
 
 import pytest
@@ -21,28 +20,25 @@ from platoon.elastic.lighthouse import Lighthouse
 from platoon.elastic.quorum import Membership
 from platoon.errors import PlatoonError
 
-from elastic_helpers import GRACE_S, QUORUM, SLACK_S, TIMEOUT_S, WORKER, quorum_of
+from elastic_helpers import (
+    GRACE_S,
+    QUORUM,
+    SLACK_S,
+    TIMEOUT_S,
+    WORKER,
+    quorum_of,
+    serving_lighthouse,
+)
 from helpers import PROCS, Proc, wait_until
 
 SECRET = b"s" * 32
 LAST_WORD = os.path.join(PROCS, "elastic_last_word.py")
 
 
-@contextlib.contextmanager
 def _serving(min_nodes, bind="127.0.0.1:0", **options):
     """A Lighthouse on `bind` (heartbeat timeout 5 s, grace 0.05 s, the secret `SECRET`)
     serving in a thread, stopped and joined as the block ends."""
-    settings = MembershipSettings(min_nodes=min_nodes, heartbeat_timeout_s=5.0,
-                                  join_grace_s=0.05)
-    stopping = threading.Event()
-    with Lighthouse(settings, bind, SECRET, **options) as lighthouse:
-        serving = threading.Thread(target=lighthouse.serve, args=(stopping.is_set,))
-        serving.start()
-        try:
-            yield lighthouse
-        finally:
-            stopping.set()
-            serving.join(10)
+    return serving_lighthouse(SECRET, min_nodes, bind, **options)
 
 
 def test_a_client_reporting_its_group_broken_gets_both_members_a_new_quorum():

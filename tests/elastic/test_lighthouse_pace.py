@@ -4,7 +4,6 @@ socket) with real LighthouseClients on 127.0.0.1."""
 
 import contextlib
 import json
-import threading
 import time
 
 import pytest
@@ -15,25 +14,16 @@ from platoon.elastic.client import paced
 from platoon.elastic.lighthouse import Lighthouse, Limits, pace_s
 from platoon.elastic.secret import Signer
 
+from elastic_helpers import serving_lighthouse
 from helpers import wait_until
 
 SECRET = b"p" * 32
 
 
-@contextlib.contextmanager
 def _serving(limits, timeout_s=5.0):
     """A Lighthouse on 127.0.0.1 within `limits` (min nodes 1, grace 0.05 s) serving in a
     thread, stopped and joined as the block ends."""
-    settings = MembershipSettings(min_nodes=1, heartbeat_timeout_s=timeout_s, join_grace_s=0.05)
-    stopping = threading.Event()
-    with Lighthouse(settings, "127.0.0.1:0", SECRET, limits) as lighthouse:
-        serving = threading.Thread(target=lighthouse.serve, args=(stopping.is_set,))
-        serving.start()
-        try:
-            yield lighthouse
-        finally:
-            stopping.set()
-            serving.join(10)
+    return serving_lighthouse(SECRET, 1, heartbeat_timeout_s=timeout_s, limits=limits)
 
 
 def test_the_pace_is_the_live_nodes_over_the_rate_within_a_fifth_of_the_timeout():
