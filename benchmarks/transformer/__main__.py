@@ -16,7 +16,7 @@ from . import __doc__ as PACKAGE_DOC
 from .methods import FULL, methods
 
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
-STRAGGLER = ("ddp", "platoon_easgd")
+STRAGGLER = ("ddp", "platoon_easgd", "platoon_easgd_every2")
 
 
 def markdown(report):

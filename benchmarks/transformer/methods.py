@@ -33,5 +33,9 @@ def methods(names=None):
            "local_sgd": (WORLD, dict(ADAMW, period=LOCAL_SGD_PERIOD), HIGHER),
            # platoon's default: EASGD(0.9/p) every 4 steps, each worker its own AdamW
            "platoon_easgd": (WORLD, dict(ADAMW, rule="easgd", alpha=0.45, tau=4), HIGHER),
+           # docs/choosing-a-rule.md's AdamW setting of 2026-12-01 (issue 47): every 2 steps at
+           # 1.5x one process's lr (1.2e-2), untuned here; for the straggler runs
+           "platoon_easgd_every2": (WORLD, dict(ADAMW, rule="easgd", alpha=0.45, tau=2),
+                                    [{"lr": 1.8e-2}]),
            "torchft_diloco": (WORLD, dict(ADAMW, outer_lr=0.7), TORCHFT)}
     return {n: v for n, v in out.items() if names is None or n in names}
