@@ -14,14 +14,15 @@ class Method:
     """`kind`: "single" (one process), "ddp", "local_sgd" (gloo, one process per host) or
     "platoon" (one rank per host under `python -m platoon.mpi --workers 1`). The workers'
     optimizer is torch SGD(lr, momentum 0.9), lr as tuned for `lr_from` in the language
-    model's record. `options`: platoon.mpi's options after `--workers 1`; `settings`: the
-    worker's (platoon: its sync rule; local SGD: its period)."""
+    model's record, times `lr_times`. `options`: platoon.mpi's options after `--workers 1`;
+    `settings`: the worker's (platoon: its sync rule; local SGD: its period)."""
     kind: str
     lr_from: str
     options: Tuple[str, ...] = ()
     settings: dict = field(default_factory=dict)
     note: str = ""
     one_host: str = ""  # whose one-host time its "vs one host" divides by (default: its own)
+    lr_times: float = 1.0
 
     def needs_link(self):
         return self.kind != "single"
@@ -33,6 +34,14 @@ def _platoon(*options, note="", one_host=""):
     return Method("platoon", "platoon_eamsgd",
                   ("--tie-every-s", "%g" % TIE_EVERY_S) + tuple(options),
                   {"rule": "easgd", "alpha": 0.45, "tau": 4}, note, one_host)
+
+
+def _advised(*options, note=""):
+    # The AdamW advice of docs/choosing-a-rule.md (benchmarks/results/advice_2026-12-01.md):
+    # EASGD(0.45) every 2 steps, the workers at 1.5x one process's lr (not tuned here).
+    return Method("platoon", "single_momentum",
+                  ("--tie-every-s", "%g" % TIE_EVERY_S) + tuple(options),
+                  {"rule": "easgd", "alpha": 0.45, "tau": 2}, note, lr_times=1.5)
 
 
 _DILOCO = ("--tie-outer", "diloco", "--tie-outer-lr", "0.7", "--tie-outer-momentum", "0.9")
@@ -52,6 +61,10 @@ METHODS = {
     "platoon_diloco_int8": _platoon(*_DILOCO, "--tie-compress", "int8",
                                     note="DiLoCo outer step, int8",
                                     one_host="platoon_diloco_f32"),
+    "platoon_easgd_every2_f32": _advised(
+        "--tie-compress", "float32",
+        note="EASGD tie, float32; workers every 2 steps at 1.5x one process's lr (the AdamW "
+             "advice)"),
 }
 LINKS = ("none", "10mbit", "100mbit", "1gbit")
 
@@ -60,8 +73,9 @@ LINKS = ("none", "10mbit", "100mbit", "1gbit")
 # Mbit/s with DDP beside them (and local SGD at 100 Mbit/s); at 1 Gbit/s DDP and platoon's
 # float32 EASGD. Left out by default (name them with --methods/--links): local SGD at 10
 # Mbit/s and 1 Gbit/s (at 10 Mbit/s it reaches the cap, as DDP does), the int8 methods on
-# one host, the other platoon methods at 1 Gbit/s, DDP on one host.
-PLATOON = [n for n in METHODS if n.startswith("platoon_")]
+# one host, the other platoon methods at 1 Gbit/s, DDP on one host, and the AdamW advice's
+# method (platoon_easgd_every2_f32: name it with the transformer workload).
+PLATOON = [n for n in METHODS if n.startswith("platoon_") and METHODS[n].lr_times == 1.0]
 DEFAULT_PAIRS = ([("single", "none"), ("platoon_easgd_f32", "none"),
                   ("platoon_diloco_f32", "none")]
                  + [(m, "100mbit") for m in ["ddp", "local_sgd"] + PLATOON]
@@ -117,7 +131,7 @@ def learning_rates(workload=None):
         key = workload.lr_name(name, method)
         if key not in chosen:
             raise KeyError("%s has no lr for %s (%s needs it)" % (workload.tuning, key, name))
-        out[name] = chosen[key]["lr"]
+        out[name] = chosen[key]["lr"] * method.lr_times
     return out
 
 
