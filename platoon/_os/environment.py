@@ -55,6 +55,9 @@ class JobEnvironment:
     # a node runner's worker, started before its controller serves: the controller's ports
     # come on this pipe (`platoon._worker.ports.await_ports`)
     ports_fd: Optional[int] = None
+    # 0: an elastic node starts its workers as new processes, not forked once it imported
+    # torch (`platoon.node.prefork`)
+    prefork: Optional[int] = None
 
     @classmethod
     def read(cls, *names: str) -> "JobEnvironment":

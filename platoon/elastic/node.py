@@ -27,6 +27,7 @@ from .._os.process import stop
 from .._os.statusfile import final_result_text
 from ..errors import NodeRefused, PlatoonError
 from ..node import reaper
+from ..node.prefork import PreforkedWorker, prefork
 from ..node.runner import (
     WORKER_STOP_TIMEOUT_S,
     Workers,
@@ -119,14 +120,16 @@ class _DataPlaneInBackground:
 
 
 def run_elastic_node(worker_argv: Sequence[str], settings: ElasticNodeSettings, *,
-                     heartbeat_interval_s: float = 0.1) -> int:
+                     heartbeat_interval_s: float = 0.1,
+                     preforked: Sequence["PreforkedWorker"] = ()) -> int:
     """Run the elastic node `settings` describe (its lighthouse, name, node, slot, bounds and
     status file: `ElasticNodeSettings`), its workers running `worker_argv`; return its exit
     code. The workers get PLATOON_ELASTIC_NODE=name; a worker failing ends this node only.
     Once its workers are done, the node waits for the final round as long as its group makes
     rounds; after `settings.final_timeout_s` without one it keeps its own centre and ends.
     Its slot (I, N): its place among N node slots, by which its workers' data is split
-    (`ElasticLink`)."""
+    (`ElasticLink`). Its workers forked ahead (`preforked`: `platoon.node.prefork`), if any,
+    are started instead of new processes."""
     from .secret import load_secret
     from .store import StoreServer
     node, name = settings.node, settings.name
@@ -169,7 +172,8 @@ def run_elastic_node(worker_argv: Sequence[str], settings: ElasticNodeSettings, 
         # start-up (python, the script's imports, data and model) overlaps the node's own
         # from here on (its link's imports: numpy, pyzmq; its controller)
         workers = Workers(worker_argv, num_workers, LOCAL_HOST, read_fd, reaper_fd, fail,
-                          node.ready_timeout_s, env, num_workers, "node-%s" % name)
+                          node.ready_timeout_s, env, num_workers, "node-%s" % name,
+                          preforked)
         try:
             from . import link as elastic_link
             from .client import LighthouseClient
@@ -232,11 +236,22 @@ def read_arguments(argv: Optional[Sequence[str]] = None
         raise  # (parser.error exits)
 
 
+def _import_torch() -> None:
+    """What a forked worker finds loaded: torch and its gloo (PlatoonError without torch).
+    Imported here, not above: numpy, which the data plane imports, must load after
+    `prefork` set the workers' thread caps."""
+    from .dataplane import load_torch
+    load_torch()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m platoon.elastic.node``: parse the command line and `run_elastic_node`."""
     settings, command = read_arguments(argv)
+    # its workers forked once torch is imported (before any thread starts): a joiner's
+    # worker then finds torch loaded, where it took seconds beside the node's own import
+    preforked = prefork(command, settings.node.workers, _import_torch)
     try:
-        return run_elastic_node(command, settings)
+        return run_elastic_node(command, settings, preforked=preforked)
     except PlatoonError as exc:
         print("platoon.elastic.node: %s" % exc, file=sys.stderr)
         return 1

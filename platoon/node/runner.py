@@ -39,6 +39,7 @@ from .._os.process import die_with_parent, read_announcement, stop
 from ..device import find_gpus, in_turn
 from ..errors import PlatoonError
 from . import reaper
+from .prefork import PreforkedWorker
 
 if TYPE_CHECKING:  # the controller's parts (numpy, pyzmq) load once the workers started
     from .._controller.services import NodeLinkProtocol
@@ -158,12 +159,16 @@ class Workers:
     the whole job's). Each worker's stdout and stderr reach the node's own in whole lines,
     led by ``[LABEL/workerK] `` (`relay_lines`; `label` names the node: ``node-0``,
     ``node-NAME``), as the launcher shows a one-host job's. Runs in its own thread, which
-    lives as long as the workers (they die with it: PR_SET_PDEATHSIG)."""
+    lives as long as the workers (they die with it: PR_SET_PDEATHSIG). Workers forked ahead
+    (`preforked`, one per worker: `platoon.node.prefork`) are started instead of new
+    processes."""
 
     def __init__(self, argv: Sequence[str], count: int, host: str, ready_fd: int,
                  reaper_fd: int, fail: Callable[[str], None], ready_timeout_s: float,
-                 env: Mapping[str, str], host_workers: int, label: str) -> None:
+                 env: Mapping[str, str], host_workers: int, label: str,
+                 preforked: Sequence["PreforkedWorker"] = ()) -> None:
         self.argv, self.count, self.host, self.label = list(argv), count, host, label
+        self._preforked = list(preforked)
         self.host_workers = host_workers
         self.ready_fd, self.reaper_fd = ready_fd, reaper_fd
         self._fail = fail
@@ -198,25 +203,42 @@ class Workers:
             env.update(device_variables(device, devices, os.cpu_count() or 1, self.env,
                                         host_workers=self.host_workers))
             env.setdefault("PYTHONUNBUFFERED", "1")  # its lines as they come (a pipe)
-            pass_fds: Tuple[int, ...] = ()
-            if ports is not None:
-                read_end, write_end = os.pipe()
-                ports.append(write_end)
-                env.update(JobEnvironment(ports_fd=read_end).to_env())
-                pass_fds = (read_end,)
-            try:
-                proc = subprocess.Popen(self.argv, env=env, preexec_fn=_kill_with_parent,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        pass_fds=pass_fds)
-            finally:
-                for fd in pass_fds:
-                    os.close(fd)
+            if ports is not None and self._preforked:
+                proc: "subprocess.Popen[bytes]" = self._start_forked(env, ports)
+            else:
+                proc = self._start_new(env, ports)
             reaper.watch(self.reaper_fd, proc.pid)
             self.procs.append(proc)
             self._relay(proc, index)
             watchers.append(threading.Thread(target=self._watch, args=(proc,), daemon=True))
             watchers[-1].start()
         return watchers
+
+    def _start_forked(self, env: Dict[str, str], ports: List[int]) -> PreforkedWorker:
+        """Start the next worker forked ahead, with `env`; its ports pipe added to `ports`."""
+        forked = self._preforked.pop(0)
+        ports.append(forked.ports_fd)
+        env.update(JobEnvironment(ports_fd=forked.child_ports_fd).to_env())
+        forked.start(env)
+        return forked
+
+    def _start_new(self, env: Dict[str, str], ports: Optional[List[int]]
+                   ) -> "subprocess.Popen[bytes]":
+        """Start a worker as a new process with `env`; with `ports`, a pipe for its ports,
+        whose write end is added to `ports`."""
+        pass_fds: Tuple[int, ...] = ()
+        if ports is not None:
+            read_end, write_end = os.pipe()
+            ports.append(write_end)
+            env.update(JobEnvironment(ports_fd=read_end).to_env())
+            pass_fds = (read_end,)
+        try:
+            return subprocess.Popen(self.argv, env=env, preexec_fn=_kill_with_parent,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    pass_fds=pass_fds)
+        finally:
+            for fd in pass_fds:
+                os.close(fd)
 
     def _run(self) -> None:
         ports: List[int] = []  # the write ends of the workers' pipes, until the ports go

@@ -52,12 +52,12 @@ def job(tmp_path):
             return proc
 
         def runner(self, name, *worker_args, checkpoint=None, host="127.0.0.1", netns=None,
-                   node_args=()):
+                   node_args=(), node_env=None):
             """python -m platoon.elastic.node with one worker of elastic_worker.py (in network
             namespace `netns`, on its address `host`, if given; `node_args`: more options of
             the node), started as if by srun or mpiexec (MPI's and torchrun's rank variables
-            set: its workers must not see them)."""
-            node_env = dict(env, **MPI_RANK_VARIABLES)
+            set: its workers must not see them; `node_env`: more of its environment)."""
+            node_env = dict(env, **MPI_RANK_VARIABLES, **(node_env or {}))
             if checkpoint:
                 node_env["PLATOON_CHECKPOINT_PATH"] = str(checkpoint)
             proc = Proc(_in_netns(netns) + [

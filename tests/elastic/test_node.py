@@ -31,7 +31,9 @@ def test_joiners_with_another_codec_or_model_are_refused_alone_and_the_others_en
     before any payload travels (no gloo abort: the others' processes live on): it ends alone
     (exit 3, naming the setting); a and b drop that round, go on between themselves, and end on
     one saved, finite centre. Given their slots (0 and 1 of 2), a's and b's workers each shard
-    the data their own part; c's, started without one, are refused a shard, saying why."""
+    the data their own part; c's, started without one, are refused a shard, saying why. Each
+    node's worker was forked once its node imported torch, and found it loaded
+    (`platoon.node.prefork`); d's, with PLATOON_PREFORK=0, was started as a new process."""
     from platoon import load_centre
     lighthouse = job.lighthouse(min_nodes=2)
     stop = tmp_path / "stop"
@@ -44,13 +46,16 @@ def test_joiners_with_another_codec_or_model_are_refused_alone_and_the_others_en
     nodes["a"].wait_for_match(r".* WARNING: node a: first contributing round", 30)
     _, index = quorum_of(lighthouse, ["a", "b"])
     codec = job.runner("c", 60, stop, node_args=["--tie-compress", "int4"])
-    model = job.runner("d", 60, stop, 512)
+    model = job.runner("d", 60, stop, 512, node_env={"PLATOON_PREFORK": "0"})
     codec.wait_for_match(r".* SHARD refused: shard\(items, w\): worker 0 is on elastic node c, "
                          r"started without --slot I --slots N", 30)
     assert codec.wait(30) == 3, codec.output  # EXIT_REFUSED: the launcher does not restart it
     assert "node c is refused by the job's other nodes" in codec.output
     assert re.search(r"its --tie-compress int4 where a, b(, d)? have int8", codec.output)
     assert model.wait(30) == 3, model.output
+    for node in (nodes["a"], nodes["b"], codec):
+        assert "TORCH LOADED True" in node.output, node.output
+    assert "TORCH LOADED False" in model.output, model.output
     assert re.search(r"node d is refused by the job's other nodes \(quorum \d+: a, b(, c)?, d\): "
                      r"its model differs from the job's: its centre holds 1 array\(s\): 512 "
                      r"float32, where a, b(, c)? hold 1 array\(s\): 256 float32", model.output)

@@ -2,11 +2,13 @@
 [FEATURES]]): SGD on a linear regression toward known true weights (FEATURES float32 features,
 default 256: another number is another model), EASGD with its
 node's centre, for SECONDS seconds of training (less if file STOP exists); its data is picked
-by its node's name (PLATOON_ELASTIC_NODE). Prints "DISTRIBUTED none" (or the MPI/torchrun rank
-variables it sees), "SHARD i j ..." (its part of 12 items, `platoon.shard`) or "SHARD refused:
-why", "SYNCS k" after every 50th sync, and "DIST d node NAME" (its distance to
-the true weights). With ELASTIC_WORKER_EVALUATE=1 in its environment it then evaluates the
-job's final centre (`Worker.final_evaluation`: its distance to the true weights, "dist")."""
+by its node's name (PLATOON_ELASTIC_NODE). Prints "TORCH LOADED True" when it found torch
+imported (its node forked it: `platoon.node.prefork`; it imports none itself), "DISTRIBUTED
+none" (or the MPI/torchrun rank variables it sees), "SHARD i j ..." (its part of 12 items,
+`platoon.shard`) or "SHARD refused: why", "SYNCS k" after every 50th sync, and "DIST d node
+NAME" (its distance to the true weights). With ELASTIC_WORKER_EVALUATE=1 in its environment
+it then evaluates the job's final centre (`Worker.final_evaluation`: its distance to the true
+weights, "dist")."""
 
 import os
 import sys
@@ -19,6 +21,7 @@ from platoon import EASGD, Worker, shard
 from platoon._os.environment import DISTRIBUTED_PREFIXES, DISTRIBUTED_VARIABLES
 
 FEATURES = 256
+TORCH_LOADED = "torch" in sys.modules  # (none of the imports above imports it)
 
 
 def main():
@@ -27,6 +30,7 @@ def main():
     node = os.environ["PLATOON_ELASTIC_NODE"]
     ranks = sorted(k for k in os.environ
                    if k.startswith(DISTRIBUTED_PREFIXES) or k in DISTRIBUTED_VARIABLES)
+    print("TORCH LOADED %s" % TORCH_LOADED, flush=True)
     print("DISTRIBUTED %s" % (",".join(ranks) or "none"), flush=True)
     true_w = (np.arange(features) / features).astype(np.float32)
     with Worker(timeout_s=30) as w:

@@ -1,0 +1,24 @@
+"""A worker script for tests/elastic/test_prefork.py: says what a forked worker finds (torch
+loaded at its first line, its argv, __name__, sys.path[0], its MARK variable, a number from
+numpy's global random state), logs through logging.basicConfig, prints at exit (atexit),
+then exits with code ARGV[1] ("raise": an uncaught ValueError)."""
+
+import sys
+
+LOADED = "torch" in sys.modules  # (before any import of its own)
+
+import atexit  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+print("LOADED %s NAME %s ARGV %s PATH0 %s MARK %s RANDOM %d" % (
+    LOADED, __name__, " ".join(sys.argv), sys.path[0], os.environ.get("MARK"),
+    np.random.randint(1 << 30)))
+logging.basicConfig(level=logging.INFO, format="LOG %(message)s")
+logging.getLogger("prefork_script").info("shown")
+atexit.register(lambda: print("ATEXIT"))
+if sys.argv[1] == "raise":
+    raise ValueError("the script's own error")
+sys.exit(int(sys.argv[1]))
