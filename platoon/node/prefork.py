@@ -77,6 +77,16 @@ class PreforkedWorker(subprocess.Popen):  # type: ignore[type-arg]
         finally:
             os.close(fd)
 
+    def give_up(self) -> None:
+        """Never start it: it exits at once (its go pipe closed); reaped, pipes closed."""
+        if self._go_fd is not None:
+            os.close(self._go_fd)
+            self._go_fd = None
+        self.wait()
+        os.close(self.ports_fd)
+        self.stdout.close()
+        self.stderr.close()
+
     def parent_fds(self) -> List[int]:
         """The node's ends of this worker's pipes (open in the node, not in the worker)."""
         return self._output_fds + [self.ports_fd] \
@@ -153,7 +163,16 @@ def prefork(command: Sequence[str], count: int, preload: Callable[[], object]
         err_r, err_w = os.pipe()
         go_r, go_w = os.pipe()
         ports_r, ports_w = os.pipe()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # (no memory, a process limit): new processes, as before
+            for fd in (out_r, out_w, err_r, err_w, go_r, go_w, ports_r, ports_w):
+                os.close(fd)
+            for worker in workers:
+                worker.give_up()
+            logging.getLogger(__name__).warning(
+                "could not fork the workers (%s): they start as new processes", exc)
+            return []
         if pid == 0:
             keep = {go_r, ports_r}
             os.dup2(out_w, 1)

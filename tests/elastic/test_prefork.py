@@ -52,6 +52,12 @@ def test_a_forked_workers_uncaught_error_is_printed_as_its_own_and_exits_1():
     assert "prefork.py" not in out
 
 
+def test_a_forked_worker_never_started_exits_at_once():
+    out = _drive(2, "3", env={"GIVE_UP": "1"})
+    assert "FORKED 2" in out and "CODE 0 0" in out and "CODE 1 0" in out, out
+    assert "OUT" not in out and "ERR" not in out
+
+
 def test_workers_are_new_processes_where_asked_or_where_they_run_no_python_script():
     from platoon.node.prefork import script_of
     assert "FORKED 0" in _drive(1, "0", env={"PLATOON_PREFORK": "0"})

@@ -1,7 +1,8 @@
 """Forks workers as an elastic node does (`platoon.node.prefork`), from a process of its own
 (a fork continues its parent's frames: never pytest's): python prefork_driver.py COUNT
-SCRIPT ARGS... Starts each with MARK=its index, then prints "FORKED n", each worker's
-"CODE i c", its stdout lines as "OUT i LINE" and stderr lines as "ERR i LINE"."""
+SCRIPT ARGS... Starts each with MARK=its index (gives each up, never started, with
+GIVE_UP=1), then prints "FORKED n", each worker's "CODE i c", its stdout lines as "OUT i
+LINE" and stderr lines as "ERR i LINE"."""
 
 import os
 import sys
@@ -17,6 +18,11 @@ def main():
     count, command = int(sys.argv[1]), [sys.executable] + sys.argv[2:]
     workers = prefork(command, count, preload)
     print("FORKED %d" % len(workers), flush=True)
+    if os.environ.get("GIVE_UP"):
+        for i, worker in enumerate(workers):
+            worker.give_up()
+            print("CODE %d %d" % (i, worker.returncode))
+        return
     for i, worker in enumerate(workers):
         worker.start(dict(os.environ, MARK=str(i), PYTHONUNBUFFERED="1"))
     for i, worker in enumerate(workers):
