@@ -5,11 +5,13 @@ instead of importing it again beside its node on the same cores.
 `prefork(command, count, preload)`, called in the node's main thread before any other
 thread starts, imports (`preload`) once and forks `count` children, each waiting; `Workers`
 starts each with its environment (`PreforkedWorker.start`). A started child runs its script
-as ``python script.py`` (or ``python -m module``) would: its own ``__main__``, ``sys.argv``
-and ``sys.path[0]``, its environment, fresh stdout and stderr on its own pipes (unbuffered
-with PYTHONUNBUFFERED), logging, numpy's random state and torch's threads (if loaded) as a
-new process has them, an uncaught exception printed and exit code 1, atexit handlers and
-non-daemon threads run at its end. ``PLATOON_PREFORK=0`` starts workers as new processes.
+as ``python script.py`` (or ``python -m module``) would: its own ``__main__`` (for good: its
+threads and atexit handlers see it too), ``__file__``, ``sys.argv``, ``sys.orig_argv`` and
+``sys.path[0]``, its environment, fresh stdout and stderr on its own pipes (unbuffered with
+PYTHONUNBUFFERED), logging, numpy's and torch's random states and torch's threads (if
+loaded) as a new process has them, an uncaught exception printed and exit code 1, atexit
+handlers and non-daemon threads run at its end. ``PLATOON_PREFORK=0`` starts workers as new
+processes.
 """
 
 import io
@@ -84,6 +86,11 @@ class PreforkedWorker(subprocess.Popen):  # type: ignore[type-arg]
             self._go_fd = None
         self.wait()
         os.close(self.ports_fd)
+        self.stdout.close()
+        self.stderr.close()
+
+    def forget(self) -> None:
+        """In a worker forked after it: close its pipes' objects (their fds too)."""
         self.stdout.close()
         self.stderr.close()
 
@@ -180,6 +187,8 @@ def prefork(command: Sequence[str], count: int, preload: Callable[[], object]
             # what a new process would not have: what this node inherited, the parent's
             # ends of its own pipes and of the workers forked before it (its go pipe's
             # other end held here, a worker would never see it closed)
+            for worker in workers:  # (their objects closed: freed as the script ends, they
+                worker.forget()  # would close what it opened under the same numbers since)
             for fd in inherited | {out_r, out_w, err_r, err_w, go_w, ports_w} \
                     | {fd for w in workers for fd in w.parent_fds()}:
                 if fd > 2 and fd not in keep:
@@ -212,9 +221,11 @@ def _run_when_started(script: Tuple[str, str], command: List[str], go_fd: int,
     os.environ.update(env)
     _as_a_new_process(bool(env.get("PYTHONUNBUFFERED")))
     kind, target = script
+    if hasattr(sys, "orig_argv"):
+        sys.orig_argv = command  # (a script restarting itself execs its own command)
     if kind == "path":
         sys.argv = command[1:]
-        sys.path[0] = os.path.dirname(os.path.abspath(target))
+        sys.path[0] = os.path.dirname(os.path.realpath(target))  # (the real file's folder)
     else:
         sys.argv = [target] + command[3:]
         sys.path[0] = os.getcwd()
@@ -235,19 +246,24 @@ def _run_when_started(script: Tuple[str, str], command: List[str], go_fd: int,
 
 
 def _run(kind: str, target: str) -> None:
-    """Run the script at `target` as ``__main__`` (kind "path"), or the module `target`."""
-    import runpy
-    if kind == "module":
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
-        return
+    """Run the script at `target` (kind "path"), or the module `target`, as ``__main__``, a
+    new module that stays ``__main__`` once its body has ended (its threads, atexit)."""
     import builtins
     import types
     main = types.ModuleType("__main__")
-    main.__file__ = target
     main.__builtins__ = builtins  # type: ignore[attr-defined]
     sys.modules["__main__"] = main
-    with io.open_code(target) as f:
-        code = compile(f.read(), target, "exec", dont_inherit=True)
+    if kind == "module":
+        import runpy  # python -m's own runner (run_module would put the node's back)
+        runpy._run_module_as_main(target)  # type: ignore[attr-defined]  # noqa: SLF001
+        return
+    from importlib.machinery import SourceFileLoader
+    path = os.path.join(os.getcwd(), target)  # (as Python makes it absolute: not normalized)
+    main.__file__ = path
+    main.__cached__ = None  # type: ignore[attr-defined]
+    main.__loader__ = SourceFileLoader("__main__", path)
+    with io.open_code(path) as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
     exec(code, main.__dict__)
 
 
@@ -274,6 +290,8 @@ def _as_a_new_process(unbuffered: bool) -> None:
     if numpy is not None:
         numpy.random.seed()
     torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.default_generator.seed()  # (a new process seeds it at random)
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if torch is not None and threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))

@@ -9,11 +9,16 @@ from helpers import Proc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER = os.path.join(HERE, "..", "procs", "prefork_driver.py")
-SCRIPT = os.path.join(HERE, "..", "procs", "prefork_script.py")
+PROCS = os.path.join(HERE, "..", "procs")
+SCRIPT = os.path.join(PROCS, "prefork_script.py")
+ENDING = os.path.join(PROCS, "prefork_ending.py")
 
 
-def _drive(count, *args, env=None):
-    proc = Proc([DRIVER, str(count), SCRIPT] + list(args), env=env)
+def _drive(count, *args, env=None, script=SCRIPT):
+    """The driver's output, forking `count` workers of ``python SCRIPT ARGS...`` (`script`
+    a path, or a list: ["-m", module])."""
+    script = [script] if isinstance(script, str) else script
+    proc = Proc([DRIVER, str(count)] + script + list(args), env=env)
     try:
         assert proc.wait(60) == 0, proc.output
     finally:
@@ -24,13 +29,19 @@ def _drive(count, *args, env=None):
 def test_forked_workers_find_torch_loaded_and_run_their_script_as_python_would():
     """Each worker finds torch imported at its script's first line; its script runs as
     ``__main__`` with its own argv, sys.path[0] (the script's folder), environment (MARK),
-    numpy random state (the two draw differently, where a fork would copy one state),
-    logging (basicConfig takes effect: the node's handlers are gone) and exit code; its
-    atexit handlers run."""
+    numpy and torch random states (the two draw differently, where a fork would copy one
+    state), its __file__ (absolute, as Python 3.9+ has it), __cached__, __loader__ and
+    sys.orig_argv (its own command: not its node's), logging (basicConfig takes effect: the
+    node's handlers are gone) and exit code; its atexit handlers run."""
     out = _drive(2, "3")
     assert "FORKED 2" in out
-    draws = []
+    draws, torch_draws = [], []
     for i in (0, 1):
+        match = re.search(r"OUT %d FILE (\S+) CACHED None LOADER SourceFileLoader ORIG (.+) "
+                          r"TORCH (\d+)" % i, out)
+        assert match, out
+        assert match.group(1) == SCRIPT and match.group(2) == SCRIPT + " 3", out
+        torch_draws.append(match.group(3))
         assert "CODE %d 3" % i in out
         match = re.search(r"OUT %d LOADED True NAME __main__ ARGV \S+prefork_script.py 3 PATH0 "
                           r"(\S+) MARK %d RANDOM (\d+)" % (i, i), out)
@@ -38,7 +49,38 @@ def test_forked_workers_find_torch_loaded_and_run_their_script_as_python_would()
         assert os.path.samefile(match.group(1), os.path.dirname(SCRIPT))
         draws.append(match.group(2))
         assert "ERR %d LOG shown" % i in out and "OUT %d ATEXIT" % i in out
-    assert draws[0] != draws[1]
+    assert draws[0] != draws[1] and torch_draws[0] != torch_draws[1], out
+
+
+def test_a_forked_script_run_through_a_symlink_by_a_relative_path_sees_what_python_shows(
+        tmp_path):
+    """sys.path[0] is the folder of the script's real file (its sibling modules import);
+    __file__ is the path as given, made absolute (a script that changes its directory still
+    finds its files beside it)."""
+    link = tmp_path / "train.py"
+    link.symlink_to(os.path.abspath(SCRIPT))
+    given = os.path.relpath(str(link))
+    out = _drive(1, "0", script=given)
+    match = re.search(r"OUT 0 LOADED True NAME __main__ ARGV (\S+) 0 PATH0 (\S+) ", out)
+    assert match and match.group(1) == given, out
+    assert os.path.samefile(match.group(2), PROCS) and match.group(2) == os.path.realpath(PROCS)
+    assert "OUT 0 FILE %s " % os.path.join(os.getcwd(), given) in out, out
+
+
+def test_forked_scripts_end_as_python_ends_them_with_their_files_and_their_main():
+    """Once a script's body has ended, its non-daemon threads run on (joined) and its atexit
+    handlers run, with its files open (the node's objects for the other workers' pipes,
+    freed as the script ends, close nothing of the script's: the second worker opened its
+    file under a number the first's pipe had in the node) and ``__main__`` still its own
+    module, run as a script and with -m."""
+    for script, count in ((ENDING, 2), (["-m", "prefork_ending"], 1)):
+        out = _drive(count, script=script, env={"PYTHONPATH": os.pathsep.join(
+            [PROCS, os.environ.get("PYTHONPATH", "")])})
+        for i in range(count):
+            assert "CODE %d 0" % i in out, out
+            assert "OUT %d THREAD wrote, own main True" % i in out, out
+            assert "OUT %d ATEXIT read thread, own main True" % i in out, out
+        assert "ERR" not in out, out
 
 
 def test_a_forked_workers_uncaught_error_is_printed_as_its_own_and_exits_1():
