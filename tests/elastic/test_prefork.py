@@ -3,9 +3,12 @@ running its script as ``python script.py`` would (real forks, from a driver proc
 
 import os
 import re
+import signal
 import sys
 
-from helpers import Proc
+from platoon._os.process import pid_alive
+
+from helpers import Proc, wait_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER = os.path.join(HERE, "..", "procs", "prefork_driver.py")
@@ -98,6 +101,20 @@ def test_a_forked_worker_never_started_exits_at_once():
     out = _drive(2, "3", env={"GIVE_UP": "1"})
     assert "FORKED 2" in out and "CODE 0 0" in out and "CODE 1 0" in out, out
     assert "OUT" not in out and "ERR" not in out
+
+
+def test_forked_workers_waiting_for_their_start_die_with_their_node():
+    """Its node killed -9 (no cleanup of its own), its forked workers still waiting for their
+    start die with it (PR_SET_PDEATHSIG): none is left behind."""
+    proc = Proc([DRIVER, "2", SCRIPT, "0"], env={"HOLD": "1"})
+    try:
+        pids = [int(pid) for pid in proc.wait_for_line("PIDS ", 60).split()[1:]]
+        assert len(pids) == 2 and all(pid_alive(pid) for pid in pids), proc.output
+        os.kill(proc.pid, signal.SIGKILL)  # (the driver only: not its process group)
+        wait_until(lambda: not any(pid_alive(pid) for pid in pids), 10,
+                   "the forked workers to die with their node")
+    finally:
+        proc.kill()
 
 
 def test_workers_are_new_processes_where_asked_or_where_they_run_no_python_script():
