@@ -231,7 +231,7 @@ def _run_when_started(script: Tuple[str, str], command: List[str], go_fd: int,
         sys.path[0] = os.getcwd()
     try:
         _run(kind, target)
-    except (SystemExit, KeyboardInterrupt):
+    except SystemExit:
         raise
     except BaseException:
         kind_, exc, tb = sys.exc_info()
@@ -241,8 +241,15 @@ def _run_when_started(script: Tuple[str, str], command: List[str], go_fd: int,
         if exc is not None:
             exc.__traceback__ = tb  # (what Python prints)
         sys.excepthook(kind_, exc, tb)  # type: ignore[arg-type]
+        if isinstance(exc, KeyboardInterrupt):  # raised on, printed: Python then ends it by
+            sys.excepthook = _printed  # SIGINT (once its threads and atexit handlers ran)
+            raise
         sys.exit(1)
     sys.exit(0)
+
+
+def _printed(*args: object) -> None:
+    """sys.excepthook for an uncaught exception printed already (without the node's frames)."""
 
 
 def _run(kind: str, target: str) -> None:

@@ -97,6 +97,18 @@ def test_a_forked_workers_uncaught_error_is_printed_as_its_own_and_exits_1():
     assert "prefork.py" not in out
 
 
+def test_a_forked_workers_keyboard_interrupt_is_printed_as_its_own_and_ends_it_by_sigint():
+    """As Python ends a script interrupted (^C: the node's terminal sends SIGINT to its
+    workers too): its traceback, without the node's frames, and SIGINT its end."""
+    out = _drive(1, "interrupt")
+    assert "CODE 0 -%d" % signal.SIGINT in out, out
+    traceback = [line[len("ERR 0 "):] for line in out.splitlines() if line.startswith("ERR 0 ")
+                 and not line.startswith("ERR 0 LOG")]
+    assert traceback[0] == "Traceback (most recent call last):", out
+    assert "prefork_script.py" in traceback[1], out
+    assert traceback[-1] == "KeyboardInterrupt" and "prefork.py" not in out, out
+
+
 def test_a_forked_worker_never_started_exits_at_once():
     out = _drive(2, "3", env={"GIVE_UP": "1"})
     assert "FORKED 2" in out and "CODE 0 0" in out and "CODE 1 0" in out, out

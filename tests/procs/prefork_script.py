@@ -2,7 +2,8 @@
 loaded at its first line, its argv, __name__, sys.path[0], its MARK variable, a number from
 numpy's global random state; then its __file__, __cached__, __loader__, sys.orig_argv and a
 number from torch's default generator), logs through logging.basicConfig, prints at exit
-(atexit), then exits with code ARGV[1] ("raise": an uncaught ValueError)."""
+(atexit), then exits with code ARGV[1] ("raise": an uncaught ValueError; "interrupt": a
+SIGINT of its own, uncaught)."""
 
 import sys
 
@@ -11,6 +12,7 @@ LOADED = "torch" in sys.modules  # (before any import of its own)
 import atexit  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
+import signal  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -26,4 +28,6 @@ logging.getLogger("prefork_script").info("shown")
 atexit.register(lambda: print("ATEXIT"))
 if sys.argv[1] == "raise":
     raise ValueError("the script's own error")
+if sys.argv[1] == "interrupt":
+    os.kill(os.getpid(), signal.SIGINT)
 sys.exit(int(sys.argv[1]))
