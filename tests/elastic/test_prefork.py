@@ -29,45 +29,36 @@ def _drive(count, *args, env=None, script=SCRIPT):
     return proc.output
 
 
-def test_forked_workers_find_torch_loaded_and_run_their_script_as_python_would():
-    """Each worker finds torch imported at its script's first line; its script runs as
-    ``__main__`` with its own argv, sys.path[0] (the script's folder), environment (MARK),
+def test_forked_workers_find_torch_loaded_and_run_their_script_as_python_would(tmp_path):
+    """Each worker finds torch imported at its script's first line; its script (run through
+    a symlink, by a relative path) runs as ``__main__`` with its own argv, sys.path[0] (the
+    folder of the script's real file: its sibling modules import), environment (MARK),
     numpy and torch random states (the two draw differently, where a fork would copy one
-    state), its __file__ (absolute, as Python 3.9+ has it), __cached__, __loader__ and
-    sys.orig_argv (its own command: not its node's), logging (basicConfig takes effect: the
-    node's handlers are gone) and exit code; its atexit handlers run."""
-    out = _drive(2, "3")
-    assert "FORKED 2" in out
-    draws, torch_draws = [], []
-    for i in (0, 1):
-        match = re.search(r"OUT %d FILE (\S+) CACHED None LOADER SourceFileLoader ORIG (.+) "
-                          r"TORCH (\d+)" % i, out)
-        assert match, out
-        assert match.group(1) == SCRIPT and match.group(2) == SCRIPT + " 3", out
-        torch_draws.append(match.group(3))
-        assert "CODE %d 3" % i in out
-        match = re.search(r"OUT %d LOADED True NAME __main__ ARGV \S+prefork_script.py 3 PATH0 "
-                          r"(\S+) MARK %d RANDOM (\d+)" % (i, i), out)
-        assert match, out
-        assert os.path.samefile(match.group(1), os.path.dirname(SCRIPT))
-        draws.append(match.group(2))
-        assert "ERR %d LOG shown" % i in out and "OUT %d ATEXIT" % i in out
-    assert draws[0] != draws[1] and torch_draws[0] != torch_draws[1], out
-
-
-def test_a_forked_script_run_through_a_symlink_by_a_relative_path_sees_what_python_shows(
-        tmp_path):
-    """sys.path[0] is the folder of the script's real file (its sibling modules import);
-    __file__ is the path as given, made absolute (a script that changes its directory still
-    finds its files beside it)."""
+    state), __file__ (the path given, made absolute as Python 3.9+ makes it: a script that
+    changes its directory still finds its files), __cached__, __loader__ and sys.orig_argv
+    (its own command: not its node's), logging (basicConfig takes effect: the node's
+    handlers are gone) and exit code; its atexit handlers run."""
     link = tmp_path / "train.py"
     link.symlink_to(os.path.abspath(SCRIPT))
     given = os.path.relpath(str(link))
-    out = _drive(1, "0", script=given)
-    match = re.search(r"OUT 0 LOADED True NAME __main__ ARGV (\S+) 0 PATH0 (\S+) ", out)
-    assert match and match.group(1) == given, out
-    assert os.path.samefile(match.group(2), PROCS) and match.group(2) == os.path.realpath(PROCS)
-    assert "OUT 0 FILE %s " % os.path.join(os.getcwd(), given) in out, out
+    out = _drive(2, "3", script=given)
+    assert "FORKED 2" in out
+    draws, torch_draws = [], []
+    for i in (0, 1):
+        assert "CODE %d 3" % i in out
+        match = re.search(r"OUT %d LOADED True NAME __main__ ARGV (\S+) 3 PATH0 (\S+) MARK %d "
+                          r"RANDOM (\d+)" % (i, i), out)
+        assert match and match.group(1) == given, out
+        assert match.group(2) == os.path.realpath(PROCS), out
+        draws.append(match.group(3))
+        match = re.search(r"OUT %d FILE (\S+) CACHED None LOADER SourceFileLoader ORIG (.+) "
+                          r"TORCH (\d+)" % i, out)
+        assert match, out
+        assert match.group(1) == os.path.join(os.getcwd(), given), out
+        assert match.group(2) == given + " 3", out
+        torch_draws.append(match.group(3))
+        assert "ERR %d LOG shown" % i in out and "OUT %d ATEXIT" % i in out
+    assert draws[0] != draws[1] and torch_draws[0] != torch_draws[1], out
 
 
 def test_forked_scripts_end_as_python_ends_them_with_their_files_and_their_main():
