@@ -14,7 +14,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER = os.path.join(HERE, "..", "procs", "prefork_driver.py")
 PROCS = os.path.join(HERE, "..", "procs")
 SCRIPT = os.path.join(PROCS, "prefork_script.py")
-ENDING = os.path.join(PROCS, "prefork_ending.py")
 
 
 def _drive(count, *args, env=None, script=SCRIPT):
@@ -62,19 +61,18 @@ def test_forked_workers_find_torch_loaded_and_run_their_script_as_python_would(t
 
 
 def test_forked_scripts_end_as_python_ends_them_with_their_files_and_their_main():
-    """Once a script's body has ended, its non-daemon threads run on (joined) and its atexit
-    handlers run, with its files open (the node's objects for the other workers' pipes,
-    freed as the script ends, close nothing of the script's: the second worker opened its
-    file under a number the first's pipe had in the node) and ``__main__`` still its own
-    module, run as a script and with -m."""
-    for script, count in ((ENDING, 2), (["-m", "prefork_ending"], 1)):
-        out = _drive(count, script=script, env={"PYTHONPATH": os.pathsep.join(
-            [PROCS, os.environ.get("PYTHONPATH", "")])})
-        for i in range(count):
-            assert "CODE %d 0" % i in out, out
-            assert "OUT %d THREAD wrote, own main True" % i in out, out
-            assert "OUT %d ATEXIT read thread, own main True" % i in out, out
-        assert "ERR" not in out, out
+    """Once a script's body has ended (here run with -m), its non-daemon threads run on
+    (joined) and its atexit handlers run, with its files open (the node's objects for the
+    other workers' pipes, freed as the script ends, close nothing of the script's: the second
+    worker opened its file under a number the first's pipe had in the node) and ``__main__``
+    still its own module."""
+    out = _drive(2, script=["-m", "prefork_ending"], env={"PYTHONPATH": os.pathsep.join(
+        [PROCS, os.environ.get("PYTHONPATH", "")])})
+    for i in (0, 1):
+        assert "CODE %d 0" % i in out, out
+        assert "OUT %d THREAD wrote, own main True" % i in out, out
+        assert "OUT %d ATEXIT read thread, own main True" % i in out, out
+    assert "ERR" not in out, out
 
 
 def test_a_forked_workers_uncaught_error_is_printed_as_its_own_and_exits_1():
