@@ -33,15 +33,29 @@ _kept_streams: List[object] = []  # the node's stdio objects, never closed in a 
 
 
 def script_of(command: Sequence[str]) -> Optional[Tuple[str, str]]:
-    """("path", SCRIPT.py) or ("module", NAME) when `command` runs this Python on a script or
-    a module, with no interpreter option; else None (such a worker is not forked)."""
-    if len(command) < 2 or command[0] != sys.executable:
+    """("path", SCRIPT.py) or ("module", NAME) when `command` runs this Python (its path, or a
+    name PATH finds beside it: ``python``, ``python3`` of its environment) on a script or a
+    module, with no interpreter option; else None (such a worker is not forked)."""
+    if len(command) < 2 or not _is_this_python(command[0]):
         return None
     if command[1] == "-m":
         return ("module", command[2]) if len(command) > 2 else None
     if command[1].endswith(".py") and not command[1].startswith("-"):
         return ("path", command[1])
     return None
+
+
+def _is_this_python(program: str) -> bool:
+    import shutil
+    found = program if os.sep in program else shutil.which(program)
+    if found is None:
+        return False
+    here = os.path.abspath(sys.executable)
+    try:  # (in its folder: another environment's python may be the same file)
+        return os.path.dirname(os.path.abspath(found)) == os.path.dirname(here) \
+            and os.path.samefile(found, here)
+    except OSError:
+        return False
 
 
 class PreforkedWorker(subprocess.Popen):  # type: ignore[type-arg]

@@ -125,3 +125,14 @@ def test_workers_are_new_processes_where_asked_or_where_they_run_no_python_scrip
     assert script_of([sys.executable, "-m", "pkg.train", "x"]) == ("module", "pkg.train")
     assert script_of([sys.executable, "-X", "importtime", "train.py"]) is None
     assert script_of(["./train.sh"]) is None and script_of([sys.executable, "-m"]) is None
+    # this Python by a name its PATH finds (`-- python train.py`), not another's
+    bin_dir = os.path.dirname(sys.executable)
+    path = os.environ["PATH"]
+    try:
+        os.environ["PATH"] = bin_dir + os.pathsep + path
+        name = os.path.basename(sys.executable)
+        assert script_of([name, "train.py"]) == ("path", "train.py")
+        os.environ["PATH"] = "/nonexistent"
+        assert script_of([name, "train.py"]) is None
+    finally:
+        os.environ["PATH"] = path
