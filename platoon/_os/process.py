@@ -187,6 +187,16 @@ def stop(procs: Iterable["subprocess.Popen"], timeout_s: float, *, grace_s: floa
         proc.wait()
 
 
+def read_to_end(fd: int) -> bytes:
+    """What the pipe `fd` gives until its writers have all closed it (blocking)."""
+    data = b""
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return data
+        data += chunk
+
+
 # -- the ready pipe ----------------------------------------------------------
 
 def announce(fd: int, message: dict) -> None:

@@ -26,7 +26,7 @@ import time
 from typing import IO, Callable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .._os.environment import THREAD_VARIABLES, JobEnvironment, device_variables
-from .._os.process import die_with_parent
+from .._os.process import die_with_parent, read_to_end
 from ..errors import PlatoonError
 
 _kept_streams: List[object] = []  # the node's stdio objects, never closed in a child
@@ -221,12 +221,7 @@ def _run_when_started(script: Tuple[str, str], command: List[str], go_fd: int,
     die_with_parent(signal.SIGKILL)
     if os.getppid() != parent:
         os._exit(1)
-    data = b""
-    while True:
-        chunk = os.read(go_fd, 65536)
-        if not chunk:
-            break
-        data += chunk
+    data = read_to_end(go_fd)
     os.close(go_fd)
     if not data:  # its node never started it
         os._exit(0)

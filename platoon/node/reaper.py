@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 
-from .._os.process import start_time, unlink_job_segments
+from .._os.process import read_to_end, start_time, unlink_job_segments
 
 
 def start(job_id: str) -> int:
@@ -39,13 +39,7 @@ def watch(write_fd: int, pid: int) -> None:
 def reap(read_fd: int, job_id: str) -> None:
     """Read pids to the pipe's end, then SIGKILL those still alive and unlink the job's
     shared memory."""
-    data = b""
-    while True:
-        chunk = os.read(read_fd, 4096)
-        if not chunk:
-            break
-        data += chunk
-    for line in data.splitlines():
+    for line in read_to_end(read_fd).splitlines():
         try:
             pid, started = line.decode().split()
             if str(start_time(int(pid))) == started:  # still the process we were told about
