@@ -35,9 +35,14 @@ os.environ.setdefault("PLATOON_ASSUME_GPUS", "-1")
 SUITE_STARTED = time.time()  # MPICH segments older than the suite are not the suite's
 
 
-# What the suite's processes import, compiled once before they start (see pytest_sessionstart)
-FRAMEWORKS = ("numpy", "zmq", "mpi4py", "torch", "torch.distributed", "torch._dynamo",
-              "transformers.trainer", "lightning", "pytorch_lightning", "accelerate")
+# What the suite's processes import, compiled once before they start (see pytest_sessionstart),
+# by two processes at once: the first imports torch and the frameworks on it; the second,
+# meanwhile, what they import that needs no torch (some 40% of the bytecode: SymPy, SciPy,
+# the matplotlib that torchmetrics imports, ...), so that the first finds it compiled
+FRAMEWORKS = (("numpy", "torch", "torch.distributed", "torch._dynamo", "transformers.trainer",
+               "accelerate", "lightning", "pytorch_lightning"),
+              ("zmq", "mpi4py", "sympy", "scipy.optimize", "matplotlib.pyplot", "huggingface_hub",
+               "jinja2", "rich", "jsonargparse"))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -47,24 +52,33 @@ def pytest_sessionstart(session):
 
     The README's command installs with ``pip --no-compile``: pip would compile all of
     torch, transformers and Lightning (14,000 files, some 30 s of the install on 2 cores)
-    where the suite imports about 4,000 of them. Here one process imports those once, so
-    their bytecode is written before the suite's processes race to compile them, and each
-    process writes what else it compiles. Where PYTHONDONTWRITEBYTECODE is set, as on this
-    project's machines, every one of the suite's thousands of processes would otherwise
-    compile what it imports again (platoon's modules alone: 0.07 s of CPU each)."""
+    where the suite imports about 4,000 of them. Here two processes import those once (a
+    core each, while this one compiles the repository), so their bytecode is written before
+    the suite's processes race to compile them, and each process writes what else it
+    compiles. Where PYTHONDONTWRITEBYTECODE is set, as on this project's machines, every
+    one of the suite's thousands of processes would otherwise compile what it imports
+    again (platoon's modules alone: 0.07 s of CPU each)."""
     if hasattr(session.config, "workerinput"):
         return
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
+    importers = []
+    if not _compiled("torch"):  # (once: a later run finds torch's bytecode)
+        for names in FRAMEWORKS:
+            imports = "".join("try:\n    import %s\nexcept Exception:\n    pass\n" % name
+                              for name in names)  # (what fails is compiled where it is used)
+            importers.append(subprocess.Popen(
+                [sys.executable, "-c", imports], stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for folder in ("platoon", "tests", "benchmarks", "examples"):
         compileall.compile_dir(os.path.join(root, folder), quiet=2, workers=1)
-    if not _compiled("torch"):  # (once: a later run finds torch's bytecode)
-        imports = "".join("try:\n    import %s\nexcept ImportError:\n    pass\n" % name
-                          for name in FRAMEWORKS)
-        subprocess.run([sys.executable, "-c", imports], stdin=subprocess.DEVNULL,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300,
-                       check=False)
+    for importer in importers:
+        try:
+            importer.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            importer.kill()  # the suite's processes compile what it had not
+            importer.wait()
 
 
 def _compiled(package):

@@ -43,7 +43,8 @@ def state(path):
 
 
 @pytest.mark.slow  # three Trainer processes, each importing transformers (~4 s of CPU)
-def test_run_clm_alone_then_two_workers_resumed_from_its_checkpoint(tmp_path):
+def test_run_clm_alone_then_two_workers_resumed_from_its_checkpoint(text_and_tokenizer,
+                                                                   tmp_path):
     """transformers' run_clm.py plus `import platoon.integrations.huggingface_auto`: alone
     (bf16, accumulation 2) to step 4, a checkpoint there and one evaluation; then two workers
     under the launcher resumed from that checkpoint (--resume_from_checkpoint, the path as
@@ -53,9 +54,7 @@ def test_run_clm_alone_then_two_workers_resumed_from_its_checkpoint(tmp_path):
     one final result, the final centre's."""
     pytest.importorskip("transformers", reason="run_clm.py needs transformers: pip install "
                                                "-e '.[huggingface]'")
-    stdlib_text(tmp_path)
-    code, out = alone("transformers/make_tokenizer.py", ["train.txt", "tok"], tmp_path)
-    assert code == 0, out
+    text_and_tokenizer(tmp_path)
     common = ["--model_type", "gpt2", "--config_overrides",
               "vocab_size=500,n_embd=32,n_layer=1,n_head=2,n_positions=64",
               "--tokenizer_name", "tok", "--train_file", "train.txt", "--validation_file",
@@ -143,14 +142,29 @@ def test_lightnings_autoencoder_example_with_the_strategy_chosen_by_a_flag(tmp_p
                              r"\(ckpt_path='best' after fit\)" % (k, k, what), out), out
 
 
-def stdlib_text(tmp_path):
-    """train.txt and valid.txt: standard-library modules, read offline."""
+@pytest.fixture(scope="module")
+def text_and_tokenizer(tmp_path_factory):
+    """copy(tmp_path) puts train.txt and valid.txt (standard-library modules, read offline)
+    and tok (make_tokenizer.py's tokenizer, trained on train.txt) in tmp_path: made once for
+    the run_clm and run_mlm tests (a process fewer)."""
+    pytest.importorskip("transformers", reason="run_clm.py and run_mlm.py need transformers: "
+                                               "pip install -e '.[huggingface]'")
+    made = tmp_path_factory.mktemp("text")
     stdlib = os.path.dirname(os.__file__)
     for name, files in (("train.txt", ("argparse.py", "ast.py")), ("valid.txt", ("bisect.py",))):
-        with open(tmp_path / name, "w") as out:
+        with open(made / name, "w") as out:
             for source in files:
                 with open(os.path.join(stdlib, source)) as f:
                     out.write(f.read())
+    code, out = alone("transformers/make_tokenizer.py", ["train.txt", "tok"], made)
+    assert code == 0, out
+
+    def copy(tmp_path):
+        for name in ("train.txt", "valid.txt"):
+            shutil.copy(made / name, tmp_path / name)
+        shutil.copytree(made / "tok", tmp_path / "tok")
+
+    return copy
 
 
 MLM = ["--model_type", "bert", "--config_overrides",
@@ -163,7 +177,8 @@ MLM = ["--model_type", "bert", "--config_overrides",
 
 @pytest.mark.slow  # two Trainer jobs of two workers, each importing transformers
 @pytest.mark.timeout(240)  # 78 s at load 10 on the 2 cores
-def test_run_mlm_run_again_resumes_each_worker_from_its_own_last_checkpoint(tmp_path):
+def test_run_mlm_run_again_resumes_each_worker_from_its_own_last_checkpoint(text_and_tokenizer,
+                                                                          tmp_path):
     """transformers' run_mlm.py plus the one import, under platoon-launcher -n 2 twice with
     the same --output_dir and no resume option: the script's own
     get_last_checkpoint(training_args.output_dir), before it makes its Trainer, finds each
@@ -171,9 +186,7 @@ def test_run_mlm_run_again_resumes_each_worker_from_its_own_last_checkpoint(tmp_
     start), so the second run, to step 4, resumes from checkpoint-2: 2 workers x 2 steps =
     4 minibatches (8 from scratch), platoon's sync phase with it."""
     pytest.importorskip("transformers", reason="run_mlm.py needs transformers")
-    stdlib_text(tmp_path)
-    code, out = alone("transformers/make_tokenizer.py", ["train.txt", "tok"], tmp_path)
-    assert code == 0, out
+    text_and_tokenizer(tmp_path)
     for steps in ("2", "4"):
         shutil.rmtree(tmp_path / "logs", ignore_errors=True)  # the launcher's, one job's
         code, out = launched("transformers/run_mlm_platoon.py", MLM + [
@@ -192,7 +205,8 @@ def test_run_mlm_run_again_resumes_each_worker_from_its_own_last_checkpoint(tmp_
 
 @long_run("four Trainer jobs importing transformers, about 80 s")
 @pytest.mark.timeout(400)  # 153 s at load 10 on the 2 cores
-def test_run_mlm_alone_then_two_workers_resumed_from_their_own_last_checkpoint(tmp_path):
+def test_run_mlm_alone_then_two_workers_resumed_from_their_own_last_checkpoint(
+        text_and_tokenizer, tmp_path):
     """transformers' run_mlm.py (random masking by DataCollatorForLanguageModeling, the last
     checkpoint detected in --output_dir by the script) plus the one import: alone, bf16 and
     accumulation 2, to step 4; two workers to step 4 under `both`; run again to step 8 with
@@ -201,9 +215,7 @@ def test_run_mlm_alone_then_two_workers_resumed_from_their_own_last_checkpoint(t
     resumes from its own checkpoint-8 to step 12: each 2 x 4 steps x 2 batches = 16
     minibatches."""
     pytest.importorskip("transformers", reason="run_mlm.py needs transformers")
-    stdlib_text(tmp_path)
-    code, out = alone("transformers/make_tokenizer.py", ["train.txt", "tok"], tmp_path)
-    assert code == 0, out
+    text_and_tokenizer(tmp_path)
     common = MLM + ["--do_train", "--do_eval", "--gradient_accumulation_steps", "2", "--bf16",
                     "--max_eval_samples", "16", "--save_steps", "4"]
     code, out = alone("transformers/run_mlm_platoon.py",

@@ -40,6 +40,10 @@ CASES = [(op, dt) for dt in ["float32", "float64", "int32", "int64", "uint8", "c
 
 
 LINEAR_FEATURES = 20
+# A pause after each sync in the loops that last a while (final, uneven, stop): what they
+# check is the tie rounds and the stop signal between the nodes, not how fast four workers
+# and two controllers can sync on two cores (spun, they took most of a core each)
+PACE_S = 0.002
 
 
 def contribution(k, dtype, shape=(5, 7)):
@@ -95,6 +99,7 @@ def main():
             while w.syncs < 10 or time.monotonic() < until:
                 params[0] += 0.001
                 w.sync_params()
+                time.sleep(PACE_S)
             result = w.final_evaluation(lambda: {"centre": float(w.snapshot_centre()[0][0])})
             if result is not None:
                 say("EVALUATED %r %s" % (result["centre"], tag))
@@ -149,6 +154,7 @@ def main():
                 for p in params:
                     p += rng.normal(scale=0.1, size=p.shape).astype(p.dtype)
                 w.sync_params()
+                time.sleep(PACE_S)
             say("LEFT after %d syncs %s" % (w.syncs, tag))
         elif scenario == "lagging":
             true_w = np.arange(LINEAR_FEATURES) / LINEAR_FEATURES
@@ -175,6 +181,7 @@ def main():
                 w.sync_params()
                 if w.global_rank == 0 and w.syncs == 5:
                     w.request_stop("target reached")
+                time.sleep(PACE_S)
             say("STOPPED %s %s" % (w.stop_reason, tag))
         elif scenario == "chatty":
             for i in range(int(sys.argv[2]) if len(sys.argv) > 2 else 200):
