@@ -100,11 +100,11 @@ class PreforkedWorker(subprocess.Popen):  # type: ignore[type-arg]
             self._go_fd = None
         self.wait()
         os.close(self.ports_fd)
-        self.stdout.close()
-        self.stderr.close()
+        self.forget()
 
     def forget(self) -> None:
-        """In a worker forked after it: close its pipes' objects (their fds too)."""
+        """Close its output pipes' objects (their fds too): once given up, or in a worker
+        forked after it."""
         self.stdout.close()
         self.stderr.close()
 
