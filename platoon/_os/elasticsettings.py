@@ -85,7 +85,8 @@ _LIGHTHOUSE_OPTIONS = (
      "no quorum with fewer live nodes (default {default})"),
     ("--heartbeat-timeout-s", "membership", "heartbeat_timeout_s", float, "S",
      "a node silent this many seconds is out of the next quorum (default {default:g}; 1 for "
-     "fast recovery on a quiet network)"),
+     "fast recovery on a quiet network; a node another reports gone, its data plane closed "
+     "as a round broke, is out after 1 s of silence)"),
     ("--join-grace-s", "membership", "join_grace_s", float, "S",
      "wait this long after a change for more joiners or leavers (joiners to a running "
      "quorum: until it is this old) (default {default:g})"),

@@ -76,6 +76,7 @@ class LighthouseClient:
         self._refused: Optional[str] = None  # the lighthouse's last refusal, until a good reply
         self._broken = 0  # `report_broken`'s quorum id, sent with every heartbeat
         self._unreachable: List[str] = []  # `report_unreachable`'s
+        self._gone: List[str] = []  # `report_gone`'s
         self._status: Optional[wire.Message] = None  # `set_status`'s, as sent
         self._status_told: Optional[wire.Message] = None  # what the lighthouse took of it
         self.excluded: Optional[str] = None  # why the lighthouse keeps this node out, if it does
@@ -144,6 +145,15 @@ class LighthouseClient:
         with self._cond:
             self._unreachable = sorted(names)
 
+    def report_gone(self, names: Sequence[str]) -> None:
+        """Tell the lighthouse that the data plane of `names` (members of the current quorum)
+        stopped answering when a round of their group broke: perhaps dead. Sent with every
+        heartbeat until the next call (``[]`` once a group forms). The lighthouse counts such
+        a member out as soon as it is silent too (`Membership.gone_silence_s`), not after the
+        whole heartbeat timeout; one that still heartbeats stays."""
+        with self._cond:
+            self._gone = sorted(names)
+
     def set_status(self, status: Dict[str, Any]) -> None:
         """What this node says of itself (its status file's: `NodeStatus`), sent to the
         lighthouse with the next heartbeat when it changed (bounded: `wire.node_status`); the
@@ -201,19 +211,24 @@ class LighthouseClient:
     def _exchange(self, sock: "zmq.Socket[bytes]", op: str, challenge: str,
                   status: Optional[wire.Message] = None, timeouts: int = 1
                   ) -> Tuple[Optional[wire.Message], Optional[wire.Message]]:
-        """One request (with `status`, unless it would make the request too long) and (its
+        """One request (with `status` and `gone`, unless they would make it too long) and (its
         reply, None when unanswered within `timeouts` request timeouts; the status it
         carried, or None)."""
         with self._cond:
             highest = 0 if self._quorum is None else self._quorum.id
             broken = self._broken
             unreachable = [] if op == "status" else self._unreachable
+            gone = [] if op == "status" else self._gone
         body, mac = wire.request(self._signer, op, self.name, self.address, highest, challenge,
-                                 broken, self.incarnation, unreachable, status)
+                                 broken, self.incarnation, unreachable, status, gone)
         if len(body) > wire.MAX_BODY and status is not None and op != "status":
-            status = None  # (a long list of unreachable members: the status waits)
+            status = None  # (long lists of members: the status waits)
             body, mac = wire.request(self._signer, op, self.name, self.address, highest,
-                                     challenge, broken, self.incarnation, unreachable)
+                                     challenge, broken, self.incarnation, unreachable, None,
+                                     gone)
+        if len(body) > wire.MAX_BODY and gone:  # (too many: the heartbeat timeout counts them)
+            body, mac = wire.request(self._signer, op, self.name, self.address, highest,
+                                     challenge, broken, self.incarnation, unreachable, status)
         sock.send_multipart([body, mac])
         frames: Optional[List[bytes]] = None
         for _ in range(timeouts):

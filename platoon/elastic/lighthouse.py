@@ -7,6 +7,11 @@ with, and that numbers their quorums. No training runs in it and it needs no tor
 It keeps no state on disk: restarted, it learns the nodes again from their heartbeats and
 numbers its next quorum above the highest id any of them reports.
 
+A node silent for the heartbeat timeout is out of the next quorum; one that a member reports
+gone (its data plane stopped answering when a round of their group broke) is out once silent
+for `Membership.gone_silence_s` (1 s at up to a few hundred nodes), so that the others go on
+without waiting out the timeout for a dead process.
+
 What a process without the secret can make it do is bounded (`Limits`): a frame over
 `wire.MAX_BODY` bytes is dropped by ZeroMQ before it is read (the connection with it); at most
 `connections_per_source` connections from one source address are served (the others' requests
@@ -210,7 +215,7 @@ class Lighthouse:
             elif op == "heartbeat":
                 taken = not self.membership.heartbeat(
                     data["node"], data["address"], data["highest_seen"], now, data["broken"],
-                    data["incarnation"], data["unreachable"])
+                    data["incarnation"], data["unreachable"], data["gone"])
                 if taken:
                     self._warnings.warning(
                         "name", "a second process heartbeats as node %s (from %s) while the "
@@ -315,8 +320,9 @@ class Lighthouse:
                     next_sweep = now + SWEEP_S
                     self._forget_idle(now)
                 quorum = self.membership.tick(now)
-                self.pace_s = pace_s(self.membership.live_count, self.limits,
-                                     self.membership.settings.heartbeat_timeout_s)
+                self.pace_s = self.membership.pace_s = pace_s(
+                    self.membership.live_count, self.limits,
+                    self.membership.settings.heartbeat_timeout_s)
                 if quorum is not None:
                     for name, why in sorted(self.membership.left_out.items()):
                         log.warning("node %s is out of the quorums: %s", name, why)

@@ -22,6 +22,13 @@ from .._os.elasticsettings import MembershipSettings  # (declared with the light
 # the quorums this long (or until it heartbeats from another address or process), then tried
 # again: each try costs the others one group that cannot form (--tie-timeout-s).
 UNREACHABLE_FOR_S = 120.0
+# A member that another reported gone (its data plane stopped answering as a round of their
+# group broke: its process dead, most likely) is out of the next quorum once it has been
+# silent this long, or GONE_SILENCE_PACES of the pace the lighthouse asks when longer, within
+# the heartbeat timeout: ten of a node's 0.1 s heartbeats, where the timeout waits five
+# seconds. A member heard from after the report stays (it is alive: the timeout decides).
+GONE_SILENCE_S = 1.0
+GONE_SILENCE_PACES = 3
 
 
 @dataclass(frozen=True)
@@ -95,11 +102,13 @@ class Membership:
         self._issued_at: Optional[float] = None  # when the current quorum was issued
         self._rebuild = False  # a member asked for a new id (`heartbeat`'s `broken`)
         self._unreachable: Dict[str, _Unreachable] = {}  # by the name reported
+        self._gone: Dict[str, str] = {}  # reported gone: name -> its incarnation then
+        self.pace_s = 0.0  # the pace the lighthouse asks (`gone_silence_s` scales with it)
         self.left_out: Dict[str, str] = {}  # `excluded` as of the last `tick`
 
     def heartbeat(self, name: str, address: str, highest_seen: int, now: float,
                   broken: int = 0, incarnation: str = "",
-                  unreachable: Sequence[str] = ()) -> bool:
+                  unreachable: Sequence[str] = (), gone: Sequence[str] = ()) -> bool:
         """`name` is alive at `now`, reachable for the data plane at `address`, and has seen
         quorum ids up to `highest_seen`. `broken`: the id of a quorum whose group broke for
         `name` with no newer quorum since (every member alive, yet one stalled a round past
@@ -109,7 +118,9 @@ class Membership:
         another incarnation holds `name` and is live (two processes given one name): the
         second is taken in once the first leaves or times out. `unreachable`: members of the
         current quorum whose data plane `name` could not reach when their group failed to
-        form (see `excluded`)."""
+        form (see `excluded`). `gone`: members of the current quorum whose data plane
+        stopped answering when a round of their group broke: each is out once silent for
+        `gone_silence_s` (see `live`)."""
         held = self._incarnations.get(name)
         if held is not None and held != incarnation and name in self._last_seen \
                 and now - self._last_seen[name] <= self.settings.heartbeat_timeout_s:
@@ -121,8 +132,13 @@ class Membership:
         self._addresses[name] = address
         self._incarnations[name] = incarnation
         self._highest_reported = max(self._highest_reported, int(highest_seen))
-        members = () if not unreachable or self.quorum is None \
+        if self._gone:
+            self._gone.pop(name, None)  # (heard from: alive, whatever was reported)
+        members = () if not (unreachable or gone) or self.quorum is None \
             or name not in self.quorum.members else self.quorum.members  # (a pass over them)
+        for other in gone:
+            if other != name and other in members and other in self._incarnations:
+                self._gone.setdefault(other, self._incarnations[other])
         for other in unreachable:
             if other == name or other not in members or other not in self._addresses:
                 continue
@@ -179,11 +195,30 @@ class Membership:
         self._addresses.pop(name, None)
         self._incarnations.pop(name, None)
 
+    @property
+    def gone_silence_s(self) -> float:
+        """How long a member reported gone must have been silent to be out (GONE_SILENCE_S,
+        or GONE_SILENCE_PACES paces when longer, within the heartbeat timeout)."""
+        return min(self.settings.heartbeat_timeout_s,
+                   max(GONE_SILENCE_S, GONE_SILENCE_PACES * self.pace_s))
+
     def live(self, now: float) -> List[str]:
-        """The nodes heard from within the heartbeat timeout (the silent ones are forgotten)."""
+        """The nodes heard from within the heartbeat timeout, or within `gone_silence_s` for
+        those reported gone since they were last heard from (the silent ones are
+        forgotten)."""
+        timeout = self.settings.heartbeat_timeout_s
         for name, seen in list(self._last_seen.items()):
-            if now - seen > self.settings.heartbeat_timeout_s:
+            if now - seen > timeout:
                 self.leave(name)
+        if self._gone:
+            silence = self.gone_silence_s
+            for name, incarnation in list(self._gone.items()):
+                heard = self._last_seen.get(name)
+                if heard is None or self._incarnations.get(name) != incarnation:
+                    del self._gone[name]  # (timed out, left, or another process now)
+                elif now - heard > silence:
+                    del self._gone[name]
+                    self.leave(name)
         return sorted(self._last_seen)
 
     @property

@@ -95,6 +95,7 @@ class ElasticMembership:
             self._lighthouse.report_unreachable(unreachable)
             return None
         self._lighthouse.report_unreachable([])
+        self._lighthouse.report_gone([])
         log.info("node %s: rank %d of quorum %d (%s)", self.name, group.rank, quorum.id,
                  ", ".join(quorum.members))
         return group
@@ -110,7 +111,16 @@ class ElasticMembership:
         return self._lighthouse.header_signed(_quorum_of(group), rank, header, mac)
 
     def broken(self, group: Optional[Group], exc: QuorumBroken) -> None:
-        """A round broke: wait for a newer quorum (its id asked for after `timeout_s`)."""
+        """A round broke: tell the lighthouse which members' data plane no longer answers
+        (perhaps dead: out once silent too, not after the heartbeat timeout), then wait for a
+        newer quorum (its id asked for after `timeout_s`)."""
+        from .dataplane import unreachable_members
+        if group is not None:
+            gone = unreachable_members(_quorum_of(group), self.name)
+            if gone:
+                log.warning("node %s: the data plane of %s (quorum %d) no longer answers: told "
+                            "the lighthouse", self.name, ", ".join(gone), group.quorum.id)
+            self._lighthouse.report_gone(gone)
         self._waiting_since = time.monotonic()
 
     def close(self) -> None:

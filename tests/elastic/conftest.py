@@ -33,10 +33,11 @@ def job(tmp_path):
         address = None
 
         def lighthouse(self, min_nodes, port=0, host="127.0.0.1", netns=None,
-                       status_file=None):
+                       status_file=None, heartbeat_timeout_s=TIMEOUT_S):
             proc = Proc(_in_netns(netns) + [
                 "-m", "platoon.elastic.lighthouse", "--min-nodes", str(min_nodes),
-                "--heartbeat-timeout-s", str(TIMEOUT_S), "--join-grace-s", str(GRACE_S),
+                "--heartbeat-timeout-s", str(heartbeat_timeout_s),
+                "--join-grace-s", str(GRACE_S),
                 "--bind", "%s:%d" % (host, port)]
                 + (["--status-file", str(status_file)] if status_file else []), env=env)
             started.append(proc)

@@ -107,6 +107,9 @@ class _NoLighthouse:
     def report_broken(self, quorum_id):
         pass
 
+    def report_gone(self, names):
+        pass
+
     def close(self):
         pass
 

@@ -72,6 +72,48 @@ def test_a_member_the_others_cannot_reach_is_out_of_the_quorums_until_it_moves()
     assert m.tick(6.2 + UNREACHABLE_FOR_S).members == ("a", "b", "c")  # tried again
 
 
+def test_a_member_reported_gone_is_out_once_silent_for_a_second_not_the_heartbeat_timeout():
+    """c's process dies (its data plane refuses a and b as their round breaks): reported gone
+    by a, c is out of the next quorum once silent for GONE_SILENCE_S, not after the 30 s
+    heartbeat timeout. A member reported gone that still heartbeats stays (its report is
+    dropped); so does one reported by a node outside the quorum; c's next process (another
+    incarnation) is not covered by the report on the last; the silence scales with the
+    lighthouse's pace."""
+    from platoon.elastic.quorum import GONE_SILENCE_PACES, GONE_SILENCE_S
+    m = Membership(MembershipSettings(min_nodes=2, heartbeat_timeout_s=30.0, join_grace_s=0.1))
+    for name in "abc":
+        m.heartbeat(name, "h:" + name, 0, now=0.0, incarnation=name)
+    m.tick(0.0)
+    assert m.tick(0.2).members == ("a", "b", "c")
+    m.heartbeat("z", "h:z", 1, now=0.3, incarnation="z", gone=["c"])  # z: not a member
+    m.heartbeat("b", "h:b", 1, now=0.3, incarnation="b", gone=["b"])  # itself: ignored
+    assert m.tick(0.2 + GONE_SILENCE_S + 0.1).members == ("a", "b", "c", "z")  # (z joins)
+    m.heartbeat("a", "h:a", 2, now=2.1, incarnation="a", gone=["b"])
+    m.heartbeat("b", "h:b", 2, now=2.2, incarnation="b")  # b is alive: its report dropped
+    for name in "abz":
+        m.heartbeat(name, "h:" + name, 2, now=3.0, incarnation=name)
+    assert m.tick(3.1) is None  # c silent since 0.0, but not reported: the timeout decides
+    m.heartbeat("a", "h:a", 2, now=3.2, incarnation="a", gone=["b", "c"])
+    m.heartbeat("b", "h:b", 2, now=3.3, incarnation="b")
+    assert m.tick(3.35) is None  # the grace window
+    assert m.tick(3.5).members == ("a", "b", "z")  # c out, 3.5 s after its last heartbeat
+    # c dies again at 10.0 (its next process), a reports it at 10.2: out 1 s after it died
+    m.heartbeat("c", "h:c", 3, now=4.0, incarnation="c2")
+    assert m.tick(4.0).members == ("a", "b", "c", "z")
+    for name in "abz":
+        m.heartbeat(name, "h:" + name, 4, now=10.0, incarnation=name)
+    m.heartbeat("c", "h:c", 4, now=10.0, incarnation="c2")
+    m.heartbeat("a", "h:a", 4, now=10.2, incarnation="a", gone=["c"])
+    for name in "abz":
+        m.heartbeat(name, "h:" + name, 4, now=10.9, incarnation=name)
+    assert m.tick(10.9) is None and m.tick(10.0 + GONE_SILENCE_S + 0.05) is None  # grace
+    assert m.tick(10.0 + GONE_SILENCE_S + 0.2).members == ("a", "b", "z")
+    m.pace_s = 2.0  # many nodes: they heartbeat every 2 s, so 3 paces of silence
+    assert m.gone_silence_s == GONE_SILENCE_PACES * 2.0
+    m.pace_s = 20.0
+    assert m.gone_silence_s == 30.0  # never past the heartbeat timeout
+
+
 def test_a_joiner_to_a_running_quorum_waits_for_no_grace_window_but_joiners_in_a_burst_do():
     """Joiners alone (every member of the running quorum live, at its address): the next
     quorum comes at the next tick once the running one is a grace window old, so that a burst
