@@ -25,6 +25,25 @@ READY_TIMEOUT_S = 30.0
 POLL_S = 0.1
 FIRST_CONTRIBUTION = re.compile(r"node \w+: first contributing round ([\d.]+) s after its start")
 HEALED = re.compile(r"node \w+: healed from \w+ in quorum \d+ \(outer round \d+\), ([\d.]+) s")
+ON_THE_WAY = re.compile(r"node \w+: first contributing round ([\d.]+) s after its start "
+                        r"\(.*on the way: ([^)]*)\)")
+
+
+def on_the_way(log_text):
+    """(seconds from the node's start to its first contributing round, {milestone: seconds
+    from its start} on the way there: centre, heartbeating, group, healed), from an elastic
+    node's log; (None, {}) when it made none."""
+    found = ON_THE_WAY.search(log_text or "")
+    if not found:
+        return None, {}
+    steps = {}
+    for item in found.group(2).split(", "):
+        name, _, value = item.partition(" ")
+        try:
+            steps[name] = float(value.split()[0])
+        except (IndexError, ValueError):
+            pass
+    return float(found.group(1)), steps
 
 
 SLOWDOWN = 2.0  # a throttled node's worker: its steps take this many times as long
@@ -287,6 +306,7 @@ class Run:
                 found, healed = FIRST_CONTRIBUTION.search(text), HEALED.search(text)
                 inc.first_contribution_s = float(found.group(1)) if found else None
                 inc.healed_s = float(healed.group(1)) if healed else None
+                inc.on_the_way = on_the_way(text)[1] or None
         return list(self.incarnations.values())
 
     def stop_all(self):

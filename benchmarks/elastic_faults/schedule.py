@@ -60,6 +60,7 @@ class Incarnation:
     loaded: Optional[float] = None  # when its worker had imported, read its data, built its model
     worker_started: Optional[float] = None  # when its worker's process started
     healed_s: Optional[float] = None  # its own report of its heal (elastic), from its start
+    on_the_way: Optional[Dict[str, float]] = None  # its node's milestones (elastic), from its start
     trained_from: Optional[float] = None  # when its worker began its steps
 
 
@@ -147,7 +148,8 @@ def account(incarnations: Sequence[Incarnation], start: float, end: float,
                             "first_contribution_s": first_contribution_s(i),
                             "worker_started_s": _since(i.worker_started, i.started),
                             "worker_loaded_s": _since(i.loaded, i.started),
-                            "healed_s": i.healed_s, "window_s": round(end - i.started, 3)})
+                            "healed_s": i.healed_s, "on_the_way": i.on_the_way,
+                            "window_s": round(end - i.started, 3)})
         seen.add(i.node)
     return {"steps": made, "useful_steps": useful,
             "step_s": step_times[len(step_times) // 2] if step_times else None,

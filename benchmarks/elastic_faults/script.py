@@ -20,7 +20,6 @@ benchmarks/results/elastic_faults_script{,_quick}.{json,md}.
 import glob
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from .race import (
     _read_events,
     _wait_listening,
     lighthouse_command,
+    on_the_way,
     tear_down,
 )
 from .schedule import NODES
@@ -47,8 +47,6 @@ QUICK_ARGS = ["--nhid", "64", "--valid-bytes", "2000"]
 NODE = "c"  # the node killed and started again
 AFTER_S = 2.0  # the run goes on this long after the joiner's first contribution
 POLL_S = 0.2
-ON_THE_WAY = re.compile(r"node \w+: first contributing round ([\d.]+) s after its start "
-                        r"\(.*on the way: ([^)]*)\)")
 NODE_STEPS = {"centre": "node: centre created (init_shared_params)",
               "heartbeating": "node: heartbeating", "group": "node: in its group",
               "healed": "node: healed"}
@@ -97,14 +95,9 @@ def breakdown(started, events, log_text):
     steps["sync set up (its first step from the anchor)"] = _first(
         events, "PeriodicSync.__init__") or _first(events, "Worker.init_shared_params")
     out = [(k, round(v - started, 3)) for k, v in steps.items() if v is not None]
-    found = ON_THE_WAY.search(log_text or "")
-    first = None
-    if found:
-        first = float(found.group(1))
-        for item in found.group(2).split(", "):
-            name, _, value = item.partition(" ")
-            if name in NODE_STEPS:
-                out.append((NODE_STEPS[name], float(value.split()[0])))
+    first, node_steps = on_the_way(log_text)
+    if first is not None:
+        out += [(NODE_STEPS[name], t) for name, t in node_steps.items() if name in NODE_STEPS]
         out.append(("first contributing round", first))
     return sorted(out, key=lambda kv: kv[1]), first
 
@@ -151,7 +144,7 @@ def run_script(settings, kill_at_s, down_s, cap_s, rate_bits_s, quick, log, tag=
                 run.restart(NODE)
                 restarted = time.time()
                 log("  %.1f s: restart %s" % (now, NODE))
-            if restarted is not None and ON_THE_WAY.search(_log_of(workdir, NODE, 1)):
+            if restarted is not None and on_the_way(_log_of(workdir, NODE, 1))[0] is not None:
                 time.sleep(AFTER_S)
                 break
             time.sleep(POLL_S)

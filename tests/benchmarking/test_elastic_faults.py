@@ -60,7 +60,7 @@ def test_a_killed_node_keeps_only_its_steps_before_its_last_contribution():
         == [40.0]  # a and b: their next round at 90 s
     assert out["joiners"] == [{"node": "c", "started_s": 60.0, "first_contribution_s": 3.5,
                                "worker_started_s": None, "worker_loaded_s": 2.0,
-                               "healed_s": None, "window_s": 40.0}]
+                               "healed_s": None, "on_the_way": None, "window_s": 40.0}]
     assert out["nodes"]["a"] == {"steps": 1000, "train_s": 0.0, "steps_per_s": None}
     a.trained_from, c0.trained_from, c1.trained_from = 0.0, 0.0, 62.0
     nodes = account([a, b, c0, c1], start=0.0, end=100.0)["nodes"]
@@ -261,6 +261,10 @@ def test_a_joiners_chain_on_a_script_comes_from_its_probe_and_its_nodes_line():
                      ("sync set up (its first step from the anchor)", 3.6),
                      ("first contributing round", 3.9)]
     assert breakdown(t, events[:1], "")[1] is None  # killed before: what it reached
+    from benchmarks.elastic_faults.race import on_the_way  # (the project race's, too)
+    assert on_the_way(log) == (3.9, {"centre": 3.0, "heartbeating": 3.01, "group": 3.3,
+                                     "healed": 3.5})
+    assert on_the_way("no such line") == (None, {})
 
 
 @pytest.mark.slow
