@@ -77,6 +77,7 @@ class LighthouseClient:
         self._broken = 0  # `report_broken`'s quorum id, sent with every heartbeat
         self._unreachable: List[str] = []  # `report_unreachable`'s
         self._gone: List[str] = []  # `report_gone`'s
+        self._gone_of = 0  # the quorum `_gone` is about (sent with it)
         self._status: Optional[wire.Message] = None  # `set_status`'s, as sent
         self._status_told: Optional[wire.Message] = None  # what the lighthouse took of it
         self.excluded: Optional[str] = None  # why the lighthouse keeps this node out, if it does
@@ -145,14 +146,15 @@ class LighthouseClient:
         with self._cond:
             self._unreachable = sorted(names)
 
-    def report_gone(self, names: Sequence[str]) -> None:
-        """Tell the lighthouse that the data plane of `names` (members of the current quorum)
+    def report_gone(self, names: Sequence[str], quorum_id: int) -> None:
+        """Tell the lighthouse that the data plane of `names` (members of quorum `quorum_id`)
         stopped answering when a round of their group broke: perhaps dead. Sent with every
         heartbeat until the next call (``[]`` once a group forms). The lighthouse counts such
         a member out as soon as it is silent too (`Membership.gone_silence_s`), not after the
-        whole heartbeat timeout; one that still heartbeats stays."""
+        whole heartbeat timeout, if it is still the process it was in that quorum; one that
+        heartbeats after the report stays."""
         with self._cond:
-            self._gone = sorted(names)
+            self._gone, self._gone_of = sorted(names), quorum_id
 
     def set_status(self, status: Dict[str, Any]) -> None:
         """What this node says of itself (its status file's: `NodeStatus`), sent to the
@@ -219,13 +221,14 @@ class LighthouseClient:
             broken = self._broken
             unreachable = [] if op == "status" else self._unreachable
             gone = [] if op == "status" else self._gone
+            gone_of = self._gone_of
         body, mac = wire.request(self._signer, op, self.name, self.address, highest, challenge,
-                                 broken, self.incarnation, unreachable, status, gone)
+                                 broken, self.incarnation, unreachable, status, gone, gone_of)
         if len(body) > wire.MAX_BODY and status is not None and op != "status":
             status = None  # (long lists of members: the status waits)
             body, mac = wire.request(self._signer, op, self.name, self.address, highest,
                                      challenge, broken, self.incarnation, unreachable, None,
-                                     gone)
+                                     gone, gone_of)
         if len(body) > wire.MAX_BODY and gone:  # (too many: the heartbeat timeout counts them)
             body, mac = wire.request(self._signer, op, self.name, self.address, highest,
                                      challenge, broken, self.incarnation, unreachable, status)

@@ -215,7 +215,7 @@ class Lighthouse:
             elif op == "heartbeat":
                 taken = not self.membership.heartbeat(
                     data["node"], data["address"], data["highest_seen"], now, data["broken"],
-                    data["incarnation"], data["unreachable"], data["gone"])
+                    data["incarnation"], data["unreachable"], data["gone"], data["gone_of"])
                 if taken:
                     self._warnings.warning(
                         "name", "a second process heartbeats as node %s (from %s) while the "

@@ -29,6 +29,9 @@ UNREACHABLE_FOR_S = 120.0
 # seconds. A member heard from after the report stays (it is alive: the timeout decides).
 GONE_SILENCE_S = 1.0
 GONE_SILENCE_PACES = 3
+# A report is checked against the processes the quorum it is on was issued with (a member
+# restarted since is another process): those of the last GONE_QUORUMS_KEPT quorums are kept.
+GONE_QUORUMS_KEPT = 8
 
 
 @dataclass(frozen=True)
@@ -103,12 +106,15 @@ class Membership:
         self._rebuild = False  # a member asked for a new id (`heartbeat`'s `broken`)
         self._unreachable: Dict[str, _Unreachable] = {}  # by the name reported
         self._gone: Dict[str, str] = {}  # reported gone: name -> its incarnation then
+        self._issued: Dict[int, Dict[str, str]] = {}  # recent quorums: id -> member -> process
+        self._gone_counted: Set[Tuple[str, int, str]] = set()  # (reporter, quorum, reported)
         self.pace_s = 0.0  # the pace the lighthouse asks (`gone_silence_s` scales with it)
         self.left_out: Dict[str, str] = {}  # `excluded` as of the last `tick`
 
     def heartbeat(self, name: str, address: str, highest_seen: int, now: float,
                   broken: int = 0, incarnation: str = "",
-                  unreachable: Sequence[str] = (), gone: Sequence[str] = ()) -> bool:
+                  unreachable: Sequence[str] = (), gone: Sequence[str] = (),
+                  gone_of: int = 0) -> bool:
         """`name` is alive at `now`, reachable for the data plane at `address`, and has seen
         quorum ids up to `highest_seen`. `broken`: the id of a quorum whose group broke for
         `name` with no newer quorum since (every member alive, yet one stalled a round past
@@ -118,9 +124,12 @@ class Membership:
         another incarnation holds `name` and is live (two processes given one name): the
         second is taken in once the first leaves or times out. `unreachable`: members of the
         current quorum whose data plane `name` could not reach when their group failed to
-        form (see `excluded`). `gone`: members of the current quorum whose data plane
-        stopped answering when a round of their group broke: each is out once silent for
-        `gone_silence_s` (see `live`)."""
+        form (see `excluded`). `gone`: members of quorum `gone_of` whose data plane stopped
+        answering when a round of its group broke: each is out once silent for
+        `gone_silence_s` (see `live`), if it is still the process that quorum was issued
+        with (a node restarted under its name is another) and `name` was one of its members.
+        A report counts once (the reporter sends it with every heartbeat until its next
+        group forms): a member heard from after it is left to the heartbeat timeout."""
         held = self._incarnations.get(name)
         if held is not None and held != incarnation and name in self._last_seen \
                 and now - self._last_seen[name] <= self.settings.heartbeat_timeout_s:
@@ -134,11 +143,17 @@ class Membership:
         self._highest_reported = max(self._highest_reported, int(highest_seen))
         if self._gone:
             self._gone.pop(name, None)  # (heard from: alive, whatever was reported)
-        members = () if not (unreachable or gone) or self.quorum is None \
+        members = () if not unreachable or self.quorum is None \
             or name not in self.quorum.members else self.quorum.members  # (a pass over them)
-        for other in gone:
-            if other != name and other in members and other in self._incarnations:
-                self._gone.setdefault(other, self._incarnations[other])
+        issued = self._issued.get(int(gone_of)) if gone else None
+        if issued is not None and issued.get(name) == incarnation:
+            for other in gone:
+                report = (name, int(gone_of), other)
+                process = self._incarnations.get(other)
+                if other != name and process is not None and process == issued.get(other) \
+                        and report not in self._gone_counted:
+                    self._gone_counted.add(report)
+                    self._gone.setdefault(other, process)
         for other in unreachable:
             if other == name or other not in members or other not in self._addresses:
                 continue
@@ -258,4 +273,8 @@ class Membership:
         last = 0 if current is None else current.id
         self.quorum = Quorum(max(last, self._highest_reported) + 1, tuple(names), addresses,
                              secrets.token_hex(16))
+        self._issued[self.quorum.id] = {n: self._incarnations.get(n, "") for n in names}
+        for old in sorted(self._issued)[:-GONE_QUORUMS_KEPT]:
+            del self._issued[old]
+        self._gone_counted = {r for r in self._gone_counted if r[1] in self._issued}
         return self.quorum

@@ -95,7 +95,7 @@ class ElasticMembership:
             self._lighthouse.report_unreachable(unreachable)
             return None
         self._lighthouse.report_unreachable([])
-        self._lighthouse.report_gone([])
+        self._lighthouse.report_gone([], 0)
         log.info("node %s: rank %d of quorum %d (%s)", self.name, group.rank, quorum.id,
                  ", ".join(quorum.members))
         return group
@@ -120,7 +120,7 @@ class ElasticMembership:
             if gone:
                 log.warning("node %s: the data plane of %s (quorum %d) no longer answers: told "
                             "the lighthouse", self.name, ", ".join(gone), group.quorum.id)
-            self._lighthouse.report_gone(gone)
+            self._lighthouse.report_gone(gone, group.quorum.id)
         self._waiting_since = time.monotonic()
 
     def close(self) -> None:

@@ -2,14 +2,15 @@
 
 Requests (node to lighthouse): ``{"op": "heartbeat" | "leave", "node": NAME, "address":
 "HOST:PORT", "highest_seen": ID, "challenge": HEX, "broken": ID, "incarnation": HEX,
-"unreachable": [NAME, ...], "gone": [NAME, ...], "status": STATUS}`` ("broken": a quorum whose
-group broke with no newer quorum coming, 0 for none; "incarnation": the node process's random
-id; "unreachable": members of the current quorum whose data plane the node could not reach
-when their group failed to form; "gone": members whose data plane stopped answering when a
-round of their group broke (perhaps dead: the lighthouse counts one out once it is silent
-too); "status": what the node says of itself (`node_status`: its state, at the end its final
-result), at most `MAX_STATUS` bytes as JSON, sent when it changed; all five optional); op
-"status" carries a status only (a node's last word, after it left).
+"unreachable": [NAME, ...], "gone": [NAME, ...], "gone_of": ID, "status": STATUS}``
+("broken": a quorum whose group broke with no newer quorum coming, 0 for none;
+"incarnation": the node process's random id; "unreachable": members of the current quorum
+whose data plane the node could not reach when their group failed to form; "gone": members
+of quorum "gone_of" whose data plane stopped answering when a round of its group broke
+(perhaps dead: the lighthouse counts one out once it is silent too); "status": what the node
+says of itself (`node_status`: its state, at the end its final result), at most `MAX_STATUS`
+bytes as JSON, sent when it changed; all six optional); op "status" carries a status only (a
+node's last word, after it left).
 
 Replies: ``{"challenge": HEX, "quorum": QUORUM | null, "done": bool, "error": TEXT | null,
 "taken": bool, "excluded": TEXT | null, "pace_s": S | null}`` ("excluded": why the lighthouse
@@ -57,14 +58,14 @@ def _signer(key: Key) -> Signer:
 def request(key: Key, op: str, node: str, address: str, highest_seen: int,
             challenge: str, broken: int = 0, incarnation: str = "",
             unreachable: Sequence[str] = (), status: Optional[Message] = None,
-            gone: Sequence[str] = ()) -> Tuple[bytes, bytes]:
+            gone: Sequence[str] = (), gone_of: int = 0) -> Tuple[bytes, bytes]:
     """The frames (body, signature) of a request; `status` (`node_status`'s) is left out
-    when None, `gone` when empty."""
+    when None, `gone` (and `gone_of`, its quorum's id) when empty."""
     fields = {"op": op, "node": node, "address": address, "highest_seen": highest_seen,
               "challenge": challenge, "broken": broken, "incarnation": incarnation,
               "unreachable": list(unreachable)}
     if gone:
-        fields["gone"] = list(gone)
+        fields["gone"], fields["gone_of"] = list(gone), gone_of
     if status is not None:
         fields["status"] = status
     body = json.dumps(fields).encode()
@@ -89,7 +90,8 @@ def read_request(key: Key, body: bytes, mac: bytes) -> Tuple[Optional[Message], 
               and isinstance(data.setdefault("unreachable", []), list)
               and all(isinstance(n, str) for n in data["unreachable"])
               and isinstance(data.setdefault("gone", []), list)
-              and all(isinstance(n, str) for n in data["gone"]))
+              and all(isinstance(n, str) for n in data["gone"])
+              and isinstance(data.setdefault("gone_of", 0), int))
         status = data.get("status")
         if ok and (status is not None or data["op"] == "status"):
             ok = isinstance(status, dict) and len(json.dumps(status)) <= MAX_STATUS

@@ -107,7 +107,7 @@ class _NoLighthouse:
     def report_broken(self, quorum_id):
         pass
 
-    def report_gone(self, names):
+    def report_gone(self, names, quorum_id):
         pass
 
     def close(self):

@@ -364,6 +364,27 @@ def test_a_stopped_node_is_dropped_and_rejoins_when_continued(job):
     nodes["c"].wait_for_line("quorum %d: a b c" % third, timeout=5)
 
 
+def test_a_gone_report_on_an_older_quorum_counts_out_its_silent_process(job, tmp_path):
+    """c (a process of tests/procs/elastic_node.py) is stopped just as quorum 2 is issued
+    with it; a reports it gone in quorum 1, whose round broke: the report says which quorum
+    it is on, so the lighthouse, which knows c is still the process of quorum 1, counts c
+    out after a second of silence, not after the 10 s heartbeat timeout."""
+    from platoon.elastic import LighthouseClient, load_secret
+    lighthouse = job.lighthouse(min_nodes=2, heartbeat_timeout_s=10)
+    c = job.node("c")
+    secret = load_secret(str(tmp_path / "secret"))
+    with LighthouseClient(job.address, "a", "127.0.0.1:1", secret=secret) as a, \
+            LighthouseClient(job.address, "b", "127.0.0.1:1", secret=secret) as b:
+        first, _ = quorum_of(lighthouse, ["a", "b", "c"], timeout=5 + SLACK_S)
+        b.report_broken(first)  # quorum 2: the same members
+        second = a.wait_for_quorum(timeout_s=5 + SLACK_S, newer_than=first)
+        assert second.members == ("a", "b", "c")
+        os.killpg(c.pid, signal.SIGSTOP)
+        a.report_gone(["c"], first)
+        assert a.wait_for_quorum(timeout_s=1 + SLACK_S, newer_than=second.id).members \
+            == ("a", "b")
+
+
 def test_nodes_rejoin_a_restarted_lighthouse_with_higher_ids(job):
     lighthouse = job.lighthouse(min_nodes=3)
     nodes = [job.node(name) for name in ("a", "b", "c")]

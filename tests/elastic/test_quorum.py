@@ -85,15 +85,15 @@ def test_a_member_reported_gone_is_out_once_silent_for_a_second_not_the_heartbea
         m.heartbeat(name, "h:" + name, 0, now=0.0, incarnation=name)
     m.tick(0.0)
     assert m.tick(0.2).members == ("a", "b", "c")
-    m.heartbeat("z", "h:z", 1, now=0.3, incarnation="z", gone=["c"])  # z: not a member
-    m.heartbeat("b", "h:b", 1, now=0.3, incarnation="b", gone=["b"])  # itself: ignored
+    m.heartbeat("z", "h:z", 1, now=0.3, incarnation="z", gone=["c"], gone_of=1)  # no member
+    m.heartbeat("b", "h:b", 1, now=0.3, incarnation="b", gone=["b"], gone_of=1)  # itself
     assert m.tick(0.2 + GONE_SILENCE_S + 0.1).members == ("a", "b", "c", "z")  # (z joins)
-    m.heartbeat("a", "h:a", 2, now=2.1, incarnation="a", gone=["b"])
+    m.heartbeat("a", "h:a", 2, now=2.1, incarnation="a", gone=["b"], gone_of=2)
     m.heartbeat("b", "h:b", 2, now=2.2, incarnation="b")  # b is alive: its report dropped
     for name in "abz":
         m.heartbeat(name, "h:" + name, 2, now=3.0, incarnation=name)
     assert m.tick(3.1) is None  # c silent since 0.0, but not reported: the timeout decides
-    m.heartbeat("a", "h:a", 2, now=3.2, incarnation="a", gone=["b", "c"])
+    m.heartbeat("a", "h:a", 2, now=3.2, incarnation="a", gone=["b", "c"], gone_of=2)
     m.heartbeat("b", "h:b", 2, now=3.3, incarnation="b")
     assert m.tick(3.35) is None  # the grace window
     assert m.tick(3.5).members == ("a", "b", "z")  # c out, 3.5 s after its last heartbeat
@@ -103,7 +103,7 @@ def test_a_member_reported_gone_is_out_once_silent_for_a_second_not_the_heartbea
     for name in "abz":
         m.heartbeat(name, "h:" + name, 4, now=10.0, incarnation=name)
     m.heartbeat("c", "h:c", 4, now=10.0, incarnation="c2")
-    m.heartbeat("a", "h:a", 4, now=10.2, incarnation="a", gone=["c"])
+    m.heartbeat("a", "h:a", 4, now=10.2, incarnation="a", gone=["c"], gone_of=4)
     for name in "abz":
         m.heartbeat(name, "h:" + name, 4, now=10.9, incarnation=name)
     assert m.tick(10.9) is None and m.tick(10.0 + GONE_SILENCE_S + 0.05) is None  # grace
@@ -160,3 +160,48 @@ def test_each_quorum_meets_under_its_own_random_prefix():
     assert store_prefix(first) != store_prefix(again)
     assert store_prefix(first) == "platoon/quorum/1/%s/" % first.nonce
     assert Quorum.from_wire(first.to_wire()).nonce == first.nonce
+
+
+def test_a_gone_report_counts_out_the_process_of_its_quorum_only_and_once():
+    """A report is on the processes of the quorum whose round broke (`gone_of`), and counts
+    once, though its reporter sends it with every heartbeat until its next group forms: c1
+    dies and a reports it: c1 is out after a second of silence, even once quorum 2 (a
+    joiner's) holds it, and c's next process c2 is not counted out by the report (nor by
+    b's on quorum 1, come later) though silent for longer than a second; b, heard from
+    after a reported it in quorum 4 (its data plane refused a: a firewall), stays however
+    long it is silent within the 30 s heartbeat timeout."""
+    from platoon.elastic.quorum import GONE_SILENCE_S
+    m = Membership(MembershipSettings(min_nodes=2, heartbeat_timeout_s=30.0, join_grace_s=0.1))
+    for name in "abc":
+        m.heartbeat(name, "h:" + name, 0, now=0.0, incarnation=name + "1")
+    m.tick(0.0)
+    assert m.tick(0.2).members == ("a", "b", "c")
+    m.heartbeat("d", "h:d", 0, now=0.5, incarnation="d1")  # c1 dies at 0.5; d joins
+    m.heartbeat("c", "h:c", 1, now=0.5, incarnation="c1")
+    assert m.tick(0.5).members == ("a", "b", "c", "d")  # quorum 2, with c1
+    for now in (0.8, 1.1, 1.4, 1.7):  # a's round of quorum 1 broke: its report on it goes on
+        for name in "abd":
+            m.heartbeat(name, "h:" + name, 2, now=now, incarnation=name + "1",
+                        gone=["c"] if name == "a" else (), gone_of=1)
+        assert m.tick(now) is None
+    assert m.holder("c") is None  # out after a second of silence
+    assert m.tick(1.9).members == ("a", "b", "d")  # quorum 3
+    m.heartbeat("c", "h:c2", 0, now=1.95, incarnation="c2")  # c's next process
+    for now in (2.0, 2.4, 2.8, 3.2, 3.6):  # a's report goes on, b's (late) comes; c2 silent
+        for name in "abd":
+            m.heartbeat(name, "h:" + name, 3, now=now, incarnation=name + "1",
+                        gone=["c"] if name in "ab" else (), gone_of=1)
+        quorum = m.tick(now)
+        assert quorum is None or quorum.members == ("a", "b", "c", "d")  # quorum 4, with c2
+    assert m.holder("c") == "c2" and 3.6 - 1.95 > GONE_SILENCE_S
+    assert m.quorum.id == 4
+    # b: reported gone in quorum 4 by a, heard from after, then silent
+    m.heartbeat("a", "h:a", 4, now=3.7, incarnation="a1", gone=["b"], gone_of=4)
+    m.heartbeat("b", "h:b", 4, now=3.75, incarnation="b1")
+    for now in (3.8, 4.2, 4.6, 5.0, 5.4):
+        for name in "acd":
+            m.heartbeat(name, "h:" + (name if name != "c" else "c2"), 4, now=now,
+                        incarnation=name + ("2" if name == "c" else "1"),
+                        gone=["b"] if name == "a" else (), gone_of=4)
+        assert m.tick(now) is None
+    assert m.holder("b") == "b1" and 5.4 - 3.75 > GONE_SILENCE_S
