@@ -10,8 +10,12 @@ import subprocess
 import numpy as np
 import pytest
 
-from elastic_helpers import GRACE_S, SLACK_S, TIMEOUT_S, WORKER, quorum_of
+from platoon.elastic.quorum import GONE_SILENCE_S as GONE_S
+
+from elastic_helpers import GRACE_S, SLACK_S, WORKER, quorum_of
 from helpers import Proc, long_run, platoon_segments, wait_until
+
+HEARTBEAT_S = 15  # the kill test's heartbeat timeout: the survivors must not wait it out
 
 
 def _alive(pid):
@@ -74,17 +78,18 @@ def test_launcher_elastic_job_survives_a_kill_restarts_the_node_healed_ends_on_o
     Their centres are tied every 0.2 s over int8 by DiLoCo's outer step at lr 1 without
     momentum (plain averaging), or by EASGD. Node 3's controller is killed -9
     after its first round (its worker dies with it, the reaper frees its shared memory): its
-    mpiexec alone ends, nodes 1 and 2 go on in the next quorum, and the launcher (--restart 1)
-    starts node 3 again under its name: it is healed from a peer (it takes their anchor) and
-    contributes in the same round, the first of its group. Then every node ends, all three
-    save the same finite centre, as good as their workers, and the launcher exits 0 leaving
-    no process and no shared memory."""
+    mpiexec alone ends, nodes 1 and 2 go on in the next quorum (within seconds, not the 15 s
+    heartbeat timeout: they report node 3 gone as their round breaks), and the launcher
+    (--restart 1) starts node 3 again under its name: it is healed from a peer (it takes
+    their anchor) and contributes in the same round, the first of its group. Then every node
+    ends, all three save the same finite centre, as good as their workers, and the launcher
+    exits 0 leaving no process and no shared memory."""
     from platoon import load_centre
     stop, logs = tmp_path / "stop", tmp_path / "logs"
     a, b, c = names = ["127.0.0.1-%d" % i for i in (1, 2, 3)]
     n = {name: re.escape(name) for name in names}
     launcher = Proc(["-m", "platoon.launch.cli", WORKER, "--hosts"] + ["127.0.0.1"] * 3 + [
-        "--elastic", "-n", "1", "--min-nodes", "2", "--heartbeat-timeout-s", str(TIMEOUT_S),
+        "--elastic", "-n", "1", "--min-nodes", "2", "--heartbeat-timeout-s", str(HEARTBEAT_S),
         "--tie-every-s", "0.2"] + rule + [
         "--restart", "1", "--log-dir", str(logs), "--", "60", str(stop)],
         env={"ELASTIC_WORKER_EVALUATE": "1"})
@@ -109,9 +114,13 @@ def test_launcher_elastic_job_survives_a_kill_restarts_the_node_healed_ends_on_o
         went_on = [launcher.wait_for_match(r"\[node-%s\] .* WARNING: node %s: outer rounds go on "
                                            r"in quorum (\d+) \(%s, %s(, %s)?\), (\S+) s after a "
                                            r"round broke" % (n[x], n[x], n[a], n[b], n[c]),
-                                           TIMEOUT_S + GRACE_S + SLACK_S, index)[0]
+                                           GONE_S + GRACE_S + SLACK_S, index)[0]
                    for x in (a, b)]
         assert int(went_on[0].group(1)) > int(re.search(everyone, launcher.lines[index]).group(1))
+        told = r"\[node-(%s|%s)\] .* WARNING: node \S+: the data plane of %s \(quorum \d+\) no " \
+            r"longer answers: told the lighthouse" % (n[a], n[b], n[c])
+        assert any(re.match(told, line or "") for line in launcher.lines[index:]), \
+            launcher.output
         healed, _ = launcher.wait_for_match(
             r"\[node-%s.restart1\] .* WARNING: node %s: healed from (\S+) in quorum (\d+) "
             r"\(outer round (\d+)\), (\S+) s after its start" % (n[c], n[c]), 30, index)

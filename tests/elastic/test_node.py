@@ -9,7 +9,6 @@ import signal
 import numpy as np
 
 from elastic_helpers import SLACK_S, _c_is_dropped_and_rejoins_repaired, quorum_of
-from helpers import wait_until
 
 
 def test_a_stopped_node_is_dropped_the_others_go_on_and_it_rejoins_repaired(job, tmp_path):
@@ -23,34 +22,6 @@ def test_a_stopped_node_is_dropped_the_others_go_on_and_it_rejoins_repaired(job,
     _c_is_dropped_and_rejoins_repaired(
         lighthouse, nodes, stop, tmp_path, lambda: os.killpg(nodes["c"].pid, signal.SIGSTOP),
         lambda: os.killpg(nodes["c"].pid, signal.SIGCONT))
-
-
-def test_a_killed_node_is_out_once_silent_for_a_second_not_after_the_heartbeat_timeout(
-        job, tmp_path):
-    """Node c (controller and worker) is killed -9 under a 30 s heartbeat timeout and a 20 s
-    round timeout: the round that a and b make next breaks on its closed data plane, they
-    report it gone, and the lighthouse drops it once it has been silent for a second: a and b
-    go on in a quorum of two within seconds (not after either timeout) and end on one saved
-    centre."""
-    from platoon import load_centre
-    lighthouse = job.lighthouse(min_nodes=2, heartbeat_timeout_s=30)
-    stop = tmp_path / "stop"
-    nodes = {name: job.runner(name, 60, stop, checkpoint=tmp_path / (name + ".npz"),
-                              node_args=["--tie-timeout-s", "20"])
-             for name in ("a", "b", "c")}
-    nodes["c"].wait_for_match(r".* WARNING: node c: first contributing round", 30)
-    _, index = quorum_of(lighthouse, ["a", "b", "c"])
-    os.killpg(nodes["c"].pid, signal.SIGKILL)
-    quorum_of(lighthouse, ["a", "b"], index + 1, timeout=5 + SLACK_S)
-    told = re.compile(r".* WARNING: node [ab]: the data plane of c \(quorum \d+\) no longer "
-                      r"answers: told the lighthouse")
-    wait_until(lambda: any(told.match(line or "") for n in "ab" for line in nodes[n].lines),
-               5, "a or b to say it told the lighthouse c is gone")
-    stop.write_text("")
-    for name in "ab":
-        assert nodes[name].wait(30) == 0, nodes[name].output
-    centres = [load_centre(str(tmp_path / (n + ".npz")))["param_0"] for n in "ab"]
-    assert np.array_equal(centres[0], centres[1]) and np.isfinite(centres[0]).all()
 
 
 def test_joiners_with_another_codec_or_model_are_refused_alone_and_the_others_end_on_one_centre(
