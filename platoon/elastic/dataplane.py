@@ -15,9 +15,10 @@ whatever the quorum's size.
 
 import datetime
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -33,13 +34,15 @@ from ..node.compress import (
 )
 from .quorum import Quorum
 from .secret import sign_move, verify
-from .store import StoreClient, StoreServer  # noqa: F401 (StoreServer: the node's, here too)
+from .store import KeysNotSet, StoreClient, StoreServer  # noqa: F401 (StoreServer: here too)
 
 # Below this many elements per member a mean goes as one all-gather of whole messages (the
 # reduce-scatter's chunks would be smaller than a codec's block).
 MIN_CHUNK = BLOCK
 MAC_BYTES = 32  # each message of a mean is signed (`secret.sign_move`)
 ALL = -1  # a message's receiver when it goes to every member
+ABANDON_POLL_S = 0.25  # a group waiting for its members to meet asks this often to go on
+T = TypeVar("T")
 
 
 def chunk_bounds(n: int, parts: int, align: int = BLOCK) -> List[int]:
@@ -66,9 +69,30 @@ def _split(address: str) -> Tuple[str, int]:
     return host, int(port)
 
 
-def _rendezvous_store(client: StoreClient) -> Any:  # (Any: torch is not followed, setup.cfg)
+def _patiently(call: Callable[[float], T], timeout_s: float,
+               abandon: Optional[Callable[[], Optional[str]]]) -> T:
+    """`call(wait_s)` (a store's get or wait) within `timeout_s` in all; when `abandon` is
+    given, in waits of ABANDON_POLL_S, asking it between two whether to give up (its reason;
+    KeysNotSet saying it), as a group forming does."""
+    if abandon is None:
+        return call(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return call(max(0.001, min(left, ABANDON_POLL_S)))
+        except KeysNotSet:
+            if left <= ABANDON_POLL_S:
+                raise
+        why = abandon()
+        if why:
+            raise KeysNotSet("gave the group up: %s" % why)
+
+
+def _rendezvous_store(client: StoreClient,  # (Any: torch is not followed, setup.cfg)
+                      abandon: Optional[Callable[[], Optional[str]]] = None) -> Any:
     """`client` as a torch.distributed store, for gloo's rendezvous (it sets, waits for and
-    gets its members' addresses; nothing else is served)."""
+    gets its members' addresses; nothing else is served); `abandon`: see `_patiently`."""
     _, dist = load_torch()
 
     class Rendezvous(dist.Store):  # type: ignore[name-defined]  # (torch is not followed)
@@ -83,10 +107,11 @@ def _rendezvous_store(client: StoreClient) -> Any:  # (Any: torch is not followe
             client.set(key, value.encode() if isinstance(value, str) else bytes(value))
 
         def get(self, key: str) -> bytes:
-            return client.get(key, self.timeout_s)
+            return _patiently(lambda wait_s: client.get(key, wait_s), self.timeout_s, abandon)
 
         def wait(self, keys: List[str], timeout: Optional[datetime.timedelta] = None) -> None:
-            client.wait(keys, self.timeout_s if timeout is None else timeout.total_seconds())
+            _patiently(lambda wait_s: client.wait(keys, wait_s),
+                       self.timeout_s if timeout is None else timeout.total_seconds(), abandon)
 
         def check(self, keys: List[str]) -> bool:
             return client.check(keys)
@@ -131,9 +156,12 @@ class QuorumGroup:
     """This node's gloo group for `quorum` (it must hold `name`), reached through the store
     at the quorum's rank 0, which must hold the job's `secret` as this node does; every
     collective waits at most `timeout_s`. Raises QuorumBroken when the group cannot be
-    formed in time (or the store there is not the job's)."""
+    formed in time (or the store there is not the job's), or once `abandon()`, asked every
+    ABANDON_POLL_S while it waits for its members to meet, gives a reason to stop waiting
+    (a newer quorum, a member gone)."""
 
-    def __init__(self, quorum: Quorum, name: str, timeout_s: float = 30.0, *, secret: bytes):
+    def __init__(self, quorum: Quorum, name: str, timeout_s: float = 30.0, *, secret: bytes,
+                 abandon: Optional[Callable[[], Optional[str]]] = None):
         if not timeout_s > 0:
             raise ValueError("timeout_s must be > 0 seconds, got %r" % (timeout_s,))
         self.quorum, self.name, self.timeout_s = quorum, name, timeout_s
@@ -146,7 +174,7 @@ class QuorumGroup:
         own_host, _ = _split(quorum.addresses[self.rank])
         client = StoreClient(quorum.store_address, secret, timeout_s)
         try:
-            store = _rendezvous_store(client)
+            store = _rendezvous_store(client, abandon)
             prefixed = dist.PrefixStore(store_prefix(quorum), store)
             # gloo's options are private in torch's Python API (torchft sets them alike): the
             # device binds the interface this node gave the lighthouse, not the hostname's

@@ -47,6 +47,10 @@ class StoreError(PlatoonError, ConnectionError):
     """The data plane's store refused a request, or could not be reached or trusted."""
 
 
+class KeysNotSet(StoreError):
+    """A `get` or `wait` of the data plane's store ended before its keys were set."""
+
+
 @dataclass(frozen=True)
 class StoreLimits:
     """What a node's store holds and serves: at most `max_keys` entries and `max_bytes` of
@@ -432,21 +436,22 @@ class StoreClient:
         self._request(_SET, [key.encode(), bytes(value)])
 
     def get(self, key: str, timeout_s: Optional[float] = None) -> bytes:
-        """`key`'s value, once it is set (within `timeout_s`, default the client's)."""
+        """`key`'s value, once it is set (within `timeout_s`, default the client's; else
+        KeysNotSet)."""
         wait_s = self.timeout_s if timeout_s is None else timeout_s
         status, out = self._request(_GET, [_SECONDS.pack(wait_s), key.encode()], wait_s)
         if status != _OK:
-            raise StoreError("the data plane's store at %s: key %r not set within %.3g s"
+            raise KeysNotSet("the data plane's store at %s: key %r not set within %.3g s"
                              % (self.address, key, wait_s))
         return out[0]
 
     def wait(self, keys: Sequence[str], timeout_s: Optional[float] = None) -> None:
-        """Return once every one of `keys` is set; StoreError after `timeout_s`."""
+        """Return once every one of `keys` is set; KeysNotSet after `timeout_s`."""
         wait_s = self.timeout_s if timeout_s is None else timeout_s
         status, _ = self._request(_WAIT, [_SECONDS.pack(wait_s)]
                                   + [k.encode() for k in keys], wait_s)
         if status != _OK:
-            raise StoreError("the data plane's store at %s: keys %s not set within %.3g s"
+            raise KeysNotSet("the data plane's store at %s: keys %s not set within %.3g s"
                              % (self.address, ", ".join(keys), wait_s))
 
     def check(self, keys: Sequence[str]) -> bool:

@@ -4,9 +4,10 @@ quorum's gloo group (`QuorumGroup`), as `ElasticMembership` says: headers signed
 secret over the quorum's id and nonce and the member's rank, a round that breaks dropped (the
 node waits for a quorum newer than the broken one and builds its group; the header of its first
 round repairs whatever anchors differ), a member whose data plane cannot be reached reported
-to the lighthouse, and a done node whose group makes no round for `final_timeout_s` (the
-others gone, too few nodes for a quorum, the lighthouse gone for good) giving the final round
-up and keeping its own centre (the last anchor, once handed over).
+to the lighthouse (gone, when a round broke or a group waited for it: out once silent; left
+out, when a group could not form), and a done node whose group makes no round for
+`final_timeout_s` (the others gone, too few nodes for a quorum, the lighthouse gone for good)
+giving the final round up and keeping its own centre (the last anchor, once handed over).
 """
 
 import logging
@@ -32,6 +33,10 @@ if TYPE_CHECKING:
     from .dataplane import QuorumGroup
 
 log = logging.getLogger(__name__)
+# A group forming that has waited this long for its members tries their data planes (once):
+# longer than a group of members all alive takes to meet (a member ending a round of its
+# old group comes a round later: then it answers).
+GONE_PROBE_AFTER_S = 1.0
 
 
 def _quorum_of(group: Group) -> Quorum:
@@ -84,7 +89,7 @@ class ElasticMembership:
         self._waiting_since = time.monotonic()  # a group that cannot form: as a broken one
         try:
             group = QuorumGroup(quorum, self.name, self.timeout_s,
-                                secret=self._lighthouse.secret)
+                                secret=self._lighthouse.secret, abandon=self._forming(quorum))
         except QuorumBroken as exc:
             log.warning("%s", exc)
             unreachable = unreachable_members(quorum, self.name)
@@ -100,6 +105,36 @@ class ElasticMembership:
                  ", ".join(quorum.members))
         return group
 
+    def _forming(self, quorum: Quorum) -> Callable[[], Optional[str]]:
+        """What a group of `quorum` forming asks while it waits for its members: a reason to
+        give it up once a newer quorum is heard of (the lighthouse dropped a member that
+        never came), or None to wait on. After GONE_PROBE_AFTER_S of waiting it tries the
+        members' data planes once and reports those that no longer answer as gone, as a
+        broken round does: a member that died after the quorum was issued is then out within
+        seconds, not after the heartbeat timeout (the group's, `timeout_s`, before)."""
+        probe_at = time.monotonic() + GONE_PROBE_AFTER_S
+
+        def abandon() -> Optional[str]:
+            nonlocal probe_at
+            newest = self._lighthouse.current_quorum()
+            if newest is not None and newest.id > quorum.id:
+                return "quorum %d came" % newest.id
+            if time.monotonic() >= probe_at:
+                probe_at = float("inf")
+                self._report_gone(quorum)
+            return None
+        return abandon
+
+    def _report_gone(self, quorum: Quorum) -> None:
+        """Tell the lighthouse which members of `quorum` no longer answer on their data plane
+        (perhaps dead: out once silent too, not after the heartbeat timeout)."""
+        from .dataplane import unreachable_members
+        gone = unreachable_members(quorum, self.name)
+        if gone:
+            log.warning("node %s: the data plane of %s (quorum %d) no longer answers: told the "
+                        "lighthouse", self.name, ", ".join(gone), quorum.id)
+        self._lighthouse.report_gone(gone, quorum.id)
+
     def newest_quorum(self) -> int:
         newest = self._lighthouse.current_quorum()
         return 0 if newest is None else newest.id
@@ -114,13 +149,8 @@ class ElasticMembership:
         """A round broke: tell the lighthouse which members' data plane no longer answers
         (perhaps dead: out once silent too, not after the heartbeat timeout), then wait for a
         newer quorum (its id asked for after `timeout_s`)."""
-        from .dataplane import unreachable_members
         if group is not None:
-            gone = unreachable_members(_quorum_of(group), self.name)
-            if gone:
-                log.warning("node %s: the data plane of %s (quorum %d) no longer answers: told "
-                            "the lighthouse", self.name, ", ".join(gone), group.quorum.id)
-            self._lighthouse.report_gone(gone, group.quorum.id)
+            self._report_gone(_quorum_of(group))
         self._waiting_since = time.monotonic()
 
     def close(self) -> None:

@@ -188,6 +188,61 @@ def test_a_group_whose_member_never_comes_is_broken_within_its_timeout():
         assert time.monotonic() - started < 1.0 + SLACK_S
 
 
+def test_a_group_forming_is_given_up_once_its_abandon_gives_a_reason():
+    """A group whose member never comes, with a 30 s timeout: `abandon`, asked while it
+    waits (every ABANDON_POLL_S), gives a reason the second time (a newer quorum came): the
+    group is given up then, saying why, not after its timeout."""
+    from platoon.elastic import QuorumGroup, StoreServer
+    from platoon.elastic.dataplane import ABANDON_POLL_S, load_torch
+    load_torch()  # (before the clock starts)
+    with StoreServer("127.0.0.1", secret=SECRET) as store:
+        quorum = Quorum(5, ("a", "ghost"), (store.address, "127.0.0.1:1"))
+        asked = []
+
+        def abandon():
+            asked.append(time.monotonic())
+            return "quorum 6 came" if len(asked) == 2 else None
+
+        started = time.monotonic()
+        with pytest.raises(QuorumBroken, match=r"forming the group failed within 30 s \("
+                                               r"KeysNotSet: gave the group up: quorum 6 came"):
+            QuorumGroup(quorum, "a", timeout_s=30.0, secret=SECRET, abandon=abandon)
+        assert len(asked) == 2 and time.monotonic() - started < 2 * ABANDON_POLL_S + SLACK_S
+
+
+def test_a_member_dead_before_its_group_forms_is_out_within_seconds(job, tmp_path):
+    """c (a process heartbeating, its data plane never up) is in quorum (a, c), then killed
+    -9 before a forms that quorum's group, under 30 s heartbeat and round timeouts: a,
+    waiting for c, tries its data plane after a second, reports it gone, the lighthouse
+    counts it out once silent, and a gives the group up for the newer quorum of itself
+    alone, within seconds."""
+    from platoon.elastic import LighthouseClient, StoreServer, load_secret
+    from platoon.elastic.tie import ElasticMembership
+    lighthouse = job.lighthouse(min_nodes=1, heartbeat_timeout_s=30)
+    c = job.node("c")
+    secret = load_secret(str(tmp_path / "secret"))
+    with StoreServer("127.0.0.1", secret=secret) as store:
+        membership = ElasticMembership(
+            lambda: LighthouseClient(job.address, "a", store.address, secret=secret), "a",
+            timeout_s=30.0)
+        membership.connect()
+        try:
+            both = membership.client.wait_for_quorum(timeout_s=5 + SLACK_S)
+            while both.members != ("a", "c"):
+                both = membership.client.wait_for_quorum(timeout_s=5 + SLACK_S,
+                                                         newer_than=both.id)
+            c.kill()  # -9: silent from now on
+            started = time.monotonic()
+            group = None
+            while group is None and time.monotonic() - started < 8 + SLACK_S:
+                group = membership.next_group(threading.Event())
+            assert group is not None and group.quorum.members == ("a",), lighthouse.output
+            assert time.monotonic() - started < 8 + SLACK_S
+            group.close()
+        finally:
+            membership.close()
+
+
 @pytest.mark.parametrize("n", [20_000, 10], ids=["reduce-scatter", "one-all-gather"])
 def test_a_move_altered_on_its_way_breaks_the_round_before_anything_is_averaged(quorum_of, n):
     """Every message of a mean is signed with the job's secret for its receiver and this mean:
