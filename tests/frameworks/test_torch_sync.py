@@ -855,8 +855,10 @@ def test_a_script_run_by_itself_is_a_one_worker_job(whole_run):
 
 def test_a_resumed_job_continues_the_curve(procs, tmp_path, whole_run):
     whole, _, ckpt = whole_run  # saved at step 16, and went on to 30
-    resumed, _ = run_alone(procs, tmp_path, "resumed", 30, "--resume", ckpt)
-    centre_only, _ = run_alone(procs, tmp_path, "centre", 30, "--resume", ckpt, "--centre-only")
+    resumed, _ = run_alone(procs, tmp_path, "resumed", 30, "--resume", ckpt,
+                           "--then-centre-only", tmp_path / "centre.json")  # one process
+    with open(tmp_path / "centre.json") as f:
+        centre_only = json.load(f)
     later = {k: v for k, v in whole["losses"].items() if int(k) >= 16}
     assert sorted(resumed["losses"], key=int) == sorted(later, key=int)  # steps 16..29
     for step, loss in later.items():

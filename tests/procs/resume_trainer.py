@@ -1,12 +1,15 @@
 """An ordinary training script made a platoon job, run by itself (no launcher, no port: a
 one-worker job) and resumed from its own checkpoint. usage:
 resume_trainer.py STEPS OUT [--save-at N CKPT] [--resume CKPT] [--centre-only]
+                  [--then-centre-only OUT2]
 
 SGD with momentum, a StepLR schedule, PeriodicSync every 3 steps. --save-at writes a
 checkpoint after step N (and goes on): the centre, this worker's weights, PeriodicSync's and
 the scheduler's state. --resume restores them all and goes on to STEPS; with --centre-only it
 restores the centre only (what a resume gave before). OUT gets {"losses": {step: loss},
-"final": ...}.
+"final": ...}. --then-centre-only: after the --resume run, a second one-worker job in this
+process, resumed from the same checkpoint with --centre-only, writes OUT2 (a torch process
+fewer in the suite).
 """
 
 import argparse
@@ -31,8 +34,18 @@ def main():
     parser.add_argument("--save-at", nargs=2, metavar=("N", "CKPT"))
     parser.add_argument("--resume")
     parser.add_argument("--centre-only", action="store_true")
+    parser.add_argument("--then-centre-only", metavar="OUT2")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    train(args)
+    if args.then_centre_only:
+        train(argparse.Namespace(**dict(vars(args), out=args.then_centre_only, centre_only=True,
+                                        save_at=None)))
+    print("DONE", flush=True)
+
+
+def train(args):
+    """One run, a one-worker job of its own."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -67,10 +80,10 @@ def main():
                 torch.save({"centre": sync.centre_state_dict(), "model": model.state_dict(),
                             "sync": sync.state_dict(), "scheduler": scheduler.state_dict()},
                            args.save_at[1])
+    w.close()
     with open(args.out, "w") as f:
         json.dump({"losses": losses, "final": sync.final_result, "worker": w.worker_id,
                    "num_workers": w.num_workers}, f)
-    print("DONE", flush=True)
 
 
 if __name__ == "__main__":
