@@ -4,6 +4,7 @@ and Worker.device, with real controllers, workers, sockets and shared memory."""
 import json
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -617,7 +618,14 @@ def test_average_gradients_takes_cuda_tensors(two_workers):
 def test_torch_is_imported_only_for_periodic_sync():
     from helpers import loaded_after
     assert "torch" not in loaded_after("import platoon, platoon.worker\nplatoon.Worker")
-    assert "torch" in loaded_after("import platoon\nplatoon.PeriodicSync")
+    # PeriodicSync imports torch as it is first used: with torch's import refused (its ~1.5 s
+    # of CPU spared), using it fails on that import
+    code = ("import sys\nsys.modules['torch'] = None\nimport platoon\ntry:\n"
+            "    platoon.PeriodicSync\nexcept ImportError as e:\n    print('NEEDS', e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and re.search(r"^NEEDS .*\btorch\b", out.stdout), \
+        out.stdout + out.stderr
 
 
 def test_device_keeps_its_name_and_gives_torch_the_one_it_knows(monkeypatch):
