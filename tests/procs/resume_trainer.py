@@ -1,15 +1,16 @@
 """An ordinary training script made a platoon job, run by itself (no launcher, no port: a
 one-worker job) and resumed from its own checkpoint. usage:
 resume_trainer.py STEPS OUT [--save-at N CKPT] [--resume CKPT] [--centre-only]
-                  [--then-centre-only OUT2]
+                  [--then-resume OUT2 OUT3]
 
 SGD with momentum, a StepLR schedule, PeriodicSync every 3 steps. --save-at writes a
 checkpoint after step N (and goes on): the centre, this worker's weights, PeriodicSync's and
 the scheduler's state. --resume restores them all and goes on to STEPS; with --centre-only it
 restores the centre only (what a resume gave before). OUT gets {"losses": {step: loss},
-"final": ...}. --then-centre-only: after the --resume run, a second one-worker job in this
-process, resumed from the same checkpoint with --centre-only, writes OUT2 (a torch process
-fewer in the suite).
+"final": ...}. --then-resume (with --save-at): after this run, one resumed from its checkpoint
+(--resume CKPT) writes OUT2, then one resumed from it with --centre-only writes OUT3: each a
+one-worker job of its own, in this process (two torch processes fewer in the suite), each
+after a line "THEN resumed" or "THEN centre only".
 """
 
 import argparse
@@ -34,13 +35,14 @@ def main():
     parser.add_argument("--save-at", nargs=2, metavar=("N", "CKPT"))
     parser.add_argument("--resume")
     parser.add_argument("--centre-only", action="store_true")
-    parser.add_argument("--then-centre-only", metavar="OUT2")
+    parser.add_argument("--then-resume", nargs=2, metavar=("OUT2", "OUT3"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     train(args)
-    if args.then_centre_only:
-        train(argparse.Namespace(**dict(vars(args), out=args.then_centre_only, centre_only=True,
-                                        save_at=None)))
+    for out, centre_only in zip(args.then_resume or (), (False, True)):
+        print("THEN %s" % ("centre only" if centre_only else "resumed"), flush=True)
+        train(argparse.Namespace(**dict(vars(args), out=out, save_at=None,
+                                        resume=args.save_at[1], centre_only=centre_only)))
     print("DONE", flush=True)
 
 
