@@ -45,10 +45,10 @@ def moved(tmp_path_factory):
             assert not serving.is_alive(), "a controller still serves"
     finally:
         worker.kill()
+        for ctl in ctls.values():
+            ctl.close()  # (a serve() still waiting for its worker returns first)
         for serving in servings:
             serving.join(30)
-        for ctl in ctls.values():
-            ctl.close()
     reports = {}
     for overlap in (False, True):
         with open(tmp_path / ("%d.json" % overlap)) as f:
