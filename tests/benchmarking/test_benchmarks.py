@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, needs
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
@@ -31,9 +31,8 @@ def test_committed_results_render_to_the_committed_pages():
 
 
 @pytest.mark.slow  # several seconds: torch's import, then two short runs in forked processes
+@needs("torch", "sklearn", reason="the benchmark needs torch and scikit-learn (its digits)")
 def test_smallest_configuration_runs_end_to_end(tmp_path):
-    pytest.importorskip("torch")
-    pytest.importorskip("sklearn")
     env = dict(os.environ, PYTHONPATH=ROOT)
     cmd = [sys.executable, "-m", "benchmarks.time_to_accuracy", "--quick", "--datasets",
            "digits", "--methods", "single,platoon_downpour_nesterov", "--straggler-reps", "0",

@@ -4,6 +4,7 @@ and Worker.device, with real controllers, workers, sockets and shared memory."""
 import json
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -617,7 +618,14 @@ def test_average_gradients_takes_cuda_tensors(two_workers):
 def test_torch_is_imported_only_for_periodic_sync():
     from helpers import loaded_after
     assert "torch" not in loaded_after("import platoon, platoon.worker\nplatoon.Worker")
-    assert "torch" in loaded_after("import platoon\nplatoon.PeriodicSync")
+    # PeriodicSync imports torch as it is first used: with torch's import refused (its ~1.5 s
+    # of CPU spared), using it fails on that import
+    code = ("import sys\nsys.modules['torch'] = None\nimport platoon\ntry:\n"
+            "    platoon.PeriodicSync\nexcept ImportError as e:\n    print('NEEDS', e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and re.search(r"^NEEDS .*\btorch\b", out.stdout), \
+        out.stdout + out.stderr
 
 
 def test_device_keeps_its_name_and_gives_torch_the_one_it_knows(monkeypatch):
@@ -815,48 +823,40 @@ def test_the_centre_in_a_call_and_in_a_state_dict(one_worker, tmp_path):
 
 # -- one script, alone or in a job; a full resume --
 
-def run_alone(procs, tmp_path, name, *args):
-    """Run resume_trainer.py by itself (no launcher variables); its JSON output and output."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PLATOON_")}
-    out = str(tmp_path / (name + ".json"))
-    proc = procs("resume_trainer.py", *args[:1], out, *args[1:], env=env)
-    assert proc.wait(90) == 0, proc.output
-    with open(out) as f:
-        return json.load(f), proc.output
-
-
 @pytest.fixture(scope="module")
 def whole_run(tmp_path_factory):
-    """resume_trainer.py run by itself for 30 steps, saving a checkpoint at step 16 and going
-    on: (its JSON output, its output, the checkpoint's path). Run once for the two tests below
-    (a torch process fewer in the suite)."""
-    tmp_path, started = tmp_path_factory.mktemp("whole"), []
-
-    def start(script, *args, env=None):
-        started.append(Proc([os.path.join(PROCS, script)] + [str(a) for a in args], env=env))
-        return started[-1]
-
-    ckpt = str(tmp_path / "ckpt.pt")
+    """resume_trainer.py run by itself (no launcher variables) for 30 steps, saving a
+    checkpoint at step 16 and going on; then, in the same process, a run resumed from that
+    checkpoint and one resumed with the centre only, each a one-worker job of its own:
+    (the three runs' JSON outputs, the process's output). Run once for the two tests below
+    (one torch process where there were three)."""
+    tmp_path = tmp_path_factory.mktemp("whole")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLATOON_")}
+    outs = [str(tmp_path / (name + ".json")) for name in ("whole", "resumed", "centre")]
+    proc = Proc([os.path.join(PROCS, "resume_trainer.py"), "30", outs[0], "--save-at", "16",
+                 str(tmp_path / "ckpt.pt"), "--then-resume", outs[1], outs[2]], env=env)
     try:
-        whole, output = run_alone(start, tmp_path, "whole", 30, "--save-at", 16, ckpt)
+        assert proc.wait(120) == 0, proc.output
     finally:
-        for proc in started:
-            proc.kill()
-    return whole, output, ckpt
+        proc.kill()
+    runs = []
+    for out in outs:
+        with open(out) as f:
+            runs.append(json.load(f))
+    return runs, proc.output
 
 
 def test_a_script_run_by_itself_is_a_one_worker_job(whole_run):
-    report, output, _ = whole_run
+    (report, _, _), output = whole_run
     assert (report["worker"], report["num_workers"]) == (0, 1)
     assert len(report["losses"]) == 30
     assert report["final"]["loss"] > 0  # the final evaluation ran on its one worker
-    assert output.count("running as a one-worker job") == 1, output
+    alone = output[:output.index("THEN resumed")]  # (the runs resumed after it, apart)
+    assert alone.count("running as a one-worker job") == 1, output
 
 
-def test_a_resumed_job_continues_the_curve(procs, tmp_path, whole_run):
-    whole, _, ckpt = whole_run  # saved at step 16, and went on to 30
-    resumed, _ = run_alone(procs, tmp_path, "resumed", 30, "--resume", ckpt)
-    centre_only, _ = run_alone(procs, tmp_path, "centre", 30, "--resume", ckpt, "--centre-only")
+def test_a_resumed_job_continues_the_curve(whole_run):
+    (whole, resumed, centre_only), _ = whole_run  # saved at step 16, and went on to 30
     later = {k: v for k, v in whole["losses"].items() if int(k) >= 16}
     assert sorted(resumed["losses"], key=int) == sorted(later, key=int)  # steps 16..29
     for step, loss in later.items():

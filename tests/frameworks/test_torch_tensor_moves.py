@@ -3,7 +3,9 @@
 real controller and worker processes."""
 
 import json
+import os
 import re
+import threading
 
 import numpy as np
 import pytest
@@ -15,33 +17,53 @@ from torch import nn  # noqa: E402
 
 from platoon import PeriodicSync  # noqa: E402
 
-from helpers import Nothing  # noqa: E402
+from helpers import PROCS, Nothing, Proc  # noqa: E402
+
+MOVES = ["share_memory", "data", "set"]
 
 
-def run_worker(serve, procs, tmp_path, changes, overlap):
-    """torch_move_worker.py making `changes` in turn; its report, a dict per change."""
-    ctl = Nothing(control_port=0)
-    serving = serve(ctl, timeout=60)
-    out = str(tmp_path / "report.json")
-    worker = procs("torch_move_worker.py", ctl.control_port, ",".join(changes), int(overlap),
-                   out)
-    code = worker.wait(60)
-    assert code == 0, "worker exited with %s:\n%s" % (code, worker.output)
-    serving.join()
-    with open(out) as f:
-        return json.load(f)
+@pytest.fixture(scope="module")
+def moved(tmp_path_factory):
+    """One torch_move_worker.py process (torch's import is most of its time) making the MOVES
+    and then model.double() in turn, the only worker of a job, syncing in place; then the
+    same in a second job, overlapped: {False: the first job's report, True: the second's}, a
+    dict per change."""
+    tmp_path = tmp_path_factory.mktemp("moves")
+    ctls = {overlap: Nothing(control_port=0) for overlap in (False, True)}
+    servings = [threading.Thread(target=ctl.serve, kwargs={"timeout_s": 60}, daemon=True)
+                for ctl in ctls.values()]
+    for serving in servings:
+        serving.start()
+    args = [ctls[False].control_port, ",".join(MOVES + ["double"]), 0, tmp_path / "0.json",
+            ctls[True].control_port, 1, tmp_path / "1.json"]
+    worker = Proc([os.path.join(PROCS, "torch_move_worker.py")] + [str(a) for a in args])
+    try:
+        code = worker.wait(90)
+        assert code == 0, "worker exited with %s:\n%s" % (code, worker.output)
+        for serving in servings:
+            serving.join(30)
+            assert not serving.is_alive(), "a controller still serves"
+    finally:
+        worker.kill()
+        for ctl in ctls.values():
+            ctl.close()  # (a serve() still waiting for its worker returns first)
+        for serving in servings:
+            serving.join(30)
+    reports = {}
+    for overlap in (False, True):
+        with open(tmp_path / ("%d.json" % overlap)) as f:
+            reports[overlap] = json.load(f)
+    return reports
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["in_place", "overlapped"])
-def test_moved_tensors_keep_syncing_and_a_converted_model_is_refused(serve, procs, tmp_path,
-                                                                     overlap):
-    # One worker process (torch's import is most of the time) makes each change in turn.
+def test_moved_tensors_keep_syncing_and_a_converted_model_is_refused(moved, overlap):
+    # One worker process makes each change in turn, in a job of its own for each overlap.
     # Before: share_memory() freed the storage the adapter's numpy views pointed at (the
     # worker died of SIGSEGV at its next sync); `.data =` and `set_()` left the views on the
     # old storage, so the model silently stopped syncing.
-    moves = ["share_memory", "data", "set"]
-    report = run_worker(serve, procs, tmp_path, moves + ["double"], overlap)
-    for syncs, how in enumerate(moves, start=2):
+    report = moved[overlap]
+    for syncs, how in enumerate(MOVES, start=2):
         assert "error" not in report[how], (how, report)
         assert report[how]["syncs"] == syncs, (how, report)
         # Every parameter was 0.1 away from the centre; EASGD(0.5) met half-way.

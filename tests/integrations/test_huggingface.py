@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT, Nothing, Proc, needs
+from helpers import PROCS, ROOT, Nothing, Proc, needs
 
 pytestmark = needs("transformers", reason="the Trainer tests need transformers: pip install "
                                           "-e '.[huggingface]'")
@@ -72,21 +72,38 @@ def test_two_trainer_workers_sync_every_k_real_optimizer_steps_and_evaluate_the_
     assert [by_path["output_dir"], by_last["output_dir"]] == [r["output_dir"] for r in runs]
 
 
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory):
+    """One Trainer process run alone (no controller: one-worker jobs) for the three tests
+    below, a transformers import each fewer: a run that saves a checkpoint at step 3 of 6
+    (sync_every 2) and stops there, a fresh Trainer resumed from it to step 6, one
+    uninterrupted run of 6 steps; then one of 4 steps with the GradScaler skipping step 2
+    (sync_every 1), in its own output directory; and own_output_dir's answers. {"runs": the
+    four runs' reports, "out": the output directory, "cases": own_output_dir's}."""
+    tmp_path = tmp_path_factory.mktemp("alone")
+    proc = Proc([os.path.join(PROCS, "hf_worker.py")] + [str(a) for a in (
+        tmp_path / "runs.json", tmp_path / "out", "--steps", 6, "--stop-at", 3,
+        "--save-steps", 3, "--every", 2, "--then-resume", 6, "--uninterrupted",
+        "--then-scaler", 4, 2, "--own-output-dir", tmp_path / "cases.json")])
+    try:
+        assert proc.wait(120) == 0, proc.output
+    finally:
+        proc.kill()
+    return {"runs": run(tmp_path / "runs.json"), "out": tmp_path / "out",
+            "cases": run(tmp_path / "cases.json")}
+
+
 @pytest.mark.slow  # a Trainer process: importing transformers takes ~4 s of CPU
-def test_resume_from_checkpoint_continues_platoons_sync_phase(procs, tmp_path):
+def test_resume_from_checkpoint_continues_platoons_sync_phase(alone):
     """A script run alone saves a checkpoint at step 3 of 6 and stops there (sync_every 2:
     synced at step 2); a fresh Trainer resumed from it goes on at step 3: it syncs at steps 4
     and 6, as the uninterrupted run would (counting again from 0 it would sync at 2 only, by
     its step 6), and its training loss at steps 4-6 is the uninterrupted run's. Alone, the
     Trainer evaluates once, the script's own evaluate(): a job of one worker has no centre
     to evaluate apart from its model."""
-    out = tmp_path / "runs.json"
-    proc = procs("hf_worker.py", out, tmp_path / "out", "--steps", 6, "--stop-at", 3,
-                 "--save-steps", 3, "--every", 2, "--then-resume", 6, "--uninterrupted")
-    assert proc.wait(90) == 0, proc.output
-    first, resumed, whole = run(out)
+    first, resumed, whole = alone["runs"][:3]
     assert (first["platoon_steps"], first["syncs"]) == (3, 1), first
-    with open(tmp_path / "out" / "checkpoint-3" / "trainer_state.json") as f:
+    with open(alone["out"] / "checkpoint-3" / "trainer_state.json") as f:
         assert json.load(f)["stateful_callbacks"]["platoon"] == {"platoon_steps": 3}
     assert (resumed["global_step"], resumed["platoon_steps"], resumed["syncs"]) == (6, 6, 2), \
         resumed
@@ -100,17 +117,13 @@ def test_resume_from_checkpoint_continues_platoons_sync_phase(procs, tmp_path):
 
 
 @pytest.mark.slow  # a Trainer process: importing transformers takes ~4 s of CPU
-def test_a_step_the_grad_scaler_skips_is_not_counted(procs, tmp_path):
+def test_a_step_the_grad_scaler_skips_is_not_counted(alone):
     """accelerate's mixed-precision path with torch's GradScaler; the gradients of step 2 are
     infinite, so the scaler skips it: 4 Trainer steps are 3 optimizer steps and 3 syncs
     (sync_every 1). The Trainer's fused AdamW is called even then (it skips the update
     itself, told by the scaler's found_inf), and its post-step hook fires: counting those
     calls gave 4."""
-    out = tmp_path / "run.json"
-    proc = procs("hf_worker.py", out, tmp_path / "out", "--steps", 4, "--every", 1,
-                 "--scaler", "--inf-at", 2)
-    assert proc.wait(90) == 0, proc.output
-    result = run(out)[0]
+    result = alone["runs"][3]
     assert (result["global_step"], result["platoon_steps"], result["syncs"]) == (4, 3, 3), result
     assert result["eval_loss"] < 4.1  # the infinite step was not applied
 
@@ -177,27 +190,16 @@ def test_the_docs_show_the_examples_diff_and_it_adds_at_most_three_lines():
     assert not any(line.startswith("-") for line in lines)
 
 
-def test_a_workers_output_dir_is_given_once_and_kept_through_a_replace():
+@pytest.mark.slow  # in the `alone` fixture's Trainer process
+def test_a_workers_output_dir_is_given_once_and_kept_through_a_replace(alone):
     """own_output_dir makes TrainingArguments' output_dir the worker's own once (arguments
     already made so, by huggingface_auto as they were made, are left as they are, and the
-    script's directory is still known); a job of one worker keeps its output_dir."""
-    import dataclasses
-    import types
-
-    from transformers import TrainingArguments
-
-    from platoon.integrations.huggingface import own_output_dir
-    from platoon.placement import Placement
-
-    second = types.SimpleNamespace(placement=Placement(1, 2, 1, 2))
-    args = TrainingArguments(output_dir="out", report_to="none")
-    assert own_output_dir(args, second) == "out" and args.output_dir == os.path.join(
-        "out", "worker1")
-    assert own_output_dir(args, second) == "out" and args.output_dir == os.path.join(
-        "out", "worker1")
-    moved = dataclasses.replace(args, output_dir="elsewhere")  # the script's own change
-    assert own_output_dir(moved, second) == "elsewhere" and moved.output_dir == os.path.join(
-        "elsewhere", "worker1")
-    alone = TrainingArguments(output_dir="out", report_to="none")
-    assert own_output_dir(alone, types.SimpleNamespace(placement=Placement(0, 1, 0, 1))) \
-        == "out" and alone.output_dir == "out"
+    script's directory is still known); a job of one worker keeps its output_dir. (Called in
+    the `alone` fixture's Trainer process: importing transformers here cost ~4 s of CPU.)"""
+    worker1 = os.path.join("out", "worker1")
+    assert alone["cases"] == [
+        ["out", worker1],  # made the second worker's own
+        ["out", worker1],  # once: not out/worker1/worker1
+        ["elsewhere", os.path.join("elsewhere", "worker1")],  # the script's replace
+        ["out", "out"],  # a job of one worker
+    ], alone["cases"]

@@ -8,10 +8,11 @@ import os
 import re
 import subprocess
 import sys
+import threading
 
 import pytest
 
-from helpers import ROOT, Nothing, needs
+from helpers import PROCS, ROOT, Nothing, Proc, needs
 
 pytestmark = needs("lightning", "pytorch_lightning", "jsonargparse",
                    reason="the Lightning tests need lightning and pytorch_lightning, and build "
@@ -24,9 +25,76 @@ def report(out):
         return json.load(f)
 
 
+# What `import platoon.integrations.lightning_auto` does to the Trainers made after it, checked
+# in the lightning worker's process once its jobs are done (--then-exec): a Lightning process
+# fewer in the suite (importing Lightning is most of one's ~6 s of CPU).
+ONE_IMPORT = """
+import lightning as L
+import pytorch_lightning as pl
+import platoon.integrations.lightning_auto
+from platoon.integrations.lightning import PlatoonStrategy
+for trainer in (L.Trainer(logger=False), L.Trainer(strategy="auto", logger=False),
+                pl.Trainer(logger=False)):
+    assert isinstance(trainer.strategy, PlatoonStrategy), trainer.strategy
+    assert type(trainer.strategy).package == trainer.__module__.split(".")[0], trainer.strategy
+kept = L.Trainer(strategy=PlatoonStrategy(sync_every=8), logger=False)
+assert kept.strategy.sync_every == 8
+print("OK", type(L.Trainer(strategy="single_device", logger=False).strategy).__name__)
+"""
+
+
+@pytest.fixture(scope="module")
+def lightning_job(tmp_path_factory):
+    """The two Lightning workers' job below, and the second job they rejoin, under
+    controllers serving in this process; then the `lightning` worker runs ONE_IMPORT:
+    {"ctl": the first job's controller (closed), "workers": their Procs (exited),
+    "tmp_path": their directory}. Run once for the tests that read it."""
+    tmp_path = tmp_path_factory.mktemp("lightning")
+    (tmp_path / "one_import.py").write_text(ONE_IMPORT)
+    ctl, again = Nothing(control_port=0, num_workers=2), Nothing(control_port=0, num_workers=2)
+    errors = []
+
+    def serve(controller, timeout):
+        try:
+            controller.serve(timeout_s=timeout)
+        except BaseException as exc:  # raised below
+            errors.append(exc)
+
+    servings = [threading.Thread(target=serve, args=(c, t), daemon=True)
+                for c, t in ((ctl, 90), (again, 120))]
+    for serving in servings:
+        serving.start()
+    env = {"PLATOON_CONTROL_PORT": str(ctl.control_port)}
+    job = ("--steps", 4, "--accum", 2, "--every", 2, "--save-at", 2, "--saves", "--rejoin",
+           again.control_port)
+    # each worker's index in both jobs, as the launcher gives it (its files are workerK's)
+    args = [[tmp_path / "w0.json", tmp_path, *job, "--cli", "--adam", "--then-exec",
+             tmp_path / "one_import.py"],
+            [tmp_path / "w1.json", tmp_path, *job, "--package", "pytorch_lightning",
+             "--ckpt-dir", tmp_path / "ckpts", "--refusals", "--then-alone"]]
+    workers = [Proc([os.path.join(PROCS, "lightning_worker.py")] + [str(a) for a in args[k]],
+                    env=dict(env, PLATOON_WORKER_INDEX=str(k))) for k in range(2)]
+    try:
+        for w in workers:
+            assert w.wait(120) == 0, w.output
+        for serving in servings:
+            serving.join(30)
+            assert not serving.is_alive(), "a controller still serves"
+        if errors:
+            raise errors[0]
+    finally:
+        for w in workers:
+            w.kill()
+        for controller in (ctl, again):
+            controller.close()  # (a serve() still waiting returns first)
+        for serving in servings:
+            serving.join(30)
+    return {"ctl": ctl, "workers": workers, "tmp_path": tmp_path}
+
+
 @pytest.mark.slow  # two Lightning processes (two jobs), ~30 s on a loaded 2-core machine
 def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoint_and_resume(
-        serve, procs, tmp_path):
+        lightning_job):
     """One job of two workers under a real controller, one on `lightning`, one on
     `pytorch_lightning`, accumulate_grad_batches 2:
     - 4 optimizer steps (8 batches) and sync_every 2 give 2 syncs each, not 4; the scheduler
@@ -60,21 +128,7 @@ def test_two_lightning_workers_count_real_steps_validate_on_the_centre_checkpoin
     - with two optimizers (manual optimization) the first one's steps are counted;
     - counting an optimizer past configure_optimizers' list is refused, and the worker made
       for that fit leaves its job."""
-    ctl, again = Nothing(control_port=0, num_workers=2), Nothing(control_port=0, num_workers=2)
-    servings = [serve(ctl, timeout=90), serve(again, timeout=120)]
-    env = {"PLATOON_CONTROL_PORT": str(ctl.control_port)}
-    job = ("--steps", 4, "--accum", 2, "--every", 2, "--save-at", 2, "--saves", "--rejoin",
-           again.control_port)
-    # each worker's index in both jobs, as the launcher gives it (its files are workerK's)
-    workers = [procs("lightning_worker.py", tmp_path / "w0.json", tmp_path, *job, "--cli",
-                     "--adam", env=dict(env, PLATOON_WORKER_INDEX="0")),
-               procs("lightning_worker.py", tmp_path / "w1.json", tmp_path, *job, "--package",
-                     "pytorch_lightning", "--ckpt-dir", tmp_path / "ckpts", "--refusals",
-                     "--then-alone", env=dict(env, PLATOON_WORKER_INDEX="1"))]
-    for w in workers:
-        assert w.wait(90) == 0, w.output
-    for serving in servings:
-        serving.join()
+    ctl, workers, tmp_path = (lightning_job[k] for k in ("ctl", "workers", "tmp_path"))
     # the AdamW worker's schedule has no warm-up: told so once (the resumed job starts below
     # the peak lr: a resume is no start); the SGD worker not
     assert workers[0].output.count("no warm-up, in a job of 2 workers") == 1, workers[0].output
@@ -214,24 +268,11 @@ def test_the_docs_show_the_examples_diff_and_it_adds_one_line():
     assert not any(line.startswith("-") for line in lines)
     assert len(added) == 1 and "import platoon.integrations.lightning_auto" in added[0], diff
 
-def test_one_import_gives_every_trainer_the_strategy_unless_it_has_one():
+@pytest.mark.slow  # in the `lightning_job` fixture's Lightning process
+def test_one_import_gives_every_trainer_the_strategy_unless_it_has_one(lightning_job):
     """``import platoon.integrations.lightning_auto``: a Trainer given no strategy (or "auto")
     gets PlatoonStrategy, of the package it comes from; one given a strategy keeps it. In a
-    process of its own (the import patches the Trainer for the process)."""
-    code = """
-import lightning as L
-import pytorch_lightning as pl
-import platoon.integrations.lightning_auto
-from platoon.integrations.lightning import PlatoonStrategy
-for trainer in (L.Trainer(logger=False), L.Trainer(strategy="auto", logger=False),
-                pl.Trainer(logger=False)):
-    assert isinstance(trainer.strategy, PlatoonStrategy), trainer.strategy
-    assert type(trainer.strategy).package == trainer.__module__.split(".")[0], trainer.strategy
-kept = L.Trainer(strategy=PlatoonStrategy(sync_every=8), logger=False)
-assert kept.strategy.sync_every == 8
-print("OK", type(L.Trainer(strategy="single_device", logger=False).strategy).__name__)
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "OK SingleDeviceStrategy" in out.stdout, out.stdout
+    process of its own as far as the patch goes (the import patches the Trainer for the
+    process): the `lightning` worker's, once its jobs are done (ONE_IMPORT)."""
+    output = lightning_job["workers"][0].output  # (ONE_IMPORT's traceback, if it failed)
+    assert "OK SingleDeviceStrategy" in output and "EXEC DONE" in output, output

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT, launcher_cmd, long_run, run_launcher
+from helpers import ROOT, launcher_cmd, long_run, needs, run_launcher
 
 UPSTREAM = os.path.join(ROOT, "examples", "upstream")
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -43,6 +43,7 @@ def state(path):
 
 
 @pytest.mark.slow  # three Trainer processes, each importing transformers (~4 s of CPU)
+@needs("transformers", reason="run_clm.py needs transformers: pip install -e '.[huggingface]'")
 def test_run_clm_alone_then_two_workers_resumed_from_its_checkpoint(text_and_tokenizer,
                                                                    tmp_path):
     """transformers' run_clm.py plus `import platoon.integrations.huggingface_auto`: alone
@@ -52,8 +53,6 @@ def test_run_clm_alone_then_two_workers_resumed_from_its_checkpoint(text_and_tok
     to step 8 (one sync each at platoon's step 8), 2 x 4 steps x 2 batches = 16 minibatches;
     each worker's checkpoints under its own workerK, its metrics tables headed as its own;
     one final result, the final centre's."""
-    pytest.importorskip("transformers", reason="run_clm.py needs transformers: pip install "
-                                               "-e '.[huggingface]'")
     text_and_tokenizer(tmp_path)
     common = ["--model_type", "gpt2", "--config_overrides",
               "vocab_size=500,n_embd=32,n_layer=1,n_head=2,n_positions=64",
@@ -86,6 +85,7 @@ def test_run_clm_alone_then_two_workers_resumed_from_its_checkpoint(text_and_tok
 
 
 @pytest.mark.slow  # three Accelerate processes, each importing transformers
+@needs("accelerate", reason="local_sgd.py needs accelerate: pip install -e '.[accelerate]'")
 def test_accelerates_local_sgd_example_alone_and_as_two_workers(tmp_path):
     """accelerate's by_feature/local_sgd.py with platoon's LocalSGD imported instead of
     Accelerate's (its one changed line): a new `with LocalSGD` block per epoch, bf16,
@@ -93,8 +93,6 @@ def test_accelerates_local_sgd_example_alone_and_as_two_workers(tmp_path):
     two workers are one job from the first block to the scripts' end: 2 workers x 2 epochs x
     8 batches = 32 minibatches, 8 optimizer steps each, a sync every 2: 8 syncs. (The script
     saves no checkpoint: there is nothing to resume.)"""
-    pytest.importorskip("accelerate", reason="local_sgd.py needs accelerate: pip install -e "
-                                             "'.[accelerate]'")
     args = ["--cpu", "--mixed_precision", "bf16", "--gradient_accumulation_steps", "2",
             "--local_sgd_steps", "2"]
     code, out = alone("accelerate/local_sgd_platoon.py", args, tmp_path)
@@ -108,6 +106,8 @@ def test_accelerates_local_sgd_example_alone_and_as_two_workers(tmp_path):
 
 
 @pytest.mark.slow  # three Lightning processes (importing Lightning: ~7.5 s of CPU each)
+@needs("lightning", "jsonargparse", reason="autoencoder.py needs lightning and jsonargparse: "
+                                           "pip install -e '.[lightning]'")
 def test_lightnings_autoencoder_example_with_the_strategy_chosen_by_a_flag(tmp_path):
     """Lightning's basics/autoencoder.py, unchanged, with
     --trainer.strategy.class_path=platoon.integrations.lightning.PlatoonStrategy, bf16-mixed
@@ -117,9 +117,6 @@ def test_lightnings_autoencoder_example_with_the_strategy_chosen_by_a_flag(tmp_p
     the centre, not on the worker's own checkpoint, and each worker says so; one final
     result. Alone, with the same flag, it trains, tests and predicts as a one-worker job, on
     its best checkpoint as Lightning does."""
-    for package in ("lightning", "jsonargparse"):
-        pytest.importorskip(package, reason="autoencoder.py needs lightning and jsonargparse: "
-                                            "pip install -e '.[lightning]'")
     args = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=8",
             "--trainer.accumulate_grad_batches=2", "--trainer.precision=bf16-mixed",
             "--trainer.enable_progress_bar=false",
@@ -147,8 +144,6 @@ def text_and_tokenizer(tmp_path_factory):
     """copy(tmp_path) puts train.txt and valid.txt (standard-library modules, read offline)
     and tok (make_tokenizer.py's tokenizer, trained on train.txt) in tmp_path: made once for
     the run_clm and run_mlm tests (a process fewer)."""
-    pytest.importorskip("transformers", reason="run_clm.py and run_mlm.py need transformers: "
-                                               "pip install -e '.[huggingface]'")
     made = tmp_path_factory.mktemp("text")
     stdlib = os.path.dirname(os.__file__)
     for name, files in (("train.txt", ("argparse.py", "ast.py")), ("valid.txt", ("bisect.py",))):
@@ -177,6 +172,7 @@ MLM = ["--model_type", "bert", "--config_overrides",
 
 @pytest.mark.slow  # two Trainer jobs of two workers, each importing transformers
 @pytest.mark.timeout(240)  # 78 s at load 10 on the 2 cores
+@needs("transformers", reason="run_mlm.py needs transformers")
 def test_run_mlm_run_again_resumes_each_worker_from_its_own_last_checkpoint(text_and_tokenizer,
                                                                           tmp_path):
     """transformers' run_mlm.py plus the one import, under platoon-launcher -n 2 twice with
@@ -185,7 +181,6 @@ def test_run_mlm_run_again_resumes_each_worker_from_its_own_last_checkpoint(text
     worker's own checkpoint (its TrainingArguments hold the worker's both/workerK from the
     start), so the second run, to step 4, resumes from checkpoint-2: 2 workers x 2 steps =
     4 minibatches (8 from scratch), platoon's sync phase with it."""
-    pytest.importorskip("transformers", reason="run_mlm.py needs transformers")
     text_and_tokenizer(tmp_path)
     for steps in ("2", "4"):
         shutil.rmtree(tmp_path / "logs", ignore_errors=True)  # the launcher's, one job's
@@ -205,6 +200,7 @@ def test_run_mlm_run_again_resumes_each_worker_from_its_own_last_checkpoint(text
 
 @long_run("four Trainer jobs importing transformers, about 80 s")
 @pytest.mark.timeout(400)  # 153 s at load 10 on the 2 cores
+@needs("transformers", reason="run_mlm.py needs transformers")
 def test_run_mlm_alone_then_two_workers_resumed_from_their_own_last_checkpoint(
         text_and_tokenizer, tmp_path):
     """transformers' run_mlm.py (random masking by DataCollatorForLanguageModeling, the last
@@ -214,7 +210,6 @@ def test_run_mlm_alone_then_two_workers_resumed_from_their_own_last_checkpoint(
     the worker's both/workerK) and resumes from it; with --resume_from_checkpoint last each
     resumes from its own checkpoint-8 to step 12: each 2 x 4 steps x 2 batches = 16
     minibatches."""
-    pytest.importorskip("transformers", reason="run_mlm.py needs transformers")
     text_and_tokenizer(tmp_path)
     common = MLM + ["--do_train", "--do_eval", "--gradient_accumulation_steps", "2", "--bf16",
                     "--max_eval_samples", "16", "--save_steps", "4"]
@@ -245,6 +240,7 @@ def torch_rng(folder):
 
 
 @long_run("two Accelerate jobs importing transformers, about 30 s")
+@needs("accelerate", reason="checkpointing.py needs accelerate")
 def test_accelerates_checkpointing_example_alone_then_two_workers_from_its_checkpoint(tmp_path):
     """accelerate's by_feature/checkpointing.py plus `import
     platoon.integrations.accelerate_auto` (no LocalSGD in it to replace): alone, bf16,
@@ -254,7 +250,6 @@ def test_accelerates_checkpointing_example_alone_then_two_workers_from_its_check
     24 minibatches, 6 optimizer steps each from platoon step 6, a sync at 8 and 12: 4 syncs;
     each saves under its own step_12/workerK with its sync phase, and its RNG state there is
     its own (reseeded after loading the run alone's: not the same batches twice)."""
-    pytest.importorskip("accelerate", reason="checkpointing.py needs accelerate")
     args = ["--cpu", "--mixed_precision", "bf16", "--checkpointing_steps", "12"]
     code, out = alone("accelerate/checkpointing_platoon.py", args + ["--output_dir", "out"],
                       tmp_path)
@@ -275,6 +270,7 @@ def test_accelerates_checkpointing_example_alone_then_two_workers_from_its_check
 
 
 @long_run("two Lightning jobs, about 60 s")
+@needs("lightning", reason="transformer.py needs lightning")
 def test_lightnings_transformer_example_alone_then_two_workers_from_its_checkpoint(tmp_path):
     """Lightning's basics/transformer.py, a plain Trainer(...) script (gradient clipping, SGD),
     plus `import platoon.integrations.lightning_auto`: alone, bf16-mixed and accumulation 2,
@@ -282,7 +278,6 @@ def test_lightnings_transformer_example_alone_then_two_workers_from_its_checkpoi
     step 8: 2 x 4 steps x 2 batches = 16 minibatches, one sync each at platoon step 8;
     checkpoints under lightning_logs/workerK; test(model, ...) after fit runs on the centre
     and each worker says so; one final result."""
-    pytest.importorskip("lightning", reason="transformer.py needs lightning")
     args = ["--accumulate_grad_batches", "2", "--precision", "bf16-mixed"]
     code, out = alone("lightning/transformer_platoon.py", args + ["--max_steps", "4"],
                       tmp_path)

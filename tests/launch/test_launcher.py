@@ -249,9 +249,19 @@ def test_a_worker_names_its_gpu_as_cuda_does(monkeypatch):
         Device("cuda0").local
 
 
-def test_a_crashing_worker_stops_the_job(tmp_path):
+@pytest.fixture(scope="module")
+def crashed(tmp_path_factory):
+    """The crash experiment under the launcher, -n 2 (worker 1 raises): (exit code, output,
+    its working directory). Run once for the three tests that read it (two launcher jobs
+    fewer)."""
+    tmp_path = tmp_path_factory.mktemp("crashed")
     code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "crash"), "-n", "2"),
                              tmp_path)
+    return code, out, tmp_path
+
+
+def test_a_crashing_worker_stops_the_job(crashed):
+    code, out, _ = crashed
     assert code == 1, out
     assert re.search(r"^platoon-launcher: worker1 failed \(exit code 1\)(, and then the "
                      r"controller failed \(exit code 1\))?; stopped the job", out, re.M), out
@@ -259,11 +269,10 @@ def test_a_crashing_worker_stops_the_job(tmp_path):
     assert_job_gone(job_id_of(out))
 
 
-def test_a_crashing_workers_traceback_starts_at_its_own_frames(tmp_path):
+def test_a_crashing_workers_traceback_starts_at_its_own_frames(crashed):
     """Streamed to the terminal, prefixed, and from the script's frame on: no frame of runpy
     or of the launcher's bootstrap above it."""
-    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "crash"), "-n", "2"),
-                             tmp_path)
+    code, out, _ = crashed
     assert code == 1, out
     shown = re.search(r"^\[worker1\] Traceback \(most recent call last\):\n"
                       r"\[worker1\]   File \"([^\"]+)\", line \d+, in <module>\n", out, re.M)
@@ -310,9 +319,8 @@ def test_the_launcher_ends_with_a_summary_of_the_job(tmp_path):
     assert list(load_centre(str(centre))) == ["param_0"]
 
 
-def test_a_failed_job_ends_with_a_summary_too(tmp_path):
-    code, out = run_launcher(launcher_cmd(os.path.join(EXPERIMENTS, "crash"), "-n", "2"),
-                             tmp_path)
+def test_a_failed_job_ends_with_a_summary_too(crashed):
+    code, out, tmp_path = crashed
     assert code == 1, out
     summary = out[out.index("platoon-launcher: job summary:"):]
     assert "stopped the job" not in summary, out  # after the failure report

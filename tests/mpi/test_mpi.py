@@ -359,34 +359,53 @@ def test_each_nodes_workers_take_its_gpus_in_turn(mpi_job, monkeypatch):
     assert job.count(line) == 4, job.output
 
 
+@pytest.fixture(scope="module")
+def one_worker_per_node():
+    """The output of envcheck_worker.py under two nodes of one worker each on this host, with
+    no thread count set by the user and torchrun's WORLD_SIZE and MASTER_PORT set (the
+    launcher's thread caps and the rank variables stripped are apart): run once, in the first
+    test that asks (its `no_leaks` sweeps what MPICH leaves), for the two tests that read it
+    (an mpiexec job fewer)."""
+    job = MpiJob("-", "--workers", "1", "--", ENVCHECK, env_extra=dict(
+        NO_THREAD_CAPS, PLATOON_ASSUME_GPUS="-1", WORLD_SIZE="2", MASTER_PORT="1"))
+    try:
+        assert job.wait(60) == 0, job.output
+    finally:
+        job.kill()
+    return job.output
+
+
 @pytest.mark.parametrize("user", [None, "1"], ids=["caps", "the user's OMP_NUM_THREADS"])
-def test_nodes_sharing_a_host_divide_its_cores_and_keep_a_thread_count_the_user_set(mpi_job,
-                                                                                    user):
+def test_nodes_sharing_a_host_divide_its_cores_and_keep_a_thread_count_the_user_set(
+        mpi_job, request, user):
     """Two nodes of one worker each on this host: each worker's BLAS/OpenMP threads are the
     cores divided among both (each was given all of them: 2 x the cores). A thread count the
     user set is theirs: no variable is set over it (it was overridden)."""
-    job = mpi_job("-", "--workers", "1", "--", ENVCHECK,
-                  env_extra=dict(NO_THREAD_CAPS, OMP_NUM_THREADS=user, PLATOON_ASSUME_GPUS="-1"))
-    assert job.wait(60) == 0, job.output
-    assert job.count("2 nodes share this host") == 2, job.output
+    if user is None:
+        output = request.getfixturevalue("one_worker_per_node")
+    else:
+        job = mpi_job("-", "--workers", "1", "--", ENVCHECK, env_extra=dict(
+            NO_THREAD_CAPS, OMP_NUM_THREADS=user, PLATOON_ASSUME_GPUS="-1"))
+        assert job.wait(60) == 0, job.output
+        output = job.output
+    assert output.count("2 nodes share this host") == 2, output
     if user is None:
         threads = str(max(1, (os.cpu_count() or 1) // 2))
         want = {var: threads for var in THREAD_VARIABLES}
     else:
         want = dict({var: "None" for var in THREAD_VARIABLES}, OMP_NUM_THREADS=user)
     found = [dict(pair.split("=") for pair in line.split("THREADS ", 1)[1].split())
-             for line in job.output.splitlines() if "] THREADS " in line]
-    assert found == [want, want], job.output
+             for line in output.splitlines() if "] THREADS " in line]
+    assert found == [want, want], output
 
 
-def test_workers_under_platoon_mpi_do_not_see_mpis_rank_variables(mpi_job):
+def test_workers_under_platoon_mpi_do_not_see_mpis_rank_variables(one_worker_per_node):
     """Each rank (a node's controller) is an MPI process and keeps PMI_* (its NodeLink works:
-    the job runs); the workers it starts are not MPI ranks and do not see them, nor torchrun's,
-    so a framework in a worker (Hugging Face's Trainer) starts no DDP of its own."""
-    job = mpi_job("-", "--workers", "1", "--", ENVCHECK,
-                  env_extra=dict(PLATOON_ASSUME_GPUS="-1", WORLD_SIZE="2", MASTER_PORT="1"))
-    assert job.wait(60) == 0, job.output
-    assert job.count("DISTRIBUTED none") == 2, job.output
+    the job runs); the workers it starts are not MPI ranks and do not see them, nor torchrun's
+    (WORLD_SIZE, MASTER_PORT set), so a framework in a worker (Hugging Face's Trainer) starts
+    no DDP of its own."""
+    output = one_worker_per_node
+    assert output.count("DISTRIBUTED none") == 2, output
 
 
 def test_a_launcher_style_controller_script_runs_as_each_node(mpi_job):

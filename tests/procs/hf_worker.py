@@ -3,7 +3,8 @@ worker by PlatoonCallback; writes what it did to OUT_JSON (tests/integrations/te
 
 usage: hf_worker.py OUT_JSON OUTPUT_DIR [--steps N] [--accum K] [--every K] [--save-steps S]
                     [--stop-at S] [--then-resume N [--uninterrupted]] [--scaler --inf-at STEP]
-                    [--rejoin PORT N (last | checkpoint-S)]
+                    [--rejoin PORT N (last | checkpoint-S)] [--then-scaler N STEP]
+                    [--own-output-dir CASES_JSON]
 Every run ends with the script's own trainer.evaluate(), and counts the evaluations.
 --stop-at S: the run stops after step S of its N (as if killed there, its schedule N steps').
 --then-resume N: after training, a fresh model and Trainer resume from the last checkpoint and
@@ -18,16 +19,23 @@ passed on to train() as transformers' run_clm.py does.
 --scaler --inf-at STEP: accelerate's mixed-precision path with torch's GradScaler (accelerate
 has none on the CPU: the script gives it one), and the gradients of optimizer step STEP
 (1-based) made infinite, so that the scaler skips that step.
+--then-scaler N STEP: after the other runs, one more of N steps with --scaler --inf-at STEP,
+sync_every 1, in its own output directory (a Trainer process fewer in the suite).
+--own-output-dir CASES_JSON: what own_output_dir returned and left in output_dir, call by call,
+written to CASES_JSON (the check of it needs transformers: in this process, not the suite's).
 """
 
 import argparse
+import dataclasses
 import json
 import os
+import types
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
-from platoon.integrations.huggingface import PlatoonCallback
+from platoon.integrations.huggingface import PlatoonCallback, own_output_dir
+from platoon.placement import Placement
 
 TEXT = "the quick brown fox jumps over the lazy dog, then sleeps. " * 30
 SEQ = 16
@@ -53,7 +61,12 @@ def main():
     parser.add_argument("--scaler", action="store_true")
     parser.add_argument("--inf-at", type=int, default=0)
     parser.add_argument("--rejoin", nargs=3, metavar=("PORT", "N", "RESUME"))
+    parser.add_argument("--then-scaler", nargs=2, type=int, metavar=("N", "STEP"))
+    parser.add_argument("--own-output-dir", metavar="CASES_JSON")
     opts = parser.parse_args()
+    if opts.own_output_dir:
+        with open(opts.own_output_dir, "w") as f:
+            json.dump(own_output_dir_cases(), f)
     runs = [train(opts, opts.steps, resume=None, stop_at=opts.stop_at)]
     if opts.rejoin:
         port, steps, resume = opts.rejoin
@@ -65,8 +78,29 @@ def main():
         whole = argparse.Namespace(**dict(vars(opts), output_dir=os.path.join(
             opts.output_dir, "uninterrupted")))
         runs.append(train(whole, opts.then_resume, resume=None))
+    if opts.then_scaler:
+        steps, inf_at = opts.then_scaler
+        scaled = argparse.Namespace(**dict(vars(opts), output_dir=os.path.join(
+            opts.output_dir, "scaler"), accum=1, every=1, save_steps=0, scaler=True,
+            inf_at=inf_at))
+        runs.append(train(scaled, steps, resume=None))
     with open(opts.out, "w") as f:
         json.dump(runs, f)
+
+
+def own_output_dir_cases():
+    """[returned, output_dir after] of own_output_dir: twice for the second of two workers,
+    then for arguments the script replaced with an output_dir of its own, then in a job of
+    one worker."""
+    second = types.SimpleNamespace(placement=Placement(1, 2, 1, 2))
+    args = TrainingArguments(output_dir="out", report_to="none")
+    cases = [[own_output_dir(args, second), args.output_dir] for _ in range(2)]
+    moved = dataclasses.replace(args, output_dir="elsewhere")  # the script's own change
+    cases.append([own_output_dir(moved, second), moved.output_dir])
+    alone = TrainingArguments(output_dir="out", report_to="none")
+    cases.append([own_output_dir(alone, types.SimpleNamespace(placement=Placement(0, 1, 0, 1))),
+                  alone.output_dir])
+    return cases
 
 
 class Seen(TrainerCallback):

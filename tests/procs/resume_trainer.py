@@ -1,12 +1,16 @@
 """An ordinary training script made a platoon job, run by itself (no launcher, no port: a
 one-worker job) and resumed from its own checkpoint. usage:
 resume_trainer.py STEPS OUT [--save-at N CKPT] [--resume CKPT] [--centre-only]
+                  [--then-resume OUT2 OUT3]
 
 SGD with momentum, a StepLR schedule, PeriodicSync every 3 steps. --save-at writes a
 checkpoint after step N (and goes on): the centre, this worker's weights, PeriodicSync's and
 the scheduler's state. --resume restores them all and goes on to STEPS; with --centre-only it
 restores the centre only (what a resume gave before). OUT gets {"losses": {step: loss},
-"final": ...}.
+"final": ...}. --then-resume (with --save-at): after this run, one resumed from its checkpoint
+(--resume CKPT) writes OUT2, then one resumed from it with --centre-only writes OUT3: each a
+one-worker job of its own, in this process (two torch processes fewer in the suite), each
+after a line "THEN resumed" or "THEN centre only".
 """
 
 import argparse
@@ -31,8 +35,19 @@ def main():
     parser.add_argument("--save-at", nargs=2, metavar=("N", "CKPT"))
     parser.add_argument("--resume")
     parser.add_argument("--centre-only", action="store_true")
+    parser.add_argument("--then-resume", nargs=2, metavar=("OUT2", "OUT3"))
     args = parser.parse_args()
     torch.set_num_threads(1)
+    train(args)
+    for out, centre_only in zip(args.then_resume or (), (False, True)):
+        print("THEN %s" % ("centre only" if centre_only else "resumed"), flush=True)
+        train(argparse.Namespace(**dict(vars(args), out=out, save_at=None,
+                                        resume=args.save_at[1], centre_only=centre_only)))
+    print("DONE", flush=True)
+
+
+def train(args):
+    """One run, a one-worker job of its own."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -67,10 +82,10 @@ def main():
                 torch.save({"centre": sync.centre_state_dict(), "model": model.state_dict(),
                             "sync": sync.state_dict(), "scheduler": scheduler.state_dict()},
                            args.save_at[1])
+    w.close()
     with open(args.out, "w") as f:
         json.dump({"losses": losses, "final": sync.final_result, "worker": w.worker_id,
                    "num_workers": w.num_workers}, f)
-    print("DONE", flush=True)
 
 
 if __name__ == "__main__":

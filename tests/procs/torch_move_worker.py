@@ -1,6 +1,6 @@
 """A worker for tests: changes its model's tensors under PeriodicSync, syncing after each change.
 
-usage: torch_move_worker.py PORT CHANGES OVERLAP OUT
+usage: torch_move_worker.py PORT CHANGES OVERLAP OUT [PORT2 OVERLAP2 OUT2]
 The only worker of its job, with EASGD(0.5) every 2 steps (overlapped when OVERLAP is 1).
 After two steps (one sync) it applies each of CHANGES (comma-separated), in turn:
   share_memory  model.share_memory() (moves every CPU tensor's storage to shared memory)
@@ -11,6 +11,9 @@ each followed by adding 0.1 to every parameter and two steps (a sync, waited for
 OUT gets a JSON report per change: the largest |parameter - centre| after its sync, the
 largest |centre - centre before its sync| and the syncs so far; or, when the sync raised,
 the error (and no later change is made).
+PORT2 OVERLAP2 OUT2: then the same again with a fresh model, the only worker of a second job
+(the controller at PORT2), overlapped or not as OVERLAP2 says (a torch process fewer in the
+suite).
 """
 
 import json
@@ -43,9 +46,15 @@ def largest_difference(a, b):
 
 
 def main():
-    port, changes, overlap, out = (int(sys.argv[1]), sys.argv[2].split(","), sys.argv[3] == "1",
-                                   sys.argv[4])
+    changes = sys.argv[2].split(",")
     torch.set_num_threads(1)
+    run(int(sys.argv[1]), changes, sys.argv[3] == "1", sys.argv[4])
+    if len(sys.argv) > 5:
+        run(int(sys.argv[5]), changes, sys.argv[6] == "1", sys.argv[7])
+    print("DONE", flush=True)
+
+
+def run(port, changes, overlap, out):
     torch.manual_seed(0)
     # 1024x1024 float32 (4 MiB): big enough that freeing its storage unmaps the pages.
     model = nn.Sequential(nn.Linear(1024, 1024), nn.BatchNorm1d(1024), nn.Linear(1024, 1))
@@ -87,7 +96,6 @@ def main():
             report[how] = {"error": "%s: %s" % (type(exc).__name__, exc)}
         with open(out, "w") as f:
             json.dump(report, f)
-    print("DONE", flush=True)
 
 
 if __name__ == "__main__":
