@@ -276,6 +276,9 @@ def test_nodes_train_on_while_the_lighthouse_is_down_and_rejoin_it_restarted(job
         again = job.lighthouse(min_nodes=2, port=int(job.address.rpartition(":")[2]))
         second, _ = quorum_of(again, names, timeout=5 + SLACK_S)
         assert second > first
+        for name in names:  # (each in its group: stopped before, it could end in the first)
+            launcher.wait_for_match(r"\[node-%s\] .* node %s: rank \d of quorum %d "
+                                    % (re.escape(name), re.escape(name), second), 5 + SLACK_S)
         stop.write_text("")
         assert launcher.wait(30) == 0, launcher.output
         for name in names:
