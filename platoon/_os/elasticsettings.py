@@ -86,7 +86,7 @@ _LIGHTHOUSE_OPTIONS = (
     ("--heartbeat-timeout-s", "membership", "heartbeat_timeout_s", float, "S",
      "a node silent this many seconds is out of the next quorum (default {default:g}; 1 for "
      "fast recovery on a quiet network; a node another reports gone, its data plane closed "
-     "as a round broke, is out after 1 s of silence)"),
+     "as a round broke or a group waited for it, is out after 1 s of silence)"),
     ("--join-grace-s", "membership", "join_grace_s", float, "S",
      "wait this long after a change for more joiners or leavers (joiners to a running "
      "quorum: until it is this old) (default {default:g})"),

@@ -148,11 +148,11 @@ class LighthouseClient:
 
     def report_gone(self, names: Sequence[str], quorum_id: int) -> None:
         """Tell the lighthouse that the data plane of `names` (members of quorum `quorum_id`)
-        stopped answering when a round of their group broke: perhaps dead. Sent with every
-        heartbeat until the next call (``[]`` once a group forms). The lighthouse counts such
-        a member out as soon as it is silent too (`Membership.gone_silence_s`), not after the
-        whole heartbeat timeout, if it is still the process it was in that quorum; one that
-        heartbeats after the report stays."""
+        stopped answering when a round of their group broke, or while it formed: perhaps
+        dead. Sent with every heartbeat until the next call (``[]`` once a group forms). The
+        lighthouse counts such a member out as soon as it is silent too
+        (`Membership.gone_silence_s`), not after the whole heartbeat timeout, if it is still
+        the process it was in that quorum; one that heartbeats after the report stays."""
         with self._cond:
             self._gone, self._gone_of = sorted(names), quorum_id
 

@@ -8,9 +8,10 @@ It keeps no state on disk: restarted, it learns the nodes again from their heart
 numbers its next quorum above the highest id any of them reports.
 
 A node silent for the heartbeat timeout is out of the next quorum; one that a member reports
-gone (its data plane stopped answering when a round of their group broke) is out once silent
-for `Membership.gone_silence_s` (1 s at up to a few hundred nodes), so that the others go on
-without waiting out the timeout for a dead process.
+gone (its data plane stopped answering when a round of their group broke, or while their
+next group waited for it) is out once silent for `Membership.gone_silence_s` (1 s at up to a
+few hundred nodes), so that the others go on without waiting out the timeout for a dead
+process.
 
 What a process without the secret can make it do is bounded (`Limits`): a frame over
 `wire.MAX_BODY` bytes is dropped by ZeroMQ before it is read (the connection with it); at most

@@ -125,9 +125,10 @@ class Membership:
         second is taken in once the first leaves or times out. `unreachable`: members of the
         current quorum whose data plane `name` could not reach when their group failed to
         form (see `excluded`). `gone`: members of quorum `gone_of` whose data plane stopped
-        answering when a round of its group broke: each is out once silent for
-        `gone_silence_s` (see `live`), if it is still the process that quorum was issued
-        with (a node restarted under its name is another) and `name` was one of its members.
+        answering when a round of its group broke, or while it formed: each is out once
+        silent for `gone_silence_s` (see `live`), if it is still the process that quorum was
+        issued with (a node restarted under its name is another) and `name` was one of its
+        members.
         A report counts once (the reporter sends it with every heartbeat until its next
         group forms): a member heard from after it is left to the heartbeat timeout."""
         held = self._incarnations.get(name)

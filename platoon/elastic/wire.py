@@ -6,11 +6,11 @@ Requests (node to lighthouse): ``{"op": "heartbeat" | "leave", "node": NAME, "ad
 ("broken": a quorum whose group broke with no newer quorum coming, 0 for none;
 "incarnation": the node process's random id; "unreachable": members of the current quorum
 whose data plane the node could not reach when their group failed to form; "gone": members
-of quorum "gone_of" whose data plane stopped answering when a round of its group broke
-(perhaps dead: the lighthouse counts one out once it is silent too); "status": what the node
-says of itself (`node_status`: its state, at the end its final result), at most `MAX_STATUS`
-bytes as JSON, sent when it changed; all six optional); op "status" carries a status only (a
-node's last word, after it left).
+of quorum "gone_of" whose data plane stopped answering when a round of its group broke, or
+while it formed (perhaps dead: the lighthouse counts one out once it is silent too);
+"status": what the node says of itself (`node_status`: its state, at the end its final
+result), at most `MAX_STATUS` bytes as JSON, sent when it changed; all six optional); op
+"status" carries a status only (a node's last word, after it left).
 
 Replies: ``{"challenge": HEX, "quorum": QUORUM | null, "done": bool, "error": TEXT | null,
 "taken": bool, "excluded": TEXT | null, "pace_s": S | null}`` ("excluded": why the lighthouse
