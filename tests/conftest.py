@@ -23,10 +23,10 @@ from platoon import Worker
 from platoon._centre.shmem import segment_owner
 
 from helpers import (
-    LONGEST_FIRST,
     PROCS,
     SHM,
     SPAWNED,
+    STARTED_FIRST,
     Nothing,
     Proc,
     child_pids,
@@ -97,9 +97,9 @@ def _compiled(package):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The files of helpers.LONGEST_FIRST first, in its order (pytest.ini has xdist keep it);
+    """The files of helpers.STARTED_FIRST first, in its order (pytest.ini has xdist keep it);
     the others after them, as collected (each file's tests keep their order)."""
-    rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
+    rank = {path: index for index, path in enumerate(STARTED_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 

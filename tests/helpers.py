@@ -426,35 +426,52 @@ def assert_job_gone(job_id):
     assert not job_segments(job_id)
 
 
-# The suite's longest files, longest first (their share of a full run on 2 cores). pytest.ini
-# has xdist hand the files out in collection order (--dist loadfile --no-loadscope-reorder),
-# and conftest.py starts these first, so that the short files fill the workers' ends evenly
-# (xdist's own order, the files with most tests first, left files of a few long tests, mypy's
-# or a launcher job's, to the end of one worker while the other was done). A file not listed
-# keeps its place after them; tests/package/test_suite_order.py checks that each listed file
-# exists.
-LONGEST_FIRST = [
-    "tests/integrations/test_upstream.py",
-    "tests/mpi/test_mpi.py",
-    "tests/launch/test_launcher.py",
-    "tests/package/test_static_checks.py",
-    "tests/integrations/test_huggingface.py",
-    "tests/frameworks/test_torch_sync.py",
-    "tests/elastic/test_elastic_netns.py",
-    "tests/integrations/test_accelerate.py",
-    "tests/elastic/test_elastic_launcher.py",
-    "tests/integrations/test_lightning.py",
-    "tests/controller/test_checkpoint.py",
-    "tests/worker/test_exchange.py",
-    "tests/elastic/test_node.py",
-    "tests/elastic/test_lighthouse.py",
-    "tests/controller/test_faults.py",
-    "tests/benchmarking/test_slow_link.py",
-    "tests/benchmarking/test_benchmarks.py",
-    "tests/elastic/test_prefork.py",
-    "tests/benchmarking/test_language_model.py",
-    "tests/benchmarking/test_transformer_benchmark.py",
-    "tests/benchmarking/test_porting_a_script.py",
-    "tests/package/test_imports.py",
-    "tests/launch/test_ssh_hosts.py",
+# The files started first, in this order (pytest.ini has xdist hand the files out in
+# collection order: --dist loadfile --no-loadscope-reorder; conftest.py sorts them). Three
+# xdist processes share 2 cores, so the files that keep a core busy (frameworks' imports,
+# whole jobs; by their CPU, most first) alternate with the files that mostly wait (on
+# timeouts, sleeping processes, shaped links; by their wall time, longest first), about one
+# second of waiting for two of work: a waiting file then runs beside two busy ones instead
+# of leaving a core idle. The short files not listed fill the end, as collected. Measured in
+# a quiet full run (CPU of the file's processes, wall time): a list of the longest files
+# first, waiting ones among them, left the cores a fifth idle in the run's last minute.
+# tests/package/test_suite_order.py checks that each listed file exists.
+STARTED_FIRST = [
+    "tests/integrations/test_upstream.py",               # 70 s of CPU in 89 s
+    "tests/launch/test_launcher.py",                     # waits: 28 s of CPU in 66 s
+    "tests/mpi/test_mpi.py",                             # 43 in 74
+    "tests/frameworks/test_torch_sync.py",               # waits: 17 in 34
+    "tests/integrations/test_huggingface.py",            # 22 in 34
+    "tests/elastic/test_elastic_launcher.py",            # 20 in 28
+    "tests/package/test_static_checks.py",               # waits: 9 in 20
+    "tests/integrations/test_accelerate.py",             # 18 in 25
+    "tests/elastic/test_lighthouse.py",                  # waits: 3 in 17
+    "tests/elastic/test_elastic_netns.py",               # 16 in 28
+    "tests/controller/test_faults.py",                   # waits: 3 in 16
+    "tests/elastic/test_node.py",                        # 16 in 19
+    "tests/benchmarking/test_slow_link.py",              # 14 in 13
+    "tests/controller/test_controller.py",               # waits: 1 in 11
+    "tests/integrations/test_lightning.py",              # 14 in 20
+    "tests/elastic/test_dataplane.py",                   # waits: 4 in 10
+    "tests/controller/test_checkpoint.py",               # 12 in 22
+    "tests/rules/test_downpour.py",                      # waits: 4 in 9
+    "tests/elastic/test_prefork.py",                     # 11 in 17
+    "tests/transport/test_minibatch_delivery.py",        # waits: 2 in 8
+    "tests/worker/test_exchange.py",                     # 11 in 21
+    "tests/controller/test_registration.py",             # waits: 0.4 in 7
+    "tests/benchmarking/test_language_model.py",         # 10 in 14
+    "tests/elastic/test_lighthouse_limits.py",           # waits: 0.4 in 7
+    "tests/launch/test_ssh_hosts.py",                    # 10 in 11
+    "tests/elastic/test_store.py",                       # waits: 1.5 in 5
+    "tests/benchmarking/test_porting_a_script.py",       # 7 in 11
+    "tests/transport/test_security.py",                  # waits: 2 in 4
+    "tests/benchmarking/test_transformer_benchmark.py",  # 6 in 9
+    "tests/worker/test_worker.py",                       # waits: 1 in 4
+    "tests/benchmarking/test_benchmarks.py",             # 6 in 9
+    "tests/elastic/test_link.py",                        # waits: 0.1 in 3
+    "tests/elastic/test_lighthouse_pace.py",             # waits: 0.1 in 3
+    "tests/controller/test_fuzz_and_load.py",            # 5 in 4
+    "tests/transport/test_minibatch_window.py",          # waits: 0.2 in 2
+    "tests/collectives/test_collectives.py",             # waits: 0.2 in 2
+    "tests/benchmarking/test_lighthouse_scale.py",       # waits: 0.7 in 2
 ]

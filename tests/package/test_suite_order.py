@@ -1,16 +1,16 @@
-"""The suite's order: the files conftest.py starts first (helpers.LONGEST_FIRST) exist, and
+"""The suite's order: the files conftest.py starts first (helpers.STARTED_FIRST) exist, and
 pytest.ini has xdist keep the order they are collected in."""
 
 import configparser
 import os
 
-from helpers import LONGEST_FIRST, ROOT
+from helpers import ROOT, STARTED_FIRST
 
 
 def test_the_files_started_first_exist_once_each():
-    missing = [p for p in LONGEST_FIRST if not os.path.isfile(os.path.join(ROOT, p))]
-    assert not missing, "tests/helpers.py's LONGEST_FIRST names files that are gone: %s" % missing
-    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST), LONGEST_FIRST
+    missing = [p for p in STARTED_FIRST if not os.path.isfile(os.path.join(ROOT, p))]
+    assert not missing, "tests/helpers.py's STARTED_FIRST names files that are gone: %s" % missing
+    assert len(set(STARTED_FIRST)) == len(STARTED_FIRST), STARTED_FIRST
 
 
 def test_xdist_hands_the_files_out_in_collection_order():

@@ -6,6 +6,7 @@ GIVE_UP=1; with HOLD=1, prints "PIDS p q ..." and sleeps, never starting them), 
 "ERR i LINE"."""
 
 import os
+import signal
 import sys
 import time
 
@@ -17,6 +18,9 @@ def preload():
 
 
 def main():
+    # ^C as from a terminal: a suite started in the background of a shell script has SIGINT
+    # ignored, and workers (forked or new) inherit that
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     count, command = int(sys.argv[1]), [sys.executable] + sys.argv[2:]
     workers = prefork(command, count, preload)
     print("FORKED %d" % len(workers), flush=True)
