@@ -133,6 +133,7 @@ def test_a_nodes_workers_start_while_its_controller_starts_and_get_its_ports_onc
         _announce(announce, held)  # (no data port opened)
         assert workers.finished.wait(30)
         assert workers.procs[0].wait(10) == 0 and failures == []
+        workers.drain()  # its last lines relayed (as a node does before it ends)
         out = capfd.readouterr().out
         assert "ENV %d True" % held in out
         assert "PORTS %d None False None" % held in out  # the held data port dropped
@@ -143,6 +144,7 @@ def test_a_nodes_workers_start_while_its_controller_starts_and_get_its_ports_onc
         _announce(announce, 4321, 4322)  # its script chose its own ports
         assert workers.finished.wait(30)
         assert [p.returncode for p in workers.procs] == [0] and failures == []
+        workers.drain()
         out = capfd.readouterr().out
         # the first worker stopped as it waited; started again with the controller's ports
         assert "ENV 4321 False" in out and out.count("PORTS") == 1, out
