@@ -430,11 +430,12 @@ def assert_job_gone(job_id):
 # collection order: --dist loadfile --no-loadscope-reorder; conftest.py sorts them). Three
 # xdist processes share 2 cores, so the files that keep a core busy (frameworks' imports,
 # whole jobs; by their CPU, most first) alternate with the files that mostly wait (on
-# timeouts, sleeping processes, shaped links; by their wall time, longest first), about one
-# second of waiting for two of work: a waiting file then runs beside two busy ones instead
-# of leaving a core idle. The short files not listed fill the end, as collected. Measured in
-# a quiet full run (CPU of the file's processes, wall time): a list of the longest files
-# first, waiting ones among them, left the cores a fifth idle in the run's last minute.
+# timeouts, sleeping processes, shaped links; by their wall time, longest first), about a
+# second of waiting files for every two of busy ones: a waiting file then runs beside two
+# busy ones instead of leaving a core idle. The short files not listed fill the end, as
+# collected. Measured in a quiet full run (CPU of the file's processes, wall time): a list
+# of the longest files first, waiting ones among them, left the cores a fifth idle in the
+# run's last minute.
 # tests/package/test_suite_order.py checks that each listed file exists.
 STARTED_FIRST = [
     "tests/integrations/test_upstream.py",               # 70 s of CPU in 89 s
